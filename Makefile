@@ -1,0 +1,28 @@
+# hoard: `make run` starts a single-node server, `make test` runs the tests.
+GO ?= go
+BIN := bin/hoard
+DATA ?= $(CURDIR)/.hoard/server
+LISTEN ?= 127.0.0.1:7100
+
+.PHONY: build run test proto bench fuzz clean
+
+build:
+	$(GO) build -o $(BIN) ./cmd/hoard
+
+run: build
+	@./scripts/run.sh $(BIN) $(DATA) $(LISTEN)
+
+test: build
+	$(GO) vet ./...
+	HOARD_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./...
+	./scripts/fuzz-short.sh
+
+proto:
+	PATH="$$PATH:$$($(GO) env GOPATH)/bin" protoc -I proto --go_out=. --go_opt=module=github.com/hoardfs/hoard \
+		--go-grpc_out=. --go-grpc_opt=module=github.com/hoardfs/hoard proto/hoard.proto
+
+bench: build
+	HOARD_BIN=$(CURDIR)/$(BIN) $(GO) run ./bench
+
+clean:
+	rm -rf bin .hoard

@@ -1,0 +1,74 @@
+// Package node holds the vocabulary every part of hoard shares: file
+// identifiers, file status and the rules for names. It has no I/O.
+package node
+
+import (
+	"fmt"
+	"time"
+)
+
+// FID names a file or directory for its whole life. Vnode numbers are never
+// reused within a volume; Unique is checked as well, so a FID held by a client
+// across a volume restore or re-creation is detected as stale instead of being
+// confused with a newer file.
+type FID struct {
+	Volume uint64
+	Vnode  uint64
+	Unique uint64
+}
+
+func (f FID) String() string { return fmt.Sprintf("%d.%d.%d", f.Volume, f.Vnode, f.Unique) }
+
+// IsZero reports whether f is the zero FID, which names nothing.
+func (f FID) IsZero() bool { return f == FID{} }
+
+// Type is the kind of a vnode.
+type Type uint8
+
+const (
+	TypeFile Type = iota + 1
+	TypeDir
+	TypeSymlink
+	// TypeMountPoint is an AFS-style mount point: a directory entry whose
+	// target is the root of another volume, named by Target.
+	TypeMountPoint
+)
+
+func (t Type) String() string {
+	switch t {
+	case TypeFile:
+		return "file"
+	case TypeDir:
+		return "dir"
+	case TypeSymlink:
+		return "symlink"
+	case TypeMountPoint:
+		return "mountpoint"
+	}
+	return fmt.Sprintf("type(%d)", t)
+}
+
+// Status is what the server says about a vnode at one DataVersion.
+type Status struct {
+	FID   FID
+	Type  Type
+	Mode  uint32 // permission bits only (07777)
+	UID   uint32
+	GID   uint32
+	Size  uint64
+	Nlink uint32
+	// DataVersion increases with every change to the vnode's data (file
+	// contents, directory entries); it never decreases.
+	DataVersion uint64
+	Atime       time.Time
+	Mtime       time.Time
+	Ctime       time.Time
+	// Target is the link text of a symlink or the volume name of a mount point.
+	Target string
+}
+
+// MaxName is the longest name a directory entry may have, in bytes.
+const MaxName = 255
+
+// MaxTarget is the longest symlink or mount-point target, in bytes.
+const MaxTarget = 4096

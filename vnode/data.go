@@ -1,0 +1,541 @@
+package vnode
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+
+	"github.com/hoardfs/hoard/node"
+)
+
+// A data store is staged in a file of its own, then committed in one of two
+// ways. When the staged bytes make up the whole new file (the common case:
+// a file written from the start), the staging file simply becomes the
+// vnode's data file under a new generation number. Otherwise the staged
+// ranges are copied into the data file in place. Either way the metadata
+// transaction that publishes the new DataVersion also records a redo entry,
+// so a crash after it is finished on restart, and one before it leaves the
+// old version untouched. Readers take the vnode's lock, so nobody reads a
+// half-applied version.
+
+// ReadAt reads f's data at off into p under a shared lock and reports the
+// data version the bytes belong to. Bytes past the size are not returned;
+// io.EOF when off is at or past it.
+func (s *Store) ReadAt(f node.FID, p []byte, off int64) (n int, st node.Status, err error) {
+	l := s.lock(f)
+	l.RLock()
+	defer l.RUnlock()
+	if err := s.checkStuck(f); err != nil {
+		return 0, st, err
+	}
+	var r record
+	err = s.view(f.Volume, func(v *vtx) error {
+		var err error
+		r, err = v.get(f)
+		return err
+	})
+	if err != nil {
+		return 0, st, err
+	}
+	st = r.status(f.Volume, f.Vnode)
+	if r.Type != node.TypeFile {
+		return 0, st, fmt.Errorf("read %v: %w", f, syscall.EISDIR)
+	}
+	if off < 0 {
+		return 0, st, fmt.Errorf("read %v: negative offset: %w", f, syscall.EINVAL)
+	}
+	if uint64(off) >= r.Size {
+		return 0, st, io.EOF
+	}
+	if rem := r.Size - uint64(off); uint64(len(p)) > rem {
+		p = p[:rem]
+	}
+	if r.DataGen == 0 {
+		clear(p)
+		return len(p), st, nil
+	}
+	fd, err := os.Open(filepath.Join(s.dir, dataRel(f.Volume, f.Vnode, r.DataGen)))
+	if err != nil {
+		return 0, st, err
+	}
+	defer fd.Close()
+	n, err = fd.ReadAt(p, off)
+	if err == io.EOF {
+		// The data file is shorter than the size after an extending truncate: zeros.
+		clear(p[n:])
+		n, err = len(p), nil
+	}
+	return n, st, err
+}
+
+// Update is one staged data change to a file.
+type Update struct {
+	s       *Store
+	fid     node.FID
+	staging *os.File
+	name    string
+	ranges  []extent
+	size    uint64
+	hasSize bool
+	done    bool
+}
+
+type extent struct{ off, end int64 }
+
+// BeginUpdate starts staging a change to the regular file f.
+func (s *Store) BeginUpdate(f node.FID) (*Update, error) {
+	var r record
+	err := s.view(f.Volume, func(v *vtx) (err error) {
+		r, err = v.get(f)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if r.Type != node.TypeFile {
+		return nil, fmt.Errorf("write %v: %w", f, syscall.EISDIR)
+	}
+	tmp, err := os.CreateTemp(filepath.Join(s.dir, "staging"), "s-*")
+	if err != nil {
+		return nil, err
+	}
+	return &Update{s: s, fid: f, staging: tmp, name: filepath.Base(tmp.Name())}, nil
+}
+
+// WriteAt stages p at off.
+func (u *Update) WriteAt(p []byte, off int64) error {
+	if off < 0 || off+int64(len(p)) < off || off+int64(len(p)) > maxFileSize {
+		return fmt.Errorf("write %v at %d: %w", u.fid, off, syscall.EFBIG)
+	}
+	if len(p) == 0 {
+		return nil
+	}
+	if _, err := u.staging.WriteAt(p, off); err != nil {
+		return fmt.Errorf("write %v: %w", u.fid, errnoOf(err))
+	}
+	u.ranges = append(u.ranges, extent{off, off + int64(len(p))})
+	return nil
+}
+
+// maxFileSize bounds offsets from the wire (ext4's own limit is 16 TiB).
+const maxFileSize = 1 << 44
+
+// SetSize truncates or extends the file to n before the staged writes land.
+func (u *Update) SetSize(n uint64) { u.size, u.hasSize = n, true }
+
+// Abort discards the staged change.
+func (u *Update) Abort() {
+	if u.done {
+		return
+	}
+	u.done = true
+	u.staging.Close()
+	os.Remove(u.staging.Name())
+}
+
+// pending is the redo record of a commit in flight.
+type pending struct {
+	vol, vnode uint64
+	oldGen     uint64 // swap: the data file to delete afterwards
+	newGen     uint64 // swap: the generation the staging file becomes; 0 for apply
+	size       uint64
+	ranges     []extent // apply: staged ranges to copy
+}
+
+func (p *pending) encode() []byte {
+	b := make([]byte, 0, 40+16*len(p.ranges))
+	for _, v := range []uint64{p.vol, p.vnode, p.oldGen, p.newGen, p.size} {
+		b = binary.BigEndian.AppendUint64(b, v)
+	}
+	for _, e := range p.ranges {
+		b = binary.BigEndian.AppendUint64(b, uint64(e.off))
+		b = binary.BigEndian.AppendUint64(b, uint64(e.end))
+	}
+	return b
+}
+
+func decodePending(b []byte) (pending, error) {
+	var p pending
+	if len(b) < 40 || (len(b)-40)%16 != 0 {
+		return p, errCorrupt
+	}
+	g := func(i int) uint64 { return binary.BigEndian.Uint64(b[i:]) }
+	p.vol, p.vnode, p.oldGen, p.newGen, p.size = g(0), g(8), g(16), g(24), g(32)
+	for i := 40; i < len(b); i += 16 {
+		p.ranges = append(p.ranges, extent{int64(g(i)), int64(g(i + 8))})
+	}
+	return p, nil
+}
+
+// Commit publishes the staged change as the file's next data version. With
+// sync, data and metadata are on stable storage before it returns.
+func (u *Update) Commit(sync bool, mtime time.Time) (node.Status, error) {
+	if u.done {
+		return node.Status{}, errors.New("update already finished")
+	}
+	defer u.Abort()
+	s, f := u.s, u.fid
+	ranges := mergeExtents(u.ranges)
+	l := s.lock(f)
+	l.Lock()
+	defer l.Unlock()
+	if err := s.checkStuck(f); err != nil {
+		return node.Status{}, err
+	}
+	var r record
+	err := s.view(f.Volume, func(v *vtx) (err error) {
+		r, err = v.get(f)
+		return err
+	})
+	if err != nil {
+		return node.Status{}, err
+	}
+	p := pending{vol: f.Volume, vnode: f.Vnode, size: r.Size}
+	if u.hasSize {
+		p.size = u.size
+	}
+	for _, e := range ranges {
+		p.size = max(p.size, uint64(e.end))
+	}
+	old := filepath.Join(s.dir, dataRel(f.Volume, f.Vnode, r.DataGen))
+	// Copy whichever is smaller: the staged bytes into the data file, or the
+	// old bytes the store did not overwrite into the staging file. A file
+	// with no data file yet is all zeros, as are the staging file's holes.
+	// Old bytes survive below cut: the truncation point, or the old size.
+	cut := r.Size
+	if u.hasSize {
+		cut = min(cut, u.size)
+	}
+	gaps := gapsIn(ranges, int64(cut))
+	if r.DataGen == 0 || len(ranges) > 0 && (cut < r.Size || extentBytes(gaps) <= extentBytes(ranges)) {
+		if r.DataGen != 0 {
+			if err := fillGaps(u.staging, old, gaps); err != nil {
+				return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
+			}
+		}
+		p.oldGen, p.newGen = r.DataGen, s.newGen()
+	} else {
+		p.ranges = ranges
+		// Reserve the blocks first so that the in-place copy cannot run out
+		// of space half way: a full disk fails here, before anything is
+		// published.
+		if err := reserve(old, ranges); err != nil {
+			return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
+		}
+	}
+	if sync {
+		if err := u.staging.Sync(); err != nil {
+			return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
+		}
+	}
+	var st node.Status
+	err = s.mutate(f.Volume, func(v *vtx) error {
+		r, err := v.get(f)
+		if err != nil {
+			return err
+		}
+		if p.newGen != 0 {
+			r.DataGen = p.newGen
+			if p.oldGen != 0 {
+				if err := v.tx.Bucket(bktGarbage).Put([]byte(dataRel(f.Volume, f.Vnode, p.oldGen)), nil); err != nil {
+					return err
+				}
+			}
+		}
+		r.Size = p.size
+		r.DV++
+		if mtime.IsZero() {
+			r.Mtime = v.now
+		} else {
+			r.Mtime = mtime.UnixNano()
+		}
+		r.Ctime = v.now
+		if err := v.put(f.Vnode, &r); err != nil {
+			return err
+		}
+		st = r.status(v.id, f.Vnode)
+		return v.tx.Bucket(bktPending).Put([]byte(u.name), p.encode())
+	})
+	if err != nil {
+		return node.Status{}, err
+	}
+	if err := s.finish(u.name, p, sync); err != nil {
+		// Published but not carried out: refuse this file until a restart
+		// replays the redo record rather than serve a half-applied version.
+		s.setStuck(f)
+		return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
+	}
+	return st, nil
+}
+
+// finish carries out a published commit; recovery calls it again for any
+// commit a crash interrupted, so every step is idempotent.
+func (s *Store) finish(name string, p pending, sync bool) error {
+	staging := filepath.Join(s.dir, "staging", name)
+	var garbage []byte
+	if p.newGen != 0 {
+		final := filepath.Join(s.dir, dataRel(p.vol, p.vnode, p.newGen))
+		if err := os.MkdirAll(filepath.Dir(final), 0o700); err != nil {
+			return err
+		}
+		if err := os.Truncate(staging, int64(p.size)); err == nil {
+			if err := os.Rename(staging, final); err != nil {
+				return err
+			}
+		} else if _, serr := os.Stat(final); serr != nil {
+			return err
+		}
+		if sync {
+			if err := syncDir(filepath.Dir(final)); err != nil {
+				return err
+			}
+		}
+		if p.oldGen != 0 {
+			garbage = []byte(dataRel(p.vol, p.vnode, p.oldGen))
+			if err := os.Remove(filepath.Join(s.dir, string(garbage))); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+	} else if err := s.apply(staging, p, sync); err != nil {
+		return err
+	}
+	return s.update(func(tx *bolt.Tx) error {
+		if garbage != nil {
+			if err := tx.Bucket(bktGarbage).Delete(garbage); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bktPending).Delete([]byte(name))
+	})
+}
+
+// apply copies the staged ranges into the current data file in place.
+func (s *Store) apply(staging string, p pending, sync bool) error {
+	var gen uint64
+	err := s.view(p.vol, func(v *vtx) error {
+		b := v.vnodes.Get(u64(p.vnode))
+		if b == nil {
+			return nil // removed since (recovery only): nothing to apply
+		}
+		r, err := decodeRecord(b)
+		gen = r.DataGen
+		return err
+	})
+	if err != nil || gen == 0 {
+		os.Remove(staging)
+		return err
+	}
+	src, err := os.Open(staging)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // applied before a crash took the redo record's deletion
+	}
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(filepath.Join(s.dir, dataRel(p.vol, p.vnode, gen)), os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	for _, e := range p.ranges {
+		if err := copyRange(dst, src, e); err != nil {
+			return err
+		}
+	}
+	if err := dst.Truncate(int64(p.size)); err != nil {
+		return err
+	}
+	if sync {
+		if err := unix.Fdatasync(int(dst.Fd())); err != nil {
+			return err
+		}
+	}
+	return os.Remove(staging)
+}
+
+// fillGaps copies the old file's bytes in gaps into the staging file, so
+// that the staging file becomes the whole new file.
+func fillGaps(staging *os.File, old string, gaps []extent) error {
+	if len(gaps) == 0 {
+		return nil
+	}
+	src, err := os.Open(old)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	for _, g := range gaps {
+		if err := copyRange(staging, src, g); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gapsIn returns the parts of [0, size) that ranges (merged, sorted) miss.
+func gapsIn(ranges []extent, size int64) []extent {
+	var gaps []extent
+	at := int64(0)
+	for _, e := range ranges {
+		if e.off >= size {
+			break
+		}
+		if e.off > at {
+			gaps = append(gaps, extent{at, e.off})
+		}
+		at = max(at, e.end)
+	}
+	if at < size {
+		gaps = append(gaps, extent{at, size})
+	}
+	return gaps
+}
+
+func extentBytes(es []extent) int64 {
+	var n int64
+	for _, e := range es {
+		n += e.end - e.off
+	}
+	return n
+}
+
+// copyRange copies one extent between files inside the kernel.
+func copyRange(dst, src *os.File, e extent) error {
+	for off := e.off; off < e.end; {
+		roff, woff := off, off
+		n, err := unix.CopyFileRange(int(src.Fd()), &roff, int(dst.Fd()), &woff, int(e.end-off), 0)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("staging file short at %d", off)
+		}
+		off += int64(n)
+	}
+	return nil
+}
+
+// reserve allocates the blocks of ranges in the file at path without
+// changing its size.
+func reserve(path string, ranges []extent) error {
+	fd, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer fd.Close()
+	for _, e := range ranges {
+		if err := unix.Fallocate(int(fd.Fd()), unix.FALLOC_FL_KEEP_SIZE, e.off, e.end-e.off); err != nil && !errors.Is(err, syscall.EOPNOTSUPP) {
+			return err
+		}
+	}
+	return nil
+}
+
+func mergeExtents(in []extent) []extent {
+	if len(in) == 0 {
+		return nil
+	}
+	es := append([]extent(nil), in...)
+	sort.Slice(es, func(i, j int) bool { return es[i].off < es[j].off })
+	out := es[:1]
+	for _, e := range es[1:] {
+		last := &out[len(out)-1]
+		if e.off <= last.end {
+			last.end = max(last.end, e.end)
+		} else {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// errnoOf digs the errno out of an *os.PathError and friends.
+func errnoOf(err error) error {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno
+	}
+	return err
+}
+
+// recover finishes interrupted commits, deletes freed data files, and
+// empties the staging directory.
+func (s *Store) recover() error {
+	type item struct {
+		name string
+		p    pending
+	}
+	var todo []item
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bktPending).ForEach(func(k, v []byte) error {
+			p, err := decodePending(v)
+			if err != nil {
+				return fmt.Errorf("redo record %q: %w", k, err)
+			}
+			todo = append(todo, item{string(k), p})
+			return nil
+		})
+	})
+	if err != nil {
+		return err
+	}
+	for _, it := range todo {
+		if err := s.finish(it.name, it.p, true); err != nil {
+			return fmt.Errorf("redo %s: %w", it.name, err)
+		}
+	}
+	s.collectGarbage()
+	ents, err := os.ReadDir(filepath.Join(s.dir, "staging"))
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		os.Remove(filepath.Join(s.dir, "staging", e.Name()))
+	}
+	return nil
+}
+
+// collectGarbage deletes data files that committed transactions freed.
+func (s *Store) collectGarbage() {
+	var paths []string
+	s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bktGarbage).ForEach(func(k, _ []byte) error {
+			paths = append(paths, string(k))
+			return nil
+		})
+	})
+	if len(paths) == 0 {
+		return
+	}
+	for _, p := range paths {
+		os.Remove(filepath.Join(s.dir, p))
+	}
+	s.update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bktGarbage)
+		for _, p := range paths {
+			if err := b.Delete([]byte(p)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

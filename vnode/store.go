@@ -1,0 +1,322 @@
+// Package vnode is the file server's store: volumes of vnodes whose metadata
+// (status, directory entries) lives in one bbolt database and whose data lives
+// in one file per vnode. Every change is one bbolt transaction, so a crash
+// leaves either the old or the new state; data stores are staged and then
+// committed under a redo record (see data.go).
+//
+// bbolt was chosen over pebble and SQLite: it is a pure-Go, single-file B+tree
+// with serialisable transactions and durable commits (etcd's store), readers
+// never block the writer, and the metadata workload is small keys read far
+// more often than written, where an LSM's write speed buys nothing.
+package vnode
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/hoardfs/hoard/node"
+)
+
+var (
+	bktMeta     = []byte("meta")
+	bktVolumes  = []byte("volumes")
+	bktVolNames = []byte("volnames")
+	bktPending  = []byte("pending")
+	bktGarbage  = []byte("garbage")
+	// Per-volume sub-buckets.
+	bktVnodes  = []byte("vnodes")
+	bktNames   = []byte("names")
+	bktCookies = []byte("cookies")
+	bktVolMeta = []byte("vmeta")
+
+	keyEpoch     = []byte("epoch")
+	keyNextVol   = []byte("nextvol")
+	keyNextVnode = []byte("nextvnode")
+	keyUnique    = []byte("unique")
+	keyFormat    = []byte("format")
+)
+
+const formatVersion = 1
+
+// RootVolume is the volume a new server creates and clients mount.
+const RootVolume = "root"
+
+// Volume describes one volume.
+type Volume struct {
+	ID      uint64
+	Name    string
+	Root    node.FID
+	Created time.Time
+}
+
+// Store is an open server data directory.
+type Store struct {
+	dir   string
+	db    *bolt.DB
+	epoch uint64
+	locks [256]sync.RWMutex // vnode data locks, sharded by FID
+	seed  maphash.Seed
+	// gen hands out data-file generations; unique per store life because it
+	// starts from the epoch in the high bits.
+	genMu sync.Mutex
+	gen   uint64
+	// stuck holds files whose published commit could not be carried out
+	// (an I/O error); they fail with EIO until a restart replays the redo.
+	stuckMu sync.Mutex
+	stuck   map[node.FID]bool
+}
+
+// Open opens (creating on first use) the store in dir, replays interrupted
+// data commits, and starts a new epoch.
+func Open(dir string) (*Store, error) {
+	if err := checkDir(dir); err != nil {
+		return nil, err
+	}
+	for _, sub := range []string{"data", "staging"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
+			return nil, fmt.Errorf("data directory %s: %w", dir, err)
+		}
+	}
+	db, err := bolt.Open(filepath.Join(dir, "hoard.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("data directory %s is in use by another server", dir)
+		}
+		return nil, fmt.Errorf("data directory %s: %w", dir, err)
+	}
+	s := &Store{dir: dir, db: db, seed: maphash.MakeSeed()}
+	if err := s.init(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("data directory %s: %w", dir, err)
+	}
+	s.gen = s.epoch << 32
+	if err := s.recover(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("data directory %s: recovery: %w", dir, err)
+	}
+	return s, nil
+}
+
+// checkDir accepts an existing writable directory, or creates one whose
+// parent exists.
+func checkDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return fmt.Errorf("data directory %s: cannot create: %w", dir, errors.Unwrap(err))
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("data directory %s: %w", dir, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("data directory %s: not a directory", dir)
+	}
+	probe, err := os.CreateTemp(dir, ".probe-*")
+	if err != nil {
+		return fmt.Errorf("data directory %s: not writable: %w", dir, errors.Unwrap(err))
+	}
+	probe.Close()
+	return os.Remove(probe.Name())
+}
+
+func (s *Store) init() error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bktMeta, bktVolumes, bktVolNames, bktPending, bktGarbage} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		meta := tx.Bucket(bktMeta)
+		if f := meta.Get(keyFormat); f != nil && getU64(f) != formatVersion {
+			return fmt.Errorf("format version %d, this hoard reads %d", getU64(f), formatVersion)
+		}
+		if err := meta.Put(keyFormat, u64(formatVersion)); err != nil {
+			return err
+		}
+		s.epoch = getU64(meta.Get(keyEpoch)) + 1
+		if err := meta.Put(keyEpoch, u64(s.epoch)); err != nil {
+			return err
+		}
+		if tx.Bucket(bktVolNames).Get([]byte(RootVolume)) == nil {
+			_, err := createVolume(tx, RootVolume)
+			return err
+		}
+		return nil
+	})
+}
+
+// Close releases the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Epoch is this server start's epoch: it increases with every Open.
+func (s *Store) Epoch() uint64 { return s.epoch }
+
+// Dir is the data directory.
+func (s *Store) Dir() string { return s.dir }
+
+func (s *Store) lock(f node.FID) *sync.RWMutex {
+	var h maphash.Hash
+	h.SetSeed(s.seed)
+	var b [16]byte
+	copy(b[:8], u64(f.Volume))
+	copy(b[8:], u64(f.Vnode))
+	h.Write(b[:])
+	return &s.locks[h.Sum64()%uint64(len(s.locks))]
+}
+
+func (s *Store) setStuck(f node.FID) {
+	s.stuckMu.Lock()
+	defer s.stuckMu.Unlock()
+	if s.stuck == nil {
+		s.stuck = map[node.FID]bool{}
+	}
+	s.stuck[f] = true
+}
+
+func (s *Store) checkStuck(f node.FID) error {
+	s.stuckMu.Lock()
+	defer s.stuckMu.Unlock()
+	if s.stuck[f] {
+		return fmt.Errorf("fid %v: an earlier commit failed, restart the server to repair: %w", f, syscall.EIO)
+	}
+	return nil
+}
+
+func (s *Store) newGen() uint64 {
+	s.genMu.Lock()
+	defer s.genMu.Unlock()
+	s.gen++
+	return s.gen
+}
+
+func getU64(b []byte) uint64 {
+	if len(b) != 8 {
+		return 0
+	}
+	return uint64(b[0])<<56 | uint64(b[1])<<48 | uint64(b[2])<<40 | uint64(b[3])<<32 |
+		uint64(b[4])<<24 | uint64(b[5])<<16 | uint64(b[6])<<8 | uint64(b[7])
+}
+
+// --- volumes ---
+
+func createVolume(tx *bolt.Tx, name string) (Volume, error) {
+	if err := node.CheckVolumeName(name); err != nil {
+		return Volume{}, err
+	}
+	names := tx.Bucket(bktVolNames)
+	if names.Get([]byte(name)) != nil {
+		return Volume{}, fmt.Errorf("volume %s: %w", name, syscall.EEXIST)
+	}
+	meta := tx.Bucket(bktMeta)
+	id := getU64(meta.Get(keyNextVol)) + 1
+	if err := meta.Put(keyNextVol, u64(id)); err != nil {
+		return Volume{}, err
+	}
+	vb, err := tx.Bucket(bktVolumes).CreateBucket(u64(id))
+	if err != nil {
+		return Volume{}, err
+	}
+	for _, b := range [][]byte{bktVnodes, bktNames, bktCookies, bktVolMeta} {
+		if _, err := vb.CreateBucket(b); err != nil {
+			return Volume{}, err
+		}
+	}
+	now := time.Now().UnixNano()
+	root := record{Unique: 1, Type: node.TypeDir, Mode: 0o755, Nlink: 2, DV: 1,
+		Atime: now, Mtime: now, Ctime: now, Parent: 1}
+	vm := vb.Bucket(bktVolMeta)
+	for _, kv := range [][2][]byte{
+		{keyNextVnode, u64(1)}, {keyUnique, u64(1)},
+		{[]byte("name"), []byte(name)}, {[]byte("created"), u64(uint64(now))},
+	} {
+		if err := vm.Put(kv[0], kv[1]); err != nil {
+			return Volume{}, err
+		}
+	}
+	if err := vb.Bucket(bktVnodes).Put(u64(1), root.encode()); err != nil {
+		return Volume{}, err
+	}
+	if err := names.Put([]byte(name), u64(id)); err != nil {
+		return Volume{}, err
+	}
+	return volumeOf(id, vb), nil
+}
+
+func volumeOf(id uint64, vb *bolt.Bucket) Volume {
+	vm := vb.Bucket(bktVolMeta)
+	return Volume{
+		ID:      id,
+		Name:    string(vm.Get([]byte("name"))),
+		Root:    node.FID{Volume: id, Vnode: 1, Unique: 1},
+		Created: time.Unix(0, int64(getU64(vm.Get([]byte("created"))))),
+	}
+}
+
+// CreateVolume makes a new, empty volume.
+func (s *Store) CreateVolume(name string) (Volume, error) {
+	var v Volume
+	err := s.update(func(tx *bolt.Tx) (err error) {
+		v, err = createVolume(tx, name)
+		return err
+	})
+	return v, err
+}
+
+// VolumeByName finds a volume; ENOENT if there is none.
+func (s *Store) VolumeByName(name string) (Volume, error) {
+	var v Volume
+	err := s.db.View(func(tx *bolt.Tx) error {
+		id := tx.Bucket(bktVolNames).Get([]byte(name))
+		if id == nil {
+			return fmt.Errorf("volume %q: %w", name, syscall.ENOENT)
+		}
+		v = volumeOf(getU64(id), tx.Bucket(bktVolumes).Bucket(id))
+		return nil
+	})
+	return v, err
+}
+
+// VolumeByID finds a volume; ENOENT if there is none.
+func (s *Store) VolumeByID(id uint64) (Volume, error) {
+	var v Volume
+	err := s.db.View(func(tx *bolt.Tx) error {
+		vb := tx.Bucket(bktVolumes).Bucket(u64(id))
+		if vb == nil {
+			return fmt.Errorf("volume %d: %w", id, syscall.ENOENT)
+		}
+		v = volumeOf(id, vb)
+		return nil
+	})
+	return v, err
+}
+
+// Volumes lists every volume by id.
+func (s *Store) Volumes() ([]Volume, error) {
+	var vs []Volume
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bktVolumes).ForEachBucket(func(k []byte) error {
+			vs = append(vs, volumeOf(getU64(k), tx.Bucket(bktVolumes).Bucket(k)))
+			return nil
+		})
+	})
+	return vs, err
+}
+
+// update runs one read-write transaction, turning a full disk into ENOSPC.
+func (s *Store) update(fn func(tx *bolt.Tx) error) error {
+	err := s.db.Update(fn)
+	if err != nil && errors.Is(err, syscall.ENOSPC) {
+		return fmt.Errorf("metadata: %w", syscall.ENOSPC)
+	}
+	return err
+}
