@@ -2452,14 +2452,18 @@ type StoreRequest struct {
 	// The data version the client's writes were based on, for its own
 	// bookkeeping (the reply says whether anything came between).
 	BaseVersion uint64 `protobuf:"varint,2,opt,name=base_version,json=baseVersion,proto3" json:"base_version,omitempty"`
-	// Set the size first (truncate or extend), when has_size.
-	HasSize bool   `protobuf:"varint,3,opt,name=has_size,json=hasSize,proto3" json:"has_size,omitempty"`
-	Size    uint64 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	// When has_truncate, cut the file to truncate bytes before the writes
+	// (the lowest size the client truncated to since its last store).
+	HasTruncate bool   `protobuf:"varint,3,opt,name=has_truncate,json=hasTruncate,proto3" json:"has_truncate,omitempty"`
+	Truncate    uint64 `protobuf:"varint,4,opt,name=truncate,proto3" json:"truncate,omitempty"`
+	// When has_size, set the size after the writes (the client's final size).
+	HasSize bool   `protobuf:"varint,5,opt,name=has_size,json=hasSize,proto3" json:"has_size,omitempty"`
+	Size    uint64 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
 	// Make it durable before replying (fsync / close).
-	Sync          bool   `protobuf:"varint,5,opt,name=sync,proto3" json:"sync,omitempty"`
-	Offset        uint64 `protobuf:"varint,6,opt,name=offset,proto3" json:"offset,omitempty"`
-	Data          []byte `protobuf:"bytes,7,opt,name=data,proto3" json:"data,omitempty"`
-	MtimeNs       int64  `protobuf:"varint,8,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
+	Sync          bool   `protobuf:"varint,7,opt,name=sync,proto3" json:"sync,omitempty"`
+	Offset        uint64 `protobuf:"varint,8,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data          []byte `protobuf:"bytes,9,opt,name=data,proto3" json:"data,omitempty"`
+	MtimeNs       int64  `protobuf:"varint,10,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2504,6 +2508,20 @@ func (x *StoreRequest) GetFid() *FID {
 func (x *StoreRequest) GetBaseVersion() uint64 {
 	if x != nil {
 		return x.BaseVersion
+	}
+	return 0
+}
+
+func (x *StoreRequest) GetHasTruncate() bool {
+	if x != nil {
+		return x.HasTruncate
+	}
+	return false
+}
+
+func (x *StoreRequest) GetTruncate() uint64 {
+	if x != nil {
+		return x.Truncate
 	}
 	return 0
 }
@@ -2757,16 +2775,19 @@ const file_hoard_proto_rawDesc = "" +
 	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12!\n" +
-	"\fdata_version\x18\x04 \x01(\x04R\vdataVersion\"\xdc\x01\n" +
+	"\fdata_version\x18\x04 \x01(\x04R\vdataVersion\"\x9b\x02\n" +
 	"\fStoreRequest\x12\x1f\n" +
 	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12!\n" +
-	"\fbase_version\x18\x02 \x01(\x04R\vbaseVersion\x12\x19\n" +
-	"\bhas_size\x18\x03 \x01(\bR\ahasSize\x12\x12\n" +
-	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x12\n" +
-	"\x04sync\x18\x05 \x01(\bR\x04sync\x12\x16\n" +
-	"\x06offset\x18\x06 \x01(\x04R\x06offset\x12\x12\n" +
-	"\x04data\x18\a \x01(\fR\x04data\x12\x19\n" +
-	"\bmtime_ns\x18\b \x01(\x03R\amtimeNs\"6\n" +
+	"\fbase_version\x18\x02 \x01(\x04R\vbaseVersion\x12!\n" +
+	"\fhas_truncate\x18\x03 \x01(\bR\vhasTruncate\x12\x1a\n" +
+	"\btruncate\x18\x04 \x01(\x04R\btruncate\x12\x19\n" +
+	"\bhas_size\x18\x05 \x01(\bR\ahasSize\x12\x12\n" +
+	"\x04size\x18\x06 \x01(\x04R\x04size\x12\x12\n" +
+	"\x04sync\x18\a \x01(\bR\x04sync\x12\x16\n" +
+	"\x06offset\x18\b \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04data\x18\t \x01(\fR\x04data\x12\x19\n" +
+	"\bmtime_ns\x18\n" +
+	" \x01(\x03R\amtimeNs\"6\n" +
 	"\n" +
 	"StoreReply\x12(\n" +
 	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status*}\n" +

@@ -84,6 +84,8 @@ type Update struct {
 	staging *os.File
 	name    string
 	ranges  []extent
+	cut     uint64
+	hasCut  bool
 	size    uint64
 	hasSize bool
 	done    bool
@@ -129,7 +131,15 @@ func (u *Update) WriteAt(p []byte, off int64) error {
 // maxFileSize bounds offsets from the wire (ext4's own limit is 16 TiB).
 const maxFileSize = 1 << 44
 
-// SetSize truncates or extends the file to n before the staged writes land.
+// Truncate cuts the file to n before the staged writes land.
+func (u *Update) Truncate(n uint64) {
+	if !u.hasCut || n < u.cut {
+		u.cut, u.hasCut = n, true
+	}
+}
+
+// SetSize sets the file's size after the staged writes land: writes past it
+// are dropped, and a size past the last byte written reads as zeros.
 func (u *Update) SetSize(n uint64) { u.size, u.hasSize = n, true }
 
 // Abort discards the staged change.
@@ -199,22 +209,25 @@ func (u *Update) Commit(sync bool, mtime time.Time) (node.Status, error) {
 	if err != nil {
 		return node.Status{}, err
 	}
-	p := pending{vol: f.Volume, vnode: f.Vnode, size: r.Size}
-	if u.hasSize {
-		p.size = u.size
+	// Old bytes survive below cut: the lowest of the old size, the
+	// truncation point and the final size.
+	cut := r.Size
+	if u.hasCut {
+		cut = min(cut, u.cut)
 	}
+	p := pending{vol: f.Volume, vnode: f.Vnode, size: cut}
 	for _, e := range ranges {
 		p.size = max(p.size, uint64(e.end))
+	}
+	if u.hasSize {
+		p.size = u.size
+		cut = min(cut, u.size)
+		ranges = clipExtents(ranges, int64(u.size))
 	}
 	old := filepath.Join(s.dir, dataRel(f.Volume, f.Vnode, r.DataGen))
 	// Copy whichever is smaller: the staged bytes into the data file, or the
 	// old bytes the store did not overwrite into the staging file. A file
 	// with no data file yet is all zeros, as are the staging file's holes.
-	// Old bytes survive below cut: the truncation point, or the old size.
-	cut := r.Size
-	if u.hasSize {
-		cut = min(cut, u.size)
-	}
 	gaps := gapsIn(ranges, int64(cut))
 	if r.DataGen == 0 || len(ranges) > 0 && (cut < r.Size || extentBytes(gaps) <= extentBytes(ranges)) {
 		if r.DataGen != 0 {
@@ -399,6 +412,17 @@ func gapsIn(ranges []extent, size int64) []extent {
 		gaps = append(gaps, extent{at, size})
 	}
 	return gaps
+}
+
+// clipExtents drops what lies at or past size.
+func clipExtents(es []extent, size int64) []extent {
+	var out []extent
+	for _, e := range es {
+		if e.off < size {
+			out = append(out, extent{e.off, min(e.end, size)})
+		}
+	}
+	return out
 }
 
 func extentBytes(es []extent) int64 {

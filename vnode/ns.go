@@ -84,24 +84,19 @@ func (v *vtx) addEntry(dir uint64, d *record, name string, child uint64, t node.
 	if err := v.names.Put(nameKey(dir, name), e.encode()); err != nil {
 		return err
 	}
-	if err := v.cookies.Put(cookieKey(dir, e.Cookie), []byte(name)); err != nil {
-		return err
-	}
-	v.touchDir(d)
-	return nil
+	return v.cookies.Put(cookieKey(dir, e.Cookie), []byte(name))
 }
 
-func (v *vtx) delEntry(dir uint64, d *record, name string, e entry) error {
+func (v *vtx) delEntry(dir uint64, name string, e entry) error {
 	if err := v.names.Delete(nameKey(dir, name)); err != nil {
 		return err
 	}
-	if err := v.cookies.Delete(cookieKey(dir, e.Cookie)); err != nil {
-		return err
-	}
-	v.touchDir(d)
-	return nil
+	return v.cookies.Delete(cookieKey(dir, e.Cookie))
 }
 
+// touchDir records one change to a directory's data: every operation bumps
+// each directory it changes exactly once, so a client that sees a version
+// one past its own knows that nobody else came between.
 func (v *vtx) touchDir(d *record) {
 	d.DV++
 	d.Mtime, d.Ctime = v.now, v.now
@@ -284,6 +279,7 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target st
 		if err := v.addEntry(dir.Vnode, &dr, name, vn, t); err != nil {
 			return err
 		}
+		v.touchDir(&dr)
 		if err := v.put(dir.Vnode, &dr); err != nil {
 			return err
 		}
@@ -329,6 +325,7 @@ func (s *Store) Link(dir node.FID, name string, target node.FID) (st, d node.Sta
 		if err := v.addEntry(dir.Vnode, &dr, name, target.Vnode, tr.Type); err != nil {
 			return err
 		}
+		v.touchDir(&dr)
 		if err := v.put(dir.Vnode, &dr); err != nil {
 			return err
 		}
@@ -369,9 +366,10 @@ func (s *Store) Remove(dir node.FID, name string, dirOnly bool) (d, st node.Stat
 		case r.Type == node.TypeDir && !v.isEmptyDir(e.Vnode):
 			return fmt.Errorf("%s: %w", name, syscall.ENOTEMPTY)
 		}
-		if err := v.delEntry(dir.Vnode, &dr, name, e); err != nil {
+		if err := v.delEntry(dir.Vnode, name, e); err != nil {
 			return err
 		}
+		v.touchDir(&dr)
 		if r.Type == node.TypeDir {
 			dr.Nlink--
 		}
@@ -469,7 +467,7 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string) (
 			case rr.Type == node.TypeDir && !v.isEmptyDir(de.Vnode):
 				return fmt.Errorf("%s: %w", dname, syscall.ENOTEMPTY)
 			}
-			if err := v.delEntry(dst.Vnode, &dd, dname, de); err != nil {
+			if err := v.delEntry(dst.Vnode, dname, de); err != nil {
 				return err
 			}
 			if rr.Type == node.TypeDir {
@@ -481,15 +479,15 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string) (
 			rst := rr.status(v.id, de.Vnode)
 			res.Replaced = &rst
 		}
-		if same {
-			if err := v.delEntry(src.Vnode, &dd, sname, se); err != nil {
-				return err
-			}
-		} else if err := v.delEntry(src.Vnode, &sd, sname, se); err != nil {
+		if err := v.delEntry(src.Vnode, sname, se); err != nil {
 			return err
 		}
 		if err := v.addEntry(dst.Vnode, &dd, dname, se.Vnode, se.Type); err != nil {
 			return err
+		}
+		v.touchDir(&dd)
+		if !same {
+			v.touchDir(&sd)
 		}
 		if isDir && !same {
 			sd.Nlink--

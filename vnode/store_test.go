@@ -349,8 +349,9 @@ func TestRename(t *testing.T) {
 		t.Fatalf("root nlink %d -> %d after replacing a dir", rs0.Nlink, rs1.Nlink)
 	}
 	// Same-directory rename and rename onto a hard link of itself.
-	if _, err := s.Rename(r, "plain", r, "plain2"); err != nil {
-		t.Fatal(err)
+	before, _ := s.GetStatus(r)
+	if res, err := s.Rename(r, "plain", r, "plain2"); err != nil || res.DstDir.DataVersion != before.DataVersion+1 {
+		t.Fatalf("same-dir rename must bump the version once: %d -> %d, %v", before.DataVersion, res.DstDir.DataVersion, err)
 	}
 	p, _, _ := s.Lookup(r, "plain2")
 	s.Link(r, "alias", p.FID)
@@ -440,7 +441,7 @@ func TestDataStores(t *testing.T) {
 	}
 	// Truncate down then write past the new end: the bytes in between are zeros.
 	u, _ := s.BeginUpdate(f)
-	u.SetSize(100)
+	u.Truncate(100)
 	u.WriteAt([]byte("tail"), 300)
 	if _, err := u.Commit(true, time.Time{}); err != nil {
 		t.Fatal(err)
@@ -451,7 +452,7 @@ func TestDataStores(t *testing.T) {
 	}
 	// Truncate down then write far past the old end.
 	u, _ = s.BeginUpdate(f)
-	u.SetSize(2)
+	u.Truncate(2)
 	u.WriteAt([]byte("far"), 2000)
 	if _, err := u.Commit(true, time.Time{}); err != nil {
 		t.Fatal(err)
@@ -583,5 +584,35 @@ func TestWriteBounds(t *testing.T) {
 	wantErrno(t, u.WriteAt([]byte("x"), maxFileSize), syscall.EFBIG)
 	if _, _, err := s.ReadAt(f, make([]byte, 1), -5); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("negative read offset: %v", err)
+	}
+}
+
+// TestTruncateThenWrite checks a store that carries a truncation point, writes
+// and a final size, as a client sends after write, truncate, write, truncate.
+func TestTruncateThenWrite(t *testing.T) {
+	for _, oldSize := range []int{1000, 4 << 20} {
+		s := open(t, t.TempDir())
+		f := mustCreate(t, s, root(t, s), "f", node.TypeFile).FID
+		write(t, s, f, 0, bytes.Repeat([]byte("o"), oldSize))
+		u, _ := s.BeginUpdate(f)
+		u.Truncate(10)
+		u.WriteAt(bytes.Repeat([]byte("a"), 10), 0)
+		u.WriteAt(bytes.Repeat([]byte("b"), 10), 50)
+		u.SetSize(55)
+		st, err := u.Commit(true, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := string(bytes.Repeat([]byte("a"), 10)) + string(make([]byte, 40)) + "bbbbb"
+		if got := read(t, s, f); string(got) != want || st.Size != 55 {
+			t.Fatalf("old size %d: got %q (size %d)", oldSize, got, st.Size)
+		}
+		// A pure extension keeps the data and adds zeros, in place.
+		u, _ = s.BeginUpdate(f)
+		u.SetSize(60)
+		u.Commit(true, time.Time{})
+		if got := read(t, s, f); string(got) != want+string(make([]byte, 5)) {
+			t.Fatalf("extend: got %q", got)
+		}
 	}
 }

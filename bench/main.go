@@ -1,0 +1,415 @@
+// Command bench measures hoard against baselines taken in the same run on
+// the same machine, and prints ratios:
+//
+//   - warm re-read of a large file through the library vs a local file;
+//   - cold fetch of the same file over loopback vs a raw loopback TCP copy;
+//   - stat / open / read / close of many small cached files vs local files.
+//
+// Usage: go run ./bench [-size 1G] [-files 10000] [-dir DIR]
+// (make bench builds the hoard binary first and passes it in HOARD_BIN).
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/hoardfs/hoard/client"
+)
+
+var (
+	sizeFlag  = flag.Int64("size", 1<<30, "bytes in the large file")
+	filesFlag = flag.Int("files", 10000, "number of small files")
+	smallFlag = flag.Int("small", 4096, "bytes in each small file")
+	dirFlag   = flag.String("dir", "", "scratch directory on the disk to measure (default: a temp dir under the current directory)")
+	readSize  = flag.Int("read", 1<<20, "read size for the large file")
+)
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	bin := os.Getenv("HOARD_BIN")
+	if bin == "" {
+		return fmt.Errorf("set HOARD_BIN to a built hoard binary (make bench does)")
+	}
+	scratch := *dirFlag
+	if scratch == "" {
+		wd, _ := os.Getwd()
+		d, err := os.MkdirTemp(wd, ".bench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		scratch = d
+	}
+	addr, stop, err := startServer(bin, filepath.Join(scratch, "server"))
+	if err != nil {
+		return err
+	}
+	defer stop()
+	machine()
+
+	// The large file: written once locally and once into hoard.
+	data := make([]byte, 4<<20)
+	for i := range data {
+		data[i] = byte(i*7 + i>>9)
+	}
+	local := filepath.Join(scratch, "local.big")
+	if err := writeLocal(local, data, *sizeFlag); err != nil {
+		return err
+	}
+	w, err := client.Dial(client.Options{Server: addr, CacheSize: 64 << 20})
+	if err != nil {
+		return err
+	}
+	if err := writeRemote(w, "/big", data, *sizeFlag); err != nil {
+		return err
+	}
+
+	fmt.Printf("\n## Large file (%s, %s reads)\n\n", human(*sizeFlag), human(int64(*readSize)))
+	fmt.Println("| measurement | hoard | baseline | ratio |")
+	fmt.Println("|---|---|---|---|")
+
+	// Cold fetch vs raw TCP.
+	tcp, err := rawTCP(local, *sizeFlag)
+	if err != nil {
+		return err
+	}
+	cacheDir := filepath.Join(scratch, "cache")
+	c, err := client.Dial(client.Options{Server: addr, CacheDir: cacheDir, CacheSize: *sizeFlag + 256<<20})
+	if err != nil {
+		return err
+	}
+	cold, err := readRemote(c, "/big", *sizeFlag)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("| cold fetch over loopback (MB/s) | %.0f | %.0f raw TCP | %.2f× |\n", mbps(*sizeFlag, cold), mbps(*sizeFlag, tcp), tcp.Seconds()/cold.Seconds())
+
+	// Warm re-read vs local file (both from the page cache).
+	readLocal(local, *sizeFlag)
+	var bestLocal, bestWarm time.Duration
+	for i := 0; i < 3; i++ {
+		l, err := readLocal(local, *sizeFlag)
+		if err != nil {
+			return err
+		}
+		h, err := readRemote(c, "/big", *sizeFlag)
+		if err != nil {
+			return err
+		}
+		bestLocal, bestWarm = minDur(bestLocal, l), minDur(bestWarm, h)
+	}
+	st := c.Stats()
+	fmt.Printf("| warm re-read (MB/s) | %.0f | %.0f local file | %.2f× |\n", mbps(*sizeFlag, bestWarm), mbps(*sizeFlag, bestLocal), bestLocal.Seconds()/bestWarm.Seconds())
+	c.Close()
+	if st.BytesFetched != *sizeFlag {
+		fmt.Printf("\n(note: %d bytes fetched for a %d-byte file)\n", st.BytesFetched, *sizeFlag)
+	}
+	os.Remove(local)
+
+	return smallFiles(w, addr, scratch)
+}
+
+func smallFiles(w *client.Client, addr, scratch string) error {
+	n, size := *filesFlag, *smallFlag
+	fmt.Printf("\n## %d small files of %s, cached (per-operation latency)\n\n", n, human(int64(size)))
+	localDir := filepath.Join(scratch, "small")
+	os.MkdirAll(localDir, 0o755)
+	buf := make([]byte, size)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	if err := w.Mkdir("/small", 0o755); err != nil {
+		return err
+	}
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("d%02d/f%05d", i%100, i)
+		if i < 100 {
+			os.Mkdir(filepath.Join(localDir, fmt.Sprintf("d%02d", i)), 0o755)
+			if err := w.Mkdir("/small/"+fmt.Sprintf("d%02d", i), 0o755); err != nil {
+				return err
+			}
+		}
+		if err := os.WriteFile(filepath.Join(localDir, names[i]), buf, 0o644); err != nil {
+			return err
+		}
+		if err := writeRemote(w, "/small/"+names[i], buf, int64(size)); err != nil {
+			return err
+		}
+	}
+	c, err := client.Dial(client.Options{Server: addr, CacheDir: filepath.Join(scratch, "cache-small"), CacheSize: 1 << 30})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	p := make([]byte, size)
+	// Warm both.
+	for _, name := range names {
+		f, err := c.Open("/small/"+name, os.O_RDONLY, 0)
+		if err != nil {
+			return err
+		}
+		f.ReadAt(p, 0)
+		f.Close()
+		os.ReadFile(filepath.Join(localDir, name))
+	}
+	fetched := c.Stats().BytesFetched
+	rpcs := c.Stats().RPCs
+	type op struct {
+		name   string
+		hoard  func(string) error
+		native func(string) error
+	}
+	ops := []op{
+		{"stat", func(n string) error { _, err := c.Stat("/small/" + n); return err },
+			func(n string) error { _, err := os.Stat(filepath.Join(localDir, n)); return err }},
+		{"open+close", func(n string) error {
+			f, err := c.Open("/small/"+n, os.O_RDONLY, 0)
+			if err != nil {
+				return err
+			}
+			return f.Close()
+		}, func(n string) error {
+			f, err := os.Open(filepath.Join(localDir, n))
+			if err != nil {
+				return err
+			}
+			return f.Close()
+		}},
+		{"open+read+close", func(n string) error {
+			f, err := c.Open("/small/"+n, os.O_RDONLY, 0)
+			if err != nil {
+				return err
+			}
+			if _, err := f.ReadAt(p, 0); err != nil && err != io.EOF {
+				return err
+			}
+			return f.Close()
+		}, func(n string) error {
+			f, err := os.Open(filepath.Join(localDir, n))
+			if err != nil {
+				return err
+			}
+			if _, err := f.ReadAt(p, 0); err != nil && err != io.EOF {
+				return err
+			}
+			return f.Close()
+		}},
+	}
+	fmt.Println("| operation | hoard (µs/op) | local FS (µs/op) | ratio (hoard/local) |")
+	fmt.Println("|---|---|---|---|")
+	for _, o := range ops {
+		var bh, bl time.Duration
+		for round := 0; round < 3; round++ {
+			h, err := timeAll(names, o.hoard)
+			if err != nil {
+				return fmt.Errorf("%s: %w", o.name, err)
+			}
+			l, err := timeAll(names, o.native)
+			if err != nil {
+				return err
+			}
+			bh, bl = minDur(bh, h), minDur(bl, l)
+		}
+		us := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(len(names)) }
+		fmt.Printf("| %s | %.2f | %.2f | %.2f× |\n", o.name, us(bh), us(bl), bh.Seconds()/bl.Seconds())
+	}
+	st := c.Stats()
+	fmt.Printf("\n(cached phase: %d bytes fetched, %d RPCs across all operations above)\n", st.BytesFetched-fetched, st.RPCs-rpcs)
+	return nil
+}
+
+func timeAll(names []string, fn func(string) error) (time.Duration, error) {
+	start := time.Now()
+	for _, n := range names {
+		if err := fn(n); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start), nil
+}
+
+func minDur(a, b time.Duration) time.Duration {
+	if a == 0 || b < a {
+		return b
+	}
+	return a
+}
+
+func mbps(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e6 }
+
+func human(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func startServer(bin, data string) (string, func(), error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(bin, "server", "--data", data, "--listen", addr)
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), "serving") {
+			break
+		}
+	}
+	go io.Copy(io.Discard, stderr)
+	return addr, func() { cmd.Process.Kill(); cmd.Wait() }, nil
+}
+
+func writeLocal(path string, data []byte, size int64) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	for off := int64(0); off < size; off += int64(len(data)) {
+		if _, err := f.Write(data[:min(int64(len(data)), size-off)]); err != nil {
+			return err
+		}
+	}
+	return f.Close()
+}
+
+func writeRemote(c *client.Client, path string, data []byte, size int64) error {
+	f, err := c.Create(path)
+	if err != nil {
+		return err
+	}
+	for off := int64(0); off < size; off += int64(len(data)) {
+		if _, err := f.Write(data[:min(int64(len(data)), size-off)]); err != nil {
+			return err
+		}
+	}
+	return f.Close()
+}
+
+func readLocal(path string, size int64) (time.Duration, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return readAll(f, size)
+}
+
+func readRemote(c *client.Client, path string, size int64) (time.Duration, error) {
+	f, err := c.Open(path, os.O_RDONLY, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return readAll(f, size)
+}
+
+func readAll(r io.ReaderAt, size int64) (time.Duration, error) {
+	p := make([]byte, *readSize)
+	start := time.Now()
+	var off int64
+	for off < size {
+		n, err := r.ReadAt(p, off)
+		off += int64(n)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	if off != size {
+		return 0, fmt.Errorf("read %d bytes, want %d", off, size)
+	}
+	return time.Since(start), nil
+}
+
+// rawTCP copies the local file over a loopback TCP connection (sendfile on
+// the sending side, a plain read loop on the receiving side) and times it.
+func rawTCP(path string, size int64) (time.Duration, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	go func() {
+		conn, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		f, err := os.Open(path)
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		io.Copy(conn, f)
+	}()
+	readLocal(path, size) // the server side reads from the page cache, as hoard's does
+	start := time.Now()
+	conn, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	p := make([]byte, *readSize)
+	var got int64
+	for got < size {
+		n, err := conn.Read(p)
+		got += int64(n)
+		if err != nil {
+			break
+		}
+	}
+	if got != size {
+		return 0, fmt.Errorf("raw TCP moved %d bytes, want %d", got, size)
+	}
+	return time.Since(start), nil
+}
+
+func machine() {
+	cpu := "unknown"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "model name") {
+				cpu = strings.TrimSpace(strings.SplitN(line, ":", 2)[1])
+				break
+			}
+		}
+	}
+	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		mem = strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1] + " kB"
+	}
+	fmt.Printf("# hoard benchmark, %s\n\nmachine: %d cores (%s), %s RAM, kernel %s, Go %s\n",
+		time.Now().Format("2006-01-02"), runtime.NumCPU(), cpu, mem, strings.TrimSpace(string(kernel)), runtime.Version())
+}

@@ -1,0 +1,630 @@
+// Package cache is the client's chunk cache: one sparse cache file per
+// remote file, holding the file's bytes at their real offsets, plus an index
+// (bbolt) of which chunks are present, their CRC32C, the file's last known
+// status, local writes not yet stored, and per-file policy fields.
+//
+// The layout lets a fully cached file be handed to the kernel as a FUSE
+// passthrough backing file (one backing file per inode); a chunk-per-file
+// layout could not. Chunks are the unit of fetching and eviction.
+//
+// Space is a hard limit: a chunk's bytes (rounded up to 4 KiB) are
+// reserved before it is written, eviction is LRU over clean chunks, and
+// dirty chunks are never evicted. When nothing can be evicted the caller is
+// told (ErrNoSpace) and serves the read without caching.
+//
+// Crash safety does not rest on the index: index updates are group
+// committed in the background, and after an unclean shutdown every present
+// chunk is checked against its CRC before use, so an index ahead of or
+// behind the data is never served wrong. The hit path does not checksum.
+package cache
+
+import (
+	"container/list"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+
+	"github.com/hoardfs/hoard/node"
+)
+
+// Errors the cache returns.
+var (
+	// ErrMiss: a chunk of the range is not cached.
+	ErrMiss = errors.New("cache: chunk not present")
+	// ErrStale: the data belongs to another data version than the entry's.
+	ErrStale = errors.New("cache: data version changed")
+	// ErrNoSpace: no space can be reserved (everything left is dirty).
+	ErrNoSpace = errors.New("cache: full of data that cannot be evicted")
+)
+
+// DefaultChunkSize is the chunk size of a new cache unless told otherwise.
+const DefaultChunkSize = 256 << 10
+
+const (
+	blockSize = 4096
+	maxOpen   = 1024 // cache files kept open at once
+)
+
+var (
+	bktFiles = []byte("files")
+	bktMeta  = []byte("meta")
+	keyChunk = []byte("chunksize")
+	keyClean = []byte("clean")
+	keyStats = []byte("stats")
+)
+
+// Options configure Open.
+type Options struct {
+	// Dir holds the cache; empty keeps it in memory only.
+	Dir string
+	// Size is the hard limit on cached bytes.
+	Size int64
+	// ChunkSize applies when the cache is created: a power of two from
+	// 4 KiB to 64 MiB, default 256 KiB. An existing cache keeps its own.
+	ChunkSize int64
+}
+
+// Range is a byte range.
+type Range struct{ Off, Len int64 }
+
+// Cache is an open chunk cache.
+type Cache struct {
+	dir  string
+	size int64
+	cs   int64
+	db   *bolt.DB
+	lock *os.File
+
+	mu      sync.Mutex
+	entries map[node.FID]*Entry
+	lru     *list.List // of *chunk, most recent at the front
+	used    int64
+	pending map[*Entry]bool // index records to write
+	gauges  map[string]int64
+	// openFiles lists entries holding an open cache file, most recent
+	// first, to bound descriptors.
+	openFiles *list.List
+
+	stats   counters
+	flushMu sync.Mutex
+	stop    chan struct{}
+	done    chan struct{}
+	closed  atomic.Bool
+}
+
+type counters struct {
+	hits, misses, fetched, evictions, bypassed, recovered, chunks atomic.Int64
+}
+
+// Stats are the cache's counters. The cumulative ones survive restarts.
+type Stats struct {
+	Hits         int64            `json:"hits"`
+	Misses       int64            `json:"misses"`
+	BytesFetched int64            `json:"bytes_fetched"`
+	BytesCached  int64            `json:"bytes_cached"`
+	Limit        int64            `json:"limit"`
+	Chunks       int64            `json:"chunks"`
+	Files        int64            `json:"files"`
+	Evictions    int64            `json:"evictions"`
+	Bypassed     int64            `json:"bypassed"`
+	Recovered    int64            `json:"recovered"`
+	ChunkSize    int64            `json:"chunk_size"`
+	Gauges       map[string]int64 `json:"gauges,omitempty"`
+	Updated      time.Time        `json:"updated"`
+}
+
+// Open opens or creates a cache.
+func Open(o Options) (*Cache, error) {
+	if o.Size <= 0 {
+		return nil, fmt.Errorf("cache size %d: must be positive", o.Size)
+	}
+	cs := o.ChunkSize
+	if cs == 0 {
+		cs = DefaultChunkSize
+	}
+	if cs < blockSize || cs > 64<<20 || cs&(cs-1) != 0 {
+		return nil, fmt.Errorf("chunk size %d: want a power of two from 4 KiB to 64 MiB", cs)
+	}
+	c := &Cache{dir: o.Dir, size: o.Size, cs: cs, entries: map[node.FID]*Entry{}, lru: list.New(),
+		pending: map[*Entry]bool{}, gauges: map[string]int64{}, openFiles: list.New(),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	if o.Dir == "" {
+		close(c.done)
+		return c, nil
+	}
+	if err := c.openDir(); err != nil {
+		if c.lock != nil {
+			c.lock.Close()
+		}
+		return nil, err
+	}
+	go c.committer()
+	return c, nil
+}
+
+func (c *Cache) openDir() error {
+	dir := c.dir
+	if err := os.MkdirAll(filepath.Join(dir, "files"), 0o700); err != nil {
+		return fmt.Errorf("cache directory %s: %w", dir, errors.Unwrap(err))
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("cache directory %s: %w", dir, errors.Unwrap(err))
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		return fmt.Errorf("cache %s is in use by another process", dir)
+	}
+	c.lock = lock
+	clean, err := c.openIndex()
+	if err != nil {
+		// An index that cannot be read is discarded with the data it
+		// described: start empty rather than serve from it.
+		slog.Warn("cache index unreadable; starting empty", "dir", dir, "err", err)
+		if c.db != nil {
+			c.db.Close()
+			c.db = nil
+		}
+		os.Remove(filepath.Join(dir, "index.db"))
+		os.RemoveAll(filepath.Join(dir, "files"))
+		os.MkdirAll(filepath.Join(dir, "files"), 0o700)
+		c.entries = map[node.FID]*Entry{}
+		c.lru.Init()
+		c.used = 0
+		if clean, err = c.openIndex(); err != nil {
+			return fmt.Errorf("cache directory %s: %w", dir, err)
+		}
+	}
+	if !clean {
+		c.verify()
+	}
+	// From here on the cache is in use: a crash must trigger verification.
+	return c.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktMeta).Put(keyClean, []byte{0}) })
+}
+
+// openIndex opens index.db and loads every record. It reports whether the
+// last shutdown was clean.
+func (c *Cache) openIndex() (clean bool, err error) {
+	c.db, err = bolt.Open(filepath.Join(c.dir, "index.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		return false, err
+	}
+	err = c.db.Update(func(tx *bolt.Tx) error {
+		files, err := tx.CreateBucketIfNotExists(bktFiles)
+		if err != nil {
+			return err
+		}
+		meta, err := tx.CreateBucketIfNotExists(bktMeta)
+		if err != nil {
+			return err
+		}
+		if v := meta.Get(keyChunk); v != nil {
+			c.cs = int64(getU64(v))
+		} else if err := meta.Put(keyChunk, putU64(uint64(c.cs))); err != nil {
+			return err
+		}
+		clean = len(meta.Get(keyClean)) == 1 && meta.Get(keyClean)[0] == 1
+		if v := meta.Get(keyStats); v != nil {
+			var s Stats
+			if json.Unmarshal(v, &s) == nil {
+				c.stats.hits.Store(s.Hits)
+				c.stats.misses.Store(s.Misses)
+				c.stats.fetched.Store(s.BytesFetched)
+				c.stats.evictions.Store(s.Evictions)
+				c.stats.bypassed.Store(s.Bypassed)
+				c.stats.recovered.Store(s.Recovered)
+			}
+		}
+		return files.ForEach(func(k, v []byte) error {
+			fid, ok := keyFID(k)
+			if !ok {
+				return errBadRecord
+			}
+			r, err := decodeRecord(v)
+			if err != nil {
+				return fmt.Errorf("record %v: %w", fid, err)
+			}
+			c.load(fid, r)
+			return nil
+		})
+	})
+	return clean, err
+}
+
+// load installs an entry from its index record.
+func (c *Cache) load(fid node.FID, r record) {
+	e := c.newEntry(fid)
+	e.st, e.hasSt, e.cut, e.dirty, e.policy = r.st, r.hasSt, r.cut, r.dirty, r.policy
+	for _, cr := range r.chunks {
+		ch := &chunk{e: e, idx: cr.idx, n: cr.n, crc: cr.crc, dirty: cr.dirty}
+		e.chunks[cr.idx] = ch
+		c.used += charge(cr.n)
+		c.stats.chunks.Add(1)
+		if !ch.dirty {
+			ch.elem = c.lru.PushBack(ch)
+		}
+	}
+	c.entries[fid] = e
+}
+
+// verify checks every clean chunk against its checksum after an unclean
+// shutdown, dropping the ones that do not match.
+func (c *Cache) verify() {
+	var bad int64
+	buf := make([]byte, c.cs)
+	for _, e := range c.entries {
+		for idx, ch := range e.chunks {
+			if ch.dirty {
+				continue
+			}
+			ok := false
+			if f, err := os.Open(e.path()); err == nil {
+				n, _ := f.ReadAt(buf[:ch.n], idx*c.cs)
+				ok = int64(n) == ch.n && crc(buf[:ch.n]) == ch.crc
+				f.Close()
+			}
+			if !ok {
+				c.dropChunkLocked(e, ch)
+				bad++
+			}
+		}
+		c.pending[e] = true
+	}
+	c.stats.recovered.Add(bad)
+	if bad > 0 {
+		slog.Warn("cache: dropped chunks that failed their checksum after an unclean shutdown", "dir", c.dir, "chunks", bad)
+	}
+}
+
+// committer writes index records in groups and stats.json once a second.
+func (c *Cache) committer() {
+	defer close(c.done)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	ticks := 0
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		if err := c.Flush(); err != nil {
+			slog.Warn("cache index commit failed", "dir", c.dir, "err", err)
+		}
+		if ticks++; ticks%10 == 0 {
+			c.writeStats()
+		}
+	}
+}
+
+// Flush commits pending index updates now.
+func (c *Cache) Flush() error {
+	if c.db == nil {
+		return nil
+	}
+	c.flushMu.Lock()
+	defer c.flushMu.Unlock()
+	c.mu.Lock()
+	todo := c.pending
+	c.pending = map[*Entry]bool{}
+	c.mu.Unlock()
+	type put struct {
+		key, val []byte
+	}
+	puts := make([]put, 0, len(todo))
+	for e := range todo {
+		e.mu.RLock()
+		gone := e.gone
+		var val []byte
+		if !gone {
+			val = e.recordLocked().encode()
+		}
+		e.mu.RUnlock()
+		puts = append(puts, put{fidKey(e.fid), val})
+	}
+	stats, _ := json.Marshal(c.Stats())
+	err := c.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bktFiles)
+		for _, p := range puts {
+			var err error
+			if p.val == nil {
+				err = b.Delete(p.key)
+			} else {
+				err = b.Put(p.key, p.val)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bktMeta).Put(keyStats, stats)
+	})
+	if err != nil {
+		c.mu.Lock()
+		for e := range todo {
+			c.pending[e] = true
+		}
+		c.mu.Unlock()
+	}
+	return err
+}
+
+func (c *Cache) markPending(e *Entry) {
+	c.mu.Lock()
+	c.pending[e] = true
+	c.mu.Unlock()
+}
+
+// Close commits the index, marks the cache clean and releases it.
+func (c *Cache) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	close(c.stop)
+	<-c.done
+	if c.db == nil {
+		return nil
+	}
+	err := c.Flush()
+	if err == nil {
+		err = c.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktMeta).Put(keyClean, []byte{1}) })
+	}
+	c.writeStats()
+	c.mu.Lock()
+	entries := make([]*Entry, 0, len(c.entries))
+	for _, e := range c.entries {
+		entries = append(entries, e)
+	}
+	c.mu.Unlock()
+	for _, e := range entries {
+		e.mu.Lock()
+		e.closeFileLocked()
+		e.mu.Unlock()
+	}
+	if cerr := c.db.Close(); err == nil {
+		err = cerr
+	}
+	c.lock.Close()
+	return err
+}
+
+// ChunkSize is the cache's chunk size.
+func (c *Cache) ChunkSize() int64 { return c.cs }
+
+// Size is the limit.
+func (c *Cache) Size() int64 { return c.size }
+
+// Used is the space reserved now; never more than Size.
+func (c *Cache) Used() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.used
+}
+
+// Dir is the cache directory; empty for a memory cache.
+func (c *Cache) Dir() string { return c.dir }
+
+func charge(n int64) int64 { return (n + blockSize - 1) / blockSize * blockSize }
+
+// reserve makes room for n more bytes, evicting least recently used clean
+// chunks. It must be called with no entry lock held.
+func (c *Cache) reserve(n int64) error {
+	if n <= 0 {
+		return nil
+	}
+	for {
+		c.mu.Lock()
+		if c.used+n <= c.size {
+			c.used += n
+			c.mu.Unlock()
+			return nil
+		}
+		var victims []*chunk
+		need := c.used + n - c.size
+		for el := c.lru.Back(); el != nil && need > 0; {
+			ch := el.Value.(*chunk)
+			prev := el.Prev()
+			c.lru.Remove(el)
+			ch.elem = nil
+			victims = append(victims, ch)
+			need -= charge(ch.n)
+			el = prev
+		}
+		c.mu.Unlock()
+		if len(victims) == 0 {
+			return ErrNoSpace
+		}
+		for _, ch := range victims {
+			ch.e.evict(ch)
+		}
+	}
+}
+
+// release returns n reserved bytes.
+func (c *Cache) release(n int64) {
+	if n == 0 {
+		return
+	}
+	c.mu.Lock()
+	c.used -= n
+	c.mu.Unlock()
+}
+
+// dropChunkLocked forgets a chunk during load-time verification (no other
+// goroutine runs yet).
+func (c *Cache) dropChunkLocked(e *Entry, ch *chunk) {
+	if ch.elem != nil {
+		c.lru.Remove(ch.elem)
+		ch.elem = nil
+	}
+	delete(e.chunks, ch.idx)
+	c.used -= charge(ch.n)
+	c.stats.chunks.Add(-1)
+	e.punch(ch.idx, ch.n)
+}
+
+// Entry returns the entry for fid, creating it in memory if needed.
+func (c *Cache) Entry(fid node.FID) *Entry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[fid]
+	if e == nil {
+		e = c.newEntry(fid)
+		c.entries[fid] = e
+	}
+	return e
+}
+
+// Lookup returns an existing entry.
+func (c *Cache) Lookup(fid node.FID) (*Entry, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[fid]
+	return e, ok
+}
+
+// Entries lists every known FID.
+func (c *Cache) Entries() []node.FID {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]node.FID, 0, len(c.entries))
+	for f := range c.entries {
+		out = append(out, f)
+	}
+	return out
+}
+
+// Drop forgets a file that no longer exists on the server. It refuses a
+// file with unstored writes.
+func (c *Cache) Drop(fid node.FID) error {
+	e, ok := c.Lookup(fid)
+	if !ok {
+		return nil
+	}
+	e.mu.Lock()
+	if len(e.dirty) > 0 {
+		e.mu.Unlock()
+		return fmt.Errorf("cache: %v has unstored writes", fid)
+	}
+	e.clearLocked(true)
+	e.gone = true
+	e.closeFileLocked()
+	e.mu.Unlock()
+	if e.c.dir != "" {
+		os.Remove(e.path())
+	}
+	c.mu.Lock()
+	delete(c.entries, fid)
+	c.pending[e] = true
+	c.mu.Unlock()
+	return nil
+}
+
+// Counters and gauges, cheap enough for the hit path.
+
+func (c *Cache) CountHit(n int64)      { c.stats.hits.Add(n) }
+func (c *Cache) CountMiss(n int64)     { c.stats.misses.Add(n) }
+func (c *Cache) CountFetched(n int64)  { c.stats.fetched.Add(n) }
+func (c *Cache) CountBypassed(n int64) { c.stats.bypassed.Add(n) }
+
+// SetGauge records a value owned by the caller (e.g. callbacks held).
+func (c *Cache) SetGauge(name string, v int64) {
+	c.mu.Lock()
+	c.gauges[name] = v
+	c.mu.Unlock()
+}
+
+// Stats returns the counters now.
+func (c *Cache) Stats() Stats {
+	c.mu.Lock()
+	g := make(map[string]int64, len(c.gauges))
+	for k, v := range c.gauges {
+		g[k] = v
+	}
+	used, files := c.used, int64(len(c.entries))
+	c.mu.Unlock()
+	return Stats{
+		Hits: c.stats.hits.Load(), Misses: c.stats.misses.Load(), BytesFetched: c.stats.fetched.Load(),
+		BytesCached: used, Limit: c.size, Chunks: c.stats.chunks.Load(), Files: files,
+		Evictions: c.stats.evictions.Load(), Bypassed: c.stats.bypassed.Load(), Recovered: c.stats.recovered.Load(),
+		ChunkSize: c.cs, Gauges: g, Updated: time.Now(),
+	}
+}
+
+// writeStats publishes the counters as DIR/stats.json for other processes
+// (the cache itself is locked while in use).
+func (c *Cache) writeStats() {
+	if c.dir == "" {
+		return
+	}
+	b, _ := json.MarshalIndent(c.Stats(), "", "  ")
+	tmp := filepath.Join(c.dir, ".stats.json.tmp")
+	if os.WriteFile(tmp, b, 0o600) == nil {
+		os.Rename(tmp, filepath.Join(c.dir, "stats.json"))
+	}
+}
+
+// ReadStats reads the counters a cache in dir last published.
+func ReadStats(dir string) (Stats, error) {
+	var s Stats
+	b, err := os.ReadFile(filepath.Join(dir, "stats.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return s, fmt.Errorf("no statistics yet (stats.json is written by a client using this cache)")
+	}
+	if err != nil {
+		return s, err
+	}
+	return s, json.Unmarshal(b, &s)
+}
+
+// fileOpened records that e holds an open cache file, closing the least
+// recently opened ones beyond the bound.
+func (c *Cache) fileOpened(e *Entry) {
+	c.mu.Lock()
+	if e.openElem != nil {
+		c.openFiles.MoveToFront(e.openElem)
+		c.mu.Unlock()
+		return
+	}
+	e.openElem = c.openFiles.PushFront(e)
+	var victims []*Entry
+	for el := c.openFiles.Back(); c.openFiles.Len()-len(victims) > maxOpen && el != nil; el = el.Prev() {
+		if v := el.Value.(*Entry); v != e {
+			victims = append(victims, v)
+		}
+	}
+	c.mu.Unlock()
+	for _, v := range victims {
+		// TryLock: a busy entry keeps its file this time; never wait on
+		// another entry's lock while holding ours.
+		if v.mu.TryLock() {
+			v.closeFileLocked()
+			v.mu.Unlock()
+		}
+	}
+}
+
+func (c *Cache) fileClosed(e *Entry) {
+	c.mu.Lock()
+	if e.openElem != nil {
+		c.openFiles.Remove(e.openElem)
+		e.openElem = nil
+	}
+	c.mu.Unlock()
+}
+
+func putU64(v uint64) []byte { return []byte(strconv.FormatUint(v, 10)) }
+
+func getU64(b []byte) uint64 {
+	v, _ := strconv.ParseUint(string(b), 10, 64)
+	return v
+}

@@ -1,0 +1,791 @@
+package cache
+
+import (
+	"container/list"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hoardfs/hoard/node"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func crc(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// chunk is one present chunk of an entry.
+type chunk struct {
+	e     *Entry
+	idx   int64
+	n     int64 // valid bytes
+	crc   uint32
+	dirty bool          // holds local writes not yet stored: pinned
+	elem  *list.Element // in the cache's LRU while clean (Cache.mu)
+}
+
+// Entry is one cached file. Its methods are safe for concurrent use.
+//
+// Lock order: Entry.mu before Cache.mu; never one entry's lock while
+// waiting for another's.
+type Entry struct {
+	c   *Cache
+	fid node.FID
+
+	mu     sync.RWMutex
+	st     node.Status
+	hasSt  bool
+	cut    int64 // lowest local truncation point not yet stored; -1 none
+	chunks map[int64]*chunk
+	dirty  []Range
+	policy map[string]string
+	gone   bool
+
+	file     *os.File
+	openElem *list.Element // in Cache.openFiles (Cache.mu)
+	mem      map[int64][]byte
+
+	// hint is 1 + the last chunk a read touched: a read that stays in it
+	// skips the LRU update (seed 001's hint).
+	hint atomic.Int64
+}
+
+func (c *Cache) newEntry(fid node.FID) *Entry {
+	e := &Entry{c: c, fid: fid, cut: -1, chunks: map[int64]*chunk{}}
+	if c.dir == "" {
+		e.mem = map[int64][]byte{}
+	}
+	return e
+}
+
+// FID is the file this entry caches.
+func (e *Entry) FID() node.FID { return e.fid }
+
+func (e *Entry) path() string {
+	return filepath.Join(e.c.dir, "files", strconv.FormatUint(e.fid.Volume, 10),
+		strconv.FormatUint(e.fid.Vnode, 10)+"."+strconv.FormatUint(e.fid.Unique, 10))
+}
+
+// Path is the cache file, for handing to the kernel as a passthrough
+// backing file; empty in a memory cache.
+func (e *Entry) Path() string {
+	if e.c.dir == "" {
+		return ""
+	}
+	return e.path()
+}
+
+// Status is the last status stored.
+func (e *Entry) Status() (node.Status, bool) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.st, e.hasSt
+}
+
+// readableLocked: present, or wholly past a local truncation (zeros).
+func (e *Entry) readableLocked(idx int64) bool {
+	return e.chunks[idx] != nil || e.cut >= 0 && idx*e.c.cs >= e.cut
+}
+
+// ReadAt reads from present chunks only: ErrMiss if any chunk of the range
+// is missing. Reads stop at the status size (io.EOF as os.File.ReadAt).
+func (e *Entry) ReadAt(p []byte, off int64) (int, error) {
+	cs := e.c.cs
+	for {
+		e.mu.RLock()
+		if !e.hasSt || off < 0 {
+			e.mu.RUnlock()
+			return 0, ErrMiss
+		}
+		size := int64(e.st.Size)
+		if off >= size {
+			e.mu.RUnlock()
+			return 0, io.EOF
+		}
+		end := min(off+int64(len(p)), size)
+		first, last := off/cs, (end-1)/cs
+		var few [8]*chunk
+		touched := few[:0]
+		for idx := first; idx <= last; idx++ {
+			if !e.readableLocked(idx) {
+				e.mu.RUnlock()
+				return 0, ErrMiss
+			}
+			if ch := e.chunks[idx]; ch != nil {
+				touched = append(touched, ch)
+			}
+		}
+		if e.mem == nil && e.file == nil {
+			e.mu.RUnlock()
+			e.mu.Lock()
+			err := e.openFileLocked()
+			e.mu.Unlock()
+			if err != nil {
+				return 0, err
+			}
+			continue
+		}
+		n, err := e.readLocked(p[:end-off], off)
+		e.mu.RUnlock()
+		if !(first == last && e.hint.Load() == first+1) {
+			e.hint.Store(last + 1)
+			e.c.touch(touched)
+		}
+		if err == nil && end-off < int64(len(p)) {
+			err = io.EOF
+		}
+		return n, err
+	}
+}
+
+// touch moves chunks to the front of the LRU.
+func (c *Cache) touch(chs []*chunk) {
+	if len(chs) == 0 {
+		return
+	}
+	c.mu.Lock()
+	for _, ch := range chs {
+		if ch.elem != nil {
+			c.lru.MoveToFront(ch.elem)
+		}
+	}
+	c.mu.Unlock()
+}
+
+func (e *Entry) readLocked(p []byte, off int64) (int, error) {
+	if e.mem != nil {
+		cs := e.c.cs
+		for done := 0; done < len(p); {
+			at := off + int64(done)
+			idx, in := at/cs, at%cs
+			span := min(int64(len(p)-done), cs-in)
+			buf := e.mem[idx]
+			k := 0
+			if in < int64(len(buf)) {
+				k = copy(p[done:done+int(span)], buf[in:])
+			}
+			clear(p[done+k : done+int(span)])
+			done += int(span)
+		}
+		return len(p), nil
+	}
+	n, err := e.file.ReadAt(p, off)
+	if err == io.EOF {
+		// The cache file may end before the size: the rest are zeros.
+		clear(p[n:])
+		n, err = len(p), nil
+	}
+	return n, err
+}
+
+func (e *Entry) writeLocked(p []byte, off int64) error {
+	if e.mem != nil {
+		cs := e.c.cs
+		for done := 0; done < len(p); {
+			at := off + int64(done)
+			idx, in := at/cs, at%cs
+			span := min(int64(len(p)-done), cs-in)
+			buf := e.mem[idx]
+			if int64(len(buf)) < in+span {
+				buf = append(buf, make([]byte, in+span-int64(len(buf)))...)
+			}
+			copy(buf[in:], p[done:done+int(span)])
+			e.mem[idx] = buf
+			done += int(span)
+		}
+		return nil
+	}
+	if err := e.openFileLocked(); err != nil {
+		return err
+	}
+	_, err := e.file.WriteAt(p, off)
+	return err
+}
+
+func (e *Entry) openFileLocked() error {
+	if e.file != nil || e.mem != nil {
+		return nil
+	}
+	p := e.path()
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+	if errors.Is(err, os.ErrNotExist) {
+		if err = os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
+			f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	e.file = f
+	e.c.fileOpened(e)
+	return nil
+}
+
+func (e *Entry) closeFileLocked() {
+	if e.file == nil {
+		return
+	}
+	e.file.Close()
+	e.file = nil
+	e.c.fileClosed(e)
+}
+
+// punch releases a chunk's disk blocks, keeping the file's size.
+func (e *Entry) punch(idx, n int64) {
+	if e.mem != nil {
+		delete(e.mem, idx)
+		return
+	}
+	if e.openFileLocked() != nil {
+		return
+	}
+	cs := e.c.cs
+	unix.Fallocate(int(e.file.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, idx*cs, max(n, cs))
+}
+
+// resizeFileLocked sets the cache file's length to the status size, so a
+// complete file can be used as it is.
+func (e *Entry) resizeFileLocked(size int64) {
+	if e.mem != nil {
+		cs := e.c.cs
+		if buf, ok := e.mem[size/cs]; ok && int64(len(buf)) > size%cs {
+			e.mem[size/cs] = buf[:size%cs]
+		}
+		return
+	}
+	if e.file == nil {
+		if _, err := os.Stat(e.path()); err != nil {
+			return
+		}
+		if e.openFileLocked() != nil {
+			return
+		}
+	}
+	e.file.Truncate(size)
+}
+
+// Missing lists the chunks of [off, off+n) not cached, clipped to the size.
+func (e *Entry) Missing(off, n int64) []int64 {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	size := int64(e.st.Size)
+	end := min(off+n, size)
+	if off < 0 || off >= end {
+		return nil
+	}
+	var out []int64
+	for idx := off / e.c.cs; idx*e.c.cs < end; idx++ {
+		if !e.readableLocked(idx) {
+			out = append(out, idx)
+		}
+	}
+	return out
+}
+
+// Present reports whether chunk idx is cached.
+func (e *Entry) Present(idx int64) bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.chunks[idx] != nil
+}
+
+// Complete reports whether every byte of the file can be read from the cache.
+func (e *Entry) Complete() bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if !e.hasSt {
+		return false
+	}
+	for idx := int64(0); idx*e.c.cs < int64(e.st.Size); idx++ {
+		if !e.readableLocked(idx) {
+			return false
+		}
+	}
+	return true
+}
+
+// chunkLen is the valid length of chunk idx in a file of size bytes.
+func (e *Entry) chunkLen(idx int64, size uint64) int64 {
+	return max(0, min(e.c.cs, int64(size)-idx*e.c.cs))
+}
+
+// dropLocked forgets a chunk and returns its space.
+func (e *Entry) dropLocked(ch *chunk) {
+	c := e.c
+	delete(e.chunks, ch.idx)
+	e.punch(ch.idx, ch.n)
+	c.mu.Lock()
+	if ch.elem != nil {
+		c.lru.Remove(ch.elem)
+		ch.elem = nil
+	}
+	c.used -= charge(ch.n)
+	c.pending[e] = true
+	c.mu.Unlock()
+	c.stats.chunks.Add(-1)
+}
+
+// evict is reserve's eviction of a chunk it took off the LRU: unless it
+// was dropped or dirtied meanwhile.
+func (e *Entry) evict(ch *chunk) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.chunks[ch.idx] != ch || ch.dirty {
+		return
+	}
+	e.dropLocked(ch)
+	e.c.stats.evictions.Add(1)
+}
+
+// clearLocked drops the clean chunks, and the dirty ones too with all.
+func (e *Entry) clearLocked(all bool) {
+	for _, ch := range e.chunks {
+		if all || !ch.dirty {
+			e.dropLocked(ch)
+		}
+	}
+}
+
+// SetStatus records the server's status. A new DataVersion drops the clean
+// chunks (the data changed) unless keep; chunks past the new size go.
+func (e *Entry) SetStatus(st node.Status, keep bool) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.gone {
+		return fmt.Errorf("cache: %v was dropped", e.fid)
+	}
+	if !keep && e.hasSt && e.st.DataVersion != st.DataVersion {
+		e.clearLocked(false)
+	}
+	e.resizeLocked(st.Size)
+	e.st, e.hasSt = st, true
+	e.c.markPending(e)
+	return nil
+}
+
+// resizeLocked drops what lies past size: whole chunks, and a clean last
+// chunk that would shrink (its checksum covers the longer length).
+func (e *Entry) resizeLocked(size uint64) {
+	if e.hasSt && size == e.st.Size {
+		return
+	}
+	for idx, ch := range e.chunks {
+		n := e.chunkLen(idx, size)
+		switch {
+		case n == 0 || n < ch.n && !ch.dirty:
+			e.dropLocked(ch)
+		case n < ch.n:
+			e.c.release(charge(ch.n) - charge(n))
+			ch.n = n
+		}
+	}
+	e.dirty = clip(e.dirty, int64(size))
+	e.resizeFileLocked(int64(size))
+}
+
+// Admit stores one fetched chunk of data version dv: space is reserved
+// first (evicting LRU clean chunks), then the chunk is written,
+// checksummed and marked present.
+func (e *Entry) Admit(idx int64, dv uint64, data []byte) error {
+	e.mu.RLock()
+	n, _, ok := e.admitShapeLocked(idx, dv, data)
+	present := e.chunks[idx] != nil
+	e.mu.RUnlock()
+	if !ok {
+		return ErrStale
+	}
+	if present {
+		return nil
+	}
+	if err := e.c.reserve(charge(n)); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n2, keep, ok := e.admitShapeLocked(idx, dv, data)
+	switch {
+	case e.gone || !ok || n2 != n:
+		e.c.release(charge(n))
+		return ErrStale
+	case e.chunks[idx] != nil:
+		e.c.release(charge(n))
+		return nil
+	}
+	if err := e.writeLocked(data[:keep], idx*e.c.cs); err != nil {
+		e.c.release(charge(n))
+		return err
+	}
+	ch := &chunk{e: e, idx: idx, n: n, crc: crc(data[:keep])}
+	e.chunks[idx] = ch
+	e.c.stats.chunks.Add(1)
+	if keep < n {
+		// Server bytes up to a local truncation point, zeros after: this
+		// chunk is local state until the truncation is stored.
+		ch.dirty = true
+		e.c.markPending(e)
+		return nil
+	}
+	e.c.mu.Lock()
+	ch.elem = e.c.lru.PushFront(ch)
+	e.c.pending[e] = true
+	e.c.mu.Unlock()
+	return nil
+}
+
+// admitShapeLocked checks fetched data against the entry: the chunk's
+// length n, and how many bytes of data to keep (fewer when a local
+// truncation point falls inside the chunk).
+func (e *Entry) admitShapeLocked(idx int64, dv uint64, data []byte) (n, keep int64, ok bool) {
+	if !e.hasSt || e.st.DataVersion != dv {
+		return 0, 0, false
+	}
+	n = e.chunkLen(idx, e.st.Size)
+	start := idx * e.c.cs
+	if e.cut >= 0 && e.cut > start && e.cut < start+n {
+		keep = e.cut - start
+		return n, keep, int64(len(data)) >= keep
+	}
+	return n, n, n > 0 && int64(len(data)) == n
+}
+
+// WriteAt writes local data. Chunks it covers only in part must be present
+// already or lie wholly past the file's data (ErrMiss otherwise: fetch them
+// and retry). Touched chunks become dirty, pinned until Cleaned. Writing
+// past the end leaves zeros between, as a local truncation does.
+func (e *Entry) WriteAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, errors.New("cache: negative offset")
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	end := off + int64(len(p))
+	var reserved int64
+	defer func() { e.c.release(reserved) }()
+	for attempt := 0; ; attempt++ {
+		e.mu.RLock()
+		need, err := e.writeCostLocked(off, end)
+		e.mu.RUnlock()
+		if err != nil {
+			return 0, err
+		}
+		if need > reserved {
+			if err := e.c.reserve(need - reserved); err != nil {
+				return 0, err
+			}
+			reserved = need
+		}
+		e.mu.Lock()
+		need, err = e.writeCostLocked(off, end)
+		if err != nil || need > reserved {
+			e.mu.Unlock()
+			if err != nil {
+				return 0, err
+			}
+			if attempt > 8 {
+				return 0, ErrNoSpace
+			}
+			continue
+		}
+		err = e.applyWriteLocked(p, off, end)
+		if err == nil {
+			reserved -= need
+		}
+		e.mu.Unlock()
+		if err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
+}
+
+// writeCostLocked checks a write's preconditions and returns the extra
+// space it needs.
+func (e *Entry) writeCostLocked(off, end int64) (int64, error) {
+	if e.gone {
+		return 0, fmt.Errorf("cache: %v was dropped", e.fid)
+	}
+	if !e.hasSt {
+		return 0, ErrMiss
+	}
+	cs := e.c.cs
+	size := int64(e.st.Size)
+	newSize := uint64(max(size, end))
+	var need int64
+	for idx := off / cs; idx*cs < end; idx++ {
+		ch := e.chunks[idx]
+		n := e.chunkLen(idx, newSize)
+		if ch != nil {
+			need += charge(n) - charge(ch.n)
+			continue
+		}
+		cstart := idx * cs
+		within := min(cstart+cs, size) // the chunk's bytes that exist now
+		if cstart < size && !(off <= cstart && end >= within) && !e.readableLocked(idx) {
+			return 0, ErrMiss
+		}
+		need += charge(n)
+	}
+	// Growing the last chunk before off as the file extends.
+	if last := (size - 1) / cs; size > 0 && last < off/cs {
+		if ch := e.chunks[last]; ch != nil {
+			need += charge(e.chunkLen(last, newSize)) - charge(ch.n)
+		}
+	}
+	return need, nil
+}
+
+func (e *Entry) applyWriteLocked(p []byte, off, end int64) error {
+	cs := e.c.cs
+	size := int64(e.st.Size)
+	if off > size && (e.cut < 0 || size < e.cut) {
+		e.cut = size // the gap reads as zeros, as after a truncation
+	}
+	if err := e.writeLocked(p, off); err != nil {
+		return err
+	}
+	newSize := uint64(max(size, end))
+	if last := (size - 1) / cs; size > 0 && last < off/cs {
+		if ch := e.chunks[last]; ch != nil {
+			e.dirtyChunkLocked(ch)
+			ch.n = e.chunkLen(last, newSize)
+		}
+	}
+	for idx := off / cs; idx*cs < end; idx++ {
+		ch := e.chunks[idx]
+		if ch == nil {
+			ch = &chunk{e: e, idx: idx}
+			e.chunks[idx] = ch
+			e.c.stats.chunks.Add(1)
+		}
+		e.dirtyChunkLocked(ch)
+		ch.n = e.chunkLen(idx, newSize)
+	}
+	e.st.Size = newSize
+	e.dirty = addRange(e.dirty, Range{off, end - off})
+	e.c.markPending(e)
+	return nil
+}
+
+// dirtyChunkLocked pins a chunk: off the LRU until Cleaned.
+func (e *Entry) dirtyChunkLocked(ch *chunk) {
+	if ch.dirty {
+		return
+	}
+	ch.dirty = true
+	e.c.mu.Lock()
+	if ch.elem != nil {
+		e.c.lru.Remove(ch.elem)
+		ch.elem = nil
+	}
+	e.c.mu.Unlock()
+}
+
+// Truncate changes the size locally; the next store carries it. A chunk
+// cut in the middle must be present (ErrMiss otherwise).
+func (e *Entry) Truncate(size int64) error {
+	if size < 0 {
+		return errors.New("cache: negative size")
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.hasSt {
+		return ErrMiss
+	}
+	cs := e.c.cs
+	old := int64(e.st.Size)
+	if size < old && size%cs != 0 && !e.readableLocked(size/cs) {
+		return ErrMiss
+	}
+	if size < old {
+		for idx, ch := range e.chunks {
+			if n := e.chunkLen(idx, uint64(size)); n == 0 {
+				e.dropLocked(ch)
+			} else if n < ch.n {
+				e.dirtyChunkLocked(ch)
+				e.c.release(charge(ch.n) - charge(n))
+				ch.n = n
+			}
+		}
+		e.dirty = clip(e.dirty, size)
+	}
+	if point := min(size, old); e.cut < 0 || point < e.cut {
+		e.cut = point
+	}
+	e.st.Size = uint64(size)
+	e.resizeFileLocked(size)
+	e.c.markPending(e)
+	return nil
+}
+
+// Cut is the lowest size truncated to since the last store.
+func (e *Entry) Cut() (int64, bool) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.cut, e.cut >= 0
+}
+
+// Dirty returns the unstored byte ranges, sorted and merged.
+func (e *Entry) Dirty() []Range {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return append([]Range(nil), e.dirty...)
+}
+
+// DirtyBytes is the total length of the unstored ranges.
+func (e *Entry) DirtyBytes() int64 {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	var n int64
+	for _, r := range e.dirty {
+		n += r.Len
+	}
+	return n
+}
+
+// Cleaned records that stored reached the server, which answered st: those
+// ranges stop being dirty, chunks with nothing dirty left are checksummed
+// and become evictable, the truncation point is cleared, and the status
+// becomes st with the chunks kept.
+func (e *Entry) Cleaned(stored []Range, st node.Status) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, r := range stored {
+		e.dirty = subRange(e.dirty, r)
+	}
+	e.cut = -1
+	e.resizeLocked(st.Size)
+	e.st, e.hasSt = st, true
+	cs := e.c.cs
+	buf := make([]byte, cs)
+	for idx, ch := range e.chunks {
+		if !ch.dirty || overlaps(e.dirty, Range{idx * cs, cs}) {
+			continue
+		}
+		n, err := e.readLocked(buf[:ch.n], idx*cs)
+		if err != nil {
+			return err
+		}
+		ch.crc, ch.dirty = crc(buf[:n]), false
+		e.c.mu.Lock()
+		ch.elem = e.c.lru.PushFront(ch)
+		e.c.mu.Unlock()
+	}
+	e.c.markPending(e)
+	return nil
+}
+
+// Invalidate drops the clean chunks, keeping local writes.
+func (e *Entry) Invalidate() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.clearLocked(false)
+	return nil
+}
+
+// Discard drops everything, local writes included, and the status: the
+// caller has saved what it needed.
+func (e *Entry) Discard() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.clearLocked(true)
+	e.dirty, e.cut, e.hasSt, e.st = nil, -1, false, node.Status{}
+	e.resizeFileLocked(0)
+	e.c.markPending(e)
+}
+
+// SetPolicy sets a persistent per-file field; "" deletes it.
+func (e *Entry) SetPolicy(key, value string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if value == "" {
+		delete(e.policy, key)
+	} else {
+		if e.policy == nil {
+			e.policy = map[string]string{}
+		}
+		e.policy[key] = value
+	}
+	e.c.markPending(e)
+	return nil
+}
+
+// Policy returns a per-file field.
+func (e *Entry) Policy(key string) string {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.policy[key]
+}
+
+func (e *Entry) recordLocked() *record {
+	r := &record{st: e.st, hasSt: e.hasSt, cut: e.cut, dirty: e.dirty, policy: e.policy}
+	for _, ch := range e.chunks {
+		r.chunks = append(r.chunks, chunkRecord{idx: ch.idx, n: ch.n, crc: ch.crc, dirty: ch.dirty})
+	}
+	sort.Slice(r.chunks, func(i, j int) bool { return r.chunks[i].idx < r.chunks[j].idx })
+	return r
+}
+
+// --- byte range sets (sorted, merged) ---
+
+func addRange(rs []Range, r Range) []Range {
+	all := append(append([]Range(nil), rs...), r)
+	sort.Slice(all, func(i, j int) bool { return all[i].Off < all[j].Off })
+	out := all[:1]
+	for _, x := range all[1:] {
+		last := &out[len(out)-1]
+		if x.Off <= last.Off+last.Len {
+			last.Len = max(last.Len, x.Off+x.Len-last.Off)
+		} else {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func subRange(rs []Range, r Range) []Range {
+	var out []Range
+	start, end := r.Off, r.Off+r.Len
+	for _, x := range rs {
+		xe := x.Off + x.Len
+		if xe <= start || x.Off >= end {
+			out = append(out, x)
+			continue
+		}
+		if x.Off < start {
+			out = append(out, Range{x.Off, start - x.Off})
+		}
+		if xe > end {
+			out = append(out, Range{end, xe - end})
+		}
+	}
+	return out
+}
+
+func clip(rs []Range, size int64) []Range {
+	var out []Range
+	for _, x := range rs {
+		if x.Off >= size {
+			break
+		}
+		out = append(out, Range{x.Off, min(x.Len, size-x.Off)})
+	}
+	return out
+}
+
+func overlaps(rs []Range, r Range) bool {
+	for _, x := range rs {
+		if x.Off < r.Off+r.Len && r.Off < x.Off+x.Len {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,405 @@
+// Package callback holds hoard's callback promises as pure, deterministic
+// state machines, in the style of etcd's raft package: no goroutines, no
+// sockets, no clocks (time is an argument), no randomness. The file server
+// feeds Server its requests, acknowledgements and ticks and sends the
+// messages it returns; the cache manager keeps its promises in a Client.
+// Neither is safe for concurrent use: the caller serialises.
+package callback
+
+import (
+	"container/heap"
+	"sort"
+	"time"
+
+	"github.com/hoardfs/hoard/node"
+)
+
+// ClientID names a connected client for the life of one Server.
+type ClientID uint64
+
+// Config tunes a Server.
+type Config struct {
+	// PromiseTTL is how long a granted promise lasts.
+	PromiseTTL time.Duration
+	// BreakTimeout is how long a break may stay unacknowledged before its
+	// holder is given up on.
+	BreakTimeout time.Duration
+	// MaxPromises bounds promises held across all clients; 0: unbounded.
+	MaxPromises int
+	// BreakLog is how many recent breaks are remembered for grant checks
+	// (default 65536); a grant whose request began before the oldest one
+	// remembered is refused, which is safe, merely conservative.
+	BreakLog int
+}
+
+// MsgKind says what a Msg asks the caller to send.
+type MsgKind uint8
+
+const (
+	// MsgBreak: the promises on FIDs are void; the client acknowledges Seq.
+	MsgBreak MsgKind = iota + 1
+	// MsgReset: every promise the client holds is void.
+	MsgReset
+)
+
+// Msg is a message for the caller to send to Client.
+type Msg struct {
+	Kind   MsgKind
+	Client ClientID
+	Seq    uint64
+	FIDs   []node.FID
+}
+
+// Round identifies the breaks of one change; 0 means nothing to wait for.
+type Round uint64
+
+type promiseKey struct {
+	client ClientID
+	fid    node.FID
+}
+
+// promise is one (client, FID) lease, kept in an expiry heap.
+type promise struct {
+	promiseKey
+	expiry time.Time
+	index  int // in the heap
+}
+
+type promiseHeap []*promise
+
+func (h promiseHeap) Len() int { return len(h) }
+func (h promiseHeap) Less(i, j int) bool {
+	if !h[i].expiry.Equal(h[j].expiry) {
+		return h[i].expiry.Before(h[j].expiry)
+	}
+	if h[i].client != h[j].client {
+		return h[i].client < h[j].client
+	}
+	return fidLess(h[i].fid, h[j].fid)
+}
+func (h promiseHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *promiseHeap) Push(x any) { p := x.(*promise); p.index = len(*h); *h = append(*h, p) }
+func (h *promiseHeap) Pop() any {
+	old := *h
+	p := old[len(old)-1]
+	*h = old[:len(old)-1]
+	p.index = -1
+	return p
+}
+
+func fidLess(a, b node.FID) bool {
+	if a.Volume != b.Volume {
+		return a.Volume < b.Volume
+	}
+	if a.Vnode != b.Vnode {
+		return a.Vnode < b.Vnode
+	}
+	return a.Unique < b.Unique
+}
+
+// outstanding is a break sent and not yet acknowledged.
+type outstanding struct {
+	seq   uint64
+	round Round
+	sent  time.Time
+}
+
+type clientState struct {
+	promises map[node.FID]*promise
+	nextSeq  uint64
+	pending  []outstanding // in seq order
+}
+
+// Server tracks which clients hold promises on which FIDs.
+type Server struct {
+	epoch   uint64
+	cfg     Config
+	nextID  ClientID
+	clients map[ClientID]*clientState
+	byFID   map[node.FID]map[ClientID]*promise
+	expiry  promiseHeap
+	// rounds counts unacknowledged breaks per round still open.
+	rounds    map[Round]int
+	nextRound Round
+	// breakSeq numbers every Break call; recent remembers the last
+	// sequence at which each recently broken FID was broken.
+	breakSeq uint64
+	recent   map[node.FID]uint64
+	log      []breakRecord // ring, oldest first
+	logStart int
+}
+
+type breakRecord struct {
+	fid node.FID
+	seq uint64
+}
+
+// NewServer starts an empty state machine for one server epoch.
+func NewServer(epoch uint64, cfg Config) *Server {
+	if cfg.BreakLog <= 0 {
+		cfg.BreakLog = 1 << 16
+	}
+	return &Server{epoch: epoch, cfg: cfg, clients: map[ClientID]*clientState{},
+		byFID: map[node.FID]map[ClientID]*promise{}, rounds: map[Round]int{}, recent: map[node.FID]uint64{}}
+}
+
+// Epoch is the server epoch the machine was made for.
+func (s *Server) Epoch() uint64 { return s.epoch }
+
+// Connect registers a new back channel and returns its id.
+func (s *Server) Connect(now time.Time) ClientID {
+	s.nextID++
+	s.clients[s.nextID] = &clientState{promises: map[node.FID]*promise{}}
+	return s.nextID
+}
+
+// Known reports whether id is connected.
+func (s *Server) Known(id ClientID) bool { return s.clients[id] != nil }
+
+// Disconnect forgets a client: its promises are dropped and break rounds
+// stop waiting for it.
+func (s *Server) Disconnect(id ClientID, now time.Time) {
+	c := s.clients[id]
+	if c == nil {
+		return
+	}
+	s.dropAll(id, c)
+	delete(s.clients, id)
+}
+
+// dropAll removes every promise and pending break of a client.
+func (s *Server) dropAll(id ClientID, c *clientState) {
+	for _, p := range c.promises {
+		s.remove(p)
+	}
+	for _, o := range c.pending {
+		s.settle(o.round)
+	}
+	c.pending = nil
+}
+
+func (s *Server) remove(p *promise) {
+	if p.index >= 0 {
+		heap.Remove(&s.expiry, p.index)
+	}
+	delete(s.clients[p.client].promises, p.fid)
+	holders := s.byFID[p.fid]
+	delete(holders, p.client)
+	if len(holders) == 0 {
+		delete(s.byFID, p.fid)
+	}
+}
+
+func (s *Server) settle(r Round) {
+	if r == 0 {
+		return
+	}
+	if s.rounds[r]--; s.rounds[r] <= 0 {
+		delete(s.rounds, r)
+	}
+}
+
+// Seq is the current break sequence. An RPC takes it before reading the
+// state it will reply with, and passes it to Grant.
+func (s *Server) Seq() uint64 { return s.breakSeq }
+
+// Grant records a promise for (id, fid) lasting PromiseTTL from now
+// (re-granting extends it) and returns the TTL granted. ok is false, and
+// nothing is recorded, for an unknown client or when fid was broken after
+// since (the reply would describe state older than that break). When
+// MaxPromises would be exceeded, the promises expiring soonest are broken
+// to make room; those messages belong to no round.
+func (s *Server) Grant(id ClientID, fid node.FID, since uint64, now time.Time) (ttl time.Duration, msgs []Msg, ok bool) {
+	c := s.clients[id]
+	if c == nil || s.brokenSince(fid, since) {
+		return 0, nil, false
+	}
+	expiry := now.Add(s.cfg.PromiseTTL)
+	if p := c.promises[fid]; p != nil {
+		p.expiry = expiry
+		heap.Fix(&s.expiry, p.index)
+		return s.cfg.PromiseTTL, nil, true
+	}
+	p := &promise{promiseKey: promiseKey{id, fid}, expiry: expiry}
+	c.promises[fid] = p
+	if s.byFID[fid] == nil {
+		s.byFID[fid] = map[ClientID]*promise{}
+	}
+	s.byFID[fid][id] = p
+	heap.Push(&s.expiry, p)
+	if s.cfg.MaxPromises > 0 && s.expiry.Len() > s.cfg.MaxPromises {
+		msgs = s.evict(p, now)
+	}
+	return s.cfg.PromiseTTL, msgs, true
+}
+
+// brokenSince reports whether fid was broken after sequence since, or
+// might have been (the log no longer reaches back that far).
+func (s *Server) brokenSince(fid node.FID, since uint64) bool {
+	if since >= s.breakSeq {
+		return false
+	}
+	if seq, ok := s.recent[fid]; ok && seq > since {
+		return true
+	}
+	if len(s.log) == s.cfg.BreakLog && s.log[s.logStart].seq > since+1 {
+		return true
+	}
+	return false
+}
+
+// evict breaks the soonest-expiring promises, sparing keep, until the bound
+// holds again.
+func (s *Server) evict(keep *promise, now time.Time) []Msg {
+	heap.Remove(&s.expiry, keep.index)
+	var victims []*promise
+	for s.expiry.Len() > s.cfg.MaxPromises-1 {
+		p := heap.Pop(&s.expiry).(*promise)
+		victims = append(victims, p)
+		s.remove(p)
+	}
+	heap.Push(&s.expiry, keep)
+	byClient := map[ClientID][]node.FID{}
+	for _, p := range victims {
+		byClient[p.client] = append(byClient[p.client], p.fid)
+	}
+	return s.messages(byClient, 0, now)
+}
+
+// messages builds one break per client, in client order, and records them
+// as outstanding in round r.
+func (s *Server) messages(byClient map[ClientID][]node.FID, r Round, now time.Time) []Msg {
+	ids := make([]ClientID, 0, len(byClient))
+	for id := range byClient {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	msgs := make([]Msg, 0, len(ids))
+	for _, id := range ids {
+		c := s.clients[id]
+		c.nextSeq++
+		c.pending = append(c.pending, outstanding{seq: c.nextSeq, round: r, sent: now})
+		if r != 0 {
+			s.rounds[r]++
+		}
+		msgs = append(msgs, Msg{Kind: MsgBreak, Client: id, Seq: c.nextSeq, FIDs: byClient[id]})
+	}
+	return msgs
+}
+
+// Break is called when a change to fids is about to be acknowledged to
+// origin (0: no client). Every other holder loses its promises on them;
+// one message per holder is returned. The Round completes when each was
+// acknowledged, or its holder disconnected or was given up on.
+func (s *Server) Break(origin ClientID, fids []node.FID, now time.Time) (Round, []Msg) {
+	s.breakSeq++
+	byClient := map[ClientID][]node.FID{}
+	seen := map[node.FID]bool{}
+	for _, f := range fids {
+		if seen[f] {
+			continue
+		}
+		seen[f] = true
+		s.logBreak(f)
+		for id, p := range s.byFID[f] {
+			if id == origin {
+				continue
+			}
+			byClient[id] = append(byClient[id], f)
+			s.remove(p)
+		}
+	}
+	if len(byClient) == 0 {
+		return 0, nil
+	}
+	s.nextRound++
+	r := s.nextRound
+	return r, s.messages(byClient, r, now)
+}
+
+func (s *Server) logBreak(f node.FID) {
+	s.recent[f] = s.breakSeq
+	rec := breakRecord{f, s.breakSeq}
+	if len(s.log) < s.cfg.BreakLog {
+		s.log = append(s.log, rec)
+		return
+	}
+	old := s.log[s.logStart]
+	if s.recent[old.fid] == old.seq {
+		delete(s.recent, old.fid)
+	}
+	s.log[s.logStart] = rec
+	s.logStart = (s.logStart + 1) % len(s.log)
+}
+
+// Ack acknowledges every break to id with sequence <= seq.
+func (s *Server) Ack(id ClientID, seq uint64, now time.Time) {
+	c := s.clients[id]
+	if c == nil {
+		return
+	}
+	i := 0
+	for ; i < len(c.pending) && c.pending[i].seq <= seq; i++ {
+		s.settle(c.pending[i].round)
+	}
+	c.pending = c.pending[i:]
+}
+
+// Done reports whether round r completed (forgotten rounds are done).
+func (s *Server) Done(r Round) bool { return s.rounds[r] <= 0 }
+
+// Tick advances time: expired promises are dropped (clients expire their
+// own), and a holder that left a break unacknowledged for BreakTimeout is
+// lost: its promises are dropped, rounds stop waiting for it, and a Reset
+// is returned for it. It stays connected and may earn promises again.
+func (s *Server) Tick(now time.Time) []Msg {
+	for s.expiry.Len() > 0 && !s.expiry[0].expiry.After(now) {
+		s.remove(heap.Pop(&s.expiry).(*promise))
+	}
+	var lost []ClientID
+	for id, c := range s.clients {
+		if len(c.pending) > 0 && !c.pending[0].sent.Add(s.cfg.BreakTimeout).After(now) {
+			lost = append(lost, id)
+		}
+	}
+	sort.Slice(lost, func(i, j int) bool { return lost[i] < lost[j] })
+	var msgs []Msg
+	for _, id := range lost {
+		s.dropAll(id, s.clients[id])
+		msgs = append(msgs, Msg{Kind: MsgReset, Client: id})
+	}
+	return msgs
+}
+
+// NextDeadline is the earliest time at which Tick would act; zero if none.
+func (s *Server) NextDeadline() time.Time {
+	var next time.Time
+	if s.expiry.Len() > 0 {
+		next = s.expiry[0].expiry
+	}
+	for _, c := range s.clients {
+		if len(c.pending) > 0 {
+			d := c.pending[0].sent.Add(s.cfg.BreakTimeout)
+			if next.IsZero() || d.Before(next) {
+				next = d
+			}
+		}
+	}
+	return next
+}
+
+// Promises is the number of promises held across all clients.
+func (s *Server) Promises() int { return s.expiry.Len() }
+
+// Holders lists the clients holding a promise on fid, in order.
+func (s *Server) Holders(fid node.FID) []ClientID {
+	var ids []ClientID
+	for id := range s.byFID[fid] {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
+}

@@ -1,0 +1,442 @@
+// Package client is hoard's cache manager as a Go library: a POSIX-like
+// file API (seed 002's cacheDAFS API, in Go) over a persistent chunk cache
+// kept coherent by callback promises. The FUSE mount is a thin adapter on
+// top of it.
+//
+// Consistency: close-to-open. What one client wrote is seen by every client
+// that opens the file after the writer's Close or Sync returned, and a cached
+// read never returns data older than the last break the client received.
+// While a promise is valid, reads touch neither the network nor a lock.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/hoardfs/hoard/cache"
+	"github.com/hoardfs/hoard/callback"
+	"github.com/hoardfs/hoard/datapath"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+)
+
+// Options configure a client.
+type Options struct {
+	// Server is the file server's address, host:port.
+	Server string
+	// CacheDir holds the persistent cache; empty keeps the cache in memory.
+	CacheDir string
+	// CacheSize is the cache's hard limit in bytes (default 1 GiB).
+	CacheSize int64
+	// ChunkSize is used when a cache is created (default 256 KiB).
+	ChunkSize int64
+	// DialTimeout bounds how long Dial waits for the server (default 5 s).
+	DialTimeout time.Duration
+	// RPCTimeout bounds each control RPC (default 30 s).
+	RPCTimeout time.Duration
+	// Name identifies this client in the server's logs.
+	Name   string
+	Logger *slog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.CacheSize == 0 {
+		o.CacheSize = 1 << 30
+	}
+	if o.DialTimeout == 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	if o.RPCTimeout == 0 {
+		o.RPCTimeout = 30 * time.Second
+	}
+	if o.Name == "" {
+		host, _ := os.Hostname()
+		o.Name = host + "/" + strconv.Itoa(os.Getpid())
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// Client is a connected cache manager. Its methods are safe for concurrent use.
+type Client struct {
+	opts  Options
+	log   *slog.Logger
+	conn  *grpc.ClientConn
+	rpc   pb.FileServerClient
+	data  datapath.Path
+	cache *cache.Cache
+
+	// session is the current back-channel identity, "<epoch>.<id>"; empty
+	// while disconnected.
+	session  atomic.Pointer[string]
+	sessionC chan struct{} // closed and replaced whenever session changes
+
+	cbMu sync.Mutex
+	cb   *callback.Client
+
+	nodesMu sync.Mutex
+	nodes   map[node.FID]*Node
+
+	volMu sync.Mutex
+	vols  map[string]*pb.Volume
+	root  *Node
+
+	fetchSem chan struct{}
+	counters counters
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// counters are protocol counters beyond what the cache keeps.
+type counters struct {
+	rpcs, breaks, resets, revalidations, dropped atomic.Int64
+}
+
+// Dial connects to opts.Server and opens the cache. It fails within
+// DialTimeout, naming the address, when the server cannot be reached.
+func Dial(opts Options) (*Client, error) {
+	opts.defaults()
+	if opts.Server == "" {
+		return nil, errors.New("no server address given")
+	}
+	ch, err := cache.Open(cache.Options{Dir: opts.CacheDir, Size: opts.CacheSize, ChunkSize: opts.ChunkSize})
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(opts.Server,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)),
+		grpc.WithInitialWindowSize(8<<20), grpc.WithInitialConnWindowSize(64<<20),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	if err != nil {
+		ch.Close()
+		return nil, fmt.Errorf("server %s: %w", opts.Server, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Client{
+		opts:     opts,
+		log:      opts.Logger,
+		conn:     conn,
+		rpc:      pb.NewFileServerClient(conn),
+		cache:    ch,
+		sessionC: make(chan struct{}),
+		cb:       callback.NewClient(),
+		nodes:    map[node.FID]*Node{},
+		vols:     map[string]*pb.Volume{},
+		fetchSem: make(chan struct{}, 16),
+		ctx:      ctx,
+		cancel:   cancel,
+	}
+	c.data = datapath.GRPC{Client: c.rpc}
+	c.session.Store(new(string))
+	first := make(chan error, 1)
+	c.wg.Add(2)
+	go c.backChannel(first)
+	go c.expirer()
+	select {
+	case err = <-first:
+	case <-time.After(opts.DialTimeout):
+		err = fmt.Errorf("no answer within %v", opts.DialTimeout)
+	}
+	if err == nil {
+		err = c.recoverDirty()
+	}
+	if err == nil {
+		c.root, err = c.volumeRoot("root")
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("server %s unreachable: %w", opts.Server, err)
+	}
+	return c, nil
+}
+
+// Close flushes nothing (files flush on their own Close), stops the back
+// channel and closes the cache cleanly.
+func (c *Client) Close() error {
+	c.cancel()
+	c.wg.Wait()
+	c.conn.Close()
+	return c.cache.Close()
+}
+
+// backChannel keeps a Connect stream open, reconnecting with backoff. Each
+// new stream is a new session: promises from the old one may have missed
+// breaks, so they are all dropped.
+func (c *Client) backChannel(first chan<- error) {
+	defer c.wg.Done()
+	backoff := 100 * time.Millisecond
+	for c.ctx.Err() == nil {
+		err := c.runSession(first)
+		if first != nil {
+			first <- err
+			first = nil
+		}
+		c.setSession("")
+		c.resetPromises()
+		if c.ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			c.log.Debug("back channel lost", "server", c.opts.Server, "err", err)
+		}
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+// runSession runs one Connect stream until it fails. The first call reports
+// the handshake's outcome on first.
+func (c *Client) runSession(first chan<- error) error {
+	ctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	stream, err := c.rpc.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Hello{Hello: &pb.Hello{Version: pb.Version, Name: c.opts.Name}}}); err != nil {
+		return err
+	}
+	m, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	w := m.GetWelcome()
+	if w == nil {
+		return errors.New("protocol: server did not welcome")
+	}
+	c.cbMu.Lock()
+	changed, _ := c.cb.SetEpoch(w.Epoch)
+	c.cbMu.Unlock()
+	if changed {
+		c.log.Info("server restarted; cached files will be revalidated", "server", c.opts.Server, "epoch", w.Epoch)
+	}
+	c.setSession(fmt.Sprintf("%d.%d", w.Epoch, w.ClientId))
+	if first != nil {
+		first <- nil
+		first = nil
+	}
+	// A server that says nothing for several ping intervals is gone, even
+	// if TCP has not noticed yet: promises are then void.
+	silence := 3 * time.Duration(max(w.PingMs, 100)) * time.Millisecond
+	heard := make(chan struct{}, 1)
+	go func() {
+		t := time.NewTimer(silence)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-heard:
+				t.Reset(silence)
+			case <-t.C:
+				c.log.Warn("server silent on the back channel; dropping promises", "server", c.opts.Server)
+				cancel()
+				return
+			}
+		}
+	}()
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		select {
+		case heard <- struct{}{}:
+		default:
+		}
+		switch m := m.Msg.(type) {
+		case *pb.ServerMsg_Break:
+			fids := make([]node.FID, len(m.Break.Fids))
+			for i, f := range m.Break.Fids {
+				fids[i] = f.ToFID()
+			}
+			c.breakPromises(fids)
+			if err := stream.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Ack{Ack: &pb.Ack{Seq: m.Break.Seq}}}); err != nil {
+				return err
+			}
+		case *pb.ServerMsg_Reset_:
+			c.counters.resets.Add(1)
+			c.resetPromises()
+		}
+	}
+}
+
+func (c *Client) setSession(s string) {
+	c.session.Store(&s)
+	c.cbMu.Lock()
+	old := c.sessionC
+	c.sessionC = make(chan struct{})
+	c.cbMu.Unlock()
+	close(old)
+}
+
+// expirer examines the promise list once a second (seed 001 §3.1.1) so
+// that the read path only ever checks a flag.
+func (c *Client) expirer() {
+	defer c.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case now := <-t.C:
+			c.cbMu.Lock()
+			expired := c.cb.Tick(now)
+			c.cbMu.Unlock()
+			c.invalidate(expired)
+			c.cache.SetGauge("callbacks", int64(c.promiseCount()))
+		}
+	}
+}
+
+func (c *Client) promiseCount() int {
+	c.cbMu.Lock()
+	defer c.cbMu.Unlock()
+	return c.cb.Len()
+}
+
+func (c *Client) breakPromises(fids []node.FID) {
+	c.counters.breaks.Add(int64(len(fids)))
+	c.cbMu.Lock()
+	for _, f := range fids {
+		c.cb.Break(f)
+	}
+	c.cbMu.Unlock()
+	c.invalidate(fids)
+}
+
+func (c *Client) resetPromises() {
+	c.cbMu.Lock()
+	fids := c.cb.Reset()
+	c.cbMu.Unlock()
+	c.invalidate(fids)
+	// Nodes without a recorded promise may still carry a stale flag from a
+	// grant racing this reset; clear them all.
+	c.nodesMu.Lock()
+	for _, n := range c.nodes {
+		n.valid.Store(false)
+	}
+	c.nodesMu.Unlock()
+}
+
+// invalidate clears the valid flag of fids. Cached data and listings stay:
+// the next use revalidates them by DataVersion and keeps them if unchanged.
+func (c *Client) invalidate(fids []node.FID) {
+	c.nodesMu.Lock()
+	defer c.nodesMu.Unlock()
+	for _, f := range fids {
+		if n := c.nodes[f]; n != nil {
+			n.valid.Store(false)
+		}
+	}
+}
+
+// call runs a control RPC with the session identity and a deadline. A
+// session the server no longer knows (it restarted, or dropped us) is
+// re-established once and the call retried.
+func (c *Client) call(fn func(ctx context.Context) error) error {
+	return c.callTimeout(c.opts.RPCTimeout, fn)
+}
+
+// callData is call for bulk transfers, whose time grows with their size;
+// a dead server is still noticed by the connection's keepalive.
+func (c *Client) callData(fn func(ctx context.Context) error) error {
+	return c.callTimeout(time.Hour, fn)
+}
+
+func (c *Client) callTimeout(timeout time.Duration, fn func(ctx context.Context) error) error {
+	for attempt := 0; ; attempt++ {
+		session := *c.session.Load()
+		ctx, cancel := c.rpcContext(timeout)
+		err := fn(ctx)
+		cancel()
+		c.counters.rpcs.Add(1)
+		if attempt == 0 && status.Code(err) == codes.Unauthenticated {
+			c.awaitNewSession(session)
+			continue
+		}
+		return err
+	}
+}
+
+func (c *Client) rpcContext(timeout time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(c.ctx, timeout)
+	if s := *c.session.Load(); s != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, pb.ClientMetadata, s)
+	}
+	return ctx, cancel
+}
+
+// awaitNewSession waits, bounded by the RPC timeout, for the back channel
+// to establish a session other than stale.
+func (c *Client) awaitNewSession(stale string) {
+	deadline := time.After(c.opts.RPCTimeout)
+	for {
+		c.cbMu.Lock()
+		ch := c.sessionC
+		c.cbMu.Unlock()
+		if s := *c.session.Load(); s != "" && s != stale {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			return
+		case <-c.ctx.Done():
+			return
+		}
+	}
+}
+
+// errOf turns an RPC error into an errno-carrying error for the caller.
+func errOf(op, path string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return err
+	}
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		errno = pb.Errno(err)
+	}
+	if errno == syscall.EIO || errno == syscall.ETIMEDOUT {
+		return &os.PathError{Op: op, Path: path, Err: &rpcError{errno, err}}
+	}
+	return &os.PathError{Op: op, Path: path, Err: errno}
+}
+
+// rpcError keeps the transport's explanation next to the errno.
+type rpcError struct {
+	errno syscall.Errno
+	err   error
+}
+
+func (e *rpcError) Error() string { return e.errno.Error() + ": " + status.Convert(e.err).Message() }
+func (e *rpcError) Unwrap() error { return e.errno }

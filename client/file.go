@@ -1,0 +1,426 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hoardfs/hoard/cache"
+	"github.com/hoardfs/hoard/datapath"
+	"github.com/hoardfs/hoard/node"
+)
+
+// File is an open hoard file. ReadAt and WriteAt may be called concurrently;
+// Read, Write and Seek share the file offset.
+type File struct {
+	c      *Client
+	n      *Node
+	name   string
+	flags  int
+	closed atomic.Bool
+
+	mu  sync.Mutex // the offset
+	off int64
+
+	// Read-ahead: a reader that continues where it stopped is sequential
+	// and gets a growing window of chunks fetched ahead in the background.
+	seqNext atomic.Int64
+	window  atomic.Int64
+}
+
+func (f *File) readable() bool { return f.flags&(os.O_WRONLY|os.O_RDWR) != os.O_WRONLY }
+func (f *File) writable() bool { return f.flags&(os.O_WRONLY|os.O_RDWR) != 0 }
+
+// Name is the path the file was opened by.
+func (f *File) Name() string { return f.name }
+
+// FID is the file's identifier.
+func (f *File) FID() node.FID { return f.n.fid }
+
+func (f *File) pathErr(op string, err error) error {
+	if err == nil || err == io.EOF {
+		return err
+	}
+	return errOf(op, f.name, err)
+}
+
+// ReadAt reads len(p) bytes at off. With a valid promise and the data
+// cached it is one flag check and one pread of the cache file.
+func (f *File) ReadAt(p []byte, off int64) (int, error) {
+	if f.closed.Load() {
+		return 0, os.ErrClosed
+	}
+	if !f.readable() {
+		return 0, f.pathErr("read", syscall.EBADF)
+	}
+	if off < 0 {
+		return 0, f.pathErr("read", syscall.EINVAL)
+	}
+	if f.n.valid.Load() {
+		n, err := f.n.entry.ReadAt(p, off)
+		if err != cache.ErrMiss {
+			f.c.cache.CountHit(1)
+			f.readAhead(off, int64(n))
+			return n, f.pathErr("read", err)
+		}
+	}
+	n, err := f.readSlow(p, off)
+	f.readAhead(off, int64(n))
+	return n, f.pathErr("read", err)
+}
+
+// readSlow revalidates, fetches what is missing and reads.
+func (f *File) readSlow(p []byte, off int64) (int, error) {
+	for attempt := 0; ; attempt++ {
+		if _, err := f.c.fresh(f.n); err != nil {
+			return 0, err
+		}
+		missing := f.n.entry.Missing(off, int64(len(p)))
+		if len(missing) == 0 {
+			n, err := f.n.entry.ReadAt(p, off)
+			if err != cache.ErrMiss {
+				f.c.cache.CountHit(1)
+				return n, err
+			}
+			continue // evicted between the check and the read
+		}
+		f.c.cache.CountMiss(1)
+		got, err := f.n.fetch(missing, true)
+		if errors.Is(err, cache.ErrStale) && attempt < 3 {
+			continue // the file changed under the fetch: revalidate and retry
+		}
+		if err != nil {
+			return 0, err
+		}
+		if len(got) == 0 {
+			n, err := f.n.entry.ReadAt(p, off)
+			if err == cache.ErrMiss && attempt < 3 {
+				continue
+			}
+			return n, err
+		}
+		// Some chunks could not be cached (no evictable space): serve
+		// them from memory, the rest from the cache.
+		return f.n.readMixed(p, off, got)
+	}
+}
+
+// readMixed serves a read from chunks held in memory where the cache could
+// not take them, and from the cache elsewhere.
+func (n *Node) readMixed(p []byte, off int64, mem map[int64][]byte) (int, error) {
+	cs := n.c.cache.ChunkSize()
+	st, _ := n.entry.Status()
+	size := int64(st.Size)
+	if off >= size {
+		return 0, io.EOF
+	}
+	want := min(int64(len(p)), size-off)
+	done := int64(0)
+	for done < want {
+		at := off + done
+		idx := at / cs
+		in := at - idx*cs
+		span := min(want-done, cs-in)
+		if data, ok := mem[idx]; ok {
+			if in >= int64(len(data)) {
+				break
+			}
+			done += int64(copy(p[done:done+span], data[in:]))
+			continue
+		}
+		k, err := n.entry.ReadAt(p[done:done+span], at)
+		done += int64(k)
+		if err != nil && err != io.EOF {
+			return int(done), err
+		}
+	}
+	if done < int64(len(p)) {
+		return int(done), io.EOF
+	}
+	return int(done), nil
+}
+
+// readAhead starts background fetches ahead of a sequential reader.
+func (f *File) readAhead(off, n int64) {
+	if n <= 0 {
+		return
+	}
+	if f.seqNext.Swap(off+n) != off {
+		f.window.Store(0)
+		return
+	}
+	cs := f.c.cache.ChunkSize()
+	w := f.window.Load()
+	if w == 0 {
+		w = 2
+	} else if w < 32 {
+		w *= 2
+	}
+	f.window.Store(w)
+	from := (off + n + cs - 1) / cs
+	missing := f.n.entry.Missing(from*cs, w*cs)
+	if len(missing) > 0 && f.n.valid.Load() {
+		go f.n.fetch(missing, false)
+	}
+}
+
+// Read reads at the file offset.
+func (f *File) Read(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, err := f.ReadAt(p, f.off)
+	f.off += int64(n)
+	if err == io.EOF && n > 0 {
+		err = nil
+	}
+	return n, err
+}
+
+// Write writes at the file offset (at the end with O_APPEND).
+func (f *File) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, err := f.write(p, f.off, f.flags&os.O_APPEND != 0)
+	f.off += int64(n)
+	return n, err
+}
+
+// WriteAt writes p at off. The data stays in the local cache until Sync or
+// Close stores it.
+func (f *File) WriteAt(p []byte, off int64) (int, error) {
+	if f.flags&os.O_APPEND != 0 {
+		return 0, f.pathErr("write", errors.New("WriteAt on a file opened with O_APPEND"))
+	}
+	return f.write(p, off, false)
+}
+
+// write is WriteAt; with appending, off is ignored and the end is used,
+// and the file offset ends up after the data.
+func (f *File) write(p []byte, off int64, appending bool) (int, error) {
+	if f.closed.Load() {
+		return 0, os.ErrClosed
+	}
+	if !f.writable() {
+		return 0, f.pathErr("write", syscall.EBADF)
+	}
+	n := f.n
+	n.wmu.Lock()
+	defer n.wmu.Unlock()
+	if _, err := f.c.fresh(n); err != nil {
+		return 0, f.pathErr("write", err)
+	}
+	if appending {
+		off = int64(n.status().Size)
+		f.off = off
+	}
+	if off < 0 {
+		return 0, f.pathErr("write", syscall.EINVAL)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if err := n.prepareWrite(off, int64(len(p))); err != nil {
+		return 0, f.pathErr("write", err)
+	}
+	k, err := n.entry.WriteAt(p, off)
+	if errors.Is(err, cache.ErrNoSpace) {
+		// Make room by storing what is dirty (stored chunks are
+		// evictable), then try once more.
+		if err = n.storeLocked(false); err == nil {
+			if err = n.prepareWrite(off, int64(len(p))); err == nil {
+				k, err = n.entry.WriteAt(p, off)
+			}
+		}
+	}
+	return k, f.pathErr("write", err)
+}
+
+// prepareWrite fetches the chunks a write covers only in part, so that a
+// cached chunk is always whole: what the write does not cover must hold the
+// server's bytes. Chunks wholly past the server's data need nothing.
+func (n *Node) prepareWrite(off, length int64) error {
+	cs := n.c.cache.ChunkSize()
+	n.mu.Lock()
+	remote := int64(n.st.Size)
+	n.mu.Unlock()
+	if cut, ok := n.entry.Cut(); ok {
+		remote = min(remote, cut)
+	}
+	end := off + length
+	var need []int64
+	for idx := off / cs; idx*cs < end; idx++ {
+		cstart := idx * cs
+		cend := min(cstart+cs, remote)
+		if cstart >= remote || n.entry.Present(idx) || off <= cstart && end >= cend {
+			continue
+		}
+		need = append(need, idx)
+	}
+	if len(need) == 0 {
+		return nil
+	}
+	mem, err := n.fetch(need, true)
+	if err != nil {
+		return err
+	}
+	if len(mem) > 0 {
+		return cache.ErrNoSpace
+	}
+	return nil
+}
+
+// Truncate changes the file's size locally; Sync or Close stores it.
+func (f *File) Truncate(size int64) error {
+	if f.closed.Load() {
+		return os.ErrClosed
+	}
+	if !f.writable() {
+		return f.pathErr("truncate", syscall.EBADF)
+	}
+	if size < 0 {
+		return f.pathErr("truncate", syscall.EINVAL)
+	}
+	n := f.n
+	n.wmu.Lock()
+	defer n.wmu.Unlock()
+	if _, err := f.c.fresh(n); err != nil {
+		return f.pathErr("truncate", err)
+	}
+	return f.pathErr("truncate", n.truncateLocked(uint64(size)))
+}
+
+func (n *Node) truncateLocked(size uint64) error {
+	err := n.entry.Truncate(int64(size))
+	if errors.Is(err, cache.ErrMiss) {
+		// The chunk the new end falls in keeps its first part: fetch it.
+		cs := n.c.cache.ChunkSize()
+		if _, err = n.fetch([]int64{int64(size) / cs}, true); err == nil {
+			err = n.entry.Truncate(int64(size))
+		}
+	}
+	return err
+}
+
+// Sync stores the file's local changes and makes them durable on the server.
+func (f *File) Sync() error {
+	if f.closed.Load() {
+		return os.ErrClosed
+	}
+	if !f.writable() {
+		return nil
+	}
+	f.n.wmu.Lock()
+	defer f.n.wmu.Unlock()
+	return f.pathErr("sync", f.n.storeLocked(true))
+}
+
+// storeLocked sends the dirty ranges and any truncation to the server as
+// one atomic commit. Called with wmu held.
+func (n *Node) storeLocked(sync bool) error {
+	ranges := n.entry.Dirty()
+	cut, hasCut := n.entry.Cut()
+	if len(ranges) == 0 && !hasCut {
+		return nil
+	}
+	est, _ := n.entry.Status()
+	args := datapath.StoreArgs{
+		FID: n.fid, BaseVersion: est.DataVersion, Sync: sync,
+		HasTruncate: hasCut, Truncate: uint64(max(cut, 0)), HasSize: hasCut, Size: est.Size,
+		Read: func(p []byte, off int64) error {
+			_, err := n.entry.ReadAt(p, off)
+			if err == io.EOF {
+				err = nil
+			}
+			return err
+		},
+	}
+	for _, r := range ranges {
+		args.Ranges = append(args.Ranges, datapath.Range{Off: r.Off, Len: r.Len})
+	}
+	c := n.c
+	t := c.begin()
+	defer c.end(t)
+	var st node.Status
+	var ttl time.Duration
+	err := c.callData(func(ctx context.Context) (err error) {
+		st, ttl, err = c.data.Store(ctx, args)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if err := n.entry.Cleaned(ranges, st); err != nil {
+		return err
+	}
+	if st.DataVersion != est.DataVersion+1 {
+		// Another client's store came between: the clean chunks we kept
+		// may predate it.
+		if err := n.entry.Invalidate(); err != nil {
+			return err
+		}
+	}
+	_, err = c.learn(t, st, ttl)
+	return err
+}
+
+// Close stores local changes durably. If they cannot be delivered the
+// error says so (EIO) and the data is kept under the cache directory's
+// lost/ folder: it is never dropped silently.
+func (f *File) Close() error {
+	if f.closed.Swap(true) {
+		return os.ErrClosed
+	}
+	n := f.n
+	var err error
+	if f.writable() {
+		n.wmu.Lock()
+		err = n.storeLocked(true)
+		if err != nil {
+			err = n.c.keepLost(n, f.name, err)
+		}
+		n.wmu.Unlock()
+	}
+	n.mu.Lock()
+	n.opens--
+	n.mu.Unlock()
+	return f.pathErr("close", err)
+}
+
+// Stat returns the file's status, with the local size while local writes
+// are pending.
+func (f *File) Stat() (node.Status, error) {
+	if f.closed.Load() {
+		return node.Status{}, os.ErrClosed
+	}
+	st, err := f.c.fresh(f.n)
+	return st, f.pathErr("stat", err)
+}
+
+// Seek sets the offset for the next Read or Write.
+func (f *File) Seek(offset int64, whence int) (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch whence {
+	case io.SeekStart:
+	case io.SeekCurrent:
+		offset += f.off
+	case io.SeekEnd:
+		st, err := f.c.fresh(f.n)
+		if err != nil {
+			return 0, f.pathErr("seek", err)
+		}
+		offset += int64(st.Size)
+	default:
+		return 0, f.pathErr("seek", syscall.EINVAL)
+	}
+	if offset < 0 {
+		return 0, f.pathErr("seek", syscall.EINVAL)
+	}
+	f.off = offset
+	return offset, nil
+}

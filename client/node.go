@@ -1,0 +1,397 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hoardfs/hoard/cache"
+	"github.com/hoardfs/hoard/callback"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+)
+
+// Node is the cache manager's in-memory record of one remote file or
+// directory. valid is the whole fast path: set while a callback promise is
+// held, cleared by a break, a reset or the once-a-second expiry sweep.
+type Node struct {
+	c     *Client
+	fid   node.FID
+	valid atomic.Bool
+
+	mu sync.Mutex
+	st node.Status
+	// Directories: entries learnt at st.DataVersion; complete when they
+	// are the whole directory (a readdir), so a miss is a negative answer.
+	dents    map[string]dirent
+	order    []string
+	complete bool
+	// Files.
+	entry    *cache.Entry
+	inflight map[int64]*fetchCall
+
+	// wmu serialises writers with stores of this file, so that a store
+	// never marks clean a byte written while it was in flight.
+	wmu   sync.Mutex
+	opens int
+}
+
+type dirent struct {
+	fid node.FID
+	typ node.Type
+}
+
+// FID is the node's file identifier.
+func (n *Node) FID() node.FID { return n.fid }
+
+// status is the last known status; for a file with local writes not yet
+// stored, the size is the local one.
+func (n *Node) status() node.Status {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st := n.st
+	if n.entry != nil {
+		if est, ok := n.entry.Status(); ok && n.localChanges() {
+			st.Size = est.Size
+		}
+	}
+	return st
+}
+
+// localChanges reports unstored writes or truncation.
+func (n *Node) localChanges() bool {
+	_, cut := n.entry.Cut()
+	return cut || n.entry.DirtyBytes() > 0
+}
+
+// node returns the one Node for fid.
+func (c *Client) node(fid node.FID) *Node {
+	c.nodesMu.Lock()
+	defer c.nodesMu.Unlock()
+	n := c.nodes[fid]
+	if n == nil {
+		n = &Node{c: c, fid: fid}
+		c.nodes[fid] = n
+	}
+	return n
+}
+
+// begin and end bracket an RPC whose reply may grant promises.
+func (c *Client) begin() callback.Ticket {
+	c.cbMu.Lock()
+	defer c.cbMu.Unlock()
+	return c.cb.Begin(time.Now())
+}
+
+func (c *Client) end(t callback.Ticket) {
+	c.cbMu.Lock()
+	defer c.cbMu.Unlock()
+	c.cb.End(t)
+}
+
+// learn records a status from the server and the promise that came with it.
+// DataVersions only grow, so a reply older than what is known is ignored
+// rather than allowed to roll the node back.
+func (c *Client) learn(t callback.Ticket, st node.Status, ttl time.Duration) (*Node, error) {
+	n := c.node(st.FID)
+	n.mu.Lock()
+	known := !n.st.FID.IsZero()
+	if known && (st.DataVersion < n.st.DataVersion || st.DataVersion == n.st.DataVersion && st.Ctime.Before(n.st.Ctime)) {
+		n.mu.Unlock()
+		return n, nil
+	}
+	if !known || st.DataVersion != n.st.DataVersion {
+		n.dents, n.order, n.complete = nil, nil, false
+	}
+	if st.Type == node.TypeFile {
+		if n.entry == nil {
+			n.entry = c.cache.Entry(st.FID)
+		}
+		if err := n.syncEntry(st); err != nil {
+			n.mu.Unlock()
+			return nil, err
+		}
+	}
+	n.st = st
+	n.mu.Unlock()
+	if ttl > 0 {
+		c.cbMu.Lock()
+		if c.cb.Granted(t, st.FID, ttl, c.cb.Epoch()) {
+			n.valid.Store(true)
+		}
+		c.cbMu.Unlock()
+	}
+	return n, nil
+}
+
+// syncEntry brings the cache entry to the server's status st: a new
+// DataVersion drops the cached clean chunks. Unstored local writes are
+// kept, with the local size: they win at this client's next store.
+func (n *Node) syncEntry(st node.Status) error {
+	old, ok := n.entry.Status()
+	if ok && n.localChanges() {
+		st.Size = old.Size
+	}
+	if ok && old.DataVersion != st.DataVersion {
+		n.c.counters.dropped.Add(1)
+	}
+	return n.entry.SetStatus(st, false)
+}
+
+// learnPB is learn for a status in wire form.
+func (c *Client) learnPB(t callback.Ticket, ps *pb.Status) (*Node, error) {
+	st, ttl, err := ps.ToStatus()
+	if err != nil {
+		return nil, err
+	}
+	return c.learn(t, st, ttl)
+}
+
+// fresh returns n's status, asking the server only when no promise is held.
+func (c *Client) fresh(n *Node) (node.Status, error) {
+	if n.valid.Load() {
+		return n.status(), nil
+	}
+	t := c.begin()
+	defer c.end(t)
+	var reply *pb.GetStatusReply
+	err := c.call(func(ctx context.Context) (err error) {
+		reply, err = c.rpc.GetStatus(ctx, &pb.GetStatusRequest{Fids: []*pb.FID{pb.FromFID(n.fid)}})
+		return err
+	})
+	if err != nil {
+		return node.Status{}, err
+	}
+	if len(reply.Results) != 1 {
+		return node.Status{}, fmt.Errorf("protocol: %d status results for 1 fid", len(reply.Results))
+	}
+	if e := reply.Results[0].Errno; e != 0 {
+		if syscall.Errno(e) == syscall.ESTALE || syscall.Errno(e) == syscall.ENOENT {
+			c.forget(n)
+		}
+		return node.Status{}, syscall.Errno(e)
+	}
+	c.counters.revalidations.Add(1)
+	if _, err := c.learnPB(t, reply.Results[0].Status); err != nil {
+		return node.Status{}, err
+	}
+	return n.status(), nil
+}
+
+// forget drops a node that no longer exists on the server, with its cached
+// data unless local writes are pending.
+func (c *Client) forget(n *Node) {
+	n.valid.Store(false)
+	c.cbMu.Lock()
+	c.cb.Break(n.fid)
+	c.cbMu.Unlock()
+	c.nodesMu.Lock()
+	if c.nodes[n.fid] == n {
+		delete(c.nodes, n.fid)
+	}
+	c.nodesMu.Unlock()
+	c.cache.Drop(n.fid)
+}
+
+// addDent records name → child in dir, if dir is still at the version the
+// reply was made at.
+func (dir *Node) addDent(dv uint64, name string, child *Node, typ node.Type) {
+	dir.mu.Lock()
+	defer dir.mu.Unlock()
+	if dir.st.DataVersion != dv {
+		return
+	}
+	if dir.dents == nil {
+		dir.dents = map[string]dirent{}
+	}
+	if _, ok := dir.dents[name]; !ok && dir.complete {
+		dir.order = append(dir.order, name)
+	}
+	dir.dents[name] = dirent{child.fid, typ}
+}
+
+// changedDir applies our own change to a cached listing: when the reply's
+// version is exactly one past the cached one nobody else came between, so
+// the listing can be patched instead of dropped.
+func (c *Client) changedDir(t callback.Ticket, dir *Node, ps *pb.Status, patch func(dir *Node)) error {
+	dir.mu.Lock()
+	before := dir.st.DataVersion
+	dents, order, complete := dir.dents, dir.order, dir.complete
+	dir.mu.Unlock()
+	if _, err := c.learnPB(t, ps); err != nil {
+		return err
+	}
+	dir.mu.Lock()
+	defer dir.mu.Unlock()
+	if ps.DataVersion == before+1 && dir.st.DataVersion == ps.DataVersion && dents != nil {
+		dir.dents, dir.order, dir.complete = dents, order, complete
+		patch(dir)
+	}
+	return nil
+}
+
+func (dir *Node) delDentLocked(name string) {
+	if _, ok := dir.dents[name]; !ok {
+		return
+	}
+	delete(dir.dents, name)
+	for i, o := range dir.order {
+		if o == name {
+			dir.order = append(dir.order[:i], dir.order[i+1:]...)
+			break
+		}
+	}
+}
+
+func (dir *Node) addDentLocked(name string, fid node.FID, typ node.Type) {
+	if _, ok := dir.dents[name]; !ok && dir.complete {
+		dir.order = append(dir.order, name)
+	}
+	dir.dents[name] = dirent{fid, typ}
+}
+
+// lookup finds name in dir, from the cache when dir's promise is valid.
+func (c *Client) lookup(dir *Node, name string) (*Node, error) {
+	if err := node.CheckName(name); err != nil {
+		return nil, err
+	}
+	if dir.valid.Load() {
+		dir.mu.Lock()
+		d, ok := dir.dents[name]
+		complete := dir.complete
+		dir.mu.Unlock()
+		if ok {
+			c.nodesMu.Lock()
+			n := c.nodes[d.fid]
+			c.nodesMu.Unlock()
+			if n != nil && n.valid.Load() {
+				return n, nil
+			}
+		} else if complete && dir.valid.Load() {
+			return nil, syscall.ENOENT
+		}
+	}
+	t := c.begin()
+	defer c.end(t)
+	var reply *pb.LookupReply
+	err := c.call(func(ctx context.Context) (err error) {
+		reply, err = c.rpc.Lookup(ctx, &pb.LookupRequest{Dir: pb.FromFID(dir.fid), Name: name})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.learnPB(t, reply.Dir); err != nil {
+		return nil, err
+	}
+	child, err := c.learnPB(t, reply.Status)
+	if err != nil {
+		return nil, err
+	}
+	dir.addDent(reply.Dir.DataVersion, name, child, reply.Status.Type.ToType())
+	return child, nil
+}
+
+// readDir lists dir completely, from the cache when possible. A listing
+// fetched in pages is only kept if the directory did not change between
+// pages; otherwise it is fetched again.
+func (c *Client) readDir(dir *Node) ([]DirEntry, error) {
+	for attempt := 0; ; attempt++ {
+		if dir.valid.Load() {
+			dir.mu.Lock()
+			if dir.complete {
+				out := make([]DirEntry, 0, len(dir.order))
+				for _, name := range dir.order {
+					d := dir.dents[name]
+					out = append(out, DirEntry{Name: name, Type: d.typ, FID: d.fid})
+				}
+				dir.mu.Unlock()
+				return out, nil
+			}
+			dir.mu.Unlock()
+		}
+		out, dv, consistent, err := c.fetchDir(dir)
+		if err != nil {
+			return nil, err
+		}
+		if !consistent && attempt < 3 {
+			continue
+		}
+		if consistent {
+			dir.mu.Lock()
+			if dir.st.DataVersion == dv {
+				dir.dents = make(map[string]dirent, len(out))
+				dir.order = make([]string, len(out))
+				for i, e := range out {
+					dir.dents[e.Name] = dirent{e.FID, e.Type}
+					dir.order[i] = e.Name
+				}
+				dir.complete = true
+			}
+			dir.mu.Unlock()
+		}
+		return out, nil
+	}
+}
+
+func (c *Client) fetchDir(dir *Node) (out []DirEntry, dv uint64, consistent bool, err error) {
+	t := c.begin()
+	defer c.end(t)
+	var cookie uint64
+	consistent = true
+	for first := true; ; first = false {
+		var reply *pb.ReadDirReply
+		err := c.call(func(ctx context.Context) (err error) {
+			reply, err = c.rpc.ReadDir(ctx, &pb.ReadDirRequest{Dir: pb.FromFID(dir.fid), Cookie: cookie, MaxEntries: 4096})
+			return err
+		})
+		if err != nil {
+			return nil, 0, false, err
+		}
+		if _, err := c.learnPB(t, reply.Dir); err != nil {
+			return nil, 0, false, err
+		}
+		if first {
+			dv = reply.Dir.DataVersion
+		} else if reply.Dir.DataVersion != dv {
+			consistent = false
+		}
+		for _, e := range reply.Entries {
+			out = append(out, DirEntry{Name: e.Name, Type: e.Type.ToType(), FID: e.Fid.ToFID()})
+			cookie = e.Cookie
+		}
+		if reply.Eof {
+			return out, dv, consistent, nil
+		}
+		if len(reply.Entries) == 0 {
+			return nil, 0, false, fmt.Errorf("protocol: empty readdir page before the end")
+		}
+	}
+}
+
+// volumeRoot returns the root directory of the named volume.
+func (c *Client) volumeRoot(name string) (*Node, error) {
+	c.volMu.Lock()
+	v := c.vols[name]
+	c.volMu.Unlock()
+	if v == nil {
+		err := c.call(func(ctx context.Context) (err error) {
+			v, err = c.rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: name})
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		c.volMu.Lock()
+		c.vols[name] = v
+		c.volMu.Unlock()
+	}
+	n := c.node(v.Root.ToFID())
+	if _, err := c.fresh(n); err != nil {
+		return nil, err
+	}
+	return n, nil
+}

@@ -1,0 +1,590 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"strings"
+	"syscall"
+	"time"
+
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/vnode"
+)
+
+// DirEntry is one name in a directory listing.
+type DirEntry struct {
+	Name string
+	Type node.Type
+	FID  node.FID
+}
+
+// Volume describes a volume of the cell.
+type Volume struct {
+	ID      uint64
+	Name    string
+	Root    node.FID
+	Created time.Time
+}
+
+// maxLinks bounds symlink hops in one path resolution, as Linux's 40.
+const maxLinks = 40
+
+// splitPath cleans an absolute or root-relative path into names. ".."
+// cannot climb above the root: the path is cleaned lexically first.
+func splitPath(p string) ([]string, error) {
+	if strings.IndexByte(p, 0) >= 0 {
+		return nil, fmt.Errorf("path contains NUL: %w", syscall.EINVAL)
+	}
+	p = path.Clean("/" + p)
+	if p == "/" {
+		return nil, nil
+	}
+	comps := strings.Split(p[1:], "/")
+	for _, c := range comps {
+		if err := node.CheckName(c); err != nil {
+			return nil, err
+		}
+	}
+	return comps, nil
+}
+
+// resolve walks p from the root. Mount points and relative symlinks are
+// followed in the middle of a path, and at its end when follow is set.
+func (c *Client) resolve(p string, follow bool) (*Node, error) {
+	comps, err := splitPath(p)
+	if err != nil {
+		return nil, err
+	}
+	links := 0
+walk:
+	cur := c.root
+	for i, name := range comps {
+		if cur, err = c.enterDir(cur); err != nil {
+			return nil, err
+		}
+		child, err := c.lookup(cur, name)
+		if err != nil {
+			return nil, err
+		}
+		last := i == len(comps)-1
+		st := child.status()
+		switch {
+		case st.Type == node.TypeSymlink && (!last || follow):
+			if links++; links > maxLinks {
+				return nil, syscall.ELOOP
+			}
+			if path.IsAbs(st.Target) {
+				return nil, fmt.Errorf("symlink %s points to %s, outside hoard: %w", "/"+path.Join(comps[:i+1]...), st.Target, syscall.ENOENT)
+			}
+			rest := path.Join(append([]string{path.Join(comps[:i]...), st.Target}, comps[i+1:]...)...)
+			if comps, err = splitPath(rest); err != nil {
+				return nil, err
+			}
+			goto walk
+		case st.Type == node.TypeMountPoint && (!last || follow):
+			if child, err = c.volumeRoot(st.Target); err != nil {
+				return nil, err
+			}
+		}
+		cur = child
+	}
+	return cur, nil
+}
+
+// enterDir makes sure n is a directory to look names up in.
+func (c *Client) enterDir(n *Node) (*Node, error) {
+	st, err := c.fresh(n)
+	if err != nil {
+		return nil, err
+	}
+	switch st.Type {
+	case node.TypeDir:
+		return n, nil
+	case node.TypeMountPoint:
+		return c.volumeRoot(st.Target)
+	}
+	return nil, syscall.ENOTDIR
+}
+
+// resolveParent resolves all but the last name of p.
+func (c *Client) resolveParent(p string) (*Node, string, error) {
+	comps, err := splitPath(p)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(comps) == 0 {
+		return nil, "", fmt.Errorf("the root has no parent: %w", syscall.EINVAL)
+	}
+	dir, err := c.resolve("/"+path.Join(comps[:len(comps)-1]...), true)
+	if err != nil {
+		return nil, "", err
+	}
+	if dir, err = c.enterDir(dir); err != nil {
+		return nil, "", err
+	}
+	return dir, comps[len(comps)-1], nil
+}
+
+func unixMode(m os.FileMode) uint32 {
+	mode := uint32(m.Perm())
+	if m&os.ModeSetuid != 0 {
+		mode |= 0o4000
+	}
+	if m&os.ModeSetgid != 0 {
+		mode |= 0o2000
+	}
+	if m&os.ModeSticky != 0 {
+		mode |= 0o1000
+	}
+	return mode
+}
+
+// Creator is who new files belong to; by default the calling process.
+type Creator struct{ UID, GID uint32 }
+
+func (c *Client) creator() Creator {
+	return Creator{uint32(os.Getuid()), uint32(os.Getgid())}
+}
+
+// create makes name in dir. With excl unset an existing regular file is
+// returned instead (created=false).
+func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, excl bool) (*Node, bool, error) {
+	if err := node.CheckName(name); err != nil {
+		return nil, false, err
+	}
+	tk := c.begin()
+	defer c.end(tk)
+	var reply *pb.CreateReply
+	err := c.call(func(ctx context.Context) (err error) {
+		reply, err = c.rpc.Create(ctx, &pb.CreateRequest{Dir: pb.FromFID(dir.fid), Name: name, Type: pb.FromType(t),
+			Mode: mode, Uid: who.UID, Gid: who.GID, Target: target, Exclusive: excl})
+		return err
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	child, err := c.learnPB(tk, reply.Status)
+	if err != nil {
+		return nil, false, err
+	}
+	if !reply.Created {
+		_, err := c.learnPB(tk, reply.Dir)
+		return child, false, err
+	}
+	err = c.changedDir(tk, dir, reply.Dir, func(d *Node) { d.addDentLocked(name, child.fid, t) })
+	return child, true, err
+}
+
+// Open opens a file as os.OpenFile does: O_CREATE, O_EXCL, O_TRUNC and
+// O_APPEND are honoured. A file is fetched lazily, chunk by chunk, as it
+// is read.
+func (c *Client) Open(name string, flag int, perm os.FileMode) (*File, error) {
+	n, err := c.openNode(name, flag, perm)
+	if err != nil {
+		return nil, errOf("open", name, err)
+	}
+	return c.openFile(n, name, flag)
+}
+
+func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, error) {
+	if flag&os.O_CREATE == 0 {
+		return c.resolve(name, true)
+	}
+	dir, base, err := c.resolveParent(name)
+	if err != nil {
+		return nil, err
+	}
+	n, _, err := c.create(dir, base, node.TypeFile, unixMode(perm), c.creator(), "", flag&os.O_EXCL != 0)
+	if errors.Is(err, syscall.EEXIST) && flag&os.O_EXCL == 0 {
+		// Exists as something else: a symlink to follow, or a directory.
+		return c.resolve(name, true)
+	}
+	return n, err
+}
+
+// OpenNode opens an already resolved file (the FUSE adapter's entry point).
+func (c *Client) openFile(n *Node, name string, flag int) (*File, error) {
+	st, err := c.fresh(n)
+	if err != nil {
+		return nil, errOf("open", name, err)
+	}
+	f := &File{c: c, n: n, name: name, flags: flag}
+	switch st.Type {
+	case node.TypeFile:
+	case node.TypeDir:
+		if f.writable() {
+			return nil, errOf("open", name, syscall.EISDIR)
+		}
+		return f, nil
+	default:
+		return nil, errOf("open", name, syscall.EINVAL)
+	}
+	if f.writable() {
+		// Remembered with the cache entry, so that writes a crash strands
+		// can be reported with the path they belonged to.
+		if n.entry.Policy("path") != name {
+			n.entry.SetPolicy("path", name)
+		}
+	}
+	if f.writable() && flag&os.O_TRUNC != 0 {
+		n.wmu.Lock()
+		err := n.truncateLocked(0)
+		n.wmu.Unlock()
+		if err != nil {
+			return nil, errOf("open", name, err)
+		}
+	}
+	n.mu.Lock()
+	n.opens++
+	n.mu.Unlock()
+	return f, nil
+}
+
+// Create creates or truncates a file for reading and writing.
+func (c *Client) Create(name string) (*File, error) {
+	return c.Open(name, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o666)
+}
+
+// Stat returns the status of name, following symlinks and mount points.
+func (c *Client) Stat(name string) (node.Status, error) { return c.stat("stat", name, true) }
+
+// Lstat is Stat without following a final symlink or mount point.
+func (c *Client) Lstat(name string) (node.Status, error) { return c.stat("lstat", name, false) }
+
+func (c *Client) stat(op, name string, follow bool) (node.Status, error) {
+	n, err := c.resolve(name, follow)
+	if err != nil {
+		return node.Status{}, errOf(op, name, err)
+	}
+	st, err := c.fresh(n)
+	return st, errOf(op, name, err)
+}
+
+// ReadDir lists a directory in the server's stable order.
+func (c *Client) ReadDir(name string) ([]DirEntry, error) {
+	n, err := c.resolve(name, true)
+	if err == nil {
+		n, err = c.enterDir(n)
+	}
+	if err != nil {
+		return nil, errOf("readdir", name, err)
+	}
+	ents, err := c.readDir(n)
+	return ents, errOf("readdir", name, err)
+}
+
+// ReadDir lists the directory f was opened on.
+func (f *File) ReadDir() ([]DirEntry, error) {
+	ents, err := f.c.readDir(f.n)
+	return ents, f.pathErr("readdir", err)
+}
+
+// Mkdir makes a directory.
+func (c *Client) Mkdir(name string, perm os.FileMode) error {
+	dir, base, err := c.resolveParent(name)
+	if err == nil {
+		_, _, err = c.create(dir, base, node.TypeDir, unixMode(perm), c.creator(), "", true)
+	}
+	return errOf("mkdir", name, err)
+}
+
+// Symlink makes link a symbolic link to target.
+func (c *Client) Symlink(target, link string) error {
+	dir, base, err := c.resolveParent(link)
+	if err == nil {
+		_, _, err = c.create(dir, base, node.TypeSymlink, 0o777, c.creator(), target, true)
+	}
+	return errOf("symlink", link, err)
+}
+
+// Readlink returns a symlink's target.
+func (c *Client) Readlink(name string) (string, error) {
+	n, err := c.resolve(name, false)
+	if err != nil {
+		return "", errOf("readlink", name, err)
+	}
+	st, err := c.fresh(n)
+	if err == nil && st.Type != node.TypeSymlink {
+		err = syscall.EINVAL
+	}
+	return st.Target, errOf("readlink", name, err)
+}
+
+// MountVolume makes name a mount point for volume: the volume's root
+// appears there, and the tree spans volumes as in AFS.
+func (c *Client) MountVolume(name, volume string) error {
+	dir, base, err := c.resolveParent(name)
+	if err == nil {
+		_, _, err = c.create(dir, base, node.TypeMountPoint, 0o755, c.creator(), volume, true)
+	}
+	return errOf("mount", name, err)
+}
+
+// Link makes newname a hard link to oldname.
+func (c *Client) Link(oldname, newname string) error {
+	err := c.link(oldname, newname)
+	return errOf("link", newname, err)
+}
+
+func (c *Client) link(oldname, newname string) error {
+	target, err := c.resolve(oldname, false)
+	if err != nil {
+		return err
+	}
+	dir, base, err := c.resolveParent(newname)
+	if err != nil {
+		return err
+	}
+	if err := node.CheckName(base); err != nil {
+		return err
+	}
+	t := c.begin()
+	defer c.end(t)
+	var reply *pb.LinkReply
+	err = c.call(func(ctx context.Context) (err error) {
+		reply, err = c.rpc.Link(ctx, &pb.LinkRequest{Dir: pb.FromFID(dir.fid), Name: base, Target: pb.FromFID(target.fid)})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	child, err := c.learnPB(t, reply.Status)
+	if err != nil {
+		return err
+	}
+	return c.changedDir(t, dir, reply.Dir, func(d *Node) { d.addDentLocked(base, child.fid, reply.Status.Type.ToType()) })
+}
+
+// Remove removes a file, symlink, mount point or empty directory.
+func (c *Client) Remove(name string) error {
+	return errOf("remove", name, c.remove(name))
+}
+
+func (c *Client) remove(name string) error {
+	dir, base, err := c.resolveParent(name)
+	if err != nil {
+		return err
+	}
+	t := c.begin()
+	defer c.end(t)
+	var reply *pb.RemoveReply
+	rm := func(dirOnly bool) error {
+		return c.call(func(ctx context.Context) (err error) {
+			reply, err = c.rpc.Remove(ctx, &pb.RemoveRequest{Dir: pb.FromFID(dir.fid), Name: base, DirOnly: dirOnly})
+			return err
+		})
+	}
+	err = rm(false)
+	if pb.Errno(err) == syscall.EISDIR {
+		err = rm(true)
+	}
+	if err != nil {
+		return err
+	}
+	c.removed(reply.Status)
+	return c.changedDir(t, dir, reply.Dir, func(d *Node) { d.delDentLocked(base) })
+}
+
+// removed updates a vnode that lost a name: forgotten when it is gone.
+func (c *Client) removed(ps *pb.Status) {
+	st, _, err := ps.ToStatus()
+	if err != nil {
+		return
+	}
+	if st.Nlink == 0 {
+		c.nodesMu.Lock()
+		n := c.nodes[st.FID]
+		c.nodesMu.Unlock()
+		if n != nil {
+			c.forget(n)
+		} else {
+			c.cache.Drop(st.FID)
+		}
+		return
+	}
+	if n := c.node(st.FID); n != nil {
+		n.valid.Store(false)
+	}
+}
+
+// Rename renames oldname to newname, replacing newname if it exists (and
+// is not a non-empty directory), atomically.
+func (c *Client) Rename(oldname, newname string) error {
+	return errOf("rename", oldname, c.rename(oldname, newname))
+}
+
+func (c *Client) rename(oldname, newname string) error {
+	sdir, sbase, err := c.resolveParent(oldname)
+	if err != nil {
+		return err
+	}
+	ddir, dbase, err := c.resolveParent(newname)
+	if err != nil {
+		return err
+	}
+	return c.renameAt(sdir, sbase, ddir, dbase)
+}
+
+func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string) error {
+	if err := node.CheckName(sbase); err != nil {
+		return err
+	}
+	if err := node.CheckName(dbase); err != nil {
+		return err
+	}
+	t := c.begin()
+	defer c.end(t)
+	var reply *pb.RenameReply
+	err := c.call(func(ctx context.Context) (err error) {
+		reply, err = c.rpc.Rename(ctx, &pb.RenameRequest{SrcDir: pb.FromFID(sdir.fid), SrcName: sbase, DstDir: pb.FromFID(ddir.fid), DstName: dbase})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if reply.Replaced != nil {
+		c.removed(reply.Replaced)
+	}
+	moved, err := c.learnPB(t, reply.Status)
+	if err != nil {
+		return err
+	}
+	typ := reply.Status.Type.ToType()
+	if sdir == ddir {
+		return c.changedDir(t, sdir, reply.DstDir, func(d *Node) {
+			d.delDentLocked(sbase)
+			d.addDentLocked(dbase, moved.fid, typ)
+		})
+	}
+	if err := c.changedDir(t, sdir, reply.SrcDir, func(d *Node) { d.delDentLocked(sbase) }); err != nil {
+		return err
+	}
+	return c.changedDir(t, ddir, reply.DstDir, func(d *Node) { d.addDentLocked(dbase, moved.fid, typ) })
+}
+
+// setattr changes status fields of an already resolved node.
+func (c *Client) setattr(n *Node, req *pb.SetAttrRequest) error {
+	req.Fid = pb.FromFID(n.fid)
+	t := c.begin()
+	defer c.end(t)
+	var reply *pb.SetAttrReply
+	err := c.call(func(ctx context.Context) (err error) {
+		reply, err = c.rpc.SetAttr(ctx, req)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	_, err = c.learnPB(t, reply.Status)
+	return err
+}
+
+func (c *Client) setattrPath(op, name string, req *pb.SetAttrRequest) error {
+	n, err := c.resolve(name, true)
+	if err == nil {
+		err = c.setattr(n, req)
+	}
+	return errOf(op, name, err)
+}
+
+// Chmod changes the permission bits.
+func (c *Client) Chmod(name string, mode os.FileMode) error {
+	return c.setattrPath("chmod", name, &pb.SetAttrRequest{Mask: vnode.SetMode, Mode: unixMode(mode)})
+}
+
+// Chown changes the owner and group; -1 leaves one as it is.
+func (c *Client) Chown(name string, uid, gid int) error {
+	req := &pb.SetAttrRequest{}
+	if uid >= 0 {
+		req.Mask |= vnode.SetUID
+		req.Uid = uint32(uid)
+	}
+	if gid >= 0 {
+		req.Mask |= vnode.SetGID
+		req.Gid = uint32(gid)
+	}
+	if req.Mask == 0 {
+		return nil
+	}
+	return c.setattrPath("chown", name, req)
+}
+
+// Chtimes changes the access and modification times.
+func (c *Client) Chtimes(name string, atime, mtime time.Time) error {
+	return c.setattrPath("chtimes", name, &pb.SetAttrRequest{Mask: vnode.SetAtime | vnode.SetMtime, AtimeNs: atime.UnixNano(), MtimeNs: mtime.UnixNano()})
+}
+
+// Truncate changes a file's size at the server at once (after storing any
+// local writes to it).
+func (c *Client) Truncate(name string, size int64) error {
+	if size < 0 {
+		return errOf("truncate", name, syscall.EINVAL)
+	}
+	n, err := c.resolve(name, true)
+	if err != nil {
+		return errOf("truncate", name, err)
+	}
+	n.wmu.Lock()
+	defer n.wmu.Unlock()
+	if n.entry != nil {
+		err = n.storeLocked(true)
+	}
+	if err == nil {
+		err = c.setattr(n, &pb.SetAttrRequest{Mask: vnode.SetSize, Size: uint64(size)})
+	}
+	return errOf("truncate", name, err)
+}
+
+// FSStat is the space of the server's file system.
+type FSStat struct{ BlockSize, Blocks, BlocksFree, Files, FilesFree uint64 }
+
+// StatFS reports the server's space.
+func (c *Client) StatFS() (FSStat, error) {
+	var r *pb.StatFSReply
+	err := c.call(func(ctx context.Context) (err error) {
+		r, err = c.rpc.StatFS(ctx, &pb.StatFSRequest{Volume: c.root.fid.Volume})
+		return err
+	})
+	if err != nil {
+		return FSStat{}, errOf("statfs", "/", err)
+	}
+	return FSStat{r.BlockSize, r.Blocks, r.BlocksFree, r.Files, r.FilesFree}, nil
+}
+
+func toVolume(v *pb.Volume) Volume {
+	return Volume{ID: v.Id, Name: v.Name, Root: v.Root.ToFID(), Created: time.Unix(0, v.CreatedNs)}
+}
+
+// CreateVolume makes a new volume; MountVolume attaches it to the tree.
+func (c *Client) CreateVolume(name string) (Volume, error) {
+	var v *pb.Volume
+	err := c.call(func(ctx context.Context) (err error) {
+		v, err = c.rpc.CreateVolume(ctx, &pb.CreateVolumeRequest{Name: name})
+		return err
+	})
+	if err != nil {
+		return Volume{}, errOf("create volume", name, err)
+	}
+	return toVolume(v), nil
+}
+
+// Volumes lists the cell's volumes.
+func (c *Client) Volumes() ([]Volume, error) {
+	var r *pb.ListVolumesReply
+	err := c.call(func(ctx context.Context) (err error) {
+		r, err = c.rpc.ListVolumes(ctx, &pb.ListVolumesRequest{})
+		return err
+	})
+	if err != nil {
+		return nil, errOf("list volumes", "", err)
+	}
+	out := make([]Volume, len(r.Volumes))
+	for i, v := range r.Volumes {
+		out[i] = toVolume(v)
+	}
+	return out, nil
+}

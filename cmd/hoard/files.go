@@ -1,0 +1,362 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/node"
+)
+
+// clientFlags are the flags of every command that talks to a server.
+type clientFlags struct {
+	server    string
+	cache     string
+	cacheSize string
+	timeout   time.Duration
+}
+
+func defaultCacheDir() string {
+	if d := os.Getenv("HOARD_CACHE"); d != "" {
+		return d
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "hoard")
+	}
+	return ""
+}
+
+func defaultServer() string {
+	if s := os.Getenv("HOARD_SERVER"); s != "" {
+		return s
+	}
+	return "127.0.0.1:7100"
+}
+
+func (cf *clientFlags) add(f *pflag.FlagSet) {
+	f.StringVar(&cf.server, "server", defaultServer(), "file server address (env HOARD_SERVER)")
+	f.StringVar(&cf.cache, "cache", defaultCacheDir(), "cache directory, kept between runs (env HOARD_CACHE); empty for a memory cache")
+	f.StringVar(&cf.cacheSize, "cache-size", "1G", "cache size limit, e.g. 512M, 10G")
+	f.DurationVar(&cf.timeout, "timeout", 5*time.Second, "how long to wait for the server")
+}
+
+func (cf *clientFlags) dial() (*client.Client, error) {
+	size, err := parseSize(cf.cacheSize)
+	if err != nil {
+		return nil, usagef("--cache-size %q: %v", cf.cacheSize, err)
+	}
+	if cf.cache != "" {
+		if err := checkCacheDir(cf.cache); err != nil {
+			return nil, usageError{err}
+		}
+	}
+	return client.Dial(client.Options{Server: cf.server, CacheDir: cf.cache, CacheSize: size, DialTimeout: cf.timeout, RPCTimeout: max(cf.timeout, 30*time.Second)})
+}
+
+// checkCacheDir refuses a cache directory that is not a directory or
+// cannot be created or written, naming it.
+func checkCacheDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("cache directory %s: cannot create: %v", dir, errors.Unwrap(err))
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cache directory %s: %v", dir, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("cache directory %s: not a directory", dir)
+	}
+	if err := syscall.Access(dir, 2 /* W_OK */); err != nil {
+		return fmt.Errorf("cache directory %s: not writable", dir)
+	}
+	return nil
+}
+
+// parseSize reads sizes like 4096, 512K, 10M, 2G, 1T (powers of 1024).
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(strings.ToUpper(s))
+	s = strings.TrimSuffix(strings.TrimSuffix(s, "B"), "I")
+	mult := int64(1)
+	if n := len(s); n > 0 {
+		switch s[n-1] {
+		case 'K':
+			mult = 1 << 10
+		case 'M':
+			mult = 1 << 20
+		case 'G':
+			mult = 1 << 30
+		case 'T':
+			mult = 1 << 40
+		}
+		if mult > 1 {
+			s = s[:n-1]
+		}
+	}
+	var v int64
+	if _, err := fmt.Sscanf(s, "%d", &v); err != nil || v <= 0 || fmt.Sprint(v) != s {
+		return 0, errors.New("want a positive size such as 4096, 512M or 10G")
+	}
+	return v * mult, nil
+}
+
+// withClient builds a command that dials, runs fn, and closes.
+func withClient(use, short string, args cobra.PositionalArgs, setup func(*pflag.FlagSet), fn func(c *client.Client, args []string) error) *cobra.Command {
+	var cf clientFlags
+	cmd := &cobra.Command{Use: use, Short: short, Args: args,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := cf.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return fn(c, args)
+		}}
+	cf.add(cmd.Flags())
+	if setup != nil {
+		setup(cmd.Flags())
+	}
+	return cmd
+}
+
+func fileCmds() []*cobra.Command {
+	var long, recursive, parents bool
+	return []*cobra.Command{
+		withClient("put LOCAL REMOTE", "copy a local file into hoard", cobra.ExactArgs(2), nil, put),
+		withClient("get REMOTE LOCAL", "copy a file out of hoard", cobra.ExactArgs(2), nil, get),
+		withClient("cat REMOTE...", "print files", cobra.MinimumNArgs(1), nil, func(c *client.Client, args []string) error {
+			for _, a := range args {
+				if err := copyOut(c, a, os.Stdout); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+		withClient("ls [-l] [REMOTE]", "list a directory", cobra.MaximumNArgs(1),
+			func(f *pflag.FlagSet) { f.BoolVarP(&long, "long", "l", false, "long listing") },
+			func(c *client.Client, args []string) error { return ls(c, args, long) }),
+		withClient("stat REMOTE...", "show status, FID and DataVersion", cobra.MinimumNArgs(1), nil, func(c *client.Client, args []string) error {
+			for _, a := range args {
+				st, err := c.Lstat(a)
+				if err != nil {
+					return err
+				}
+				printStatus(a, st)
+			}
+			return nil
+		}),
+		withClient("rm [-r] REMOTE...", "remove files (and with -r, trees)", cobra.MinimumNArgs(1),
+			func(f *pflag.FlagSet) { f.BoolVarP(&recursive, "recursive", "r", false, "remove directories and their contents") },
+			func(c *client.Client, args []string) error {
+				for _, a := range args {
+					if err := rm(c, a, recursive); err != nil {
+						return err
+					}
+				}
+				return nil
+			}),
+		withClient("mkdir [-p] REMOTE...", "make directories", cobra.MinimumNArgs(1),
+			func(f *pflag.FlagSet) { f.BoolVarP(&parents, "parents", "p", false, "make parents as needed, no error if existing") },
+			func(c *client.Client, args []string) error {
+				for _, a := range args {
+					if err := mkdir(c, a, parents); err != nil {
+						return err
+					}
+				}
+				return nil
+			}),
+		withClient("mv SRC DST", "rename (DST may be an existing directory)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
+			dst := args[1]
+			if st, err := c.Stat(dst); err == nil && st.Type == node.TypeDir {
+				dst = path.Join(dst, path.Base(args[0]))
+			}
+			return c.Rename(args[0], dst)
+		}),
+	}
+}
+
+func put(c *client.Client, args []string) error {
+	local, remote := args[0], args[1]
+	in, err := os.Open(local)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		return fmt.Errorf("%s is a directory; put copies files", local)
+	}
+	if st, err := c.Stat(remote); err == nil && st.Type == node.TypeDir {
+		remote = path.Join(remote, filepath.Base(local))
+	}
+	out, err := c.Open(remote, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, fi.Mode().Perm())
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	if _, err := io.CopyBuffer(writerOnly{out}, in, buf); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// writerOnly hides ReaderFrom-style fast paths so io.CopyBuffer uses buf.
+type writerOnly struct{ io.Writer }
+
+func get(c *client.Client, args []string) error {
+	remote, local := args[0], args[1]
+	if fi, err := os.Stat(local); err == nil && fi.IsDir() {
+		local = filepath.Join(local, path.Base(remote))
+	}
+	st, err := c.Stat(remote)
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(local, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, os.FileMode(st.Mode&0o777))
+	if err != nil {
+		return err
+	}
+	if err := copyOut(c, remote, out); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+func copyOut(c *client.Client, remote string, w io.Writer) error {
+	f, err := c.Open(remote, os.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.CopyBuffer(writerOnly{w}, readerOnly{f}, make([]byte, 1<<20))
+	return err
+}
+
+type readerOnly struct{ io.Reader }
+
+func ls(c *client.Client, args []string, long bool) error {
+	dir := "/"
+	if len(args) == 1 {
+		dir = args[0]
+	}
+	st, err := c.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if st.Type != node.TypeDir {
+		printLong(os.Stdout, path.Base(dir), st, long)
+		return nil
+	}
+	ents, err := c.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	sort.Slice(ents, func(i, j int) bool { return ents[i].Name < ents[j].Name })
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 1, ' ', tabwriter.AlignRight)
+	for _, e := range ents {
+		if !long {
+			fmt.Println(e.Name)
+			continue
+		}
+		st, err := c.Lstat(path.Join(dir, e.Name))
+		if err != nil {
+			return err
+		}
+		printLong(tw, e.Name, st, true)
+	}
+	return tw.Flush()
+}
+
+func modeString(st node.Status) string {
+	kind := map[node.Type]byte{node.TypeFile: '-', node.TypeDir: 'd', node.TypeSymlink: 'l', node.TypeMountPoint: 'm'}[st.Type]
+	b := []byte{kind}
+	for i := 8; i >= 0; i-- {
+		if st.Mode&(1<<i) != 0 {
+			b = append(b, "rwxrwxrwx"[8-i])
+		} else {
+			b = append(b, '-')
+		}
+	}
+	return string(b)
+}
+
+func printLong(w io.Writer, name string, st node.Status, long bool) {
+	if !long {
+		fmt.Fprintln(w, name)
+		return
+	}
+	suffix := ""
+	switch st.Type {
+	case node.TypeSymlink:
+		suffix = " -> " + st.Target
+	case node.TypeMountPoint:
+		suffix = " => volume " + st.Target
+	}
+	fmt.Fprintf(w, "%s\t %d\t %d\t %d\t %d\t %s\t %s%s\n", modeString(st), st.Nlink, st.UID, st.GID, st.Size,
+		st.Mtime.Format("2006-01-02 15:04"), name, suffix)
+}
+
+func printStatus(name string, st node.Status) {
+	fmt.Printf("  path: %s\n  type: %s\n   fid: %s\n  mode: %s (%04o)\n owner: %d:%d\n  size: %d\n links: %d\nDataVersion: %d\n mtime: %s\n ctime: %s\n atime: %s\n",
+		name, st.Type, st.FID, modeString(st), st.Mode, st.UID, st.GID, st.Size, st.Nlink, st.DataVersion,
+		st.Mtime.Format(time.RFC3339Nano), st.Ctime.Format(time.RFC3339Nano), st.Atime.Format(time.RFC3339Nano))
+	if st.Target != "" {
+		fmt.Printf("target: %s\n", st.Target)
+	}
+}
+
+func rm(c *client.Client, name string, recursive bool) error {
+	st, err := c.Lstat(name)
+	if err != nil {
+		return err
+	}
+	if st.Type == node.TypeDir && recursive {
+		ents, err := c.ReadDir(name)
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			if err := rm(c, path.Join(name, e.Name), true); err != nil {
+				return err
+			}
+		}
+	}
+	return c.Remove(name)
+}
+
+func mkdir(c *client.Client, name string, parents bool) error {
+	if !parents {
+		return c.Mkdir(name, 0o755)
+	}
+	comps := strings.Split(strings.Trim(path.Clean("/"+name), "/"), "/")
+	for i := range comps {
+		p := "/" + strings.Join(comps[:i+1], "/")
+		err := c.Mkdir(p, 0o755)
+		if err == nil || errors.Is(err, syscall.EEXIST) {
+			if st, serr := c.Stat(p); serr == nil && st.Type == node.TypeDir {
+				continue
+			}
+		}
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+// Command hoard is the one binary of the hoard distributed file system: the
+// file server, the client tools, and (later) the FUSE mount and proxy.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// usageError marks errors in how hoard was invoked: exit code 2.
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+func main() {
+	root := &cobra.Command{
+		Use:           "hoard",
+		Short:         "hoard: a distributed file system built around its client cache",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().String("log-level", "warn", "log level: debug, info, warn, error")
+	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		lvl, _ := cmd.Flags().GetString("log-level")
+		var l slog.Level
+		if err := l.UnmarshalText([]byte(lvl)); err != nil {
+			return usagef("--log-level %q: want debug, info, warn or error", lvl)
+		}
+		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})))
+		return nil
+	}
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(serverCmd(), volCmd(), cacheCmd())
+	root.AddCommand(fileCmds()...)
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "hoard: "+describe(err))
+		os.Exit(exitCode(err))
+	}
+}
+
+func exitCode(err error) int {
+	var ue usageError
+	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") ||
+		strings.HasPrefix(err.Error(), "accepts ") || strings.HasPrefix(err.Error(), "requires ") {
+		return 2
+	}
+	return 1
+}
+
+// describe renders an error on one line, file errors as "what: path".
+func describe(err error) string {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		var errno syscall.Errno
+		if errors.As(pe.Err, &errno) && pe.Err == error(errno) {
+			return fmt.Sprintf("%s: %s", errno.Error(), pe.Path)
+		}
+		return fmt.Sprintf("%s %s: %v", pe.Op, pe.Path, pe.Err)
+	}
+	return strings.ReplaceAll(err.Error(), "\n", " ")
+}

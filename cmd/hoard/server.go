@@ -1,0 +1,87 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/server"
+	"github.com/hoardfs/hoard/vnode"
+)
+
+func serverCmd() *cobra.Command {
+	cfg := server.DefaultConfig()
+	var data, listen string
+	cmd := &cobra.Command{
+		Use:   "server --data DIR [--listen 127.0.0.1:7100]",
+		Short: "run a file server whose volumes live in DIR",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if data == "" {
+				return usagef("--data DIR is required")
+			}
+			if cfg.PromiseTTL <= 0 || cfg.BreakTimeout <= 0 || cfg.Ping <= 0 {
+				return usagef("--promise-ttl, --break-timeout and --ping must be positive")
+			}
+			store, err := vnode.Open(data)
+			if err != nil {
+				return usageError{err}
+			}
+			defer store.Close()
+			lis, err := net.Listen("tcp", listen)
+			if err != nil {
+				return usagef("--listen %s: %v", listen, err)
+			}
+			cfg.Logger = slog.Default()
+			srv := server.New(store, cfg)
+			defer srv.Close()
+			g := grpc.NewServer(
+				grpc.MaxRecvMsgSize(16<<20),
+				grpc.InitialWindowSize(8<<20), grpc.InitialConnWindowSize(64<<20),
+				grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+				grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+			)
+			pb.RegisterFileServerServer(g, srv)
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+			errc := make(chan error, 1)
+			go func() { errc <- g.Serve(lis) }()
+			fmt.Fprintf(os.Stderr, "hoard server: serving %s on %s (epoch %d)\n", store.Dir(), lis.Addr(), store.Epoch())
+			select {
+			case err := <-errc:
+				return err
+			case s := <-sig:
+				slog.Info("stopping", "signal", s)
+			}
+			// Back channels never end on their own: give RPCs in flight a
+			// moment, then stop.
+			srv.Close()
+			done := make(chan struct{})
+			go func() { g.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				g.Stop()
+			}
+			fmt.Fprintln(os.Stderr, "hoard server: stopped")
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&data, "data", "", "directory holding the server's volumes (created if missing)")
+	f.StringVar(&listen, "listen", "127.0.0.1:7100", "address to serve on")
+	f.DurationVar(&cfg.PromiseTTL, "promise-ttl", cfg.PromiseTTL, "lifetime of a callback promise")
+	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break")
+	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
+	f.IntVar(&cfg.MaxPromises, "max-promises", cfg.MaxPromises, "promises held across all clients before the oldest are broken")
+	return cmd
+}

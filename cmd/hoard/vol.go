@@ -1,0 +1,96 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/hoardfs/hoard/cache"
+	"github.com/hoardfs/hoard/client"
+)
+
+func volCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "vol", Short: "manage volumes"}
+	cmd.AddCommand(
+		withClient("create NAME", "create a volume", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
+			v, err := c.CreateVolume(args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Printf("volume %s created, id %d; attach it with: hoard vol mount %s PATH\n", v.Name, v.ID, v.Name)
+			return nil
+		}),
+		withClient("list", "list volumes", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
+			vs, err := c.Volumes()
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tROOT\tCREATED")
+			for _, v := range vs {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", v.ID, v.Name, v.Root, v.Created.Format(time.RFC3339))
+			}
+			return tw.Flush()
+		}),
+		withClient("mount VOLUME PATH", "attach a volume at PATH (an AFS-style mount point)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
+			return c.MountVolume(args[1], args[0])
+		}),
+	)
+	return cmd
+}
+
+func cacheCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "cache", Short: "inspect the client cache"}
+	var dir string
+	stats := &cobra.Command{Use: "stats", Short: "hits, misses, bytes fetched and cached, chunks, callbacks", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if dir == "" {
+				return usagef("--cache DIR is required")
+			}
+			if _, err := os.Stat(dir); err != nil {
+				return usagef("cache directory %s: %v", dir, err)
+			}
+			s, err := cache.ReadStats(dir)
+			if err != nil {
+				return fmt.Errorf("cache directory %s: %w", dir, err)
+			}
+			printCacheStats(s)
+			return nil
+		}}
+	stats.Flags().StringVar(&dir, "cache", defaultCacheDir(), "cache directory")
+	var ldir string
+	lost := &cobra.Command{Use: "lost", Short: "list writes that could not be delivered to the server", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ls, err := client.ListLost(ldir)
+			if err != nil {
+				return err
+			}
+			if len(ls) == 0 {
+				fmt.Println("no lost writes")
+				return nil
+			}
+			for _, l := range ls {
+				fmt.Printf("%s  %s  fid %s  %d range(s)  data %s\n    error: %s\n", l.Time.Format(time.RFC3339), l.Path, l.FID, len(l.Ranges), l.Data, l.Error)
+			}
+			return nil
+		}}
+	lost.Flags().StringVar(&ldir, "cache", defaultCacheDir(), "cache directory")
+	cmd.AddCommand(stats, lost)
+	return cmd
+}
+
+func printCacheStats(s cache.Stats) {
+	fmt.Printf("hits:          %d\n", s.Hits)
+	fmt.Printf("misses:        %d\n", s.Misses)
+	fmt.Printf("bytes fetched: %d\n", s.BytesFetched)
+	fmt.Printf("bytes cached:  %d\n", s.BytesCached)
+	fmt.Printf("chunks:        %d\n", s.Chunks)
+	fmt.Printf("files:         %d\n", s.Files)
+	fmt.Printf("evictions:     %d\n", s.Evictions)
+	fmt.Printf("bypassed:      %d\n", s.Bypassed)
+	fmt.Printf("recovered:     %d\n", s.Recovered)
+	fmt.Printf("callbacks:     %d\n", s.Gauges["callbacks"])
+}

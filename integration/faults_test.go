@@ -1,0 +1,149 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	pb "github.com/hoardfs/hoard/hoardpb"
+)
+
+// A server whose disk fills up answers ENOSPC, commits no partial file,
+// and keeps serving what it has.
+func TestServerDiskFull(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("SKIP: mounting a small tmpfs for the server's data needs root")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("SKIP: cannot mount tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	srv := startServer(t, filepath.Join(dir, "data"))
+	a := dial(t, srv.addr, "mem", 64<<20)
+	b := dial(t, srv.addr, "mem", 64<<20)
+	small := pattern(1<<20, 1)
+	writeFile(t, a, "/small", small)
+	f, err := a.Create("/huge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write(pattern(20<<20, 2))
+	err = f.Close()
+	if !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EIO) {
+		t.Fatalf("close of a file larger than the disk: %v, want ENOSPC", err)
+	}
+	if !strings.Contains(err.Error(), "no space") {
+		t.Fatalf("the error does not say the disk is full: %v", err)
+	}
+	st, err := b.Stat("/huge")
+	if err != nil || st.Size != 0 {
+		t.Fatalf("a partial file was committed: %+v %v", st, err)
+	}
+	if got := readFile(t, b, "/small"); !bytes.Equal(got, small) {
+		t.Fatal("existing data damaged by the full disk")
+	}
+	// Overwriting in place must not leave a torn file either.
+	f, _ = a.Open("/small", os.O_WRONLY, 0)
+	f.WriteAt(pattern(30<<20, 3), 512<<10)
+	if err := f.Close(); err == nil {
+		t.Fatal("a store that cannot fit succeeded")
+	}
+	if got := readFile(t, b, "/small"); !bytes.Equal(got, small) {
+		t.Fatal("a failed store changed the file")
+	}
+	// And the server still works once space is back.
+	if err := a.Remove("/huge"); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, a, "/after", []byte("fine"))
+}
+
+// The server itself refuses bad names and malformed requests, whatever the
+// client sends.
+func TestServerRefusesBadRequests(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	conn, err := grpc.NewClient(srv.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rpc := pb.NewFileServerClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	vol, err := rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: "root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := vol.Root
+	for _, name := range []string{"", ".", "..", "a/b", "/", "a\x00b", strings.Repeat("x", 256), "../../../etc/passwd"} {
+		_, err := rpc.Create(ctx, &pb.CreateRequest{Dir: root, Name: name, Type: pb.FileType_FILE_TYPE_FILE})
+		if err == nil {
+			t.Errorf("server created %q", name)
+			continue
+		}
+		if e := pb.Errno(err); e != syscall.EINVAL && e != syscall.ENAMETOOLONG {
+			t.Errorf("create %q: errno %v (%v)", name, e, err)
+		}
+	}
+	bad := []struct {
+		what string
+		call func() error
+		want syscall.Errno
+	}{
+		{"lookup without a dir", func() error { _, err := rpc.Lookup(ctx, &pb.LookupRequest{Name: "x"}); return err }, syscall.EINVAL},
+		{"lookup in a missing volume", func() error {
+			_, err := rpc.Lookup(ctx, &pb.LookupRequest{Dir: &pb.FID{Volume: 99, Vnode: 1, Unique: 1}, Name: "x"})
+			return err
+		}, syscall.ENOENT},
+		{"stale fid", func() error {
+			_, err := rpc.Lookup(ctx, &pb.LookupRequest{Dir: &pb.FID{Volume: root.Volume, Vnode: 1, Unique: 77}, Name: "x"})
+			return err
+		}, syscall.ESTALE},
+		{"create of unknown type", func() error {
+			_, err := rpc.Create(ctx, &pb.CreateRequest{Dir: root, Name: "x", Type: 42})
+			return err
+		}, syscall.EINVAL},
+		{"setattr with no mask", func() error { _, err := rpc.SetAttr(ctx, &pb.SetAttrRequest{Fid: root}); return err }, syscall.EINVAL},
+		{"bulk status of nothing", func() error { _, err := rpc.GetStatus(ctx, &pb.GetStatusRequest{}); return err }, syscall.EINVAL},
+		{"volume by name and id", func() error {
+			_, err := rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: "root", Id: 1})
+			return err
+		}, syscall.EINVAL},
+		{"store to a directory", func() error {
+			s, err := rpc.Store(ctx)
+			if err != nil {
+				return err
+			}
+			s.Send(&pb.StoreRequest{Fid: root, Data: []byte("x")})
+			_, err = s.CloseAndRecv()
+			return err
+		}, syscall.EISDIR},
+	}
+	for _, b := range bad {
+		err := b.call()
+		if got := pb.Errno(err); got != b.want {
+			t.Errorf("%s: errno %v (%v), want %v", b.what, got, err, b.want)
+		}
+	}
+	// A session from another epoch is refused, not trusted.
+	md := metadataCtx(ctx, "999.1")
+	if _, err := rpc.Lookup(md, &pb.LookupRequest{Dir: root, Name: "x"}); err == nil || !strings.Contains(err.Error(), "epoch") {
+		t.Errorf("stale session accepted: %v", err)
+	}
+}
+
+func metadataCtx(ctx context.Context, session string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, pb.ClientMetadata, session)
+}

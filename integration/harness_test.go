@@ -1,0 +1,201 @@
+// Package integration runs a real `hoard server` process and real clients
+// against it over loopback TCP.
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hoardfs/hoard/client"
+)
+
+var hoardBin string
+
+func TestMain(m *testing.M) {
+	if os.Getenv("HOARD_TEST_HELPER") != "" {
+		os.Exit(helperMain())
+	}
+	hoardBin = os.Getenv("HOARD_BIN")
+	if hoardBin == "" {
+		dir, err := os.MkdirTemp("", "hoard-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		hoardBin = filepath.Join(dir, "hoard")
+		out, err := exec.Command("go", "build", "-o", hoardBin, "github.com/hoardfs/hoard/cmd/hoard").CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "building hoard: %v\n%s", err, out)
+			os.Exit(1)
+		}
+		defer os.RemoveAll(dir)
+	}
+	os.Exit(m.Run())
+}
+
+// serverProc is a running `hoard server`.
+type serverProc struct {
+	t    testing.TB
+	cmd  *exec.Cmd
+	addr string
+	data string
+	args []string
+	logs *bytes.Buffer
+}
+
+func freeAddr(t testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startServer starts a server on a fresh port with its data in data.
+func startServer(t testing.TB, data string, extra ...string) *serverProc {
+	t.Helper()
+	s := &serverProc{t: t, addr: freeAddr(t), data: data, args: extra}
+	s.start()
+	t.Cleanup(func() { s.kill() })
+	return s
+}
+
+func (s *serverProc) start() {
+	s.t.Helper()
+	args := append([]string{"server", "--data", s.data, "--listen", s.addr, "--log-level", "info"}, s.args...)
+	s.cmd = exec.Command(hoardBin, args...)
+	s.logs = &bytes.Buffer{}
+	stderr, _ := s.cmd.StderrPipe()
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		once := false
+		for sc.Scan() {
+			s.logs.WriteString(sc.Text() + "\n")
+			if !once && strings.Contains(sc.Text(), "serving") {
+				once = true
+				close(ready)
+			}
+		}
+		if !once {
+			close(ready)
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(10 * time.Second):
+		s.t.Fatalf("server did not start: %s", s.logs)
+	}
+	if c, err := net.DialTimeout("tcp", s.addr, time.Second); err != nil {
+		s.t.Fatalf("server not listening on %s: %v\n%s", s.addr, err, s.logs)
+	} else {
+		c.Close()
+	}
+}
+
+// kill9 kills the server as a crash would.
+func (s *serverProc) kill9() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	s.cmd.Process.Signal(syscall.SIGKILL)
+	s.cmd.Wait()
+	s.cmd = nil
+}
+
+func (s *serverProc) kill() { s.kill9() }
+
+// stop asks the server to stop and waits for it.
+func (s *serverProc) stop() error {
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	err := s.cmd.Wait()
+	s.cmd = nil
+	return err
+}
+
+func (s *serverProc) restart() { s.start() }
+
+// dial connects a library client, with a disk cache in its own directory
+// unless cacheDir is "mem".
+func dial(t testing.TB, addr, cacheDir string, size int64) *client.Client {
+	t.Helper()
+	if cacheDir == "mem" {
+		cacheDir = ""
+	}
+	c, err := client.Dial(client.Options{Server: addr, CacheDir: cacheDir, CacheSize: size, DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func writeFile(t testing.TB, c *client.Client, name string, data []byte) {
+	t.Helper()
+	f, err := c.Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readFile(t testing.TB, c *client.Client, name string) []byte {
+	t.Helper()
+	b, err := tryRead(c, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func tryRead(c *client.Client, name string) ([]byte, error) {
+	f, err := c.Open(name, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
+}
+
+// run runs the hoard binary and returns its combined output and exit code.
+func run(t testing.TB, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(hoardBin, args...)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), code
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	x := uint32(seed) + 1
+	for i := range b {
+		x = x*1664525 + 1013904223
+		b[i] = byte(x >> 24)
+	}
+	return b
+}

@@ -1,0 +1,362 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"syscall"
+	"time"
+
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/vnode"
+)
+
+// Limits on what one request may ask for.
+const (
+	maxBulkStatus = 4096
+	maxPiece      = 1 << 20
+	defaultPiece  = 256 << 10
+)
+
+func fromVolume(v vnode.Volume) *pb.Volume {
+	return &pb.Volume{Id: v.ID, Name: v.Name, Root: pb.FromFID(v.Root), CreatedNs: v.Created.UnixNano()}
+}
+
+func (s *Server) GetVolume(ctx context.Context, req *pb.GetVolumeRequest) (*pb.Volume, error) {
+	var v vnode.Volume
+	var err error
+	switch {
+	case req.Name != "" && req.Id == 0:
+		v, err = s.store.VolumeByName(req.Name)
+	case req.Name == "" && req.Id != 0:
+		v, err = s.store.VolumeByID(req.Id)
+	default:
+		err = fmt.Errorf("get volume: give exactly one of name and id: %w", syscall.EINVAL)
+	}
+	if err != nil {
+		return nil, s.fail("GetVolume", err)
+	}
+	return fromVolume(v), nil
+}
+
+func (s *Server) ListVolumes(ctx context.Context, req *pb.ListVolumesRequest) (*pb.ListVolumesReply, error) {
+	vs, err := s.store.Volumes()
+	if err != nil {
+		return nil, s.fail("ListVolumes", err)
+	}
+	out := &pb.ListVolumesReply{}
+	for _, v := range vs {
+		out.Volumes = append(out.Volumes, fromVolume(v))
+	}
+	return out, nil
+}
+
+func (s *Server) CreateVolume(ctx context.Context, req *pb.CreateVolumeRequest) (*pb.Volume, error) {
+	v, err := s.store.CreateVolume(req.Name)
+	if err != nil {
+		return nil, s.fail("CreateVolume", err)
+	}
+	s.log.Info("volume created", "name", v.Name, "id", v.ID)
+	return fromVolume(v), nil
+}
+
+func (s *Server) Lookup(ctx context.Context, req *pb.LookupRequest) (*pb.LookupReply, error) {
+	dir, err := checkFID("lookup", req.Dir)
+	if err != nil {
+		return nil, s.fail("Lookup", err)
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	child, d, err := s.store.Lookup(dir, req.Name)
+	if err != nil {
+		return nil, s.fail("Lookup", err)
+	}
+	return &pb.LookupReply{Status: o.status(child), Dir: o.status(d)}, nil
+}
+
+func (s *Server) GetStatus(ctx context.Context, req *pb.GetStatusRequest) (*pb.GetStatusReply, error) {
+	if len(req.Fids) == 0 || len(req.Fids) > maxBulkStatus {
+		return nil, s.fail("GetStatus", fmt.Errorf("get status: %d fids, want 1..%d: %w", len(req.Fids), maxBulkStatus, syscall.EINVAL))
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &pb.GetStatusReply{Results: make([]*pb.StatusResult, len(req.Fids))}
+	for i, pf := range req.Fids {
+		f, err := checkFID("get status", pf)
+		var st node.Status
+		if err == nil {
+			st, err = s.store.GetStatus(f)
+		}
+		if err != nil {
+			errno := syscall.EIO
+			errors.As(err, &errno)
+			out.Results[i] = &pb.StatusResult{Errno: int32(errno)}
+			continue
+		}
+		out.Results[i] = &pb.StatusResult{Status: o.status(st)}
+	}
+	return out, nil
+}
+
+func (s *Server) ReadDir(ctx context.Context, req *pb.ReadDirRequest) (*pb.ReadDirReply, error) {
+	dir, err := checkFID("readdir", req.Dir)
+	if err != nil {
+		return nil, s.fail("ReadDir", err)
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ents, eof, d, err := s.store.ReadDir(dir, req.Cookie, int(req.MaxEntries))
+	if err != nil {
+		return nil, s.fail("ReadDir", err)
+	}
+	out := &pb.ReadDirReply{Eof: eof, Dir: o.status(d), Entries: make([]*pb.DirEntry, len(ents))}
+	for i, e := range ents {
+		out.Entries[i] = &pb.DirEntry{Name: e.Name, Fid: pb.FromFID(e.FID), Type: pb.FromType(e.Type), Cookie: e.Cookie}
+	}
+	return out, nil
+}
+
+func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateReply, error) {
+	dir, err := checkFID("create", req.Dir)
+	if err != nil {
+		return nil, s.fail("Create", err)
+	}
+	t := req.Type.ToType()
+	if t == 0 {
+		return nil, s.fail("Create", fmt.Errorf("create %q: unknown type %d: %w", req.Name, req.Type, syscall.EINVAL))
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, d, created, err := s.store.Create(dir, req.Name, t, vnode.Attr{Mode: req.Mode, UID: req.Uid, GID: req.Gid}, req.Target, req.Exclusive)
+	if err != nil {
+		return nil, s.fail("Create", err)
+	}
+	if created {
+		o.changed(ctx, dir)
+	}
+	return &pb.CreateReply{Status: o.status(st), Dir: o.status(d), Created: created}, nil
+}
+
+func (s *Server) Link(ctx context.Context, req *pb.LinkRequest) (*pb.LinkReply, error) {
+	dir, err := checkFID("link", req.Dir)
+	if err != nil {
+		return nil, s.fail("Link", err)
+	}
+	target, err := checkFID("link", req.Target)
+	if err != nil {
+		return nil, s.fail("Link", err)
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, d, err := s.store.Link(dir, req.Name, target)
+	if err != nil {
+		return nil, s.fail("Link", err)
+	}
+	o.changed(ctx, dir, target)
+	return &pb.LinkReply{Status: o.status(st), Dir: o.status(d)}, nil
+}
+
+func (s *Server) Remove(ctx context.Context, req *pb.RemoveRequest) (*pb.RemoveReply, error) {
+	dir, err := checkFID("remove", req.Dir)
+	if err != nil {
+		return nil, s.fail("Remove", err)
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d, st, err := s.store.Remove(dir, req.Name, req.DirOnly)
+	if err != nil {
+		return nil, s.fail("Remove", err)
+	}
+	o.changed(ctx, dir, st.FID)
+	return &pb.RemoveReply{Dir: o.status(d), Status: pb.FromStatus(st, 0)}, nil
+}
+
+func (s *Server) Rename(ctx context.Context, req *pb.RenameRequest) (*pb.RenameReply, error) {
+	src, err := checkFID("rename", req.SrcDir)
+	if err != nil {
+		return nil, s.fail("Rename", err)
+	}
+	dst, err := checkFID("rename", req.DstDir)
+	if err != nil {
+		return nil, s.fail("Rename", err)
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.store.Rename(src, req.SrcName, dst, req.DstName)
+	if err != nil {
+		return nil, s.fail("Rename", err)
+	}
+	fids := []node.FID{src, dst, res.Moved.FID}
+	out := &pb.RenameReply{}
+	if res.Replaced != nil {
+		fids = append(fids, res.Replaced.FID)
+		out.Replaced = pb.FromStatus(*res.Replaced, 0)
+	}
+	o.changed(ctx, fids...)
+	out.SrcDir, out.DstDir, out.Status = o.status(res.SrcDir), o.status(res.DstDir), o.status(res.Moved)
+	return out, nil
+}
+
+func (s *Server) SetAttr(ctx context.Context, req *pb.SetAttrRequest) (*pb.SetAttrReply, error) {
+	f, err := checkFID("setattr", req.Fid)
+	if err != nil {
+		return nil, s.fail("SetAttr", err)
+	}
+	if req.Mask == 0 || req.Mask >= 1<<6 {
+		return nil, s.fail("SetAttr", fmt.Errorf("setattr %v: mask %#x: %w", f, req.Mask, syscall.EINVAL))
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, err := s.store.SetAttr(f, vnode.Change{Mask: req.Mask, Mode: req.Mode, UID: req.Uid, GID: req.Gid,
+		Size: req.Size, Atime: time.Unix(0, req.AtimeNs), Mtime: time.Unix(0, req.MtimeNs)})
+	if err != nil {
+		return nil, s.fail("SetAttr", err)
+	}
+	o.changed(ctx, f)
+	return &pb.SetAttrReply{Status: o.status(st)}, nil
+}
+
+func (s *Server) StatFS(ctx context.Context, req *pb.StatFSRequest) (*pb.StatFSReply, error) {
+	if _, err := s.store.VolumeByID(req.Volume); err != nil {
+		return nil, s.fail("StatFS", err)
+	}
+	fs, err := s.store.StatFS()
+	if err != nil {
+		return nil, s.fail("StatFS", err)
+	}
+	return &pb.StatFSReply{BlockSize: fs.BlockSize, Blocks: fs.Blocks, BlocksFree: fs.BlocksFree, Files: fs.Files, FilesFree: fs.FilesFree}, nil
+}
+
+// Fetch streams a byte range. The promise is granted before any byte is
+// read, and every piece says which data version it was read at, so a store
+// committed mid-fetch shows as a version change, never as torn data.
+func (s *Server) Fetch(req *pb.FetchRequest, stream pb.FileServer_FetchServer) error {
+	f, err := checkFID("fetch", req.Fid)
+	if err != nil {
+		return s.fail("Fetch", err)
+	}
+	if req.Offset > 1<<62 || req.Length > 1<<62 {
+		return s.fail("Fetch", fmt.Errorf("fetch %v: range out of bounds: %w", f, syscall.EINVAL))
+	}
+	piece := int(req.Piece)
+	if piece <= 0 {
+		piece = defaultPiece
+	}
+	piece = min(piece, maxPiece)
+	o, err := s.begin(stream.Context())
+	if err != nil {
+		return err
+	}
+	st, err := s.store.GetStatus(f)
+	if err != nil {
+		return s.fail("Fetch", err)
+	}
+	if st.Type != node.TypeFile {
+		return s.fail("Fetch", fmt.Errorf("fetch %v: %w", f, syscall.EISDIR))
+	}
+	first := &pb.FetchReply{Status: o.status(st)}
+	end := min(req.Offset+req.Length, st.Size)
+	buf := make([]byte, min(uint64(piece), max(end, req.Offset)-req.Offset))
+	for off := req.Offset; off < end; {
+		n, pst, err := s.store.ReadAt(f, buf[:min(uint64(len(buf)), end-off)], int64(off))
+		if err == io.EOF || n == 0 && err == nil {
+			break // truncated meanwhile: the version says so
+		}
+		if err != nil {
+			return s.fail("Fetch", err)
+		}
+		m := &pb.FetchReply{Offset: off, Data: buf[:n], DataVersion: pst.DataVersion}
+		if first != nil {
+			first.Offset, first.Data, first.DataVersion = m.Offset, m.Data, m.DataVersion
+			m, first = first, nil
+		}
+		if err := stream.Send(m); err != nil {
+			return err
+		}
+		off += uint64(n)
+	}
+	if first != nil {
+		first.DataVersion = st.DataVersion
+		return stream.Send(first)
+	}
+	return nil
+}
+
+// Store receives a staged change and commits it at the end of the stream.
+func (s *Server) Store(stream pb.FileServer_StoreServer) error {
+	ctx := stream.Context()
+	hdr, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	f, err := checkFID("store", hdr.Fid)
+	if err != nil {
+		return s.fail("Store", err)
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return err
+	}
+	u, err := s.store.BeginUpdate(f)
+	if err != nil {
+		return s.fail("Store", err)
+	}
+	defer u.Abort()
+	if hdr.Size > 1<<44 || hdr.Truncate > 1<<44 {
+		return s.fail("Store", fmt.Errorf("store %v: size %d/%d: %w", f, hdr.Truncate, hdr.Size, syscall.EFBIG))
+	}
+	if hdr.HasTruncate {
+		u.Truncate(hdr.Truncate)
+	}
+	if hdr.HasSize {
+		u.SetSize(hdr.Size)
+	}
+	for m := hdr; ; {
+		if len(m.Data) > 0 {
+			if len(m.Data) > maxPiece*4 {
+				return s.fail("Store", fmt.Errorf("store %v: piece of %d bytes: %w", f, len(m.Data), syscall.EINVAL))
+			}
+			if m.Offset > 1<<62 {
+				return s.fail("Store", fmt.Errorf("store %v: offset %d: %w", f, m.Offset, syscall.EFBIG))
+			}
+			if err := u.WriteAt(m.Data, int64(m.Offset)); err != nil {
+				return s.fail("Store", err)
+			}
+		}
+		m, err = stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err // the client went away: nothing is committed
+		}
+	}
+	var mtime time.Time
+	if hdr.MtimeNs != 0 {
+		mtime = time.Unix(0, hdr.MtimeNs)
+	}
+	st, err := u.Commit(hdr.Sync, mtime)
+	if err != nil {
+		return s.fail("Store", err)
+	}
+	o.changed(ctx, f)
+	return stream.SendAndClose(&pb.StoreReply{Status: o.status(st)})
+}

@@ -1,0 +1,351 @@
+// Package server is the hoard file server: the gRPC face of a vnode store,
+// with the callback state machine deciding which clients must hear of each
+// change before it is acknowledged.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/hoardfs/hoard/callback"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/vnode"
+)
+
+// Config tunes the server's callback behaviour.
+type Config struct {
+	// PromiseTTL is how long a callback promise lasts.
+	PromiseTTL time.Duration
+	// BreakTimeout bounds how long a change waits for a holder to
+	// acknowledge a break; a silent holder is then given up on.
+	BreakTimeout time.Duration
+	// Ping is how often the back channel carries a keepalive.
+	Ping time.Duration
+	// MaxPromises bounds promises held across all clients (0: no bound).
+	MaxPromises int
+	Logger      *slog.Logger
+}
+
+// DefaultConfig is what `hoard server` uses unless told otherwise.
+func DefaultConfig() Config {
+	return Config{PromiseTTL: 10 * time.Minute, BreakTimeout: 2 * time.Second, Ping: 5 * time.Second, MaxPromises: 1 << 20}
+}
+
+// Server implements hoardpb.FileServerServer.
+type Server struct {
+	pb.UnimplementedFileServerServer
+	store *vnode.Store
+	cfg   Config
+	log   *slog.Logger
+
+	mu      sync.Mutex
+	cb      *callback.Server
+	conns   map[callback.ClientID]*conn
+	waiters map[callback.Round]chan struct{}
+	wake    chan struct{}
+	stop    chan struct{}
+	stopped sync.WaitGroup
+}
+
+type conn struct {
+	out    chan *pb.ServerMsg
+	cancel context.CancelFunc
+}
+
+// New serves store; Close stops its timer.
+func New(store *vnode.Store, cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{
+		store:   store,
+		cfg:     cfg,
+		log:     cfg.Logger,
+		cb:      callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises}),
+		conns:   map[callback.ClientID]*conn{},
+		waiters: map[callback.Round]chan struct{}{},
+		wake:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+	}
+	s.stopped.Add(1)
+	go s.timer()
+	return s
+}
+
+// Close stops the callback timer and drops every back channel.
+func (s *Server) Close() {
+	close(s.stop)
+	s.stopped.Wait()
+	s.mu.Lock()
+	for _, c := range s.conns {
+		c.cancel()
+	}
+	s.mu.Unlock()
+}
+
+// timer feeds the callback state machine the passage of time: expiries and
+// break timeouts.
+func (s *Server) timer() {
+	defer s.stopped.Done()
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		case <-s.wake:
+		}
+		s.mu.Lock()
+		s.sendLocked(s.cb.Tick(time.Now()))
+		next := s.cb.NextDeadline()
+		s.mu.Unlock()
+		d := time.Second
+		if !next.IsZero() {
+			d = min(d, max(time.Until(next), time.Millisecond))
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(d)
+	}
+}
+
+func (s *Server) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// sendLocked queues messages on their clients' back channels. A client whose
+// queue is full is not keeping up: it is disconnected, which drops its
+// promises, rather than let a break be lost silently.
+func (s *Server) sendLocked(msgs []callback.Msg) {
+	for _, m := range msgs {
+		c := s.conns[m.Client]
+		if c == nil {
+			continue
+		}
+		var out *pb.ServerMsg
+		switch m.Kind {
+		case callback.MsgBreak:
+			fids := make([]*pb.FID, len(m.FIDs))
+			for i, f := range m.FIDs {
+				fids[i] = pb.FromFID(f)
+			}
+			out = &pb.ServerMsg{Msg: &pb.ServerMsg_Break{Break: &pb.Break{Seq: m.Seq, Fids: fids}}}
+		case callback.MsgReset:
+			out = &pb.ServerMsg{Msg: &pb.ServerMsg_Reset_{Reset_: &pb.Reset{}}}
+		default:
+			continue
+		}
+		select {
+		case c.out <- out:
+		default:
+			s.log.Warn("client not reading its back channel; disconnecting it", "client", m.Client)
+			c.cancel()
+			delete(s.conns, m.Client)
+			s.cb.Disconnect(m.Client, time.Now())
+		}
+	}
+	for r, ch := range s.waiters {
+		if s.cb.Done(r) {
+			close(ch)
+			delete(s.waiters, r)
+		}
+	}
+	s.poke()
+}
+
+// Connect is a client's back channel: Welcome, then breaks, resets and
+// pings from the server, acknowledgements from the client.
+func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		return status.Error(codes.InvalidArgument, "connect: the first message must be Hello")
+	}
+	if hello.Version != pb.Version {
+		return status.Errorf(codes.FailedPrecondition, "connect: protocol version %d, server speaks %d", hello.Version, pb.Version)
+	}
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	c := &conn{out: make(chan *pb.ServerMsg, 4096), cancel: cancel}
+	s.mu.Lock()
+	id := s.cb.Connect(time.Now())
+	s.conns[id] = c
+	s.mu.Unlock()
+	s.log.Debug("client connected", "client", id, "name", hello.Name)
+	defer func() {
+		s.mu.Lock()
+		if s.conns[id] == c {
+			delete(s.conns, id)
+			s.cb.Disconnect(id, time.Now())
+			s.sendLocked(nil)
+		}
+		s.mu.Unlock()
+		s.log.Debug("client disconnected", "client", id)
+	}()
+	err = stream.Send(&pb.ServerMsg{Msg: &pb.ServerMsg_Welcome{Welcome: &pb.Welcome{
+		ClientId: uint64(id), Epoch: s.store.Epoch(), Version: pb.Version, PingMs: uint32(s.cfg.Ping / time.Millisecond)}}})
+	if err != nil {
+		return err
+	}
+	go func() {
+		defer cancel()
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			if a := m.GetAck(); a != nil {
+				s.mu.Lock()
+				s.cb.Ack(id, a.Seq, time.Now())
+				s.sendLocked(nil)
+				s.mu.Unlock()
+			}
+		}
+	}()
+	go func() {
+		defer cancel()
+		ping := time.NewTicker(s.cfg.Ping)
+		defer ping.Stop()
+		for {
+			var m *pb.ServerMsg
+			select {
+			case <-ctx.Done():
+				return
+			case m = <-c.out:
+			case <-ping.C:
+				m = &pb.ServerMsg{Msg: &pb.ServerMsg_Ping{Ping: &pb.Ping{}}}
+			}
+			if err := stream.Send(m); err != nil {
+				return
+			}
+		}
+	}()
+	// Returning ends the stream, which unblocks a Send stuck on a client
+	// that stopped reading.
+	<-ctx.Done()
+	return nil
+}
+
+// caller identifies the client behind an RPC. RPCs without an identity are
+// served but earn no promises; a stale identity (from before a restart, or
+// after a disconnect) is refused so the client knows to reconnect.
+func (s *Server) caller(ctx context.Context) (callback.ClientID, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get(pb.ClientMetadata)
+	if len(vals) == 0 {
+		return 0, nil
+	}
+	epoch, idStr, ok := strings.Cut(vals[0], ".")
+	e, err1 := strconv.ParseUint(epoch, 10, 64)
+	id, err2 := strconv.ParseUint(idStr, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, status.Errorf(codes.InvalidArgument, "malformed %s metadata %q", pb.ClientMetadata, vals[0])
+	}
+	if e != s.store.Epoch() {
+		return 0, status.Errorf(codes.Unauthenticated, "session from server epoch %d, now %d: reconnect", e, s.store.Epoch())
+	}
+	s.mu.Lock()
+	known := s.cb.Known(callback.ClientID(id))
+	s.mu.Unlock()
+	if !known {
+		return 0, status.Errorf(codes.Unauthenticated, "unknown client %d: reconnect", id)
+	}
+	return callback.ClientID(id), nil
+}
+
+// op is one RPC's view of the callback machinery: the break sequence taken
+// before it read anything, so that a promise is granted only if nothing
+// broke that FID since (a grant must never cover data older than a break
+// its holder missed).
+type op struct {
+	s     *Server
+	id    callback.ClientID
+	since uint64
+}
+
+func (s *Server) begin(ctx context.Context) (*op, error) {
+	id, err := s.caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return &op{s: s, id: id, since: s.cb.Seq()}, nil
+}
+
+// status converts st for the reply, granting the caller a promise on it.
+func (o *op) status(st node.Status) *pb.Status {
+	if o.id == 0 {
+		return pb.FromStatus(st, 0)
+	}
+	o.s.mu.Lock()
+	ttl, msgs, ok := o.s.cb.Grant(o.id, st.FID, o.since, time.Now())
+	o.s.sendLocked(msgs)
+	o.s.mu.Unlock()
+	if !ok {
+		ttl = 0
+	}
+	return pb.FromStatus(st, ttl)
+}
+
+// changed breaks every other holder's promise on fids and waits until they
+// acknowledged or were given up on: only then may the change be acknowledged.
+func (o *op) changed(ctx context.Context, fids ...node.FID) {
+	s := o.s
+	s.mu.Lock()
+	round, msgs := s.cb.Break(o.id, fids, time.Now())
+	var ch chan struct{}
+	if round != 0 && !s.cb.Done(round) {
+		ch = make(chan struct{})
+		s.waiters[round] = ch
+	}
+	s.sendLocked(msgs)
+	s.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+}
+
+// checkFID refuses a FID that cannot name anything.
+func checkFID(what string, f *pb.FID) (node.FID, error) {
+	if f == nil || f.Volume == 0 || f.Vnode == 0 {
+		return node.FID{}, fmt.Errorf("%s: missing or zero fid: %w", what, syscall.EINVAL)
+	}
+	return f.ToFID(), nil
+}
+
+// fail logs unexpected errors and converts any error for the wire.
+func (s *Server) fail(method string, err error) error {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) || errno == syscall.EIO || errno == syscall.ENOSPC {
+		s.log.Warn(method+" failed", "err", err)
+	}
+	return pb.Err(err)
+}
