@@ -22,8 +22,8 @@ type fakeStream struct {
 	sent int
 }
 
-func (f *fakeStream) Context() context.Context { return context.Background() }
-func (f *fakeStream) Send(*pb.FetchReply) error  { f.sent++; return nil }
+func (f *fakeStream) Context() context.Context  { return context.Background() }
+func (f *fakeStream) Send(*pb.FetchReply) error { f.sent++; return nil }
 func (f *fakeStream) SendAndClose(*pb.StoreReply) error {
 	f.sent++
 	return nil

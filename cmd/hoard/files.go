@@ -160,7 +160,9 @@ func fileCmds() []*cobra.Command {
 			return nil
 		}),
 		withClient("rm [-r] REMOTE...", "remove files (and with -r, trees)", cobra.MinimumNArgs(1),
-			func(f *pflag.FlagSet) { f.BoolVarP(&recursive, "recursive", "r", false, "remove directories and their contents") },
+			func(f *pflag.FlagSet) {
+				f.BoolVarP(&recursive, "recursive", "r", false, "remove directories and their contents")
+			},
 			func(c *client.Client, args []string) error {
 				for _, a := range args {
 					if err := rm(c, a, recursive); err != nil {
@@ -170,7 +172,9 @@ func fileCmds() []*cobra.Command {
 				return nil
 			}),
 		withClient("mkdir [-p] REMOTE...", "make directories", cobra.MinimumNArgs(1),
-			func(f *pflag.FlagSet) { f.BoolVarP(&parents, "parents", "p", false, "make parents as needed, no error if existing") },
+			func(f *pflag.FlagSet) {
+				f.BoolVarP(&parents, "parents", "p", false, "make parents as needed, no error if existing")
+			},
 			func(c *client.Client, args []string) error {
 				for _, a := range args {
 					if err := mkdir(c, a, parents); err != nil {
