@@ -88,6 +88,8 @@ type Cache struct {
 	mu      sync.Mutex
 	entries map[node.FID]*Entry
 	lru     *list.List // of *chunk, most recent at the front
+	lruGen  atomic.Int64
+	lruLen  atomic.Int64
 	used    int64
 	pending map[*Entry]bool // index records to write
 	gauges  map[string]int64
@@ -180,6 +182,7 @@ func (c *Cache) openDir() error {
 		os.MkdirAll(filepath.Join(dir, "files"), 0o700)
 		c.entries = map[node.FID]*Entry{}
 		c.lru.Init()
+		c.lruLen.Store(0)
 		c.used = 0
 		if clean, err = c.openIndex(); err != nil {
 			return fmt.Errorf("cache directory %s: %w", dir, err)
@@ -252,6 +255,7 @@ func (c *Cache) load(fid node.FID, r record) {
 		c.stats.chunks.Add(1)
 		if !ch.dirty {
 			ch.elem = c.lru.PushBack(ch)
+			c.lruLen.Store(int64(c.lru.Len()))
 		}
 	}
 	c.entries[fid] = e
@@ -432,12 +436,10 @@ func (c *Cache) reserve(n int64) error {
 		need := c.used + n - c.size
 		for el := c.lru.Back(); el != nil && need > 0; {
 			ch := el.Value.(*chunk)
-			prev := el.Prev()
-			c.lru.Remove(el)
-			ch.elem = nil
+			el = el.Prev()
+			c.unlinkLocked(ch)
 			victims = append(victims, ch)
 			need -= charge(ch.n)
-			el = prev
 		}
 		c.mu.Unlock()
 		if len(victims) == 0 {
@@ -462,10 +464,7 @@ func (c *Cache) release(n int64) {
 // dropChunkLocked forgets a chunk during load-time verification (no other
 // goroutine runs yet).
 func (c *Cache) dropChunkLocked(e *Entry, ch *chunk) {
-	if ch.elem != nil {
-		c.lru.Remove(ch.elem)
-		ch.elem = nil
-	}
+	c.unlinkLocked(ch)
 	delete(e.chunks, ch.idx)
 	c.used -= charge(ch.n)
 	c.stats.chunks.Add(-1)

@@ -30,6 +30,8 @@ type chunk struct {
 	crc   uint32
 	dirty bool          // holds local writes not yet stored: pinned
 	elem  *list.Element // in the cache's LRU while clean (Cache.mu)
+	// gen is the LRU generation of the chunk's last move to the front.
+	gen atomic.Int64
 }
 
 // Entry is one cached file. Its methods are safe for concurrent use.
@@ -52,10 +54,6 @@ type Entry struct {
 	file     *os.File
 	openElem *list.Element // in Cache.openFiles (Cache.mu)
 	mem      map[int64][]byte
-
-	// hint is 1 + the last chunk a read touched: a read that stays in it
-	// skips the LRU update (seed 001's hint).
-	hint atomic.Int64
 }
 
 func (c *Cache) newEntry(fid node.FID) *Entry {
@@ -119,7 +117,7 @@ func (e *Entry) ReadAt(p []byte, off int64) (int, error) {
 				e.mu.RUnlock()
 				return 0, ErrMiss
 			}
-			if ch := e.chunks[idx]; ch != nil {
+			if ch := e.chunks[idx]; ch != nil && e.c.stale(ch) {
 				touched = append(touched, ch)
 			}
 		}
@@ -135,15 +133,19 @@ func (e *Entry) ReadAt(p []byte, off int64) (int, error) {
 		}
 		n, err := e.readLocked(p[:end-off], off)
 		e.mu.RUnlock()
-		if !(first == last && e.hint.Load() == first+1) {
-			e.hint.Store(last + 1)
-			e.c.touch(touched)
-		}
+		e.c.touch(touched)
 		if err == nil && end-off < int64(len(p)) {
 			err = io.EOF
 		}
 		return n, err
 	}
+}
+
+// stale reports whether a read of ch should move it to the LRU's front:
+// a chunk already in the front eighth stays put, so a hot chunk costs one
+// atomic load per read, not a lock (the spirit of seed 001's hint).
+func (c *Cache) stale(ch *chunk) bool {
+	return c.lruGen.Load()-ch.gen.Load() >= c.lruLen.Load()/8
 }
 
 // touch moves chunks to the front of the LRU.
@@ -155,9 +157,26 @@ func (c *Cache) touch(chs []*chunk) {
 	for _, ch := range chs {
 		if ch.elem != nil {
 			c.lru.MoveToFront(ch.elem)
+			ch.gen.Store(c.lruGen.Add(1))
 		}
 	}
 	c.mu.Unlock()
+}
+
+// pushLocked puts a clean chunk at the LRU's front (Cache.mu held).
+func (c *Cache) pushLocked(ch *chunk) {
+	ch.elem = c.lru.PushFront(ch)
+	ch.gen.Store(c.lruGen.Add(1))
+	c.lruLen.Store(int64(c.lru.Len()))
+}
+
+// unlinkLocked takes a chunk off the LRU (Cache.mu held).
+func (c *Cache) unlinkLocked(ch *chunk) {
+	if ch.elem != nil {
+		c.lru.Remove(ch.elem)
+		ch.elem = nil
+		c.lruLen.Store(int64(c.lru.Len()))
+	}
 }
 
 func (e *Entry) readLocked(p []byte, off int64) (int, error) {
@@ -323,10 +342,7 @@ func (e *Entry) dropLocked(ch *chunk) {
 	delete(e.chunks, ch.idx)
 	e.punch(ch.idx, ch.n)
 	c.mu.Lock()
-	if ch.elem != nil {
-		c.lru.Remove(ch.elem)
-		ch.elem = nil
-	}
+	c.unlinkLocked(ch)
 	c.used -= charge(ch.n)
 	c.pending[e] = true
 	c.mu.Unlock()
@@ -434,7 +450,7 @@ func (e *Entry) Admit(idx int64, dv uint64, data []byte) error {
 		return nil
 	}
 	e.c.mu.Lock()
-	ch.elem = e.c.lru.PushFront(ch)
+	e.c.pushLocked(ch)
 	e.c.pending[e] = true
 	e.c.mu.Unlock()
 	return nil
@@ -582,10 +598,7 @@ func (e *Entry) dirtyChunkLocked(ch *chunk) {
 	}
 	ch.dirty = true
 	e.c.mu.Lock()
-	if ch.elem != nil {
-		e.c.lru.Remove(ch.elem)
-		ch.elem = nil
-	}
+	e.c.unlinkLocked(ch)
 	e.c.mu.Unlock()
 }
 
@@ -676,7 +689,7 @@ func (e *Entry) Cleaned(stored []Range, st node.Status) error {
 		}
 		ch.crc, ch.dirty = crc(buf[:n]), false
 		e.c.mu.Lock()
-		ch.elem = e.c.lru.PushFront(ch)
+		e.c.pushLocked(ch)
 		e.c.mu.Unlock()
 	}
 	e.c.markPending(e)

@@ -1,0 +1,570 @@
+package cache
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/hoardfs/hoard/node"
+)
+
+const cs = 64 << 10
+
+func fid(n uint64) node.FID { return node.FID{Volume: 1, Vnode: n, Unique: 1} }
+
+func status(f node.FID, size, dv uint64) node.Status {
+	return node.Status{FID: f, Type: node.TypeFile, Size: size, DataVersion: dv, Mode: 0o644, Mtime: time.Unix(1, 0)}
+}
+
+func data(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7) ^ seed
+	}
+	return b
+}
+
+func open(t *testing.T, dir string, size int64) *Cache {
+	t.Helper()
+	c, err := Open(Options{Dir: dir, Size: size, ChunkSize: cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// fill admits a whole file of content at data version dv.
+func fill(t *testing.T, c *Cache, f node.FID, content []byte, dv uint64) *Entry {
+	t.Helper()
+	e := c.Entry(f)
+	if err := e.SetStatus(status(f, uint64(len(content)), dv), false); err != nil {
+		t.Fatal(err)
+	}
+	for off := 0; off < len(content); off += cs {
+		if err := e.Admit(int64(off/cs), dv, content[off:min(off+cs, len(content))]); err != nil {
+			t.Fatalf("admit chunk %d: %v", off/cs, err)
+		}
+	}
+	return e
+}
+
+func readAll(t *testing.T, e *Entry) []byte {
+	t.Helper()
+	st, _ := e.Status()
+	p := make([]byte, st.Size+10)
+	n, err := e.ReadAt(p, 0)
+	if err != io.EOF && err != nil {
+		t.Fatal(err)
+	}
+	return p[:n]
+}
+
+func modes(t *testing.T) map[string]string {
+	return map[string]string{"disk": t.TempDir(), "memory": ""}
+}
+
+func TestAdmitReadRoundTrip(t *testing.T) {
+	for name, dir := range modes(t) {
+		t.Run(name, func(t *testing.T) {
+			c := open(t, dir, 10<<20)
+			content := data(3*cs+1000, 1) // a short last chunk
+			e := fill(t, c, fid(1), content, 1)
+			if got := readAll(t, e); !bytes.Equal(got, content) {
+				t.Fatal("read back differs")
+			}
+			p := make([]byte, 100)
+			if n, err := e.ReadAt(p, int64(len(content))-50); n != 50 || err != io.EOF || !bytes.Equal(p[:50], content[len(content)-50:]) {
+				t.Fatalf("read over the end: %d %v", n, err)
+			}
+			if _, err := e.ReadAt(p, int64(len(content))); err != io.EOF {
+				t.Fatalf("read at the end: %v", err)
+			}
+			if !e.Complete() || c.Used() != 3*cs+4096 {
+				t.Fatalf("complete=%v used=%d", e.Complete(), c.Used())
+			}
+			if name == "disk" {
+				if b, _ := os.ReadFile(e.Path()); !bytes.Equal(b, content) {
+					t.Fatal("the cache file is not the file's bytes at their offsets")
+				}
+			} else if e.Path() != "" {
+				t.Fatal("memory cache with a path")
+			}
+		})
+	}
+}
+
+func TestMissAndStale(t *testing.T) {
+	c := open(t, t.TempDir(), 10<<20)
+	f := fid(1)
+	content := data(4*cs, 2)
+	e := c.Entry(f)
+	e.SetStatus(status(f, uint64(len(content)), 5), false)
+	e.Admit(0, 5, content[:cs])
+	e.Admit(2, 5, content[2*cs:3*cs])
+	if _, err := e.ReadAt(make([]byte, 2*cs), 0); err != ErrMiss {
+		t.Fatalf("partly present range: %v", err)
+	}
+	if got := e.Missing(0, 4*cs); fmt.Sprint(got) != "[1 3]" {
+		t.Fatalf("missing %v", got)
+	}
+	if got := e.Missing(cs*3+5, 1<<30); fmt.Sprint(got) != "[3]" {
+		t.Fatalf("missing clipped to size: %v", got)
+	}
+	if err := e.Admit(1, 4, content[cs:2*cs]); err != ErrStale {
+		t.Fatalf("old version admitted: %v", err)
+	}
+	if err := e.Admit(1, 5, content[cs:2*cs-1]); err != ErrStale {
+		t.Fatalf("short chunk admitted: %v", err)
+	}
+	if e.Complete() {
+		t.Fatal("complete with chunks missing")
+	}
+}
+
+func TestSetStatus(t *testing.T) {
+	c := open(t, t.TempDir(), 10<<20)
+	f := fid(1)
+	content := data(4*cs, 3)
+	e := fill(t, c, f, content, 1)
+	// Same version, other attributes: chunks stay.
+	st := status(f, uint64(len(content)), 1)
+	st.Mode = 0o600
+	e.SetStatus(st, false)
+	if !e.Complete() {
+		t.Fatal("attribute change dropped chunks")
+	}
+	// New version kept by the writer itself.
+	e.SetStatus(status(f, uint64(len(content)), 2), true)
+	if !e.Complete() {
+		t.Fatal("keep=true dropped chunks")
+	}
+	// New version from someone else: dropped.
+	e.SetStatus(status(f, uint64(len(content)), 3), false)
+	if e.Present(0) || c.Used() != 0 {
+		t.Fatalf("new version kept chunks; used %d", c.Used())
+	}
+	// Shrinking drops what lies past the new size, and the chunk it cuts.
+	e = fill(t, c, fid(2), content, 1)
+	e.SetStatus(status(fid(2), uint64(cs+10), 1), false)
+	if !e.Present(0) || e.Present(1) || e.Present(2) || c.Used() != cs {
+		t.Fatalf("after shrink: used %d", c.Used())
+	}
+	if fi, _ := os.Stat(e.Path()); fi.Size() != cs+10 {
+		t.Fatalf("cache file is %d bytes, want the file's size", fi.Size())
+	}
+}
+
+func TestLRUEviction(t *testing.T) {
+	c := open(t, t.TempDir(), 4*cs)
+	var es []*Entry
+	for i := uint64(1); i <= 4; i++ {
+		es = append(es, fill(t, c, fid(i), data(cs, byte(i)), 1))
+	}
+	// Use 1 and 3 (3 twice, through the hint path); 2 and 4 are oldest.
+	p := make([]byte, 10)
+	es[0].ReadAt(p, 0)
+	es[2].ReadAt(p, 0)
+	es[2].ReadAt(p, 100)
+	es[1].ReadAt(p, 0) // then 2 becomes recent again
+	es[3].ReadAt(p, 0)
+	es[0].ReadAt(p, 0)
+	// Order now, oldest first: 3, 2, 4, 1.
+	fill(t, c, fid(5), data(cs, 5), 1)
+	if es[2].Present(0) || !es[1].Present(0) || !es[3].Present(0) || !es[0].Present(0) {
+		t.Fatal("did not evict the least recently used chunk")
+	}
+	fill(t, c, fid(6), data(cs, 6), 1)
+	if es[1].Present(0) || !es[3].Present(0) {
+		t.Fatal("second eviction took the wrong chunk")
+	}
+	if c.Used() > c.Size() || c.Stats().Evictions != 2 {
+		t.Fatalf("used %d evictions %d", c.Used(), c.Stats().Evictions)
+	}
+	// A read that moves to another chunk of the same file counts as use.
+	big := fill(t, c, fid(7), data(2*cs, 7), 1)
+	big.ReadAt(p, 0)
+	big.ReadAt(p, cs)
+	big.ReadAt(p, 0)
+	fill(t, c, fid(8), data(cs, 8), 1)
+	if !big.Present(0) {
+		t.Fatal("a chunk just read was evicted")
+	}
+}
+
+func TestDirtyPinnedAndNoSpace(t *testing.T) {
+	c := open(t, t.TempDir(), 2*cs)
+	f := fid(1)
+	e := c.Entry(f)
+	e.SetStatus(status(f, 0, 1), false)
+	if _, err := e.WriteAt(data(2*cs, 1), 0); err != nil {
+		t.Fatal(err)
+	}
+	if e.DirtyBytes() != 2*cs {
+		t.Fatalf("dirty %d", e.DirtyBytes())
+	}
+	g := c.Entry(fid(2))
+	g.SetStatus(status(fid(2), cs, 1), false)
+	if err := g.Admit(0, 1, data(cs, 2)); err != ErrNoSpace {
+		t.Fatalf("admit over dirty data: %v", err)
+	}
+	if _, err := g.WriteAt([]byte("x"), cs); err != ErrNoSpace {
+		t.Fatalf("write over dirty data: %v", err)
+	}
+	if c.Used() != 2*cs || c.Stats().Evictions != 0 {
+		t.Fatalf("used %d, evictions %d: dirty chunks must stay", c.Used(), c.Stats().Evictions)
+	}
+	// Once stored, they are clean, checksummed and evictable.
+	if err := e.Cleaned(e.Dirty(), status(f, 2*cs, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if e.DirtyBytes() != 0 {
+		t.Fatal("still dirty after Cleaned")
+	}
+	if err := g.Admit(0, 1, data(cs, 2)); err != nil {
+		t.Fatalf("admit after cleaning: %v", err)
+	}
+	e.mu.RLock()
+	for idx, ch := range e.chunks {
+		if ch.crc != crc(data(2*cs, 1)[idx*cs:(idx+1)*cs]) {
+			t.Fatal("Cleaned did not recompute the checksum")
+		}
+	}
+	e.mu.RUnlock()
+}
+
+func TestWritesPartialChunksAndTruncate(t *testing.T) {
+	for name, dir := range modes(t) {
+		t.Run(name, func(t *testing.T) {
+			c := open(t, dir, 10<<20)
+			f := fid(1)
+			content := data(2*cs, 4)
+			e := c.Entry(f)
+			e.SetStatus(status(f, uint64(len(content)), 1), false)
+			// A partial write into a missing chunk with server data is refused.
+			if _, err := e.WriteAt([]byte("abc"), 10); err != ErrMiss {
+				t.Fatalf("partial write over a missing chunk: %v", err)
+			}
+			e.Admit(0, 1, content[:cs])
+			if _, err := e.WriteAt([]byte("abc"), 10); err != nil {
+				t.Fatal(err)
+			}
+			want := append([]byte(nil), content...)
+			copy(want[10:], "abc")
+			// Past the end: the gap reads as zeros, chunk 1 stays missing
+			// (it is before the old end).
+			if _, err := e.WriteAt([]byte("tail"), 3*cs); err != nil {
+				t.Fatal(err)
+			}
+			if cut, ok := e.Cut(); !ok || cut != 2*cs {
+				t.Fatalf("cut %d %v", cut, ok)
+			}
+			if got := e.Missing(0, 4*cs); fmt.Sprint(got) != "[1]" {
+				t.Fatalf("missing %v", got)
+			}
+			e.Admit(1, 1, content[cs:])
+			want = append(append(want, make([]byte, cs)...), "tail"...)
+			if got := readAll(t, e); !bytes.Equal(got, want) {
+				t.Fatal("read after writes differs")
+			}
+			if fmt.Sprint(e.Dirty()) != fmt.Sprint([]Range{{10, 3}, {3 * cs, 4}}) {
+				t.Fatalf("dirty %v", e.Dirty())
+			}
+			// Truncate into the middle of chunk 0, then extend again.
+			if err := e.Truncate(100); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Truncate(200); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want[:100:100], make([]byte, 100)...)
+			if got := readAll(t, e); !bytes.Equal(got, want) {
+				t.Fatalf("after truncate: %q", got[95:105])
+			}
+			if cut, _ := e.Cut(); cut != 100 {
+				t.Fatalf("cut %d after truncating to 100 then 200", cut)
+			}
+			if fmt.Sprint(e.Dirty()) != fmt.Sprint([]Range{{10, 3}}) {
+				t.Fatalf("dirty after truncate %v", e.Dirty())
+			}
+		})
+	}
+}
+
+func TestAdmitAcrossCut(t *testing.T) {
+	c := open(t, "", 10<<20)
+	f := fid(1)
+	e := c.Entry(f)
+	e.SetStatus(status(f, 100, 1), false)
+	e.WriteAt([]byte("x"), 2*cs) // extends: cut at 100, chunk 0 missing
+	server := data(100, 9)
+	if err := e.Admit(0, 1, server); err != nil {
+		t.Fatalf("admit of the chunk the cut falls in: %v", err)
+	}
+	p := make([]byte, cs)
+	if _, err := e.ReadAt(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p[:100], server) || !bytes.Equal(p[100:], make([]byte, cs-100)) {
+		t.Fatal("chunk across the cut is not server bytes then zeros")
+	}
+}
+
+func TestUsedNeverExceedsLimit(t *testing.T) {
+	c := open(t, t.TempDir(), 8*cs)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var over error
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewSource(int64(w)))
+			for i := 0; i < 300; i++ {
+				f := fid(uint64(rng.Intn(12) + 1))
+				e := c.Entry(f)
+				switch rng.Intn(4) {
+				case 0:
+					e.SetStatus(status(f, 3*cs, 1), false)
+				case 1:
+					idx := int64(rng.Intn(3))
+					e.Admit(idx, 1, data(cs, byte(idx)))
+				case 2:
+					e.ReadAt(make([]byte, 100), int64(rng.Intn(3*cs)))
+				default:
+					if _, err := e.WriteAt(data(100, 1), int64(rng.Intn(3))*cs); err == nil && rng.Intn(2) == 0 {
+						st, _ := e.Status()
+						st.DataVersion++
+						e.Cleaned(e.Dirty(), st)
+					}
+				}
+				if u := c.Used(); u > c.Size() {
+					mu.Lock()
+					over = fmt.Errorf("used %d > limit %d", u, c.Size())
+					mu.Unlock()
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	if over != nil {
+		t.Fatal(over)
+	}
+	// Used is exactly the sum of the present chunks' charges.
+	var sum int64
+	for _, f := range c.Entries() {
+		e, _ := c.Lookup(f)
+		e.mu.RLock()
+		for _, ch := range e.chunks {
+			sum += charge(ch.n)
+		}
+		e.mu.RUnlock()
+	}
+	if sum != c.Used() {
+		t.Fatalf("used %d, chunks add up to %d", c.Used(), sum)
+	}
+}
+
+func TestReopenReusesChunksAndStats(t *testing.T) {
+	dir := t.TempDir()
+	c, _ := Open(Options{Dir: dir, Size: 10 << 20, ChunkSize: cs})
+	content := data(3*cs, 5)
+	e := fill(t, c, fid(1), content, 7)
+	e.SetPolicy("mode", "bypass")
+	c.CountHit(3)
+	c.CountFetched(1234)
+	used := c.Used()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Another chunk size asked for: the stored one wins.
+	c2, err := Open(Options{Dir: dir, Size: 10 << 20, ChunkSize: 2 * cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if c2.ChunkSize() != cs || c2.Used() != used {
+		t.Fatalf("chunk size %d used %d", c2.ChunkSize(), c2.Used())
+	}
+	e2, ok := c2.Lookup(fid(1))
+	if !ok || !e2.Complete() || !bytes.Equal(readAll(t, e2), content) {
+		t.Fatal("chunks not reused after reopen")
+	}
+	if st, _ := e2.Status(); st.DataVersion != 7 || e2.Policy("mode") != "bypass" {
+		t.Fatalf("status or policy lost: %+v %q", st, e2.Policy("mode"))
+	}
+	if s := c2.Stats(); s.Hits != 3 || s.BytesFetched != 1234 || s.Recovered != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// crash closes the cache without the clean flag, as a killed process would
+// leave it.
+func crash(c *Cache) {
+	c.Flush()
+	close(c.stop)
+	<-c.done
+	c.db.Close()
+	c.lock.Close()
+}
+
+func TestUncleanReopenVerifies(t *testing.T) {
+	dir := t.TempDir()
+	c, _ := Open(Options{Dir: dir, Size: 10 << 20, ChunkSize: cs})
+	content := data(3*cs, 6)
+	e := fill(t, c, fid(1), content, 1)
+	dirty := c.Entry(fid(2))
+	dirty.SetStatus(status(fid(2), 0, 1), false)
+	dirty.WriteAt([]byte("unstored"), 0)
+	path := e.Path()
+	crash(c)
+	// Corrupt one byte of chunk 1.
+	fd, _ := os.OpenFile(path, os.O_WRONLY, 0)
+	fd.WriteAt([]byte{content[cs+5] ^ 0xff}, cs+5)
+	fd.Close()
+	c2 := open(t, dir, 10<<20)
+	e2, _ := c2.Lookup(fid(1))
+	if !e2.Present(0) || e2.Present(1) || !e2.Present(2) {
+		t.Fatal("verification did not drop exactly the corrupt chunk")
+	}
+	if c2.Stats().Recovered != 1 || c2.Used() != 2*cs+charge(8) {
+		t.Fatalf("recovered %d used %d", c2.Stats().Recovered, c2.Used())
+	}
+	d2, _ := c2.Lookup(fid(2))
+	if fmt.Sprint(d2.Dirty()) != "[{0 8}]" {
+		t.Fatalf("unstored writes lost in recovery: %v", d2.Dirty())
+	}
+	// A clean reopen after that does not verify again.
+	c2.Close()
+	c3 := open(t, dir, 10<<20)
+	if c3.Stats().Recovered != 1 {
+		t.Fatal("clean reopen verified again")
+	}
+}
+
+func TestCorruptIndexStartsEmpty(t *testing.T) {
+	dir := t.TempDir()
+	c, _ := Open(Options{Dir: dir, Size: 10 << 20, ChunkSize: cs})
+	fill(t, c, fid(1), data(cs, 1), 1)
+	c.Close()
+	// A record that does not decode.
+	db, _ := bolt.Open(filepath.Join(dir, "index.db"), 0o600, nil)
+	db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktFiles).Put(fidKey(fid(9)), []byte{42, 1, 2}) })
+	db.Close()
+	c2 := open(t, dir, 10<<20)
+	if len(c2.Entries()) != 0 || c2.Used() != 0 {
+		t.Fatal("a corrupt index was served from")
+	}
+	c2.Close()
+	// A file that is not a database at all.
+	os.WriteFile(filepath.Join(dir, "index.db"), []byte("garbage garbage garbage"), 0o600)
+	c3 := open(t, dir, 10<<20)
+	if len(c3.Entries()) != 0 {
+		t.Fatal("garbage index served")
+	}
+}
+
+func TestLockAndBadDir(t *testing.T) {
+	dir := t.TempDir()
+	c := open(t, dir, 1<<20)
+	_ = c
+	if _, err := Open(Options{Dir: dir, Size: 1 << 20}); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Fatalf("second open: %v", err)
+	}
+	file := filepath.Join(dir, "f")
+	os.WriteFile(file, nil, 0o600)
+	if _, err := Open(Options{Dir: file, Size: 1 << 20}); err == nil || !strings.Contains(err.Error(), file) {
+		t.Fatalf("open on a file: %v", err)
+	}
+	if _, err := Open(Options{Dir: t.TempDir(), Size: 1 << 20, ChunkSize: 3000}); err == nil {
+		t.Fatal("odd chunk size accepted")
+	}
+}
+
+func TestDropAndStatsFile(t *testing.T) {
+	dir := t.TempDir()
+	c := open(t, dir, 10<<20)
+	e := fill(t, c, fid(1), data(2*cs, 1), 1)
+	path := e.Path()
+	if err := c.Drop(fid(1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) || c.Used() != 0 {
+		t.Fatalf("drop left the file or its space: %v used %d", err, c.Used())
+	}
+	d := c.Entry(fid(2))
+	d.SetStatus(status(fid(2), 0, 1), false)
+	d.WriteAt([]byte("x"), 0)
+	if err := c.Drop(fid(2)); err == nil {
+		t.Fatal("dropped unstored writes")
+	}
+	c.SetGauge("callbacks", 42)
+	c.CountMiss(2)
+	c.Close()
+	s, err := ReadStats(dir)
+	if err != nil || s.Misses != 2 || s.Gauges["callbacks"] != 42 || s.ChunkSize != cs {
+		t.Fatalf("stats.json: %+v %v", s, err)
+	}
+	if _, err := ReadStats(t.TempDir()); err == nil {
+		t.Fatal("stats from an empty directory")
+	}
+}
+
+func TestInvalidateAndDiscard(t *testing.T) {
+	c := open(t, "", 10<<20)
+	e := fill(t, c, fid(1), data(2*cs, 1), 1)
+	e.WriteAt([]byte("dirty"), 0)
+	e.Invalidate()
+	if !e.Present(0) || e.Present(1) {
+		t.Fatal("Invalidate must drop clean chunks only")
+	}
+	e.Discard()
+	if e.Present(0) || e.DirtyBytes() != 0 || c.Used() != 0 {
+		t.Fatal("Discard left data")
+	}
+	if _, ok := e.Status(); ok {
+		t.Fatal("Discard kept the status")
+	}
+}
+
+func BenchmarkReadAtHit(b *testing.B) {
+	for _, size := range []int{4 << 10, 1 << 20} {
+		dir := b.TempDir()
+		c, _ := Open(Options{Dir: dir, Size: 64 << 20})
+		content := data(16<<20, 1)
+		f := fid(1)
+		e := c.Entry(f)
+		e.SetStatus(status(f, uint64(len(content)), 1), false)
+		for off := 0; off < len(content); off += DefaultChunkSize {
+			e.Admit(int64(off/DefaultChunkSize), 1, content[off:off+DefaultChunkSize])
+		}
+		plain := filepath.Join(dir, "plain")
+		os.WriteFile(plain, content, 0o600)
+		pf, _ := os.Open(plain)
+		p := make([]byte, size)
+		b.Run(fmt.Sprintf("cache/%dK", size>>10), func(b *testing.B) {
+			b.SetBytes(int64(size))
+			for i := 0; i < b.N; i++ {
+				e.ReadAt(p, int64(i*size)%int64(len(content)-size))
+			}
+		})
+		b.Run(fmt.Sprintf("file/%dK", size>>10), func(b *testing.B) {
+			b.SetBytes(int64(size))
+			for i := 0; i < b.N; i++ {
+				pf.ReadAt(p, int64(i*size)%int64(len(content)-size))
+			}
+		})
+		pf.Close()
+		c.Close()
+	}
+}
