@@ -205,9 +205,14 @@ func (e *Entry) readLocked(p []byte, off int64) (int, error) {
 	return n, err
 }
 
-func (e *Entry) writeLocked(p []byte, off int64) error {
+// writeLocked writes p at off; with own, a memory cache may keep p itself.
+func (e *Entry) writeLocked(p []byte, off int64, own bool) error {
 	if e.mem != nil {
 		cs := e.c.cs
+		if own && off%cs == 0 && e.mem[off/cs] == nil && int64(len(p)) <= cs {
+			e.mem[off/cs] = p
+			return nil
+		}
 		for done := 0; done < len(p); {
 			at := off + int64(done)
 			idx, in := at/cs, at%cs
@@ -409,7 +414,8 @@ func (e *Entry) resizeLocked(size uint64) {
 
 // Admit stores one fetched chunk of data version dv: space is reserved
 // first (evicting LRU clean chunks), then the chunk is written,
-// checksummed and marked present.
+// checksummed and marked present. A memory cache keeps data itself: the
+// caller must not change it afterwards.
 func (e *Entry) Admit(idx int64, dv uint64, data []byte) error {
 	e.mu.RLock()
 	n, _, ok := e.admitShapeLocked(idx, dv, data)
@@ -435,7 +441,7 @@ func (e *Entry) Admit(idx int64, dv uint64, data []byte) error {
 		e.c.release(charge(n))
 		return nil
 	}
-	if err := e.writeLocked(data[:keep], idx*e.c.cs); err != nil {
+	if err := e.writeLocked(data[:keep], idx*e.c.cs, true); err != nil {
 		e.c.release(charge(n))
 		return err
 	}
@@ -565,7 +571,7 @@ func (e *Entry) applyWriteLocked(p []byte, off, end int64) error {
 	if off > size && (e.cut < 0 || size < e.cut) {
 		e.cut = size // the gap reads as zeros, as after a truncation
 	}
-	if err := e.writeLocked(p, off); err != nil {
+	if err := e.writeLocked(p, off, false); err != nil {
 		return err
 	}
 	newSize := uint64(max(size, end))

@@ -83,13 +83,13 @@ func (n *Node) fetchOne(idx int64, call *fetchCall) {
 	defer func() { <-c.fetchSem }()
 
 	cs := c.cache.ChunkSize()
-	buf := make([]byte, 0, cs)
+	var buf []byte
 	var dv uint64
 	pieces := 0
 	t := c.begin()
 	defer c.end(t)
 	err := c.callData(func(ctx context.Context) error {
-		buf, pieces = buf[:0], 0
+		buf, pieces = nil, 0
 		st, ttl, err := c.data.Fetch(ctx, n.fid, idx*cs, cs, int(cs), func(off int64, pdv uint64, data []byte) error {
 			if pieces > 0 && pdv != dv {
 				return cache.ErrStale
@@ -98,7 +98,11 @@ func (n *Node) fetchOne(idx int64, call *fetchCall) {
 				return fmt.Errorf("protocol: fetch piece at %d of %d bytes does not continue chunk %d", off, len(data), idx)
 			}
 			dv, pieces = pdv, pieces+1
-			buf = append(buf, data...)
+			if buf == nil {
+				buf = data // the usual case, one piece: no copy
+			} else {
+				buf = append(buf, data...)
+			}
 			return nil
 		})
 		if err == nil {

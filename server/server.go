@@ -170,7 +170,6 @@ func (s *Server) sendLocked(msgs []callback.Msg) {
 			delete(s.waiters, r)
 		}
 	}
-	s.poke()
 }
 
 // Connect is a client's back channel: Welcome, then breaks, resets and
@@ -305,6 +304,9 @@ func (o *op) status(st node.Status) *pb.Status {
 	ttl, msgs, ok := o.s.cb.Grant(o.id, st.FID, o.since, time.Now())
 	o.s.sendLocked(msgs)
 	o.s.mu.Unlock()
+	if len(msgs) > 0 {
+		o.s.poke()
+	}
 	if !ok {
 		ttl = 0
 	}
@@ -327,6 +329,7 @@ func (o *op) changed(ctx context.Context, fids ...node.FID) {
 	if ch == nil {
 		return
 	}
+	s.poke() // a new break timeout may be the earliest deadline
 	select {
 	case <-ch:
 	case <-ctx.Done():

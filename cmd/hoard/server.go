@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 
 func serverCmd() *cobra.Command {
 	cfg := server.DefaultConfig()
-	var data, listen string
+	var data, listen, profile string
 	cmd := &cobra.Command{
 		Use:   "server --data DIR [--listen 127.0.0.1:7100]",
 		Short: "run a file server whose volumes live in DIR",
@@ -31,6 +32,14 @@ func serverCmd() *cobra.Command {
 			}
 			if cfg.PromiseTTL <= 0 || cfg.BreakTimeout <= 0 || cfg.Ping <= 0 {
 				return usagef("--promise-ttl, --break-timeout and --ping must be positive")
+			}
+			if profile != "" {
+				f, err := os.Create(profile)
+				if err != nil {
+					return usagef("--cpuprofile %s: %v", profile, err)
+				}
+				pprof.StartCPUProfile(f)
+				defer pprof.StopCPUProfile()
 			}
 			store, err := vnode.Open(data)
 			if err != nil {
@@ -82,6 +91,8 @@ func serverCmd() *cobra.Command {
 	f.DurationVar(&cfg.PromiseTTL, "promise-ttl", cfg.PromiseTTL, "lifetime of a callback promise")
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break")
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
+	f.StringVar(&profile, "cpuprofile", "", "write a CPU profile here until the server stops")
+	f.MarkHidden("cpuprofile")
 	f.IntVar(&cfg.MaxPromises, "max-promises", cfg.MaxPromises, "promises held across all clients before the oldest are broken")
 	return cmd
 }
