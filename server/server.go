@@ -50,13 +50,14 @@ type Server struct {
 	cfg   Config
 	log   *slog.Logger
 
-	mu      sync.Mutex
-	cb      *callback.Server
-	conns   map[callback.ClientID]*conn
-	waiters map[callback.Round]chan struct{}
-	wake    chan struct{}
-	stop    chan struct{}
-	stopped sync.WaitGroup
+	mu        sync.Mutex
+	cb        *callback.Server
+	conns     map[callback.ClientID]*conn
+	waiters   map[callback.Round]chan struct{}
+	wake      chan struct{}
+	stop      chan struct{}
+	closeOnce sync.Once
+	stopped   sync.WaitGroup
 }
 
 type conn struct {
@@ -84,9 +85,10 @@ func New(store *vnode.Store, cfg Config) *Server {
 	return s
 }
 
-// Close stops the callback timer and drops every back channel.
+// Close stops the callback timer and drops every back channel; it may be
+// called more than once.
 func (s *Server) Close() {
-	close(s.stop)
+	s.closeOnce.Do(func() { close(s.stop) })
 	s.stopped.Wait()
 	s.mu.Lock()
 	for _, c := range s.conns {

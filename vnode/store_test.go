@@ -616,3 +616,71 @@ func TestTruncateThenWrite(t *testing.T) {
 		}
 	}
 }
+
+// TestReadDirHuge lists a directory of 120,000 entries in pages, resuming
+// by cookie, while entries are removed and added between pages.
+func TestReadDirHuge(t *testing.T) {
+	if testing.Short() {
+		t.Skip("SKIP: -short")
+	}
+	s := open(t, t.TempDir())
+	r := root(t, s)
+	d := mustCreate(t, s, r, "big", node.TypeDir).FID
+	const n = 120000
+	// Insert in one transaction, as Create would one by one.
+	err := s.mutate(d.Volume, func(v *vtx) error {
+		dr, err := v.getDir(d)
+		if err != nil {
+			return err
+		}
+		for i := 0; i < n; i++ {
+			rec := record{Type: node.TypeFile, Mode: 0o644, Nlink: 1, DV: 1, Parent: d.Vnode}
+			vn, err := v.alloc(&rec)
+			if err != nil {
+				return err
+			}
+			if err := v.addEntry(d.Vnode, &dr, fmt.Sprintf("e%06d", i), vn, node.TypeFile); err != nil {
+				return err
+			}
+		}
+		v.touchDir(&dr)
+		return v.put(d.Vnode, &dr)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make([]bool, n)
+	var cookie uint64
+	for page := 0; ; page++ {
+		ents, eof, _, err := s.ReadDir(d, cookie, 5000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			var i int
+			fmt.Sscanf(e.Name, "e%06d", &i)
+			if e.Name != "late" {
+				if seen[i] {
+					t.Fatalf("%s listed twice", e.Name)
+				}
+				seen[i] = true
+			}
+			cookie = e.Cookie
+		}
+		if page == 3 {
+			s.Remove(d, "e000001", false)
+			s.Remove(d, fmt.Sprintf("e%06d", n-1), false)
+		}
+		if eof {
+			break
+		}
+	}
+	for i := 2; i < n-1; i++ {
+		if !seen[i] {
+			t.Fatalf("e%06d skipped", i)
+		}
+	}
+	if seen[n-1] {
+		t.Fatal("an entry removed before it was reached was listed")
+	}
+}
