@@ -192,7 +192,10 @@ func (c *Cache) openDir() error {
 		c.verify()
 	}
 	// From here on the cache is in use: a crash must trigger verification.
-	return c.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktMeta).Put(keyClean, []byte{0}) })
+	if err := c.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktMeta).Put(keyClean, []byte{0}) }); err != nil {
+		return err
+	}
+	return c.db.Sync()
 }
 
 // openIndex opens index.db and loads every record. It reports whether the
@@ -202,6 +205,11 @@ func (c *Cache) openIndex() (clean bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	// Commits while running are not synced: an fsync here would make ext4
+	// write back the cache files' new blocks with it, every 100 ms, and
+	// throttle fetches to disk speed. The clean flag is synced explicitly
+	// at Open and Close, and an unclean index is verified or discarded.
+	c.db.NoSync = true
 	err = c.db.Update(func(tx *bolt.Tx) error {
 		files, err := tx.CreateBucketIfNotExists(bktFiles)
 		if err != nil {
@@ -380,7 +388,13 @@ func (c *Cache) Close() error {
 	}
 	err := c.Flush()
 	if err == nil {
+		err = c.db.Sync() // everything the clean flag vouches for first
+	}
+	if err == nil {
 		err = c.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktMeta).Put(keyClean, []byte{1}) })
+	}
+	if err == nil {
+		err = c.db.Sync()
 	}
 	c.writeStats()
 	c.mu.Lock()
