@@ -50,10 +50,18 @@ var (
 // DefaultChunkSize is the chunk size of a new cache unless told otherwise.
 const DefaultChunkSize = 256 << 10
 
-const (
-	blockSize = 4096
-	maxOpen   = 1024 // cache files kept open at once
-)
+const blockSize = 4096
+
+// maxOpen bounds the cache files kept open at once: half the process's
+// descriptor limit (Go raises the soft limit to the hard one), within
+// [256, 16384]. Reopening a closed cache file costs a read several µs.
+var maxOpen = func() int {
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) != nil {
+		return 1024
+	}
+	return int(max(256, min(rl.Cur/2, 16384)))
+}()
 
 var (
 	bktFiles = []byte("files")
