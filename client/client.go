@@ -23,6 +23,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
@@ -173,6 +174,7 @@ func Dial(opts Options) (*Client, error) {
 // Close flushes nothing (files flush on their own Close), stops the back
 // channel and closes the cache cleanly.
 func (c *Client) Close() error {
+	c.cache.SetGauge("callbacks", int64(c.promiseCount()))
 	c.cancel()
 	c.wg.Wait()
 	c.conn.Close()
@@ -370,15 +372,36 @@ func (c *Client) callData(fn func(ctx context.Context) error) error {
 }
 
 func (c *Client) callTimeout(timeout time.Duration, fn func(ctx context.Context) error) error {
-	for attempt := 0; ; attempt++ {
+	// A server that is down for a moment (a restart) is waited for, up to
+	// the RPC timeout, rather than failing the call at once. Unavailable
+	// means the request did not reach a server; retrying it is safe.
+	give := time.Now().Add(c.opts.RPCTimeout)
+	reauth := false
+	for {
+		if err := c.awaitReady(give); err != nil {
+			return err
+		}
 		session := *c.session.Load()
 		ctx, cancel := c.rpcContext(timeout)
 		err := fn(ctx)
 		cancel()
 		c.counters.rpcs.Add(1)
-		if attempt == 0 && status.Code(err) == codes.Unauthenticated {
-			c.awaitNewSession(session)
-			continue
+		switch status.Code(err) {
+		case codes.Unauthenticated:
+			if !reauth {
+				reauth = true
+				c.awaitNewSession(session)
+				continue
+			}
+		case codes.Unavailable:
+			if time.Now().Before(give) {
+				select {
+				case <-time.After(50 * time.Millisecond):
+				case <-c.ctx.Done():
+					return err
+				}
+				continue
+			}
 		}
 		return err
 	}
@@ -390,6 +413,28 @@ func (c *Client) rpcContext(timeout time.Duration) (context.Context, context.Can
 		ctx = metadata.AppendToOutgoingContext(ctx, pb.ClientMetadata, s)
 	}
 	return ctx, cancel
+}
+
+// awaitReady waits, until deadline, for the connection to the server to
+// be up.
+func (c *Client) awaitReady(deadline time.Time) error {
+	if c.conn.GetState() == connectivity.Ready {
+		return nil
+	}
+	ctx, cancel := context.WithDeadline(c.ctx, deadline)
+	defer cancel()
+	for {
+		st := c.conn.GetState()
+		switch st {
+		case connectivity.Ready:
+			return nil
+		case connectivity.Idle:
+			c.conn.Connect()
+		}
+		if !c.conn.WaitForStateChange(ctx, st) {
+			return status.Errorf(codes.Unavailable, "server %s unreachable for %v", c.opts.Server, c.opts.RPCTimeout)
+		}
+	}
 }
 
 // awaitNewSession waits, bounded by the RPC timeout, for the back channel

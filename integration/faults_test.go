@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/hoardfs/hoard/client"
 	pb "github.com/hoardfs/hoard/hoardpb"
 )
 
@@ -146,4 +147,50 @@ func TestServerRefusesBadRequests(t *testing.T) {
 
 func metadataCtx(ctx context.Context, session string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, pb.ClientMetadata, session)
+}
+
+// A server that is down for a moment is waited for; one that stays down
+// makes Close fail with EIO, and the writes are kept, not dropped.
+func TestServerAwayDuringClose(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	cacheDir := t.TempDir()
+	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: cacheDir, CacheSize: 16 << 20, RPCTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	// Down for a moment: Close waits and succeeds.
+	f, _ := a.Create("/blip")
+	f.Write([]byte("survives a restart"))
+	srv.kill9()
+	go func() { time.Sleep(time.Second); srv.restart() }()
+	if err := f.Close(); err != nil {
+		t.Fatalf("close across a short outage: %v", err)
+	}
+	if got := readFile(t, a, "/blip"); string(got) != "survives a restart" {
+		t.Fatalf("read %q", got)
+	}
+	// Down for good: EIO after the timeout, data kept under lost/.
+	g, _ := a.Create("/doomed")
+	g.Write([]byte("precious bytes"))
+	srv.kill9()
+	start := time.Now()
+	err = g.Close()
+	if !errors.Is(err, syscall.EIO) {
+		t.Fatalf("close with the server gone: %v, want EIO", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("close took %v with a 3s RPC timeout", took)
+	}
+	lost, err := client.ListLost(cacheDir)
+	if err != nil || len(lost) != 1 || lost[0].Path != "/doomed" {
+		t.Fatalf("lost writes: %+v %v", lost, err)
+	}
+	if b, _ := os.ReadFile(lost[0].Data); !bytes.Equal(b, []byte("precious bytes")) {
+		t.Fatalf("kept data %q", b)
+	}
+	out, code := run(t, "cache", "lost", "--cache", cacheDir)
+	if code != 0 || !strings.Contains(out, "/doomed") {
+		t.Fatalf("hoard cache lost: %d %q", code, out)
+	}
 }
