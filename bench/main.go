@@ -340,12 +340,7 @@ func writeLocal(path string, data []byte, size int64) error {
 	if err != nil {
 		return err
 	}
-	for off := int64(0); off < size; off += int64(len(data)) {
-		if _, err := f.Write(data[:min(int64(len(data)), size-off)]); err != nil {
-			return err
-		}
-	}
-	return f.Close()
+	return fillAndClose(f, data, size)
 }
 
 func writeRemote(c *client.Client, path string, data []byte, size int64) error {
@@ -353,8 +348,14 @@ func writeRemote(c *client.Client, path string, data []byte, size int64) error {
 	if err != nil {
 		return err
 	}
+	return fillAndClose(f, data, size)
+}
+
+// fillAndClose writes size bytes, data repeated, then closes.
+func fillAndClose(f io.WriteCloser, data []byte, size int64) error {
 	for off := int64(0); off < size; off += int64(len(data)) {
 		if _, err := f.Write(data[:min(int64(len(data)), size-off)]); err != nil {
+			f.Close()
 			return err
 		}
 	}
