@@ -385,9 +385,6 @@ func (f *File) Close() error {
 		}
 		n.wmu.Unlock()
 	}
-	n.mu.Lock()
-	n.opens--
-	n.mu.Unlock()
 	return f.pathErr("close", err)
 }
 

@@ -35,8 +35,7 @@ type Node struct {
 
 	// wmu serialises writers with stores of this file, so that a store
 	// never marks clean a byte written while it was in flight.
-	wmu   sync.Mutex
-	opens int
+	wmu sync.Mutex
 }
 
 type dirent struct {

@@ -206,7 +206,7 @@ func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, error
 	return n, err
 }
 
-// OpenNode opens an already resolved file (the FUSE adapter's entry point).
+// openFile opens an already resolved node.
 func (c *Client) openFile(n *Node, name string, flag int) (*File, error) {
 	st, err := c.fresh(n)
 	if err != nil {
@@ -238,9 +238,6 @@ func (c *Client) openFile(n *Node, name string, flag int) (*File, error) {
 			return nil, errOf("open", name, err)
 		}
 	}
-	n.mu.Lock()
-	n.opens++
-	n.mu.Unlock()
 	return f, nil
 }
 
