@@ -568,3 +568,38 @@ func BenchmarkReadAtHit(b *testing.B) {
 		c.Close()
 	}
 }
+
+func TestPinnedFileIsNotEvictedOrOverwritten(t *testing.T) {
+	c := open(t, t.TempDir(), 2*cs)
+	old := data(2*cs, 1)
+	e := fill(t, c, fid(1), old, 1)
+	e.Pin()
+	reader, err := os.Open(e.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	g := c.Entry(fid(2))
+	g.SetStatus(status(fid(2), cs, 1), false)
+	if err := g.Admit(0, 1, data(cs, 2)); err != ErrNoSpace {
+		t.Fatalf("admit evicted a pinned file's chunk: %v", err)
+	}
+	// A new version while pinned: the reader keeps the old bytes.
+	e.SetStatus(status(fid(1), 2*cs, 2), false)
+	if e.Present(0) {
+		t.Fatal("old chunks still listed under the new version")
+	}
+	e.Admit(0, 2, data(cs, 3))
+	buf := make([]byte, 2*cs)
+	if _, err := reader.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, old) {
+		t.Fatalf("pinned reader saw the file change: %v", err)
+	}
+	got := make([]byte, cs)
+	if _, err := e.ReadAt(got, 0); err != nil || !bytes.Equal(got, data(cs, 3)) {
+		t.Fatalf("new version not readable through the cache: %v", err)
+	}
+	e.Unpin()
+	if err := g.Admit(0, 1, data(cs, 2)); err != nil {
+		t.Fatalf("unpinned chunk not evictable: %v", err)
+	}
+}

@@ -50,6 +50,10 @@ type Entry struct {
 	dirty  []Range
 	policy map[string]string
 	gone   bool
+	// pins counts users reading the cache file behind the cache's back
+	// (FUSE passthrough): its chunks are not evicted, and a new version
+	// goes to a new file rather than under their feet.
+	pins int
 
 	file     *os.File
 	openElem *list.Element // in Cache.openFiles (Cache.mu)
@@ -163,8 +167,12 @@ func (c *Cache) touch(chs []*chunk) {
 	c.mu.Unlock()
 }
 
-// pushLocked puts a clean chunk at the LRU's front (Cache.mu held).
+// pushLocked puts a clean chunk of an unpinned entry at the LRU's front
+// (Cache.mu and the entry's lock held).
 func (c *Cache) pushLocked(ch *chunk) {
+	if ch.dirty || ch.e.pins > 0 {
+		return
+	}
 	ch.elem = c.lru.PushFront(ch)
 	ch.gen.Store(c.lruGen.Add(1))
 	c.lruLen.Store(int64(c.lru.Len()))
@@ -359,7 +367,7 @@ func (e *Entry) dropLocked(ch *chunk) {
 func (e *Entry) evict(ch *chunk) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.chunks[ch.idx] != ch || ch.dirty {
+	if e.chunks[ch.idx] != ch || ch.dirty || e.pins > 0 {
 		return
 	}
 	e.dropLocked(ch)
@@ -367,11 +375,63 @@ func (e *Entry) evict(ch *chunk) {
 }
 
 // clearLocked drops the clean chunks, and the dirty ones too with all.
+// A pinned cache file with nothing dirty is replaced instead of punched:
+// its readers keep the old bytes through their descriptors.
 func (e *Entry) clearLocked(all bool) {
+	if e.pins > 0 && e.mem == nil && (all || !e.anyDirtyLocked()) {
+		e.closeFileLocked()
+		os.Remove(e.path())
+		for _, ch := range e.chunks {
+			delete(e.chunks, ch.idx)
+			e.c.mu.Lock()
+			e.c.unlinkLocked(ch)
+			e.c.used -= charge(ch.n)
+			e.c.pending[e] = true
+			e.c.mu.Unlock()
+			e.c.stats.chunks.Add(-1)
+		}
+		return
+	}
 	for _, ch := range e.chunks {
 		if all || !ch.dirty {
 			e.dropLocked(ch)
 		}
+	}
+}
+
+func (e *Entry) anyDirtyLocked() bool {
+	for _, ch := range e.chunks {
+		if ch.dirty {
+			return true
+		}
+	}
+	return false
+}
+
+// Pin keeps the cache file's chunks in place while someone reads the file
+// directly; Unpin ends that.
+func (e *Entry) Pin() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.pins++; e.pins == 1 {
+		e.c.mu.Lock()
+		for _, ch := range e.chunks {
+			e.c.unlinkLocked(ch)
+		}
+		e.c.mu.Unlock()
+	}
+}
+
+// Unpin undoes one Pin.
+func (e *Entry) Unpin() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.pins--; e.pins == 0 {
+		e.c.mu.Lock()
+		for _, ch := range e.chunks {
+			e.c.pushLocked(ch)
+		}
+		e.c.mu.Unlock()
 	}
 }
 

@@ -53,6 +53,11 @@ type Options struct {
 	// Name identifies this client in the server's logs.
 	Name   string
 	Logger *slog.Logger
+	// OnInvalidate, when set, hears of every FID whose promise a break or
+	// reset voided, before the break is acknowledged to the server: a
+	// kernel adapter drops its cached copies there. It must not block for
+	// long (the server waits), and must not call back into the client.
+	OnInvalidate func(fids []node.FID)
 }
 
 func (o *Options) defaults() {
@@ -330,6 +335,9 @@ func (c *Client) breakPromises(fids []node.FID) {
 	}
 	c.cbMu.Unlock()
 	c.invalidate(fids)
+	if c.opts.OnInvalidate != nil {
+		c.opts.OnInvalidate(fids)
+	}
 }
 
 func (c *Client) resetPromises() {
@@ -340,10 +348,15 @@ func (c *Client) resetPromises() {
 	// Nodes without a recorded promise may still carry a stale flag from a
 	// grant racing this reset; clear them all.
 	c.nodesMu.Lock()
-	for _, n := range c.nodes {
+	all := make([]node.FID, 0, len(c.nodes))
+	for f, n := range c.nodes {
 		n.valid.Store(false)
+		all = append(all, f)
 	}
 	c.nodesMu.Unlock()
+	if c.opts.OnInvalidate != nil {
+		c.opts.OnInvalidate(all)
+	}
 }
 
 // invalidate clears the valid flag of fids. Cached data and listings stay:

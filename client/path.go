@@ -336,24 +336,8 @@ func (c *Client) link(oldname, newname string) error {
 	if err != nil {
 		return err
 	}
-	if err := node.CheckName(base); err != nil {
-		return err
-	}
-	t := c.begin()
-	defer c.end(t)
-	var reply *pb.LinkReply
-	err = c.call(func(ctx context.Context) (err error) {
-		reply, err = c.rpc.Link(ctx, &pb.LinkRequest{Dir: pb.FromFID(dir.fid), Name: base, Target: pb.FromFID(target.fid)})
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	child, err := c.learnPB(t, reply.Status)
-	if err != nil {
-		return err
-	}
-	return c.changedDir(t, dir, reply.Dir, func(d *Node) { d.addDentLocked(base, child.fid, reply.Status.Type.ToType()) })
+	_, err = c.LinkAt(dir, base, target)
+	return err
 }
 
 // Remove removes a file, symlink, mount point or empty directory.
@@ -366,24 +350,11 @@ func (c *Client) remove(name string) error {
 	if err != nil {
 		return err
 	}
-	t := c.begin()
-	defer c.end(t)
-	var reply *pb.RemoveReply
-	rm := func(dirOnly bool) error {
-		return c.call(func(ctx context.Context) (err error) {
-			reply, err = c.rpc.Remove(ctx, &pb.RemoveRequest{Dir: pb.FromFID(dir.fid), Name: base, DirOnly: dirOnly})
-			return err
-		})
+	err = c.RemoveAt(dir, base, false)
+	if pb.Errno(err) == syscall.EISDIR || errors.Is(err, syscall.EISDIR) {
+		err = c.RemoveAt(dir, base, true)
 	}
-	err = rm(false)
-	if pb.Errno(err) == syscall.EISDIR {
-		err = rm(true)
-	}
-	if err != nil {
-		return err
-	}
-	c.removed(reply.Status)
-	return c.changedDir(t, dir, reply.Dir, func(d *Node) { d.delDentLocked(base) })
+	return err
 }
 
 // removed updates a vnode that lost a name: forgotten when it is gone.

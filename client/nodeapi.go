@@ -1,0 +1,205 @@
+package client
+
+import (
+	"context"
+	"time"
+
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/vnode"
+)
+
+// The node-level API: what a kernel file system adapter needs, where names
+// are resolved one directory at a time by the kernel. Mount points are
+// crossed here, so the adapter sees them as the directories they lead to.
+
+// Root is the root directory of the root volume.
+func (c *Client) Root() *Node { return c.root }
+
+// Getattr returns n's status, from the cache while a promise is held.
+func (c *Client) Getattr(n *Node) (node.Status, error) {
+	st, err := c.fresh(n)
+	if err == nil && st.Type == node.TypeMountPoint {
+		var root *Node
+		if root, err = c.volumeRoot(st.Target); err == nil {
+			st, err = c.fresh(root)
+		}
+	}
+	return st, err
+}
+
+// Lookup finds name in dir, crossing a mount point to the root of its volume.
+func (c *Client) Lookup(dir *Node, name string) (*Node, node.Status, error) {
+	n, err := c.lookup(dir, name)
+	if err != nil {
+		return nil, node.Status{}, err
+	}
+	st := n.status()
+	if st.Type == node.TypeMountPoint {
+		if n, err = c.volumeRoot(st.Target); err != nil {
+			return nil, node.Status{}, err
+		}
+		st = n.status()
+	}
+	return n, st, nil
+}
+
+// ReadDirNode lists dir; mount points are listed as directories.
+func (c *Client) ReadDirNode(dir *Node) ([]DirEntry, error) {
+	ents, err := c.readDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]DirEntry, len(ents))
+	copy(out, ents)
+	for i := range out {
+		if out[i].Type == node.TypeMountPoint {
+			out[i].Type = node.TypeDir
+		}
+	}
+	return out, nil
+}
+
+// OpenAt opens an already resolved file; name is kept for error reports.
+func (c *Client) OpenAt(n *Node, name string, flag int) (*File, error) {
+	return c.openFile(n, name, flag)
+}
+
+// CreateAt makes name in dir: a file, directory, symlink (target is its
+// text) or mount point (target is a volume name), owned by who. With excl
+// unset an existing regular file is returned instead.
+func (c *Client) CreateAt(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, excl bool) (*Node, error) {
+	n, _, err := c.create(dir, name, t, mode, who, target, excl)
+	return n, err
+}
+
+// LinkAt makes name in dir a hard link to target.
+func (c *Client) LinkAt(dir *Node, name string, target *Node) (*Node, error) {
+	if err := node.CheckName(name); err != nil {
+		return nil, err
+	}
+	t := c.begin()
+	defer c.end(t)
+	var reply *pb.LinkReply
+	err := c.call(func(ctx context.Context) (err error) {
+		reply, err = c.rpc.Link(ctx, &pb.LinkRequest{Dir: pb.FromFID(dir.fid), Name: name, Target: pb.FromFID(target.fid)})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	child, err := c.learnPB(t, reply.Status)
+	if err != nil {
+		return nil, err
+	}
+	return child, c.changedDir(t, dir, reply.Dir, func(d *Node) { d.addDentLocked(name, child.fid, reply.Status.Type.ToType()) })
+}
+
+// RemoveAt removes name from dir: with dirOnly an empty directory (rmdir),
+// otherwise anything else (unlink).
+func (c *Client) RemoveAt(dir *Node, name string, dirOnly bool) error {
+	if err := node.CheckName(name); err != nil {
+		return err
+	}
+	t := c.begin()
+	defer c.end(t)
+	var reply *pb.RemoveReply
+	err := c.call(func(ctx context.Context) (err error) {
+		reply, err = c.rpc.Remove(ctx, &pb.RemoveRequest{Dir: pb.FromFID(dir.fid), Name: name, DirOnly: dirOnly})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	c.removed(reply.Status)
+	return c.changedDir(t, dir, reply.Dir, func(d *Node) { d.delDentLocked(name) })
+}
+
+// RenameAt renames sdir/sname to ddir/dname, replacing an existing target.
+func (c *Client) RenameAt(sdir *Node, sname string, ddir *Node, dname string) error {
+	return c.renameAt(sdir, sname, ddir, dname)
+}
+
+// Attr says which attributes SetAttr changes.
+type Attr struct {
+	Mode         *uint32
+	UID, GID     *uint32
+	Size         *uint64
+	Atime, Mtime *time.Time
+}
+
+// SetAttr changes attributes of n. A size change stores the file's local
+// writes first and then truncates at the server.
+func (c *Client) SetAttr(n *Node, a Attr) (node.Status, error) {
+	req := &pb.SetAttrRequest{}
+	if a.Mode != nil {
+		req.Mask |= vnode.SetMode
+		req.Mode = *a.Mode
+	}
+	if a.UID != nil {
+		req.Mask |= vnode.SetUID
+		req.Uid = *a.UID
+	}
+	if a.GID != nil {
+		req.Mask |= vnode.SetGID
+		req.Gid = *a.GID
+	}
+	if a.Atime != nil {
+		req.Mask |= vnode.SetAtime
+		req.AtimeNs = a.Atime.UnixNano()
+	}
+	if a.Mtime != nil {
+		req.Mask |= vnode.SetMtime
+		req.MtimeNs = a.Mtime.UnixNano()
+	}
+	if a.Size != nil {
+		req.Mask |= vnode.SetSize
+		req.Size = *a.Size
+		n.wmu.Lock()
+		defer n.wmu.Unlock()
+		if n.entry != nil {
+			if err := n.storeLocked(true); err != nil {
+				return node.Status{}, err
+			}
+		}
+	}
+	if req.Mask == 0 {
+		return c.Getattr(n)
+	}
+	if err := c.setattr(n, req); err != nil {
+		return node.Status{}, err
+	}
+	return n.status(), nil
+}
+
+// PromiseLeft is how long n's callback promise still holds: how long a
+// kernel may cache n's attributes, entry and pages without asking.
+func (c *Client) PromiseLeft(n *Node) time.Duration {
+	if !n.valid.Load() {
+		return 0
+	}
+	c.cbMu.Lock()
+	exp, ok := c.cb.Expiry(n.fid)
+	c.cbMu.Unlock()
+	if !ok {
+		return 0
+	}
+	return max(0, time.Until(exp))
+}
+
+// Complete reports whether all of n's data is in the cache and valid: the
+// cache file can then stand in for the file (FUSE passthrough).
+func (n *Node) Complete() bool {
+	return n.valid.Load() && n.entry != nil && n.entry.Complete() && !n.localChanges()
+}
+
+// CachePath is n's cache file, empty for a memory cache.
+func (n *Node) CachePath() string {
+	if n.entry == nil {
+		return ""
+	}
+	return n.entry.Path()
+}
+
+// Status is n's last known status (local size while writes are pending).
+func (n *Node) Status() node.Status { return n.status() }
