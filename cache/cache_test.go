@@ -603,3 +603,32 @@ func TestPinnedFileIsNotEvictedOrOverwritten(t *testing.T) {
 		t.Fatalf("unpinned chunk not evictable: %v", err)
 	}
 }
+
+func TestRescanFindsOutsideWrites(t *testing.T) {
+	c := open(t, t.TempDir(), 10<<20)
+	content := data(3*cs, 1)
+	e := fill(t, c, fid(1), content, 1)
+	f, _ := os.OpenFile(e.Path(), os.O_WRONLY, 0)
+	f.WriteAt([]byte("changed"), cs+10)  // inside chunk 1
+	f.WriteAt([]byte("grown"), 3*cs+100) // past the end: new chunk 3
+	f.Close()
+	used := c.Used()
+	if err := e.Rescan(); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(e.Dirty()); got != fmt.Sprint([]Range{{cs, cs}, {3 * cs, 105}}) {
+		t.Fatalf("dirty after rescan: %s", got)
+	}
+	if st, _ := e.Status(); st.Size != 3*cs+105 {
+		t.Fatalf("size %d", st.Size)
+	}
+	if c.Used() != used+charge(105) {
+		t.Fatalf("used %d, want %d", c.Used(), used+charge(105))
+	}
+	// Shrinking behind the cache's back is a truncation.
+	os.Truncate(e.Path(), cs)
+	e.Rescan()
+	if cut, ok := e.Cut(); !ok || cut != cs || e.Present(2) {
+		t.Fatalf("shrink: cut %d %v present(2) %v", cut, ok, e.Present(2))
+	}
+}

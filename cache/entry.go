@@ -868,3 +868,109 @@ func overlaps(rs []Range, r Range) bool {
 	}
 	return false
 }
+
+// Rescan finds writes made to the cache file behind the cache's back (a
+// FUSE passthrough writer: the kernel writes the file itself): chunks whose
+// checksum or length changed, and chunks past the old end, become dirty.
+// The file must have been complete when the writer opened it.
+func (e *Entry) Rescan() error {
+	if e.mem != nil {
+		return nil
+	}
+	for attempt := 0; ; attempt++ {
+		e.mu.RLock()
+		size, need, err := e.rescanCostLocked()
+		e.mu.RUnlock()
+		if err != nil {
+			return err
+		}
+		if err := e.c.reserve(need); err != nil {
+			return err
+		}
+		e.mu.Lock()
+		size2, need2, err := e.rescanCostLocked()
+		if err != nil || size2 != size || need2 > need {
+			e.mu.Unlock()
+			e.c.release(need)
+			if err != nil || attempt > 8 {
+				return cmpErr(err, ErrNoSpace)
+			}
+			continue
+		}
+		err = e.rescanLocked(size)
+		e.mu.Unlock()
+		e.c.release(need - need2)
+		return err
+	}
+}
+
+func cmpErr(err, otherwise error) error {
+	if err != nil {
+		return err
+	}
+	return otherwise
+}
+
+// rescanCostLocked returns the file's current size and the space its new
+// and grown chunks need.
+func (e *Entry) rescanCostLocked() (int64, int64, error) {
+	if err := e.openFileLocked(); err != nil {
+		return 0, 0, err
+	}
+	fi, err := e.file.Stat()
+	if err != nil {
+		return 0, 0, err
+	}
+	size := fi.Size()
+	var need int64
+	for idx := int64(0); idx*e.c.cs < size; idx++ {
+		n := e.chunkLen(idx, uint64(size))
+		if ch := e.chunks[idx]; ch != nil {
+			need += max(0, charge(n)-charge(ch.n))
+		} else {
+			need += charge(n)
+		}
+	}
+	return size, need, nil
+}
+
+func (e *Entry) rescanLocked(size int64) error {
+	cs := e.c.cs
+	old := int64(e.st.Size)
+	if size < old {
+		for idx, ch := range e.chunks {
+			if e.chunkLen(idx, uint64(size)) == 0 {
+				e.dropLocked(ch)
+			}
+		}
+		e.dirty = clip(e.dirty, size)
+		if e.cut < 0 || size < e.cut {
+			e.cut = size
+		}
+	}
+	buf := make([]byte, cs)
+	for idx := int64(0); idx*cs < size; idx++ {
+		n := e.chunkLen(idx, uint64(size))
+		if _, err := e.file.ReadAt(buf[:n], idx*cs); err != nil && err != io.EOF {
+			return err
+		}
+		ch := e.chunks[idx]
+		if ch != nil && !ch.dirty && ch.n == n && crc(buf[:n]) == ch.crc {
+			continue
+		}
+		if ch == nil {
+			ch = &chunk{e: e, idx: idx}
+			e.chunks[idx] = ch
+			e.c.stats.chunks.Add(1)
+		}
+		e.dirtyChunkLocked(ch)
+		if n < ch.n {
+			e.c.release(charge(ch.n) - charge(n))
+		}
+		ch.n = n
+		e.dirty = addRange(e.dirty, Range{idx * cs, n})
+	}
+	e.st.Size = uint64(size)
+	e.c.markPending(e)
+	return nil
+}

@@ -31,7 +31,18 @@ type File struct {
 	// and gets a growing window of chunks fetched ahead in the background.
 	seqNext atomic.Int64
 	window  atomic.Int64
+
+	// outside: the kernel writes the cache file directly (FUSE passthrough);
+	// stores first rescan it for what changed.
+	outside bool
 }
+
+// WritesOutside says that writes to this file reach the cache file without
+// passing through WriteAt; Sync, Flush and Close then find them by checksum.
+func (f *File) WritesOutside() { f.outside = true }
+
+// Writable reports whether the file was opened for writing.
+func (f *File) Writable() bool { return f.writable() }
 
 func (f *File) readable() bool { return f.flags&(os.O_WRONLY|os.O_RDWR) != os.O_WRONLY }
 func (f *File) writable() bool { return f.flags&(os.O_WRONLY|os.O_RDWR) != 0 }
@@ -316,7 +327,11 @@ func (f *File) Sync() error {
 	}
 	f.n.wmu.Lock()
 	defer f.n.wmu.Unlock()
-	return f.pathErr("sync", f.n.storeLocked(true))
+	err := f.rescan()
+	if err == nil {
+		err = f.n.storeLocked(true)
+	}
+	return f.pathErr("sync", err)
 }
 
 // storeLocked sends the dirty ranges and any truncation to the server as
@@ -368,24 +383,47 @@ func (n *Node) storeLocked(sync bool) error {
 	return err
 }
 
-// Close stores local changes durably. If they cannot be delivered the
-// error says so (EIO) and the data is kept under the cache directory's
-// lost/ folder: it is never dropped silently.
+// Close stores local changes durably, as Flush, and closes the file.
 func (f *File) Close() error {
 	if f.closed.Swap(true) {
 		return os.ErrClosed
 	}
-	n := f.n
-	var err error
-	if f.writable() {
-		n.wmu.Lock()
-		err = n.storeLocked(true)
-		if err != nil {
-			err = n.c.keepLost(n, f.name, err)
-		}
-		n.wmu.Unlock()
+	return f.flush("close")
+}
+
+// Flush stores local changes durably: what close(2) does for each
+// descriptor. If they cannot be delivered the error says so (EIO) and the
+// data is kept under the cache directory's lost/ folder: it is never
+// dropped silently.
+func (f *File) Flush() error {
+	if f.closed.Load() {
+		return os.ErrClosed
 	}
-	return f.pathErr("close", err)
+	return f.flush("flush")
+}
+
+func (f *File) flush(op string) error {
+	if !f.writable() {
+		return nil
+	}
+	n := f.n
+	n.wmu.Lock()
+	defer n.wmu.Unlock()
+	err := f.rescan()
+	if err == nil {
+		err = n.storeLocked(true)
+	}
+	if err != nil {
+		err = n.c.keepLost(n, f.name, err)
+	}
+	return f.pathErr(op, err)
+}
+
+func (f *File) rescan() error {
+	if !f.outside {
+		return nil
+	}
+	return f.n.entry.Rescan()
 }
 
 // Stat returns the file's status, with the local size while local writes

@@ -2,6 +2,9 @@ package client
 
 import (
 	"context"
+	"errors"
+	"os"
+	"syscall"
 	"time"
 
 	pb "github.com/hoardfs/hoard/hoardpb"
@@ -203,3 +206,58 @@ func (n *Node) CachePath() string {
 
 // Status is n's last known status (local size while writes are pending).
 func (n *Node) Status() node.Status { return n.status() }
+
+// Pin keeps n's cached chunks in place while the cache file is read
+// directly (FUSE passthrough); a new version then goes to a new cache file.
+func (n *Node) Pin() {
+	if n.entry != nil {
+		n.entry.Pin()
+	}
+}
+
+// Unpin undoes Pin.
+func (n *Node) Unpin() {
+	if n.entry != nil {
+		n.entry.Unpin()
+	}
+}
+
+// Valid reports whether a callback promise on n is held.
+func (n *Node) Valid() bool { return n.valid.Load() }
+
+// Gauge publishes a counter with the cache's statistics.
+func (c *Client) Gauge(name string, v int64) { c.cache.SetGauge(name, v) }
+
+// Errno is the errno an error from this package stands for: EIO when the
+// server could not be asked, ETIMEDOUT when it did not answer in time.
+func Errno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	if errors.Is(err, os.ErrClosed) {
+		return syscall.EBADF
+	}
+	return pb.Errno(err)
+}
+
+// TruncateStored truncates n in its cache file, in place, and stores the
+// truncation: for a file whose cache file is being read directly, where a
+// truncation at the server would be a new version in a new cache file.
+func (c *Client) TruncateStored(n *Node, size uint64) (node.Status, error) {
+	n.wmu.Lock()
+	defer n.wmu.Unlock()
+	if _, err := c.fresh(n); err != nil {
+		return node.Status{}, err
+	}
+	if err := n.truncateLocked(size); err != nil {
+		return node.Status{}, err
+	}
+	if err := n.storeLocked(true); err != nil {
+		return node.Status{}, err
+	}
+	return n.status(), nil
+}

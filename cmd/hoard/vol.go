@@ -93,4 +93,5 @@ func printCacheStats(s cache.Stats) {
 	fmt.Printf("bypassed:      %d\n", s.Bypassed)
 	fmt.Printf("recovered:     %d\n", s.Recovered)
 	fmt.Printf("callbacks:     %d\n", s.Gauges["callbacks"])
+	fmt.Printf("passthrough opens: %d\n", s.Gauges["passthrough_opens"])
 }

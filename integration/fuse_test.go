@@ -1,0 +1,506 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hoardfs/hoard/cache"
+	"github.com/hoardfs/hoard/mount"
+)
+
+// needFuse skips (or, under HOARD_REQUIRE_FUSE=1, fails) when FUSE cannot
+// be used here, saying why.
+func needFuse(t *testing.T) {
+	t.Helper()
+	why := ""
+	if err := mount.CheckFuse(); err != nil {
+		why = err.Error()
+	} else if os.Geteuid() != 0 {
+		if _, err := exec.LookPath("fusermount3"); err != nil {
+			why = "not root and no fusermount3"
+		}
+	}
+	if why == "" {
+		return
+	}
+	if os.Getenv("HOARD_REQUIRE_FUSE") == "1" {
+		t.Fatalf("FUSE required (HOARD_REQUIRE_FUSE=1) but unusable: %s", why)
+	}
+	t.Skipf("SKIP: FUSE unusable: %s", why)
+}
+
+// mountProc is a running `hoard mount` in the foreground.
+type mountProc struct {
+	t     testing.TB
+	cmd   *exec.Cmd
+	dir   string
+	cache string
+	args  []string
+	logs  *bytes.Buffer
+}
+
+func startMount(t *testing.T, srv *serverProc, cacheDir string, extra ...string) *mountProc {
+	t.Helper()
+	needFuse(t)
+	m := &mountProc{t: t, dir: t.TempDir(), cache: cacheDir, args: extra}
+	m.start(srv)
+	t.Cleanup(func() { m.stop() })
+	return m
+}
+
+func (m *mountProc) start(srv *serverProc) {
+	m.t.Helper()
+	args := append([]string{"mount", "--server", srv.addr, "--cache", m.cache, "--log-level", "info", m.dir}, m.args...)
+	m.cmd = exec.Command(hoardBin, args...)
+	m.logs = &bytes.Buffer{}
+	stderr, _ := m.cmd.StderrPipe()
+	if err := m.cmd.Start(); err != nil {
+		m.t.Fatal(err)
+	}
+	ready := make(chan bool, 1)
+	var mu sync.Mutex
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sent := false
+		for sc.Scan() {
+			mu.Lock()
+			m.logs.WriteString(sc.Text() + "\n")
+			mu.Unlock()
+			if !sent && strings.Contains(sc.Text(), "mounted at") {
+				sent = true
+				ready <- true
+			}
+		}
+		if !sent {
+			ready <- false
+		}
+	}()
+	select {
+	case ok := <-ready:
+		if !ok {
+			m.cmd.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			m.t.Fatalf("mount failed: %s", m.logs)
+		}
+	case <-time.After(15 * time.Second):
+		m.t.Fatalf("mount did not come up: %s", m.logs)
+	}
+}
+
+func (m *mountProc) stop() {
+	if m.cmd == nil {
+		return
+	}
+	m.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { m.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		m.cmd.Process.Kill()
+		<-done
+	}
+	m.cmd = nil
+	if mounted, _ := mount.IsMounted(m.dir); mounted {
+		mount.Unmount(m.dir)
+	}
+}
+
+func (m *mountProc) path(p string) string { return filepath.Join(m.dir, p) }
+
+// sh runs a shell command in dir and fails the test on error.
+func sh(t *testing.T, dir, script string) string {
+	t.Helper()
+	cmd := exec.Command("sh", "-ec", script)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t",
+		"GIT_AUTHOR_DATE=2020-01-01T00:00:00Z", "GIT_COMMITTER_DATE=2020-01-01T00:00:00Z", "HOME="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("in %s: %s\n%v\n%s", dir, script, err, out)
+	}
+	return string(out)
+}
+
+// makeTree builds a small source tree with symlinks and hard links.
+func makeTree(t *testing.T, dir string) {
+	t.Helper()
+	for i := 0; i < 40; i++ {
+		p := filepath.Join(dir, fmt.Sprintf("pkg%d/sub%d/file%d.txt", i%5, i%3, i))
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, pattern(100+i*997, byte(i)), 0o644)
+	}
+	os.WriteFile(filepath.Join(dir, "big.bin"), pattern(3<<20+17, 99), 0o600)
+	os.Symlink("pkg0/sub0/file0.txt", filepath.Join(dir, "rel-link"))
+	os.Symlink("/etc/hostname", filepath.Join(dir, "abs-link"))
+	os.Link(filepath.Join(dir, "big.bin"), filepath.Join(dir, "big.hard"))
+	os.Chmod(filepath.Join(dir, "pkg1"), 0o750)
+}
+
+// Real tools on the mount, each compared with the same run on a local
+// directory.
+func TestFuseRealTools(t *testing.T) {
+	needFuse(t)
+	srv := startServer(t, t.TempDir())
+	m := startMount(t, srv, t.TempDir())
+	src := t.TempDir()
+	makeTree(t, src)
+	local := t.TempDir()
+
+	t.Run("tar", func(t *testing.T) {
+		tarball := filepath.Join(t.TempDir(), "src.tar")
+		sh(t, src, "tar cf "+tarball+" .")
+		os.MkdirAll(m.path("tar"), 0o755)
+		sh(t, m.path("tar"), "tar xf "+tarball)
+		sh(t, src, "diff -r . "+m.path("tar"))
+		if fi, _ := os.Lstat(m.path("tar/rel-link")); fi.Mode()&os.ModeSymlink == 0 {
+			t.Fatal("symlink lost in tar x")
+		}
+	})
+	t.Run("cp -a", func(t *testing.T) {
+		sh(t, src, "cp -a . "+m.path("cpa"))
+		sh(t, src, "cp -a . "+filepath.Join(local, "cpa"))
+		sh(t, local, "diff -r cpa "+m.path("cpa"))
+		var a, b syscall.Stat_t
+		syscall.Stat(m.path("cpa/big.bin"), &a)
+		syscall.Stat(m.path("cpa/big.hard"), &b)
+		if a.Ino != b.Ino || a.Nlink != 2 {
+			t.Fatalf("hard link not kept by cp -a: inodes %d %d nlink %d", a.Ino, b.Ino, a.Nlink)
+		}
+		want, _ := os.Stat(filepath.Join(local, "cpa/pkg1"))
+		got, _ := os.Stat(m.path("cpa/pkg1"))
+		if want.Mode() != got.Mode() {
+			t.Fatalf("mode %v, local %v", got.Mode(), want.Mode())
+		}
+	})
+	t.Run("rsync", func(t *testing.T) {
+		if _, err := exec.LookPath("rsync"); err != nil {
+			t.Skip("SKIP: rsync not installed (.ci/run installs it)")
+		}
+		sh(t, src, "rsync -a ./ "+m.path("rs")+"/")
+		sh(t, m.path("rs"), "rsync -a ./ "+filepath.Join(local, "rsback")+"/")
+		sh(t, src, "diff -r . "+filepath.Join(local, "rsback"))
+		// A second rsync finds nothing to do: sizes and times match.
+		out := sh(t, src, "rsync -a --itemize-changes ./ "+m.path("rs")+"/")
+		if strings.TrimSpace(out) != "" {
+			t.Fatalf("second rsync still changed:\n%s", out)
+		}
+	})
+	t.Run("git", func(t *testing.T) {
+		script := `git init -q r && cd r && cp -r ` + src + `/pkg0 . && git add . && git commit -qm first &&
+			echo more >> pkg0/sub0/file0.txt && git commit -qam second && git mv pkg0 moved && git commit -qm third &&
+			git log --format='%s %T' && git fsck --no-progress 2>&1 && git status --porcelain`
+		got := sh(t, m.dir, script)
+		want := sh(t, local, script)
+		if got != want {
+			t.Fatalf("git on the mount:\n%s\nlocally:\n%s", got, want)
+		}
+	})
+	t.Run("make", func(t *testing.T) {
+		if _, err := exec.LookPath("cc"); err != nil {
+			t.Skip("SKIP: no C compiler (.ci/run installs gcc)")
+		}
+		script := `mkdir -p prog && cd prog
+cat > main.c <<'END'
+#include <stdio.h>
+int add(int, int);
+int main(void) { printf("%d\n", add(2, 3)); return 0; }
+END
+cat > add.c <<'END'
+int add(int a, int b) { return a + b; }
+END
+printf 'prog: main.o add.o\n\tcc -o prog main.o add.o\n%%.o: %%.c\n\tcc -c $<\n' > Makefile
+make -s && ./prog && touch add.c && make -s && ./prog`
+		got := sh(t, m.dir, script)
+		if want := sh(t, local, script); got != want || !strings.Contains(got, "5") {
+			t.Fatalf("make on the mount: %q, locally %q", got, want)
+		}
+	})
+	t.Run("errors", func(t *testing.T) {
+		f := m.path("errs")
+		os.WriteFile(f, []byte("x"), 0o644)
+		if err := os.Link(m.path("tar"), m.path("dirlink")); err == nil {
+			t.Fatal("hard link to a directory succeeded")
+		}
+		if err := syscall.Mknod(m.path("fifo"), syscall.S_IFIFO|0o644, 0); err != syscall.EPERM {
+			t.Fatalf("mkfifo: %v, want EPERM", err)
+		}
+		if err := syscall.Setxattr(f, "user.x", []byte("y"), 0); err != syscall.ENOTSUP {
+			t.Fatalf("setxattr: %v, want ENOTSUP", err)
+		}
+		if _, err := os.Stat(m.path("no/such")); !os.IsNotExist(err) {
+			t.Fatalf("stat of a missing path: %v", err)
+		}
+	})
+}
+
+// Two mounts of one server: each sees the other's closed writes and
+// renames at once, the kernel's cached copies included.
+func TestFuseTwoMounts(t *testing.T) {
+	needFuse(t)
+	srv := startServer(t, t.TempDir())
+	a := startMount(t, srv, t.TempDir())
+	b := startMount(t, srv, t.TempDir())
+	for i := 0; i < 5; i++ {
+		v := []byte(fmt.Sprintf("version %d of the shared file", i))
+		if err := os.WriteFile(a.path("shared"), v, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(b.path("shared"))
+		if err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("round %d: B read %q (%v), want %q", i, got, err, v)
+		}
+		// Read it twice on B: the second read is from B's caches and must
+		// still be the new version.
+		if got, _ := os.ReadFile(b.path("shared")); !bytes.Equal(got, v) {
+			t.Fatalf("round %d: B's cached copy is stale: %q", i, got)
+		}
+	}
+	// A long-lived open on B sees A's later close after reopening.
+	os.WriteFile(a.path("f"), []byte("one"), 0o644)
+	if got, _ := os.ReadFile(b.path("f")); string(got) != "one" {
+		t.Fatalf("B read %q", got)
+	}
+	os.WriteFile(a.path("f"), []byte("two!"), 0o644)
+	if got, _ := os.ReadFile(b.path("f")); string(got) != "two!" {
+		t.Fatalf("B read %q after A's second write", got)
+	}
+	st, _ := os.Stat(b.path("f"))
+	if st.Size() != 4 {
+		t.Fatalf("B's cached attributes are stale: size %d", st.Size())
+	}
+	// Renames and removals.
+	os.Mkdir(a.path("dir"), 0o755)
+	os.WriteFile(a.path("dir/old"), []byte("content"), 0o644)
+	if _, err := os.Stat(b.path("dir/old")); err != nil {
+		t.Fatal(err)
+	}
+	b.listNames(t, "dir")
+	if err := os.Rename(a.path("dir/old"), a.path("dir/new")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(b.path("dir/old")); !os.IsNotExist(err) {
+		t.Fatalf("B still sees the old name: %v", err)
+	}
+	if got, err := os.ReadFile(b.path("dir/new")); err != nil || string(got) != "content" {
+		t.Fatalf("B reads the new name: %q %v", got, err)
+	}
+	if names := b.listNames(t, "dir"); names != "new" {
+		t.Fatalf("B lists %q", names)
+	}
+	os.Remove(a.path("dir/new"))
+	if names := b.listNames(t, "dir"); names != "" {
+		t.Fatalf("B lists %q after the remove", names)
+	}
+}
+
+func (m *mountProc) listNames(t *testing.T, dir string) string {
+	ents, err := os.ReadDir(m.path(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return strings.Join(names, ",")
+}
+
+// Invalidation storms against concurrent readers must not hang: writers on
+// A change files as fast as they can while readers on B read them.
+func TestFuseInvalidationStorm(t *testing.T) {
+	needFuse(t)
+	srv := startServer(t, t.TempDir())
+	a := startMount(t, srv, t.TempDir())
+	b := startMount(t, srv, t.TempDir())
+	const files = 4
+	for i := 0; i < files; i++ {
+		os.WriteFile(a.path(fmt.Sprintf("s%d", i)), pattern(300<<10, byte(i)), 0o644)
+	}
+	stop := make(chan struct{})
+	errs := make(chan error, 16)
+	var wg sync.WaitGroup
+	for r := 0; r < 4; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := os.ReadFile(b.path(fmt.Sprintf("s%d", (r+n)%files))); err != nil {
+					errs <- err
+					return
+				}
+				os.ReadDir(b.dir)
+			}
+		}(r)
+	}
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				name := a.path(fmt.Sprintf("s%d", (w+n)%files))
+				if err := os.WriteFile(name, pattern(100<<10+n, byte(n)), 0o644); err != nil {
+					errs <- err
+					return
+				}
+				os.Rename(name, name+".tmp")
+				os.Rename(name+".tmp", name)
+			}
+		}(w)
+	}
+	time.Sleep(4 * time.Second)
+	close(stop)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("readers or writers hung under an invalidation storm")
+	}
+	select {
+	case err := <-errs:
+		if !os.IsNotExist(err) { // a reader may catch a file mid-rename
+			t.Fatal(err)
+		}
+	default:
+	}
+	// Afterwards B sees A's last version of each file.
+	for i := 0; i < files; i++ {
+		want, _ := os.ReadFile(a.path(fmt.Sprintf("s%d", i)))
+		got, _ := os.ReadFile(b.path(fmt.Sprintf("s%d", i)))
+		if !bytes.Equal(got, want) {
+			t.Fatalf("s%d differs between the mounts after the storm", i)
+		}
+	}
+}
+
+// A daemon killed with -9 leaves a dead mount; hoard umount clears it and a
+// new mount reuses the cache.
+func TestFuseKilledDaemonRemount(t *testing.T) {
+	needFuse(t)
+	srv := startServer(t, t.TempDir())
+	cacheDir := t.TempDir()
+	m := startMount(t, srv, cacheDir)
+	content := pattern(2<<20, 7)
+	os.WriteFile(m.path("keep"), content, 0o644)
+	os.ReadFile(m.path("keep"))
+	// The cache index is group-committed every 100 ms: give it one commit
+	// before the crash (a younger change is refetched, never served wrong).
+	time.Sleep(300 * time.Millisecond)
+	m.cmd.Process.Kill()
+	m.cmd.Wait()
+	m.cmd = nil
+	if _, err := os.Stat(m.path("keep")); err == nil {
+		t.Fatal("the mount still answers after its daemon died")
+	}
+	out, code := run(t, "mount", "--server", srv.addr, "--cache", cacheDir, m.dir)
+	if code != 2 || !strings.Contains(out, "umount") {
+		t.Fatalf("mount over a dead mount: exit %d %q", code, out)
+	}
+	if out, code := run(t, "umount", m.dir); code != 0 {
+		t.Fatalf("umount of a dead mount: %d %q", code, out)
+	}
+	m.start(srv)
+	got, err := os.ReadFile(m.path("keep"))
+	if err != nil || !bytes.Equal(got, content) {
+		t.Fatalf("read after remount: %v", err)
+	}
+	m.stop()
+	// The file was written through this cache and never fetched: the
+	// counter, kept across both daemons, must still be zero.
+	if d := readStats(t, cacheDir).BytesFetched; d != 0 {
+		t.Fatalf("the remounted cache fetched %d bytes of an unchanged file", d)
+	}
+}
+
+func readStats(t *testing.T, dir string) cache.Stats {
+	t.Helper()
+	s, err := cache.ReadStats(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Wholly cached files are read by passthrough, and hoard cache stats says so.
+func TestFusePassthrough(t *testing.T) {
+	needFuse(t)
+	srv := startServer(t, t.TempDir())
+	cacheDir := t.TempDir()
+	m := startMount(t, srv, cacheDir)
+	if !strings.Contains(m.logs.String(), "passthrough") {
+		t.Fatalf("the mount did not say which read path it uses: %s", m.logs)
+	}
+	if !strings.Contains(m.logs.String(), "cached reads by FUSE passthrough") {
+		t.Skipf("SKIP: passthrough unavailable here: %s", m.logs)
+	}
+	content := pattern(1<<20, 3)
+	os.WriteFile(m.path("p"), content, 0o644)
+	for i := 0; i < 3; i++ {
+		if got, _ := os.ReadFile(m.path("p")); !bytes.Equal(got, content) {
+			t.Fatal("read differs")
+		}
+	}
+	// A writer while passthrough readers are open must not get ETXTBSY.
+	r, err := os.Open(m.path("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := os.WriteFile(m.path("p"), []byte("new"), 0o644); err != nil {
+		t.Fatalf("write while a passthrough reader is open: %v", err)
+	}
+	if got, _ := os.ReadFile(m.path("p")); string(got) != "new" {
+		t.Fatalf("read after the write: %q", got)
+	}
+	time.Sleep(1200 * time.Millisecond) // stats.json is written once a second
+	if s := readStats(t, cacheDir); s.Gauges["passthrough_opens"] == 0 {
+		t.Fatalf("no passthrough opens counted: %+v", s.Gauges)
+	}
+	out, _ := run(t, "cache", "stats", "--cache", cacheDir)
+	if !strings.Contains(out, "passthrough opens:") {
+		t.Fatalf("cache stats does not report passthrough opens: %q", out)
+	}
+}
+
+// Bad mountpoints get a clear error and exit 2.
+func TestFuseBadMountpoint(t *testing.T) {
+	needFuse(t)
+	srv := startServer(t, t.TempDir())
+	file := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(file, nil, 0o644)
+	m := startMount(t, srv, t.TempDir())
+	for _, c := range []struct{ dir, want string }{
+		{filepath.Join(t.TempDir(), "missing"), "no such file"},
+		{file, "not a directory"},
+		{m.dir, "already a mount"},
+	} {
+		out, code := run(t, "mount", "--server", srv.addr, "--cache", "", c.dir)
+		if code != 2 || !strings.Contains(out, c.want) || !strings.Contains(out, c.dir) {
+			t.Errorf("mount %s: exit %d %q, want exit 2 and %q", c.dir, code, out, c.want)
+		}
+	}
+	if out, code := run(t, "umount", t.TempDir()); code != 2 || !strings.Contains(out, "not mounted") {
+		t.Errorf("umount of a plain directory: %d %q", code, out)
+	}
+}

@@ -1,0 +1,101 @@
+package mount
+
+import (
+	"context"
+	"io"
+	"os"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/hoardfs/hoard/client"
+)
+
+type openMode uint8
+
+const (
+	modeCached openMode = iota
+	modePassthrough
+)
+
+// handle is one open file: reads and writes go to the cache manager.
+type handle struct {
+	h    *hnode
+	f    *client.File
+	mode openMode
+}
+
+var (
+	_ = (fs.FileReader)((*handle)(nil))
+	_ = (fs.FileWriter)((*handle)(nil))
+	_ = (fs.FileFlusher)((*handle)(nil))
+	_ = (fs.FileFsyncer)((*handle)(nil))
+	_ = (fs.FileReleaser)((*handle)(nil))
+	_ = (fs.FilePassthroughFder)((*ptHandle)(nil))
+)
+
+func (fh *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	n, err := fh.f.ReadAt(dest, off)
+	if err != nil && err != io.EOF {
+		return nil, errno(err)
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+func (fh *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	n, err := fh.f.WriteAt(data, off)
+	return uint32(n), errno(err)
+}
+
+// Flush is close(2): the file's writes are stored, durably, before it
+// returns, so that a later open anywhere sees them.
+func (fh *handle) Flush(ctx context.Context) syscall.Errno {
+	return errno(fh.f.Flush())
+}
+
+func (fh *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	return errno(fh.f.Sync())
+}
+
+func (fh *handle) Release(ctx context.Context) syscall.Errno {
+	err := fh.f.Close()
+	fh.h.released(fh.mode)
+	return errno(err)
+}
+
+func (fh *handle) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	return syscall.EOPNOTSUPP
+}
+
+// ptHandle is an open whose reads the kernel serves from the cache file.
+type ptHandle struct {
+	*handle
+	backing *os.File
+}
+
+func (p *ptHandle) Release(ctx context.Context) syscall.Errno {
+	if p.backing != nil {
+		p.backing.Close()
+	}
+	return p.handle.Release(ctx)
+}
+
+// PassthroughFd opens the cache file for the kernel to read from; the
+// entry is pinned, so its chunks stay until Release.
+func (p *ptHandle) PassthroughFd() (int, bool) {
+	path := p.h.n.CachePath()
+	if path == "" {
+		return 0, false
+	}
+	// Read-write: a later writer of the same inode shares this backing
+	// file (the kernel registers one per inode).
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return 0, false
+	}
+	// go-fuse registers the descriptor with the kernel; keep it open
+	// until release.
+	p.backing = f
+	return int(f.Fd()), true
+}

@@ -1,0 +1,381 @@
+// Package mount is the FUSE adapter: it translates kernel requests into
+// calls on the cache manager (package client) and holds no cache logic of
+// its own. Callback promises become kernel cache lifetimes: entries,
+// attributes and pages are cached for as long as the promise holds, and a
+// break invalidates them through an asynchronous queue.
+package mount
+
+import (
+	"context"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/node"
+)
+
+// hnode is one kernel inode: a cache manager Node.
+type hnode struct {
+	fs.Inode
+	m *Mount
+	n *client.Node
+
+	mu sync.Mutex
+	// Open modes, as the kernel requires them not to mix on one inode:
+	// passthrough opens, and opens through the page cache.
+	ptOpens, cachedOpens int
+	ptVersion            uint64 // data version the passthrough file holds
+	// pageVersion is the data version the kernel's page cache may hold.
+	pageVersion uint64
+}
+
+var _ = (fs.NodeLookuper)((*hnode)(nil))
+
+// ino maps a FID to a stable inode number: volume in the top 24 bits,
+// vnode below (vnode numbers past 2^40 in one volume would collide).
+func ino(f node.FID) uint64 { return f.Volume<<40 | f.Vnode&(1<<40-1) }
+
+func typeBits(t node.Type) uint32 {
+	switch t {
+	case node.TypeDir, node.TypeMountPoint:
+		return syscall.S_IFDIR
+	case node.TypeSymlink:
+		return syscall.S_IFLNK
+	}
+	return syscall.S_IFREG
+}
+
+func fillAttr(st node.Status, out *fuse.Attr) {
+	out.Ino = ino(st.FID)
+	out.Size = st.Size
+	out.Blocks = (st.Size + 511) / 512
+	out.Blksize = 4096
+	out.Mode = typeBits(st.Type) | st.Mode&0o7777
+	out.Nlink = st.Nlink
+	out.Owner = fuse.Owner{Uid: st.UID, Gid: st.GID}
+	out.SetTimes(&st.Atime, &st.Mtime, &st.Ctime)
+}
+
+// errno turns a cache manager error into the errno for the kernel.
+func errno(err error) syscall.Errno { return client.Errno(err) }
+
+func (h *hnode) OnAdd(ctx context.Context) { h.m.track(h) }
+
+func (h *hnode) OnForget() { h.m.untrack(h) }
+
+// child wraps a cache manager node in a kernel inode and fills out.
+func (h *hnode) child(ctx context.Context, n *client.Node, st node.Status, out *fuse.EntryOut) *fs.Inode {
+	fillAttr(st, &out.Attr)
+	left := h.m.c.PromiseLeft(n)
+	out.SetEntryTimeout(left)
+	out.SetAttrTimeout(left)
+	return h.NewInode(ctx, &hnode{m: h.m, n: n}, fs.StableAttr{Mode: typeBits(st.Type), Ino: ino(st.FID), Gen: st.FID.Unique})
+}
+
+func (h *hnode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	n, st, err := h.m.c.Lookup(h.n, name)
+	if err != nil {
+		return nil, errno(err)
+	}
+	return h.child(ctx, n, st, out), 0
+}
+
+func (h *hnode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	st, err := h.m.c.Getattr(h.n)
+	if err != nil {
+		return errno(err)
+	}
+	fillAttr(st, &out.Attr)
+	out.SetTimeout(h.m.c.PromiseLeft(h.n))
+	return 0
+}
+
+func (h *hnode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	var a client.Attr
+	if m, ok := in.GetMode(); ok {
+		m &= 0o7777
+		a.Mode = &m
+	}
+	if u, ok := in.GetUID(); ok {
+		a.UID = &u
+	}
+	if g, ok := in.GetGID(); ok {
+		a.GID = &g
+	}
+	if t, ok := in.GetATime(); ok {
+		a.Atime = &t
+	}
+	if t, ok := in.GetMTime(); ok {
+		a.Mtime = &t
+	}
+	if size, ok := in.GetSize(); ok {
+		// ftruncate on an open file stays local until the file is stored,
+		// as its writes do; truncate by name goes to the server now, in
+		// place if the cache file is being read directly.
+		fh := ourHandle(f)
+		h.mu.Lock()
+		direct := h.ptOpens > 0
+		h.mu.Unlock()
+		switch {
+		case fh != nil && fh.f.Writable() && fh.mode != modePassthrough:
+			if err := fh.f.Truncate(int64(size)); err != nil {
+				return errno(err)
+			}
+		case direct:
+			if _, err := h.m.c.TruncateStored(h.n, size); err != nil {
+				return errno(err)
+			}
+		default:
+			a.Size = &size
+		}
+	}
+	st, err := h.m.c.SetAttr(h.n, a)
+	if err != nil {
+		return errno(err)
+	}
+	fillAttr(st, &out.Attr)
+	out.SetTimeout(h.m.c.PromiseLeft(h.n))
+	return 0
+}
+
+func (h *hnode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	ents, err := h.m.c.ReadDirNode(h.n)
+	if err != nil {
+		return nil, errno(err)
+	}
+	list := make([]fuse.DirEntry, len(ents))
+	for i, e := range ents {
+		list[i] = fuse.DirEntry{Name: e.Name, Ino: ino(e.FID), Mode: typeBits(e.Type)}
+	}
+	return fs.NewListDirStream(list), 0
+}
+
+// caller is the process a request comes from: new files are its.
+func caller(ctx context.Context) client.Creator {
+	if c, ok := fuse.FromContext(ctx); ok {
+		return client.Creator{UID: c.Uid, GID: c.Gid}
+	}
+	return client.Creator{UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}
+}
+
+func (h *hnode) make(ctx context.Context, name string, t node.Type, mode uint32, target string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	n, err := h.m.c.CreateAt(h.n, name, t, mode&0o7777, caller(ctx), target, true)
+	if err != nil {
+		return nil, errno(err)
+	}
+	st, err := h.m.c.Getattr(n)
+	if err != nil {
+		return nil, errno(err)
+	}
+	return h.child(ctx, n, st, out), 0
+}
+
+func (h *hnode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return h.make(ctx, name, node.TypeDir, mode, "", out)
+}
+
+func (h *hnode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return h.make(ctx, name, node.TypeSymlink, 0o777, target, out)
+}
+
+func (h *hnode) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if mode&syscall.S_IFMT != syscall.S_IFREG && mode&syscall.S_IFMT != 0 {
+		return nil, syscall.EPERM // devices, fifos and sockets have no place in hoard
+	}
+	return h.make(ctx, name, node.TypeFile, mode, "", out)
+}
+
+func (h *hnode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	st, err := h.m.c.Getattr(h.n)
+	if err != nil {
+		return nil, errno(err)
+	}
+	if st.Type != node.TypeSymlink {
+		return nil, syscall.EINVAL
+	}
+	return []byte(st.Target), 0
+}
+
+func (h *hnode) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	t, ok := target.(*hnode)
+	if !ok {
+		return nil, syscall.EXDEV
+	}
+	n, err := h.m.c.LinkAt(h.n, name, t.n)
+	if err != nil {
+		return nil, errno(err)
+	}
+	st, err := h.m.c.Getattr(n)
+	if err != nil {
+		return nil, errno(err)
+	}
+	return h.child(ctx, n, st, out), 0
+}
+
+func (h *hnode) Unlink(ctx context.Context, name string) syscall.Errno {
+	return errno(h.m.c.RemoveAt(h.n, name, false))
+}
+
+func (h *hnode) Rmdir(ctx context.Context, name string) syscall.Errno {
+	return errno(h.m.c.RemoveAt(h.n, name, true))
+}
+
+func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	np, ok := newParent.(*hnode)
+	if !ok {
+		return syscall.EXDEV
+	}
+	switch flags {
+	case 0:
+	case unix.RENAME_NOREPLACE:
+		if _, _, err := h.m.c.Lookup(np.n, newName); err == nil {
+			return syscall.EEXIST
+		} else if errno(err) != syscall.ENOENT {
+			return errno(err)
+		}
+	default:
+		return syscall.EINVAL // RENAME_EXCHANGE and friends are not supported
+	}
+	return errno(h.m.c.RenameAt(h.n, name, np.n, newName))
+}
+
+func (h *hnode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	st, err := h.m.c.StatFS()
+	if err != nil {
+		return errno(err)
+	}
+	out.Bsize = uint32(st.BlockSize)
+	out.Frsize = uint32(st.BlockSize)
+	out.Blocks, out.Bfree, out.Bavail = st.Blocks, st.BlocksFree, st.BlocksFree
+	out.Files, out.Ffree = st.Files, st.FilesFree
+	out.NameLen = node.MaxName
+	return 0
+}
+
+func (h *hnode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	n, err := h.m.c.CreateAt(h.n, name, node.TypeFile, mode&0o7777, caller(ctx), "", flags&syscall.O_EXCL != 0)
+	if err != nil {
+		return nil, nil, 0, errno(err)
+	}
+	st, err := h.m.c.Getattr(n)
+	if err != nil {
+		return nil, nil, 0, errno(err)
+	}
+	inode := h.child(ctx, n, st, out)
+	child := inode.Operations().(*hnode)
+	fh, fuseFlags, e := child.open(name, flags)
+	return inode, fh, fuseFlags, e
+}
+
+func (h *hnode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return h.open(h.Path(h.Root()), flags)
+}
+
+// open picks how the kernel reads the file: straight from the cache file
+// (passthrough) when it is wholly cached under a valid promise, through the
+// page cache otherwise. The kernel requires every open of an inode that has
+// a passthrough open to be passthrough too, writers included: their writes
+// land in the cache file, and the cache manager finds them by checksum.
+func (h *hnode) open(name string, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	// The kernel hands us offsets for O_APPEND itself.
+	f, err := h.m.c.OpenAt(h.n, "/"+name, int(flags)&^os.O_APPEND)
+	if err != nil {
+		return nil, 0, errno(err)
+	}
+	st := h.n.Status()
+	writable := f.Writable()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	fh := &handle{h: h, f: f}
+	pt := h.m.passthrough && (h.ptOpens > 0 || !writable && h.cachedOpens == 0 && h.n.Complete())
+	if pt {
+		if writable && h.ptVersion != st.DataVersion {
+			// The open passthrough files hold an older version (another
+			// client changed the file meanwhile); a writer there would
+			// write into a file the cache no longer owns.
+			f.Close()
+			return nil, 0, syscall.ETXTBSY
+		}
+		if writable {
+			f.WritesOutside()
+		}
+		if h.ptOpens == 0 {
+			h.ptVersion = st.DataVersion
+		}
+		h.n.Pin()
+		h.ptOpens++
+		h.m.countPassthrough()
+		fh.mode = modePassthrough
+		return &ptHandle{handle: fh}, 0, 0
+	}
+	h.cachedOpens++
+	fh.mode = modeCached
+	var fuseFlags uint32
+	if h.n.Valid() && h.pageVersion == st.DataVersion {
+		fuseFlags = fuse.FOPEN_KEEP_CACHE // nothing changed since the kernel cached it
+	}
+	h.pageVersion = st.DataVersion
+	return fh, fuseFlags, 0
+}
+
+// ourHandle unwraps a handle the kernel passes back.
+func ourHandle(f fs.FileHandle) *handle {
+	switch fh := f.(type) {
+	case *handle:
+		return fh
+	case *ptHandle:
+		return fh.handle
+	}
+	return nil
+}
+
+// released ends an open of the given mode.
+func (h *hnode) released(mode openMode) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch mode {
+	case modePassthrough:
+		h.ptOpens--
+		h.n.Unpin()
+	case modeCached:
+		h.cachedOpens--
+	}
+}
+
+// invalidate drops what the kernel caches for this inode: attributes and
+// pages, and for a directory every name it has looked up in it.
+func (h *hnode) invalidate() {
+	h.mu.Lock()
+	h.pageVersion = 0
+	h.mu.Unlock()
+	h.NotifyContent(0, 0)
+	if h.IsDir() {
+		for name := range h.Children() {
+			h.NotifyEntry(name)
+		}
+	}
+}
+
+// Extended attributes are not stored by hoard: setting one says so
+// (ENOTSUP, which cp -a and rsync -X take as "not supported here"),
+// reading one finds none.
+func (h *hnode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	return 0, syscall.ENODATA
+}
+
+func (h *hnode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	return syscall.ENOTSUP
+}
+
+func (h *hnode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	return syscall.ENOTSUP
+}
+
+func (h *hnode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	return 0, 0
+}

@@ -1,0 +1,269 @@
+package mount
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/node"
+)
+
+// Options configure a mount.
+type Options struct {
+	// Passthrough lets the kernel read wholly cached files straight from
+	// their cache files (Linux ≥ 6.9, root). Off: the page cache serves
+	// repeated reads instead.
+	Passthrough bool
+	// Debug logs every FUSE request.
+	Debug  bool
+	Logger *slog.Logger
+}
+
+// Mount is a mounted hoard file system.
+type Mount struct {
+	c      *client.Client
+	dir    string
+	server *fuse.Server
+	log    *slog.Logger
+	queue  *invalQueue
+
+	passthrough bool
+	ptCount     atomic.Int64
+
+	mu     sync.Mutex
+	inodes map[node.FID]*hnode
+}
+
+// InvalidateWait bounds how long a break waits for the kernel to drop its
+// copies before the break is acknowledged anyway.
+const InvalidateWait = time.Second
+
+// New prepares a mount for c; hand its Invalidate to the client's
+// Options.OnInvalidate before dialing, then call Serve.
+func New(o Options) *Mount {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	m := &Mount{log: o.Logger, inodes: map[node.FID]*hnode{}, passthrough: o.Passthrough}
+	m.queue = newInvalQueue(m.notify)
+	return m
+}
+
+// Invalidate is the client's OnInvalidate: it queues kernel invalidations
+// for fids and waits, bounded, until they were sent.
+func (m *Mount) Invalidate(fids []node.FID) {
+	m.queue.wait(m.queue.add(fids), InvalidateWait)
+}
+
+// notify runs on the queue's worker.
+func (m *Mount) notify(f node.FID) {
+	m.mu.Lock()
+	h := m.inodes[f]
+	m.mu.Unlock()
+	if h != nil {
+		h.invalidate()
+	}
+}
+
+func (m *Mount) track(h *hnode) {
+	m.mu.Lock()
+	m.inodes[h.n.FID()] = h
+	m.mu.Unlock()
+}
+
+func (m *Mount) untrack(h *hnode) {
+	m.mu.Lock()
+	if m.inodes[h.n.FID()] == h {
+		delete(m.inodes, h.n.FID())
+	}
+	m.mu.Unlock()
+}
+
+func (m *Mount) countPassthrough() {
+	m.c.Gauge("passthrough_opens", m.ptCount.Add(1))
+}
+
+// CheckMountpoint refuses a mountpoint that is missing, not a directory,
+// or already a mount, with a message that says which.
+func CheckMountpoint(dir string) error {
+	var sfs syscall.Statfs_t
+	fi, err := os.Stat(dir)
+	if err == nil {
+		// A dead FUSE mount may still answer stat from cached attributes;
+		// statfs reaches the (missing) daemon.
+		err = syscall.Statfs(dir, &sfs)
+	}
+	if errors.Is(err, syscall.ENOTCONN) {
+		return fmt.Errorf("mountpoint %s: a dead mount is still there (transport endpoint is not connected); run: hoard umount %s", dir, dir)
+	}
+	if err != nil {
+		if u := errors.Unwrap(err); u != nil {
+			err = u
+		}
+		return fmt.Errorf("mountpoint %s: %v", dir, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("mountpoint %s: not a directory", dir)
+	}
+	if mounted, _ := IsMounted(dir); mounted {
+		return fmt.Errorf("mountpoint %s: already a mount", dir)
+	}
+	return nil
+}
+
+// IsMounted reports whether dir is a mount point, from /proc/self/mountinfo.
+func IsMounted(dir string) (bool, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return false, err
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && unescapeMount(f[4]) == abs {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// unescapeMount undoes mountinfo's octal escapes of space, tab, newline
+// and backslash.
+func unescapeMount(s string) string {
+	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
+	return r.Replace(s)
+}
+
+// CheckFuse says clearly when /dev/fuse cannot be used.
+func CheckFuse() error {
+	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("/dev/fuse is not usable: %v (is the fuse module loaded, and is /dev/fuse available in this container?)", errors.Unwrap(err))
+	}
+	return f.Close()
+}
+
+// Serve mounts c's root volume at dir and serves it until Unmount.
+func (m *Mount) Serve(c *client.Client, dir string, debug bool) error {
+	m.c, m.dir = c, dir
+	root := &hnode{m: m, n: c.Root()}
+	rootSt, err := c.Getattr(c.Root())
+	if err != nil {
+		return err
+	}
+	asRoot := os.Geteuid() == 0
+	opts := &fs.Options{
+		MountOptions: fuse.MountOptions{
+			FsName:      "hoard",
+			Name:        "hoard",
+			DirectMount: asRoot,
+			AllowOther:  asRoot,
+			MaxWrite:    1 << 20,
+			Options:     []string{"default_permissions"},
+			Debug:       debug,
+		},
+		RootStableAttr: &fs.StableAttr{Ino: ino(rootSt.FID), Gen: rootSt.FID.Unique},
+	}
+	if !m.passthrough {
+		opts.MountOptions.DisabledCapabilities = fuse.CAP_PASSTHROUGH
+	}
+	if !asRoot {
+		if _, err := findFusermount(); err != nil {
+			return err
+		}
+	}
+	server, err := fs.Mount(dir, root, opts)
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", dir, err)
+	}
+	m.server = server
+	m.track(root)
+	m.reportReadPath(asRoot)
+	return nil
+}
+
+// reportReadPath logs once which path cached reads take.
+func (m *Mount) reportReadPath(asRoot bool) {
+	kernel := m.server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0
+	switch {
+	case !m.passthrough:
+		m.log.Info("cached reads: kernel page cache (passthrough off by option)", "mountpoint", m.dir)
+	case !kernel:
+		m.passthrough = false
+		m.log.Info("cached reads: kernel page cache (this kernel has no FUSE passthrough)", "mountpoint", m.dir)
+	case !asRoot:
+		m.passthrough = false
+		m.log.Info("cached reads: kernel page cache (passthrough needs root)", "mountpoint", m.dir)
+	default:
+		m.log.Info("cached reads: FUSE passthrough from the cache files", "mountpoint", m.dir)
+	}
+}
+
+// Passthrough reports whether passthrough opens are in use.
+func (m *Mount) Passthrough() bool { return m.passthrough }
+
+// Wait blocks until the file system is unmounted.
+func (m *Mount) Wait() { m.server.Wait() }
+
+// Unmount unmounts and stops the invalidation worker.
+func (m *Mount) Unmount() error {
+	err := m.server.Unmount()
+	m.queue.close()
+	return err
+}
+
+func findFusermount() (string, error) {
+	for _, name := range []string{"fusermount3", "fusermount"} {
+		for _, dir := range filepath.SplitList(os.Getenv("PATH") + ":/bin:/usr/bin") {
+			p := filepath.Join(dir, name)
+			if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+				return p, nil
+			}
+		}
+	}
+	return "", errors.New("mounting as a normal user needs fusermount3 (Debian package fuse3), which is not installed")
+}
+
+// Unmount unmounts dir, also when the daemon that served it died and left
+// "transport endpoint is not connected" behind.
+func Unmount(dir string) error {
+	mounted, err := IsMounted(dir)
+	if err != nil {
+		return err
+	}
+	if !mounted {
+		return fmt.Errorf("%s is not mounted", dir)
+	}
+	if os.Geteuid() == 0 {
+		if err := syscall.Unmount(dir, 0); err == nil {
+			return nil
+		}
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			return fmt.Errorf("umount %s: %w", dir, err)
+		}
+		return nil
+	}
+	fm, err := findFusermount()
+	if err != nil {
+		return err
+	}
+	if out, err := exec.Command(fm, "-u", "-z", dir).CombinedOutput(); err != nil {
+		return fmt.Errorf("umount %s: %v: %s", dir, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
