@@ -1,18 +1,53 @@
 #!/usr/bin/env bash
 # `make run`: start a single-node hoard server with its data in a local
-# directory, in the foreground, and say how to use it.
+# directory, mount it with FUSE next to it, say how to use both, and stop
+# everything on Ctrl-C.
 set -euo pipefail
 bin=$1 data=$2 listen=$3
-mkdir -p "$data"
-cat <<MSG
-hoard: starting a single-node server
-  data:    $data
-  address: $listen
-Try, from another shell:
+top=$(dirname "$data")
+mnt=${HOARD_MNT:-$top/mnt}
+cache=${HOARD_CACHE:-$top/cache}
+mkdir -p "$data" "$mnt" "$cache"
+if "$bin" umount "$mnt" >/dev/null 2>&1; then echo "hoard: cleared a stale mount at $mnt"; fi
+
+"$bin" server --data "$data" --listen "$listen" --log-level info &
+server=$!
+mounted=
+cleanup() {
+  if [ -n "$mounted" ]; then "$bin" umount "$mnt" || true; fi
+  kill "$server" 2>/dev/null || true
+  wait "$server" 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 0' INT TERM
+
+for _ in $(seq 50); do
+  "$bin" ls / --server "$listen" --cache "" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+
+if "$bin" mount --server "$listen" --cache "$cache" --daemon "$mnt"; then
+  mounted=1
+  cat <<MSG
+
+hoard is running.
+  server:  $listen, data in $data
+  mounted: $mnt (cache in $cache)
+Use it like any directory, from another shell:
+  cp README.md $mnt/ && ls -l $mnt && cat $mnt/README.md
+Or with the client commands:
+  $bin ls -l / --server $listen
+  $bin cache stats --cache $cache
+Stop with Ctrl-C (unmounts and stops the server).
+MSG
+else
+  cat <<MSG
+
+hoard server is running on $listen (data in $data), but the FUSE mount failed
+(see the message above). The client commands work without it:
   $bin put README.md /README.md --server $listen
   $bin ls -l / --server $listen
-  $bin cat /README.md --server $listen
-  $bin cache stats
 Stop with Ctrl-C.
 MSG
-exec "$bin" server --data "$data" --listen "$listen" --log-level info
+fi
+wait "$server"
