@@ -186,9 +186,11 @@ func (c *Client) Close() error {
 	return c.cache.Close()
 }
 
-// backChannel keeps a Connect stream open, reconnecting with backoff. Each
-// new stream is a new session: promises from the old one may have missed
-// breaks, so they are all dropped.
+// backChannel keeps a Connect stream open, reconnecting with backoff. While
+// the server is unreachable, promises are kept until they expire, so cached
+// data stays readable (as AFS does); each new stream is a new session, and
+// promises from the old one may have missed breaks, so they are all dropped
+// before the new session is used.
 func (c *Client) backChannel(first chan<- error) {
 	defer c.wg.Done()
 	backoff := 100 * time.Millisecond
@@ -199,7 +201,6 @@ func (c *Client) backChannel(first chan<- error) {
 			first = nil
 		}
 		c.setSession("")
-		c.resetPromises()
 		if c.ctx.Err() != nil {
 			return
 		}
@@ -211,7 +212,9 @@ func (c *Client) backChannel(first chan<- error) {
 			return
 		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 2*time.Second)
+		// Capped well below the server's grace period, so a restarted
+		// server hears from every client before it acknowledges changes.
+		backoff = min(backoff*2, 500*time.Millisecond)
 	}
 }
 
@@ -241,6 +244,9 @@ func (c *Client) runSession(first chan<- error) error {
 	if changed {
 		c.log.Info("server restarted; cached files will be revalidated", "server", c.opts.Server, "epoch", w.Epoch)
 	}
+	if first == nil {
+		c.resetPromises()
+	}
 	c.setSession(fmt.Sprintf("%d.%d", w.Epoch, w.ClientId))
 	if first != nil {
 		first <- nil
@@ -260,7 +266,7 @@ func (c *Client) runSession(first chan<- error) error {
 			case <-heard:
 				t.Reset(silence)
 			case <-t.C:
-				c.log.Warn("server silent on the back channel; dropping promises", "server", c.opts.Server)
+				c.log.Warn("server silent on the back channel; reconnecting", "server", c.opts.Server)
 				cancel()
 				return
 			}

@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -502,5 +503,53 @@ func TestFuseBadMountpoint(t *testing.T) {
 	}
 	if out, code := run(t, "umount", t.TempDir()); code != 2 || !strings.Contains(out, "not mounted") {
 		t.Errorf("umount of a plain directory: %d %q", code, out)
+	}
+}
+
+// With the server gone, cached and still promised files stay readable,
+// other operations fail within the mount's timeout, and all recovers when
+// the server is back.
+func TestFuseServerAway(t *testing.T) {
+	needFuse(t)
+	srv := startServer(t, t.TempDir())
+	m := startMount(t, srv, t.TempDir(), "--timeout", "2s")
+	content := pattern(700<<10, 4)
+	os.WriteFile(m.path("cached"), content, 0o644)
+	if got, _ := os.ReadFile(m.path("cached")); !bytes.Equal(got, content) {
+		t.Fatal("read differs")
+	}
+	srv.kill9()
+	for i := 0; i < 3; i++ {
+		got, err := os.ReadFile(m.path("cached"))
+		if err != nil || !bytes.Equal(got, content) {
+			t.Fatalf("cached read with the server gone: %v", err)
+		}
+	}
+	start := time.Now()
+	err := os.WriteFile(m.path("new"), []byte("x"), 0o644)
+	took := time.Since(start)
+	if err == nil {
+		t.Fatal("a create succeeded with the server gone")
+	}
+	if !errors.Is(err, syscall.EIO) && !errors.Is(err, syscall.ETIMEDOUT) {
+		t.Fatalf("create with the server gone: %v, want EIO or ETIMEDOUT", err)
+	}
+	if took > 6*time.Second {
+		t.Fatalf("create took %v to fail with a 2s timeout", took)
+	}
+	srv.restart()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := os.WriteFile(m.path("after"), []byte("back"), 0o644)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the mount did not recover: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got, _ := os.ReadFile(m.path("after")); string(got) != "back" {
+		t.Fatalf("read after recovery: %q", got)
 	}
 }

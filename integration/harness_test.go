@@ -73,7 +73,7 @@ func startServer(t testing.TB, data string, extra ...string) *serverProc {
 
 func (s *serverProc) start() {
 	s.t.Helper()
-	args := append([]string{"server", "--data", s.data, "--listen", s.addr, "--log-level", "info"}, s.args...)
+	args := append([]string{"server", "--data", s.data, "--listen", s.addr, "--log-level", "info", "--grace", "1s"}, s.args...)
 	s.cmd = exec.Command(hoardBin, args...)
 	s.logs = &bytes.Buffer{}
 	stderr, _ := s.cmd.StderrPipe()

@@ -133,7 +133,7 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	if t == 0 {
 		return nil, s.fail("Create", fmt.Errorf("create %q: unknown type %d: %w", req.Name, req.Type, syscall.EINVAL))
 	}
-	o, err := s.begin(ctx)
+	o, err := s.beginChange(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +156,7 @@ func (s *Server) Link(ctx context.Context, req *pb.LinkRequest) (*pb.LinkReply, 
 	if err != nil {
 		return nil, s.fail("Link", err)
 	}
-	o, err := s.begin(ctx)
+	o, err := s.beginChange(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -173,7 +173,7 @@ func (s *Server) Remove(ctx context.Context, req *pb.RemoveRequest) (*pb.RemoveR
 	if err != nil {
 		return nil, s.fail("Remove", err)
 	}
-	o, err := s.begin(ctx)
+	o, err := s.beginChange(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +194,7 @@ func (s *Server) Rename(ctx context.Context, req *pb.RenameRequest) (*pb.RenameR
 	if err != nil {
 		return nil, s.fail("Rename", err)
 	}
-	o, err := s.begin(ctx)
+	o, err := s.beginChange(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -221,7 +221,7 @@ func (s *Server) SetAttr(ctx context.Context, req *pb.SetAttrRequest) (*pb.SetAt
 	if req.Mask == 0 || req.Mask >= 1<<6 {
 		return nil, s.fail("SetAttr", fmt.Errorf("setattr %v: mask %#x: %w", f, req.Mask, syscall.EINVAL))
 	}
-	o, err := s.begin(ctx)
+	o, err := s.beginChange(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -311,7 +311,7 @@ func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 	if err != nil {
 		return s.fail("Store", err)
 	}
-	o, err := s.begin(ctx)
+	o, err := s.beginChange(ctx)
 	if err != nil {
 		return err
 	}

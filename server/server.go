@@ -35,12 +35,17 @@ type Config struct {
 	Ping time.Duration
 	// MaxPromises bounds promises held across all clients (0: no bound).
 	MaxPromises int
-	Logger      *slog.Logger
+	// Grace holds back changes after a start: clients that held promises
+	// from the previous server life reconnect within it and drop them, so
+	// no change is acknowledged while one of them could still trust a
+	// promise this server no longer knows (NFSv4 has a grace period too).
+	Grace  time.Duration
+	Logger *slog.Logger
 }
 
 // DefaultConfig is what `hoard server` uses unless told otherwise.
 func DefaultConfig() Config {
-	return Config{PromiseTTL: 10 * time.Minute, BreakTimeout: 2 * time.Second, Ping: 5 * time.Second, MaxPromises: 1 << 20}
+	return Config{PromiseTTL: 10 * time.Minute, BreakTimeout: 2 * time.Second, Ping: 5 * time.Second, MaxPromises: 1 << 20, Grace: 3 * time.Second}
 }
 
 // Server implements hoardpb.FileServerServer.
@@ -58,6 +63,7 @@ type Server struct {
 	stop      chan struct{}
 	closeOnce sync.Once
 	stopped   sync.WaitGroup
+	graceEnd  time.Time
 }
 
 type conn struct {
@@ -71,14 +77,17 @@ func New(store *vnode.Store, cfg Config) *Server {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{
-		store:   store,
-		cfg:     cfg,
-		log:     cfg.Logger,
-		cb:      callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises}),
-		conns:   map[callback.ClientID]*conn{},
-		waiters: map[callback.Round]chan struct{}{},
-		wake:    make(chan struct{}, 1),
-		stop:    make(chan struct{}),
+		store:    store,
+		cfg:      cfg,
+		log:      cfg.Logger,
+		cb:       callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises}),
+		conns:    map[callback.ClientID]*conn{},
+		waiters:  map[callback.Round]chan struct{}{},
+		wake:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+	}
+	if store.Epoch() > 1 { // a first start has no clients from before
+		s.graceEnd = time.Now().Add(cfg.Grace)
 	}
 	s.stopped.Add(1)
 	go s.timer()
@@ -285,6 +294,19 @@ type op struct {
 	s     *Server
 	id    callback.ClientID
 	since uint64
+}
+
+// beginChange is begin for an operation that changes something: it waits
+// out the grace period first.
+func (s *Server) beginChange(ctx context.Context) (*op, error) {
+	if wait := time.Until(s.graceEnd); wait > 0 {
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return s.begin(ctx)
 }
 
 func (s *Server) begin(ctx context.Context) (*op, error) {

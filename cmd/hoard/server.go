@@ -30,8 +30,8 @@ func serverCmd() *cobra.Command {
 			if data == "" {
 				return usagef("--data DIR is required")
 			}
-			if cfg.PromiseTTL <= 0 || cfg.BreakTimeout <= 0 || cfg.Ping <= 0 {
-				return usagef("--promise-ttl, --break-timeout and --ping must be positive")
+			if cfg.PromiseTTL <= 0 || cfg.BreakTimeout <= 0 || cfg.Ping <= 0 || cfg.Grace < 0 {
+				return usagef("--promise-ttl, --break-timeout and --ping must be positive, --grace not negative")
 			}
 			if profile != "" {
 				f, err := os.Create(profile)
@@ -91,6 +91,7 @@ func serverCmd() *cobra.Command {
 	f.DurationVar(&cfg.PromiseTTL, "promise-ttl", cfg.PromiseTTL, "lifetime of a callback promise")
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break")
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
+	f.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after a start, how long changes wait for clients of the previous life to reconnect")
 	f.StringVar(&profile, "cpuprofile", "", "write a CPU profile here until the server stops")
 	f.MarkHidden("cpuprofile")
 	f.IntVar(&cfg.MaxPromises, "max-promises", cfg.MaxPromises, "promises held across all clients before the oldest are broken")
