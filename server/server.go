@@ -77,14 +77,14 @@ func New(store *vnode.Store, cfg Config) *Server {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{
-		store:    store,
-		cfg:      cfg,
-		log:      cfg.Logger,
-		cb:       callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises}),
-		conns:    map[callback.ClientID]*conn{},
-		waiters:  map[callback.Round]chan struct{}{},
-		wake:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
+		store:   store,
+		cfg:     cfg,
+		log:     cfg.Logger,
+		cb:      callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises}),
+		conns:   map[callback.ClientID]*conn{},
+		waiters: map[callback.Round]chan struct{}{},
+		wake:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
 	}
 	if store.Epoch() > 1 { // a first start has no clients from before
 		s.graceEnd = time.Now().Add(cfg.Grace)
