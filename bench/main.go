@@ -34,6 +34,7 @@ var (
 	dirFlag   = flag.String("dir", "", "scratch directory on the disk to measure (default: a temp dir under the current directory)")
 	readSize  = flag.Int("read", 1<<20, "read size for the large file")
 	profile   = flag.String("cpuprofile", "", "write a CPU profile of the disk-cache cold fetches here")
+	only      = flag.String("only", "all", "which part to run: lib (the library), fuse (the mount), all")
 )
 
 func main() {
@@ -65,6 +66,9 @@ func run() error {
 	}
 	defer stop()
 	machine()
+	if *only == "fuse" {
+		return fuseBench(bin, addr, scratch)
+	}
 
 	// The large file: written once locally and once into hoard.
 	data := make([]byte, 4<<20)
@@ -169,7 +173,13 @@ func run() error {
 	}
 	os.Remove(local)
 
-	return smallFiles(w, addr, scratch)
+	if err := smallFiles(w, addr, scratch); err != nil {
+		return err
+	}
+	if *only == "all" {
+		return fuseBench(bin, addr, scratch)
+	}
+	return nil
 }
 
 func smallFiles(w *client.Client, addr, scratch string) error {

@@ -292,7 +292,7 @@ func (h *hnode) open(name string, flags uint32) (fs.FileHandle, uint32, syscall.
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	fh := &handle{h: h, f: f}
-	pt := h.m.passthrough && (h.ptOpens > 0 || !writable && h.cachedOpens == 0 && h.n.Complete())
+	pt := h.m.passthrough && (h.ptOpens > 0 || !writable && h.cachedOpens == 0 && st.Size >= passthroughMin && h.n.Complete())
 	if pt {
 		if writable && h.ptVersion != st.DataVersion {
 			// The open passthrough files hold an older version (another
@@ -311,17 +311,31 @@ func (h *hnode) open(name string, flags uint32) (fs.FileHandle, uint32, syscall.
 		h.ptOpens++
 		h.m.countPassthrough()
 		fh.mode = modePassthrough
-		return &ptHandle{handle: fh}, 0, 0
+		return &ptHandle{handle: fh}, noFlush(writable), 0
 	}
 	h.cachedOpens++
 	fh.mode = modeCached
-	var fuseFlags uint32
+	fuseFlags := noFlush(writable)
 	if h.n.Valid() && h.pageVersion == st.DataVersion {
-		fuseFlags = fuse.FOPEN_KEEP_CACHE // nothing changed since the kernel cached it
+		fuseFlags |= fuse.FOPEN_KEEP_CACHE // nothing changed since the kernel cached it
 	}
 	h.pageVersion = st.DataVersion
 	return fh, fuseFlags, 0
 }
+
+// noFlush spares a reader's close its FLUSH round trip: there is nothing to
+// store.
+func noFlush(writable bool) uint32 {
+	if writable {
+		return 0
+	}
+	return fuse.FOPEN_NOFLUSH
+}
+
+// passthroughMin is the smallest file worth a passthrough open: below it the
+// two extra ioctls per open (register and release the backing file) cost
+// more than the page cache, which serves a small file as well.
+const passthroughMin = 256 << 10
 
 // ourHandle unwraps a handle the kernel passes back.
 func ourHandle(f fs.FileHandle) *handle {

@@ -1,0 +1,229 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// fuseBench measures the FUSE mount against the local file system on the
+// same disk, with passthrough on and off (issue 3's table).
+func fuseBench(bin, addr, scratch string) error {
+	n, size := *filesFlag, *smallFlag
+	big := *sizeFlag
+	local := filepath.Join(scratch, "fuse-local")
+	os.MkdirAll(filepath.Join(local, "tree"), 0o755)
+	data := make([]byte, 4<<20)
+	for i := range data {
+		data[i] = byte(i*13 + i>>11)
+	}
+	if err := writeLocal(filepath.Join(local, "big"), data, big); err != nil {
+		return err
+	}
+	small := make([]byte, size)
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("tree/d%02d/f%05d", i%100, i)
+		os.MkdirAll(filepath.Join(local, filepath.Dir(names[i])), 0o755)
+		if err := os.WriteFile(filepath.Join(local, names[i]), small, 0o644); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("\n## FUSE mount vs local file system (%s file, %d files of %s)\n\n", human(big), n, human(int64(size)))
+	fmt.Println("| measurement | local | hoard, passthrough | ratio | hoard, page cache | ratio |")
+	fmt.Println("|---|---|---|---|---|---|")
+
+	type result struct{ pt, pc time.Duration }
+	rows := []struct {
+		name  string
+		unit  string
+		local time.Duration
+		r     result
+	}{
+		{name: "warm sequential read, 1 MiB reads (s)"},
+		{name: "warm 4 KiB random reads, 20,000 (s)"},
+		{name: "open+read+close of each small file (s)"},
+		{name: "stat of each small file (s)"},
+		{name: "cold find | xargs cat (s)"},
+		{name: "warm find | xargs cat (s)"},
+	}
+	measure := func(root string) ([]time.Duration, error) {
+		var out []time.Duration
+		bigPath := filepath.Join(root, "big")
+		readFile(bigPath)
+		seq, err := bestOf(3, func() error { _, err := readFile(bigPath); return err })
+		if err != nil {
+			return nil, err
+		}
+		rnd, err := bestOf(3, func() error { return randomReads(bigPath, big, 20000) })
+		if err != nil {
+			return nil, err
+		}
+		orc, err := bestOf(3, func() error {
+			for _, name := range names {
+				if _, err := readFile(filepath.Join(root, name)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		st, err := bestOf(3, func() error {
+			for _, name := range names {
+				if _, err := os.Stat(filepath.Join(root, name)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		warm, err := bestOf(3, func() error { return findCat(filepath.Join(root, "tree")) })
+		if err != nil {
+			return nil, err
+		}
+		return append(out, seq, rnd, orc, st, 0, warm), nil
+	}
+	l, err := measure(local)
+	if err != nil {
+		return err
+	}
+	dropCaches()
+	lcold, err := timed(func() error { return findCat(filepath.Join(local, "tree")) })
+	if err != nil {
+		return err
+	}
+	l[4] = lcold
+	for i := range rows {
+		rows[i].local = l[i]
+	}
+	for _, pt := range []bool{true, false} {
+		mnt := filepath.Join(scratch, fmt.Sprintf("mnt-%v", pt))
+		cache := filepath.Join(scratch, fmt.Sprintf("fcache-%v", pt))
+		os.MkdirAll(mnt, 0o755)
+		args := []string{"mount", "--server", addr, "--cache", cache, "--cache-size", fmt.Sprint(big + 2<<30), "--daemon", fmt.Sprintf("--passthrough=%v", pt), mnt}
+		if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("mount: %v: %s", err, out)
+		}
+		stop := func() { exec.Command(bin, "umount", mnt).Run() }
+		if pt {
+			// Fill the cell through the first mount.
+			if err := exec.Command("cp", "-a", filepath.Join(local, "big"), filepath.Join(local, "tree"), mnt).Run(); err != nil {
+				stop()
+				return err
+			}
+			stop()
+			// Remount with an empty cache for the cold run.
+			os.RemoveAll(cache)
+			if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+				return fmt.Errorf("mount: %v: %s", err, out)
+			}
+		}
+		dropCaches()
+		cold, err := timed(func() error { return findCat(filepath.Join(mnt, "tree")) })
+		if err != nil {
+			stop()
+			return err
+		}
+		h, err := measure(mnt)
+		stop()
+		if err != nil {
+			return err
+		}
+		h[4] = cold
+		for i := range rows {
+			if pt {
+				rows[i].r.pt = h[i]
+			} else {
+				rows[i].r.pc = h[i]
+			}
+		}
+	}
+	for _, r := range rows {
+		fmt.Printf("| %s | %.3f | %.3f | %.2f× | %.3f | %.2f× |\n", r.name, r.local.Seconds(), r.r.pt.Seconds(),
+			r.r.pt.Seconds()/r.local.Seconds(), r.r.pc.Seconds(), r.r.pc.Seconds()/r.local.Seconds())
+	}
+	fmt.Println("\n(ratios are hoard's time over the local file system's: lower is better)")
+	return nil
+}
+
+func timed(fn func() error) (time.Duration, error) {
+	start := time.Now()
+	err := fn()
+	return time.Since(start), err
+}
+
+func bestOf(n int, fn func() error) (time.Duration, error) {
+	var best time.Duration
+	for i := 0; i < n; i++ {
+		d, err := timed(fn)
+		if err != nil {
+			return 0, err
+		}
+		best = minDur(best, d)
+	}
+	return best, nil
+}
+
+var readBuf = make([]byte, 1<<20)
+
+// readFile reads a whole file with 1 MiB reads into one reused buffer.
+func readFile(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	var total int64
+	for {
+		n, err := f.Read(readBuf)
+		total += int64(n)
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+func randomReads(path string, size int64, count int) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	rng := rand.New(rand.NewSource(1))
+	p := make([]byte, 4096)
+	for i := 0; i < count; i++ {
+		if _, err := f.ReadAt(p, rng.Int63n(size/4096)*4096); err != nil && err != io.EOF {
+			return err
+		}
+	}
+	return nil
+}
+
+// findCat is `find DIR -type f | xargs cat > /dev/null`.
+func findCat(dir string) error {
+	cmd := exec.Command("sh", "-c", "find "+dir+" -type f -print0 | xargs -0 cat > /dev/null")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("find|xargs cat: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// dropCaches empties the page cache (root only) so a cold run is cold.
+func dropCaches() {
+	syscall.Sync()
+	os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0o644)
+}
