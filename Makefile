@@ -4,7 +4,7 @@ BIN := bin/hoard
 DATA ?= $(CURDIR)/.hoard/server
 LISTEN ?= 127.0.0.1:7100
 
-.PHONY: build run test proto bench fuzz clean
+.PHONY: build run test proto bench fuzz clean conformance
 
 build:
 	$(GO) build -o $(BIN) ./cmd/hoard
@@ -26,3 +26,6 @@ bench: build
 
 clean:
 	rm -rf bin .hoard
+
+conformance: build
+	./scripts/conformance.sh

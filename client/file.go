@@ -238,6 +238,7 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 	if err := n.prepareWrite(off, int64(len(p))); err != nil {
 		return 0, f.pathErr("write", err)
 	}
+	n.touch()
 	k, err := n.entry.WriteAt(p, off)
 	if errors.Is(err, cache.ErrNoSpace) {
 		// Make room by storing what is dirty (stored chunks are
@@ -285,6 +286,22 @@ func (n *Node) prepareWrite(off, length int64) error {
 	return nil
 }
 
+// Allocate makes sure [off, off+n) exists: past the end it extends the file
+// with zeros (posix_fallocate); hoard does not reserve server space ahead.
+func (f *File) Allocate(off, n int64) error {
+	if off < 0 || n <= 0 {
+		return f.pathErr("fallocate", syscall.EINVAL)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if end := off + n; end > int64(st.Size) {
+		return f.Truncate(end)
+	}
+	return nil
+}
+
 // Truncate changes the file's size locally; Sync or Close stores it.
 func (f *File) Truncate(size int64) error {
 	if f.closed.Load() {
@@ -306,6 +323,7 @@ func (f *File) Truncate(size int64) error {
 }
 
 func (n *Node) truncateLocked(size uint64) error {
+	n.touch()
 	err := n.entry.Truncate(int64(size))
 	if errors.Is(err, cache.ErrMiss) {
 		// The chunk the new end falls in keeps its first part: fetch it.
@@ -343,8 +361,11 @@ func (n *Node) storeLocked(sync bool) error {
 		return nil
 	}
 	est, _ := n.entry.Status()
+	n.mu.Lock()
+	mtime := n.modified
+	n.mu.Unlock()
 	args := datapath.StoreArgs{
-		FID: n.fid, BaseVersion: est.DataVersion, Sync: sync,
+		FID: n.fid, BaseVersion: est.DataVersion, Sync: sync, Mtime: mtime,
 		HasTruncate: hasCut, Truncate: uint64(max(cut, 0)), HasSize: hasCut, Size: est.Size,
 		Read: func(p []byte, off int64) error {
 			_, err := n.entry.ReadAt(p, off)

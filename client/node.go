@@ -36,6 +36,9 @@ type Node struct {
 	// wmu serialises writers with stores of this file, so that a store
 	// never marks clean a byte written while it was in flight.
 	wmu sync.Mutex
+	// modified is when local writes or truncation last changed the file:
+	// its mtime and ctime until they are stored (the store carries it).
+	modified time.Time
 }
 
 type dirent struct {
@@ -55,9 +58,19 @@ func (n *Node) status() node.Status {
 	if n.entry != nil {
 		if est, ok := n.entry.Status(); ok && n.localChanges() {
 			st.Size = est.Size
+			if n.modified.After(st.Mtime) {
+				st.Mtime, st.Ctime = n.modified, n.modified
+			}
 		}
 	}
 	return st
+}
+
+// touch records a local change's time (wmu held).
+func (n *Node) touch() {
+	n.mu.Lock()
+	n.modified = time.Now()
+	n.mu.Unlock()
 }
 
 // localChanges reports unstored writes or truncation.

@@ -69,10 +69,11 @@ func (c *Client) OpenAt(n *Node, name string, flag int) (*File, error) {
 }
 
 // CreateAt makes name in dir: a file, directory, symlink (target is its
-// text) or mount point (target is a volume name), owned by who. With excl
-// unset an existing regular file is returned instead.
-func (c *Client) CreateAt(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, excl bool) (*Node, error) {
-	n, _, err := c.create(dir, name, t, mode, who, target, excl)
+// text), mount point (target is a volume name) or special file (rdev is a
+// device node's number), owned by who. With excl unset an existing regular
+// file is returned instead.
+func (c *Client) CreateAt(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool) (*Node, error) {
+	n, _, err := c.create(dir, name, t, mode, who, target, rdev, excl)
 	return n, err
 }
 

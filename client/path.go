@@ -152,7 +152,7 @@ func (c *Client) creator() Creator {
 
 // create makes name in dir. With excl unset an existing regular file is
 // returned instead (created=false).
-func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, excl bool) (*Node, bool, error) {
+func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool) (*Node, bool, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, false, err
 	}
@@ -161,7 +161,7 @@ func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Cr
 	var reply *pb.CreateReply
 	err := c.call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Create(ctx, &pb.CreateRequest{Dir: pb.FromFID(dir.fid), Name: name, Type: pb.FromType(t),
-			Mode: mode, Uid: who.UID, Gid: who.GID, Target: target, Exclusive: excl})
+			Mode: mode, Uid: who.UID, Gid: who.GID, Target: target, Rdev: rdev, Exclusive: excl})
 		return err
 	})
 	if err != nil {
@@ -198,7 +198,7 @@ func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, error
 	if err != nil {
 		return nil, err
 	}
-	n, _, err := c.create(dir, base, node.TypeFile, unixMode(perm), c.creator(), "", flag&os.O_EXCL != 0)
+	n, _, err := c.create(dir, base, node.TypeFile, unixMode(perm), c.creator(), "", 0, flag&os.O_EXCL != 0)
 	if errors.Is(err, syscall.EEXIST) && flag&os.O_EXCL == 0 {
 		// Exists as something else: a symlink to follow, or a directory.
 		return c.resolve(name, true)
@@ -284,7 +284,7 @@ func (f *File) ReadDir() ([]DirEntry, error) {
 func (c *Client) Mkdir(name string, perm os.FileMode) error {
 	dir, base, err := c.resolveParent(name)
 	if err == nil {
-		_, _, err = c.create(dir, base, node.TypeDir, unixMode(perm), c.creator(), "", true)
+		_, _, err = c.create(dir, base, node.TypeDir, unixMode(perm), c.creator(), "", 0, true)
 	}
 	return errOf("mkdir", name, err)
 }
@@ -293,7 +293,7 @@ func (c *Client) Mkdir(name string, perm os.FileMode) error {
 func (c *Client) Symlink(target, link string) error {
 	dir, base, err := c.resolveParent(link)
 	if err == nil {
-		_, _, err = c.create(dir, base, node.TypeSymlink, 0o777, c.creator(), target, true)
+		_, _, err = c.create(dir, base, node.TypeSymlink, 0o777, c.creator(), target, 0, true)
 	}
 	return errOf("symlink", link, err)
 }
@@ -316,7 +316,7 @@ func (c *Client) Readlink(name string) (string, error) {
 func (c *Client) MountVolume(name, volume string) error {
 	dir, base, err := c.resolveParent(name)
 	if err == nil {
-		_, _, err = c.create(dir, base, node.TypeMountPoint, 0o755, c.creator(), volume, true)
+		_, _, err = c.create(dir, base, node.TypeMountPoint, 0o755, c.creator(), volume, 0, true)
 	}
 	return errOf("mount", name, err)
 }

@@ -39,6 +39,14 @@ func FromType(t node.Type) FileType {
 		return FileType_FILE_TYPE_SYMLINK
 	case node.TypeMountPoint:
 		return FileType_FILE_TYPE_MOUNTPOINT
+	case node.TypeFifo:
+		return FileType_FILE_TYPE_FIFO
+	case node.TypeSocket:
+		return FileType_FILE_TYPE_SOCKET
+	case node.TypeCharDev:
+		return FileType_FILE_TYPE_CHARDEV
+	case node.TypeBlockDev:
+		return FileType_FILE_TYPE_BLOCKDEV
 	}
 	return FileType_FILE_TYPE_UNSPECIFIED
 }
@@ -54,6 +62,14 @@ func (t FileType) ToType() node.Type {
 		return node.TypeSymlink
 	case FileType_FILE_TYPE_MOUNTPOINT:
 		return node.TypeMountPoint
+	case FileType_FILE_TYPE_FIFO:
+		return node.TypeFifo
+	case FileType_FILE_TYPE_SOCKET:
+		return node.TypeSocket
+	case FileType_FILE_TYPE_CHARDEV:
+		return node.TypeCharDev
+	case FileType_FILE_TYPE_BLOCKDEV:
+		return node.TypeBlockDev
 	}
 	return 0
 }
@@ -74,6 +90,7 @@ func FromStatus(s node.Status, cb time.Duration) *Status {
 		CtimeNs:     s.Ctime.UnixNano(),
 		Target:      s.Target,
 		CallbackMs:  uint64(cb / time.Millisecond),
+		Rdev:        s.Rdev,
 	}
 }
 
@@ -96,6 +113,7 @@ func (s *Status) ToStatus() (node.Status, time.Duration, error) {
 		Mtime:       time.Unix(0, s.MtimeNs),
 		Ctime:       time.Unix(0, s.CtimeNs),
 		Target:      s.Target,
+		Rdev:        s.Rdev,
 	}, time.Duration(s.CallbackMs) * time.Millisecond, nil
 }
 

@@ -38,6 +38,10 @@ const (
 	FileType_FILE_TYPE_DIR         FileType = 2
 	FileType_FILE_TYPE_SYMLINK     FileType = 3
 	FileType_FILE_TYPE_MOUNTPOINT  FileType = 4
+	FileType_FILE_TYPE_FIFO        FileType = 5
+	FileType_FILE_TYPE_SOCKET      FileType = 6
+	FileType_FILE_TYPE_CHARDEV     FileType = 7
+	FileType_FILE_TYPE_BLOCKDEV    FileType = 8
 )
 
 // Enum value maps for FileType.
@@ -48,6 +52,10 @@ var (
 		2: "FILE_TYPE_DIR",
 		3: "FILE_TYPE_SYMLINK",
 		4: "FILE_TYPE_MOUNTPOINT",
+		5: "FILE_TYPE_FIFO",
+		6: "FILE_TYPE_SOCKET",
+		7: "FILE_TYPE_CHARDEV",
+		8: "FILE_TYPE_BLOCKDEV",
 	}
 	FileType_value = map[string]int32{
 		"FILE_TYPE_UNSPECIFIED": 0,
@@ -55,6 +63,10 @@ var (
 		"FILE_TYPE_DIR":         2,
 		"FILE_TYPE_SYMLINK":     3,
 		"FILE_TYPE_MOUNTPOINT":  4,
+		"FILE_TYPE_FIFO":        5,
+		"FILE_TYPE_SOCKET":      6,
+		"FILE_TYPE_CHARDEV":     7,
+		"FILE_TYPE_BLOCKDEV":    8,
 	}
 )
 
@@ -162,7 +174,9 @@ type Status struct {
 	Target string `protobuf:"bytes,12,opt,name=target,proto3" json:"target,omitempty"`
 	// A callback promise on this FID granted with this reply, valid for this
 	// many milliseconds from when the request was sent; 0 means none.
-	CallbackMs    uint64 `protobuf:"varint,13,opt,name=callback_ms,json=callbackMs,proto3" json:"callback_ms,omitempty"`
+	CallbackMs uint64 `protobuf:"varint,13,opt,name=callback_ms,json=callbackMs,proto3" json:"callback_ms,omitempty"`
+	// Device number of a device node.
+	Rdev          uint64 `protobuf:"varint,14,opt,name=rdev,proto3" json:"rdev,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -284,6 +298,13 @@ func (x *Status) GetTarget() string {
 func (x *Status) GetCallbackMs() uint64 {
 	if x != nil {
 		return x.CallbackMs
+	}
+	return 0
+}
+
+func (x *Status) GetRdev() uint64 {
+	if x != nil {
+		return x.Rdev
 	}
 	return 0
 }
@@ -1524,7 +1545,9 @@ type CreateRequest struct {
 	// same type is returned (open O_CREAT without O_EXCL).
 	Exclusive bool `protobuf:"varint,7,opt,name=exclusive,proto3" json:"exclusive,omitempty"`
 	// Symlink text, or the volume name of a mount point.
-	Target        string `protobuf:"bytes,8,opt,name=target,proto3" json:"target,omitempty"`
+	Target string `protobuf:"bytes,8,opt,name=target,proto3" json:"target,omitempty"`
+	// Device number, for a device node.
+	Rdev          uint64 `protobuf:"varint,9,opt,name=rdev,proto3" json:"rdev,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1613,6 +1636,13 @@ func (x *CreateRequest) GetTarget() string {
 		return x.Target
 	}
 	return ""
+}
+
+func (x *CreateRequest) GetRdev() uint64 {
+	if x != nil {
+		return x.Rdev
+	}
+	return 0
 }
 
 type CreateReply struct {
@@ -2620,7 +2650,7 @@ const file_hoard_proto_rawDesc = "" +
 	"\x03FID\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\x04R\x06volume\x12\x14\n" +
 	"\x05vnode\x18\x02 \x01(\x04R\x05vnode\x12\x16\n" +
-	"\x06unique\x18\x03 \x01(\x04R\x06unique\"\xe0\x02\n" +
+	"\x06unique\x18\x03 \x01(\x04R\x06unique\"\xf4\x02\n" +
 	"\x06Status\x12\x1f\n" +
 	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12&\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x12.hoard.v1.FileTypeR\x04type\x12\x12\n" +
@@ -2636,7 +2666,8 @@ const file_hoard_proto_rawDesc = "" +
 	"\bctime_ns\x18\v \x01(\x03R\actimeNs\x12\x16\n" +
 	"\x06target\x18\f \x01(\tR\x06target\x12\x1f\n" +
 	"\vcallback_ms\x18\r \x01(\x04R\n" +
-	"callbackMs\"\x1d\n" +
+	"callbackMs\x12\x12\n" +
+	"\x04rdev\x18\x0e \x01(\x04R\x04rdev\"\x1d\n" +
 	"\x05Error\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\x05R\x05errno\"^\n" +
 	"\tClientMsg\x12'\n" +
@@ -2705,7 +2736,7 @@ const file_hoard_proto_rawDesc = "" +
 	"\fReadDirReply\x12,\n" +
 	"\aentries\x18\x01 \x03(\v2\x12.hoard.v1.DirEntryR\aentries\x12\x10\n" +
 	"\x03eof\x18\x02 \x01(\bR\x03eof\x12\"\n" +
-	"\x03dir\x18\x03 \x01(\v2\x10.hoard.v1.StatusR\x03dir\"\xda\x01\n" +
+	"\x03dir\x18\x03 \x01(\v2\x10.hoard.v1.StatusR\x03dir\"\xee\x01\n" +
 	"\rCreateRequest\x12\x1f\n" +
 	"\x03dir\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03dir\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12&\n" +
@@ -2714,7 +2745,8 @@ const file_hoard_proto_rawDesc = "" +
 	"\x03uid\x18\x05 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x06 \x01(\rR\x03gid\x12\x1c\n" +
 	"\texclusive\x18\a \x01(\bR\texclusive\x12\x16\n" +
-	"\x06target\x18\b \x01(\tR\x06target\"u\n" +
+	"\x06target\x18\b \x01(\tR\x06target\x12\x12\n" +
+	"\x04rdev\x18\t \x01(\x04R\x04rdev\"u\n" +
 	"\vCreateReply\x12(\n" +
 	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\x12\"\n" +
 	"\x03dir\x18\x02 \x01(\v2\x10.hoard.v1.StatusR\x03dir\x12\x18\n" +
@@ -2790,13 +2822,17 @@ const file_hoard_proto_rawDesc = "" +
 	" \x01(\x03R\amtimeNs\"6\n" +
 	"\n" +
 	"StoreReply\x12(\n" +
-	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status*}\n" +
+	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status*\xd6\x01\n" +
 	"\bFileType\x12\x19\n" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x11\n" +
 	"\rFILE_TYPE_DIR\x10\x02\x12\x15\n" +
 	"\x11FILE_TYPE_SYMLINK\x10\x03\x12\x18\n" +
-	"\x14FILE_TYPE_MOUNTPOINT\x10\x042\x8f\a\n" +
+	"\x14FILE_TYPE_MOUNTPOINT\x10\x04\x12\x12\n" +
+	"\x0eFILE_TYPE_FIFO\x10\x05\x12\x14\n" +
+	"\x10FILE_TYPE_SOCKET\x10\x06\x12\x15\n" +
+	"\x11FILE_TYPE_CHARDEV\x10\a\x12\x16\n" +
+	"\x12FILE_TYPE_BLOCKDEV\x10\b2\x8f\a\n" +
 	"\n" +
 	"FileServer\x127\n" +
 	"\aConnect\x12\x13.hoard.v1.ClientMsg\x1a\x13.hoard.v1.ServerMsg(\x010\x01\x129\n" +

@@ -64,8 +64,13 @@ func (fh *handle) Release(ctx context.Context) syscall.Errno {
 	return errno(err)
 }
 
+// Allocate supports plain posix_fallocate (mode 0); punching holes and the
+// other modes are not supported.
 func (fh *handle) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
-	return syscall.EOPNOTSUPP
+	if mode != 0 {
+		return syscall.EOPNOTSUPP
+	}
+	return errno(fh.f.Allocate(int64(off), int64(size)))
 }
 
 // ptHandle is an open whose reads the kernel serves from the cache file.

@@ -7,9 +7,11 @@ package mount
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -32,6 +34,10 @@ type hnode struct {
 	ptVersion            uint64 // data version the passthrough file holds
 	// pageVersion is the data version the kernel's page cache may hold.
 	pageVersion uint64
+	// A file unlinked while open lives on under a hidden name until its
+	// last close removes it.
+	sillyDir  *hnode
+	sillyName string
 }
 
 var _ = (fs.NodeLookuper)((*hnode)(nil))
@@ -46,6 +52,14 @@ func typeBits(t node.Type) uint32 {
 		return syscall.S_IFDIR
 	case node.TypeSymlink:
 		return syscall.S_IFLNK
+	case node.TypeFifo:
+		return syscall.S_IFIFO
+	case node.TypeSocket:
+		return syscall.S_IFSOCK
+	case node.TypeCharDev:
+		return syscall.S_IFCHR
+	case node.TypeBlockDev:
+		return syscall.S_IFBLK
 	}
 	return syscall.S_IFREG
 }
@@ -58,6 +72,7 @@ func fillAttr(st node.Status, out *fuse.Attr) {
 	out.Mode = typeBits(st.Type) | st.Mode&0o7777
 	out.Nlink = st.Nlink
 	out.Owner = fuse.Owner{Uid: st.UID, Gid: st.GID}
+	out.Rdev = uint32(st.Rdev)
 	out.SetTimes(&st.Atime, &st.Mtime, &st.Ctime)
 }
 
@@ -91,6 +106,11 @@ func (h *hnode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut)
 		return errno(err)
 	}
 	fillAttr(st, &out.Attr)
+	h.mu.Lock()
+	if h.sillyDir != nil {
+		out.Nlink-- // the hidden name is ours, not the application's
+	}
+	h.mu.Unlock()
 	out.SetTimeout(h.m.c.PromiseLeft(h.n))
 	return 0
 }
@@ -163,8 +183,8 @@ func caller(ctx context.Context) client.Creator {
 	return client.Creator{UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}
 }
 
-func (h *hnode) make(ctx context.Context, name string, t node.Type, mode uint32, target string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	n, err := h.m.c.CreateAt(h.n, name, t, mode&0o7777, caller(ctx), target, true)
+func (h *hnode) make(ctx context.Context, name string, t node.Type, mode uint32, target string, rdev uint64, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	n, err := h.m.c.CreateAt(h.n, name, t, mode&0o7777, caller(ctx), target, rdev, true)
 	if err != nil {
 		return nil, errno(err)
 	}
@@ -176,18 +196,33 @@ func (h *hnode) make(ctx context.Context, name string, t node.Type, mode uint32,
 }
 
 func (h *hnode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	return h.make(ctx, name, node.TypeDir, mode, "", out)
+	return h.make(ctx, name, node.TypeDir, mode, "", 0, out)
 }
 
 func (h *hnode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	return h.make(ctx, name, node.TypeSymlink, 0o777, target, out)
+	return h.make(ctx, name, node.TypeSymlink, 0o777, target, 0, out)
 }
 
+// Mknod makes regular files and special files: fifos, sockets and device
+// nodes are stored as typed, empty vnodes, and the kernel that opens them
+// gives them their meaning (the mount is nodev, so devices do not open).
 func (h *hnode) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if mode&syscall.S_IFMT != syscall.S_IFREG && mode&syscall.S_IFMT != 0 {
-		return nil, syscall.EPERM // devices, fifos and sockets have no place in hoard
+	var t node.Type
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFREG, 0:
+		t = node.TypeFile
+	case syscall.S_IFIFO:
+		t = node.TypeFifo
+	case syscall.S_IFSOCK:
+		t = node.TypeSocket
+	case syscall.S_IFCHR:
+		t = node.TypeCharDev
+	case syscall.S_IFBLK:
+		t = node.TypeBlockDev
+	default:
+		return nil, syscall.EINVAL
 	}
-	return h.make(ctx, name, node.TypeFile, mode, "", out)
+	return h.make(ctx, name, t, mode, "", uint64(dev), out)
 }
 
 func (h *hnode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
@@ -217,8 +252,32 @@ func (h *hnode) Link(ctx context.Context, target fs.InodeEmbedder, name string, 
 	return h.child(ctx, n, st, out), 0
 }
 
+// Unlink removes name. A file this mount still has open is renamed to a
+// hidden name instead and removed at its last close, as NFS clients do
+// ("silly rename"): POSIX lets an unlinked open file be read and written
+// until it is closed, and the server would otherwise forget its data.
 func (h *hnode) Unlink(ctx context.Context, name string) syscall.Errno {
+	if c := h.GetChild(name); c != nil {
+		if ch, ok := c.Operations().(*hnode); ok && ch.isOpen() {
+			silly := fmt.Sprintf(".hoard-unlinked-%x-%x", ino(ch.n.FID()), time.Now().UnixNano())
+			if err := h.m.c.RenameAt(h.n, name, h.n, silly); err != nil {
+				return errno(err)
+			}
+			ch.mu.Lock()
+			ch.sillyDir, ch.sillyName = h, silly
+			ch.mu.Unlock()
+			// No kernel notification here: this handler runs under the
+			// directory's lock, and the kernel drops the name itself.
+			return 0
+		}
+	}
 	return errno(h.m.c.RemoveAt(h.n, name, false))
+}
+
+func (h *hnode) isOpen() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ptOpens+h.cachedOpens > 0
 }
 
 func (h *hnode) Rmdir(ctx context.Context, name string) syscall.Errno {
@@ -258,7 +317,7 @@ func (h *hnode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 }
 
 func (h *hnode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	n, err := h.m.c.CreateAt(h.n, name, node.TypeFile, mode&0o7777, caller(ctx), "", flags&syscall.O_EXCL != 0)
+	n, err := h.m.c.CreateAt(h.n, name, node.TypeFile, mode&0o7777, caller(ctx), "", 0, flags&syscall.O_EXCL != 0)
 	if err != nil {
 		return nil, nil, 0, errno(err)
 	}
@@ -351,13 +410,24 @@ func ourHandle(f fs.FileHandle) *handle {
 // released ends an open of the given mode.
 func (h *hnode) released(mode openMode) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	switch mode {
 	case modePassthrough:
 		h.ptOpens--
 		h.n.Unpin()
 	case modeCached:
 		h.cachedOpens--
+	}
+	var dir *hnode
+	var silly string
+	if h.ptOpens+h.cachedOpens == 0 && h.sillyDir != nil {
+		dir, silly = h.sillyDir, h.sillyName
+		h.sillyDir, h.sillyName = nil, ""
+	}
+	h.mu.Unlock()
+	if dir != nil {
+		if err := h.m.c.RemoveAt(dir.n, silly, false); err != nil {
+			h.m.log.Warn("removing an unlinked file at its last close", "name", silly, "err", err)
+		}
 	}
 }
 

@@ -32,7 +32,16 @@ const (
 	// TypeMountPoint is an AFS-style mount point: a directory entry whose
 	// target is the root of another volume, named by Target.
 	TypeMountPoint
+	// Special files carry no data in hoard, only their type (and Rdev):
+	// the kernel that opens them gives them meaning, as with NFS.
+	TypeFifo
+	TypeSocket
+	TypeCharDev
+	TypeBlockDev
 )
+
+// Special reports whether t is a fifo, socket or device node.
+func (t Type) Special() bool { return t >= TypeFifo && t <= TypeBlockDev }
 
 func (t Type) String() string {
 	switch t {
@@ -44,6 +53,14 @@ func (t Type) String() string {
 		return "symlink"
 	case TypeMountPoint:
 		return "mountpoint"
+	case TypeFifo:
+		return "fifo"
+	case TypeSocket:
+		return "socket"
+	case TypeCharDev:
+		return "chardev"
+	case TypeBlockDev:
+		return "blockdev"
 	}
 	return fmt.Sprintf("type(%d)", t)
 }
@@ -65,6 +82,8 @@ type Status struct {
 	Ctime       time.Time
 	// Target is the link text of a symlink or the volume name of a mount point.
 	Target string
+	// Rdev is a device node's device number.
+	Rdev uint64
 }
 
 // MaxName is the longest name a directory entry may have, in bytes.

@@ -137,7 +137,7 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	if err != nil {
 		return nil, err
 	}
-	st, d, created, err := s.store.Create(dir, req.Name, t, vnode.Attr{Mode: req.Mode, UID: req.Uid, GID: req.Gid}, req.Target, req.Exclusive)
+	st, d, created, err := s.store.Create(dir, req.Name, t, vnode.Attr{Mode: req.Mode, UID: req.Uid, GID: req.Gid, Rdev: req.Rdev}, req.Target, req.Exclusive)
 	if err != nil {
 		return nil, s.fail("Create", err)
 	}

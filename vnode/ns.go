@@ -226,6 +226,7 @@ type Attr struct {
 	Mode uint32
 	UID  uint32
 	GID  uint32
+	Rdev uint64 // device nodes
 }
 
 // Create makes name in dir as a file, directory, symlink or mount point. An
@@ -235,10 +236,10 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target st
 	if err := node.CheckName(name); err != nil {
 		return st, d, false, err
 	}
-	switch t {
-	case node.TypeFile, node.TypeDir:
+	switch {
+	case t == node.TypeFile || t == node.TypeDir || t.Special():
 		target = ""
-	case node.TypeSymlink, node.TypeMountPoint:
+	case t == node.TypeSymlink || t == node.TypeMountPoint:
 		if err := node.CheckTarget(target); err != nil {
 			return st, d, false, err
 		}
@@ -265,6 +266,9 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target st
 		}
 		r := record{Type: t, Mode: a.Mode & 0o7777, UID: a.UID, GID: a.GID, Nlink: 1, DV: 1,
 			Atime: v.now, Mtime: v.now, Ctime: v.now, Target: target, Parent: dir.Vnode}
+		if t == node.TypeCharDev || t == node.TypeBlockDev {
+			r.Rdev = a.Rdev
+		}
 		switch t {
 		case node.TypeDir:
 			r.Nlink = 2

@@ -24,10 +24,11 @@ type record struct {
 	DataGen uint64 // which data file holds the bytes; 0: none yet (all zeros)
 	Parent  uint64 // directories: the parent directory's vnode (root: itself)
 	Cookie  uint64 // directories: the last readdir cookie handed out
+	Rdev    uint64 // device nodes
 	Target  string
 }
 
-const recordFixed = 8 + 1 + 4*3 + 8 + 4 + 8 + 8*3 + 8*3
+const recordFixed = 8 + 1 + 4*3 + 8 + 4 + 8 + 8*3 + 8*4
 
 var errCorrupt = errors.New("corrupt metadata record")
 
@@ -51,6 +52,7 @@ func (r *record) encode() []byte {
 	put64(r.DataGen)
 	put64(r.Parent)
 	put64(r.Cookie)
+	put64(r.Rdev)
 	return append(b, r.Target...)
 }
 
@@ -77,6 +79,7 @@ func decodeRecord(b []byte) (record, error) {
 	r.DataGen = get64()
 	r.Parent = get64()
 	r.Cookie = get64()
+	r.Rdev = get64()
 	r.Target = string(b[o:])
 	return r, nil
 }
@@ -95,6 +98,7 @@ func (r *record) status(vol, vnode uint64) node.Status {
 		Mtime:       time.Unix(0, r.Mtime),
 		Ctime:       time.Unix(0, r.Ctime),
 		Target:      r.Target,
+		Rdev:        r.Rdev,
 	}
 }
 

@@ -44,7 +44,7 @@ var (
 	keyFormat    = []byte("format")
 )
 
-const formatVersion = 1
+const formatVersion = 2
 
 // RootVolume is the volume a new server creates and clients mount.
 const RootVolume = "root"

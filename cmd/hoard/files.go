@@ -291,7 +291,8 @@ func ls(c *client.Client, args []string, long bool) error {
 }
 
 func modeString(st node.Status) string {
-	kind := map[node.Type]byte{node.TypeFile: '-', node.TypeDir: 'd', node.TypeSymlink: 'l', node.TypeMountPoint: 'm'}[st.Type]
+	kind := map[node.Type]byte{node.TypeFile: '-', node.TypeDir: 'd', node.TypeSymlink: 'l', node.TypeMountPoint: 'm',
+		node.TypeFifo: 'p', node.TypeSocket: 's', node.TypeCharDev: 'c', node.TypeBlockDev: 'b'}[st.Type]
 	b := []byte{kind}
 	for i := 8; i >= 0; i-- {
 		if st.Mode&(1<<i) != 0 {
