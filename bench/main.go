@@ -149,7 +149,6 @@ func run() error {
 	fmt.Printf("| cold fetch, memory cache (MB/s) | %.0f | %.0f raw TCP into memory | %.2f× |\n", mbps(*sizeFlag, coldMem), mbps(*sizeFlag, tcpMem), tcpMem.Seconds()/coldMem.Seconds())
 	fmt.Printf("| cold fetch, disk cache (MB/s) | %.0f | %.0f raw TCP into memory | %.2f× |\n", mbps(*sizeFlag, cold), mbps(*sizeFlag, tcpMem), tcpMem.Seconds()/cold.Seconds())
 	fmt.Printf("| cold fetch, disk cache (MB/s) | %.0f | %.0f raw TCP into a file on the same disk | %.2f× |\n", mbps(*sizeFlag, cold), mbps(*sizeFlag, tcpDisk), tcpDisk.Seconds()/cold.Seconds())
-	fmt.Printf("\n(best disk-cache cold fetch: %.2f s wall, server %.2f s CPU, client %.2f s CPU)\n\n", cold.Seconds(), serverCPU.Seconds(), clientCPU.Seconds())
 
 	// Warm re-read vs local file (both from the page cache).
 	readLocal(local, *sizeFlag)
@@ -167,6 +166,7 @@ func run() error {
 	}
 	st := c.Stats()
 	fmt.Printf("| warm re-read (MB/s) | %.0f | %.0f local file | %.2f× |\n", mbps(*sizeFlag, bestWarm), mbps(*sizeFlag, bestLocal), bestLocal.Seconds()/bestWarm.Seconds())
+	fmt.Printf("\n(best disk-cache cold fetch: %.2f s wall, server %.2f s CPU, client %.2f s CPU)\n", cold.Seconds(), serverCPU.Seconds(), clientCPU.Seconds())
 	c.Close()
 	if st.BytesFetched != *sizeFlag {
 		fmt.Printf("\n(note: %d bytes fetched for a %d-byte file)\n", st.BytesFetched, *sizeFlag)
