@@ -334,9 +334,10 @@ func TestFuseInvalidationStorm(t *testing.T) {
 	stop := make(chan struct{})
 	errs := make(chan error, 16)
 	var wg sync.WaitGroup
-	for r := 0; r < 4; r++ {
+	// loop runs step until stop, reporting its first error.
+	loop := func(step func(n int) error) {
 		wg.Add(1)
-		go func(r int) {
+		go func() {
 			defer wg.Done()
 			for n := 0; ; n++ {
 				select {
@@ -344,33 +345,30 @@ func TestFuseInvalidationStorm(t *testing.T) {
 					return
 				default:
 				}
-				if _, err := os.ReadFile(b.path(fmt.Sprintf("s%d", (r+n)%files))); err != nil {
+				if err := step(n); err != nil {
 					errs <- err
 					return
 				}
-				os.ReadDir(b.dir)
 			}
-		}(r)
+		}()
+	}
+	for r := 0; r < 4; r++ {
+		loop(func(n int) error {
+			_, err := os.ReadFile(b.path(fmt.Sprintf("s%d", (r+n)%files)))
+			os.ReadDir(b.dir)
+			return err
+		})
 	}
 	for w := 0; w < 2; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			for n := 0; ; n++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				name := a.path(fmt.Sprintf("s%d", (w+n)%files))
-				if err := os.WriteFile(name, pattern(100<<10+n, byte(n)), 0o644); err != nil {
-					errs <- err
-					return
-				}
-				os.Rename(name, name+".tmp")
-				os.Rename(name+".tmp", name)
+		loop(func(n int) error {
+			name := a.path(fmt.Sprintf("s%d", (w+n)%files))
+			if err := os.WriteFile(name, pattern(100<<10+n, byte(n)), 0o644); err != nil {
+				return err
 			}
-		}(w)
+			os.Rename(name, name+".tmp")
+			os.Rename(name+".tmp", name)
+			return nil
+		})
 	}
 	time.Sleep(4 * time.Second)
 	close(stop)

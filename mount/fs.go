@@ -188,6 +188,11 @@ func (h *hnode) make(ctx context.Context, name string, t node.Type, mode uint32,
 	if err != nil {
 		return nil, errno(err)
 	}
+	return h.made(ctx, n, out)
+}
+
+// made answers a request that made a new name for n.
+func (h *hnode) made(ctx context.Context, n *client.Node, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	st, err := h.m.c.Getattr(n)
 	if err != nil {
 		return nil, errno(err)
@@ -245,11 +250,7 @@ func (h *hnode) Link(ctx context.Context, target fs.InodeEmbedder, name string, 
 	if err != nil {
 		return nil, errno(err)
 	}
-	st, err := h.m.c.Getattr(n)
-	if err != nil {
-		return nil, errno(err)
-	}
-	return h.child(ctx, n, st, out), 0
+	return h.made(ctx, n, out)
 }
 
 // Unlink removes name. A file this mount still has open is renamed to a
@@ -321,11 +322,10 @@ func (h *hnode) Create(ctx context.Context, name string, flags uint32, mode uint
 	if err != nil {
 		return nil, nil, 0, errno(err)
 	}
-	st, err := h.m.c.Getattr(n)
-	if err != nil {
-		return nil, nil, 0, errno(err)
+	inode, e := h.made(ctx, n, out)
+	if e != 0 {
+		return nil, nil, 0, e
 	}
-	inode := h.child(ctx, n, st, out)
 	child := inode.Operations().(*hnode)
 	fh, fuseFlags, e := child.open(name, flags)
 	return inode, fh, fuseFlags, e
