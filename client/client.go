@@ -50,6 +50,10 @@ type Options struct {
 	DialTimeout time.Duration
 	// RPCTimeout bounds each control RPC (default 30 s).
 	RPCTimeout time.Duration
+	// DataStreams is how many bulk-data connections to use (default 4);
+	// NoDataChannel keeps file contents on the gRPC connection.
+	DataStreams   int
+	NoDataChannel bool
 	// Name identifies this client in the server's logs.
 	Name   string
 	Logger *slog.Logger
@@ -70,6 +74,9 @@ func (o *Options) defaults() {
 	if o.RPCTimeout == 0 {
 		o.RPCTimeout = 30 * time.Second
 	}
+	if o.DataStreams <= 0 {
+		o.DataStreams = 4
+	}
 	if o.Name == "" {
 		host, _ := os.Hostname()
 		o.Name = host + "/" + strconv.Itoa(os.Getpid())
@@ -85,7 +92,8 @@ type Client struct {
 	log   *slog.Logger
 	conn  *grpc.ClientConn
 	rpc   pb.FileServerClient
-	data  datapath.Path
+	grpc  datapath.GRPC
+	data  atomic.Pointer[dataPath] // the path file contents take now
 	cache *cache.Cache
 
 	// session is the current back-channel identity, "<epoch>.<id>"; empty
@@ -152,7 +160,8 @@ func Dial(opts Options) (*Client, error) {
 		ctx:      ctx,
 		cancel:   cancel,
 	}
-	c.data = datapath.GRPC{Client: c.rpc}
+	c.grpc = datapath.GRPC{Client: c.rpc}
+	c.data.Store(&dataPath{Path: c.grpc})
 	c.session.Store(new(string))
 	first := make(chan error, 1)
 	c.wg.Add(2)
@@ -247,6 +256,7 @@ func (c *Client) runSession(first chan<- error) error {
 	if first == nil {
 		c.resetPromises()
 	}
+	c.useDataChannel(w.DataAddr)
 	c.setSession(fmt.Sprintf("%d.%d", w.Epoch, w.ClientId))
 	if first != nil {
 		first <- nil
@@ -295,6 +305,33 @@ func (c *Client) runSession(first chan<- error) error {
 			c.counters.resets.Add(1)
 			c.resetPromises()
 		}
+	}
+}
+
+// dataPath is the data path in use, with the channel address it uses.
+type dataPath struct {
+	datapath.Path
+	addr string
+}
+
+// useDataChannel switches file contents to the server's bulk-data channel
+// at addr, or back to the gRPC streams when it has none (version
+// negotiation: an older server, or one run with --data-listen none).
+func (c *Client) useDataChannel(addr string) {
+	if c.opts.NoDataChannel {
+		addr = ""
+	}
+	old := c.data.Load()
+	if old.addr == addr {
+		return
+	}
+	next := &dataPath{Path: c.grpc, addr: addr}
+	if addr != "" {
+		next.Path = datapath.NewSplit(addr, c.opts.DataStreams, c.grpc, func() string { return *c.session.Load() })
+	}
+	c.data.Store(next)
+	if sp, ok := old.Path.(*datapath.Split); ok {
+		sp.Close()
 	}
 }
 

@@ -90,7 +90,7 @@ func (n *Node) fetchOne(idx int64, call *fetchCall) {
 	defer c.end(t)
 	err := c.callData(func(ctx context.Context) error {
 		buf, pieces = nil, 0
-		st, ttl, err := c.data.Fetch(ctx, n.fid, idx*cs, cs, int(cs), func(off int64, pdv uint64, data []byte) error {
+		st, ttl, err := c.data.Load().Fetch(ctx, n.fid, idx*cs, cs, int(cs), func(off int64, pdv uint64, data []byte) error {
 			if pieces > 0 && pdv != dv {
 				return cache.ErrStale
 			}

@@ -384,7 +384,7 @@ func (n *Node) storeLocked(sync bool) error {
 	var st node.Status
 	var ttl time.Duration
 	err := c.callData(func(ctx context.Context) (err error) {
-		st, ttl, err = c.data.Store(ctx, args)
+		st, ttl, err = c.data.Load().Store(ctx, args)
 		return err
 	})
 	if err != nil {

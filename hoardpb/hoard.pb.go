@@ -664,7 +664,10 @@ type Welcome struct {
 	Version uint32 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	// How often the server pings; a client that hears nothing for several
 	// intervals treats its promises as lost.
-	PingMs        uint32 `protobuf:"varint,4,opt,name=ping_ms,json=pingMs,proto3" json:"ping_ms,omitempty"`
+	PingMs uint32 `protobuf:"varint,4,opt,name=ping_ms,json=pingMs,proto3" json:"ping_ms,omitempty"`
+	// Where the bulk-data channel listens (host:port), empty if it is off:
+	// file contents then travel on this connection's Fetch/Store streams.
+	DataAddr      string `protobuf:"bytes,5,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -725,6 +728,13 @@ func (x *Welcome) GetPingMs() uint32 {
 		return x.PingMs
 	}
 	return 0
+}
+
+func (x *Welcome) GetDataAddr() string {
+	if x != nil {
+		return x.DataAddr
+	}
+	return ""
 }
 
 // Break: the promises on these FIDs are void; acknowledge with seq.
@@ -2685,12 +2695,13 @@ const file_hoard_proto_rawDesc = "" +
 	"\x05break\x18\x02 \x01(\v2\x0f.hoard.v1.BreakH\x00R\x05break\x12'\n" +
 	"\x05reset\x18\x03 \x01(\v2\x0f.hoard.v1.ResetH\x00R\x05reset\x12$\n" +
 	"\x04ping\x18\x04 \x01(\v2\x0e.hoard.v1.PingH\x00R\x04pingB\x05\n" +
-	"\x03msg\"o\n" +
+	"\x03msg\"\x8c\x01\n" +
 	"\aWelcome\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\rR\aversion\x12\x17\n" +
-	"\aping_ms\x18\x04 \x01(\rR\x06pingMs\"<\n" +
+	"\aping_ms\x18\x04 \x01(\rR\x06pingMs\x12\x1b\n" +
+	"\tdata_addr\x18\x05 \x01(\tR\bdataAddr\"<\n" +
 	"\x05Break\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12!\n" +
 	"\x04fids\x18\x02 \x03(\v2\r.hoard.v1.FIDR\x04fids\"\a\n" +

@@ -1,12 +1,15 @@
 package integration
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
 )
 
@@ -192,5 +196,45 @@ func TestServerAwayDuringClose(t *testing.T) {
 	out, code := run(t, "cache", "lost", "--cache", cacheDir)
 	if code != 0 || !strings.Contains(out, "/doomed") {
 		t.Fatalf("hoard cache lost: %d %q", code, out)
+	}
+}
+
+// A server run without the data channel still serves everything over
+// gRPC (the client negotiates from the Welcome), and the real data channel
+// answers a malformed request with an error and closes, serving on.
+func TestDataChannel(t *testing.T) {
+	plain := startServer(t, t.TempDir(), "--data-listen", "none")
+	if strings.Contains(plain.logs.String(), "data channel") {
+		t.Fatalf("--data-listen none still opened a channel: %s", plain.logs)
+	}
+	a := dial(t, plain.addr, t.TempDir(), 16<<20)
+	b := dial(t, plain.addr, t.TempDir(), 16<<20)
+	content := pattern(1<<20, 5)
+	writeFile(t, a, "/f", content)
+	if got := readFile(t, b, "/f"); !bytes.Equal(got, content) {
+		t.Fatal("read over gRPC differs")
+	}
+
+	srv := startServer(t, t.TempDir())
+	m := regexp.MustCompile(`data channel (\S+)\)`).FindStringSubmatch(srv.logs.String())
+	if m == nil {
+		t.Fatalf("no data channel advertised: %s", srv.logs)
+	}
+	conn, err := net.Dial("tcp", m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	conn.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+	rep, err := datapath.ReadReply(bufio.NewReader(conn))
+	if err != nil || rep.Errno != uint32(syscall.EINVAL) {
+		t.Fatalf("malformed request: %+v %v", rep, err)
+	}
+	c := dial(t, srv.addr, t.TempDir(), 16<<20)
+	writeFile(t, c, "/g", content)
+	d := dial(t, srv.addr, t.TempDir(), 16<<20)
+	if got := readFile(t, d, "/g"); !bytes.Equal(got, content) {
+		t.Fatal("read over the data channel differs")
 	}
 }

@@ -6,3 +6,4 @@ cd "$(dirname "$0")/.."
 t=${FUZZTIME:-15s}
 go test -run='^$' -fuzz='^FuzzRequests$' -fuzztime="$t" ./server
 go test -run='^$' -fuzz='^FuzzCheckName$' -fuzztime="$t" ./node
+go test -run='^$' -fuzz='^FuzzReadRequest$' -fuzztime="$t" ./datapath

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -64,6 +65,7 @@ type Server struct {
 	closeOnce sync.Once
 	stopped   sync.WaitGroup
 	graceEnd  time.Time
+	dataAddr  atomic.Pointer[string] // the bulk-data channel, once it listens
 }
 
 type conn struct {
@@ -215,8 +217,12 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 		s.mu.Unlock()
 		s.log.Debug("client disconnected", "client", id)
 	}()
+	var dataAddr string
+	if a := s.dataAddr.Load(); a != nil {
+		dataAddr = *a
+	}
 	err = stream.Send(&pb.ServerMsg{Msg: &pb.ServerMsg_Welcome{Welcome: &pb.Welcome{
-		ClientId: uint64(id), Epoch: s.store.Epoch(), Version: pb.Version, PingMs: uint32(s.cfg.Ping / time.Millisecond)}}})
+		ClientId: uint64(id), Epoch: s.store.Epoch(), Version: pb.Version, PingMs: uint32(s.cfg.Ping / time.Millisecond), DataAddr: dataAddr}}})
 	if err != nil {
 		return err
 	}
@@ -268,11 +274,16 @@ func (s *Server) caller(ctx context.Context) (callback.ClientID, error) {
 	if len(vals) == 0 {
 		return 0, nil
 	}
-	epoch, idStr, ok := strings.Cut(vals[0], ".")
+	return s.parseSession(vals[0])
+}
+
+// parseSession checks a session string, "<epoch>.<client id>".
+func (s *Server) parseSession(sess string) (callback.ClientID, error) {
+	epoch, idStr, ok := strings.Cut(sess, ".")
 	e, err1 := strconv.ParseUint(epoch, 10, 64)
 	id, err2 := strconv.ParseUint(idStr, 10, 64)
 	if !ok || err1 != nil || err2 != nil {
-		return 0, status.Errorf(codes.InvalidArgument, "malformed %s metadata %q", pb.ClientMetadata, vals[0])
+		return 0, status.Errorf(codes.InvalidArgument, "malformed session %q", sess)
 	}
 	if e != s.store.Epoch() {
 		return 0, status.Errorf(codes.Unauthenticated, "session from server epoch %d, now %d: reconnect", e, s.store.Epoch())

@@ -563,3 +563,37 @@ func (s *Store) collectGarbage() {
 		return nil
 	})
 }
+
+// WithData calls fn with f's status and its open data file (nil while the
+// file has no data file: all zeros), under the file's shared lock, so the
+// bytes fn reads belong to that status's data version. fn should be quick:
+// a store of f waits for it.
+func (s *Store) WithData(f node.FID, fn func(st node.Status, data *os.File) error) error {
+	l := s.lock(f)
+	l.RLock()
+	defer l.RUnlock()
+	if err := s.checkStuck(f); err != nil {
+		return err
+	}
+	var r record
+	err := s.view(f.Volume, func(v *vtx) (err error) {
+		r, err = v.get(f)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	st := r.status(f.Volume, f.Vnode)
+	if r.Type != node.TypeFile {
+		return fmt.Errorf("read %v: %w", f, syscall.EISDIR)
+	}
+	if r.DataGen == 0 {
+		return fn(st, nil)
+	}
+	fd, err := os.Open(filepath.Join(s.dir, dataRel(f.Volume, f.Vnode, r.DataGen)))
+	if err != nil {
+		return err
+	}
+	defer fd.Close()
+	return fn(st, fd)
+}

@@ -21,7 +21,7 @@ import (
 
 func serverCmd() *cobra.Command {
 	cfg := server.DefaultConfig()
-	var data, listen, profile string
+	var data, listen, dataListen, profile string
 	cmd := &cobra.Command{
 		Use:   "server --data DIR [--listen 127.0.0.1:7100]",
 		Short: "run a file server whose volumes live in DIR",
@@ -50,6 +50,18 @@ func serverCmd() *cobra.Command {
 			if err != nil {
 				return usagef("--listen %s: %v", listen, err)
 			}
+			var dataLis net.Listener
+			if dataListen != "none" {
+				if dataListen == "" {
+					// Same host as the control address, a port of its own.
+					host, _, _ := net.SplitHostPort(lis.Addr().String())
+					dataListen = net.JoinHostPort(host, "0")
+				}
+				if dataLis, err = net.Listen("tcp", dataListen); err != nil {
+					return usagef("--data-listen %s: %v", dataListen, err)
+				}
+				defer dataLis.Close()
+			}
 			cfg.Logger = slog.Default()
 			srv := server.New(store, cfg)
 			defer srv.Close()
@@ -60,11 +72,18 @@ func serverCmd() *cobra.Command {
 				grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 			)
 			pb.RegisterFileServerServer(g, srv)
+			if dataLis != nil {
+				srv.ServeData(dataLis)
+			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 			errc := make(chan error, 1)
 			go func() { errc <- g.Serve(lis) }()
-			fmt.Fprintf(os.Stderr, "hoard server: serving %s on %s (epoch %d)\n", store.Dir(), lis.Addr(), store.Epoch())
+			dataNote := "data over gRPC"
+			if dataLis != nil {
+				dataNote = "data channel " + dataLis.Addr().String()
+			}
+			fmt.Fprintf(os.Stderr, "hoard server: serving %s on %s (epoch %d, %s)\n", store.Dir(), lis.Addr(), store.Epoch(), dataNote)
 			select {
 			case err := <-errc:
 				return err
@@ -88,6 +107,7 @@ func serverCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&data, "data", "", "directory holding the server's volumes (created if missing)")
 	f.StringVar(&listen, "listen", "127.0.0.1:7100", "address to serve on")
+	f.StringVar(&dataListen, "data-listen", "", "address of the bulk-data channel (default: the --listen host, any port; none: off, data then travels over gRPC)")
 	f.DurationVar(&cfg.PromiseTTL, "promise-ttl", cfg.PromiseTTL, "lifetime of a callback promise")
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break")
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
