@@ -493,16 +493,9 @@ func (c *Client) Truncate(name string, size int64) error {
 		return errOf("truncate", name, syscall.EINVAL)
 	}
 	n, err := c.resolve(name, true)
-	if err != nil {
-		return errOf("truncate", name, err)
-	}
-	n.wmu.Lock()
-	defer n.wmu.Unlock()
-	if n.entry != nil {
-		err = n.storeLocked(true)
-	}
 	if err == nil {
-		err = c.setattr(n, &pb.SetAttrRequest{Mask: vnode.SetSize, Size: uint64(size)})
+		sz := uint64(size)
+		_, err = c.SetAttr(n, Attr{Size: &sz})
 	}
 	return errOf("truncate", name, err)
 }

@@ -31,49 +31,28 @@ import (
 // data version the bytes belong to. Bytes past the size are not returned;
 // io.EOF when off is at or past it.
 func (s *Store) ReadAt(f node.FID, p []byte, off int64) (n int, st node.Status, err error) {
-	l := s.lock(f)
-	l.RLock()
-	defer l.RUnlock()
-	if err := s.checkStuck(f); err != nil {
-		return 0, st, err
-	}
-	var r record
-	err = s.view(f.Volume, func(v *vtx) error {
-		var err error
-		r, err = v.get(f)
-		return err
-	})
-	if err != nil {
-		return 0, st, err
-	}
-	st = r.status(f.Volume, f.Vnode)
-	if r.Type != node.TypeFile {
-		return 0, st, fmt.Errorf("read %v: %w", f, syscall.EISDIR)
-	}
 	if off < 0 {
 		return 0, st, fmt.Errorf("read %v: negative offset: %w", f, syscall.EINVAL)
 	}
-	if uint64(off) >= r.Size {
-		return 0, st, io.EOF
-	}
-	if rem := r.Size - uint64(off); uint64(len(p)) > rem {
-		p = p[:rem]
-	}
-	if r.DataGen == 0 {
-		clear(p)
-		return len(p), st, nil
-	}
-	fd, err := os.Open(filepath.Join(s.dir, dataRel(f.Volume, f.Vnode, r.DataGen)))
-	if err != nil {
-		return 0, st, err
-	}
-	defer fd.Close()
-	n, err = fd.ReadAt(p, off)
-	if err == io.EOF {
-		// The data file is shorter than the size after an extending truncate: zeros.
-		clear(p[n:])
-		n, err = len(p), nil
-	}
+	err = s.WithData(f, func(fst node.Status, data *os.File) error {
+		st = fst
+		if uint64(off) >= st.Size {
+			return io.EOF
+		}
+		if rem := st.Size - uint64(off); uint64(len(p)) > rem {
+			p = p[:rem]
+		}
+		if data != nil {
+			n, err = data.ReadAt(p, off)
+		}
+		if data == nil || err == io.EOF {
+			// No data file, or one shorter than the size after an
+			// extending truncate: the rest are zeros.
+			clear(p[n:])
+			n, err = len(p), nil
+		}
+		return err
+	})
 	return n, st, err
 }
 
