@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -75,6 +76,10 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 	s.mu.Lock()
 	o := &op{s: s, id: id, since: s.cb.Seq()}
 	s.mu.Unlock()
+	// The reply is sent under the file's read lock, which a store waits
+	// for: a client that stops reading must not hold it for long.
+	conn.SetWriteDeadline(time.Now().Add(dataWriteTimeout))
+	defer conn.SetWriteDeadline(time.Time{})
 	var werr error
 	err = s.store.WithData(req.FID, func(st node.Status, file *os.File) error {
 		status, err := proto.Marshal(o.status(st))
@@ -99,6 +104,9 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 	}
 	return nil
 }
+
+// dataWriteTimeout bounds one data-channel reply.
+const dataWriteTimeout = 30 * time.Second
 
 // session identifies the client of a data-channel request ("" is
 // anonymous: served, no promises).
