@@ -262,3 +262,25 @@ func (c *Client) TruncateStored(n *Node, size uint64) (node.Status, error) {
 	}
 	return n.status(), nil
 }
+
+// Release drops n from the client's memory when the kernel forgot it and
+// it holds nothing local: a long-running mount would otherwise keep a Node
+// for every file it ever looked at. Its cached data stays in the cache, and
+// a later lookup makes a new Node that finds it there.
+func (c *Client) Release(n *Node) {
+	if n == c.root {
+		return
+	}
+	n.mu.Lock()
+	busy := len(n.inflight) > 0 || n.entry != nil && n.localChanges()
+	n.mu.Unlock()
+	if busy || !n.wmu.TryLock() {
+		return
+	}
+	defer n.wmu.Unlock()
+	c.nodesMu.Lock()
+	if c.nodes[n.fid] == n {
+		delete(c.nodes, n.fid)
+	}
+	c.nodesMu.Unlock()
+}

@@ -306,6 +306,15 @@ func TestFuseTwoMounts(t *testing.T) {
 	if names := b.listNames(t, "dir"); names != "" {
 		t.Fatalf("B lists %q after the remove", names)
 	}
+	// The kernel forgetting its inodes (the client then drops its nodes)
+	// changes nothing visible.
+	if os.Geteuid() == 0 {
+		os.WriteFile("/proc/sys/vm/drop_caches", []byte("2\n"), 0o644)
+	}
+	os.WriteFile(a.path("f"), []byte("three"), 0o644)
+	if got, _ := os.ReadFile(b.path("f")); string(got) != "three" {
+		t.Fatalf("B read %q after the kernel forgot its inodes", got)
+	}
 }
 
 func (m *mountProc) listNames(t *testing.T, dir string) string {

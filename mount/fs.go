@@ -81,7 +81,10 @@ func errno(err error) syscall.Errno { return client.Errno(err) }
 
 func (h *hnode) OnAdd(ctx context.Context) { h.m.track(h) }
 
-func (h *hnode) OnForget() { h.m.untrack(h) }
+func (h *hnode) OnForget() {
+	h.m.untrack(h)
+	h.m.c.Release(h.n)
+}
 
 // child wraps a cache manager node in a kernel inode and fills out.
 func (h *hnode) child(ctx context.Context, n *client.Node, st node.Status, out *fuse.EntryOut) *fs.Inode {
