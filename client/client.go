@@ -50,6 +50,11 @@ type Options struct {
 	DialTimeout time.Duration
 	// RPCTimeout bounds each control RPC (default 30 s).
 	RPCTimeout time.Duration
+	// BypassThreshold: files at least this large bypass the cache (0: no
+	// threshold, auto decides). AutoMin: auto considers bypassing only
+	// files at least this large (default 32 MiB).
+	BypassThreshold int64
+	AutoMin         int64
 	// DataStreams is how many bulk-data connections to use (default 4);
 	// NoDataChannel keeps file contents on the gRPC connection.
 	DataStreams   int
@@ -73,6 +78,9 @@ func (o *Options) defaults() {
 	}
 	if o.RPCTimeout == 0 {
 		o.RPCTimeout = 30 * time.Second
+	}
+	if o.AutoMin <= 0 {
+		o.AutoMin = 32 << 20
 	}
 	if o.DataStreams <= 0 {
 		o.DataStreams = 4
@@ -112,6 +120,7 @@ type Client struct {
 	root  *Node
 
 	fetchSem chan struct{}
+	ghosts   *ghosts
 	counters counters
 
 	ctx    context.Context
@@ -157,6 +166,7 @@ func Dial(opts Options) (*Client, error) {
 		nodes:    map[node.FID]*Node{},
 		vols:     map[string]*pb.Volume{},
 		fetchSem: make(chan struct{}, 16),
+		ghosts:   newGhosts(4096, 10*time.Minute),
 		ctx:      ctx,
 		cancel:   cancel,
 	}

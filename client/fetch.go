@@ -74,21 +74,38 @@ func (n *Node) fetchOne(idx int64, call *fetchCall) {
 		n.mu.Unlock()
 		close(call.done)
 	}()
+	buf, dv, err := n.fetchChunk(idx)
+	if err != nil {
+		call.err = err
+		return
+	}
+	if len(buf) == 0 {
+		return // past the end: nothing to cache
+	}
+	switch err := n.entry.Admit(idx, dv, buf); {
+	case errors.Is(err, cache.ErrNoSpace):
+		c.cache.CountBypassed(1)
+		call.data = buf
+	case err != nil:
+		call.err = err
+	}
+}
+
+// fetchChunk fetches chunk idx into memory, learning the status and
+// promise that come with it; the data is of version dv, whole.
+func (n *Node) fetchChunk(idx int64) (buf []byte, dv uint64, err error) {
+	c := n.c
 	select {
 	case c.fetchSem <- struct{}{}:
 	case <-c.ctx.Done():
-		call.err = c.ctx.Err()
-		return
+		return nil, 0, c.ctx.Err()
 	}
 	defer func() { <-c.fetchSem }()
-
 	cs := c.cache.ChunkSize()
-	var buf []byte
-	var dv uint64
 	pieces := 0
 	t := c.begin()
 	defer c.end(t)
-	err := c.callData(func(ctx context.Context) error {
+	err = c.callData(func(ctx context.Context) error {
 		buf, pieces = nil, 0
 		st, ttl, err := c.data.Load().Fetch(ctx, n.fid, idx*cs, cs, int(cs), func(off int64, pdv uint64, data []byte) error {
 			if pieces > 0 && pdv != dv {
@@ -110,19 +127,8 @@ func (n *Node) fetchOne(idx int64, call *fetchCall) {
 		}
 		return err
 	})
-	if err != nil {
-		call.err = err
-		return
+	if err == nil {
+		c.cache.CountFetched(int64(len(buf)))
 	}
-	if len(buf) == 0 {
-		return // past the end: nothing to cache
-	}
-	c.cache.CountFetched(int64(len(buf)))
-	switch err := n.entry.Admit(idx, dv, buf); {
-	case errors.Is(err, cache.ErrNoSpace):
-		c.cache.CountBypassed(1)
-		call.data = buf
-	case err != nil:
-		call.err = err
-	}
+	return buf, dv, err
 }

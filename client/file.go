@@ -35,7 +35,17 @@ type File struct {
 	// outside: the kernel writes the cache file directly (FUSE passthrough);
 	// stores first rescan it for what changed.
 	outside bool
+
+	// bp is set while the file bypasses the cache (see policy.go).
+	bp       atomic.Pointer[bypass]
+	decision Decision
 }
+
+// Policy is the caching decision made when the file was opened.
+func (f *File) Policy() Decision { return f.decision }
+
+// Bypassed reports whether reads and writes skip the cache now.
+func (f *File) Bypassed() bool { return f.bp.Load() != nil }
 
 // WritesOutside says that writes to this file reach the cache file without
 // passing through WriteAt; Sync, Flush and Close then find them by checksum.
@@ -71,6 +81,14 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	}
 	if off < 0 {
 		return 0, f.pathErr("read", syscall.EINVAL)
+	}
+	if bp := f.bp.Load(); bp != nil {
+		n, admit, err := bp.readAt(p, off)
+		if !admit {
+			return n, f.pathErr("read", err)
+		}
+		// A random read ends auto's probation: from now on, cache it.
+		f.bp.Store(nil)
 	}
 	if f.n.valid.Load() {
 		n, err := f.n.entry.ReadAt(p, off)
@@ -219,6 +237,18 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 	if !f.writable() {
 		return 0, f.pathErr("write", syscall.EBADF)
 	}
+	if bp := f.bp.Load(); bp != nil {
+		if appending {
+			st, err := f.Stat()
+			if err != nil {
+				return 0, err
+			}
+			off = int64(st.Size)
+			f.off = off
+		}
+		k, err := bp.writeAt(p, off)
+		return k, f.pathErr("write", err)
+	}
 	n := f.n
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
@@ -313,6 +343,9 @@ func (f *File) Truncate(size int64) error {
 	if size < 0 {
 		return f.pathErr("truncate", syscall.EINVAL)
 	}
+	if bp := f.bp.Load(); bp != nil {
+		return f.pathErr("truncate", bp.truncate(size))
+	}
 	n := f.n
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
@@ -342,6 +375,9 @@ func (f *File) Sync() error {
 	}
 	if !f.writable() {
 		return nil
+	}
+	if bp := f.bp.Load(); bp != nil {
+		return f.pathErr("sync", bp.flushWrites(true))
 	}
 	f.n.wmu.Lock()
 	defer f.n.wmu.Unlock()
@@ -427,6 +463,9 @@ func (f *File) flush(op string) error {
 	if !f.writable() {
 		return nil
 	}
+	if bp := f.bp.Load(); bp != nil {
+		return f.pathErr(op, bp.flushWrites(true))
+	}
 	n := f.n
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
@@ -452,6 +491,11 @@ func (f *File) rescan() error {
 func (f *File) Stat() (node.Status, error) {
 	if f.closed.Load() {
 		return node.Status{}, os.ErrClosed
+	}
+	if bp := f.bp.Load(); bp != nil {
+		if err := bp.flushWrites(true); err != nil {
+			return node.Status{}, f.pathErr("stat", err)
+		}
 	}
 	st, err := f.c.fresh(f.n)
 	return st, f.pathErr("stat", err)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
 	"os"
 	"path/filepath"
 	"sort"
@@ -40,15 +41,41 @@ func LostDir(cacheDir string) string {
 // have) and returns the error for the application: EIO, saying where the
 // data went.
 func (c *Client) keepLost(n *Node, name string, cause error) error {
-	ranges := n.entry.Dirty()
+	var ranges [][2]int64
+	for _, r := range n.entry.Dirty() {
+		ranges = append(ranges, [2]int64{r.Off, r.Len})
+	}
 	est, _ := n.entry.Status()
 	var trunc *uint64
 	if cut, ok := n.entry.Cut(); ok {
 		c := uint64(cut)
 		trunc = &c
 	}
-	dir := filepath.Join(LostDir(c.opts.CacheDir), fmt.Sprintf("%d-%s", time.Now().UnixNano(), n.fid))
-	rec := Lost{Path: name, FID: n.fid.String(), Size: int64(est.Size), Truncate: trunc, Error: cause.Error(), Time: time.Now(), Data: filepath.Join(dir, "data")}
+	read := func(p []byte, off int64) error {
+		k, err := n.entry.ReadAt(p, off)
+		if k < len(p) {
+			return fmt.Errorf("reading back local data at %d: %v", off, err)
+		}
+		return nil
+	}
+	dir, err := c.saveLost(name, n.fid, ranges, read, int64(est.Size), trunc, cause)
+	if err != nil {
+		// Could not save it elsewhere: keep it dirty in the cache, where
+		// the next store of this file will carry it.
+		c.log.Error("undelivered writes could not be saved; kept in the cache", "path", name, "err", err)
+		return &lostError{path: name, cause: cause}
+	}
+	n.entry.Discard()
+	n.valid.Store(false)
+	return &lostError{path: name, cause: cause, kept: dir}
+}
+
+// saveLost writes ranges (read through read) into a sparse data file under
+// the lost directory, with an info.json describing them, and returns the
+// directory it made.
+func (c *Client) saveLost(name string, fid node.FID, ranges [][2]int64, read func(p []byte, off int64) error, size int64, trunc *uint64, cause error) (string, error) {
+	dir := filepath.Join(LostDir(c.opts.CacheDir), fmt.Sprintf("%d-%s", time.Now().UnixNano(), fid))
+	rec := Lost{Path: name, FID: fid.String(), Ranges: ranges, Size: size, Truncate: trunc, Error: cause.Error(), Time: time.Now(), Data: filepath.Join(dir, "data")}
 	err := func() error {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
@@ -60,17 +87,15 @@ func (c *Client) keepLost(n *Node, name string, cause error) error {
 		defer data.Close()
 		buf := make([]byte, 1<<20)
 		for _, r := range ranges {
-			rec.Ranges = append(rec.Ranges, [2]int64{r.Off, r.Len})
-			for off := r.Off; off < r.Off+r.Len; {
-				p := buf[:min(int64(len(buf)), r.Off+r.Len-off)]
-				k, err := n.entry.ReadAt(p, off)
-				if k == 0 {
-					return fmt.Errorf("reading back local data at %d: %v", off, err)
-				}
-				if _, err := data.WriteAt(p[:k], off); err != nil {
+			for off := r[0]; off < r[0]+r[1]; {
+				p := buf[:min(int64(len(buf)), r[0]+r[1]-off)]
+				if err := read(p, off); err != nil {
 					return err
 				}
-				off += int64(k)
+				if _, err := data.WriteAt(p, off); err != nil {
+					return err
+				}
+				off += int64(len(p))
 			}
 		}
 		if err := data.Sync(); err != nil {
@@ -80,15 +105,10 @@ func (c *Client) keepLost(n *Node, name string, cause error) error {
 		return os.WriteFile(filepath.Join(dir, "info.json"), js, 0o600)
 	}()
 	if err != nil {
-		// Could not save it elsewhere: keep it dirty in the cache, where
-		// the next store of this file will carry it.
-		c.log.Error("undelivered writes could not be saved; kept in the cache", "path", name, "err", err)
-		return &lostError{path: name, cause: cause}
+		return "", err
 	}
 	c.log.Error("writes could not be delivered to the server; kept locally", "path", name, "kept", dir, "err", cause)
-	n.entry.Discard()
-	n.valid.Store(false)
-	return &lostError{path: name, cause: cause, kept: dir}
+	return dir, nil
 }
 
 type lostError struct {

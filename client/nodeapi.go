@@ -63,9 +63,10 @@ func (c *Client) ReadDirNode(dir *Node) ([]DirEntry, error) {
 	return out, nil
 }
 
-// OpenAt opens an already resolved file; name is kept for error reports.
-func (c *Client) OpenAt(n *Node, name string, flag int) (*File, error) {
-	return c.openFile(n, name, flag)
+// OpenAt opens an already resolved file, named base in directory parent
+// (nil if unknown: for its caching policy); name is kept for reports.
+func (c *Client) OpenAt(n *Node, parent *Node, base, name string, flag int) (*File, error) {
+	return c.openFile(n, parent, base, name, flag)
 }
 
 // CreateAt makes name in dir: a file, directory, symlink (target is its

@@ -187,7 +187,8 @@ func (c *Client) Open(name string, flag int, perm os.FileMode) (*File, error) {
 	if err != nil {
 		return nil, errOf("open", name, err)
 	}
-	return c.openFile(n, name, flag)
+	parent, base := c.parentOf(name)
+	return c.openFile(n, parent, base, name, flag)
 }
 
 func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, error) {
@@ -206,8 +207,9 @@ func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, error
 	return n, err
 }
 
-// openFile opens an already resolved node.
-func (c *Client) openFile(n *Node, name string, flag int) (*File, error) {
+// openFile opens an already resolved node, named base in parent (nil if
+// unknown) for its caching policy, and name in error reports.
+func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int) (*File, error) {
 	st, err := c.fresh(n)
 	if err != nil {
 		return nil, errOf("open", name, err)
@@ -230,15 +232,31 @@ func (c *Client) openFile(n *Node, name string, flag int) (*File, error) {
 			n.entry.SetPolicy("path", name)
 		}
 	}
+	f.decision = c.decide(n, parent, base, true)
+	if f.decision.Bypass {
+		if err := c.leaveCache(n); err != nil {
+			return nil, errOf("open", name, err)
+		}
+		f.bp.Store(newBypass(f, f.decision.Probation))
+	}
 	if f.writable() && flag&os.O_TRUNC != 0 {
-		n.wmu.Lock()
-		err := n.truncateLocked(0)
-		n.wmu.Unlock()
+		err := f.Truncate(0)
 		if err != nil {
 			return nil, errOf("open", name, err)
 		}
 	}
 	return f, nil
+}
+
+// leaveCache readies a cached file for bypass: local writes are stored
+// first, so nothing is lost or read stale by the bypassing open.
+func (c *Client) leaveCache(n *Node) error {
+	if !n.localChanges() {
+		return nil
+	}
+	n.wmu.Lock()
+	defer n.wmu.Unlock()
+	return n.storeLocked(true)
 }
 
 // Create creates or truncates a file for reading and writing.

@@ -17,6 +17,7 @@ type openMode uint8
 const (
 	modeCached openMode = iota
 	modePassthrough
+	modeDirect // bypass: no kernel page cache
 )
 
 // handle is one open file: reads and writes go to the cache manager.

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -344,8 +345,9 @@ func (h *hnode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, 
 // a passthrough open to be passthrough too, writers included: their writes
 // land in the cache file, and the cache manager finds them by checksum.
 func (h *hnode) open(name string, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	base, pn := h.parentNode()
 	// The kernel hands us offsets for O_APPEND itself.
-	f, err := h.m.c.OpenAt(h.n, "/"+name, int(flags)&^os.O_APPEND)
+	f, err := h.m.c.OpenAt(h.n, pn, base, "/"+name, int(flags)&^os.O_APPEND)
 	if err != nil {
 		return nil, 0, errno(err)
 	}
@@ -354,6 +356,12 @@ func (h *hnode) open(name string, flags uint32) (fs.FileHandle, uint32, syscall.
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	fh := &handle{h: h, f: f}
+	if f.Bypassed() && h.ptOpens == 0 {
+		// Bypass: no page cache either; data goes from the network to
+		// the read reply.
+		fh.mode = modeDirect
+		return fh, fuse.FOPEN_DIRECT_IO | noFlush(writable), 0
+	}
 	pt := h.m.passthrough && (h.ptOpens > 0 || !writable && h.cachedOpens == 0 && st.Size >= passthroughMin && h.n.Complete())
 	if pt {
 		if writable && h.ptVersion != st.DataVersion {
@@ -398,6 +406,19 @@ func noFlush(writable bool) uint32 {
 // two extra ioctls per open (register and release the backing file) cost
 // more than the page cache, which serves a small file as well.
 const passthroughMin = 256 << 10
+
+// parentNode is the name and directory the kernel knows this inode by
+// (for the caching policy, which a directory's override sets).
+func (h *hnode) parentNode() (string, *client.Node) {
+	name, p := h.Parent()
+	if p == nil {
+		return name, nil
+	}
+	if ph, ok := p.Operations().(*hnode); ok {
+		return name, ph.n
+	}
+	return name, nil
+}
 
 // ourHandle unwraps a handle the kernel passes back.
 func ourHandle(f fs.FileHandle) *handle {
@@ -448,15 +469,49 @@ func (h *hnode) invalidate() {
 	}
 }
 
-// Extended attributes are not stored by hoard: setting one says so
+// PolicyXattr is the extended attribute through which `hoard cache policy`
+// reads and sets a file's caching policy on a mount (as OpenAFS's fs
+// command does through pioctl): reading gives "cache (why)" or
+// "bypass (why)"; writing "cache", "bypass" or "auto", with ",recursive"
+// for a directory's tree, sets the override.
+const PolicyXattr = "user.hoard.policy"
+
+// Other extended attributes are not stored by hoard: setting one says so
 // (ENOTSUP, which cp -a and rsync -X take as "not supported here"),
 // reading one finds none.
 func (h *hnode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	return 0, syscall.ENODATA
+	if attr != PolicyXattr {
+		return 0, syscall.ENODATA
+	}
+	base, parent := h.parentNode()
+	d, err := h.m.c.PolicyAt(h.n, parent, base)
+	if err != nil {
+		return 0, errno(err)
+	}
+	v := d.String()
+	if len(dest) == 0 {
+		return uint32(len(v)), 0
+	}
+	if len(dest) < len(v) {
+		return uint32(len(v)), syscall.ERANGE
+	}
+	return uint32(copy(dest, v)), 0
 }
 
 func (h *hnode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return syscall.ENOTSUP
+	if attr != PolicyXattr {
+		return syscall.ENOTSUP
+	}
+	mode, opt, _ := strings.Cut(string(data), ",")
+	if opt != "" && opt != "recursive" {
+		return syscall.EINVAL
+	}
+	switch mode {
+	case client.PolicyCache, client.PolicyBypass, client.PolicyAuto:
+	default:
+		return syscall.EINVAL
+	}
+	return errno(h.m.c.SetPolicyAt(h.n, mode, opt == "recursive"))
 }
 
 func (h *hnode) Removexattr(ctx context.Context, attr string) syscall.Errno {

@@ -25,6 +25,7 @@ type clientFlags struct {
 	server    string
 	cache     string
 	cacheSize string
+	bypassAt  string
 	timeout   time.Duration
 }
 
@@ -50,19 +51,36 @@ func (cf *clientFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&cf.cache, "cache", defaultCacheDir(), "cache directory, kept between runs (env HOARD_CACHE); empty for a memory cache")
 	f.StringVar(&cf.cacheSize, "cache-size", "1G", "cache size limit, e.g. 512M, 10G")
 	f.DurationVar(&cf.timeout, "timeout", 5*time.Second, "how long to wait for the server")
+	f.StringVar(&cf.bypassAt, "bypass-threshold", "", "files at least this large bypass the cache, e.g. 1G (default: off, auto decides)")
 }
 
-func (cf *clientFlags) dial() (*client.Client, error) {
+// options turns the flags into client options.
+func (cf *clientFlags) options() (client.Options, error) {
 	size, err := parseSize(cf.cacheSize)
 	if err != nil {
-		return nil, usagef("--cache-size %q: %v", cf.cacheSize, err)
+		return client.Options{}, usagef("--cache-size %q: %v", cf.cacheSize, err)
+	}
+	var threshold int64
+	if cf.bypassAt != "" {
+		if threshold, err = parseSize(cf.bypassAt); err != nil {
+			return client.Options{}, usagef("--bypass-threshold %q: %v", cf.bypassAt, err)
+		}
 	}
 	if cf.cache != "" {
 		if err := checkCacheDir(cf.cache); err != nil {
-			return nil, usageError{err}
+			return client.Options{}, usageError{err}
 		}
 	}
-	return client.Dial(client.Options{Server: cf.server, CacheDir: cf.cache, CacheSize: size, DialTimeout: cf.timeout, RPCTimeout: max(cf.timeout, 30*time.Second)})
+	return client.Options{Server: cf.server, CacheDir: cf.cache, CacheSize: size, BypassThreshold: threshold,
+		DialTimeout: cf.timeout, RPCTimeout: max(cf.timeout, 30*time.Second)}, nil
+}
+
+func (cf *clientFlags) dial() (*client.Client, error) {
+	o, err := cf.options()
+	if err != nil {
+		return nil, err
+	}
+	return client.Dial(o)
 }
 
 // checkCacheDir refuses a cache directory that is not a directory or

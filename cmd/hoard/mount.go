@@ -41,18 +41,13 @@ func mountCmd() *cobra.Command {
 			if daemon && os.Getenv("HOARD_DAEMONIZED") == "" {
 				return daemonize(pidfile, logfile)
 			}
-			size, err := parseSize(cf.cacheSize)
+			o, err := cf.options()
 			if err != nil {
-				return usagef("--cache-size %q: %v", cf.cacheSize, err)
-			}
-			if cf.cache != "" {
-				if err := checkCacheDir(cf.cache); err != nil {
-					return usageError{err}
-				}
+				return err
 			}
 			m := mount.New(mount.Options{Passthrough: passthrough, Logger: slog.Default()})
-			c, err := client.Dial(client.Options{Server: cf.server, CacheDir: cf.cache, CacheSize: size,
-				DialTimeout: cf.timeout, RPCTimeout: cf.timeout, OnInvalidate: m.Invalidate})
+			o.RPCTimeout, o.OnInvalidate = cf.timeout, m.Invalidate
+			c, err := client.Dial(o)
 			if err != nil {
 				return err
 			}

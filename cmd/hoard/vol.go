@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/mount"
 )
 
 func volCmd() *cobra.Command {
@@ -78,7 +80,7 @@ func cacheCmd() *cobra.Command {
 			return nil
 		}}
 	lost.Flags().StringVar(&ldir, "cache", defaultCacheDir(), "cache directory")
-	cmd.AddCommand(stats, lost)
+	cmd.AddCommand(stats, lost, policyCmd())
 	return cmd
 }
 
@@ -94,4 +96,61 @@ func printCacheStats(s cache.Stats) {
 	fmt.Printf("recovered:     %d\n", s.Recovered)
 	fmt.Printf("callbacks:     %d\n", s.Gauges["callbacks"])
 	fmt.Printf("passthrough opens: %d\n", s.Gauges["passthrough_opens"])
+}
+
+func policyCmd() *cobra.Command {
+	var cf clientFlags
+	var recursive bool
+	cmd := &cobra.Command{
+		Use:   "policy PATH [cache|bypass|auto] [--recursive]",
+		Short: "show or set a file's or directory's caching policy (PATH on a mount, or remote with --server)",
+		Args:  cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			target := args[0]
+			if len(args) == 2 {
+				switch args[1] {
+				case client.PolicyCache, client.PolicyBypass, client.PolicyAuto:
+				default:
+					return usagef("policy %q: want cache, bypass or auto", args[1])
+				}
+			}
+			// A path on a mount: ask the mount, through its xattr.
+			if _, err := os.Lstat(target); err == nil {
+				buf := make([]byte, 512)
+				if n, err := unix.Getxattr(target, mount.PolicyXattr, buf); err == nil {
+					if len(args) == 1 {
+						fmt.Printf("%s: %s\n", target, buf[:n])
+						return nil
+					}
+					v := args[1]
+					if recursive {
+						v += ",recursive"
+					}
+					if err := unix.Setxattr(target, mount.PolicyXattr, []byte(v), 0); err != nil {
+						return fmt.Errorf("%s: setting the policy: %v", target, err)
+					}
+					return nil
+				} else if !cmd.Flags().Changed("server") {
+					return fmt.Errorf("%s is not on a hoard mount (give --server for a remote path)", target)
+				}
+			}
+			c, err := cf.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if len(args) == 2 {
+				return c.SetPolicy(target, args[1], recursive)
+			}
+			d, err := c.PolicyOf(target)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("%s: %s\n", target, d)
+			return nil
+		},
+	}
+	cf.add(cmd.Flags())
+	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "set it on everything under a directory too")
+	return cmd
 }
