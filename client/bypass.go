@@ -31,6 +31,9 @@ type bypass struct {
 	stores  sync.WaitGroup
 	slots   chan struct{}
 	failure error
+	// flying are the ranges being stored; a run that overlaps one waits
+	// for it, so stores of the same bytes commit in the order written.
+	flying map[*[2]int64]bool
 }
 
 type memChunk struct {
@@ -46,7 +49,8 @@ const (
 )
 
 func newBypass(f *File, probation bool) *bypass {
-	return &bypass{f: f, chunks: map[int64]*memChunk{}, probation: probation, slots: make(chan struct{}, maxStores)}
+	return &bypass{f: f, chunks: map[int64]*memChunk{}, probation: probation,
+		slots: make(chan struct{}, maxStores), flying: map[*[2]int64]bool{}}
 }
 
 // get returns chunk idx, starting its fetch if needed.
@@ -72,7 +76,7 @@ func (b *bypass) getLocked(idx int64) *memChunk {
 // readAt serves a read without the cache. It reports admit when a random
 // read ends the probation: the caller then reads through the cache.
 func (b *bypass) readAt(p []byte, off int64) (n int, admit bool, err error) {
-	if err := b.flushWrites(false); err != nil {
+	if err := b.flushWrites(true); err != nil {
 		return 0, false, err
 	}
 	f := b.f
@@ -173,28 +177,41 @@ func (b *bypass) writeAt(p []byte, off int64) (int, error) {
 }
 
 // flushWrites sends the collected run in the background; with wait it
-// also waits for every store in flight and reports the first failure.
+// also waits for every store in flight (reads do: they must see this
+// client's own writes) and reports the first failure.
 func (b *bypass) flushWrites(wait bool) error {
 	b.mu.Lock()
 	buf, off := b.wbuf, b.woff
 	b.wbuf = nil
 	b.mu.Unlock()
 	if len(buf) > 0 {
+		run := &[2]int64{off, off + int64(len(buf))}
+		b.mu.Lock()
+		overlaps := false
+		for r := range b.flying {
+			overlaps = overlaps || r[0] < run[1] && run[0] < r[1]
+		}
+		b.mu.Unlock()
+		if overlaps {
+			b.stores.Wait()
+		}
 		b.slots <- struct{}{}
 		b.stores.Add(1)
+		b.mu.Lock()
+		b.flying[run] = true
+		b.mu.Unlock()
 		go func() {
 			defer func() { <-b.slots; b.stores.Done() }()
-			if err := b.store(buf, off); err != nil {
-				b.mu.Lock()
-				if b.failure == nil {
-					b.failure = err
-				}
-				b.mu.Unlock()
+			err := b.store(buf, off)
+			b.mu.Lock()
+			delete(b.flying, run)
+			if err != nil && b.failure == nil {
+				b.failure = err
 			}
+			b.mu.Unlock()
 		}()
 	}
-	if wait || len(buf) == 0 {
-		// Reads wait too: they must see this client's own writes.
+	if wait {
 		b.stores.Wait()
 	}
 	b.mu.Lock()

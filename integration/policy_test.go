@@ -1,0 +1,270 @@
+package integration
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hoardfs/hoard/client"
+)
+
+func dialOpts(t *testing.T, o client.Options) *client.Client {
+	t.Helper()
+	o.DialTimeout, o.RPCTimeout = 5*time.Second, 10*time.Second
+	c, err := client.Dial(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// readSeq reads a file front to back in 64 KiB reads.
+func readSeq(t *testing.T, c *client.Client, name string) []byte {
+	t.Helper()
+	f, err := c.Open(name, os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []byte
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := f.Read(buf)
+		out = append(out, buf[:n]...)
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The policy rules, in their order, and what each does to the cache.
+func TestPolicyRules(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	w := dial(t, srv.addr, "mem", 64<<20)
+	if _, err := w.CreateVolume("__stream"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.MountVolume("/stream", "__stream"); err != nil {
+		t.Fatal(err)
+	}
+	small := pattern(600<<10, 1)
+	for _, name := range []string{"/plain", "/__skip", "/stream/data", "/stream/++keep"} {
+		writeFile(t, w, name, small)
+	}
+	c := dialOpts(t, client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 64 << 20})
+	cases := []struct {
+		name   string
+		bypass bool
+		why    string
+	}{
+		{"/plain", false, "small file"},
+		{"/__skip", true, "name starts with __"},
+		{"/stream/data", true, "volume __stream"},
+		{"/stream/++keep", false, "name starts with ++"},
+	}
+	for _, tc := range cases {
+		d, err := c.PolicyOf(tc.name)
+		if err != nil || d.Bypass != tc.bypass || !strings.Contains(d.Why, tc.why) {
+			t.Errorf("%s: %v %v, want bypass=%v because %q", tc.name, d, err, tc.bypass, tc.why)
+		}
+		before := c.Stats().BytesCached
+		if got := readSeq(t, c, tc.name); !bytes.Equal(got, small) {
+			t.Fatalf("%s read back wrong", tc.name)
+		}
+		grew := c.Stats().BytesCached > before
+		if grew == tc.bypass {
+			t.Errorf("%s: bypass=%v but the cache grew=%v", tc.name, tc.bypass, grew)
+		}
+	}
+
+	// An override beats the name, survives a restart of the client, and
+	// a directory's override is inherited by its files.
+	dir := t.TempDir()
+	o := dialOpts(t, client.Options{Server: srv.addr, CacheDir: dir, CacheSize: 64 << 20})
+	if err := o.SetPolicy("/__skip", client.PolicyCache, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.SetPolicy("/stream", client.PolicyCache, false); err != nil {
+		t.Fatal(err)
+	}
+	o.Close()
+	o2 := dialOpts(t, client.Options{Server: srv.addr, CacheDir: dir, CacheSize: 64 << 20})
+	for _, name := range []string{"/__skip", "/stream/data"} {
+		if d, _ := o2.PolicyOf(name); d.Bypass || !strings.Contains(d.Why, "override") {
+			t.Errorf("%s after a restart: %v", name, d)
+		}
+	}
+	if err := o2.SetPolicy("/stream", "sometimes", false); err == nil {
+		t.Error("a bad policy was accepted")
+	}
+
+	// The size threshold.
+	th := dialOpts(t, client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 64 << 20, BypassThreshold: 512 << 10})
+	if d, _ := th.PolicyOf("/plain"); !d.Bypass || !strings.Contains(d.Why, "threshold") {
+		t.Errorf("threshold: %v", d)
+	}
+}
+
+// auto: a large file read once, sequentially, is not admitted; a second
+// use is; a random read admits at once.
+func TestPolicyAuto(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	w := dial(t, srv.addr, "mem", 64<<20)
+	big := pattern(3<<20, 2)
+	writeFile(t, w, "/big", big)
+	writeFile(t, w, "/big2", big)
+	c := dialOpts(t, client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 64 << 20, AutoMin: 1 << 20})
+
+	if got := readSeq(t, c, "/big"); !bytes.Equal(got, big) {
+		t.Fatal("first read wrong")
+	}
+	if cached := c.Stats().BytesCached; cached != 0 {
+		t.Fatalf("a first sequential read cached %d bytes", cached)
+	}
+	fetched := c.Stats().BytesFetched
+	if got := readSeq(t, c, "/big"); !bytes.Equal(got, big) {
+		t.Fatal("second read wrong")
+	}
+	if c.Stats().BytesCached < int64(len(big)) {
+		t.Fatalf("a second use was not admitted: %d bytes cached", c.Stats().BytesCached)
+	}
+	if got := readSeq(t, c, "/big"); !bytes.Equal(got, big) || c.Stats().BytesFetched-fetched != int64(len(big)) {
+		t.Fatalf("third read fetched again: %d bytes since the first", c.Stats().BytesFetched-fetched)
+	}
+
+	// A random read admits on the first use.
+	f, _ := c.Open("/big2", os.O_RDONLY, 0)
+	p := make([]byte, 100)
+	f.ReadAt(p, 2<<20)
+	if !bytes.Equal(p, big[2<<20:2<<20+100]) {
+		t.Fatal("random read wrong")
+	}
+	if f.Bypassed() {
+		t.Fatal("still bypassing after a random read")
+	}
+	f.Close()
+}
+
+// Writes to a bypassed file go through to the server; the writer reads its
+// own writes; other clients see them after close.
+func TestBypassWrites(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a := dialOpts(t, client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 64 << 20})
+	b := dial(t, srv.addr, "mem", 64<<20)
+	f, err := a.Open("/__log", os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.Bypassed() {
+		t.Fatal("__log is not bypassed")
+	}
+	want := pattern(9<<20+123, 4)
+	for off := 0; off < len(want); off += 100000 {
+		if _, err := f.Write(want[off:min(off+100000, len(want))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.WriteAt([]byte("PATCH"), 1000)
+	copy(want[1000:], "PATCH")
+	got := make([]byte, 5)
+	if _, err := f.ReadAt(got, 1000); err != nil || string(got) != "PATCH" {
+		t.Fatalf("read own write: %q %v", got, err)
+	}
+	if st, _ := f.Stat(); st.Size != uint64(len(want)) {
+		t.Fatalf("size %d", st.Size)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, b, "/__log"); !bytes.Equal(got, want) {
+		t.Fatal("another client reads different bytes")
+	}
+	if cached := a.Stats().BytesCached; cached != 0 {
+		t.Fatalf("bypassed writes put %d bytes in the cache", cached)
+	}
+	// Truncate and append through a bypassed handle.
+	g, _ := a.Open("/__log", os.O_RDWR|os.O_APPEND, 0)
+	g.Truncate(10)
+	g.Write([]byte("end"))
+	g.Close()
+	if got := readFile(t, b, "/__log"); !bytes.Equal(got, append(want[:10:10], "end"...)) {
+		t.Fatalf("after truncate and append: %q", got)
+	}
+}
+
+// A file switched to bypass while it has unstored writes stores them first.
+func TestPolicySwitchKeepsWrites(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a := dialOpts(t, client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 64 << 20})
+	b := dial(t, srv.addr, "mem", 64<<20)
+	f, _ := a.Create("/f")
+	f.Write([]byte("written before the switch"))
+	if err := a.SetPolicy("/f", client.PolicyBypass, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, b, "/f"); string(got) != "written before the switch" {
+		t.Fatalf("after the switch the server has %q", got)
+	}
+	f.Write([]byte(" and after"))
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, b, "/f"); string(got) != "written before the switch and after" {
+		t.Fatalf("final %q", got)
+	}
+	g, _ := a.Open("/f", os.O_RDONLY, 0)
+	if !g.Bypassed() || !strings.Contains(g.Policy().Why, "override") {
+		t.Fatalf("reopened: bypass=%v %v", g.Bypassed(), g.Policy())
+	}
+	g.Close()
+}
+
+// hoard cache policy: on a remote path with --server, and on a mount.
+func TestPolicyCLI(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	w := dial(t, srv.addr, "mem", 16<<20)
+	writeFile(t, w, "/__x", []byte("x"))
+	cacheDir := t.TempDir()
+	out, code := run(t, "cache", "policy", "/__x", "--server", srv.addr, "--cache", cacheDir)
+	if code != 0 || !strings.Contains(out, "bypass (name starts with __)") {
+		t.Fatalf("policy of /__x: %d %q", code, out)
+	}
+	if out, code := run(t, "cache", "policy", "/__x", "cache", "--server", srv.addr, "--cache", cacheDir); code != 0 {
+		t.Fatalf("set: %d %q", code, out)
+	}
+	out, _ = run(t, "cache", "policy", "/__x", "--server", srv.addr, "--cache", cacheDir)
+	if !strings.Contains(out, "cache (override on the file)") {
+		t.Fatalf("after set: %q", out)
+	}
+	if out, code := run(t, "cache", "policy", "/__x", "never", "--server", srv.addr, "--cache", cacheDir); code != 2 {
+		t.Fatalf("bad mode: %d %q", code, out)
+	}
+
+	needFuse(t)
+	m := startMount(t, srv, t.TempDir())
+	out, code = run(t, "cache", "policy", m.path("__x"))
+	if code != 0 || !strings.Contains(out, "bypass (name starts with __)") {
+		t.Fatalf("policy on the mount: %d %q", code, out)
+	}
+	if out, code := run(t, "cache", "policy", m.path("__x"), "cache"); code != 0 {
+		t.Fatalf("set on the mount: %d %q", code, out)
+	}
+	if out, _ := run(t, "cache", "policy", m.path("__x")); !strings.Contains(out, "override on the file") {
+		t.Fatalf("after set on the mount: %q", out)
+	}
+	// A bypassed file reads and writes correctly through the mount.
+	data := pattern(2<<20, 6)
+	if err := os.WriteFile(m.path("__big"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(m.path("__big")); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("bypassed file through the mount: %v", err)
+	}
+}
