@@ -35,6 +35,7 @@ var (
 	readSize  = flag.Int("read", 1<<20, "read size for the large file")
 	profile   = flag.String("cpuprofile", "", "write a CPU profile of the disk-cache cold fetches here")
 	only      = flag.String("only", "all", "which part to run: lib (the library), fuse (the mount), all")
+	streams   = flag.Int("streams", 0, "data-channel connections per client (0: the client's default)")
 )
 
 func main() {
@@ -110,7 +111,7 @@ func run() error {
 	var c *client.Client
 	for i := 0; i < 3; i++ {
 		// alwaysCache: these measure the cache's own path, not auto's choice.
-		m, err := client.Dial(client.Options{Server: addr, CacheSize: *sizeFlag + 256<<20, AutoMin: alwaysCache})
+		m, err := client.Dial(client.Options{Server: addr, CacheSize: *sizeFlag + 256<<20, AutoMin: alwaysCache, DataStreams: *streams})
 		if err != nil {
 			return err
 		}
@@ -125,7 +126,7 @@ func run() error {
 			c.Close()
 		}
 		cacheDir := filepath.Join(scratch, fmt.Sprintf("cache%d", i))
-		if c, err = client.Dial(client.Options{Server: addr, CacheDir: cacheDir, CacheSize: *sizeFlag + 256<<20, AutoMin: alwaysCache}); err != nil {
+		if c, err = client.Dial(client.Options{Server: addr, CacheDir: cacheDir, CacheSize: *sizeFlag + 256<<20, AutoMin: alwaysCache, DataStreams: *streams}); err != nil {
 			return err
 		}
 		syscall.Sync()
