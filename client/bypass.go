@@ -139,11 +139,8 @@ func (b *bypass) readAt(p []byte, off int64) (n int, admit bool, err error) {
 		}
 	}
 	f.c.cache.CountMiss(1)
-	if int64(n) < end-off {
-		return n, false, io.ErrUnexpectedEOF // the file shrank under the read
-	}
-	if end-off < int64(len(p)) {
-		return n, false, io.EOF
+	if int64(n) < int64(len(p)) {
+		return n, false, io.EOF // at the end, or the file shrank under the read
 	}
 	return n, false, nil
 }
