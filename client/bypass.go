@@ -137,6 +137,9 @@ func (b *bypass) readAt(p []byte, off int64) (n int, admit bool, err error) {
 		if from < to {
 			n += copy(p[n:], mc.data[from:to])
 		}
+		if to < end-cstart {
+			break // a short chunk: the file ends here now
+		}
 	}
 	f.c.cache.CountMiss(1)
 	if int64(n) < int64(len(p)) {
