@@ -137,7 +137,7 @@ func (b *bypass) readAt(p []byte, off int64) (n int, admit bool, err error) {
 		if from < to {
 			n += copy(p[n:], mc.data[from:to])
 		}
-		if to < end-cstart {
+		if int64(len(mc.data)) < min(cs, end-cstart) {
 			break // a short chunk: the file ends here now
 		}
 	}

@@ -180,6 +180,11 @@ func TestBypassWrites(t *testing.T) {
 	if st, _ := f.Stat(); st.Size != uint64(len(want)) {
 		t.Fatalf("size %d", st.Size)
 	}
+	// One read across many chunks.
+	across := make([]byte, 3<<20)
+	if n, err := f.ReadAt(across, 100); err != nil || n != len(across) || !bytes.Equal(across, want[100:100+len(across)]) {
+		t.Fatalf("read across chunks: %d %v", n, err)
+	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
