@@ -1,13 +1,11 @@
 package client
 
 import (
-	"context"
 	"io"
 	"sync"
 	"time"
 
 	"github.com/hoardfs/hoard/datapath"
-	"github.com/hoardfs/hoard/node"
 )
 
 // bypass is an open file's state while it bypasses the cache: chunks go
@@ -224,32 +222,21 @@ func (b *bypass) flushWrites(wait bool) error {
 func (b *bypass) store(buf []byte, off int64) error {
 	f := b.f
 	c := f.c
-	t := c.begin()
-	defer c.end(t)
-	args := datapath.StoreArgs{FID: f.n.fid, Sync: true, Mtime: time.Now(),
-		Ranges: []datapath.Range{{Off: off, Len: int64(len(buf))}},
-		Read: func(p []byte, at int64) error {
-			copy(p, buf[at-off:])
-			return nil
-		}}
-	var st node.Status
-	var ttl time.Duration
-	err := c.callData(func(ctx context.Context) (err error) {
-		st, ttl, err = c.data.Load().Store(ctx, args)
-		return err
-	})
-	if err != nil {
-		where, lerr := c.saveLost(f.name, f.n.fid, [][2]int64{{off, int64(len(buf))}}, func(p []byte, at int64) error {
-			copy(p, buf[at-off:])
-			return nil
-		}, int64(len(buf))+off, nil, err)
-		if lerr != nil {
-			c.log.Error("undelivered writes could not be saved", "path", f.name, "err", lerr)
-		}
-		return &lostError{path: f.name, cause: err, kept: where}
+	read := func(p []byte, at int64) error {
+		copy(p, buf[at-off:])
+		return nil
 	}
-	_, err = c.learn(t, st, ttl)
-	return err
+	ranges := [][2]int64{{off, int64(len(buf))}}
+	err := c.storeData(datapath.StoreArgs{FID: f.n.fid, Sync: true, Mtime: time.Now(),
+		Ranges: []datapath.Range{{Off: off, Len: int64(len(buf))}}, Read: read}, nil)
+	if err == nil {
+		return nil
+	}
+	where, lerr := c.saveLost(f.name, f.n.fid, ranges, read, off+int64(len(buf)), nil, err)
+	if lerr != nil {
+		c.log.Error("undelivered writes could not be saved", "path", f.name, "err", lerr)
+	}
+	return &lostError{path: f.name, cause: err, kept: where}
 }
 
 // truncate cuts a bypassed file at the server, after its pending writes.

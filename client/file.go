@@ -414,7 +414,22 @@ func (n *Node) storeLocked(sync bool) error {
 	for _, r := range ranges {
 		args.Ranges = append(args.Ranges, datapath.Range{Off: r.Off, Len: r.Len})
 	}
-	c := n.c
+	return n.c.storeData(args, func(st node.Status) error {
+		if err := n.entry.Cleaned(ranges, st); err != nil {
+			return err
+		}
+		if st.DataVersion != est.DataVersion+1 {
+			// Another client's store came between: the clean chunks we
+			// kept may predate it.
+			return n.entry.Invalidate()
+		}
+		return nil
+	})
+}
+
+// storeData runs one store, lets stored update local state from the new
+// status, then records the status and the promise that came with it.
+func (c *Client) storeData(args datapath.StoreArgs, stored func(st node.Status) error) error {
 	t := c.begin()
 	defer c.end(t)
 	var st node.Status
@@ -423,18 +438,11 @@ func (n *Node) storeLocked(sync bool) error {
 		st, ttl, err = c.data.Load().Store(ctx, args)
 		return err
 	})
+	if err == nil && stored != nil {
+		err = stored(st)
+	}
 	if err != nil {
 		return err
-	}
-	if err := n.entry.Cleaned(ranges, st); err != nil {
-		return err
-	}
-	if st.DataVersion != est.DataVersion+1 {
-		// Another client's store came between: the clean chunks we kept
-		// may predate it.
-		if err := n.entry.Invalidate(); err != nil {
-			return err
-		}
 	}
 	_, err = c.learn(t, st, ttl)
 	return err
