@@ -28,6 +28,8 @@ type clientFlags struct {
 	bypassAt  string
 	streams   int
 	timeout   time.Duration
+	// cacheGiven: --cache was on the command line (not the default).
+	cacheGiven bool
 }
 
 func defaultCacheDir() string {
@@ -85,7 +87,15 @@ func (cf *clientFlags) dial() (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return client.Dial(o)
+	c, err := client.Dial(o)
+	if err != nil && !cf.cacheGiven && o.CacheDir != "" && strings.Contains(err.Error(), "in use") {
+		// The default cache belongs to a running mount: a short command
+		// does fine with a memory cache.
+		fmt.Fprintf(os.Stderr, "hoard: %s is in use (a mount?); using a memory cache\n", o.CacheDir)
+		o.CacheDir = ""
+		return client.Dial(o)
+	}
+	return c, err
 }
 
 // checkCacheDir refuses a cache directory that is not a directory or
@@ -142,6 +152,7 @@ func withClient(use, short string, args cobra.PositionalArgs, setup func(*pflag.
 	var cf clientFlags
 	cmd := &cobra.Command{Use: use, Short: short, Args: args,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			cf.cacheGiven = cmd.Flags().Changed("cache")
 			c, err := cf.dial()
 			if err != nil {
 				return err

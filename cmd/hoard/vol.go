@@ -134,6 +134,7 @@ func policyCmd() *cobra.Command {
 					return fmt.Errorf("%s is not on a hoard mount (give --server for a remote path)", target)
 				}
 			}
+			cf.cacheGiven = cmd.Flags().Changed("cache")
 			c, err := cf.dial()
 			if err != nil {
 				return err
