@@ -22,6 +22,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/hoardfs/hoard/dirs"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -77,7 +78,7 @@ type Store struct {
 // Open opens (creating on first use) the store in dir, replays interrupted
 // data commits, and starts a new epoch.
 func Open(dir string) (*Store, error) {
-	if err := checkDir(dir); err != nil {
+	if err := dirs.Ensure("data directory", dir, false); err != nil {
 		return nil, err
 	}
 	for _, sub := range []string{"data", "staging"} {
@@ -103,30 +104,6 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("data directory %s: recovery: %w", dir, err)
 	}
 	return s, nil
-}
-
-// checkDir accepts an existing writable directory, or creates one whose
-// parent exists.
-func checkDir(dir string) error {
-	fi, err := os.Stat(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		if err := os.Mkdir(dir, 0o700); err != nil {
-			return fmt.Errorf("data directory %s: cannot create: %w", dir, errors.Unwrap(err))
-		}
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("data directory %s: %w", dir, err)
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("data directory %s: not a directory", dir)
-	}
-	probe, err := os.CreateTemp(dir, ".probe-*")
-	if err != nil {
-		return fmt.Errorf("data directory %s: not writable: %w", dir, errors.Unwrap(err))
-	}
-	probe.Close()
-	return os.Remove(probe.Name())
 }
 
 func (s *Store) init() error {

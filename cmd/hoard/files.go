@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/dirs"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -71,7 +72,7 @@ func (cf *clientFlags) options() (client.Options, error) {
 		}
 	}
 	if cf.cache != "" {
-		if err := checkCacheDir(cf.cache); err != nil {
+		if err := dirs.Ensure("cache directory", cf.cache, true); err != nil {
 			return client.Options{}, usageError{err}
 		}
 	}
@@ -96,28 +97,6 @@ func (cf *clientFlags) dial() (*client.Client, error) {
 		return client.Dial(o)
 	}
 	return c, err
-}
-
-// checkCacheDir refuses a cache directory that is not a directory or
-// cannot be created or written, naming it.
-func checkCacheDir(dir string) error {
-	fi, err := os.Stat(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return fmt.Errorf("cache directory %s: cannot create: %v", dir, errors.Unwrap(err))
-		}
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("cache directory %s: %v", dir, err)
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("cache directory %s: not a directory", dir)
-	}
-	if err := syscall.Access(dir, 2 /* W_OK */); err != nil {
-		return fmt.Errorf("cache directory %s: not writable", dir)
-	}
-	return nil
 }
 
 // parseSize reads sizes like 4096, 512K, 10M, 2G, 1T (powers of 1024).

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/dirs"
 	"github.com/hoardfs/hoard/mount"
 )
 
@@ -120,7 +121,7 @@ func daemonize(pidfile, logfile string) error {
 	base := cache
 	if base == "" {
 		base = os.TempDir()
-	} else if err := checkCacheDir(base); err != nil {
+	} else if err := dirs.Ensure("cache directory", base, true); err != nil {
 		return usageError{err}
 	}
 	if pidfile == "" {
