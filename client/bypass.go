@@ -1,8 +1,11 @@
 package client
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hoardfs/hoard/datapath"
@@ -37,6 +40,7 @@ type bypass struct {
 type memChunk struct {
 	done chan struct{}
 	data []byte
+	dv   uint64 // the data version it was read at
 	err  error
 }
 
@@ -65,7 +69,7 @@ func (b *bypass) getLocked(idx int64) *memChunk {
 	mc := &memChunk{done: make(chan struct{})}
 	b.chunks[idx] = mc
 	go func() {
-		mc.data, _, mc.err = b.f.n.fetchChunk(idx)
+		mc.data, mc.dv, mc.err = b.f.n.fetchChunk(idx)
 		close(mc.done)
 	}()
 	return mc
@@ -73,10 +77,31 @@ func (b *bypass) getLocked(idx int64) *memChunk {
 
 // readAt serves a read without the cache. It reports admit when a random
 // read ends the probation: the caller then reads through the cache.
+//
+// Read-ahead may hold chunks of a version that another client's change has
+// since replaced (the break arrived while they were buffered): those are
+// dropped and the read served again from the new version, so a reader
+// never mixes versions nor sees bytes older than a break it has received.
 func (b *bypass) readAt(p []byte, off int64) (n int, admit bool, err error) {
 	if err := b.flushWrites(true); err != nil {
 		return 0, false, err
 	}
+	for attempt := 0; attempt < 4; attempt++ {
+		n, admit, err = b.readVersion(p, off)
+		if err != errVersion {
+			return n, admit, err
+		}
+		b.mu.Lock()
+		clear(b.chunks)
+		b.mu.Unlock()
+	}
+	return 0, false, fmt.Errorf("read %s: the file changed under every attempt: %w", b.f.name, syscall.EIO)
+}
+
+// errVersion: the chunks of a read were of different versions.
+var errVersion = errors.New("chunks of different versions")
+
+func (b *bypass) readVersion(p []byte, off int64) (n int, admit bool, err error) {
 	f := b.f
 	st, err := f.c.fresh(f.n)
 	if err != nil {
@@ -128,6 +153,9 @@ func (b *bypass) readAt(p []byte, off int64) (n int, admit bool, err error) {
 			}
 			b.mu.Unlock()
 			return n, false, mc.err
+		}
+		if mc.dv != st.DataVersion {
+			return 0, false, errVersion
 		}
 		cstart := (first + int64(i)) * cs
 		from := max(off, cstart) - cstart

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"sync"
@@ -331,6 +332,7 @@ func (c *Client) useDataChannel(addr string) {
 	if c.opts.NoDataChannel {
 		addr = ""
 	}
+	addr = reachable(c.opts.Server, addr)
 	old := c.data.Load()
 	if old.addr == addr {
 		return
@@ -343,6 +345,24 @@ func (c *Client) useDataChannel(addr string) {
 	if sp, ok := old.Path.(*datapath.Split); ok {
 		sp.Close()
 	}
+}
+
+// reachable makes an advertised data address one this client can dial: a
+// server listening on every interface (0.0.0.0 or ::) advertises just that,
+// and is reached at the host the control connection used.
+func reachable(control, data string) string {
+	host, port, err := net.SplitHostPort(data)
+	if err != nil {
+		return data
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsUnspecified() {
+		return data
+	}
+	chost, _, err := net.SplitHostPort(control)
+	if err != nil {
+		return data
+	}
+	return net.JoinHostPort(chost, port)
 }
 
 func (c *Client) setSession(s string) {

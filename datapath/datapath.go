@@ -92,12 +92,7 @@ func (g GRPC) Store(ctx context.Context, a StoreArgs) (node.Status, time.Duratio
 	if err != nil {
 		return node.Status{}, 0, err
 	}
-	hdr := &pb.StoreRequest{Fid: pb.FromFID(a.FID), BaseVersion: a.BaseVersion,
-		HasTruncate: a.HasTruncate, Truncate: a.Truncate, HasSize: a.HasSize, Size: a.Size, Sync: a.Sync}
-	if !a.Mtime.IsZero() {
-		hdr.MtimeNs = a.Mtime.UnixNano()
-	}
-	if err := stream.Send(hdr); err != nil {
+	if err := stream.Send(storeHeader(a)); err != nil {
 		return node.Status{}, 0, sendErr(stream, err)
 	}
 	buf := make([]byte, maxPiece)
@@ -119,6 +114,16 @@ func (g GRPC) Store(ctx context.Context, a StoreArgs) (node.Status, time.Duratio
 		return node.Status{}, 0, err
 	}
 	return reply.Status.ToStatus()
+}
+
+// storeHeader is the store's description without its data.
+func storeHeader(a StoreArgs) *pb.StoreRequest {
+	hdr := &pb.StoreRequest{Fid: pb.FromFID(a.FID), BaseVersion: a.BaseVersion,
+		HasTruncate: a.HasTruncate, Truncate: a.Truncate, HasSize: a.HasSize, Size: a.Size, Sync: a.Sync}
+	if !a.Mtime.IsZero() {
+		hdr.MtimeNs = a.Mtime.UnixNano()
+	}
+	return hdr
 }
 
 // sendErr digs out the server's error: a Send that fails with EOF means the

@@ -5,34 +5,61 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 
 	"github.com/hoardfs/hoard/node"
 )
 
 // The bulk-data channel's framing: plain TCP, a small binary header each
-// way, then the bytes as they are (sent with sendfile by the server).
+// way, then the bytes as they are (sent with sendfile by the server), each
+// run of bytes followed by its CRC32C so that a torn or corrupted transfer
+// is caught end to end rather than cached.
 //
-//	request: magic "HDF1" | op u8 | session len u16 + bytes | fid 3×u64 | offset u64 | length u64
-//	reply:   errno u32; if 0: status len u32 + hoardpb.Status | data len u64 | data
+//	request: magic "HDF2" | op u8 | session len u16 + bytes | fid 3×u64 | offset u64 | length u64
+//	  fetch: nothing more; length is the byte range's
+//	  store: length bytes of hoardpb.StoreRequest (no data), then pieces
+//	         offset u64 | n u32 | n bytes | crc u32, ended by a piece with n = 0
+//	reply:   errno u32; if 0: status len u32 + hoardpb.Status | data len u64 | data | crc u32
 //	                    else: message len u16 + bytes
-const magic = 0x48444631 // "HDF1"
+//
+// The magic is the version: a server that does not know it answers
+// ErrProtocol and closes the connection, and the client falls back to the
+// gRPC path.
+const magic = 0x48444632 // "HDF2"
 
-// OpFetch is the only operation so far: read a byte range.
-const OpFetch = 1
+// Operations.
+const (
+	OpFetch = 1 // read a byte range
+	OpStore = 2 // stage pieces and commit them as one store
+)
 
 // Limits on what a request or reply may carry.
 const (
-	MaxFetch     = 64 << 20
-	maxSession   = 256
-	maxStatus    = 64 << 10
-	maxMessage   = 4096
-	requestFixed = 4 + 1 + 2 + 24 + 16
+	MaxFetch   = 64 << 20
+	MaxPiece   = 4 << 20
+	maxSession = 256
+	maxStatus  = 64 << 10
+	maxMessage = 4096
+	maxOffset  = 1 << 62
 )
 
-// ErrSession is the errno value a server answers for a session it does not
-// know (it restarted, or dropped the client): the client reconnects.
-const ErrSession = 0xFFFF0001
+// Errno values of the channel itself, outside the range of real errnos.
+const (
+	// ErrSession: the server does not know the session (it restarted, or
+	// dropped the client); the client reconnects.
+	ErrSession = 0xFFFF0001
+	// ErrChecksum: a store piece arrived corrupted; the client retries.
+	ErrChecksum = 0xFFFF0002
+	// ErrProtocol: the request was malformed, or of a version the server
+	// does not speak; the client falls back to the gRPC path.
+	ErrProtocol = 0xFFFF0003
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Checksum is the CRC32C the channel carries after each run of bytes.
+func Checksum(crc uint32, p []byte) uint32 { return crc32.Update(crc, castagnoli, p) }
 
 // Request is one data-channel request.
 type Request struct {
@@ -70,7 +97,7 @@ func ReadRequest(r *bufio.Reader) (Request, error) {
 		return req, fmt.Errorf("%w: bad magic", ErrBadRequest)
 	}
 	req.Op = hdr[4]
-	if req.Op != OpFetch {
+	if req.Op != OpFetch && req.Op != OpStore {
 		return req, fmt.Errorf("%w: unknown op %d", ErrBadRequest, req.Op)
 	}
 	sl := int(binary.BigEndian.Uint16(hdr[5:]))
@@ -85,10 +112,46 @@ func ReadRequest(r *bufio.Reader) (Request, error) {
 	v := func(i int) uint64 { return binary.BigEndian.Uint64(rest[sl+8*i:]) }
 	req.FID = node.FID{Volume: v(0), Vnode: v(1), Unique: v(2)}
 	req.Offset, req.Length = v(3), v(4)
-	if req.Length > MaxFetch || req.Offset > 1<<62 {
+	limit := uint64(MaxFetch)
+	if req.Op == OpStore {
+		limit = maxStatus
+	}
+	if req.Length > limit || req.Offset > maxOffset {
 		return req, fmt.Errorf("%w: range %d+%d out of bounds", ErrBadRequest, req.Offset, req.Length)
 	}
 	return req, nil
+}
+
+// AppendPiece encodes the header of a store piece of n bytes at off; the
+// bytes and their checksum follow it.
+func AppendPiece(b []byte, off int64, n int) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(off))
+	return binary.BigEndian.AppendUint32(b, uint32(n))
+}
+
+// ReadPiece decodes a store piece's header; n = 0 ends the store.
+func ReadPiece(r *bufio.Reader) (off int64, n int, err error) {
+	var b [12]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return 0, 0, err
+	}
+	o, l := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint32(b[8:])
+	if l > MaxPiece || o > maxOffset {
+		return 0, 0, fmt.Errorf("%w: piece %d+%d out of bounds", ErrBadRequest, o, l)
+	}
+	return int64(o), int(l), nil
+}
+
+// AppendCRC encodes a checksum.
+func AppendCRC(b []byte, crc uint32) []byte { return binary.BigEndian.AppendUint32(b, crc) }
+
+// ReadCRC decodes a checksum.
+func ReadCRC(r io.Reader) (uint32, error) {
+	var b [4]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return 0, err
+	}
+	return binary.BigEndian.Uint32(b[:]), nil
 }
 
 // AppendError encodes an error reply.
@@ -101,7 +164,8 @@ func AppendError(b []byte, errno uint32, msg string) []byte {
 	return append(b, msg...)
 }
 
-// AppendOK encodes a successful reply's header; n data bytes follow it.
+// AppendOK encodes a successful reply's header; n data bytes and their
+// checksum follow it.
 func AppendOK(b []byte, status []byte, n uint64) []byte {
 	b = binary.BigEndian.AppendUint32(b, 0)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(status)))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,14 +22,17 @@ import (
 // Split fetches over the server's bulk-data channel: several TCP
 // connections of their own (seed 003's "connection clones"), each carrying
 // one fetch at a time, the server sending with sendfile and the client
-// reading straight into the chunk's buffer. Stores, and fetches when the
-// channel fails, go to Fallback (the gRPC streams).
+// reading straight into the chunk's buffer; stores likewise. Calls go to
+// the fallback (the gRPC streams) when the channel fails.
 type Split struct {
 	addr     string
 	session  func() string
 	fallback Path
 	conns    chan *dataConn // idle connections
 	slots    chan struct{}  // one per connection that may exist
+	// restUntil (unix ns) keeps calls on the fallback after the channel
+	// failed twice in a row.
+	restUntil atomic.Int64
 }
 
 type dataConn struct {
@@ -87,39 +91,143 @@ func (s *Split) put(dc *dataConn, broken bool) {
 	s.conns <- dc
 }
 
-// Fetch implements Path. A connection that breaks mid-reply is dropped and
-// the fetch retried on another; if the channel keeps failing, the gRPC
-// path serves it. The sink sees whole, checked replies only.
+// Fetch implements Path. A connection that breaks mid-reply, or a reply
+// whose length or checksum is wrong, is dropped and the fetch retried on
+// another; if the channel keeps failing, the gRPC path serves it. The sink
+// sees whole, checked replies only.
 func (s *Split) Fetch(ctx context.Context, fid node.FID, off, n int64, piece int, sink Sink) (node.Status, time.Duration, error) {
-	var lastErr error
-	for attempt := 0; attempt < 2; attempt++ {
-		st, ttl, data, err := s.fetchOnce(ctx, fid, off, n)
-		if err == nil {
-			if len(data) > 0 {
-				err = sink(off, st.DataVersion, data)
+	var st node.Status
+	var ttl time.Duration
+	err := s.try(ctx, func() (err error) {
+		var data []byte
+		st, ttl, data, err = s.fetchOnce(ctx, fid, off, n)
+		if err == nil && len(data) > 0 {
+			if err = sink(off, st.DataVersion, data); err != nil {
+				err = &final{err}
 			}
-			return st, ttl, err
 		}
-		var answer *serverAnswer
-		if errors.As(err, &answer) {
-			return node.Status{}, 0, answer.err // the server's own answer: not a transport failure
+		return err
+	})
+	if errors.Is(err, errChannelDown) {
+		return s.fallback.Fetch(ctx, fid, off, n, piece, sink)
+	}
+	return st, ttl, err
+}
+
+// Store implements Path: the pieces go out with their checksums, and the
+// server commits them as one store when the last has arrived. A store
+// that fails in transit is sent again whole, which is safe: nothing of it
+// was committed.
+func (s *Split) Store(ctx context.Context, a StoreArgs) (node.Status, time.Duration, error) {
+	var st node.Status
+	var ttl time.Duration
+	err := s.try(ctx, func() (err error) {
+		st, ttl, err = s.storeOnce(ctx, a)
+		return err
+	})
+	if errors.Is(err, errChannelDown) {
+		return s.fallback.Store(ctx, a)
+	}
+	return st, ttl, err
+}
+
+// final wraps an error that is an answer, not a transport failure: the
+// server's own error, or the local side's. It is not retried.
+type final struct{ err error }
+
+func (f *final) Error() string { return f.err.Error() }
+
+// errChannelDown sends a call to the fallback path.
+var errChannelDown = errors.New("data channel down")
+
+// channelRest is how long the channel is left alone after it failed
+// twice in a row, so that a server refusing it costs no more dials.
+const channelRest = 10 * time.Second
+
+// try runs once up to twice on the channel. It returns errChannelDown when
+// the call should go to the fallback instead.
+func (s *Split) try(ctx context.Context, once func() error) error {
+	if time.Now().UnixNano() < s.restUntil.Load() && s.fallback != nil {
+		return errChannelDown
+	}
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		err = once()
+		var f *final
+		if err == nil || errors.As(err, &f) {
+			if f != nil {
+				err = f.err
+			}
+			return err
 		}
-		lastErr = err
 		if ctx.Err() != nil {
-			return node.Status{}, 0, err
+			return err
 		}
 	}
 	if s.fallback == nil {
-		return node.Status{}, 0, lastErr
+		return err
 	}
-	return s.fallback.Fetch(ctx, fid, off, n, piece, sink)
+	s.restUntil.Store(time.Now().Add(channelRest).UnixNano())
+	return errChannelDown
 }
 
-// serverAnswer wraps an error the server sent, as opposed to a broken
-// connection.
-type serverAnswer struct{ err error }
+// ioTimeout bounds each step of a transfer: a server that stops sending
+// or reading is given up on, whatever the caller's own deadline.
+const ioTimeout = 30 * time.Second
 
-func (a *serverAnswer) Error() string { return a.err.Error() }
+func (dc *dataConn) deadline(ctx context.Context) {
+	dl := time.Now().Add(ioTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	dc.conn.SetDeadline(dl)
+}
+
+// answer decodes a reply and its (empty or checked) data.
+func (dc *dataConn) answer(ctx context.Context, want func(st node.Status) int64) (node.Status, time.Duration, []byte, error) {
+	dc.deadline(ctx)
+	rep, err := ReadReply(dc.br)
+	if err != nil {
+		return node.Status{}, 0, nil, err
+	}
+	switch rep.Errno {
+	case 0:
+	case ErrSession:
+		return node.Status{}, 0, nil, &final{status.Error(codes.Unauthenticated, rep.Message)}
+	case ErrChecksum, ErrProtocol:
+		return node.Status{}, 0, nil, fmt.Errorf("data channel: %s", rep.Message)
+	default:
+		return node.Status{}, 0, nil, &final{pb.Err(fmt.Errorf("%s: %w", rep.Message, syscall.Errno(rep.Errno)))}
+	}
+	var ps pb.Status
+	if err := proto.Unmarshal(rep.Status, &ps); err != nil {
+		return node.Status{}, 0, nil, fmt.Errorf("data channel: bad status: %w", err)
+	}
+	st, ttl, err := ps.ToStatus()
+	if err != nil {
+		return st, 0, nil, &final{err}
+	}
+	if n := want(st); int64(rep.Length) != n {
+		return node.Status{}, 0, nil, fmt.Errorf("data channel: %d bytes for %v, want %d", rep.Length, st.FID, n)
+	}
+	data := make([]byte, rep.Length)
+	for got := 0; got < len(data); {
+		dc.deadline(ctx)
+		k, err := io.ReadFull(dc.br, data[got:min(len(data), got+MaxPiece)])
+		if err != nil {
+			return node.Status{}, 0, nil, err
+		}
+		got += k
+	}
+	crc, err := ReadCRC(dc.br)
+	if err != nil {
+		return node.Status{}, 0, nil, err
+	}
+	if crc != Checksum(0, data) {
+		return node.Status{}, 0, nil, fmt.Errorf("data channel: checksum mismatch on %d bytes of %v", len(data), st.FID)
+	}
+	return st, ttl, data, nil
+}
 
 func (s *Split) fetchOnce(ctx context.Context, fid node.FID, off, n int64) (node.Status, time.Duration, []byte, error) {
 	dc, err := s.get(ctx)
@@ -128,44 +236,56 @@ func (s *Split) fetchOnce(ctx context.Context, fid node.FID, off, n int64) (node
 	}
 	broken := true
 	defer func() { s.put(dc, broken) }()
-	if dl, ok := ctx.Deadline(); ok {
-		dc.conn.SetDeadline(dl)
-	} else {
-		dc.conn.SetDeadline(time.Time{})
-	}
-	req := AppendRequest(nil, Request{Op: OpFetch, Session: s.session(), FID: fid, Offset: uint64(off), Length: uint64(min(n, MaxFetch))})
+	n = min(n, MaxFetch)
+	dc.deadline(ctx)
+	req := AppendRequest(nil, Request{Op: OpFetch, Session: s.session(), FID: fid, Offset: uint64(off), Length: uint64(n)})
 	if _, err := dc.conn.Write(req); err != nil {
 		return node.Status{}, 0, nil, err
 	}
-	rep, err := ReadReply(dc.br)
-	if err != nil {
-		return node.Status{}, 0, nil, err
-	}
-	if rep.Errno != 0 {
-		broken = false
-		if rep.Errno == ErrSession {
-			return node.Status{}, 0, nil, &serverAnswer{status.Error(codes.Unauthenticated, rep.Message)}
-		}
-		errno := syscall.Errno(rep.Errno)
-		return node.Status{}, 0, nil, &serverAnswer{pb.Err(fmt.Errorf("%s: %w", rep.Message, errno))}
-	}
-	var ps pb.Status
-	if err := proto.Unmarshal(rep.Status, &ps); err != nil {
-		return node.Status{}, 0, nil, fmt.Errorf("data channel: bad status: %w", err)
-	}
-	st, ttl, err := ps.ToStatus()
-	if err != nil {
-		return st, 0, nil, err
-	}
-	data := make([]byte, rep.Length)
-	if _, err := io.ReadFull(dc.br, data); err != nil {
-		return node.Status{}, 0, nil, err
-	}
-	broken = false
-	return st, ttl, data, nil
+	st, ttl, data, err := dc.answer(ctx, func(st node.Status) int64 {
+		return max(0, min(n, int64(st.Size)-off))
+	})
+	var f *final
+	broken = err != nil && !errors.As(err, &f)
+	return st, ttl, data, err
 }
 
-// Store implements Path through the fallback path.
-func (s *Split) Store(ctx context.Context, a StoreArgs) (node.Status, time.Duration, error) {
-	return s.fallback.Store(ctx, a)
+func (s *Split) storeOnce(ctx context.Context, a StoreArgs) (node.Status, time.Duration, error) {
+	dc, err := s.get(ctx)
+	if err != nil {
+		return node.Status{}, 0, err
+	}
+	broken := true
+	defer func() { s.put(dc, broken) }()
+	hdr, err := proto.Marshal(storeHeader(a))
+	if err != nil {
+		return node.Status{}, 0, &final{err}
+	}
+	req := AppendRequest(nil, Request{Op: OpStore, Session: s.session(), FID: a.FID, Length: uint64(len(hdr))})
+	dc.deadline(ctx)
+	if _, err := dc.conn.Write(append(req, hdr...)); err != nil {
+		return node.Status{}, 0, err
+	}
+	buf := make([]byte, maxPiece)
+	for _, r := range a.Ranges {
+		for off := r.Off; off < r.Off+r.Len; {
+			p := buf[:min(int64(len(buf)), r.Off+r.Len-off)]
+			if err := a.Read(p, off); err != nil {
+				return node.Status{}, 0, &final{fmt.Errorf("store %v: reading local data at %d: %w", a.FID, off, err)}
+			}
+			dc.deadline(ctx)
+			v := net.Buffers{AppendPiece(nil, off, len(p)), p, AppendCRC(nil, Checksum(0, p))}
+			if _, err := v.WriteTo(dc.conn); err != nil {
+				return node.Status{}, 0, err
+			}
+			off += int64(len(p))
+		}
+	}
+	if _, err := dc.conn.Write(AppendPiece(nil, 0, 0)); err != nil {
+		return node.Status{}, 0, err
+	}
+	st, ttl, _, err := dc.answer(ctx, func(node.Status) int64 { return 0 })
+	var f *final
+	broken = err != nil && !errors.As(err, &f)
+	return st, ttl, err
 }

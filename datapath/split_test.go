@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"sync/atomic"
 	"syscall"
@@ -19,21 +20,33 @@ import (
 
 var testFID = node.FID{Volume: 1, Vnode: 2, Unique: 3}
 
-// fakeServer answers fetches of a fixed file; cut > 0 makes the first
-// connection break after sending cut bytes of data.
+// fakeServer answers fetches of a fixed file. Its first connection can be
+// made to misbehave once.
 type fakeServer struct {
 	l     net.Listener
 	data  []byte
-	cut   int
+	fault fault
 	conns atomic.Int32
 }
 
-func newFakeServer(t *testing.T, data []byte, cut int) *fakeServer {
+type fault int
+
+const (
+	none      fault = iota
+	cut             // break the connection mid-reply
+	flip            // corrupt a byte of the data
+	short           // announce fewer bytes than the range holds
+	badCRC          // send a wrong checksum
+	refuse          // answer as a server that does not speak the protocol
+	corruptIn       // (store) corrupt a byte of the piece on its way in
+)
+
+func newFakeServer(t *testing.T, data []byte, fault fault) *fakeServer {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeServer{l: l, data: data, cut: cut}
+	f := &fakeServer{l: l, data: data, fault: fault}
 	t.Cleanup(func() { l.Close() })
 	go func() {
 		for {
@@ -55,9 +68,17 @@ func (f *fakeServer) serve(conn net.Conn, first bool) {
 		req, err := ReadRequest(br)
 		if err != nil {
 			if errors.Is(err, ErrBadRequest) {
-				conn.Write(AppendError(nil, uint32(syscall.EINVAL), err.Error()))
+				conn.Write(AppendError(nil, ErrProtocol, err.Error()))
 			}
 			return
+		}
+		if f.fault == refuse {
+			conn.Write(AppendError(nil, ErrProtocol, "bad magic"))
+			return
+		}
+		if req.Op == OpStore {
+			f.store(conn, br, req, first)
+			continue
 		}
 		if req.FID != testFID {
 			conn.Write(AppendError(nil, uint32(syscall.ESTALE), "no such fid"))
@@ -65,14 +86,55 @@ func (f *fakeServer) serve(conn net.Conn, first bool) {
 		}
 		st, _ := proto.Marshal(pb.FromStatus(node.Status{FID: testFID, Type: node.TypeFile, Size: uint64(len(f.data)), DataVersion: 9}, time.Minute))
 		start := min(int(req.Offset), len(f.data))
-		body := f.data[start:min(int(req.Offset+req.Length), len(f.data))]
-		conn.Write(AppendOK(nil, st, uint64(len(body))))
-		if first && f.cut > 0 {
-			conn.Write(body[:f.cut])
-			return // break mid-reply
+		body := bytes.Clone(f.data[start:min(int(req.Offset+req.Length), len(f.data))])
+		crc := Checksum(0, body)
+		if first {
+			switch f.fault {
+			case cut:
+				conn.Write(AppendOK(nil, st, uint64(len(body))))
+				conn.Write(body[:len(body)/2])
+				return
+			case flip:
+				body[len(body)/3] ^= 1
+			case short:
+				body = body[:len(body)-1]
+				crc = Checksum(0, body)
+			case badCRC:
+				crc++
+			}
 		}
-		conn.Write(body)
+		conn.Write(AppendCRC(append(AppendOK(nil, st, uint64(len(body))), body...), crc))
 	}
+}
+
+// store takes a store into f.data (whole pieces only, as a test needs).
+func (f *fakeServer) store(conn net.Conn, br *bufio.Reader, req Request, first bool) {
+	hdr := make([]byte, req.Length)
+	io.ReadFull(br, hdr)
+	bad := false
+	for {
+		off, n, err := ReadPiece(br)
+		if err != nil || n == 0 {
+			break
+		}
+		p := make([]byte, n)
+		io.ReadFull(br, p)
+		crc, _ := ReadCRC(br)
+		if first && f.fault == corruptIn {
+			p[0] ^= 1
+		}
+		if crc != Checksum(0, p) {
+			bad = true
+			continue
+		}
+		f.data = append(f.data[:min(int(off), len(f.data))], p...)
+	}
+	if bad {
+		conn.Write(AppendError(nil, ErrChecksum, "checksum mismatch"))
+		return
+	}
+	st, _ := proto.Marshal(pb.FromStatus(node.Status{FID: testFID, Type: node.TypeFile, Size: uint64(len(f.data)), DataVersion: 10}, time.Minute))
+	conn.Write(AppendCRC(AppendOK(nil, st, 0), 0))
 }
 
 // fallbackPath records that it was used.
@@ -129,33 +191,76 @@ func TestSplitFetch(t *testing.T) {
 	}
 }
 
-// A connection dropped mid-chunk: the fetch is retried on another
-// connection and the sink sees only the whole, right bytes.
-func TestSplitRetriesBrokenConnection(t *testing.T) {
+// A connection dropped mid-chunk, a reply whose length or checksum is
+// wrong: the fetch is retried on another connection and the sink sees only
+// the whole, right bytes.
+func TestSplitRetriesBadReplies(t *testing.T) {
 	data := bytes.Repeat([]byte("abcdefgh"), 50000)
-	srv := newFakeServer(t, data, 1000)
-	fb := &fallbackPath{}
-	s := NewSplit(srv.l.Addr().String(), 2, fb, func() string { return "" })
-	defer s.Close()
-	_, got, err := fetch(t, s, testFID, 0, int64(len(data)))
-	if err != nil || !bytes.Equal(got, data) {
-		t.Fatalf("fetch across a broken connection: %d bytes, %v", len(got), err)
-	}
-	if srv.conns.Load() != 2 || fb.used.Load() != 0 {
-		t.Fatalf("%d connections, fallback used %d times", srv.conns.Load(), fb.used.Load())
+	for name, fl := range map[string]fault{"cut": cut, "flip": flip, "short": short, "crc": badCRC} {
+		t.Run(name, func(t *testing.T) {
+			srv := newFakeServer(t, data, fl)
+			fb := &fallbackPath{}
+			s := NewSplit(srv.l.Addr().String(), 2, fb, func() string { return "" })
+			defer s.Close()
+			_, got, err := fetch(t, s, testFID, 0, int64(len(data)))
+			if err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("fetch across a bad reply: %d bytes, %v", len(got), err)
+			}
+			if srv.conns.Load() != 2 || fb.used.Load() != 0 {
+				t.Fatalf("%d connections, fallback used %d times", srv.conns.Load(), fb.used.Load())
+			}
+		})
 	}
 }
 
-// A server without a data channel: the gRPC path serves the fetch.
+// A server without a data channel, or one that refuses it: the gRPC path
+// serves the call, and the channel is left alone for a while.
 func TestSplitFallsBack(t *testing.T) {
 	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := l.Addr().String()
+	closed := l.Addr().String()
 	l.Close()
-	fb := &fallbackPath{}
-	s := NewSplit(addr, 2, fb, func() string { return "" })
-	_, got, err := fetch(t, s, testFID, 0, 10)
-	if err != nil || string(got) != "fallback" || fb.used.Load() != 1 {
-		t.Fatalf("fallback: %q %v used %d", got, err, fb.used.Load())
+	refusing := newFakeServer(t, nil, refuse)
+	for name, addr := range map[string]string{"closed": closed, "refusing": refusing.l.Addr().String()} {
+		t.Run(name, func(t *testing.T) {
+			fb := &fallbackPath{}
+			s := NewSplit(addr, 2, fb, func() string { return "" })
+			defer s.Close()
+			for i := 1; i <= 3; i++ {
+				_, got, err := fetch(t, s, testFID, 0, 10)
+				if err != nil || string(got) != "fallback" || fb.used.Load() != int32(i) {
+					t.Fatalf("fallback: %q %v used %d", got, err, fb.used.Load())
+				}
+			}
+			if _, _, err := s.Store(context.Background(), StoreArgs{FID: testFID}); err != nil || fb.used.Load() != 4 {
+				t.Fatalf("store: %v, fallback used %d", err, fb.used.Load())
+			}
+		})
+	}
+	if n := refusing.conns.Load(); n != 2 {
+		t.Fatalf("refusing server dialled %d times, want 2 (then left alone)", n)
+	}
+}
+
+// Stores go over the channel with a checksum per piece; a piece corrupted
+// on the way is refused by the server and the store sent again.
+func TestSplitStore(t *testing.T) {
+	want := bytes.Repeat([]byte("0123456789abcdef"), 300000) // several pieces
+	for name, fl := range map[string]fault{"clean": none, "corrupted": corruptIn} {
+		t.Run(name, func(t *testing.T) {
+			srv := newFakeServer(t, nil, fl)
+			fb := &fallbackPath{}
+			s := NewSplit(srv.l.Addr().String(), 2, fb, func() string { return "" })
+			defer s.Close()
+			st, _, err := s.Store(context.Background(), StoreArgs{FID: testFID,
+				Ranges: []Range{{0, int64(len(want))}},
+				Read:   func(p []byte, off int64) error { copy(p, want[off:]); return nil }})
+			if err != nil || st.DataVersion != 10 || !bytes.Equal(srv.data, want) {
+				t.Fatalf("store: %v, dv %d, %d bytes stored", err, st.DataVersion, len(srv.data))
+			}
+			if fb.used.Load() != 0 {
+				t.Fatalf("fallback used")
+			}
+		})
 	}
 }
 
@@ -170,6 +275,7 @@ func TestFrameRoundTrip(t *testing.T) {
 		{Op: OpFetch, Length: MaxFetch + 1},
 		{Op: OpFetch, Offset: 1 << 63},
 		{Op: OpFetch, Session: string(make([]byte, 300))},
+		{Op: OpStore, Length: maxStatus + 1},
 	} {
 		if _, err := ReadRequest(bufio.NewReader(bytes.NewReader(AppendRequest(nil, bad)))); !errors.Is(err, ErrBadRequest) {
 			t.Errorf("request %+v accepted: %v", bad, err)
@@ -179,17 +285,38 @@ func TestFrameRoundTrip(t *testing.T) {
 	if err != nil || rep.Errno != 5 || rep.Message != "boom" {
 		t.Fatalf("error reply: %+v %v", rep, err)
 	}
+	if _, _, err := ReadPiece(bufio.NewReader(bytes.NewReader(AppendPiece(nil, 0, MaxPiece+1)))); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("oversized piece accepted: %v", err)
+	}
 }
 
 // FuzzReadRequest: the server's request decoder refuses or accepts any
 // bytes without panicking, and what it accepts is within bounds.
 func FuzzReadRequest(f *testing.F) {
 	f.Add(AppendRequest(nil, Request{Op: OpFetch, Session: "1.1", FID: testFID, Length: 10}))
-	f.Add([]byte("HDF1\x01\xff\xff"))
+	f.Add([]byte("HDF2\x01\xff\xff"))
+	f.Add(append(AppendPiece(AppendRequest(nil, Request{Op: OpStore, FID: testFID}), 0, 3), "abc\x00\x00\x00\x00"...))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		req, err := ReadRequest(bufio.NewReader(bytes.NewReader(b)))
-		if err == nil && (req.Length > MaxFetch || len(req.Session) > maxSession || req.Op != OpFetch) {
+		if err == nil && (req.Length > MaxFetch || len(req.Session) > maxSession || req.Op != OpFetch && req.Op != OpStore) {
 			t.Fatalf("accepted %+v", req)
+		}
+		if err != nil {
+			return
+		}
+		// What follows a store's header: pieces, each within bounds.
+		br := bufio.NewReader(bytes.NewReader(b[len(AppendRequest(nil, req)):]))
+		for {
+			off, n, err := ReadPiece(br)
+			if err != nil || n == 0 {
+				return
+			}
+			if n > MaxPiece || off > maxOffset {
+				t.Fatalf("accepted piece %d+%d", off, n)
+			}
+			if _, err := br.Discard(n + 4); err != nil {
+				return
+			}
 		}
 	})
 }

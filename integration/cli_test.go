@@ -88,6 +88,8 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"server", "--data", filepath.Join(tmp, "missing", "deeper")}, "missing/deeper"},
 		{[]string{"server", "--data", tmp, "--listen", "not-an-address"}, "not-an-address"},
 		{[]string{"server", "--data", tmp, "--bogus"}, "bogus"},
+		{[]string{"server", "--data", filepath.Join(tmp, "fresh1"), "--data-advertise", "noport"}, "noport"},
+		{[]string{"server", "--data", filepath.Join(tmp, "fresh2"), "--data-listen", "none", "--data-advertise", "127.0.0.1:9"}, "--data-listen none"},
 		{[]string{"ls", "/", "--cache", file}, file},
 		{[]string{"ls", "/", "--cache-size", "lots"}, "--cache-size"},
 		{[]string{"frobnicate"}, "unknown command"},
@@ -106,8 +108,10 @@ func TestCLIBadInput(t *testing.T) {
 			t.Errorf("hoard %v: exit %d, output %q; want exit 2 and one line mentioning %q", c.args, code, out, c.want)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(tmp, "missing")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("a refused --data left a directory behind")
+	for _, d := range []string{"missing", "fresh1", "fresh2"} {
+		if _, err := os.Stat(filepath.Join(tmp, d)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("a refused server invocation left %s behind", d)
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -228,7 +229,7 @@ func TestDataChannel(t *testing.T) {
 	conn.SetDeadline(time.Now().Add(5 * time.Second))
 	conn.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
 	rep, err := datapath.ReadReply(bufio.NewReader(conn))
-	if err != nil || rep.Errno != uint32(syscall.EINVAL) {
+	if err != nil || rep.Errno != datapath.ErrProtocol {
 		t.Fatalf("malformed request: %+v %v", rep, err)
 	}
 	c := dial(t, srv.addr, t.TempDir(), 16<<20)
@@ -236,5 +237,121 @@ func TestDataChannel(t *testing.T) {
 	d := dial(t, srv.addr, t.TempDir(), 16<<20)
 	if got := readFile(t, d, "/g"); !bytes.Equal(got, content) {
 		t.Fatal("read over the data channel differs")
+	}
+}
+
+// relay forwards data-channel connections to a server and misbehaves
+// once, as a network or a broken peer would.
+type relay struct {
+	l      net.Listener
+	to     string
+	mode   string // "cut", "flip-down", "flip-up" or "refuse"
+	conns  atomic.Int32
+	faults atomic.Int32
+	struck atomic.Bool
+}
+
+func startRelay(t *testing.T, to, mode string) *relay {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &relay{l: l, to: to, mode: mode}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			r.conns.Add(1)
+			go r.serve(c)
+		}
+	}()
+	return r
+}
+
+// faultAt is where in a connection's stream the fault strikes, in the
+// first connection that carries that much: well inside the data of a
+// chunk, past any header.
+const faultAt = 100_000
+
+func (r *relay) serve(c net.Conn) {
+	defer c.Close()
+	if r.mode == "refuse" {
+		r.faults.Add(1)
+		return
+	}
+	s, err := net.Dial("tcp", r.to)
+	if err != nil {
+		return
+	}
+	defer s.Close()
+	pipe := func(dst, src net.Conn, fault bool) {
+		buf := make([]byte, 32<<10)
+		var at int
+		for {
+			n, err := src.Read(buf)
+			if n > 0 && fault && at <= faultAt && faultAt < at+n && r.struck.CompareAndSwap(false, true) {
+				if r.mode == "cut" {
+					dst.Write(buf[:faultAt-at])
+					r.faults.Add(1)
+					dst.Close()
+					src.Close()
+					return
+				}
+				buf[faultAt-at] ^= 0x20
+				r.faults.Add(1)
+			}
+			at += n
+			if n > 0 {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		dst.Close()
+		src.Close()
+	}
+	go pipe(c, s, r.mode == "cut" || r.mode == "flip-down")
+	pipe(s, c, r.mode == "flip-up")
+}
+
+// Faults on the data channel, through a relay the server advertises: a
+// connection cut mid-chunk, a byte corrupted on its way down (a fetch) or
+// up (a store), a channel that refuses every connection. The application
+// gets the right bytes every time, and the server stores the right bytes.
+func TestDataChannelFaults(t *testing.T) {
+	content := pattern(6<<20, 7)
+	for _, mode := range []string{"cut", "flip-down", "flip-up", "refuse"} {
+		t.Run(mode, func(t *testing.T) {
+			dataAddr := freeAddr(t)
+			rl := startRelay(t, dataAddr, mode)
+			srv := startServer(t, t.TempDir(), "--data-listen", dataAddr, "--data-advertise", rl.l.Addr().String())
+			if !strings.Contains(srv.logs.String(), "advertised as "+rl.l.Addr().String()) {
+				t.Fatalf("relay not advertised: %s", srv.logs)
+			}
+			w := dial(t, srv.addr, "mem", 64<<20)
+			writeFile(t, w, "/f", content)
+			r := dial(t, srv.addr, t.TempDir(), 64<<20)
+			if got := readFile(t, r, "/f"); !bytes.Equal(got, content) {
+				t.Fatal("read through the faulty channel differs")
+			}
+			// What the server holds, read over gRPC only.
+			plain, err := client.Dial(client.Options{Server: srv.addr, NoDataChannel: true, DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer plain.Close()
+			if got := readFile(t, plain, "/f"); !bytes.Equal(got, content) {
+				t.Fatal("the server holds different bytes")
+			}
+			if rl.faults.Load() == 0 {
+				t.Fatalf("the relay never struck (%d connections)", rl.conns.Load())
+			}
+		})
 	}
 }

@@ -273,3 +273,61 @@ func TestPolicyCLI(t *testing.T) {
 		t.Fatalf("bypassed file through the mount: %v", err)
 	}
 }
+
+// Another client truncates and rewrites a file while this one reads it
+// sequentially, bypassed, with read-ahead buffered: once the change is
+// acknowledged (after this client took the break) the reader sees the new
+// size and the new bytes, never the old ones it had buffered.
+func TestBypassReadAcrossTruncate(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	w := dial(t, srv.addr, "mem", 64<<20)
+	old := pattern(8<<20, 1)
+	writeFile(t, w, "/__big", old)
+	r := dial(t, srv.addr, t.TempDir(), 64<<20)
+	f, err := r.Open("/__big", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if !f.Bypassed() {
+		t.Fatal("__big is not bypassed")
+	}
+	buf := make([]byte, 64<<10)
+	var got []byte
+	for len(got) < 1<<20 { // far enough for read-ahead to buffer chunks beyond 2 MiB
+		n, err := f.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if !bytes.Equal(got, old[:1<<20]) {
+		t.Fatal("first MiB read wrong")
+	}
+	time.Sleep(200 * time.Millisecond) // let the read-ahead land
+	fresh := pattern(2<<20, 2)
+	g, err := w.Open("/__big", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Truncate(0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.WriteAt(fresh, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := io.ReadAll(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(rest, fresh[1<<20:]) {
+		t.Fatalf("after the truncate the reader got %d bytes (want the new file's last %d), equal to the old bytes: %v",
+			len(rest), 1<<20, len(rest) <= len(old)-(1<<20) && bytes.Equal(rest, old[1<<20:1<<20+len(rest)]))
+	}
+	if st, err := f.Stat(); err != nil || st.Size != 2<<20 {
+		t.Fatalf("stat after the truncate: %+v %v", st, err)
+	}
+}

@@ -307,28 +307,15 @@ func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 	if err != nil {
 		return err
 	}
-	f, err := checkFID("store", hdr.Fid)
-	if err != nil {
-		return s.fail("Store", err)
-	}
 	o, err := s.beginChange(ctx)
 	if err != nil {
 		return err
 	}
-	u, err := s.store.BeginUpdate(f)
+	f, u, err := s.beginStore(hdr)
 	if err != nil {
 		return s.fail("Store", err)
 	}
 	defer u.Abort()
-	if hdr.Size > 1<<44 || hdr.Truncate > 1<<44 {
-		return s.fail("Store", fmt.Errorf("store %v: size %d/%d: %w", f, hdr.Truncate, hdr.Size, syscall.EFBIG))
-	}
-	if hdr.HasTruncate {
-		u.Truncate(hdr.Truncate)
-	}
-	if hdr.HasSize {
-		u.SetSize(hdr.Size)
-	}
 	for m := hdr; ; {
 		if len(m.Data) > 0 {
 			if len(m.Data) > maxPiece*4 {
@@ -349,14 +336,47 @@ func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 			return err // the client went away: nothing is committed
 		}
 	}
+	st, err := s.commitStore(ctx, o, f, u, hdr)
+	if err != nil {
+		return s.fail("Store", err)
+	}
+	return stream.SendAndClose(&pb.StoreReply{Status: o.status(st)})
+}
+
+// beginStore checks a store's header and starts staging it; both data
+// paths use it.
+func (s *Server) beginStore(hdr *pb.StoreRequest) (node.FID, *vnode.Update, error) {
+	f, err := checkFID("store", hdr.Fid)
+	if err != nil {
+		return f, nil, err
+	}
+	if hdr.Size > 1<<44 || hdr.Truncate > 1<<44 {
+		return f, nil, fmt.Errorf("store %v: size %d/%d: %w", f, hdr.Truncate, hdr.Size, syscall.EFBIG)
+	}
+	u, err := s.store.BeginUpdate(f)
+	if err != nil {
+		return f, nil, err
+	}
+	if hdr.HasTruncate {
+		u.Truncate(hdr.Truncate)
+	}
+	if hdr.HasSize {
+		u.SetSize(hdr.Size)
+	}
+	return f, u, nil
+}
+
+// commitStore commits a staged store and breaks the promises on the file
+// before the store is acknowledged.
+func (s *Server) commitStore(ctx context.Context, o *op, f node.FID, u *vnode.Update, hdr *pb.StoreRequest) (node.Status, error) {
 	var mtime time.Time
 	if hdr.MtimeNs != 0 {
 		mtime = time.Unix(0, hdr.MtimeNs)
 	}
 	st, err := u.Commit(hdr.Sync, mtime)
 	if err != nil {
-		return s.fail("Store", err)
+		return st, err
 	}
 	o.changed(ctx, f)
-	return stream.SendAndClose(&pb.StoreReply{Status: o.status(st)})
+	return st, nil
 }

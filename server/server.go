@@ -310,14 +310,23 @@ type op struct {
 // beginChange is begin for an operation that changes something: it waits
 // out the grace period first.
 func (s *Server) beginChange(ctx context.Context) (*op, error) {
+	if err := s.waitGrace(ctx); err != nil {
+		return nil, err
+	}
+	return s.begin(ctx)
+}
+
+// waitGrace waits out the grace period after a restart, during which
+// clients revalidate what they cached before anything may change.
+func (s *Server) waitGrace(ctx context.Context) error {
 	if wait := time.Until(s.graceEnd); wait > 0 {
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 	}
-	return s.begin(ctx)
+	return nil
 }
 
 func (s *Server) begin(ctx context.Context) (*op, error) {
@@ -325,9 +334,13 @@ func (s *Server) begin(ctx context.Context) (*op, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.opFor(id), nil
+}
+
+func (s *Server) opFor(id callback.ClientID) *op {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return &op{s: s, id: id, since: s.cb.Seq()}, nil
+	return &op{s: s, id: id, since: s.cb.Seq()}
 }
 
 // status converts st for the reply, granting the caller a promise on it.

@@ -21,7 +21,7 @@ import (
 
 func serverCmd() *cobra.Command {
 	cfg := server.DefaultConfig()
-	var data, listen, dataListen, profile string
+	var data, listen, dataListen, dataAdvertise, profile string
 	cmd := &cobra.Command{
 		Use:   "server --data DIR [--listen 127.0.0.1:7100]",
 		Short: "run a file server whose volumes live in DIR",
@@ -32,6 +32,14 @@ func serverCmd() *cobra.Command {
 			}
 			if cfg.PromiseTTL <= 0 || cfg.BreakTimeout <= 0 || cfg.Ping <= 0 || cfg.Grace < 0 {
 				return usagef("--promise-ttl, --break-timeout and --ping must be positive, --grace not negative")
+			}
+			if dataAdvertise != "" {
+				if dataListen == "none" {
+					return usagef("--data-advertise %s: the data channel is off (--data-listen none)", dataAdvertise)
+				}
+				if _, _, err := net.SplitHostPort(dataAdvertise); err != nil {
+					return usagef("--data-advertise %s: %v", dataAdvertise, err)
+				}
 			}
 			if profile != "" {
 				f, err := os.Create(profile)
@@ -73,7 +81,7 @@ func serverCmd() *cobra.Command {
 			)
 			pb.RegisterFileServerServer(g, srv)
 			if dataLis != nil {
-				srv.ServeData(dataLis)
+				srv.ServeData(dataLis, dataAdvertise)
 			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
@@ -82,6 +90,9 @@ func serverCmd() *cobra.Command {
 			dataNote := "data over gRPC"
 			if dataLis != nil {
 				dataNote = "data channel " + dataLis.Addr().String()
+				if dataAdvertise != "" {
+					dataNote += " advertised as " + dataAdvertise
+				}
 			}
 			fmt.Fprintf(os.Stderr, "hoard server: serving %s on %s (epoch %d, %s)\n", store.Dir(), lis.Addr(), store.Epoch(), dataNote)
 			select {
@@ -107,6 +118,7 @@ func serverCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&data, "data", "", "directory holding the server's volumes (created if missing)")
 	f.StringVar(&listen, "listen", "127.0.0.1:7100", "address to serve on")
+	f.StringVar(&dataAdvertise, "data-advertise", "", "address clients are told to reach the data channel at (default: the --data-listen address; a relay or NAT in between needs its own)")
 	f.StringVar(&dataListen, "data-listen", "", "address of the bulk-data channel (default: the --listen host, any port; none: off, data then travels over gRPC)")
 	f.DurationVar(&cfg.PromiseTTL, "promise-ttl", cfg.PromiseTTL, "lifetime of a callback promise")
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break")
