@@ -34,7 +34,8 @@ var (
 	dirFlag   = flag.String("dir", "", "scratch directory on the disk to measure (default: a temp dir under the current directory)")
 	readSize  = flag.Int("read", 1<<20, "read size for the large file")
 	profile   = flag.String("cpuprofile", "", "write a CPU profile of the disk-cache cold fetches here")
-	only      = flag.String("only", "all", "which part to run: lib (the library), fuse (the mount), all")
+	only      = flag.String("only", "all", "which part to run: lib (the library), fuse (the mount), split (seed 000's Tables 3 and 4), stat (stat latency during a bulk fetch), mixed (admission policies on a mixed workload), all")
+	statSize  = flag.Int64("stat-size", 4<<30, "bytes fetched while stat latency is measured")
 	streams   = flag.Int("streams", 0, "data-channel connections per client (0: the client's default)")
 )
 
@@ -67,8 +68,18 @@ func run() error {
 	}
 	defer stop()
 	machine()
-	if *only == "fuse" {
+	switch *only {
+	case "fuse":
 		return fuseBench(bin, addr, scratch)
+	case "split":
+		return splitBench(bin, addr, scratch)
+	case "stat":
+		return statBench(addr)
+	case "mixed":
+		return mixedBench(addr, scratch)
+	case "lib", "all":
+	default:
+		return fmt.Errorf("-only %q: want lib, fuse, split, stat, mixed or all", *only)
 	}
 
 	// The large file: written once locally and once into hoard.
@@ -179,7 +190,16 @@ func run() error {
 		return err
 	}
 	if *only == "all" {
-		return fuseBench(bin, addr, scratch)
+		for _, part := range []func() error{
+			func() error { return fuseBench(bin, addr, scratch) },
+			func() error { return splitBench(bin, addr, scratch) },
+			func() error { return statBench(addr) },
+			func() error { return mixedBench(addr, scratch) },
+		} {
+			if err := part(); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

@@ -113,15 +113,18 @@ type Cache struct {
 }
 
 type counters struct {
-	hits, misses, fetched, evictions, bypassed, recovered, chunks atomic.Int64
+	hits, misses, fetched, written, evictions, bypassed, recovered, chunks atomic.Int64
 }
 
 // Stats are the cache's counters. The cumulative ones survive restarts.
 type Stats struct {
-	Hits         int64            `json:"hits"`
-	Misses       int64            `json:"misses"`
-	BytesFetched int64            `json:"bytes_fetched"`
-	BytesCached  int64            `json:"bytes_cached"`
+	Hits         int64 `json:"hits"`
+	Misses       int64 `json:"misses"`
+	BytesFetched int64 `json:"bytes_fetched"`
+	BytesCached  int64 `json:"bytes_cached"`
+	// BytesWritten counts bytes written into the cache's store (fetched
+	// chunks and local writes): what caching costs the cache disk.
+	BytesWritten int64            `json:"bytes_written"`
 	Limit        int64            `json:"limit"`
 	Chunks       int64            `json:"chunks"`
 	Files        int64            `json:"files"`
@@ -239,6 +242,7 @@ func (c *Cache) openIndex() (clean bool, err error) {
 				c.stats.hits.Store(s.Hits)
 				c.stats.misses.Store(s.Misses)
 				c.stats.fetched.Store(s.BytesFetched)
+				c.stats.written.Store(s.BytesWritten)
 				c.stats.evictions.Store(s.Evictions)
 				c.stats.bypassed.Store(s.Bypassed)
 				c.stats.recovered.Store(s.Recovered)
@@ -574,7 +578,7 @@ func (c *Cache) Stats() Stats {
 	used, files := c.used, int64(len(c.entries))
 	c.mu.Unlock()
 	return Stats{
-		Hits: c.stats.hits.Load(), Misses: c.stats.misses.Load(), BytesFetched: c.stats.fetched.Load(),
+		Hits: c.stats.hits.Load(), Misses: c.stats.misses.Load(), BytesFetched: c.stats.fetched.Load(), BytesWritten: c.stats.written.Load(),
 		BytesCached: used, Limit: c.size, Chunks: c.stats.chunks.Load(), Files: files,
 		Evictions: c.stats.evictions.Load(), Bypassed: c.stats.bypassed.Load(), Recovered: c.stats.recovered.Load(),
 		ChunkSize: c.cs, Gauges: g, Updated: time.Now(),

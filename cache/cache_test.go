@@ -90,8 +90,8 @@ func TestAdmitReadRoundTrip(t *testing.T) {
 			if _, err := e.ReadAt(p, int64(len(content))); err != io.EOF {
 				t.Fatalf("read at the end: %v", err)
 			}
-			if !e.Complete() || c.Used() != 3*cs+4096 {
-				t.Fatalf("complete=%v used=%d", e.Complete(), c.Used())
+			if !e.Complete() || c.Used() != 3*cs+4096 || c.Stats().BytesWritten != int64(len(content)) {
+				t.Fatalf("complete=%v used=%d written=%d", e.Complete(), c.Used(), c.Stats().BytesWritten)
 			}
 			if name == "disk" {
 				if b, _ := os.ReadFile(e.Path()); !bytes.Equal(b, content) {

@@ -215,6 +215,7 @@ func (e *Entry) readLocked(p []byte, off int64) (int, error) {
 
 // writeLocked writes p at off; with own, a memory cache may keep p itself.
 func (e *Entry) writeLocked(p []byte, off int64, own bool) error {
+	e.c.stats.written.Add(int64(len(p)))
 	if e.mem != nil {
 		cs := e.c.cs
 		if own && off%cs == 0 && e.mem[off/cs] == nil && int64(len(p)) <= cs {

@@ -45,7 +45,7 @@ type memChunk struct {
 }
 
 const (
-	maxBypassWindow = 16      // chunks of read-ahead at most (4 MiB of 256 KiB chunks)
+	maxBypassWindow = 32      // chunks of read-ahead at most (8 MiB of 256 KiB chunks)
 	writeRun        = 4 << 20 // bytes per background store
 	maxStores       = 2
 )

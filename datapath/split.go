@@ -40,6 +40,12 @@ type dataConn struct {
 	br   *bufio.Reader
 }
 
+func newDataConn(conn net.Conn) *dataConn {
+	return &dataConn{conn: conn, br: bufio.NewReaderSize(conn, 64<<10)}
+}
+
+func (dc *dataConn) close() { dc.conn.Close() }
+
 // NewSplit uses up to streams connections to addr; session gives the
 // client's current session for promise grants.
 func NewSplit(addr string, streams int, fallback Path, session func() string) *Split {
@@ -56,7 +62,7 @@ func (s *Split) Close() {
 	for {
 		select {
 		case dc := <-s.conns:
-			dc.conn.Close()
+			dc.close()
 			s.slots <- struct{}{}
 		default:
 			return
@@ -76,7 +82,7 @@ func (s *Split) get(ctx context.Context) (*dataConn, error) {
 			s.slots <- struct{}{}
 			return nil, err
 		}
-		return &dataConn{conn: conn, br: bufio.NewReaderSize(conn, 64<<10)}, nil
+		return newDataConn(conn), nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -84,7 +90,7 @@ func (s *Split) get(ctx context.Context) (*dataConn, error) {
 
 func (s *Split) put(dc *dataConn, broken bool) {
 	if broken {
-		dc.conn.Close()
+		dc.close()
 		s.slots <- struct{}{}
 		return
 	}
@@ -98,15 +104,17 @@ func (s *Split) put(dc *dataConn, broken bool) {
 func (s *Split) Fetch(ctx context.Context, fid node.FID, off, n int64, piece int, sink Sink) (node.Status, time.Duration, error) {
 	var st node.Status
 	var ttl time.Duration
-	err := s.try(ctx, func() (err error) {
-		var data []byte
-		st, ttl, data, err = s.fetchOnce(ctx, fid, off, n)
-		if err == nil && len(data) > 0 {
-			if err = sink(off, st.DataVersion, data); err != nil {
-				err = &final{err}
+	err := s.try(ctx, func() error {
+		return s.withConn(ctx, func(dc *dataConn) (err error) {
+			var data []byte
+			st, ttl, data, err = dc.fetch(ctx, s.session(), fid, off, n)
+			if err == nil && len(data) > 0 {
+				if err = sink(off, st.DataVersion, data); err != nil {
+					err = &final{err}
+				}
 			}
-		}
-		return err
+			return err
+		})
 	})
 	if errors.Is(err, errChannelDown) {
 		return s.fallback.Fetch(ctx, fid, off, n, piece, sink)
@@ -121,9 +129,11 @@ func (s *Split) Fetch(ctx context.Context, fid node.FID, off, n int64, piece int
 func (s *Split) Store(ctx context.Context, a StoreArgs) (node.Status, time.Duration, error) {
 	var st node.Status
 	var ttl time.Duration
-	err := s.try(ctx, func() (err error) {
-		st, ttl, err = s.storeOnce(ctx, a)
-		return err
+	err := s.try(ctx, func() error {
+		return s.withConn(ctx, func(dc *dataConn) (err error) {
+			st, ttl, err = dc.store(ctx, s.session(), a)
+			return err
+		})
 	})
 	if errors.Is(err, errChannelDown) {
 		return s.fallback.Store(ctx, a)
@@ -229,39 +239,37 @@ func (dc *dataConn) answer(ctx context.Context, want func(st node.Status) int64)
 	return st, ttl, data, nil
 }
 
-func (s *Split) fetchOnce(ctx context.Context, fid node.FID, off, n int64) (node.Status, time.Duration, []byte, error) {
+// withConn runs call on a connection of the pool; one whose call failed
+// in transit is closed, not reused.
+func (s *Split) withConn(ctx context.Context, call func(dc *dataConn) error) error {
 	dc, err := s.get(ctx)
 	if err != nil {
-		return node.Status{}, 0, nil, err
+		return err
 	}
-	broken := true
-	defer func() { s.put(dc, broken) }()
+	err = call(dc)
+	var f *final
+	s.put(dc, err != nil && !errors.As(err, &f))
+	return err
+}
+
+func (dc *dataConn) fetch(ctx context.Context, session string, fid node.FID, off, n int64) (node.Status, time.Duration, []byte, error) {
 	n = min(n, MaxFetch)
 	dc.deadline(ctx)
-	req := AppendRequest(nil, Request{Op: OpFetch, Session: s.session(), FID: fid, Offset: uint64(off), Length: uint64(n)})
+	req := AppendRequest(nil, Request{Op: OpFetch, Session: session, FID: fid, Offset: uint64(off), Length: uint64(n)})
 	if _, err := dc.conn.Write(req); err != nil {
 		return node.Status{}, 0, nil, err
 	}
-	st, ttl, data, err := dc.answer(ctx, func(st node.Status) int64 {
+	return dc.answer(ctx, func(st node.Status) int64 {
 		return max(0, min(n, int64(st.Size)-off))
 	})
-	var f *final
-	broken = err != nil && !errors.As(err, &f)
-	return st, ttl, data, err
 }
 
-func (s *Split) storeOnce(ctx context.Context, a StoreArgs) (node.Status, time.Duration, error) {
-	dc, err := s.get(ctx)
-	if err != nil {
-		return node.Status{}, 0, err
-	}
-	broken := true
-	defer func() { s.put(dc, broken) }()
+func (dc *dataConn) store(ctx context.Context, session string, a StoreArgs) (node.Status, time.Duration, error) {
 	hdr, err := proto.Marshal(storeHeader(a))
 	if err != nil {
 		return node.Status{}, 0, &final{err}
 	}
-	req := AppendRequest(nil, Request{Op: OpStore, Session: s.session(), FID: a.FID, Length: uint64(len(hdr))})
+	req := AppendRequest(nil, Request{Op: OpStore, Session: session, FID: a.FID, Length: uint64(len(hdr))})
 	dc.deadline(ctx)
 	if _, err := dc.conn.Write(append(req, hdr...)); err != nil {
 		return node.Status{}, 0, err
@@ -285,7 +293,5 @@ func (s *Split) storeOnce(ctx context.Context, a StoreArgs) (node.Status, time.D
 		return node.Status{}, 0, err
 	}
 	st, ttl, _, err := dc.answer(ctx, func(node.Status) int64 { return 0 })
-	var f *final
-	broken = err != nil && !errors.As(err, &f)
 	return st, ttl, err
 }

@@ -56,7 +56,7 @@ func (cf *clientFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&cf.cacheSize, "cache-size", "1G", "cache size limit, e.g. 512M, 10G")
 	f.DurationVar(&cf.timeout, "timeout", 5*time.Second, "how long to wait for the server")
 	f.StringVar(&cf.bypassAt, "bypass-threshold", "", "files at least this large bypass the cache, e.g. 1G (default: off, auto decides)")
-	f.IntVar(&cf.streams, "data-streams", 4, "connections to the server's bulk-data channel")
+	f.IntVar(&cf.streams, "data-streams", 4, "connections to the server's bulk-data channel (0: file data over the control connection)")
 }
 
 // options turns the flags into client options.
@@ -76,11 +76,11 @@ func (cf *clientFlags) options() (client.Options, error) {
 			return client.Options{}, usageError{err}
 		}
 	}
-	if cf.streams < 1 || cf.streams > 64 {
-		return client.Options{}, usagef("--data-streams %d: want 1 to 64", cf.streams)
+	if cf.streams < 0 || cf.streams > 64 {
+		return client.Options{}, usagef("--data-streams %d: want 0 to 64", cf.streams)
 	}
 	return client.Options{Server: cf.server, CacheDir: cf.cache, CacheSize: size, BypassThreshold: threshold,
-		DataStreams: cf.streams, DialTimeout: cf.timeout, RPCTimeout: max(cf.timeout, 30*time.Second)}, nil
+		DataStreams: cf.streams, NoDataChannel: cf.streams == 0, DialTimeout: cf.timeout, RPCTimeout: max(cf.timeout, 30*time.Second)}, nil
 }
 
 func (cf *clientFlags) dial() (*client.Client, error) {

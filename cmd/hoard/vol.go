@@ -89,6 +89,7 @@ func printCacheStats(s cache.Stats) {
 	fmt.Printf("misses:        %d\n", s.Misses)
 	fmt.Printf("bytes fetched: %d\n", s.BytesFetched)
 	fmt.Printf("bytes cached:  %d\n", s.BytesCached)
+	fmt.Printf("bytes written: %d\n", s.BytesWritten)
 	fmt.Printf("chunks:        %d\n", s.Chunks)
 	fmt.Printf("files:         %d\n", s.Files)
 	fmt.Printf("evictions:     %d\n", s.Evictions)
