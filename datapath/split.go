@@ -185,17 +185,20 @@ func (s *Split) try(ctx context.Context, once func() error) error {
 // or reading is given up on, whatever the caller's own deadline.
 const ioTimeout = 30 * time.Second
 
-func (dc *dataConn) deadline(ctx context.Context) {
-	dl := time.Now().Add(ioTimeout)
+func (dc *dataConn) deadline(ctx context.Context) { dc.deadlineIn(ctx, ioTimeout) }
+
+func (dc *dataConn) deadlineIn(ctx context.Context, wait time.Duration) {
+	dl := time.Now().Add(wait)
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}
 	dc.conn.SetDeadline(dl)
 }
 
-// answer decodes a reply and its (empty or checked) data.
-func (dc *dataConn) answer(ctx context.Context, want func(st node.Status) int64) (node.Status, time.Duration, []byte, error) {
-	dc.deadline(ctx)
+// answer decodes a reply, which must begin within wait, and its (empty or
+// checked) data.
+func (dc *dataConn) answer(ctx context.Context, wait time.Duration, want func(st node.Status) int64) (node.Status, time.Duration, []byte, error) {
+	dc.deadlineIn(ctx, wait)
 	rep, err := ReadReply(dc.br)
 	if err != nil {
 		return node.Status{}, 0, nil, err
@@ -259,7 +262,7 @@ func (dc *dataConn) fetch(ctx context.Context, session string, fid node.FID, off
 	if _, err := dc.conn.Write(req); err != nil {
 		return node.Status{}, 0, nil, err
 	}
-	return dc.answer(ctx, func(st node.Status) int64 {
+	return dc.answer(ctx, ioTimeout, func(st node.Status) int64 {
 		return max(0, min(n, int64(st.Size)-off))
 	})
 }
@@ -292,6 +295,12 @@ func (dc *dataConn) store(ctx context.Context, session string, a StoreArgs) (nod
 	if _, err := dc.conn.Write(AppendPiece(nil, 0, 0)); err != nil {
 		return node.Status{}, 0, err
 	}
-	st, ttl, _, err := dc.answer(ctx, func(node.Status) int64 { return 0 })
+	// The server commits before it answers: a synchronous commit of a big
+	// store, and the breaks it waits for, take longer than a transfer step.
+	var stored int64
+	for _, r := range a.Ranges {
+		stored += r.Len
+	}
+	st, ttl, _, err := dc.answer(ctx, ioTimeout+time.Duration(stored>>20)*100*time.Millisecond, func(node.Status) int64 { return 0 })
 	return st, ttl, err
 }

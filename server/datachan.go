@@ -200,10 +200,10 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 	case failed != nil:
 		err = replyError(conn, failed)
 	default:
-		ctx, cancel := context.WithTimeout(context.Background(), dataWriteTimeout)
-		defer cancel()
+		// No deadline of our own: the change is acknowledged only after
+		// the breaks, which the break timeout bounds.
 		var st node.Status
-		if st, failed = s.commitStore(ctx, o, f, u, &hdr); failed != nil {
+		if st, failed = s.commitStore(context.Background(), o, f, u, &hdr); failed != nil {
 			return replyError(conn, failed)
 		}
 		status, merr := proto.Marshal(o.status(st))
