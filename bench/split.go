@@ -33,14 +33,11 @@ func splitBench(bin, addr, scratch string) error {
 	for i := range data {
 		data[i] = byte(i*11 + i>>10)
 	}
-	w, err := client.Dial(client.Options{Server: addr, CacheSize: 64 << 20, BypassThreshold: 1})
+	w, err := writer(addr, "/t34")
 	if err != nil {
 		return err
 	}
 	defer w.Close()
-	if err := w.Mkdir("/t34", 0o755); err != nil {
-		return err
-	}
 	name := func(s int64) string { return "f" + human(s) }
 	raw := map[int64]time.Duration{}
 	for _, s := range sizes {
@@ -161,6 +158,20 @@ func splitBench(bin, addr, scratch string) error {
 	return nil
 }
 
+// writer is a client for filling dir, a new directory, with test files:
+// everything it touches bypasses its small memory cache.
+func writer(addr, dir string) (*client.Client, error) {
+	w, err := client.Dial(client.Options{Server: addr, CacheSize: 64 << 20, BypassThreshold: 1})
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Mkdir(dir, 0o755); err != nil {
+		w.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
 // cpuRun is one timed run: wall time and the CPU it cost.
 type cpuRun struct{ elapsed, user, sys time.Duration }
 
@@ -212,14 +223,11 @@ func procTimes(pid int) (user, sys time.Duration, err error) {
 func statBench(addr string) error {
 	size := *statSize
 	const names = 5000
-	w, err := client.Dial(client.Options{Server: addr, CacheSize: 64 << 20, BypassThreshold: 1})
+	w, err := writer(addr, "/stat")
 	if err != nil {
 		return err
 	}
 	defer w.Close()
-	if err := w.Mkdir("/stat", 0o755); err != nil {
-		return err
-	}
 	for i := 0; i < 2*names; i++ {
 		f, err := w.Create(fmt.Sprintf("/stat/f%05d", i))
 		if err != nil {
@@ -321,14 +329,11 @@ func mixedBench(addr, scratch string) error {
 		threshold   = 32 << 20
 		randomBlock = 64 << 10
 	)
-	w, err := client.Dial(client.Options{Server: addr, CacheSize: 64 << 20, BypassThreshold: 1})
+	w, err := writer(addr, "/mixed")
 	if err != nil {
 		return err
 	}
 	defer w.Close()
-	if err := w.Mkdir("/mixed", 0o755); err != nil {
-		return err
-	}
 	data := make([]byte, 4<<20)
 	for i := range data {
 		data[i] = byte(i*5 + i>>12)
