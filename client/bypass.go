@@ -42,6 +42,10 @@ type memChunk struct {
 	data []byte
 	dv   uint64 // the data version it was read at
 	err  error
+	// Under bypass.mu: readers copying from data, and whether the chunk
+	// has left the map. The last of them gives the buffer back.
+	refs    int
+	dropped bool
 }
 
 const (
@@ -69,10 +73,42 @@ func (b *bypass) getLocked(idx int64) *memChunk {
 	mc := &memChunk{done: make(chan struct{})}
 	b.chunks[idx] = mc
 	go func() {
-		mc.data, mc.dv, mc.err = b.f.n.fetchChunk(idx)
+		data, dv, err := b.f.n.fetchChunk(idx)
+		b.mu.Lock()
+		mc.data, mc.dv, mc.err = data, dv, err
 		close(mc.done)
+		b.releaseLocked(mc)
+		b.mu.Unlock()
 	}()
 	return mc
+}
+
+// dropLocked takes chunk idx out of the map; its buffer goes back to the
+// pool once no reader is copying from it and its fetch is over.
+func (b *bypass) dropLocked(idx int64) {
+	if mc := b.chunks[idx]; mc != nil {
+		delete(b.chunks, idx)
+		mc.dropped = true
+		b.releaseLocked(mc)
+	}
+}
+
+func (b *bypass) dropAllLocked() {
+	for idx := range b.chunks {
+		b.dropLocked(idx)
+	}
+}
+
+func (b *bypass) releaseLocked(mc *memChunk) {
+	select {
+	case <-mc.done:
+	default:
+		return // the fetch will release it
+	}
+	if mc.dropped && mc.refs == 0 && mc.data != nil {
+		datapath.PutBuffer(mc.data)
+		mc.data = nil
+	}
 }
 
 // readAt serves a read without the cache. It reports admit when a random
@@ -92,7 +128,7 @@ func (b *bypass) readAt(p []byte, off int64) (n int, admit bool, err error) {
 			return n, admit, err
 		}
 		b.mu.Lock()
-		clear(b.chunks)
+		b.dropAllLocked()
 		b.mu.Unlock()
 	}
 	return 0, false, fmt.Errorf("read %s: the file changed under every attempt: %w", b.f.name, syscall.EIO)
@@ -130,15 +166,25 @@ func (b *bypass) readVersion(p []byte, off int64) (n int, admit bool, err error)
 	b.next = end
 	need := make([]*memChunk, 0, last-first+1)
 	for idx := first; idx <= last; idx++ {
-		need = append(need, b.getLocked(idx))
+		mc := b.getLocked(idx)
+		mc.refs++
+		need = append(need, mc)
 	}
+	defer func() {
+		b.mu.Lock()
+		for _, mc := range need {
+			mc.refs--
+			b.releaseLocked(mc)
+		}
+		b.mu.Unlock()
+	}()
 	for idx := last + 1; idx <= last+b.window && idx*cs < size; idx++ {
 		b.getLocked(idx) // read-ahead, in the background
 	}
 	// Keep memory bounded: what lies behind the reader is done with.
 	for idx := range b.chunks {
 		if idx < first || idx > last+b.window {
-			delete(b.chunks, idx)
+			b.dropLocked(idx)
 		}
 	}
 	b.mu.Unlock()
@@ -149,7 +195,7 @@ func (b *bypass) readVersion(p []byte, off int64) (n int, admit bool, err error)
 		if mc.err != nil {
 			b.mu.Lock()
 			if b.chunks[first+int64(i)] == mc {
-				delete(b.chunks, first+int64(i)) // retry it next time
+				b.dropLocked(first + int64(i)) // retry it next time
 			}
 			b.mu.Unlock()
 			return n, false, mc.err
@@ -182,7 +228,7 @@ func (b *bypass) writeAt(p []byte, off int64) (int, error) {
 		b.mu.Unlock()
 		return 0, err
 	}
-	clear(b.chunks)
+	b.dropAllLocked()
 	if len(b.wbuf) > 0 && off == b.woff+int64(len(b.wbuf)) && len(b.wbuf)+len(p) <= writeRun {
 		b.wbuf = append(b.wbuf, p...)
 		full := len(b.wbuf) == writeRun
@@ -273,7 +319,7 @@ func (b *bypass) truncate(size int64) error {
 		return err
 	}
 	b.mu.Lock()
-	clear(b.chunks)
+	b.dropAllLocked()
 	b.mu.Unlock()
 	sz := uint64(size)
 	_, err := b.f.c.SetAttr(b.f.n, Attr{Size: &sz})

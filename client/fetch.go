@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/hoardfs/hoard/cache"
+	"github.com/hoardfs/hoard/datapath"
 )
 
 // fetchCall is one chunk fetch in flight; concurrent readers and read-ahead
@@ -88,6 +89,8 @@ func (n *Node) fetchOne(idx int64, call *fetchCall) {
 		call.data = buf
 	case err != nil:
 		call.err = err
+	case c.cache.Dir() != "":
+		datapath.PutBuffer(buf) // written out; a memory cache keeps it
 	}
 }
 

@@ -16,7 +16,8 @@ import (
 )
 
 // Sink receives fetched data: one call per piece, in offset order, each
-// with the data version it was read at. The slice is the sink's to keep.
+// with the data version it was read at. The slice is the sink's to keep,
+// and to give back with PutBuffer when it is done with it.
 type Sink func(off int64, dv uint64, data []byte) error
 
 // Range is a byte range of a file.

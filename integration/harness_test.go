@@ -25,6 +25,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv("HOARD_TEST_HELPER") != "" {
 		os.Exit(helperMain())
 	}
+	// A chunk buffer used after it was given back reads as wrong bytes.
+	os.Setenv("HOARD_POISON_BUFFERS", "1")
 	hoardBin = os.Getenv("HOARD_BIN")
 	if hoardBin == "" {
 		dir, err := os.MkdirTemp("", "hoard-bin-")

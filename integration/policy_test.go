@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -329,5 +330,71 @@ func TestBypassReadAcrossTruncate(t *testing.T) {
 	}
 	if st, err := f.Stat(); err != nil || st.Size != 2<<20 {
 		t.Fatalf("stat after the truncate: %+v %v", st, err)
+	}
+}
+
+// Several bypassed readers at once on one client, two of them on each
+// handle (as the kernel sends concurrent reads of one open file): one
+// reads through in order, the other at random, which moves the handle's
+// read-ahead window under the first. Chunk buffers are recycled between
+// them all, and each read must still get exactly its own bytes.
+func TestBypassConcurrentReaders(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	w := dial(t, srv.addr, "mem", 64<<20)
+	const files = 3
+	want := make([][]byte, files)
+	for i := range want {
+		want[i] = pattern(6<<20, byte(10+i))
+		writeFile(t, w, fmt.Sprintf("/__f%d", i), want[i])
+	}
+	r := dial(t, srv.addr, t.TempDir(), 64<<20)
+	errs := make(chan error, 2*files)
+	check := func(f *client.File, i int, p []byte, off int64) error {
+		n, err := f.ReadAt(p, off)
+		if err != nil && err != io.EOF {
+			return err
+		}
+		if !bytes.Equal(p[:n], want[i][off:off+int64(n)]) {
+			return fmt.Errorf("file %d: wrong bytes at %d+%d", i, off, n)
+		}
+		return nil
+	}
+	for i := 0; i < files; i++ {
+		f, err := r.Open(fmt.Sprintf("/__f%d", i), os.O_RDONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		go func() {
+			p := make([]byte, 128<<10)
+			for round := 0; round < 3; round++ {
+				for off := int64(0); off < int64(len(want[i])); off += int64(len(p)) {
+					if err := check(f, i, p, off); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+			errs <- nil
+		}()
+		go func() {
+			p := make([]byte, 100<<10)
+			for k := 0; k < 150; k++ {
+				off := int64(k*7919*1024) % (int64(len(want[i])) - int64(len(p)))
+				if err := check(f, i, p, off); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for i := 0; i < 2*files; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r.Stats().BytesWritten != 0 {
+		t.Fatalf("bypassed reads wrote %d bytes to the cache", r.Stats().BytesWritten)
 	}
 }
