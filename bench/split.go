@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"math/rand"
 	"os"
 	"os/exec"
@@ -137,7 +138,7 @@ func splitBench(bin, addr, scratch string) error {
 		if a == 0 {
 			return "–"
 		}
-		return fmt.Sprintf("%.0f", 100*(a-b).Seconds()/a.Seconds())
+		return fmt.Sprintf("%.0f", math.Round(100*(a-b).Seconds()/a.Seconds())+0) // +0: no "-0"
 	}
 	table := func(title, base, other string) {
 		fmt.Printf("\n%s\n\n", title)

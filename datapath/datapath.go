@@ -38,6 +38,18 @@ type StoreArgs struct {
 	Mtime       time.Time
 }
 
+// bytes is how many bytes the store sends.
+func (a StoreArgs) bytes() int64 {
+	var n int64
+	for _, r := range a.Ranges {
+		n += r.Len
+	}
+	return n
+}
+
+// buffer is a buffer for sending the store's bytes a piece at a time.
+func (a StoreArgs) buffer() []byte { return getBuffer(int(min(maxPiece, max(a.bytes(), 1)))) }
+
 // Path moves data. Both calls return the file's status after the
 // operation and any callback promise granted with it.
 type Path interface {
@@ -96,7 +108,8 @@ func (g GRPC) Store(ctx context.Context, a StoreArgs) (node.Status, time.Duratio
 	if err := stream.Send(storeHeader(a)); err != nil {
 		return node.Status{}, 0, sendErr(stream, err)
 	}
-	buf := make([]byte, maxPiece)
+	buf := a.buffer()
+	defer PutBuffer(buf)
 	for _, r := range a.Ranges {
 		for off := r.Off; off < r.Off+r.Len; {
 			p := buf[:min(int64(len(buf)), r.Off+r.Len-off)]

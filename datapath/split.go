@@ -19,11 +19,11 @@ import (
 	"github.com/hoardfs/hoard/node"
 )
 
-// Split fetches over the server's bulk-data channel: several TCP
+// Split moves data over the server's bulk-data channel: several TCP
 // connections of their own (seed 003's "connection clones"), each carrying
-// one fetch at a time, the server sending with sendfile and the client
-// reading straight into the chunk's buffer; stores likewise. Calls go to
-// the fallback (the gRPC streams) when the channel fails.
+// one fetch or store at a time, the server sending with sendfile and the
+// client reading straight into the chunk's buffer. Calls go to the
+// fallback (the gRPC streams) when the channel fails.
 type Split struct {
 	addr     string
 	session  func() string
@@ -39,12 +39,6 @@ type dataConn struct {
 	conn net.Conn
 	br   *bufio.Reader
 }
-
-func newDataConn(conn net.Conn) *dataConn {
-	return &dataConn{conn: conn, br: bufio.NewReaderSize(conn, 64<<10)}
-}
-
-func (dc *dataConn) close() { dc.conn.Close() }
 
 // NewSplit uses up to streams connections to addr; session gives the
 // client's current session for promise grants.
@@ -62,7 +56,7 @@ func (s *Split) Close() {
 	for {
 		select {
 		case dc := <-s.conns:
-			dc.close()
+			dc.conn.Close()
 			s.slots <- struct{}{}
 		default:
 			return
@@ -82,7 +76,7 @@ func (s *Split) get(ctx context.Context) (*dataConn, error) {
 			s.slots <- struct{}{}
 			return nil, err
 		}
-		return newDataConn(conn), nil
+		return &dataConn{conn: conn, br: bufio.NewReaderSize(conn, 64<<10)}, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -90,7 +84,7 @@ func (s *Split) get(ctx context.Context) (*dataConn, error) {
 
 func (s *Split) put(dc *dataConn, broken bool) {
 	if broken {
-		dc.close()
+		dc.conn.Close()
 		s.slots <- struct{}{}
 		return
 	}
@@ -277,7 +271,8 @@ func (dc *dataConn) store(ctx context.Context, session string, a StoreArgs) (nod
 	if _, err := dc.conn.Write(append(req, hdr...)); err != nil {
 		return node.Status{}, 0, err
 	}
-	buf := make([]byte, maxPiece)
+	buf := a.buffer()
+	defer PutBuffer(buf)
 	for _, r := range a.Ranges {
 		for off := r.Off; off < r.Off+r.Len; {
 			p := buf[:min(int64(len(buf)), r.Off+r.Len-off)]
@@ -297,10 +292,6 @@ func (dc *dataConn) store(ctx context.Context, session string, a StoreArgs) (nod
 	}
 	// The server commits before it answers: a synchronous commit of a big
 	// store, and the breaks it waits for, take longer than a transfer step.
-	var stored int64
-	for _, r := range a.Ranges {
-		stored += r.Len
-	}
-	st, ttl, _, err := dc.answer(ctx, ioTimeout+time.Duration(stored>>20)*100*time.Millisecond, func(node.Status) int64 { return 0 })
+	st, ttl, _, err := dc.answer(ctx, ioTimeout+time.Duration(a.bytes()>>20)*100*time.Millisecond, func(node.Status) int64 { return 0 })
 	return st, ttl, err
 }
