@@ -47,8 +47,32 @@ func (a StoreArgs) bytes() int64 {
 	return n
 }
 
-// buffer is a buffer for sending the store's bytes a piece at a time.
-func (a StoreArgs) buffer() []byte { return getBuffer(int(min(maxPiece, max(a.bytes(), 1)))) }
+// eachPiece reads the store's bytes from the local data a piece at a time
+// into one buffer and hands each piece to send. A failure to read the
+// local data is a *localError.
+func (a StoreArgs) eachPiece(send func(off int64, p []byte) error) error {
+	buf := getBuffer(int(min(maxPiece, max(a.bytes(), 1))))
+	defer PutBuffer(buf)
+	for _, r := range a.Ranges {
+		for off := r.Off; off < r.Off+r.Len; {
+			p := buf[:min(int64(len(buf)), r.Off+r.Len-off)]
+			if err := a.Read(p, off); err != nil {
+				return &localError{fmt.Errorf("store %v: reading local data at %d: %w", a.FID, off, err)}
+			}
+			if err := send(off, p); err != nil {
+				return err
+			}
+			off += int64(len(p))
+		}
+	}
+	return nil
+}
+
+// localError is a store's failure on the client's side, not the path's.
+type localError struct{ err error }
+
+func (e *localError) Error() string { return e.err.Error() }
+func (e *localError) Unwrap() error { return e.err }
 
 // Path moves data. Both calls return the file's status after the
 // operation and any callback promise granted with it.
@@ -108,20 +132,15 @@ func (g GRPC) Store(ctx context.Context, a StoreArgs) (node.Status, time.Duratio
 	if err := stream.Send(storeHeader(a)); err != nil {
 		return node.Status{}, 0, sendErr(stream, err)
 	}
-	buf := a.buffer()
-	defer PutBuffer(buf)
-	for _, r := range a.Ranges {
-		for off := r.Off; off < r.Off+r.Len; {
-			p := buf[:min(int64(len(buf)), r.Off+r.Len-off)]
-			if err := a.Read(p, off); err != nil {
-				return node.Status{}, 0, fmt.Errorf("store %v: reading local data at %d: %w", a.FID, off, err)
-			}
-			// Send marshals before it returns, so buf is free again after.
-			if err := stream.Send(&pb.StoreRequest{Offset: uint64(off), Data: p}); err != nil {
-				return node.Status{}, 0, sendErr(stream, err)
-			}
-			off += int64(len(p))
+	err = a.eachPiece(func(off int64, p []byte) error {
+		// Send marshals before it returns, so p is free again after.
+		if err := stream.Send(&pb.StoreRequest{Offset: uint64(off), Data: p}); err != nil {
+			return sendErr(stream, err)
 		}
+		return nil
+	})
+	if err != nil {
+		return node.Status{}, 0, err
 	}
 	reply, err := stream.CloseAndRecv()
 	if err != nil {

@@ -271,21 +271,18 @@ func (dc *dataConn) store(ctx context.Context, session string, a StoreArgs) (nod
 	if _, err := dc.conn.Write(append(req, hdr...)); err != nil {
 		return node.Status{}, 0, err
 	}
-	buf := a.buffer()
-	defer PutBuffer(buf)
-	for _, r := range a.Ranges {
-		for off := r.Off; off < r.Off+r.Len; {
-			p := buf[:min(int64(len(buf)), r.Off+r.Len-off)]
-			if err := a.Read(p, off); err != nil {
-				return node.Status{}, 0, &final{fmt.Errorf("store %v: reading local data at %d: %w", a.FID, off, err)}
-			}
-			dc.deadline(ctx)
-			v := net.Buffers{AppendPiece(nil, off, len(p)), p, AppendCRC(nil, Checksum(0, p))}
-			if _, err := v.WriteTo(dc.conn); err != nil {
-				return node.Status{}, 0, err
-			}
-			off += int64(len(p))
-		}
+	err = a.eachPiece(func(off int64, p []byte) error {
+		dc.deadline(ctx)
+		v := net.Buffers{AppendPiece(nil, off, len(p)), p, AppendCRC(nil, Checksum(0, p))}
+		_, err := v.WriteTo(dc.conn)
+		return err
+	})
+	var local *localError
+	if errors.As(err, &local) {
+		return node.Status{}, 0, &final{local}
+	}
+	if err != nil {
+		return node.Status{}, 0, err
 	}
 	if _, err := dc.conn.Write(AppendPiece(nil, 0, 0)); err != nil {
 		return node.Status{}, 0, err
