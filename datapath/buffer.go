@@ -12,8 +12,8 @@ import (
 // cores (docs/benchmarks.md).
 var buffers sync.Pool
 
-// getBuffer returns a buffer of n bytes, recycled when one is big enough.
-func getBuffer(n int) []byte {
+// GetBuffer returns a buffer of n bytes, recycled when one is big enough.
+func GetBuffer(n int) []byte {
 	if p, ok := buffers.Get().(*[]byte); ok {
 		if cap(*p) >= n {
 			return (*p)[:n]

@@ -51,7 +51,7 @@ func (a StoreArgs) bytes() int64 {
 // into one buffer and hands each piece to send. A failure to read the
 // local data is a *localError.
 func (a StoreArgs) eachPiece(send func(off int64, p []byte) error) error {
-	buf := getBuffer(int(min(maxPiece, max(a.bytes(), 1))))
+	buf := GetBuffer(int(min(maxPiece, max(a.bytes(), 1))))
 	defer PutBuffer(buf)
 	for _, r := range a.Ranges {
 		for off := r.Off; off < r.Off+r.Len; {

@@ -217,7 +217,7 @@ func (dc *dataConn) answer(ctx context.Context, wait time.Duration, want func(st
 	if n := want(st); int64(rep.Length) != n {
 		return node.Status{}, 0, nil, fmt.Errorf("data channel: %d bytes for %v, want %d", rep.Length, st.FID, n)
 	}
-	data := getBuffer(int(rep.Length))
+	data := GetBuffer(int(rep.Length))
 	for got := 0; got < len(data); {
 		dc.deadline(ctx)
 		k, err := io.ReadFull(dc.br, data[got:min(len(data), got+MaxPiece)])

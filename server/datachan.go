@@ -49,7 +49,6 @@ func (s *Server) ServeData(l net.Listener, advertise string) {
 func (s *Server) dataConn(conn net.Conn) {
 	defer conn.Close()
 	br := bufio.NewReaderSize(conn, 64<<10)
-	buf := make([]byte, datapath.MaxPiece)
 	for {
 		conn.SetReadDeadline(time.Time{}) // an idle connection waits for the client
 		req, err := datapath.ReadRequest(br)
@@ -60,9 +59,9 @@ func (s *Server) dataConn(conn net.Conn) {
 			return
 		}
 		if req.Op == datapath.OpStore {
-			err = s.serveStore(conn, br, req, buf)
+			err = s.serveStore(conn, br, req)
 		} else {
-			err = s.serveFetch(conn, req, buf)
+			err = s.serveFetch(conn, req)
 		}
 		if err != nil {
 			return // the connection is unusable (a write failed mid-reply)
@@ -79,7 +78,7 @@ func replyError(conn net.Conn, err error) error {
 }
 
 // serveFetch answers one fetch; an error means the connection broke.
-func (s *Server) serveFetch(conn net.Conn, req datapath.Request, buf []byte) error {
+func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 	id, err := s.session(req.Session)
 	if err != nil {
 		_, werr := conn.Write(datapath.AppendError(nil, datapath.ErrSession, err.Error()))
@@ -105,7 +104,7 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request, buf []byte) err
 		}
 		// The checksum costs a read of the range from the page cache
 		// (11 GB/s here); the bytes still go out by sendfile.
-		crc, err := checksum(file, int64(req.Offset), int64(n), buf)
+		crc, err := checksum(file, int64(req.Offset), int64(n))
 		if err != nil {
 			return err
 		}
@@ -131,7 +130,7 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request, buf []byte) err
 // and commits them as one store after the last. The whole request is read
 // even when the store fails early, so that the connection stays in step;
 // an error means the connection broke or fell out of step.
-func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Request, buf []byte) error {
+func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Request) error {
 	conn.SetReadDeadline(time.Now().Add(dataWriteTimeout))
 	hb := make([]byte, req.Length)
 	if _, err := io.ReadFull(br, hb); err != nil {
@@ -173,20 +172,16 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 		if n == 0 {
 			break
 		}
-		p := buf[:n]
-		if _, err := io.ReadFull(br, p); err != nil {
+		if err := receivePiece(br, n, func(p []byte, crc uint32) {
+			switch {
+			case failed != nil || badCRC:
+			case crc != datapath.Checksum(0, p):
+				badCRC = true
+			default:
+				failed = u.WriteAt(p, off)
+			}
+		}); err != nil {
 			return err
-		}
-		crc, err := datapath.ReadCRC(br)
-		if err != nil {
-			return err
-		}
-		switch {
-		case failed != nil || badCRC:
-		case crc != datapath.Checksum(0, p):
-			badCRC = true
-		default:
-			failed = u.WriteAt(p, off)
 		}
 	}
 	conn.SetWriteDeadline(time.Now().Add(dataWriteTimeout))
@@ -215,8 +210,26 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 	return err
 }
 
+// receivePiece reads a store piece of n bytes and its checksum into a
+// pooled buffer and hands them to use.
+func receivePiece(br *bufio.Reader, n int, use func(p []byte, crc uint32)) error {
+	p := datapath.GetBuffer(n)
+	defer datapath.PutBuffer(p)
+	if _, err := io.ReadFull(br, p); err != nil {
+		return err
+	}
+	crc, err := datapath.ReadCRC(br)
+	if err != nil {
+		return err
+	}
+	use(p, crc)
+	return nil
+}
+
 // checksum is the CRC32C of n bytes of file from off, zeros past its end.
-func checksum(file *os.File, off, n int64, buf []byte) (uint32, error) {
+func checksum(file *os.File, off, n int64) (uint32, error) {
+	buf := datapath.GetBuffer(int(min(n, 1<<20)))
+	defer datapath.PutBuffer(buf)
 	var crc uint32
 	for n > 0 {
 		p := buf[:min(n, int64(len(buf)))]
