@@ -30,6 +30,9 @@ type Config struct {
 	// (default 65536); a grant whose request began before the oldest one
 	// remembered is refused, which is safe, merely conservative.
 	BreakLog int
+	// Lease is how long a delegation outlives its holder's last request,
+	// and how long a recall may go unanswered; 0: no delegations.
+	Lease time.Duration
 }
 
 // MsgKind says what a Msg asks the caller to send.
@@ -38,8 +41,14 @@ type MsgKind uint8
 const (
 	// MsgBreak: the promises on FIDs are void; the client acknowledges Seq.
 	MsgBreak MsgKind = iota + 1
-	// MsgReset: every promise the client holds is void.
+	// MsgReset: every promise and delegation the client holds is void.
 	MsgReset
+	// MsgRecall: return the delegations States on FIDs (after storing
+	// their dirty data).
+	MsgRecall
+	// MsgRevoke: the delegations States on FIDs are gone; dirty data
+	// under them can no longer be stored.
+	MsgRevoke
 )
 
 // Msg is a message for the caller to send to Client.
@@ -48,6 +57,7 @@ type Msg struct {
 	Client ClientID
 	Seq    uint64
 	FIDs   []node.FID
+	States []uint64 // recall and revoke: the delegation of each FID
 }
 
 // Round identifies the breaks of one change; 0 means nothing to wait for.
@@ -111,6 +121,9 @@ type clientState struct {
 	promises map[node.FID]*promise
 	nextSeq  uint64
 	pending  []outstanding // in seq order
+	delegs   map[node.FID]*deleg
+	opens    map[node.FID]*openCount
+	leaseEnd time.Time
 }
 
 // Server tracks which clients hold promises on which FIDs.
@@ -130,6 +143,10 @@ type Server struct {
 	recent   map[node.FID]uint64
 	log      []breakRecord // ring, oldest first
 	logStart int
+	// Delegations and the opens made without them, by file.
+	delegsByFID map[node.FID]map[ClientID]*deleg
+	opensByFID  map[node.FID]map[ClientID]*openCount
+	nextState   uint64
 }
 
 type breakRecord struct {
@@ -143,7 +160,8 @@ func NewServer(epoch uint64, cfg Config) *Server {
 		cfg.BreakLog = 1 << 16
 	}
 	return &Server{epoch: epoch, cfg: cfg, clients: map[ClientID]*clientState{},
-		byFID: map[node.FID]map[ClientID]*promise{}, rounds: map[Round]int{}, recent: map[node.FID]uint64{}}
+		byFID: map[node.FID]map[ClientID]*promise{}, rounds: map[Round]int{}, recent: map[node.FID]uint64{},
+		delegsByFID: map[node.FID]map[ClientID]*deleg{}, opensByFID: map[node.FID]map[ClientID]*openCount{}}
 }
 
 // Epoch is the server epoch the machine was made for.
@@ -152,25 +170,29 @@ func (s *Server) Epoch() uint64 { return s.epoch }
 // Connect registers a new back channel and returns its id.
 func (s *Server) Connect(now time.Time) ClientID {
 	s.nextID++
-	s.clients[s.nextID] = &clientState{promises: map[node.FID]*promise{}}
+	s.clients[s.nextID] = &clientState{promises: map[node.FID]*promise{},
+		delegs: map[node.FID]*deleg{}, opens: map[node.FID]*openCount{}, leaseEnd: now.Add(s.cfg.Lease)}
 	return s.nextID
 }
 
 // Known reports whether id is connected.
 func (s *Server) Known(id ClientID) bool { return s.clients[id] != nil }
 
-// Disconnect forgets a client: its promises are dropped and break rounds
-// stop waiting for it.
+// Disconnect forgets a client: its promises, delegations and opens are
+// dropped and rounds stop waiting for it.
 func (s *Server) Disconnect(id ClientID, now time.Time) {
 	c := s.clients[id]
 	if c == nil {
 		return
 	}
 	s.dropAll(id, c)
+	for fid := range c.opens {
+		s.dropOpens(id, fid)
+	}
 	delete(s.clients, id)
 }
 
-// dropAll removes every promise and pending break of a client.
+// dropAll removes every promise, pending break and delegation of a client.
 func (s *Server) dropAll(id ClientID, c *clientState) {
 	for _, p := range c.promises {
 		s.remove(p)
@@ -179,6 +201,9 @@ func (s *Server) dropAll(id ClientID, c *clientState) {
 		s.settle(o.round)
 	}
 	c.pending = nil
+	for _, d := range c.delegs {
+		s.dropDeleg(d)
+	}
 }
 
 func (s *Server) remove(p *promise) {
@@ -353,8 +378,10 @@ func (s *Server) Done(r Round) bool { return s.rounds[r] <= 0 }
 
 // Tick advances time: expired promises are dropped (clients expire their
 // own), and a holder that left a break unacknowledged for BreakTimeout is
-// lost: its promises are dropped, rounds stop waiting for it, and a Reset
-// is returned for it. It stays connected and may earn promises again.
+// lost: its promises and delegations are dropped, rounds stop waiting for
+// it, and a Reset is returned for it. It stays connected and may earn
+// promises again. Delegations whose holder's lease ran out, or recalled
+// more than Lease ago, are revoked.
 func (s *Server) Tick(now time.Time) []Msg {
 	for s.expiry.Len() > 0 && !s.expiry[0].expiry.After(now) {
 		s.remove(heap.Pop(&s.expiry).(*promise))
@@ -371,7 +398,7 @@ func (s *Server) Tick(now time.Time) []Msg {
 		s.dropAll(id, s.clients[id])
 		msgs = append(msgs, Msg{Kind: MsgReset, Client: id})
 	}
-	return msgs
+	return append(msgs, s.revokeExpired(now)...)
 }
 
 // NextDeadline is the earliest time at which Tick would act; zero if none.
@@ -387,6 +414,9 @@ func (s *Server) NextDeadline() time.Time {
 				next = d
 			}
 		}
+	}
+	if d := s.delegDeadline(); !d.IsZero() && (next.IsZero() || d.Before(next)) {
+		next = d
 	}
 	return next
 }

@@ -1,0 +1,389 @@
+package callback
+
+import (
+	"sort"
+	"time"
+
+	"github.com/hoardfs/hoard/node"
+)
+
+// Delegations (seed 002, after NFSv4): a client that opens a file nobody
+// else has open in a conflicting way is given a read delegation (any
+// number of clients) or a write delegation (one client, nobody else has
+// the file open). Under it the client serves opens, closes and attributes
+// locally and, with a write delegation, keeps writes as dirty data. A
+// conflicting open, or a change by another client, recalls it: the holder
+// flushes and returns it (Return) before the conflicting operation goes
+// on. Delegations are leases: every request from the holder renews them
+// (Renew); a holder silent for Lease loses them, and a recall unanswered
+// for Lease revokes the delegation so that the waiter goes on. A store
+// under a delegation the holder no longer has is refused (Valid): late
+// dirty data is never merged silently.
+
+// DelegKind is the kind of a delegation.
+type DelegKind uint8
+
+const (
+	DelegNone DelegKind = iota
+	DelegRead
+	DelegWrite
+)
+
+func (k DelegKind) String() string {
+	switch k {
+	case DelegRead:
+		return "read"
+	case DelegWrite:
+		return "write"
+	}
+	return "none"
+}
+
+// deleg is one client's delegation on one file.
+type deleg struct {
+	client   ClientID
+	fid      node.FID
+	kind     DelegKind
+	state    uint64
+	recalled time.Time // zero until recalled
+	rounds   []Round   // rounds waiting for it to be returned
+}
+
+// openCount is the opens the server knows a client has on a file: those
+// made without a delegation, and those reported when one was returned.
+type openCount struct{ readers, writers int }
+
+// OpenResult is the answer to an open.
+type OpenResult struct {
+	// Wait: conflicting delegations are being recalled. Nothing was
+	// recorded; wait for the round to complete, then open again.
+	Wait Round
+	// Kind and State name the delegation the client holds on the file
+	// after the open (DelegNone, 0: none).
+	Kind  DelegKind
+	State uint64
+	// Recorded: the open is not covered by the delegation and was
+	// recorded; the client reports its close with Close.
+	Recorded bool
+}
+
+// Open records an open of fid by id, for writing or not. If another
+// client holds a delegation that conflicts with it (any, for a write; a
+// write delegation, for a read), those are recalled and the caller must
+// wait. Otherwise the open may come with a delegation, if the lease is
+// configured, nobody else has the file open in a conflicting way and no
+// recall on the file is under way (so that a stream of readers cannot
+// starve a writer waiting for a recall); a client that holds a read
+// delegation and opens for writing is upgraded when it can be (a new
+// state: the old one is no longer valid).
+func (s *Server) Open(id ClientID, fid node.FID, write bool, now time.Time) (OpenResult, []Msg) {
+	c := s.clients[id]
+	if c == nil {
+		return OpenResult{}, nil
+	}
+	s.Renew(id, now)
+	if r, msgs := s.recall(id, fid, func(d *deleg) bool { return write || d.kind == DelegWrite }, now); r != 0 {
+		return OpenResult{Wait: r}, msgs
+	}
+	own := c.delegs[fid]
+	if own != nil && (own.kind == DelegWrite || !write) {
+		return OpenResult{Kind: own.kind, State: own.state}, nil
+	}
+	if s.cfg.Lease > 0 && !s.othersOpen(id, fid, write) && !s.recalling(fid) {
+		kind := DelegRead
+		if write {
+			kind = DelegWrite
+		}
+		if own != nil {
+			s.dropDeleg(own)
+		}
+		d := s.grantDeleg(id, fid, kind)
+		return OpenResult{Kind: d.kind, State: d.state}, nil
+	}
+	o := s.openOf(id, fid)
+	if write {
+		o.writers++
+	} else {
+		o.readers++
+	}
+	res := OpenResult{Recorded: true}
+	if own != nil {
+		res.Kind, res.State = own.kind, own.state
+	}
+	return res, nil
+}
+
+// recalling reports whether a recall of a delegation on fid is under way.
+func (s *Server) recalling(fid node.FID) bool {
+	for _, d := range s.delegsByFID[fid] {
+		if !d.recalled.IsZero() {
+			return true
+		}
+	}
+	return false
+}
+
+// othersOpen reports whether a client other than id has fid open, or
+// holds a delegation on it, in a way that rules out a delegation for this
+// open: anything at all for a write, a writer for a read.
+func (s *Server) othersOpen(id ClientID, fid node.FID, write bool) bool {
+	for other, o := range s.opensByFID[fid] {
+		if other != id && (write || o.writers > 0) {
+			return true
+		}
+	}
+	for other, d := range s.delegsByFID[fid] {
+		if other != id && (write || d.kind == DelegWrite) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) openOf(id ClientID, fid node.FID) *openCount {
+	c := s.clients[id]
+	o := c.opens[fid]
+	if o == nil {
+		o = &openCount{}
+		c.opens[fid] = o
+		if s.opensByFID[fid] == nil {
+			s.opensByFID[fid] = map[ClientID]*openCount{}
+		}
+		s.opensByFID[fid][id] = o
+	}
+	return o
+}
+
+func (s *Server) setOpens(id ClientID, fid node.FID, readers, writers int) {
+	if readers <= 0 && writers <= 0 {
+		s.dropOpens(id, fid)
+		return
+	}
+	o := s.openOf(id, fid)
+	o.readers, o.writers = max(readers, 0), max(writers, 0)
+}
+
+func (s *Server) dropOpens(id ClientID, fid node.FID) {
+	delete(s.clients[id].opens, fid)
+	delete(s.opensByFID[fid], id)
+	if len(s.opensByFID[fid]) == 0 {
+		delete(s.opensByFID, fid)
+	}
+}
+
+func (s *Server) grantDeleg(id ClientID, fid node.FID, kind DelegKind) *deleg {
+	s.nextState++
+	d := &deleg{client: id, fid: fid, kind: kind, state: s.nextState}
+	s.clients[id].delegs[fid] = d
+	if s.delegsByFID[fid] == nil {
+		s.delegsByFID[fid] = map[ClientID]*deleg{}
+	}
+	s.delegsByFID[fid][id] = d
+	return d
+}
+
+// dropDeleg forgets a delegation and completes the rounds waiting for it.
+func (s *Server) dropDeleg(d *deleg) {
+	delete(s.clients[d.client].delegs, d.fid)
+	delete(s.delegsByFID[d.fid], d.client)
+	if len(s.delegsByFID[d.fid]) == 0 {
+		delete(s.delegsByFID, d.fid)
+	}
+	for _, r := range d.rounds {
+		s.settle(r)
+	}
+	d.rounds = nil
+}
+
+// Close records the close of an open that came without a delegation.
+func (s *Server) Close(id ClientID, fid node.FID, write bool) {
+	c := s.clients[id]
+	if c == nil || c.opens[fid] == nil {
+		return
+	}
+	o := c.opens[fid]
+	if write {
+		o.writers--
+	} else {
+		o.readers--
+	}
+	s.setOpens(id, fid, o.readers, o.writers)
+}
+
+// Recall is called before a change by origin (0: no client) to fids is
+// made: every other client's delegation on them is recalled, and the
+// change waits for the round (0: nothing to wait for).
+func (s *Server) Recall(origin ClientID, fids []node.FID, now time.Time) (Round, []Msg) {
+	if origin != 0 {
+		s.Renew(origin, now)
+	}
+	var all []*deleg
+	seen := map[node.FID]bool{}
+	for _, f := range fids {
+		if seen[f] {
+			continue
+		}
+		seen[f] = true
+		for id, d := range s.delegsByFID[f] {
+			if id != origin {
+				all = append(all, d)
+			}
+		}
+	}
+	return s.recallAll(all, now)
+}
+
+// recall recalls the delegations on fid held by clients other than id for
+// which conflicts holds.
+func (s *Server) recall(id ClientID, fid node.FID, conflicts func(*deleg) bool, now time.Time) (Round, []Msg) {
+	var ds []*deleg
+	for other, d := range s.delegsByFID[fid] {
+		if other != id && conflicts(d) {
+			ds = append(ds, d)
+		}
+	}
+	return s.recallAll(ds, now)
+}
+
+// recallAll opens a round that completes when each of ds has been
+// returned or revoked, sending a recall for those not yet recalled (one
+// message per holder).
+func (s *Server) recallAll(ds []*deleg, now time.Time) (Round, []Msg) {
+	if len(ds) == 0 {
+		return 0, nil
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i].state < ds[j].state })
+	s.nextRound++
+	r := s.nextRound
+	byClient := map[ClientID]*Msg{}
+	var ids []ClientID
+	for _, d := range ds {
+		d.rounds = append(d.rounds, r)
+		s.rounds[r]++
+		if !d.recalled.IsZero() {
+			continue
+		}
+		d.recalled = now
+		m := byClient[d.client]
+		if m == nil {
+			m = &Msg{Kind: MsgRecall, Client: d.client}
+			byClient[d.client] = m
+			ids = append(ids, d.client)
+		}
+		m.FIDs = append(m.FIDs, d.fid)
+		m.States = append(m.States, d.state)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	var msgs []Msg // nil when every one was recalled already
+	for _, id := range ids {
+		msgs = append(msgs, *byClient[id])
+	}
+	return r, msgs
+}
+
+// Return gives back id's delegation on fid, after the holder stored its
+// dirty data; readers and writers are the opens it still has on the file,
+// which the server now records. A return of a delegation the client no
+// longer holds (revoked, or replaced by an upgrade) reports false.
+func (s *Server) Return(id ClientID, fid node.FID, state uint64, readers, writers int, now time.Time) bool {
+	c := s.clients[id]
+	if c == nil {
+		return false
+	}
+	s.Renew(id, now)
+	d := c.delegs[fid]
+	if d == nil || d.state != state {
+		return false
+	}
+	s.dropDeleg(d)
+	s.setOpens(id, fid, readers, writers)
+	return true
+}
+
+// Valid reports whether id holds the delegation state on fid: a store
+// made under a delegation is accepted only then.
+func (s *Server) Valid(id ClientID, fid node.FID, state uint64) bool {
+	c := s.clients[id]
+	return c != nil && c.delegs[fid] != nil && c.delegs[fid].state == state
+}
+
+// Renew extends id's lease: every request from a client renews it.
+func (s *Server) Renew(id ClientID, now time.Time) {
+	if c := s.clients[id]; c != nil {
+		c.leaseEnd = now.Add(s.cfg.Lease)
+	}
+}
+
+// Delegation is the delegation id holds on fid (DelegNone, 0 if none).
+func (s *Server) Delegation(id ClientID, fid node.FID) (DelegKind, uint64) {
+	if c := s.clients[id]; c != nil && c.delegs[fid] != nil {
+		return c.delegs[fid].kind, c.delegs[fid].state
+	}
+	return DelegNone, 0
+}
+
+// Delegations is the number of delegations held across all clients.
+func (s *Server) Delegations() int {
+	n := 0
+	for _, m := range s.delegsByFID {
+		n += len(m)
+	}
+	return n
+}
+
+// revokeExpired revokes the delegations of holders whose lease ran out
+// and those recalled more than Lease ago, telling each holder which.
+func (s *Server) revokeExpired(now time.Time) []Msg {
+	var ids []ClientID
+	for id, c := range s.clients {
+		if len(c.delegs) > 0 {
+			ids = append(ids, id)
+		}
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	var msgs []Msg
+	for _, id := range ids {
+		c := s.clients[id]
+		silent := !c.leaseEnd.After(now)
+		var gone []*deleg
+		for _, d := range c.delegs {
+			if silent || !d.recalled.IsZero() && !d.recalled.Add(s.cfg.Lease).After(now) {
+				gone = append(gone, d)
+			}
+		}
+		if len(gone) == 0 {
+			continue
+		}
+		sort.Slice(gone, func(i, j int) bool { return gone[i].state < gone[j].state })
+		m := Msg{Kind: MsgRevoke, Client: id}
+		for _, d := range gone {
+			s.dropDeleg(d)
+			m.FIDs = append(m.FIDs, d.fid)
+			m.States = append(m.States, d.state)
+		}
+		msgs = append(msgs, m)
+	}
+	return msgs
+}
+
+// delegDeadline is the earliest lease or recall expiry; zero if none.
+func (s *Server) delegDeadline() time.Time {
+	var next time.Time
+	earlier := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	for _, c := range s.clients {
+		if len(c.delegs) == 0 {
+			continue
+		}
+		earlier(c.leaseEnd)
+		for _, d := range c.delegs {
+			if !d.recalled.IsZero() {
+				earlier(d.recalled.Add(s.cfg.Lease))
+			}
+		}
+	}
+	return next
+}

@@ -1,0 +1,394 @@
+package callback
+
+import (
+	"math/rand"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/hoardfs/hoard/node"
+)
+
+func dcfg() Config { c := cfg(); c.Lease = 10 * time.Second; return c }
+
+func open(t *testing.T, s *Server, id ClientID, f node.FID, write bool, now time.Time) OpenResult {
+	t.Helper()
+	res, msgs := s.Open(id, f, write, now)
+	if res.Wait != 0 || msgs != nil {
+		t.Fatalf("open of %v by %d had to wait: %+v %v", f, id, res, msgs)
+	}
+	return res
+}
+
+func TestReadDelegationsShared(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b := s.Connect(t0), s.Connect(t0)
+	ra := open(t, s, a, fid(1), false, t0)
+	rb := open(t, s, b, fid(1), false, t0)
+	if ra.Kind != DelegRead || rb.Kind != DelegRead || ra.State == rb.State || ra.Recorded || rb.Recorded {
+		t.Fatalf("read opens: %+v %+v", ra, rb)
+	}
+	if !s.Valid(a, fid(1), ra.State) || s.Valid(a, fid(1), rb.State) || s.Delegations() != 2 {
+		t.Fatal("validity of read delegations")
+	}
+	// Opening again under the delegation changes nothing.
+	if again := open(t, s, a, fid(1), false, t0); again != ra {
+		t.Fatalf("second open: %+v, want %+v", again, ra)
+	}
+}
+
+// A read open meets a write delegation: it is recalled, the opener waits,
+// the holder returns it with its own open still counted, and the reader
+// then opens without a delegation (a writer has the file open).
+func TestWriteDelegationRecalledByReader(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b := s.Connect(t0), s.Connect(t0)
+	wa := open(t, s, a, fid(1), true, t0)
+	if wa.Kind != DelegWrite {
+		t.Fatalf("lone writer: %+v", wa)
+	}
+	res, msgs := s.Open(b, fid(1), false, t0.Add(time.Second))
+	want := []Msg{{Kind: MsgRecall, Client: a, FIDs: []node.FID{fid(1)}, States: []uint64{wa.State}}}
+	if res.Wait == 0 || !reflect.DeepEqual(msgs, want) {
+		t.Fatalf("open against a write delegation: %+v %+v", res, msgs)
+	}
+	// Asking again while the recall runs: the same wait, no second recall.
+	res2, msgs2 := s.Open(b, fid(1), false, t0.Add(2*time.Second))
+	if res2.Wait == 0 || msgs2 != nil || s.Done(res2.Wait) {
+		t.Fatalf("second open during the recall: %+v %v", res2, msgs2)
+	}
+	// The holder's flush is still accepted until it returns.
+	if !s.Valid(a, fid(1), wa.State) {
+		t.Fatal("a recalled delegation must stay valid until returned")
+	}
+	if s.Return(a, fid(1), wa.State+1, 0, 1, t0) {
+		t.Fatal("return with a wrong state accepted")
+	}
+	if !s.Return(a, fid(1), wa.State, 0, 1, t0.Add(3*time.Second)) {
+		t.Fatal("return refused")
+	}
+	if !s.Done(res.Wait) || !s.Done(res2.Wait) || s.Valid(a, fid(1), wa.State) {
+		t.Fatal("return did not complete the rounds")
+	}
+	rb := open(t, s, b, fid(1), false, t0.Add(3*time.Second))
+	if rb.Kind != DelegNone || !rb.Recorded {
+		t.Fatalf("reader beside an open writer got %+v", rb)
+	}
+	// The writer closes; the next reader may have a delegation again.
+	s.Close(a, fid(1), true)
+	s.Close(b, fid(1), false)
+	if r := open(t, s, b, fid(1), false, t0.Add(4*time.Second)); r.Kind != DelegRead {
+		t.Fatalf("after the closes: %+v", r)
+	}
+}
+
+func TestWriteOpenRecallsReadDelegations(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b, c := s.Connect(t0), s.Connect(t0), s.Connect(t0)
+	ra := open(t, s, a, fid(1), false, t0)
+	rb := open(t, s, b, fid(1), false, t0)
+	res, msgs := s.Open(c, fid(1), true, t0)
+	if res.Wait == 0 || len(msgs) != 2 || msgs[0].Client != a || msgs[1].Client != b || msgs[0].Kind != MsgRecall {
+		t.Fatalf("write open against two readers: %+v %+v", res, msgs)
+	}
+	s.Return(a, fid(1), ra.State, 0, 0, t0)
+	if s.Done(res.Wait) {
+		t.Fatal("round done with one of two returned")
+	}
+	s.Return(b, fid(1), rb.State, 0, 0, t0)
+	if !s.Done(res.Wait) {
+		t.Fatal("round not done")
+	}
+	if r := open(t, s, c, fid(1), true, t0); r.Kind != DelegWrite {
+		t.Fatalf("writer after the readers returned: %+v", r)
+	}
+}
+
+// While a recall runs no new delegation is granted on the file: readers
+// arriving meanwhile cannot starve the waiting writer.
+func TestNoGrantsDuringRecall(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b, c := s.Connect(t0), s.Connect(t0), s.Connect(t0)
+	ra := open(t, s, a, fid(1), false, t0)
+	res, _ := s.Open(b, fid(1), true, t0)
+	rc := open(t, s, c, fid(1), false, t0) // read/read: no conflict, but no delegation
+	if rc.Kind != DelegNone || !rc.Recorded {
+		t.Fatalf("reader during a recall got %+v", rc)
+	}
+	s.Return(a, fid(1), ra.State, 0, 0, t0)
+	if !s.Done(res.Wait) {
+		t.Fatal("round not done")
+	}
+	// c has the file open for reading: b opens without a delegation.
+	if r := open(t, s, b, fid(1), true, t0); r.Kind != DelegNone || !r.Recorded {
+		t.Fatalf("writer beside an open reader: %+v", r)
+	}
+}
+
+func TestUpgradeReadToWrite(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b := s.Connect(t0), s.Connect(t0)
+	ra := open(t, s, a, fid(1), false, t0)
+	wa := open(t, s, a, fid(1), true, t0)
+	if wa.Kind != DelegWrite || wa.State == ra.State || s.Valid(a, fid(1), ra.State) || !s.Valid(a, fid(1), wa.State) {
+		t.Fatalf("upgrade: %+v from %+v", wa, ra)
+	}
+	// With another reader holding a delegation, the upgrade recalls it.
+	rb := open(t, s, b, fid(2), false, t0)
+	ra2 := open(t, s, a, fid(2), false, t0)
+	res, msgs := s.Open(a, fid(2), true, t0)
+	if res.Wait == 0 || len(msgs) != 1 || msgs[0].Client != b {
+		t.Fatalf("upgrade beside another reader: %+v %+v", res, msgs)
+	}
+	s.Return(b, fid(2), rb.State, 0, 0, t0)
+	if w := open(t, s, a, fid(2), true, t0); w.Kind != DelegWrite || s.Valid(a, fid(2), ra2.State) {
+		t.Fatalf("upgrade after the recall: %+v", w)
+	}
+}
+
+// An upgrade that cannot be had keeps the read delegation and records the
+// write open.
+func TestUpgradeRefusedBesideOpenReader(t *testing.T) {
+	s := NewServer(1, cfg()) // no lease: b's open is recorded
+	a, b := s.Connect(t0), s.Connect(t0)
+	open(t, s, b, fid(1), false, t0)
+	s.cfg.Lease = 10 * time.Second
+	ra := open(t, s, a, fid(1), false, t0)
+	if ra.Kind != DelegRead {
+		t.Fatalf("reader beside a reader: %+v", ra)
+	}
+	wa := open(t, s, a, fid(1), true, t0)
+	if wa.Kind != DelegRead || wa.State != ra.State || !wa.Recorded {
+		t.Fatalf("upgrade beside an open reader: %+v", wa)
+	}
+}
+
+func TestLeaseExpiryRevokes(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b := s.Connect(t0), s.Connect(t0)
+	wa := open(t, s, a, fid(1), true, t0)
+	open(t, s, a, fid(2), false, t0)
+	// Renewed by a request at 5 s: alive until 15 s.
+	s.Renew(a, t0.Add(5*time.Second))
+	if msgs := s.Tick(t0.Add(14 * time.Second)); msgs != nil || s.Delegations() != 2 {
+		t.Fatalf("revoked early: %v", msgs)
+	}
+	if !s.NextDeadline().Equal(t0.Add(15 * time.Second)) {
+		t.Fatalf("next deadline %v", s.NextDeadline())
+	}
+	msgs := s.Tick(t0.Add(15 * time.Second))
+	if len(msgs) != 1 || msgs[0].Kind != MsgRevoke || msgs[0].Client != a || len(msgs[0].FIDs) != 2 || msgs[0].States[0] != wa.State {
+		t.Fatalf("revocation: %+v", msgs)
+	}
+	if s.Valid(a, fid(1), wa.State) || s.Delegations() != 0 {
+		t.Fatal("revoked delegation still valid")
+	}
+	if s.Return(a, fid(1), wa.State, 0, 0, t0.Add(16*time.Second)) {
+		t.Fatal("return of a revoked delegation accepted")
+	}
+	if r := open(t, s, b, fid(1), true, t0.Add(16*time.Second)); r.Kind != DelegWrite {
+		t.Fatalf("after the revocation: %+v", r)
+	}
+}
+
+// A holder that keeps talking but does not return a recalled delegation
+// loses it Lease after the recall, and the waiter goes on.
+func TestUnansweredRecallRevokes(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b := s.Connect(t0), s.Connect(t0)
+	wa := open(t, s, a, fid(1), true, t0)
+	res, _ := s.Open(b, fid(1), false, t0.Add(time.Second))
+	for i := 2; i <= 10; i++ {
+		s.Renew(a, t0.Add(time.Duration(i)*time.Second))
+		if msgs := s.Tick(t0.Add(time.Duration(i) * time.Second)); msgs != nil {
+			t.Fatalf("revoked at %ds", i)
+		}
+	}
+	msgs := s.Tick(t0.Add(11 * time.Second))
+	if len(msgs) != 1 || msgs[0].Kind != MsgRevoke || !s.Done(res.Wait) || s.Valid(a, fid(1), wa.State) {
+		t.Fatalf("unanswered recall: %+v done=%v", msgs, s.Done(res.Wait))
+	}
+}
+
+func TestRecallForChange(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b, c := s.Connect(t0), s.Connect(t0), s.Connect(t0)
+	ra := open(t, s, a, fid(1), false, t0)
+	open(t, s, b, fid(1), false, t0)
+	wc := open(t, s, c, fid(2), true, t0)
+	// b changes both files: a's and c's delegations are recalled, not b's.
+	r, msgs := s.Recall(b, []node.FID{fid(1), fid(2), fid(1)}, t0)
+	if r == 0 || len(msgs) != 2 || msgs[0].Client != a || msgs[1].Client != c || msgs[1].States[0] != wc.State {
+		t.Fatalf("recall for a change: %d %+v", r, msgs)
+	}
+	if !s.Return(a, fid(1), ra.State, 0, 0, t0) || s.Done(r) {
+		t.Fatal("round done early")
+	}
+	s.Return(c, fid(2), wc.State, 0, 0, t0)
+	if !s.Done(r) {
+		t.Fatal("round not done")
+	}
+	if r, _ := s.Recall(0, []node.FID{fid(3)}, t0); r != 0 {
+		t.Fatal("recall with no holders must not wait")
+	}
+}
+
+func TestDisconnectAndResetDropDelegations(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b := s.Connect(t0), s.Connect(t0)
+	open(t, s, a, fid(1), true, t0)
+	res, _ := s.Open(b, fid(1), false, t0)
+	s.Disconnect(a, t0)
+	if !s.Done(res.Wait) || s.Delegations() != 0 {
+		t.Fatal("disconnect did not release the delegation")
+	}
+	if r := open(t, s, b, fid(1), true, t0); r.Kind != DelegWrite {
+		t.Fatalf("after the holder left: %+v", r)
+	}
+	// A client lost over an unacknowledged break loses its delegations.
+	c := s.Connect(t0)
+	grant(t, s, c, fid(5), t0)
+	open(t, s, c, fid(6), false, t0)
+	s.Break(b, []node.FID{fid(5)}, t0)
+	s.Renew(c, t0.Add(2*time.Second))
+	msgs := s.Tick(t0.Add(2 * time.Second))
+	if len(msgs) != 1 || msgs[0].Kind != MsgReset {
+		t.Fatalf("lost client: %+v", msgs)
+	}
+	if k, _ := s.Delegation(c, fid(6)); k != DelegNone {
+		t.Fatal("a reset client kept its delegation")
+	}
+}
+
+func TestNoLeaseNoDelegations(t *testing.T) {
+	s := NewServer(1, cfg())
+	a := s.Connect(t0)
+	if r := open(t, s, a, fid(1), true, t0); r.Kind != DelegNone || !r.Recorded {
+		t.Fatalf("without a lease: %+v", r)
+	}
+	if r, _ := s.Open(99, fid(1), true, t0); r != (OpenResult{}) {
+		t.Fatalf("unknown client: %+v", r)
+	}
+	if !s.NextDeadline().IsZero() {
+		t.Fatal("deadline without promises or delegations")
+	}
+}
+
+// Random opens, closes, returns, changes, renewals and ticks by several
+// clients on a few files, checking after each step what delegations must
+// guarantee: a write delegation excludes every other client's delegation
+// and open; a read delegation excludes other writers; a round completes
+// only when none of the delegations it waits for is still held.
+func TestDelegationsRandom(t *testing.T) {
+	for seed := int64(1); seed <= 30; seed++ {
+		rng := rand.New(rand.NewSource(seed))
+		s := NewServer(1, dcfg())
+		now := t0
+		var ids []ClientID
+		for i := 0; i < 4; i++ {
+			ids = append(ids, s.Connect(now))
+		}
+		type key struct {
+			id  ClientID
+			fid node.FID
+		}
+		// local[k]: the opens client k.id has on k.fid, as it knows them
+		// (readers, writers), whether or not the server recorded them.
+		local := map[key]*[2]int{}
+		recorded := map[key]*[2]int{} // opens the server was told of
+		waiting := map[Round][]*deleg{}
+		for step := 0; step < 400; step++ {
+			id := ids[rng.Intn(len(ids))]
+			f := fid(uint64(1 + rng.Intn(3)))
+			k := key{id, f}
+			if local[k] == nil {
+				local[k], recorded[k] = &[2]int{}, &[2]int{}
+			}
+			switch op := rng.Intn(10); {
+			case op < 4:
+				write := rng.Intn(2) == 0
+				res, _ := s.Open(id, f, write, now)
+				if res.Wait != 0 {
+					var held []*deleg
+					for _, d := range s.delegsByFID[f] {
+						for _, r := range d.rounds {
+							if r == res.Wait {
+								held = append(held, d)
+							}
+						}
+					}
+					if len(held) == 0 {
+						t.Fatalf("seed %d step %d: a wait for nothing", seed, step)
+					}
+					waiting[res.Wait] = held
+					break
+				}
+				w := 0
+				if write {
+					w = 1
+				}
+				local[k][w]++
+				if res.Recorded {
+					recorded[k][w]++
+				}
+			case op < 6:
+				w := rng.Intn(2)
+				if recorded[k][w] > 0 {
+					recorded[k][w]--
+					local[k][w]--
+					s.Close(id, f, w == 1)
+				} else if local[k][w] > recorded[k][w] {
+					local[k][w]-- // a local close under the delegation
+				}
+			case op < 7:
+				if kind, state := s.Delegation(id, f); kind != DelegNone {
+					if !s.Return(id, f, state, local[k][0], local[k][1], now) {
+						t.Fatalf("seed %d: return refused", seed)
+					}
+					*recorded[k] = *local[k]
+				}
+			case op < 8:
+				s.Recall(id, []node.FID{f}, now)
+			case op < 9:
+				s.Renew(id, now)
+			default:
+				now = now.Add(time.Duration(rng.Intn(4000)) * time.Millisecond)
+				for _, m := range s.Tick(now) {
+					if m.Kind == MsgRevoke {
+						for _, rf := range m.FIDs {
+							// The client learns its delegation is gone; its
+							// unrecorded opens stay local knowledge only.
+							rk := key{m.Client, rf}
+							*local[rk] = *recorded[rk]
+						}
+					}
+				}
+			}
+			for f, holders := range s.delegsByFID {
+				for id, d := range holders {
+					for other, o := range s.opensByFID[f] {
+						if other != id && (d.kind == DelegWrite || o.writers > 0) {
+							t.Fatalf("seed %d step %d: %s delegation of %d on %v beside opens %+v of %d", seed, step, d.kind, id, f, *o, other)
+						}
+					}
+					for other, d2 := range holders {
+						if other != id && (d.kind == DelegWrite || d2.kind == DelegWrite) {
+							t.Fatalf("seed %d step %d: %s and %s delegations together on %v", seed, step, d.kind, d2.kind, f)
+						}
+					}
+				}
+			}
+			for r, held := range waiting {
+				if !s.Done(r) {
+					continue
+				}
+				for _, d := range held {
+					if s.Valid(d.client, d.fid, d.state) {
+						t.Fatalf("seed %d step %d: round %d done with delegation %d of %d still held", seed, step, r, d.state, d.client)
+					}
+				}
+				delete(waiting, r)
+			}
+		}
+	}
+}
