@@ -29,6 +29,12 @@ type Client struct {
 	log     []breakRecord       // breaks in clock order, for pruning
 	tickets map[uint64]int      // outstanding tickets by clock
 	oldest  uint64              // lower bound on outstanding tickets' clocks
+
+	// Delegations (clientdeleg.go).
+	delegs   map[node.FID]*Held
+	early    map[uint64]earlyKind
+	lease    time.Duration
+	leaseEnd time.Time
 }
 
 // Ticket brackets one RPC that may grant promises.
@@ -40,7 +46,8 @@ type Ticket struct {
 
 // NewClient returns an empty promise table.
 func NewClient() *Client {
-	return &Client{promises: map[node.FID]*promise{}, broken: map[node.FID]uint64{}, tickets: map[uint64]int{}}
+	return &Client{promises: map[node.FID]*promise{}, broken: map[node.FID]uint64{}, tickets: map[uint64]int{},
+		delegs: map[node.FID]*Held{}, early: map[uint64]earlyKind{}}
 }
 
 // Begin is called just before sending an RPC whose reply may grant promises.
@@ -120,6 +127,8 @@ func (c *Client) Break(fid node.FID) bool {
 
 // Reset drops every promise (the server said so, or the back channel was
 // lost and breaks may have been missed) and returns them in FID order.
+// Delegation grants in flight are void from now on; the caller drops the
+// delegations held with DropDelegations, after saving their dirty data.
 func (c *Client) Reset() []node.FID {
 	c.clock++
 	c.resetAt = c.clock
