@@ -42,7 +42,7 @@ func TestClientDelegationLease(t *testing.T) {
 	}
 	c.Answered(t0.Add(5 * time.Second))
 	c.Answered(t0.Add(2 * time.Second)) // a slow reply never shortens it
-	if !c.LeaseEnd().Equal(t0.Add(15*time.Second)) {
+	if !c.LeaseEnd().Equal(t0.Add(15 * time.Second)) {
 		t.Fatalf("lease end %v", c.LeaseEnd())
 	}
 	if _, ok := c.Delegation(fid(1), t0.Add(14*time.Second)); !ok {

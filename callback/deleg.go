@@ -82,7 +82,7 @@ func (s *Server) Open(id ClientID, fid node.FID, write bool, now time.Time) (Ope
 		return OpenResult{}, nil
 	}
 	s.Renew(id, now)
-	if r, msgs := s.recall(id, fid, func(d *deleg) bool { return write || d.kind == DelegWrite }, now); r != 0 {
+	if r, msgs := s.recallOn(id, []node.FID{fid}, func(d *deleg) bool { return write || d.kind == DelegWrite }, now); r != 0 {
 		return OpenResult{Wait: r}, msgs
 	}
 	own := c.delegs[fid]
@@ -214,6 +214,17 @@ func (s *Server) Close(id ClientID, fid node.FID, write bool) {
 // made: every other client's delegation on them is recalled, and the
 // change waits for the round (0: nothing to wait for).
 func (s *Server) Recall(origin ClientID, fids []node.FID, now time.Time) (Round, []Msg) {
+	return s.recallOn(origin, fids, func(*deleg) bool { return true }, now)
+}
+
+// RecallWriters is called before a file's status or data is read for
+// origin: other clients' write delegations on fids are recalled, since
+// their holders' data and size are newer than the server's.
+func (s *Server) RecallWriters(origin ClientID, fids []node.FID, now time.Time) (Round, []Msg) {
+	return s.recallOn(origin, fids, func(d *deleg) bool { return d.kind == DelegWrite }, now)
+}
+
+func (s *Server) recallOn(origin ClientID, fids []node.FID, conflicts func(*deleg) bool, now time.Time) (Round, []Msg) {
 	if origin != 0 {
 		s.Renew(origin, now)
 	}
@@ -225,24 +236,12 @@ func (s *Server) Recall(origin ClientID, fids []node.FID, now time.Time) (Round,
 		}
 		seen[f] = true
 		for id, d := range s.delegsByFID[f] {
-			if id != origin {
+			if id != origin && conflicts(d) {
 				all = append(all, d)
 			}
 		}
 	}
 	return s.recallAll(all, now)
-}
-
-// recall recalls the delegations on fid held by clients other than id for
-// which conflicts holds.
-func (s *Server) recall(id ClientID, fid node.FID, conflicts func(*deleg) bool, now time.Time) (Round, []Msg) {
-	var ds []*deleg
-	for other, d := range s.delegsByFID[fid] {
-		if other != id && conflicts(d) {
-			ds = append(ds, d)
-		}
-	}
-	return s.recallAll(ds, now)
 }
 
 // recallAll opens a round that completes when each of ds has been

@@ -392,3 +392,21 @@ func TestDelegationsRandom(t *testing.T) {
 		}
 	}
 }
+
+// Reading a file for another client recalls only write delegations.
+func TestRecallWriters(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b, c := s.Connect(t0), s.Connect(t0), s.Connect(t0)
+	open(t, s, a, fid(1), false, t0)
+	wb := open(t, s, b, fid(2), true, t0)
+	if r, msgs := s.RecallWriters(c, []node.FID{fid(1)}, t0); r != 0 || msgs != nil {
+		t.Fatalf("read delegation recalled for a reader: %d %v", r, msgs)
+	}
+	r, msgs := s.RecallWriters(c, []node.FID{fid(2)}, t0)
+	if r == 0 || len(msgs) != 1 || msgs[0].Client != b || msgs[0].States[0] != wb.State {
+		t.Fatalf("write delegation not recalled for a reader: %d %+v", r, msgs)
+	}
+	if r, _ := s.RecallWriters(b, []node.FID{fid(2)}, t0); r != 0 {
+		t.Fatal("the holder's own read recalled its delegation")
+	}
+}

@@ -97,6 +97,55 @@ func (FileType) EnumDescriptor() ([]byte, []int) {
 	return file_hoard_proto_rawDescGZIP(), []int{0}
 }
 
+type DelegKind int32
+
+const (
+	DelegKind_DELEG_NONE  DelegKind = 0
+	DelegKind_DELEG_READ  DelegKind = 1
+	DelegKind_DELEG_WRITE DelegKind = 2
+)
+
+// Enum value maps for DelegKind.
+var (
+	DelegKind_name = map[int32]string{
+		0: "DELEG_NONE",
+		1: "DELEG_READ",
+		2: "DELEG_WRITE",
+	}
+	DelegKind_value = map[string]int32{
+		"DELEG_NONE":  0,
+		"DELEG_READ":  1,
+		"DELEG_WRITE": 2,
+	}
+)
+
+func (x DelegKind) Enum() *DelegKind {
+	p := new(DelegKind)
+	*p = x
+	return p
+}
+
+func (x DelegKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DelegKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_hoard_proto_enumTypes[1].Descriptor()
+}
+
+func (DelegKind) Type() protoreflect.EnumType {
+	return &file_hoard_proto_enumTypes[1]
+}
+
+func (x DelegKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DelegKind.Descriptor instead.
+func (DelegKind) EnumDescriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{1}
+}
+
 type FID struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Volume        uint64                 `protobuf:"varint,1,opt,name=volume,proto3" json:"volume,omitempty"`
@@ -550,6 +599,8 @@ type ServerMsg struct {
 	//	*ServerMsg_Break
 	//	*ServerMsg_Reset_
 	//	*ServerMsg_Ping
+	//	*ServerMsg_Recall
+	//	*ServerMsg_Revoke
 	Msg           isServerMsg_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -628,6 +679,24 @@ func (x *ServerMsg) GetPing() *Ping {
 	return nil
 }
 
+func (x *ServerMsg) GetRecall() *Recall {
+	if x != nil {
+		if x, ok := x.Msg.(*ServerMsg_Recall); ok {
+			return x.Recall
+		}
+	}
+	return nil
+}
+
+func (x *ServerMsg) GetRevoke() *Revoke {
+	if x != nil {
+		if x, ok := x.Msg.(*ServerMsg_Revoke); ok {
+			return x.Revoke
+		}
+	}
+	return nil
+}
+
 type isServerMsg_Msg interface {
 	isServerMsg_Msg()
 }
@@ -648,6 +717,14 @@ type ServerMsg_Ping struct {
 	Ping *Ping `protobuf:"bytes,4,opt,name=ping,proto3,oneof"`
 }
 
+type ServerMsg_Recall struct {
+	Recall *Recall `protobuf:"bytes,5,opt,name=recall,proto3,oneof"`
+}
+
+type ServerMsg_Revoke struct {
+	Revoke *Revoke `protobuf:"bytes,6,opt,name=revoke,proto3,oneof"`
+}
+
 func (*ServerMsg_Welcome) isServerMsg_Msg() {}
 
 func (*ServerMsg_Break) isServerMsg_Msg() {}
@@ -655,6 +732,10 @@ func (*ServerMsg_Break) isServerMsg_Msg() {}
 func (*ServerMsg_Reset_) isServerMsg_Msg() {}
 
 func (*ServerMsg_Ping) isServerMsg_Msg() {}
+
+func (*ServerMsg_Recall) isServerMsg_Msg() {}
+
+func (*ServerMsg_Revoke) isServerMsg_Msg() {}
 
 type Welcome struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -667,7 +748,10 @@ type Welcome struct {
 	PingMs uint32 `protobuf:"varint,4,opt,name=ping_ms,json=pingMs,proto3" json:"ping_ms,omitempty"`
 	// Where the bulk-data channel listens (host:port), empty if it is off:
 	// file contents then travel on this connection's Fetch/Store streams.
-	DataAddr      string `protobuf:"bytes,5,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
+	DataAddr string `protobuf:"bytes,5,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
+	// How long delegations outlive the client's last request, and how long a
+	// recall may go unanswered; 0: the server grants none.
+	LeaseMs       uint32 `protobuf:"varint,6,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -737,6 +821,13 @@ func (x *Welcome) GetDataAddr() string {
 	return ""
 }
 
+func (x *Welcome) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
+}
+
 // Break: the promises on these FIDs are void; acknowledge with seq.
 type Break struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -790,7 +881,7 @@ func (x *Break) GetFids() []*FID {
 	return nil
 }
 
-// Reset: every promise this client holds is void.
+// Reset: every promise and delegation this client holds is void.
 type Reset struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -827,6 +918,113 @@ func (*Reset) Descriptor() ([]byte, []int) {
 	return file_hoard_proto_rawDescGZIP(), []int{9}
 }
 
+// Recall: store the dirty data under these delegations (states[i] on
+// fids[i]) and return them.
+type Recall struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fids          []*FID                 `protobuf:"bytes,1,rep,name=fids,proto3" json:"fids,omitempty"`
+	States        []uint64               `protobuf:"varint,2,rep,packed,name=states,proto3" json:"states,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Recall) Reset() {
+	*x = Recall{}
+	mi := &file_hoard_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Recall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Recall) ProtoMessage() {}
+
+func (x *Recall) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Recall.ProtoReflect.Descriptor instead.
+func (*Recall) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Recall) GetFids() []*FID {
+	if x != nil {
+		return x.Fids
+	}
+	return nil
+}
+
+func (x *Recall) GetStates() []uint64 {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+// Revoke: these delegations are gone; stores under them are refused.
+type Revoke struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fids          []*FID                 `protobuf:"bytes,1,rep,name=fids,proto3" json:"fids,omitempty"`
+	States        []uint64               `protobuf:"varint,2,rep,packed,name=states,proto3" json:"states,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Revoke) Reset() {
+	*x = Revoke{}
+	mi := &file_hoard_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Revoke) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Revoke) ProtoMessage() {}
+
+func (x *Revoke) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Revoke.ProtoReflect.Descriptor instead.
+func (*Revoke) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Revoke) GetFids() []*FID {
+	if x != nil {
+		return x.Fids
+	}
+	return nil
+}
+
+func (x *Revoke) GetStates() []uint64 {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
 type Ping struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -835,7 +1033,7 @@ type Ping struct {
 
 func (x *Ping) Reset() {
 	*x = Ping{}
-	mi := &file_hoard_proto_msgTypes[10]
+	mi := &file_hoard_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -847,7 +1045,7 @@ func (x *Ping) String() string {
 func (*Ping) ProtoMessage() {}
 
 func (x *Ping) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[10]
+	mi := &file_hoard_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -860,7 +1058,7 @@ func (x *Ping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ping.ProtoReflect.Descriptor instead.
 func (*Ping) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{10}
+	return file_hoard_proto_rawDescGZIP(), []int{12}
 }
 
 type Volume struct {
@@ -875,7 +1073,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_hoard_proto_msgTypes[11]
+	mi := &file_hoard_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +1085,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[11]
+	mi := &file_hoard_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -900,7 +1098,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{11}
+	return file_hoard_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Volume) GetId() uint64 {
@@ -942,7 +1140,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[12]
+	mi := &file_hoard_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -954,7 +1152,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[12]
+	mi := &file_hoard_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1165,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{12}
+	return file_hoard_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetVolumeRequest) GetName() string {
@@ -992,7 +1190,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_hoard_proto_msgTypes[13]
+	mi := &file_hoard_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1202,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[13]
+	mi := &file_hoard_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1215,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{13}
+	return file_hoard_proto_rawDescGZIP(), []int{15}
 }
 
 type ListVolumesReply struct {
@@ -1029,7 +1227,7 @@ type ListVolumesReply struct {
 
 func (x *ListVolumesReply) Reset() {
 	*x = ListVolumesReply{}
-	mi := &file_hoard_proto_msgTypes[14]
+	mi := &file_hoard_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1041,7 +1239,7 @@ func (x *ListVolumesReply) String() string {
 func (*ListVolumesReply) ProtoMessage() {}
 
 func (x *ListVolumesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[14]
+	mi := &file_hoard_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1054,7 +1252,7 @@ func (x *ListVolumesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesReply.ProtoReflect.Descriptor instead.
 func (*ListVolumesReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{14}
+	return file_hoard_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListVolumesReply) GetVolumes() []*Volume {
@@ -1073,7 +1271,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[15]
+	mi := &file_hoard_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1085,7 +1283,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[15]
+	mi := &file_hoard_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1098,7 +1296,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{15}
+	return file_hoard_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -1118,7 +1316,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_hoard_proto_msgTypes[16]
+	mi := &file_hoard_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1328,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[16]
+	mi := &file_hoard_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1341,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{16}
+	return file_hoard_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LookupRequest) GetDir() *FID {
@@ -1170,7 +1368,7 @@ type LookupReply struct {
 
 func (x *LookupReply) Reset() {
 	*x = LookupReply{}
-	mi := &file_hoard_proto_msgTypes[17]
+	mi := &file_hoard_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1182,7 +1380,7 @@ func (x *LookupReply) String() string {
 func (*LookupReply) ProtoMessage() {}
 
 func (x *LookupReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[17]
+	mi := &file_hoard_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1195,7 +1393,7 @@ func (x *LookupReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupReply.ProtoReflect.Descriptor instead.
 func (*LookupReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{17}
+	return file_hoard_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LookupReply) GetStatus() *Status {
@@ -1221,7 +1419,7 @@ type GetStatusRequest struct {
 
 func (x *GetStatusRequest) Reset() {
 	*x = GetStatusRequest{}
-	mi := &file_hoard_proto_msgTypes[18]
+	mi := &file_hoard_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1233,7 +1431,7 @@ func (x *GetStatusRequest) String() string {
 func (*GetStatusRequest) ProtoMessage() {}
 
 func (x *GetStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[18]
+	mi := &file_hoard_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1246,7 +1444,7 @@ func (x *GetStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetStatusRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{18}
+	return file_hoard_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetStatusRequest) GetFids() []*FID {
@@ -1267,7 +1465,7 @@ type StatusResult struct {
 
 func (x *StatusResult) Reset() {
 	*x = StatusResult{}
-	mi := &file_hoard_proto_msgTypes[19]
+	mi := &file_hoard_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1279,7 +1477,7 @@ func (x *StatusResult) String() string {
 func (*StatusResult) ProtoMessage() {}
 
 func (x *StatusResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[19]
+	mi := &file_hoard_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1292,7 +1490,7 @@ func (x *StatusResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResult.ProtoReflect.Descriptor instead.
 func (*StatusResult) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{19}
+	return file_hoard_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StatusResult) GetStatus() *Status {
@@ -1318,7 +1516,7 @@ type GetStatusReply struct {
 
 func (x *GetStatusReply) Reset() {
 	*x = GetStatusReply{}
-	mi := &file_hoard_proto_msgTypes[20]
+	mi := &file_hoard_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1528,7 @@ func (x *GetStatusReply) String() string {
 func (*GetStatusReply) ProtoMessage() {}
 
 func (x *GetStatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[20]
+	mi := &file_hoard_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1541,7 @@ func (x *GetStatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatusReply.ProtoReflect.Descriptor instead.
 func (*GetStatusReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{20}
+	return file_hoard_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetStatusReply) GetResults() []*StatusResult {
@@ -1365,7 +1563,7 @@ type ReadDirRequest struct {
 
 func (x *ReadDirRequest) Reset() {
 	*x = ReadDirRequest{}
-	mi := &file_hoard_proto_msgTypes[21]
+	mi := &file_hoard_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1575,7 @@ func (x *ReadDirRequest) String() string {
 func (*ReadDirRequest) ProtoMessage() {}
 
 func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[21]
+	mi := &file_hoard_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1588,7 @@ func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirRequest.ProtoReflect.Descriptor instead.
 func (*ReadDirRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{21}
+	return file_hoard_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReadDirRequest) GetDir() *FID {
@@ -1427,7 +1625,7 @@ type DirEntry struct {
 
 func (x *DirEntry) Reset() {
 	*x = DirEntry{}
-	mi := &file_hoard_proto_msgTypes[22]
+	mi := &file_hoard_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1637,7 @@ func (x *DirEntry) String() string {
 func (*DirEntry) ProtoMessage() {}
 
 func (x *DirEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[22]
+	mi := &file_hoard_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1650,7 @@ func (x *DirEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirEntry.ProtoReflect.Descriptor instead.
 func (*DirEntry) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{22}
+	return file_hoard_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DirEntry) GetName() string {
@@ -1494,7 +1692,7 @@ type ReadDirReply struct {
 
 func (x *ReadDirReply) Reset() {
 	*x = ReadDirReply{}
-	mi := &file_hoard_proto_msgTypes[23]
+	mi := &file_hoard_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1704,7 @@ func (x *ReadDirReply) String() string {
 func (*ReadDirReply) ProtoMessage() {}
 
 func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[23]
+	mi := &file_hoard_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1717,7 @@ func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirReply.ProtoReflect.Descriptor instead.
 func (*ReadDirReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{23}
+	return file_hoard_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadDirReply) GetEntries() []*DirEntry {
@@ -1564,7 +1762,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_hoard_proto_msgTypes[24]
+	mi := &file_hoard_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1576,7 +1774,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[24]
+	mi := &file_hoard_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1589,7 +1787,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{24}
+	return file_hoard_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CreateRequest) GetDir() *FID {
@@ -1666,7 +1864,7 @@ type CreateReply struct {
 
 func (x *CreateReply) Reset() {
 	*x = CreateReply{}
-	mi := &file_hoard_proto_msgTypes[25]
+	mi := &file_hoard_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1876,7 @@ func (x *CreateReply) String() string {
 func (*CreateReply) ProtoMessage() {}
 
 func (x *CreateReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[25]
+	mi := &file_hoard_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1889,7 @@ func (x *CreateReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReply.ProtoReflect.Descriptor instead.
 func (*CreateReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{25}
+	return file_hoard_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateReply) GetStatus() *Status {
@@ -1726,7 +1924,7 @@ type LinkRequest struct {
 
 func (x *LinkRequest) Reset() {
 	*x = LinkRequest{}
-	mi := &file_hoard_proto_msgTypes[26]
+	mi := &file_hoard_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +1936,7 @@ func (x *LinkRequest) String() string {
 func (*LinkRequest) ProtoMessage() {}
 
 func (x *LinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[26]
+	mi := &file_hoard_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +1949,7 @@ func (x *LinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkRequest.ProtoReflect.Descriptor instead.
 func (*LinkRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{26}
+	return file_hoard_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *LinkRequest) GetDir() *FID {
@@ -1785,7 +1983,7 @@ type LinkReply struct {
 
 func (x *LinkReply) Reset() {
 	*x = LinkReply{}
-	mi := &file_hoard_proto_msgTypes[27]
+	mi := &file_hoard_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1797,7 +1995,7 @@ func (x *LinkReply) String() string {
 func (*LinkReply) ProtoMessage() {}
 
 func (x *LinkReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[27]
+	mi := &file_hoard_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1810,7 +2008,7 @@ func (x *LinkReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkReply.ProtoReflect.Descriptor instead.
 func (*LinkReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{27}
+	return file_hoard_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *LinkReply) GetStatus() *Status {
@@ -1839,7 +2037,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_hoard_proto_msgTypes[28]
+	mi := &file_hoard_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +2049,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[28]
+	mi := &file_hoard_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +2062,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{28}
+	return file_hoard_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RemoveRequest) GetDir() *FID {
@@ -1899,7 +2097,7 @@ type RemoveReply struct {
 
 func (x *RemoveReply) Reset() {
 	*x = RemoveReply{}
-	mi := &file_hoard_proto_msgTypes[29]
+	mi := &file_hoard_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1911,7 +2109,7 @@ func (x *RemoveReply) String() string {
 func (*RemoveReply) ProtoMessage() {}
 
 func (x *RemoveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[29]
+	mi := &file_hoard_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1924,7 +2122,7 @@ func (x *RemoveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReply.ProtoReflect.Descriptor instead.
 func (*RemoveReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{29}
+	return file_hoard_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RemoveReply) GetDir() *Status {
@@ -1953,7 +2151,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_hoard_proto_msgTypes[30]
+	mi := &file_hoard_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1965,7 +2163,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[30]
+	mi := &file_hoard_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1978,7 +2176,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{30}
+	return file_hoard_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RenameRequest) GetSrcDir() *FID {
@@ -2022,7 +2220,7 @@ type RenameReply struct {
 
 func (x *RenameReply) Reset() {
 	*x = RenameReply{}
-	mi := &file_hoard_proto_msgTypes[31]
+	mi := &file_hoard_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2034,7 +2232,7 @@ func (x *RenameReply) String() string {
 func (*RenameReply) ProtoMessage() {}
 
 func (x *RenameReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[31]
+	mi := &file_hoard_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2047,7 +2245,7 @@ func (x *RenameReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameReply.ProtoReflect.Descriptor instead.
 func (*RenameReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{31}
+	return file_hoard_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RenameReply) GetSrcDir() *Status {
@@ -2095,7 +2293,7 @@ type SetAttrRequest struct {
 
 func (x *SetAttrRequest) Reset() {
 	*x = SetAttrRequest{}
-	mi := &file_hoard_proto_msgTypes[32]
+	mi := &file_hoard_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2107,7 +2305,7 @@ func (x *SetAttrRequest) String() string {
 func (*SetAttrRequest) ProtoMessage() {}
 
 func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[32]
+	mi := &file_hoard_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2120,7 +2318,7 @@ func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrRequest.ProtoReflect.Descriptor instead.
 func (*SetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{32}
+	return file_hoard_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SetAttrRequest) GetFid() *FID {
@@ -2188,7 +2386,7 @@ type SetAttrReply struct {
 
 func (x *SetAttrReply) Reset() {
 	*x = SetAttrReply{}
-	mi := &file_hoard_proto_msgTypes[33]
+	mi := &file_hoard_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2398,7 @@ func (x *SetAttrReply) String() string {
 func (*SetAttrReply) ProtoMessage() {}
 
 func (x *SetAttrReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[33]
+	mi := &file_hoard_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2411,7 @@ func (x *SetAttrReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrReply.ProtoReflect.Descriptor instead.
 func (*SetAttrReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{33}
+	return file_hoard_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SetAttrReply) GetStatus() *Status {
@@ -2232,7 +2430,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_hoard_proto_msgTypes[34]
+	mi := &file_hoard_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2244,7 +2442,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[34]
+	mi := &file_hoard_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2257,7 +2455,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{34}
+	return file_hoard_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StatFSRequest) GetVolume() uint64 {
@@ -2280,7 +2478,7 @@ type StatFSReply struct {
 
 func (x *StatFSReply) Reset() {
 	*x = StatFSReply{}
-	mi := &file_hoard_proto_msgTypes[35]
+	mi := &file_hoard_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2292,7 +2490,7 @@ func (x *StatFSReply) String() string {
 func (*StatFSReply) ProtoMessage() {}
 
 func (x *StatFSReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[35]
+	mi := &file_hoard_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2305,7 +2503,7 @@ func (x *StatFSReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSReply.ProtoReflect.Descriptor instead.
 func (*StatFSReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{35}
+	return file_hoard_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StatFSReply) GetBlockSize() uint64 {
@@ -2356,7 +2554,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_hoard_proto_msgTypes[36]
+	mi := &file_hoard_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2368,7 +2566,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[36]
+	mi := &file_hoard_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2381,7 +2579,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{36}
+	return file_hoard_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *FetchRequest) GetFid() *FID {
@@ -2427,7 +2625,7 @@ type FetchReply struct {
 
 func (x *FetchReply) Reset() {
 	*x = FetchReply{}
-	mi := &file_hoard_proto_msgTypes[37]
+	mi := &file_hoard_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2439,7 +2637,7 @@ func (x *FetchReply) String() string {
 func (*FetchReply) ProtoMessage() {}
 
 func (x *FetchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[37]
+	mi := &file_hoard_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2452,7 +2650,7 @@ func (x *FetchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchReply.ProtoReflect.Descriptor instead.
 func (*FetchReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{37}
+	return file_hoard_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *FetchReply) GetStatus() *Status {
@@ -2500,17 +2698,20 @@ type StoreRequest struct {
 	HasSize bool   `protobuf:"varint,5,opt,name=has_size,json=hasSize,proto3" json:"has_size,omitempty"`
 	Size    uint64 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
 	// Make it durable before replying (fsync / close).
-	Sync          bool   `protobuf:"varint,7,opt,name=sync,proto3" json:"sync,omitempty"`
-	Offset        uint64 `protobuf:"varint,8,opt,name=offset,proto3" json:"offset,omitempty"`
-	Data          []byte `protobuf:"bytes,9,opt,name=data,proto3" json:"data,omitempty"`
-	MtimeNs       int64  `protobuf:"varint,10,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
+	Sync    bool   `protobuf:"varint,7,opt,name=sync,proto3" json:"sync,omitempty"`
+	Offset  uint64 `protobuf:"varint,8,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data    []byte `protobuf:"bytes,9,opt,name=data,proto3" json:"data,omitempty"`
+	MtimeNs int64  `protobuf:"varint,10,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
+	// The delegation the store was made under, 0 if none: a store under a
+	// delegation the client no longer holds is refused (EKEYEXPIRED).
+	DelegState    uint64 `protobuf:"varint,11,opt,name=deleg_state,json=delegState,proto3" json:"deleg_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StoreRequest) Reset() {
 	*x = StoreRequest{}
-	mi := &file_hoard_proto_msgTypes[38]
+	mi := &file_hoard_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2522,7 +2723,7 @@ func (x *StoreRequest) String() string {
 func (*StoreRequest) ProtoMessage() {}
 
 func (x *StoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[38]
+	mi := &file_hoard_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2535,7 +2736,7 @@ func (x *StoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRequest.ProtoReflect.Descriptor instead.
 func (*StoreRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{38}
+	return file_hoard_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *StoreRequest) GetFid() *FID {
@@ -2608,6 +2809,13 @@ func (x *StoreRequest) GetMtimeNs() int64 {
 	return 0
 }
 
+func (x *StoreRequest) GetDelegState() uint64 {
+	if x != nil {
+		return x.DelegState
+	}
+	return 0
+}
+
 type StoreReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        *Status                `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
@@ -2617,7 +2825,7 @@ type StoreReply struct {
 
 func (x *StoreReply) Reset() {
 	*x = StoreReply{}
-	mi := &file_hoard_proto_msgTypes[39]
+	mi := &file_hoard_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2629,7 +2837,7 @@ func (x *StoreReply) String() string {
 func (*StoreReply) ProtoMessage() {}
 
 func (x *StoreReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[39]
+	mi := &file_hoard_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2642,7 +2850,7 @@ func (x *StoreReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreReply.ProtoReflect.Descriptor instead.
 func (*StoreReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{39}
+	return file_hoard_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StoreReply) GetStatus() *Status {
@@ -2650,6 +2858,333 @@ func (x *StoreReply) GetStatus() *Status {
 		return x.Status
 	}
 	return nil
+}
+
+// Open: the server waits until conflicting delegations of other clients
+// are returned or revoked before it answers.
+type OpenRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fid           *FID                   `protobuf:"bytes,1,opt,name=fid,proto3" json:"fid,omitempty"`
+	Write         bool                   `protobuf:"varint,2,opt,name=write,proto3" json:"write,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenRequest) Reset() {
+	*x = OpenRequest{}
+	mi := &file_hoard_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenRequest) ProtoMessage() {}
+
+func (x *OpenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
+func (*OpenRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *OpenRequest) GetFid() *FID {
+	if x != nil {
+		return x.Fid
+	}
+	return nil
+}
+
+func (x *OpenRequest) GetWrite() bool {
+	if x != nil {
+		return x.Write
+	}
+	return false
+}
+
+type OpenReply struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Status *Status                `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
+	Kind   DelegKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=hoard.v1.DelegKind" json:"kind,omitempty"`
+	State  uint64                 `protobuf:"varint,3,opt,name=state,proto3" json:"state,omitempty"`
+	// The open was recorded (not covered by a delegation): close it with
+	// Close.
+	Recorded      bool `protobuf:"varint,4,opt,name=recorded,proto3" json:"recorded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenReply) Reset() {
+	*x = OpenReply{}
+	mi := &file_hoard_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenReply) ProtoMessage() {}
+
+func (x *OpenReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenReply.ProtoReflect.Descriptor instead.
+func (*OpenReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *OpenReply) GetStatus() *Status {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+func (x *OpenReply) GetKind() DelegKind {
+	if x != nil {
+		return x.Kind
+	}
+	return DelegKind_DELEG_NONE
+}
+
+func (x *OpenReply) GetState() uint64 {
+	if x != nil {
+		return x.State
+	}
+	return 0
+}
+
+func (x *OpenReply) GetRecorded() bool {
+	if x != nil {
+		return x.Recorded
+	}
+	return false
+}
+
+type CloseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fid           *FID                   `protobuf:"bytes,1,opt,name=fid,proto3" json:"fid,omitempty"`
+	Write         bool                   `protobuf:"varint,2,opt,name=write,proto3" json:"write,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseRequest) Reset() {
+	*x = CloseRequest{}
+	mi := &file_hoard_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseRequest) ProtoMessage() {}
+
+func (x *CloseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
+func (*CloseRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *CloseRequest) GetFid() *FID {
+	if x != nil {
+		return x.Fid
+	}
+	return nil
+}
+
+func (x *CloseRequest) GetWrite() bool {
+	if x != nil {
+		return x.Write
+	}
+	return false
+}
+
+type CloseReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseReply) Reset() {
+	*x = CloseReply{}
+	mi := &file_hoard_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseReply) ProtoMessage() {}
+
+func (x *CloseReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseReply.ProtoReflect.Descriptor instead.
+func (*CloseReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{45}
+}
+
+// Return gives a delegation back after its dirty data was stored; readers
+// and writers are the opens the client still has on the file.
+type ReturnRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fid           *FID                   `protobuf:"bytes,1,opt,name=fid,proto3" json:"fid,omitempty"`
+	State         uint64                 `protobuf:"varint,2,opt,name=state,proto3" json:"state,omitempty"`
+	Readers       uint32                 `protobuf:"varint,3,opt,name=readers,proto3" json:"readers,omitempty"`
+	Writers       uint32                 `protobuf:"varint,4,opt,name=writers,proto3" json:"writers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReturnRequest) Reset() {
+	*x = ReturnRequest{}
+	mi := &file_hoard_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReturnRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReturnRequest) ProtoMessage() {}
+
+func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
+func (*ReturnRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ReturnRequest) GetFid() *FID {
+	if x != nil {
+		return x.Fid
+	}
+	return nil
+}
+
+func (x *ReturnRequest) GetState() uint64 {
+	if x != nil {
+		return x.State
+	}
+	return 0
+}
+
+func (x *ReturnRequest) GetReaders() uint32 {
+	if x != nil {
+		return x.Readers
+	}
+	return 0
+}
+
+func (x *ReturnRequest) GetWriters() uint32 {
+	if x != nil {
+		return x.Writers
+	}
+	return 0
+}
+
+type ReturnReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False: the delegation was no longer held (revoked or replaced).
+	Accepted      bool `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReturnReply) Reset() {
+	*x = ReturnReply{}
+	mi := &file_hoard_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReturnReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReturnReply) ProtoMessage() {}
+
+func (x *ReturnReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReturnReply.ProtoReflect.Descriptor instead.
+func (*ReturnReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ReturnReply) GetAccepted() bool {
+	if x != nil {
+		return x.Accepted
+	}
+	return false
 }
 
 var File_hoard_proto protoreflect.FileDescriptor
@@ -2689,23 +3224,32 @@ const file_hoard_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
 	"\x05token\x18\x03 \x01(\fR\x05token\"\x17\n" +
 	"\x03Ack\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xb9\x01\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\x91\x02\n" +
 	"\tServerMsg\x12-\n" +
 	"\awelcome\x18\x01 \x01(\v2\x11.hoard.v1.WelcomeH\x00R\awelcome\x12'\n" +
 	"\x05break\x18\x02 \x01(\v2\x0f.hoard.v1.BreakH\x00R\x05break\x12'\n" +
 	"\x05reset\x18\x03 \x01(\v2\x0f.hoard.v1.ResetH\x00R\x05reset\x12$\n" +
-	"\x04ping\x18\x04 \x01(\v2\x0e.hoard.v1.PingH\x00R\x04pingB\x05\n" +
-	"\x03msg\"\x8c\x01\n" +
+	"\x04ping\x18\x04 \x01(\v2\x0e.hoard.v1.PingH\x00R\x04ping\x12*\n" +
+	"\x06recall\x18\x05 \x01(\v2\x10.hoard.v1.RecallH\x00R\x06recall\x12*\n" +
+	"\x06revoke\x18\x06 \x01(\v2\x10.hoard.v1.RevokeH\x00R\x06revokeB\x05\n" +
+	"\x03msg\"\xa7\x01\n" +
 	"\aWelcome\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\rR\aversion\x12\x17\n" +
 	"\aping_ms\x18\x04 \x01(\rR\x06pingMs\x12\x1b\n" +
-	"\tdata_addr\x18\x05 \x01(\tR\bdataAddr\"<\n" +
+	"\tdata_addr\x18\x05 \x01(\tR\bdataAddr\x12\x19\n" +
+	"\blease_ms\x18\x06 \x01(\rR\aleaseMs\"<\n" +
 	"\x05Break\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12!\n" +
 	"\x04fids\x18\x02 \x03(\v2\r.hoard.v1.FIDR\x04fids\"\a\n" +
-	"\x05Reset\"\x06\n" +
+	"\x05Reset\"C\n" +
+	"\x06Recall\x12!\n" +
+	"\x04fids\x18\x01 \x03(\v2\r.hoard.v1.FIDR\x04fids\x12\x16\n" +
+	"\x06states\x18\x02 \x03(\x04R\x06states\"C\n" +
+	"\x06Revoke\x12!\n" +
+	"\x04fids\x18\x01 \x03(\v2\r.hoard.v1.FIDR\x04fids\x12\x16\n" +
+	"\x06states\x18\x02 \x03(\x04R\x06states\"\x06\n" +
 	"\x04Ping\"n\n" +
 	"\x06Volume\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
@@ -2818,7 +3362,7 @@ const file_hoard_proto_rawDesc = "" +
 	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12!\n" +
-	"\fdata_version\x18\x04 \x01(\x04R\vdataVersion\"\x9b\x02\n" +
+	"\fdata_version\x18\x04 \x01(\x04R\vdataVersion\"\xbc\x02\n" +
 	"\fStoreRequest\x12\x1f\n" +
 	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12!\n" +
 	"\fbase_version\x18\x02 \x01(\x04R\vbaseVersion\x12!\n" +
@@ -2830,10 +3374,32 @@ const file_hoard_proto_rawDesc = "" +
 	"\x06offset\x18\b \x01(\x04R\x06offset\x12\x12\n" +
 	"\x04data\x18\t \x01(\fR\x04data\x12\x19\n" +
 	"\bmtime_ns\x18\n" +
-	" \x01(\x03R\amtimeNs\"6\n" +
+	" \x01(\x03R\amtimeNs\x12\x1f\n" +
+	"\vdeleg_state\x18\v \x01(\x04R\n" +
+	"delegState\"6\n" +
 	"\n" +
 	"StoreReply\x12(\n" +
-	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status*\xd6\x01\n" +
+	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\"D\n" +
+	"\vOpenRequest\x12\x1f\n" +
+	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12\x14\n" +
+	"\x05write\x18\x02 \x01(\bR\x05write\"\x90\x01\n" +
+	"\tOpenReply\x12(\n" +
+	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\x12'\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x13.hoard.v1.DelegKindR\x04kind\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\x04R\x05state\x12\x1a\n" +
+	"\brecorded\x18\x04 \x01(\bR\brecorded\"E\n" +
+	"\fCloseRequest\x12\x1f\n" +
+	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12\x14\n" +
+	"\x05write\x18\x02 \x01(\bR\x05write\"\f\n" +
+	"\n" +
+	"CloseReply\"z\n" +
+	"\rReturnRequest\x12\x1f\n" +
+	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\x04R\x05state\x12\x18\n" +
+	"\areaders\x18\x03 \x01(\rR\areaders\x12\x18\n" +
+	"\awriters\x18\x04 \x01(\rR\awriters\")\n" +
+	"\vReturnReply\x12\x1a\n" +
+	"\baccepted\x18\x01 \x01(\bR\baccepted*\xd6\x01\n" +
 	"\bFileType\x12\x19\n" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x11\n" +
@@ -2843,7 +3409,13 @@ const file_hoard_proto_rawDesc = "" +
 	"\x0eFILE_TYPE_FIFO\x10\x05\x12\x14\n" +
 	"\x10FILE_TYPE_SOCKET\x10\x06\x12\x15\n" +
 	"\x11FILE_TYPE_CHARDEV\x10\a\x12\x16\n" +
-	"\x12FILE_TYPE_BLOCKDEV\x10\b2\x8f\a\n" +
+	"\x12FILE_TYPE_BLOCKDEV\x10\b*<\n" +
+	"\tDelegKind\x12\x0e\n" +
+	"\n" +
+	"DELEG_NONE\x10\x00\x12\x0e\n" +
+	"\n" +
+	"DELEG_READ\x10\x01\x12\x0f\n" +
+	"\vDELEG_WRITE\x10\x022\xb4\b\n" +
 	"\n" +
 	"FileServer\x127\n" +
 	"\aConnect\x12\x13.hoard.v1.ClientMsg\x1a\x13.hoard.v1.ServerMsg(\x010\x01\x129\n" +
@@ -2860,7 +3432,10 @@ const file_hoard_proto_rawDesc = "" +
 	"\aSetAttr\x12\x18.hoard.v1.SetAttrRequest\x1a\x16.hoard.v1.SetAttrReply\x128\n" +
 	"\x06StatFS\x12\x17.hoard.v1.StatFSRequest\x1a\x15.hoard.v1.StatFSReply\x127\n" +
 	"\x05Fetch\x12\x16.hoard.v1.FetchRequest\x1a\x14.hoard.v1.FetchReply0\x01\x127\n" +
-	"\x05Store\x12\x16.hoard.v1.StoreRequest\x1a\x14.hoard.v1.StoreReply(\x01B\"Z github.com/hoardfs/hoard/hoardpbb\x06proto3"
+	"\x05Store\x12\x16.hoard.v1.StoreRequest\x1a\x14.hoard.v1.StoreReply(\x01\x122\n" +
+	"\x04Open\x12\x15.hoard.v1.OpenRequest\x1a\x13.hoard.v1.OpenReply\x125\n" +
+	"\x05Close\x12\x16.hoard.v1.CloseRequest\x1a\x14.hoard.v1.CloseReply\x128\n" +
+	"\x06Return\x12\x17.hoard.v1.ReturnRequest\x1a\x15.hoard.v1.ReturnReplyB\"Z github.com/hoardfs/hoard/hoardpbb\x06proto3"
 
 var (
 	file_hoard_proto_rawDescOnce sync.Once
@@ -2874,132 +3449,156 @@ func file_hoard_proto_rawDescGZIP() []byte {
 	return file_hoard_proto_rawDescData
 }
 
-var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_hoard_proto_goTypes = []any{
 	(FileType)(0),               // 0: hoard.v1.FileType
-	(*FID)(nil),                 // 1: hoard.v1.FID
-	(*Status)(nil),              // 2: hoard.v1.Status
-	(*Error)(nil),               // 3: hoard.v1.Error
-	(*ClientMsg)(nil),           // 4: hoard.v1.ClientMsg
-	(*Hello)(nil),               // 5: hoard.v1.Hello
-	(*Ack)(nil),                 // 6: hoard.v1.Ack
-	(*ServerMsg)(nil),           // 7: hoard.v1.ServerMsg
-	(*Welcome)(nil),             // 8: hoard.v1.Welcome
-	(*Break)(nil),               // 9: hoard.v1.Break
-	(*Reset)(nil),               // 10: hoard.v1.Reset
-	(*Ping)(nil),                // 11: hoard.v1.Ping
-	(*Volume)(nil),              // 12: hoard.v1.Volume
-	(*GetVolumeRequest)(nil),    // 13: hoard.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),  // 14: hoard.v1.ListVolumesRequest
-	(*ListVolumesReply)(nil),    // 15: hoard.v1.ListVolumesReply
-	(*CreateVolumeRequest)(nil), // 16: hoard.v1.CreateVolumeRequest
-	(*LookupRequest)(nil),       // 17: hoard.v1.LookupRequest
-	(*LookupReply)(nil),         // 18: hoard.v1.LookupReply
-	(*GetStatusRequest)(nil),    // 19: hoard.v1.GetStatusRequest
-	(*StatusResult)(nil),        // 20: hoard.v1.StatusResult
-	(*GetStatusReply)(nil),      // 21: hoard.v1.GetStatusReply
-	(*ReadDirRequest)(nil),      // 22: hoard.v1.ReadDirRequest
-	(*DirEntry)(nil),            // 23: hoard.v1.DirEntry
-	(*ReadDirReply)(nil),        // 24: hoard.v1.ReadDirReply
-	(*CreateRequest)(nil),       // 25: hoard.v1.CreateRequest
-	(*CreateReply)(nil),         // 26: hoard.v1.CreateReply
-	(*LinkRequest)(nil),         // 27: hoard.v1.LinkRequest
-	(*LinkReply)(nil),           // 28: hoard.v1.LinkReply
-	(*RemoveRequest)(nil),       // 29: hoard.v1.RemoveRequest
-	(*RemoveReply)(nil),         // 30: hoard.v1.RemoveReply
-	(*RenameRequest)(nil),       // 31: hoard.v1.RenameRequest
-	(*RenameReply)(nil),         // 32: hoard.v1.RenameReply
-	(*SetAttrRequest)(nil),      // 33: hoard.v1.SetAttrRequest
-	(*SetAttrReply)(nil),        // 34: hoard.v1.SetAttrReply
-	(*StatFSRequest)(nil),       // 35: hoard.v1.StatFSRequest
-	(*StatFSReply)(nil),         // 36: hoard.v1.StatFSReply
-	(*FetchRequest)(nil),        // 37: hoard.v1.FetchRequest
-	(*FetchReply)(nil),          // 38: hoard.v1.FetchReply
-	(*StoreRequest)(nil),        // 39: hoard.v1.StoreRequest
-	(*StoreReply)(nil),          // 40: hoard.v1.StoreReply
+	(DelegKind)(0),              // 1: hoard.v1.DelegKind
+	(*FID)(nil),                 // 2: hoard.v1.FID
+	(*Status)(nil),              // 3: hoard.v1.Status
+	(*Error)(nil),               // 4: hoard.v1.Error
+	(*ClientMsg)(nil),           // 5: hoard.v1.ClientMsg
+	(*Hello)(nil),               // 6: hoard.v1.Hello
+	(*Ack)(nil),                 // 7: hoard.v1.Ack
+	(*ServerMsg)(nil),           // 8: hoard.v1.ServerMsg
+	(*Welcome)(nil),             // 9: hoard.v1.Welcome
+	(*Break)(nil),               // 10: hoard.v1.Break
+	(*Reset)(nil),               // 11: hoard.v1.Reset
+	(*Recall)(nil),              // 12: hoard.v1.Recall
+	(*Revoke)(nil),              // 13: hoard.v1.Revoke
+	(*Ping)(nil),                // 14: hoard.v1.Ping
+	(*Volume)(nil),              // 15: hoard.v1.Volume
+	(*GetVolumeRequest)(nil),    // 16: hoard.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),  // 17: hoard.v1.ListVolumesRequest
+	(*ListVolumesReply)(nil),    // 18: hoard.v1.ListVolumesReply
+	(*CreateVolumeRequest)(nil), // 19: hoard.v1.CreateVolumeRequest
+	(*LookupRequest)(nil),       // 20: hoard.v1.LookupRequest
+	(*LookupReply)(nil),         // 21: hoard.v1.LookupReply
+	(*GetStatusRequest)(nil),    // 22: hoard.v1.GetStatusRequest
+	(*StatusResult)(nil),        // 23: hoard.v1.StatusResult
+	(*GetStatusReply)(nil),      // 24: hoard.v1.GetStatusReply
+	(*ReadDirRequest)(nil),      // 25: hoard.v1.ReadDirRequest
+	(*DirEntry)(nil),            // 26: hoard.v1.DirEntry
+	(*ReadDirReply)(nil),        // 27: hoard.v1.ReadDirReply
+	(*CreateRequest)(nil),       // 28: hoard.v1.CreateRequest
+	(*CreateReply)(nil),         // 29: hoard.v1.CreateReply
+	(*LinkRequest)(nil),         // 30: hoard.v1.LinkRequest
+	(*LinkReply)(nil),           // 31: hoard.v1.LinkReply
+	(*RemoveRequest)(nil),       // 32: hoard.v1.RemoveRequest
+	(*RemoveReply)(nil),         // 33: hoard.v1.RemoveReply
+	(*RenameRequest)(nil),       // 34: hoard.v1.RenameRequest
+	(*RenameReply)(nil),         // 35: hoard.v1.RenameReply
+	(*SetAttrRequest)(nil),      // 36: hoard.v1.SetAttrRequest
+	(*SetAttrReply)(nil),        // 37: hoard.v1.SetAttrReply
+	(*StatFSRequest)(nil),       // 38: hoard.v1.StatFSRequest
+	(*StatFSReply)(nil),         // 39: hoard.v1.StatFSReply
+	(*FetchRequest)(nil),        // 40: hoard.v1.FetchRequest
+	(*FetchReply)(nil),          // 41: hoard.v1.FetchReply
+	(*StoreRequest)(nil),        // 42: hoard.v1.StoreRequest
+	(*StoreReply)(nil),          // 43: hoard.v1.StoreReply
+	(*OpenRequest)(nil),         // 44: hoard.v1.OpenRequest
+	(*OpenReply)(nil),           // 45: hoard.v1.OpenReply
+	(*CloseRequest)(nil),        // 46: hoard.v1.CloseRequest
+	(*CloseReply)(nil),          // 47: hoard.v1.CloseReply
+	(*ReturnRequest)(nil),       // 48: hoard.v1.ReturnRequest
+	(*ReturnReply)(nil),         // 49: hoard.v1.ReturnReply
 }
 var file_hoard_proto_depIdxs = []int32{
-	1,  // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
+	2,  // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
 	0,  // 1: hoard.v1.Status.type:type_name -> hoard.v1.FileType
-	5,  // 2: hoard.v1.ClientMsg.hello:type_name -> hoard.v1.Hello
-	6,  // 3: hoard.v1.ClientMsg.ack:type_name -> hoard.v1.Ack
-	8,  // 4: hoard.v1.ServerMsg.welcome:type_name -> hoard.v1.Welcome
-	9,  // 5: hoard.v1.ServerMsg.break:type_name -> hoard.v1.Break
-	10, // 6: hoard.v1.ServerMsg.reset:type_name -> hoard.v1.Reset
-	11, // 7: hoard.v1.ServerMsg.ping:type_name -> hoard.v1.Ping
-	1,  // 8: hoard.v1.Break.fids:type_name -> hoard.v1.FID
-	1,  // 9: hoard.v1.Volume.root:type_name -> hoard.v1.FID
-	12, // 10: hoard.v1.ListVolumesReply.volumes:type_name -> hoard.v1.Volume
-	1,  // 11: hoard.v1.LookupRequest.dir:type_name -> hoard.v1.FID
-	2,  // 12: hoard.v1.LookupReply.status:type_name -> hoard.v1.Status
-	2,  // 13: hoard.v1.LookupReply.dir:type_name -> hoard.v1.Status
-	1,  // 14: hoard.v1.GetStatusRequest.fids:type_name -> hoard.v1.FID
-	2,  // 15: hoard.v1.StatusResult.status:type_name -> hoard.v1.Status
-	20, // 16: hoard.v1.GetStatusReply.results:type_name -> hoard.v1.StatusResult
-	1,  // 17: hoard.v1.ReadDirRequest.dir:type_name -> hoard.v1.FID
-	1,  // 18: hoard.v1.DirEntry.fid:type_name -> hoard.v1.FID
-	0,  // 19: hoard.v1.DirEntry.type:type_name -> hoard.v1.FileType
-	23, // 20: hoard.v1.ReadDirReply.entries:type_name -> hoard.v1.DirEntry
-	2,  // 21: hoard.v1.ReadDirReply.dir:type_name -> hoard.v1.Status
-	1,  // 22: hoard.v1.CreateRequest.dir:type_name -> hoard.v1.FID
-	0,  // 23: hoard.v1.CreateRequest.type:type_name -> hoard.v1.FileType
-	2,  // 24: hoard.v1.CreateReply.status:type_name -> hoard.v1.Status
-	2,  // 25: hoard.v1.CreateReply.dir:type_name -> hoard.v1.Status
-	1,  // 26: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
-	1,  // 27: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
-	2,  // 28: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
-	2,  // 29: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
-	1,  // 30: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
-	2,  // 31: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
-	2,  // 32: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
-	1,  // 33: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
-	1,  // 34: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
-	2,  // 35: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
-	2,  // 36: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
-	2,  // 37: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
-	2,  // 38: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
-	1,  // 39: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
-	2,  // 40: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
-	1,  // 41: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
-	2,  // 42: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
-	1,  // 43: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
-	2,  // 44: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
-	4,  // 45: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
-	13, // 46: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
-	14, // 47: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
-	16, // 48: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
-	17, // 49: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
-	19, // 50: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
-	22, // 51: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
-	25, // 52: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
-	27, // 53: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
-	29, // 54: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
-	31, // 55: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
-	33, // 56: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
-	35, // 57: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
-	37, // 58: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
-	39, // 59: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
-	7,  // 60: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
-	12, // 61: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
-	15, // 62: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
-	12, // 63: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
-	18, // 64: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
-	21, // 65: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
-	24, // 66: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
-	26, // 67: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
-	28, // 68: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
-	30, // 69: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
-	32, // 70: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
-	34, // 71: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
-	36, // 72: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
-	38, // 73: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
-	40, // 74: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
-	60, // [60:75] is the sub-list for method output_type
-	45, // [45:60] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	6,  // 2: hoard.v1.ClientMsg.hello:type_name -> hoard.v1.Hello
+	7,  // 3: hoard.v1.ClientMsg.ack:type_name -> hoard.v1.Ack
+	9,  // 4: hoard.v1.ServerMsg.welcome:type_name -> hoard.v1.Welcome
+	10, // 5: hoard.v1.ServerMsg.break:type_name -> hoard.v1.Break
+	11, // 6: hoard.v1.ServerMsg.reset:type_name -> hoard.v1.Reset
+	14, // 7: hoard.v1.ServerMsg.ping:type_name -> hoard.v1.Ping
+	12, // 8: hoard.v1.ServerMsg.recall:type_name -> hoard.v1.Recall
+	13, // 9: hoard.v1.ServerMsg.revoke:type_name -> hoard.v1.Revoke
+	2,  // 10: hoard.v1.Break.fids:type_name -> hoard.v1.FID
+	2,  // 11: hoard.v1.Recall.fids:type_name -> hoard.v1.FID
+	2,  // 12: hoard.v1.Revoke.fids:type_name -> hoard.v1.FID
+	2,  // 13: hoard.v1.Volume.root:type_name -> hoard.v1.FID
+	15, // 14: hoard.v1.ListVolumesReply.volumes:type_name -> hoard.v1.Volume
+	2,  // 15: hoard.v1.LookupRequest.dir:type_name -> hoard.v1.FID
+	3,  // 16: hoard.v1.LookupReply.status:type_name -> hoard.v1.Status
+	3,  // 17: hoard.v1.LookupReply.dir:type_name -> hoard.v1.Status
+	2,  // 18: hoard.v1.GetStatusRequest.fids:type_name -> hoard.v1.FID
+	3,  // 19: hoard.v1.StatusResult.status:type_name -> hoard.v1.Status
+	23, // 20: hoard.v1.GetStatusReply.results:type_name -> hoard.v1.StatusResult
+	2,  // 21: hoard.v1.ReadDirRequest.dir:type_name -> hoard.v1.FID
+	2,  // 22: hoard.v1.DirEntry.fid:type_name -> hoard.v1.FID
+	0,  // 23: hoard.v1.DirEntry.type:type_name -> hoard.v1.FileType
+	26, // 24: hoard.v1.ReadDirReply.entries:type_name -> hoard.v1.DirEntry
+	3,  // 25: hoard.v1.ReadDirReply.dir:type_name -> hoard.v1.Status
+	2,  // 26: hoard.v1.CreateRequest.dir:type_name -> hoard.v1.FID
+	0,  // 27: hoard.v1.CreateRequest.type:type_name -> hoard.v1.FileType
+	3,  // 28: hoard.v1.CreateReply.status:type_name -> hoard.v1.Status
+	3,  // 29: hoard.v1.CreateReply.dir:type_name -> hoard.v1.Status
+	2,  // 30: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
+	2,  // 31: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
+	3,  // 32: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
+	3,  // 33: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
+	2,  // 34: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
+	3,  // 35: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
+	3,  // 36: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
+	2,  // 37: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
+	2,  // 38: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
+	3,  // 39: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
+	3,  // 40: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
+	3,  // 41: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
+	3,  // 42: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
+	2,  // 43: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
+	3,  // 44: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
+	2,  // 45: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
+	3,  // 46: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
+	2,  // 47: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
+	3,  // 48: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
+	2,  // 49: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
+	3,  // 50: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
+	1,  // 51: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
+	2,  // 52: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
+	2,  // 53: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
+	5,  // 54: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
+	16, // 55: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
+	17, // 56: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
+	19, // 57: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
+	20, // 58: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
+	22, // 59: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
+	25, // 60: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
+	28, // 61: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
+	30, // 62: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
+	32, // 63: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
+	34, // 64: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
+	36, // 65: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
+	38, // 66: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
+	40, // 67: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
+	42, // 68: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
+	44, // 69: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
+	46, // 70: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
+	48, // 71: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
+	8,  // 72: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
+	15, // 73: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
+	18, // 74: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
+	15, // 75: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
+	21, // 76: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
+	24, // 77: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
+	27, // 78: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
+	29, // 79: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
+	31, // 80: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
+	33, // 81: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
+	35, // 82: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
+	37, // 83: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
+	39, // 84: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
+	41, // 85: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
+	43, // 86: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
+	45, // 87: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
+	47, // 88: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
+	49, // 89: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
+	72, // [72:90] is the sub-list for method output_type
+	54, // [54:72] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_hoard_proto_init() }
@@ -3016,14 +3615,16 @@ func file_hoard_proto_init() {
 		(*ServerMsg_Break)(nil),
 		(*ServerMsg_Reset_)(nil),
 		(*ServerMsg_Ping)(nil),
+		(*ServerMsg_Recall)(nil),
+		(*ServerMsg_Revoke)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoard_proto_rawDesc), len(file_hoard_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   40,
+			NumEnums:      2,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -43,6 +43,9 @@ const (
 	FileServer_StatFS_FullMethodName       = "/hoard.v1.FileServer/StatFS"
 	FileServer_Fetch_FullMethodName        = "/hoard.v1.FileServer/Fetch"
 	FileServer_Store_FullMethodName        = "/hoard.v1.FileServer/Store"
+	FileServer_Open_FullMethodName         = "/hoard.v1.FileServer/Open"
+	FileServer_Close_FullMethodName        = "/hoard.v1.FileServer/Close"
+	FileServer_Return_FullMethodName       = "/hoard.v1.FileServer/Return"
 )
 
 // FileServerClient is the client API for FileServer service.
@@ -64,6 +67,11 @@ type FileServerClient interface {
 	StatFS(ctx context.Context, in *StatFSRequest, opts ...grpc.CallOption) (*StatFSReply, error)
 	Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchReply], error)
 	Store(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[StoreRequest, StoreReply], error)
+	// Delegations: an open may come with one; opens made without one are
+	// closed with Close; a recalled (or no longer needed) one is returned.
+	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenReply, error)
+	Close(ctx context.Context, in *CloseRequest, opts ...grpc.CallOption) (*CloseReply, error)
+	Return(ctx context.Context, in *ReturnRequest, opts ...grpc.CallOption) (*ReturnReply, error)
 }
 
 type fileServerClient struct {
@@ -239,6 +247,36 @@ func (c *fileServerClient) Store(ctx context.Context, opts ...grpc.CallOption) (
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type FileServer_StoreClient = grpc.ClientStreamingClient[StoreRequest, StoreReply]
 
+func (c *fileServerClient) Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OpenReply)
+	err := c.cc.Invoke(ctx, FileServer_Open_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fileServerClient) Close(ctx context.Context, in *CloseRequest, opts ...grpc.CallOption) (*CloseReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CloseReply)
+	err := c.cc.Invoke(ctx, FileServer_Close_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fileServerClient) Return(ctx context.Context, in *ReturnRequest, opts ...grpc.CallOption) (*ReturnReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReturnReply)
+	err := c.cc.Invoke(ctx, FileServer_Return_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // FileServerServer is the server API for FileServer service.
 // All implementations must embed UnimplementedFileServerServer
 // for forward compatibility.
@@ -258,6 +296,11 @@ type FileServerServer interface {
 	StatFS(context.Context, *StatFSRequest) (*StatFSReply, error)
 	Fetch(*FetchRequest, grpc.ServerStreamingServer[FetchReply]) error
 	Store(grpc.ClientStreamingServer[StoreRequest, StoreReply]) error
+	// Delegations: an open may come with one; opens made without one are
+	// closed with Close; a recalled (or no longer needed) one is returned.
+	Open(context.Context, *OpenRequest) (*OpenReply, error)
+	Close(context.Context, *CloseRequest) (*CloseReply, error)
+	Return(context.Context, *ReturnRequest) (*ReturnReply, error)
 	mustEmbedUnimplementedFileServerServer()
 }
 
@@ -312,6 +355,15 @@ func (UnimplementedFileServerServer) Fetch(*FetchRequest, grpc.ServerStreamingSe
 }
 func (UnimplementedFileServerServer) Store(grpc.ClientStreamingServer[StoreRequest, StoreReply]) error {
 	return status.Error(codes.Unimplemented, "method Store not implemented")
+}
+func (UnimplementedFileServerServer) Open(context.Context, *OpenRequest) (*OpenReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Open not implemented")
+}
+func (UnimplementedFileServerServer) Close(context.Context, *CloseRequest) (*CloseReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Close not implemented")
+}
+func (UnimplementedFileServerServer) Return(context.Context, *ReturnRequest) (*ReturnReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Return not implemented")
 }
 func (UnimplementedFileServerServer) mustEmbedUnimplementedFileServerServer() {}
 func (UnimplementedFileServerServer) testEmbeddedByValue()                    {}
@@ -575,6 +627,60 @@ func _FileServer_Store_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type FileServer_StoreServer = grpc.ClientStreamingServer[StoreRequest, StoreReply]
 
+func _FileServer_Open_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).Open(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_Open_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).Open(ctx, req.(*OpenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FileServer_Close_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).Close(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_Close_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).Close(ctx, req.(*CloseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FileServer_Return_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReturnRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).Return(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_Return_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).Return(ctx, req.(*ReturnRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // FileServer_ServiceDesc is the grpc.ServiceDesc for FileServer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -629,6 +735,18 @@ var FileServer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "StatFS",
 			Handler:    _FileServer_StatFS_Handler,
+		},
+		{
+			MethodName: "Open",
+			Handler:    _FileServer_Open_Handler,
+		},
+		{
+			MethodName: "Close",
+			Handler:    _FileServer_Close_Handler,
+		},
+		{
+			MethodName: "Return",
+			Handler:    _FileServer_Return_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

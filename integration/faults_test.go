@@ -122,6 +122,11 @@ func TestServerRefusesBadRequests(t *testing.T) {
 			return err
 		}, syscall.EINVAL},
 		{"setattr with no mask", func() error { _, err := rpc.SetAttr(ctx, &pb.SetAttrRequest{Fid: root}); return err }, syscall.EINVAL},
+		{"open of no fid", func() error { _, err := rpc.Open(ctx, &pb.OpenRequest{}); return err }, syscall.EINVAL},
+		{"return with absurd opens", func() error {
+			_, err := rpc.Return(ctx, &pb.ReturnRequest{Fid: root, Readers: 1 << 30})
+			return err
+		}, syscall.EINVAL},
 		{"bulk status of nothing", func() error { _, err := rpc.GetStatus(ctx, &pb.GetStatusRequest{}); return err }, syscall.EINVAL},
 		{"volume by name and id", func() error {
 			_, err := rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: "root", Id: 1})

@@ -88,6 +88,9 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 		return replyError(conn, fmt.Errorf("fetch: zero fid: %w", syscall.EINVAL))
 	}
 	o := s.opFor(id)
+	if _, err := s.recallFor(context.Background(), o, false, req.FID); err != nil {
+		return replyError(conn, err)
+	}
 	// The reply is sent under the file's read lock, which a store waits
 	// for: a client that stops reading must not hold it for long.
 	conn.SetWriteDeadline(time.Now().Add(dataWriteTimeout))

@@ -55,7 +55,7 @@ func newFuzzServer(t testing.TB) (*Server, node.FID) {
 	cfg := DefaultConfig()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	s := New(store, cfg)
-	t.Cleanup(s.Close)
+	t.Cleanup(s.Shutdown)
 	return s, st.FID
 }
 
@@ -86,9 +86,12 @@ func FuzzRequests(f *testing.F) {
 	seed(10, &pb.GetVolumeRequest{Name: "root", Id: 1})
 	seed(11, &pb.CreateVolumeRequest{Name: "v/../x"})
 	seed(12, &pb.StatFSRequest{Volume: 99})
+	seed(13, &pb.OpenRequest{Fid: fid, Write: true})
+	seed(14, &pb.CloseRequest{Fid: root})
+	seed(15, &pb.ReturnRequest{Fid: fid, State: 1, Readers: 1 << 30})
 	ctx := context.Background()
 	f.Fuzz(func(t *testing.T, kind uint8, data []byte) {
-		switch kind % 13 {
+		switch kind % 16 {
 		case 0:
 			m := &pb.LookupRequest{}
 			if proto.Unmarshal(data, m) == nil {
@@ -153,6 +156,21 @@ func FuzzRequests(f *testing.F) {
 			m := &pb.StatFSRequest{}
 			if proto.Unmarshal(data, m) == nil {
 				s.StatFS(ctx, m)
+			}
+		case 13:
+			m := &pb.OpenRequest{}
+			if proto.Unmarshal(data, m) == nil {
+				s.Open(ctx, m)
+			}
+		case 14:
+			m := &pb.CloseRequest{}
+			if proto.Unmarshal(data, m) == nil {
+				s.Close(ctx, m)
+			}
+		case 15:
+			m := &pb.ReturnRequest{}
+			if proto.Unmarshal(data, m) == nil {
+				s.Return(ctx, m)
 			}
 		}
 	})

@@ -75,6 +75,13 @@ func (s *Server) Lookup(ctx context.Context, req *pb.LookupRequest) (*pb.LookupR
 	if err != nil {
 		return nil, s.fail("Lookup", err)
 	}
+	if waited, err := s.recallFor(ctx, o, false, child.FID); err != nil {
+		return nil, err
+	} else if waited {
+		if child, d, err = s.store.Lookup(dir, req.Name); err != nil {
+			return nil, s.fail("Lookup", err)
+		}
+	}
 	return &pb.LookupReply{Status: o.status(child), Dir: o.status(d)}, nil
 }
 
@@ -84,6 +91,15 @@ func (s *Server) GetStatus(ctx context.Context, req *pb.GetStatusRequest) (*pb.G
 	}
 	o, err := s.begin(ctx)
 	if err != nil {
+		return nil, err
+	}
+	fids := make([]node.FID, 0, len(req.Fids))
+	for _, pf := range req.Fids {
+		if f, err := checkFID("get status", pf); err == nil {
+			fids = append(fids, f)
+		}
+	}
+	if _, err := s.recallFor(ctx, o, false, fids...); err != nil {
 		return nil, err
 	}
 	out := &pb.GetStatusReply{Results: make([]*pb.StatusResult, len(req.Fids))}
@@ -160,6 +176,9 @@ func (s *Server) Link(ctx context.Context, req *pb.LinkRequest) (*pb.LinkReply, 
 	if err != nil {
 		return nil, err
 	}
+	if _, err := s.recallFor(ctx, o, true, target); err != nil {
+		return nil, err
+	}
 	st, d, err := s.store.Link(dir, req.Name, target)
 	if err != nil {
 		return nil, s.fail("Link", err)
@@ -176,6 +195,11 @@ func (s *Server) Remove(ctx context.Context, req *pb.RemoveRequest) (*pb.RemoveR
 	o, err := s.beginChange(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if child, _, err := s.store.Lookup(dir, req.Name); err == nil {
+		if _, err := s.recallFor(ctx, o, true, child.FID); err != nil {
+			return nil, err
+		}
 	}
 	d, st, err := s.store.Remove(dir, req.Name, req.DirOnly)
 	if err != nil {
@@ -196,6 +220,16 @@ func (s *Server) Rename(ctx context.Context, req *pb.RenameRequest) (*pb.RenameR
 	}
 	o, err := s.beginChange(ctx)
 	if err != nil {
+		return nil, err
+	}
+	var named []node.FID
+	if moved, _, err := s.store.Lookup(src, req.SrcName); err == nil {
+		named = append(named, moved.FID)
+	}
+	if replaced, _, err := s.store.Lookup(dst, req.DstName); err == nil {
+		named = append(named, replaced.FID)
+	}
+	if _, err := s.recallFor(ctx, o, true, named...); err != nil {
 		return nil, err
 	}
 	res, err := s.store.Rename(src, req.SrcName, dst, req.DstName)
@@ -223,6 +257,9 @@ func (s *Server) SetAttr(ctx context.Context, req *pb.SetAttrRequest) (*pb.SetAt
 	}
 	o, err := s.beginChange(ctx)
 	if err != nil {
+		return nil, err
+	}
+	if _, err := s.recallFor(ctx, o, true, f); err != nil {
 		return nil, err
 	}
 	st, err := s.store.SetAttr(f, vnode.Change{Mask: req.Mask, Mode: req.Mode, UID: req.Uid, GID: req.Gid,
@@ -263,6 +300,9 @@ func (s *Server) Fetch(req *pb.FetchRequest, stream pb.FileServer_FetchServer) e
 	piece = min(piece, maxPiece)
 	o, err := s.begin(stream.Context())
 	if err != nil {
+		return err
+	}
+	if _, err := s.recallFor(stream.Context(), o, false, f); err != nil {
 		return err
 	}
 	st, err := s.store.GetStatus(f)
@@ -369,6 +409,16 @@ func (s *Server) beginStore(hdr *pb.StoreRequest) (node.FID, *vnode.Update, erro
 // commitStore commits a staged store and breaks the promises on the file
 // before the store is acknowledged.
 func (s *Server) commitStore(ctx context.Context, o *op, f node.FID, u *vnode.Update, hdr *pb.StoreRequest) (node.Status, error) {
+	// A store under a delegation is accepted only while the client holds
+	// it; any other store waits for other clients' delegations first.
+	if err := s.checkDelegation(o, f, hdr.DelegState); err != nil {
+		return node.Status{}, err
+	}
+	if hdr.DelegState == 0 {
+		if _, err := s.recallFor(ctx, o, true, f); err != nil {
+			return node.Status{}, err
+		}
+	}
 	var mtime time.Time
 	if hdr.MtimeNs != 0 {
 		mtime = time.Unix(0, hdr.MtimeNs)

@@ -40,13 +40,16 @@ type Config struct {
 	// from the previous server life reconnect within it and drop them, so
 	// no change is acknowledged while one of them could still trust a
 	// promise this server no longer knows (NFSv4 has a grace period too).
-	Grace  time.Duration
+	Grace time.Duration
+	// Lease is how long a delegation outlives its holder's last request,
+	// and how long a recall may go unanswered; 0: no delegations.
+	Lease  time.Duration
 	Logger *slog.Logger
 }
 
 // DefaultConfig is what `hoard server` uses unless told otherwise.
 func DefaultConfig() Config {
-	return Config{PromiseTTL: 10 * time.Minute, BreakTimeout: 2 * time.Second, Ping: 5 * time.Second, MaxPromises: 1 << 20, Grace: 3 * time.Second}
+	return Config{PromiseTTL: 10 * time.Minute, BreakTimeout: 2 * time.Second, Ping: 5 * time.Second, MaxPromises: 1 << 20, Grace: 3 * time.Second, Lease: 30 * time.Second}
 }
 
 // Server implements hoardpb.FileServerServer.
@@ -82,7 +85,7 @@ func New(store *vnode.Store, cfg Config) *Server {
 		store:   store,
 		cfg:     cfg,
 		log:     cfg.Logger,
-		cb:      callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises}),
+		cb:      callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises, Lease: cfg.Lease}),
 		conns:   map[callback.ClientID]*conn{},
 		waiters: map[callback.Round]chan struct{}{},
 		wake:    make(chan struct{}, 1),
@@ -96,9 +99,9 @@ func New(store *vnode.Store, cfg Config) *Server {
 	return s
 }
 
-// Close stops the callback timer and drops every back channel; it may be
+// Shutdown stops the callback timer and drops every back channel; it may be
 // called more than once.
-func (s *Server) Close() {
+func (s *Server) Shutdown() {
 	s.closeOnce.Do(func() { close(s.stop) })
 	s.stopped.Wait()
 	s.mu.Lock()
@@ -165,6 +168,18 @@ func (s *Server) sendLocked(msgs []callback.Msg) {
 			out = &pb.ServerMsg{Msg: &pb.ServerMsg_Break{Break: &pb.Break{Seq: m.Seq, Fids: fids}}}
 		case callback.MsgReset:
 			out = &pb.ServerMsg{Msg: &pb.ServerMsg_Reset_{Reset_: &pb.Reset{}}}
+		case callback.MsgRecall:
+			fids := make([]*pb.FID, len(m.FIDs))
+			for i, f := range m.FIDs {
+				fids[i] = pb.FromFID(f)
+			}
+			out = &pb.ServerMsg{Msg: &pb.ServerMsg_Recall{Recall: &pb.Recall{Fids: fids, States: m.States}}}
+		case callback.MsgRevoke:
+			fids := make([]*pb.FID, len(m.FIDs))
+			for i, f := range m.FIDs {
+				fids[i] = pb.FromFID(f)
+			}
+			out = &pb.ServerMsg{Msg: &pb.ServerMsg_Revoke{Revoke: &pb.Revoke{Fids: fids, States: m.States}}}
 		default:
 			continue
 		}
@@ -222,7 +237,8 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 		dataAddr = *a
 	}
 	err = stream.Send(&pb.ServerMsg{Msg: &pb.ServerMsg_Welcome{Welcome: &pb.Welcome{
-		ClientId: uint64(id), Epoch: s.store.Epoch(), Version: pb.Version, PingMs: uint32(s.cfg.Ping / time.Millisecond), DataAddr: dataAddr}}})
+		ClientId: uint64(id), Epoch: s.store.Epoch(), Version: pb.Version, PingMs: uint32(s.cfg.Ping / time.Millisecond), DataAddr: dataAddr,
+		LeaseMs: uint32(s.cfg.Lease / time.Millisecond)}}})
 	if err != nil {
 		return err
 	}
@@ -233,12 +249,15 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 			if err != nil {
 				return
 			}
+			// Anything the client says renews its lease; an Ack with seq 0
+			// is how an idle holder of delegations keeps them.
+			s.mu.Lock()
+			s.cb.Renew(id, time.Now())
 			if a := m.GetAck(); a != nil {
-				s.mu.Lock()
 				s.cb.Ack(id, a.Seq, time.Now())
 				s.sendLocked(nil)
-				s.mu.Unlock()
 			}
+			s.mu.Unlock()
 		}
 	}()
 	go func() {
@@ -337,9 +356,12 @@ func (s *Server) begin(ctx context.Context) (*op, error) {
 	return s.opFor(id), nil
 }
 
+// opFor starts an operation of client id; every request renews the
+// client's delegation lease.
 func (s *Server) opFor(id callback.ClientID) *op {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.cb.Renew(id, time.Now())
 	return &op{s: s, id: id, since: s.cb.Seq()}
 }
 
@@ -366,22 +388,9 @@ func (o *op) status(st node.Status) *pb.Status {
 func (o *op) changed(ctx context.Context, fids ...node.FID) {
 	s := o.s
 	s.mu.Lock()
-	round, msgs := s.cb.Break(o.id, fids, time.Now())
-	var ch chan struct{}
-	if round != 0 && !s.cb.Done(round) {
-		ch = make(chan struct{})
-		s.waiters[round] = ch
-	}
-	s.sendLocked(msgs)
+	ch := s.waitLocked(s.cb.Break(o.id, fids, time.Now()))
 	s.mu.Unlock()
-	if ch == nil {
-		return
-	}
-	s.poke() // a new break timeout may be the earliest deadline
-	select {
-	case <-ch:
-	case <-ctx.Done():
-	}
+	s.await(ctx, ch)
 }
 
 // checkFID refuses a FID that cannot name anything.

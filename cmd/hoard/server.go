@@ -30,8 +30,8 @@ func serverCmd() *cobra.Command {
 			if data == "" {
 				return usagef("--data DIR is required")
 			}
-			if cfg.PromiseTTL <= 0 || cfg.BreakTimeout <= 0 || cfg.Ping <= 0 || cfg.Grace < 0 {
-				return usagef("--promise-ttl, --break-timeout and --ping must be positive, --grace not negative")
+			if cfg.PromiseTTL <= 0 || cfg.BreakTimeout <= 0 || cfg.Ping <= 0 || cfg.Grace < 0 || cfg.Lease < 0 {
+				return usagef("--promise-ttl, --break-timeout and --ping must be positive, --grace and --lease not negative")
 			}
 			if dataAdvertise != "" {
 				if dataListen == "none" {
@@ -72,7 +72,7 @@ func serverCmd() *cobra.Command {
 			}
 			cfg.Logger = slog.Default()
 			srv := server.New(store, cfg)
-			defer srv.Close()
+			defer srv.Shutdown()
 			g := grpc.NewServer(
 				grpc.MaxRecvMsgSize(16<<20),
 				grpc.InitialWindowSize(8<<20), grpc.InitialConnWindowSize(64<<20),
@@ -103,7 +103,7 @@ func serverCmd() *cobra.Command {
 			}
 			// Back channels never end on their own: give RPCs in flight a
 			// moment, then stop.
-			srv.Close()
+			srv.Shutdown()
 			done := make(chan struct{})
 			go func() { g.GracefulStop(); close(done) }()
 			select {
@@ -123,6 +123,7 @@ func serverCmd() *cobra.Command {
 	f.DurationVar(&cfg.PromiseTTL, "promise-ttl", cfg.PromiseTTL, "lifetime of a callback promise")
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break")
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
+	f.DurationVar(&cfg.Lease, "lease", cfg.Lease, "how long a delegation outlives its holder's last request, and how long a recall may go unanswered (0: no delegations)")
 	f.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after a start, how long changes wait for clients of the previous life to reconnect")
 	f.StringVar(&profile, "cpuprofile", "", "write a CPU profile here until the server stops")
 	f.MarkHidden("cpuprofile")

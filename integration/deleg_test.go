@@ -1,0 +1,174 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/hoardfs/hoard/hoardpb"
+)
+
+// rawClient is a protocol-level client: a back channel and its session,
+// for driving the server's delegation RPCs directly.
+type rawClient struct {
+	rpc  pb.FileServerClient
+	ctx  context.Context // carries the session
+	msgs chan *pb.ServerMsg
+	back pb.FileServer_ConnectClient
+	// lease from the Welcome
+	lease time.Duration
+}
+
+func dialRaw(t *testing.T, addr string) *rawClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	rc := &rawClient{rpc: pb.NewFileServerClient(conn), msgs: make(chan *pb.ServerMsg, 100)}
+	if rc.back, err = rc.rpc.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rc.back.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Hello{Hello: &pb.Hello{Version: pb.Version, Name: t.Name()}}})
+	first, err := rc.back.Recv()
+	if err != nil || first.GetWelcome() == nil {
+		t.Fatalf("welcome: %v %v", first, err)
+	}
+	w := first.GetWelcome()
+	rc.lease = time.Duration(w.LeaseMs) * time.Millisecond
+	rc.ctx = metadataCtx(ctx, fmtSession(w.Epoch, w.ClientId))
+	go func() {
+		for {
+			m, err := rc.back.Recv()
+			if err != nil {
+				close(rc.msgs)
+				return
+			}
+			if m.GetPing() == nil {
+				rc.msgs <- m
+			}
+		}
+	}()
+	return rc
+}
+
+// next is the next message other than a ping, within d.
+func (rc *rawClient) next(t *testing.T, d time.Duration) *pb.ServerMsg {
+	t.Helper()
+	select {
+	case m := <-rc.msgs:
+		return m
+	case <-time.After(d):
+		t.Fatalf("no message within %v", d)
+		return nil
+	}
+}
+
+func (rc *rawClient) store(fid *pb.FID, data []byte, state uint64) (*pb.StoreReply, error) {
+	s, err := rc.rpc.Store(rc.ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.Send(&pb.StoreRequest{Fid: fid, HasTruncate: true, HasSize: true, Size: uint64(len(data)), Data: data, DelegState: state, Sync: true})
+	return s.CloseAndRecv()
+}
+
+// The delegation protocol end to end against a real server: a lone writer
+// gets a write delegation; a reader's open waits while the writer is
+// recalled, stores under its delegation and returns it; the reader then
+// sees the stored bytes. A holder that stops talking loses its delegation
+// after the lease, the waiting opener goes on, and the holder's late
+// store is refused (EKEYEXPIRED).
+func TestDelegationProtocol(t *testing.T) {
+	srv := startServer(t, t.TempDir(), "--lease", "2s")
+	a, b := dialRaw(t, srv.addr), dialRaw(t, srv.addr)
+	if a.lease != 2*time.Second {
+		t.Fatalf("lease in the welcome: %v", a.lease)
+	}
+	vol, err := a.rpc.GetVolume(a.ctx, &pb.GetVolumeRequest{Name: "root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr, err := a.rpc.Create(a.ctx, &pb.CreateRequest{Dir: vol.Root, Name: "f", Type: pb.FileType_FILE_TYPE_FILE, Mode: 0o644})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fid := cr.Status.Fid
+	wa, err := a.rpc.Open(a.ctx, &pb.OpenRequest{Fid: fid, Write: true})
+	if err != nil || wa.Kind != pb.DelegKind_DELEG_WRITE || wa.State == 0 {
+		t.Fatalf("lone writer's open: %v %v", wa, err)
+	}
+	type result struct {
+		r   *pb.OpenReply
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := b.rpc.Open(b.ctx, &pb.OpenRequest{Fid: fid})
+		done <- result{r, err}
+	}()
+	m := a.next(t, 5*time.Second)
+	if rc := m.GetRecall(); rc == nil || len(rc.States) != 1 || rc.States[0] != wa.State {
+		t.Fatalf("holder got %v, want a recall of state %d", m, wa.State)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("reader's open answered before the return: %v", r)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// The holder flushes its dirty data under the delegation, then returns it.
+	if _, err := a.store(fid, []byte("written under a delegation"), wa.State); err != nil {
+		t.Fatalf("store under the recalled delegation: %v", err)
+	}
+	if rr, err := a.rpc.Return(a.ctx, &pb.ReturnRequest{Fid: fid, State: wa.State}); err != nil || !rr.Accepted {
+		t.Fatalf("return: %v %v", rr, err)
+	}
+	r := <-done
+	if r.err != nil || r.r.Status.Size != uint64(len("written under a delegation")) || r.r.Kind != pb.DelegKind_DELEG_READ {
+		t.Fatalf("reader's open after the return: %v %v", r.r, r.err)
+	}
+	// A returned delegation no longer covers stores.
+	if _, err := a.store(fid, []byte("late"), wa.State); pb.Errno(err) != syscall.EKEYEXPIRED {
+		t.Fatalf("store under a returned delegation: %v", err)
+	}
+
+	// A holder that goes silent: c takes a write delegation on g, and
+	// says nothing more.
+	c := dialRaw(t, srv.addr)
+	cg, _ := c.rpc.Create(c.ctx, &pb.CreateRequest{Dir: vol.Root, Name: "g", Type: pb.FileType_FILE_TYPE_FILE, Mode: 0o644})
+	wc, err := c.rpc.Open(c.ctx, &pb.OpenRequest{Fid: cg.Status.Fid, Write: true})
+	if err != nil || wc.Kind != pb.DelegKind_DELEG_WRITE {
+		t.Fatalf("silent holder's open: %v %v", wc, err)
+	}
+	start := time.Now()
+	rb, err := b.rpc.Open(b.ctx, &pb.OpenRequest{Fid: cg.Status.Fid, Write: true})
+	took := time.Since(start)
+	if err != nil || rb.Kind != pb.DelegKind_DELEG_WRITE {
+		t.Fatalf("open against a silent holder: %v %v", rb, err)
+	}
+	if took < time.Second || took > 5*time.Second {
+		t.Fatalf("open against a silent holder took %v with a 2 s lease", took)
+	}
+	if _, err := c.store(cg.Status.Fid, []byte("too late"), wc.State); pb.Errno(err) != syscall.EKEYEXPIRED {
+		t.Fatalf("late store under a revoked delegation: %v", err)
+	}
+	for m := range c.msgs {
+		if rv := m.GetRevoke(); rv != nil {
+			if len(rv.States) != 1 || rv.States[0] != wc.State {
+				t.Fatalf("revocation: %v", rv)
+			}
+			return
+		}
+	}
+	t.Fatal("the silent holder was never told of the revocation")
+}
+
+func fmtSession(epoch, id uint64) string { return fmt.Sprintf("%d.%d", epoch, id) }

@@ -1,0 +1,157 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/hoardfs/hoard/callback"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+)
+
+// Delegations: the RPCs that grant, close and return them, and the waits
+// that make other clients' operations go after a recall. The logic is in
+// callback.Server; this file only feeds it and waits.
+
+// ErrRevoked is the errno of a store made under a delegation the client no
+// longer holds (its lease ran out, or the recall went unanswered): the
+// client keeps the data under lost/ and reports EIO.
+const ErrRevoked = syscall.EKEYEXPIRED
+
+// Open opens fid for id, with a delegation when one can be had. The reply
+// waits until conflicting delegations of other clients are returned or
+// revoked (at most a lease after their recall).
+func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, error) {
+	f, err := checkFID("open", req.Fid)
+	if err != nil {
+		return nil, s.fail("Open", err)
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, err := s.store.GetStatus(f)
+	if err != nil {
+		return nil, s.fail("Open", err)
+	}
+	if st.Type != node.TypeFile || o.id == 0 {
+		return &pb.OpenReply{Status: o.status(st)}, nil // only files are delegated, only to known clients
+	}
+	for {
+		s.mu.Lock()
+		res, msgs := s.cb.Open(o.id, f, req.Write, time.Now())
+		r := s.waitLocked(res.Wait, msgs)
+		s.mu.Unlock()
+		if res.Wait == 0 {
+			// The status is read after the open was recorded: a holder's
+			// returned data is in it.
+			if st, err = s.store.GetStatus(f); err != nil {
+				return nil, s.fail("Open", err)
+			}
+			return &pb.OpenReply{Status: o.status(st), Kind: pb.DelegKind(res.Kind), State: res.State, Recorded: res.Recorded}, nil
+		}
+		if err := s.await(ctx, r); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// Close records the close of an open that came without a delegation.
+func (s *Server) Close(ctx context.Context, req *pb.CloseRequest) (*pb.CloseReply, error) {
+	f, err := checkFID("close", req.Fid)
+	if err != nil {
+		return nil, s.fail("Close", err)
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.cb.Close(o.id, f, req.Write)
+	s.mu.Unlock()
+	return &pb.CloseReply{}, nil
+}
+
+// Return takes back a delegation, after its holder stored its dirty data,
+// and lets the operations waiting for it go on.
+func (s *Server) Return(ctx context.Context, req *pb.ReturnRequest) (*pb.ReturnReply, error) {
+	f, err := checkFID("return", req.Fid)
+	if err != nil {
+		return nil, s.fail("Return", err)
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if req.Readers > 1<<20 || req.Writers > 1<<20 {
+		return nil, s.fail("Return", fmt.Errorf("return %v: %d readers, %d writers: %w", f, req.Readers, req.Writers, syscall.EINVAL))
+	}
+	s.mu.Lock()
+	ok := s.cb.Return(o.id, f, req.State, int(req.Readers), int(req.Writers), time.Now())
+	s.sendLocked(nil) // completes the rounds that waited for it
+	s.mu.Unlock()
+	return &pb.ReturnReply{Accepted: ok}, nil
+}
+
+// recallFor makes an operation of o's client on fids wait for other
+// clients' delegations: all of them before a change, the write ones before
+// a read of status or data. It reports whether it had to wait.
+func (s *Server) recallFor(ctx context.Context, o *op, change bool, fids ...node.FID) (bool, error) {
+	now := time.Now()
+	s.mu.Lock()
+	var r callback.Round
+	var msgs []callback.Msg
+	if change {
+		r, msgs = s.cb.Recall(o.id, fids, now)
+	} else {
+		r, msgs = s.cb.RecallWriters(o.id, fids, now)
+	}
+	ch := s.waitLocked(r, msgs)
+	s.mu.Unlock()
+	return ch != nil, s.await(ctx, ch)
+}
+
+// waitLocked sends msgs and returns the channel that closes when round r
+// completes (nil when r is 0 or already complete).
+func (s *Server) waitLocked(r callback.Round, msgs []callback.Msg) chan struct{} {
+	var ch chan struct{}
+	if r != 0 && !s.cb.Done(r) {
+		ch = make(chan struct{})
+		s.waiters[r] = ch
+	}
+	s.sendLocked(msgs)
+	if ch != nil {
+		s.poke() // its deadline (break timeout, recall) may be the earliest now
+	}
+	return ch
+}
+
+// await waits for ch (nil: nothing to wait for) or the end of ctx.
+func (s *Server) await(ctx context.Context, ch chan struct{}) error {
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// checkDelegation refuses a store made under a delegation the client no
+// longer holds.
+func (s *Server) checkDelegation(o *op, f node.FID, state uint64) error {
+	if state == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	ok := s.cb.Valid(o.id, f, state)
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("store %v: delegation %d revoked: %w", f, state, ErrRevoked)
+	}
+	return nil
+}
