@@ -3142,6 +3142,78 @@ func (x *ReturnRequest) GetWriters() uint32 {
 	return 0
 }
 
+type RenewRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewRequest) Reset() {
+	*x = RenewRequest{}
+	mi := &file_hoard_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewRequest) ProtoMessage() {}
+
+func (x *RenewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
+func (*RenewRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{47}
+}
+
+type RenewReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewReply) Reset() {
+	*x = RenewReply{}
+	mi := &file_hoard_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewReply) ProtoMessage() {}
+
+func (x *RenewReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewReply.ProtoReflect.Descriptor instead.
+func (*RenewReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{48}
+}
+
 type ReturnReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// False: the delegation was no longer held (revoked or replaced).
@@ -3152,7 +3224,7 @@ type ReturnReply struct {
 
 func (x *ReturnReply) Reset() {
 	*x = ReturnReply{}
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3164,7 +3236,7 @@ func (x *ReturnReply) String() string {
 func (*ReturnReply) ProtoMessage() {}
 
 func (x *ReturnReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3177,7 +3249,7 @@ func (x *ReturnReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnReply.ProtoReflect.Descriptor instead.
 func (*ReturnReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{47}
+	return file_hoard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ReturnReply) GetAccepted() bool {
@@ -3397,7 +3469,10 @@ const file_hoard_proto_rawDesc = "" +
 	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\x04R\x05state\x12\x18\n" +
 	"\areaders\x18\x03 \x01(\rR\areaders\x12\x18\n" +
-	"\awriters\x18\x04 \x01(\rR\awriters\")\n" +
+	"\awriters\x18\x04 \x01(\rR\awriters\"\x0e\n" +
+	"\fRenewRequest\"\f\n" +
+	"\n" +
+	"RenewReply\")\n" +
 	"\vReturnReply\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted*\xd6\x01\n" +
 	"\bFileType\x12\x19\n" +
@@ -3415,7 +3490,7 @@ const file_hoard_proto_rawDesc = "" +
 	"DELEG_NONE\x10\x00\x12\x0e\n" +
 	"\n" +
 	"DELEG_READ\x10\x01\x12\x0f\n" +
-	"\vDELEG_WRITE\x10\x022\xb4\b\n" +
+	"\vDELEG_WRITE\x10\x022\xeb\b\n" +
 	"\n" +
 	"FileServer\x127\n" +
 	"\aConnect\x12\x13.hoard.v1.ClientMsg\x1a\x13.hoard.v1.ServerMsg(\x010\x01\x129\n" +
@@ -3435,7 +3510,8 @@ const file_hoard_proto_rawDesc = "" +
 	"\x05Store\x12\x16.hoard.v1.StoreRequest\x1a\x14.hoard.v1.StoreReply(\x01\x122\n" +
 	"\x04Open\x12\x15.hoard.v1.OpenRequest\x1a\x13.hoard.v1.OpenReply\x125\n" +
 	"\x05Close\x12\x16.hoard.v1.CloseRequest\x1a\x14.hoard.v1.CloseReply\x128\n" +
-	"\x06Return\x12\x17.hoard.v1.ReturnRequest\x1a\x15.hoard.v1.ReturnReplyB\"Z github.com/hoardfs/hoard/hoardpbb\x06proto3"
+	"\x06Return\x12\x17.hoard.v1.ReturnRequest\x1a\x15.hoard.v1.ReturnReply\x125\n" +
+	"\x05Renew\x12\x16.hoard.v1.RenewRequest\x1a\x14.hoard.v1.RenewReplyB\"Z github.com/hoardfs/hoard/hoardpbb\x06proto3"
 
 var (
 	file_hoard_proto_rawDescOnce sync.Once
@@ -3450,7 +3526,7 @@ func file_hoard_proto_rawDescGZIP() []byte {
 }
 
 var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_hoard_proto_goTypes = []any{
 	(FileType)(0),               // 0: hoard.v1.FileType
 	(DelegKind)(0),              // 1: hoard.v1.DelegKind
@@ -3501,7 +3577,9 @@ var file_hoard_proto_goTypes = []any{
 	(*CloseRequest)(nil),        // 46: hoard.v1.CloseRequest
 	(*CloseReply)(nil),          // 47: hoard.v1.CloseReply
 	(*ReturnRequest)(nil),       // 48: hoard.v1.ReturnRequest
-	(*ReturnReply)(nil),         // 49: hoard.v1.ReturnReply
+	(*RenewRequest)(nil),        // 49: hoard.v1.RenewRequest
+	(*RenewReply)(nil),          // 50: hoard.v1.RenewReply
+	(*ReturnReply)(nil),         // 51: hoard.v1.ReturnReply
 }
 var file_hoard_proto_depIdxs = []int32{
 	2,  // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
@@ -3576,26 +3654,28 @@ var file_hoard_proto_depIdxs = []int32{
 	44, // 69: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
 	46, // 70: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
 	48, // 71: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
-	8,  // 72: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
-	15, // 73: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
-	18, // 74: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
-	15, // 75: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
-	21, // 76: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
-	24, // 77: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
-	27, // 78: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
-	29, // 79: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
-	31, // 80: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
-	33, // 81: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
-	35, // 82: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
-	37, // 83: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
-	39, // 84: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
-	41, // 85: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
-	43, // 86: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
-	45, // 87: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
-	47, // 88: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
-	49, // 89: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
-	72, // [72:90] is the sub-list for method output_type
-	54, // [54:72] is the sub-list for method input_type
+	49, // 72: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
+	8,  // 73: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
+	15, // 74: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
+	18, // 75: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
+	15, // 76: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
+	21, // 77: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
+	24, // 78: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
+	27, // 79: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
+	29, // 80: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
+	31, // 81: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
+	33, // 82: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
+	35, // 83: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
+	37, // 84: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
+	39, // 85: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
+	41, // 86: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
+	43, // 87: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
+	45, // 88: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
+	47, // 89: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
+	51, // 90: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
+	50, // 91: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
+	73, // [73:92] is the sub-list for method output_type
+	54, // [54:73] is the sub-list for method input_type
 	54, // [54:54] is the sub-list for extension type_name
 	54, // [54:54] is the sub-list for extension extendee
 	0,  // [0:54] is the sub-list for field type_name
@@ -3624,7 +3704,7 @@ func file_hoard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoard_proto_rawDesc), len(file_hoard_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   48,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

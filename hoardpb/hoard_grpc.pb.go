@@ -46,6 +46,7 @@ const (
 	FileServer_Open_FullMethodName         = "/hoard.v1.FileServer/Open"
 	FileServer_Close_FullMethodName        = "/hoard.v1.FileServer/Close"
 	FileServer_Return_FullMethodName       = "/hoard.v1.FileServer/Return"
+	FileServer_Renew_FullMethodName        = "/hoard.v1.FileServer/Renew"
 )
 
 // FileServerClient is the client API for FileServer service.
@@ -72,6 +73,11 @@ type FileServerClient interface {
 	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenReply, error)
 	Close(ctx context.Context, in *CloseRequest, opts ...grpc.CallOption) (*CloseReply, error)
 	Return(ctx context.Context, in *ReturnRequest, opts ...grpc.CallOption) (*ReturnReply, error)
+	// Renew does nothing but renew the lease: a client holding delegations
+	// and otherwise idle sends one every third of a lease. (Every request
+	// renews it; a client counts it renewed from the sending time of one
+	// that was answered.)
+	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewReply, error)
 }
 
 type fileServerClient struct {
@@ -277,6 +283,16 @@ func (c *fileServerClient) Return(ctx context.Context, in *ReturnRequest, opts .
 	return out, nil
 }
 
+func (c *fileServerClient) Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RenewReply)
+	err := c.cc.Invoke(ctx, FileServer_Renew_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // FileServerServer is the server API for FileServer service.
 // All implementations must embed UnimplementedFileServerServer
 // for forward compatibility.
@@ -301,6 +317,11 @@ type FileServerServer interface {
 	Open(context.Context, *OpenRequest) (*OpenReply, error)
 	Close(context.Context, *CloseRequest) (*CloseReply, error)
 	Return(context.Context, *ReturnRequest) (*ReturnReply, error)
+	// Renew does nothing but renew the lease: a client holding delegations
+	// and otherwise idle sends one every third of a lease. (Every request
+	// renews it; a client counts it renewed from the sending time of one
+	// that was answered.)
+	Renew(context.Context, *RenewRequest) (*RenewReply, error)
 	mustEmbedUnimplementedFileServerServer()
 }
 
@@ -364,6 +385,9 @@ func (UnimplementedFileServerServer) Close(context.Context, *CloseRequest) (*Clo
 }
 func (UnimplementedFileServerServer) Return(context.Context, *ReturnRequest) (*ReturnReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Return not implemented")
+}
+func (UnimplementedFileServerServer) Renew(context.Context, *RenewRequest) (*RenewReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Renew not implemented")
 }
 func (UnimplementedFileServerServer) mustEmbedUnimplementedFileServerServer() {}
 func (UnimplementedFileServerServer) testEmbeddedByValue()                    {}
@@ -681,6 +705,24 @@ func _FileServer_Return_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FileServer_Renew_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).Renew(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_Renew_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).Renew(ctx, req.(*RenewRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // FileServer_ServiceDesc is the grpc.ServiceDesc for FileServer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -747,6 +789,10 @@ var FileServer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Return",
 			Handler:    _FileServer_Return_Handler,
+		},
+		{
+			MethodName: "Renew",
+			Handler:    _FileServer_Renew_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

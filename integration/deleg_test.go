@@ -140,6 +140,25 @@ func TestDelegationProtocol(t *testing.T) {
 		t.Fatalf("store under a returned delegation: %v", err)
 	}
 
+	// The reader is done with the file and gives its delegation back.
+	if rr, err := b.rpc.Return(b.ctx, &pb.ReturnRequest{Fid: fid, State: r.r.State}); err != nil || !rr.Accepted {
+		t.Fatalf("reader's return: %v %v", rr, err)
+	}
+	// A holder that keeps renewing keeps its delegation past the lease.
+	wa2, err := a.rpc.Open(a.ctx, &pb.OpenRequest{Fid: cr.Status.Fid, Write: true})
+	if err != nil || wa2.Kind != pb.DelegKind_DELEG_WRITE {
+		t.Fatalf("writer's second open: %v %v", wa2, err)
+	}
+	for i := 0; i < 6; i++ {
+		time.Sleep(500 * time.Millisecond)
+		if _, err := a.rpc.Renew(a.ctx, &pb.RenewRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rr, err := a.rpc.Return(a.ctx, &pb.ReturnRequest{Fid: fid, State: wa2.State}); err != nil || !rr.Accepted {
+		t.Fatalf("a renewed delegation was lost after 3 s with a 2 s lease: %v %v", rr, err)
+	}
+
 	// A holder that goes silent: c takes a write delegation on g, and
 	// says nothing more.
 	c := dialRaw(t, srv.addr)

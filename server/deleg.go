@@ -95,6 +95,14 @@ func (s *Server) Return(ctx context.Context, req *pb.ReturnRequest) (*pb.ReturnR
 	return &pb.ReturnReply{Accepted: ok}, nil
 }
 
+// Renew renews the caller's lease, as every request does.
+func (s *Server) Renew(ctx context.Context, req *pb.RenewRequest) (*pb.RenewReply, error) {
+	if _, err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	return &pb.RenewReply{}, nil
+}
+
 // recallFor makes an operation of o's client on fids wait for other
 // clients' delegations: all of them before a change, the write ones before
 // a read of status or data. It reports whether it had to wait.

@@ -91,7 +91,7 @@ func FuzzRequests(f *testing.F) {
 	seed(15, &pb.ReturnRequest{Fid: fid, State: 1, Readers: 1 << 30})
 	ctx := context.Background()
 	f.Fuzz(func(t *testing.T, kind uint8, data []byte) {
-		switch kind % 16 {
+		switch kind % 17 {
 		case 0:
 			m := &pb.LookupRequest{}
 			if proto.Unmarshal(data, m) == nil {
@@ -171,6 +171,11 @@ func FuzzRequests(f *testing.F) {
 			m := &pb.ReturnRequest{}
 			if proto.Unmarshal(data, m) == nil {
 				s.Return(ctx, m)
+			}
+		case 16:
+			m := &pb.RenewRequest{}
+			if proto.Unmarshal(data, m) == nil {
+				s.Renew(ctx, m)
 			}
 		}
 	})
