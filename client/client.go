@@ -60,6 +60,9 @@ type Options struct {
 	// NoDataChannel keeps file contents on the gRPC connection.
 	DataStreams   int
 	NoDataChannel bool
+	// NoDelegations takes none: every open and close asks the server, and
+	// Close stores the file's writes (the behaviour before delegations).
+	NoDelegations bool
 	// Name identifies this client in the server's logs.
 	Name   string
 	Logger *slog.Logger
