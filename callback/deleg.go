@@ -360,9 +360,71 @@ func (s *Server) revokeExpired(now time.Time) []Msg {
 			m.FIDs = append(m.FIDs, d.fid)
 			m.States = append(m.States, d.state)
 		}
+		if c.gone {
+			if len(c.delegs) == 0 {
+				delete(s.clients, id)
+			}
+			continue
+		}
 		msgs = append(msgs, m)
 	}
 	return msgs
+}
+
+// Reclaim hands id, on a new session, the delegation state on fid that a
+// session of the same client left behind (Disconnect). It fails if that
+// delegation is gone: revoked after the lease, so another client may have
+// opened the file since. A recalled one stays recalled, and the recall is
+// sent again to its new holder.
+func (s *Server) Reclaim(id ClientID, fid node.FID, state uint64, now time.Time) (Held, []Msg, bool) {
+	c := s.clients[id]
+	if c == nil || c.gone {
+		return Held{}, nil, false
+	}
+	s.Renew(id, now)
+	var d *deleg
+	for _, o := range s.delegsByFID[fid] {
+		if o.state == state && s.clients[o.client].gone && s.clients[o.client].name == c.name {
+			d = o
+		}
+	}
+	if d == nil {
+		return Held{}, nil, false
+	}
+	old := s.clients[d.client]
+	delete(old.delegs, fid)
+	delete(s.delegsByFID[fid], d.client)
+	if len(old.delegs) == 0 {
+		delete(s.clients, d.client)
+	}
+	if own := c.delegs[fid]; own != nil {
+		s.dropDeleg(own)
+	}
+	d.client = id
+	c.delegs[fid] = d
+	s.delegsByFID[fid][id] = d
+	h := Held{FID: fid, Kind: d.kind, State: d.state, Recalled: !d.recalled.IsZero()}
+	var msgs []Msg
+	if h.Recalled {
+		msgs = []Msg{{Kind: MsgRecall, Client: id, FIDs: []node.FID{fid}, States: []uint64{state}}}
+	}
+	return h, msgs, true
+}
+
+// readRecallOverdue reports a client that left the recall of a read
+// delegation unanswered for BreakTimeout: with nothing to store first, it
+// is as unresponsive as one that does not acknowledge a break. (A write
+// delegation's holder may have much to store: it has a lease.)
+func (s *Server) readRecallOverdue(c *clientState, now time.Time) bool {
+	if s.cfg.BreakTimeout <= 0 {
+		return false
+	}
+	for _, d := range c.delegs {
+		if d.kind == DelegRead && !d.recalled.IsZero() && !d.recalled.Add(s.cfg.BreakTimeout).After(now) {
+			return true
+		}
+	}
+	return false
 }
 
 // delegDeadline is the earliest lease or recall expiry; zero if none.
@@ -380,7 +442,11 @@ func (s *Server) delegDeadline() time.Time {
 		earlier(c.leaseEnd)
 		for _, d := range c.delegs {
 			if !d.recalled.IsZero() {
-				earlier(d.recalled.Add(s.cfg.Lease))
+				if d.kind == DelegRead && s.cfg.BreakTimeout > 0 {
+					earlier(d.recalled.Add(s.cfg.BreakTimeout))
+				} else {
+					earlier(d.recalled.Add(s.cfg.Lease))
+				}
 			}
 		}
 	}

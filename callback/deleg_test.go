@@ -22,7 +22,7 @@ func open(t *testing.T, s *Server, id ClientID, f node.FID, write bool, now time
 
 func TestReadDelegationsShared(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect(t0), s.Connect(t0)
+	a, b := s.Connect("", t0), s.Connect("", t0)
 	ra := open(t, s, a, fid(1), false, t0)
 	rb := open(t, s, b, fid(1), false, t0)
 	if ra.Kind != DelegRead || rb.Kind != DelegRead || ra.State == rb.State || ra.Recorded || rb.Recorded {
@@ -42,7 +42,7 @@ func TestReadDelegationsShared(t *testing.T) {
 // then opens without a delegation (a writer has the file open).
 func TestWriteDelegationRecalledByReader(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect(t0), s.Connect(t0)
+	a, b := s.Connect("", t0), s.Connect("", t0)
 	wa := open(t, s, a, fid(1), true, t0)
 	if wa.Kind != DelegWrite {
 		t.Fatalf("lone writer: %+v", wa)
@@ -84,7 +84,7 @@ func TestWriteDelegationRecalledByReader(t *testing.T) {
 
 func TestWriteOpenRecallsReadDelegations(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b, c := s.Connect(t0), s.Connect(t0), s.Connect(t0)
+	a, b, c := s.Connect("", t0), s.Connect("", t0), s.Connect("", t0)
 	ra := open(t, s, a, fid(1), false, t0)
 	rb := open(t, s, b, fid(1), false, t0)
 	res, msgs := s.Open(c, fid(1), true, t0)
@@ -108,7 +108,7 @@ func TestWriteOpenRecallsReadDelegations(t *testing.T) {
 // arriving meanwhile cannot starve the waiting writer.
 func TestNoGrantsDuringRecall(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b, c := s.Connect(t0), s.Connect(t0), s.Connect(t0)
+	a, b, c := s.Connect("", t0), s.Connect("", t0), s.Connect("", t0)
 	ra := open(t, s, a, fid(1), false, t0)
 	res, _ := s.Open(b, fid(1), true, t0)
 	rc := open(t, s, c, fid(1), false, t0) // read/read: no conflict, but no delegation
@@ -127,7 +127,7 @@ func TestNoGrantsDuringRecall(t *testing.T) {
 
 func TestUpgradeReadToWrite(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect(t0), s.Connect(t0)
+	a, b := s.Connect("", t0), s.Connect("", t0)
 	ra := open(t, s, a, fid(1), false, t0)
 	wa := open(t, s, a, fid(1), true, t0)
 	if wa.Kind != DelegWrite || wa.State == ra.State || s.Valid(a, fid(1), ra.State) || !s.Valid(a, fid(1), wa.State) {
@@ -150,7 +150,7 @@ func TestUpgradeReadToWrite(t *testing.T) {
 // write open.
 func TestUpgradeRefusedBesideOpenReader(t *testing.T) {
 	s := NewServer(1, cfg()) // no lease: b's open is recorded
-	a, b := s.Connect(t0), s.Connect(t0)
+	a, b := s.Connect("", t0), s.Connect("", t0)
 	open(t, s, b, fid(1), false, t0)
 	s.cfg.Lease = 10 * time.Second
 	ra := open(t, s, a, fid(1), false, t0)
@@ -165,7 +165,7 @@ func TestUpgradeRefusedBesideOpenReader(t *testing.T) {
 
 func TestLeaseExpiryRevokes(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect(t0), s.Connect(t0)
+	a, b := s.Connect("", t0), s.Connect("", t0)
 	wa := open(t, s, a, fid(1), true, t0)
 	open(t, s, a, fid(2), false, t0)
 	// Renewed by a request at 5 s: alive until 15 s.
@@ -195,7 +195,7 @@ func TestLeaseExpiryRevokes(t *testing.T) {
 // loses it Lease after the recall, and the waiter goes on.
 func TestUnansweredRecallRevokes(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect(t0), s.Connect(t0)
+	a, b := s.Connect("", t0), s.Connect("", t0)
 	wa := open(t, s, a, fid(1), true, t0)
 	res, _ := s.Open(b, fid(1), false, t0.Add(time.Second))
 	for i := 2; i <= 10; i++ {
@@ -212,7 +212,7 @@ func TestUnansweredRecallRevokes(t *testing.T) {
 
 func TestRecallForChange(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b, c := s.Connect(t0), s.Connect(t0), s.Connect(t0)
+	a, b, c := s.Connect("", t0), s.Connect("", t0), s.Connect("", t0)
 	ra := open(t, s, a, fid(1), false, t0)
 	open(t, s, b, fid(1), false, t0)
 	wc := open(t, s, c, fid(2), true, t0)
@@ -233,20 +233,78 @@ func TestRecallForChange(t *testing.T) {
 	}
 }
 
+func TestReclaim(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b := s.Connect("a", t0), s.Connect("b", t0)
+	wa := open(t, s, a, fid(1), true, t0)
+	ra := open(t, s, a, fid(2), true, t0)
+	rd := open(t, s, a, fid(4), false, t0)
+	s.Disconnect(a, t0)
+	if k, _ := s.Delegation(a, fid(4)); k != DelegNone {
+		t.Fatal("a read delegation outlived its holder's session")
+	}
+	if _, _, ok := s.Reclaim(s.Connect("a", t0), fid(4), rd.State, t0); ok {
+		t.Fatal("reclaimed a read delegation of a gone session")
+	}
+	res, msgs := s.Open(b, fid(2), true, t0.Add(time.Second))
+	if res.Wait == 0 || len(msgs) != 1 || msgs[0].Client != a {
+		t.Fatalf("recall of a gone holder's delegation: %+v %+v", res, msgs)
+	}
+	// Another client cannot take it, nor a state that was not a's.
+	if _, _, ok := s.Reclaim(b, fid(1), wa.State, t0); ok {
+		t.Fatal("b reclaimed a's delegation")
+	}
+	a2 := s.Connect("a", t0.Add(2*time.Second))
+	if _, _, ok := s.Reclaim(a2, fid(1), wa.State+100, t0); ok {
+		t.Fatal("reclaimed a state never granted")
+	}
+	h, msgs, ok := s.Reclaim(a2, fid(1), wa.State, t0.Add(2*time.Second))
+	if !ok || h.Kind != DelegWrite || h.State != wa.State || h.Recalled || msgs != nil || !s.Valid(a2, fid(1), wa.State) {
+		t.Fatalf("reclaim: %+v %+v %v", h, msgs, ok)
+	}
+	// The recalled one comes back recalled, and the recall is sent again.
+	h, msgs, ok = s.Reclaim(a2, fid(2), ra.State, t0.Add(2*time.Second))
+	if !ok || !h.Recalled || len(msgs) != 1 || msgs[0].Kind != MsgRecall || msgs[0].Client != a2 {
+		t.Fatalf("reclaim of a recalled delegation: %+v %+v %v", h, msgs, ok)
+	}
+	if s.clients[a] != nil {
+		t.Fatal("the gone session outlived its last delegation")
+	}
+	s.Return(a2, fid(2), ra.State, 0, 0, t0.Add(2*time.Second))
+	if !s.Done(res.Wait) {
+		t.Fatal("the waiting open was not released by the return")
+	}
+	// After the lease, a gone session's delegations cannot be reclaimed.
+	a3 := s.Connect("a3", t0)
+	w3 := open(t, s, a3, fid(3), true, t0)
+	s.Disconnect(a3, t0)
+	s.Tick(t0.Add(11 * time.Second))
+	a4 := s.Connect("a3", t0.Add(11*time.Second))
+	if _, _, ok := s.Reclaim(a4, fid(3), w3.State, t0.Add(11*time.Second)); ok {
+		t.Fatal("reclaimed a delegation revoked after the lease")
+	}
+}
+
 func TestDisconnectAndResetDropDelegations(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect(t0), s.Connect(t0)
+	a, b := s.Connect("a", t0), s.Connect("b", t0)
 	open(t, s, a, fid(1), true, t0)
 	res, _ := s.Open(b, fid(1), false, t0)
 	s.Disconnect(a, t0)
-	if !s.Done(res.Wait) || s.Delegations() != 0 {
-		t.Fatal("disconnect did not release the delegation")
+	if s.Done(res.Wait) || s.Delegations() != 1 {
+		t.Fatal("a holder's delegation must outlive its session until the lease runs out")
+	}
+	if msgs := s.Tick(t0.Add(10 * time.Second)); len(msgs) != 0 {
+		t.Fatalf("revocation sent to a client that is gone: %+v", msgs)
+	}
+	if !s.Done(res.Wait) || s.Delegations() != 0 || len(s.clients) != 1 {
+		t.Fatal("the lease ran out and the delegation or client stayed")
 	}
 	if r := open(t, s, b, fid(1), true, t0); r.Kind != DelegWrite {
 		t.Fatalf("after the holder left: %+v", r)
 	}
 	// A client lost over an unacknowledged break loses its delegations.
-	c := s.Connect(t0)
+	c := s.Connect("", t0)
 	grant(t, s, c, fid(5), t0)
 	open(t, s, c, fid(6), false, t0)
 	s.Break(b, []node.FID{fid(5)}, t0)
@@ -262,7 +320,7 @@ func TestDisconnectAndResetDropDelegations(t *testing.T) {
 
 func TestNoLeaseNoDelegations(t *testing.T) {
 	s := NewServer(1, cfg())
-	a := s.Connect(t0)
+	a := s.Connect("", t0)
 	if r := open(t, s, a, fid(1), true, t0); r.Kind != DelegNone || !r.Recorded {
 		t.Fatalf("without a lease: %+v", r)
 	}
@@ -286,7 +344,7 @@ func TestDelegationsRandom(t *testing.T) {
 		now := t0
 		var ids []ClientID
 		for i := 0; i < 4; i++ {
-			ids = append(ids, s.Connect(now))
+			ids = append(ids, s.Connect("", now))
 		}
 		type key struct {
 			id  ClientID
@@ -354,12 +412,19 @@ func TestDelegationsRandom(t *testing.T) {
 			default:
 				now = now.Add(time.Duration(rng.Intn(4000)) * time.Millisecond)
 				for _, m := range s.Tick(now) {
-					if m.Kind == MsgRevoke {
+					switch m.Kind {
+					case MsgRevoke:
 						for _, rf := range m.FIDs {
 							// The client learns its delegation is gone; its
 							// unrecorded opens stay local knowledge only.
 							rk := key{m.Client, rf}
 							*local[rk] = *recorded[rk]
+						}
+					case MsgReset:
+						for rk := range local {
+							if rk.id == m.Client {
+								*local[rk] = *recorded[rk]
+							}
 						}
 					}
 				}
@@ -396,7 +461,7 @@ func TestDelegationsRandom(t *testing.T) {
 // Reading a file for another client recalls only write delegations.
 func TestRecallWriters(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b, c := s.Connect(t0), s.Connect(t0), s.Connect(t0)
+	a, b, c := s.Connect("", t0), s.Connect("", t0), s.Connect("", t0)
 	open(t, s, a, fid(1), false, t0)
 	wb := open(t, s, b, fid(2), true, t0)
 	if r, msgs := s.RecallWriters(c, []node.FID{fid(1)}, t0); r != 0 || msgs != nil {
@@ -408,5 +473,34 @@ func TestRecallWriters(t *testing.T) {
 	}
 	if r, _ := s.RecallWriters(b, []node.FID{fid(2)}, t0); r != 0 {
 		t.Fatal("the holder's own read recalled its delegation")
+	}
+}
+
+// A holder that leaves the recall of a read delegation (nothing to store)
+// unanswered for the break timeout is lost, as for a break; the recall of
+// a write delegation is given a lease.
+func TestUnansweredRecalls(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b, c := s.Connect("a", t0), s.Connect("b", t0), s.Connect("c", t0)
+	open(t, s, a, fid(1), false, t0)
+	open(t, s, c, fid(2), true, t0)
+	r1, _ := s.Open(b, fid(1), true, t0)
+	r2, _ := s.Open(b, fid(2), false, t0)
+	if r1.Wait == 0 || r2.Wait == 0 {
+		t.Fatal("conflicting opens did not wait")
+	}
+	if d := s.NextDeadline(); !d.Equal(t0.Add(2 * time.Second)) {
+		t.Fatalf("next deadline %v, want the break timeout", d)
+	}
+	s.Renew(a, t0.Add(2*time.Second))
+	s.Renew(c, t0.Add(2*time.Second))
+	msgs := s.Tick(t0.Add(2 * time.Second))
+	if len(msgs) != 1 || msgs[0].Kind != MsgReset || msgs[0].Client != a || !s.Done(r1.Wait) || s.Done(r2.Wait) {
+		t.Fatalf("after the break timeout: %+v, rounds done %v %v", msgs, s.Done(r1.Wait), s.Done(r2.Wait))
+	}
+	s.Renew(c, t0.Add(10*time.Second))
+	msgs = s.Tick(t0.Add(10 * time.Second))
+	if len(msgs) != 1 || msgs[0].Kind != MsgRevoke || msgs[0].Client != c || !s.Done(r2.Wait) {
+		t.Fatalf("after the lease: %+v", msgs)
 	}
 }

@@ -118,12 +118,16 @@ type outstanding struct {
 }
 
 type clientState struct {
+	name     string
 	promises map[node.FID]*promise
 	nextSeq  uint64
 	pending  []outstanding // in seq order
 	delegs   map[node.FID]*deleg
 	opens    map[node.FID]*openCount
 	leaseEnd time.Time
+	// gone: the back channel ended while delegations were out; they are
+	// kept until the lease runs out, for a new session to reclaim.
+	gone bool
 }
 
 // Server tracks which clients hold promises on which FIDs.
@@ -167,33 +171,46 @@ func NewServer(epoch uint64, cfg Config) *Server {
 // Epoch is the server epoch the machine was made for.
 func (s *Server) Epoch() uint64 { return s.epoch }
 
-// Connect registers a new back channel and returns its id.
-func (s *Server) Connect(now time.Time) ClientID {
+// Connect registers a new back channel of the client called name (what
+// its Hello said) and returns its id.
+func (s *Server) Connect(name string, now time.Time) ClientID {
 	s.nextID++
-	s.clients[s.nextID] = &clientState{promises: map[node.FID]*promise{},
+	s.clients[s.nextID] = &clientState{name: name, promises: map[node.FID]*promise{},
 		delegs: map[node.FID]*deleg{}, opens: map[node.FID]*openCount{}, leaseEnd: now.Add(s.cfg.Lease)}
 	return s.nextID
 }
 
 // Known reports whether id is connected.
-func (s *Server) Known(id ClientID) bool { return s.clients[id] != nil }
+func (s *Server) Known(id ClientID) bool { return s.clients[id] != nil && !s.clients[id].gone }
 
-// Disconnect forgets a client: its promises, delegations and opens are
-// dropped and rounds stop waiting for it.
+// Disconnect forgets a client: its promises, opens and read delegations
+// are dropped and rounds stop waiting for its acknowledgements. Its write
+// delegations outlive it until its lease runs out (a conflicting open
+// recalls them and waits for that): the client may be back on a new
+// session, with dirty data to store under them (Reclaim).
 func (s *Server) Disconnect(id ClientID, now time.Time) {
 	c := s.clients[id]
-	if c == nil {
+	if c == nil || c.gone {
 		return
 	}
-	s.dropAll(id, c)
+	s.dropPromises(c)
 	for fid := range c.opens {
 		s.dropOpens(id, fid)
+	}
+	for _, d := range c.delegs {
+		if d.kind != DelegWrite || !c.leaseEnd.After(now) {
+			s.dropDeleg(d)
+		}
+	}
+	if len(c.delegs) > 0 {
+		c.gone = true
+		return
 	}
 	delete(s.clients, id)
 }
 
-// dropAll removes every promise, pending break and delegation of a client.
-func (s *Server) dropAll(id ClientID, c *clientState) {
+// dropPromises removes every promise and pending break of a client.
+func (s *Server) dropPromises(c *clientState) {
 	for _, p := range c.promises {
 		s.remove(p)
 	}
@@ -201,9 +218,6 @@ func (s *Server) dropAll(id ClientID, c *clientState) {
 		s.settle(o.round)
 	}
 	c.pending = nil
-	for _, d := range c.delegs {
-		s.dropDeleg(d)
-	}
 }
 
 func (s *Server) remove(p *promise) {
@@ -377,9 +391,10 @@ func (s *Server) Ack(id ClientID, seq uint64, now time.Time) {
 func (s *Server) Done(r Round) bool { return s.rounds[r] <= 0 }
 
 // Tick advances time: expired promises are dropped (clients expire their
-// own), and a holder that left a break unacknowledged for BreakTimeout is
-// lost: its promises and delegations are dropped, rounds stop waiting for
-// it, and a Reset is returned for it. It stays connected and may earn
+// own), and a holder that left a break, or the recall of a read delegation
+// (nothing to store first), unanswered for BreakTimeout is lost: its
+// promises and delegations are dropped, rounds stop waiting for it, and a
+// Reset is returned for it. It stays connected and may earn
 // promises again. Delegations whose holder's lease ran out, or recalled
 // more than Lease ago, are revoked.
 func (s *Server) Tick(now time.Time) []Msg {
@@ -388,14 +403,18 @@ func (s *Server) Tick(now time.Time) []Msg {
 	}
 	var lost []ClientID
 	for id, c := range s.clients {
-		if len(c.pending) > 0 && !c.pending[0].sent.Add(s.cfg.BreakTimeout).After(now) {
+		if len(c.pending) > 0 && !c.pending[0].sent.Add(s.cfg.BreakTimeout).After(now) || s.readRecallOverdue(c, now) {
 			lost = append(lost, id)
 		}
 	}
 	sort.Slice(lost, func(i, j int) bool { return lost[i] < lost[j] })
 	var msgs []Msg
 	for _, id := range lost {
-		s.dropAll(id, s.clients[id])
+		c := s.clients[id]
+		s.dropPromises(c)
+		for _, d := range c.delegs {
+			s.dropDeleg(d)
+		}
 		msgs = append(msgs, Msg{Kind: MsgReset, Client: id})
 	}
 	return append(msgs, s.revokeExpired(now)...)

@@ -63,6 +63,9 @@ type Options struct {
 	// NoDelegations takes none: every open and close asks the server, and
 	// Close stores the file's writes (the behaviour before delegations).
 	NoDelegations bool
+	// FlushAge bounds how long writes under a write delegation stay
+	// unstored (default 30 s): what a client crash can lose.
+	FlushAge time.Duration
 	// Name identifies this client in the server's logs.
 	Name   string
 	Logger *slog.Logger
@@ -88,6 +91,9 @@ func (o *Options) defaults() {
 	}
 	if o.DataStreams <= 0 {
 		o.DataStreams = 4
+	}
+	if o.FlushAge <= 0 {
+		o.FlushAge = defaultFlushAge
 	}
 	if o.Name == "" {
 		host, _ := os.Hostname()
@@ -115,6 +121,17 @@ type Client struct {
 
 	cbMu sync.Mutex
 	cb   *callback.Client
+	// lease is the delegation lease the server announced (0: it grants
+	// none); renewing is set while a Renew is in flight.
+	lease    atomic.Int64
+	renewing atomic.Bool
+	flusher  *flusher
+	flushAge time.Duration
+	// rate is the flusher's progress at the last setGauges (expirer only).
+	rate struct {
+		at      time.Time
+		flushed int64
+	}
 
 	nodesMu sync.Mutex
 	nodes   map[node.FID]*Node
@@ -135,6 +152,9 @@ type Client struct {
 // counters are protocol counters beyond what the cache keeps.
 type counters struct {
 	rpcs, breaks, resets, revalidations, dropped atomic.Int64
+	// Delegations: opens and closes served locally, recalls received,
+	// delegations revoked and reclaimed, bytes the flusher stored.
+	localOpens, localCloses, recalls, revoked, reclaims, flushed atomic.Int64
 }
 
 // Dial connects to opts.Server and opens the cache. It fails within
@@ -171,16 +191,19 @@ func Dial(opts Options) (*Client, error) {
 		vols:     map[string]*pb.Volume{},
 		fetchSem: make(chan struct{}, 16),
 		ghosts:   newGhosts(4096, 10*time.Minute),
+		flushAge: opts.FlushAge,
 		ctx:      ctx,
 		cancel:   cancel,
 	}
+	c.flusher = newFlusher(c)
 	c.grpc = datapath.GRPC{Client: c.rpc}
 	c.data.Store(&dataPath{Path: c.grpc})
 	c.session.Store(new(string))
 	first := make(chan error, 1)
-	c.wg.Add(2)
+	c.wg.Add(3)
 	go c.backChannel(first)
 	go c.expirer()
+	go c.flusher.run()
 	select {
 	case err = <-first:
 	case <-time.After(opts.DialTimeout):
@@ -199,12 +222,15 @@ func Dial(opts Options) (*Client, error) {
 	return c, nil
 }
 
-// Close flushes nothing (files flush on their own Close), stops the back
-// channel and closes the cache cleanly.
+// Close stores what the flusher still holds, gives delegations back, stops
+// the back channel and closes the cache cleanly. Writes it could not store
+// stay in the cache, and the next Dial keeps them in lost/.
 func (c *Client) Close() error {
-	c.cache.SetGauge("callbacks", int64(c.promiseCount()))
+	c.flusher.drain(nil)
+	c.returnAll()
 	c.cancel()
 	c.wg.Wait()
+	c.setGauges()
 	c.conn.Close()
 	return c.cache.Close()
 }
@@ -263,7 +289,9 @@ func (c *Client) runSession(first chan<- error) error {
 	}
 	c.cbMu.Lock()
 	changed, _ := c.cb.SetEpoch(w.Epoch)
+	c.cb.SetLease(time.Duration(w.LeaseMs) * time.Millisecond)
 	c.cbMu.Unlock()
+	c.lease.Store(int64(time.Duration(w.LeaseMs) * time.Millisecond))
 	if changed {
 		c.log.Info("server restarted; cached files will be revalidated", "server", c.opts.Server, "epoch", w.Epoch)
 	}
@@ -272,6 +300,12 @@ func (c *Client) runSession(first chan<- error) error {
 	}
 	c.useDataChannel(w.DataAddr)
 	c.setSession(fmt.Sprintf("%d.%d", w.Epoch, w.ClientId))
+	if first == nil {
+		// The old session's delegations are held for us until their lease
+		// runs out (after a restart, for the grace period): reclaim those
+		// with dirty data.
+		c.dropDelegations(true)
+	}
 	if first != nil {
 		first <- nil
 		first = nil
@@ -318,6 +352,11 @@ func (c *Client) runSession(first chan<- error) error {
 		case *pb.ServerMsg_Reset_:
 			c.counters.resets.Add(1)
 			c.resetPromises()
+			c.dropDelegations(false)
+		case *pb.ServerMsg_Recall:
+			c.onRecall(m.Recall)
+		case *pb.ServerMsg_Revoke:
+			c.onRevoke(m.Revoke)
 		}
 	}
 }
@@ -392,7 +431,8 @@ func (c *Client) expirer() {
 			expired := c.cb.Tick(now)
 			c.cbMu.Unlock()
 			c.invalidate(expired)
-			c.cache.SetGauge("callbacks", int64(c.promiseCount()))
+			c.keepLease(now)
+			c.setGauges()
 		}
 	}
 }
@@ -472,10 +512,16 @@ func (c *Client) callTimeout(timeout time.Duration, fn func(ctx context.Context)
 		}
 		session := *c.session.Load()
 		ctx, cancel := c.rpcContext(timeout)
+		sent := time.Now()
 		err := fn(ctx)
 		cancel()
 		c.counters.rpcs.Add(1)
-		switch status.Code(err) {
+		st, fromServer := status.FromError(err)
+		code := st.Code()
+		if fromServer && code != codes.Unavailable && code != codes.DeadlineExceeded && code != codes.Canceled && code != codes.Unauthenticated {
+			c.answered(sent)
+		}
+		switch code {
 		case codes.Unauthenticated:
 			if !reauth {
 				reauth = true

@@ -39,6 +39,9 @@ type File struct {
 	// bp is set while the file bypasses the cache (see policy.go).
 	bp       atomic.Pointer[bypass]
 	decision Decision
+	// counted: the open was recorded for delegations (deleg.go), and its
+	// close must be too.
+	counted bool
 }
 
 // Policy is the caching decision made when the file was opened.
@@ -270,14 +273,23 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 	}
 	n.touch()
 	k, err := n.entry.WriteAt(p, off)
-	if errors.Is(err, cache.ErrNoSpace) {
-		// Make room by storing what is dirty (stored chunks are
-		// evictable), then try once more.
-		if err = n.storeLocked(false); err == nil {
-			if err = n.prepareWrite(off, int64(len(p))); err == nil {
-				k, err = n.entry.WriteAt(p, off)
-			}
+	for attempt := 0; errors.Is(err, cache.ErrNoSpace) && attempt < 3; attempt++ {
+		// Everything left is dirty: store this file's writes and the
+		// flusher's (stored chunks are evictable), then try again. Only
+		// when nothing could be stored is the writer told ENOSPC.
+		serr := f.c.storeBack(n, false)
+		if !f.c.flusher.drain(n) && serr != nil {
+			return k, f.pathErr("write", &rpcError{syscall.ENOSPC, serr})
 		}
+		if err = n.prepareWrite(off, int64(len(p))); err == nil {
+			k, err = n.entry.WriteAt(p, off)
+		}
+	}
+	if errors.Is(err, cache.ErrNoSpace) {
+		err = syscall.ENOSPC
+	}
+	if k > 0 {
+		f.c.dirtied(n)
 	}
 	return k, f.pathErr("write", err)
 }
@@ -365,6 +377,9 @@ func (n *Node) truncateLocked(size uint64) error {
 			err = n.entry.Truncate(int64(size))
 		}
 	}
+	if err == nil {
+		n.c.dirtied(n)
+	}
 	return err
 }
 
@@ -383,7 +398,10 @@ func (f *File) Sync() error {
 	defer f.n.wmu.Unlock()
 	err := f.rescan()
 	if err == nil {
-		err = f.n.storeLocked(true)
+		err = f.c.storeBack(f.n, false)
+	}
+	if err == nil {
+		err = f.n.takeLost()
 	}
 	return f.pathErr("sync", err)
 }
@@ -398,10 +416,10 @@ func (n *Node) storeLocked(sync bool) error {
 	}
 	est, _ := n.entry.Status()
 	n.mu.Lock()
-	mtime := n.modified
+	mtime, state := n.modified, n.dirtyState
 	n.mu.Unlock()
 	args := datapath.StoreArgs{
-		FID: n.fid, BaseVersion: est.DataVersion, Sync: sync, Mtime: mtime,
+		FID: n.fid, BaseVersion: est.DataVersion, Sync: sync, Mtime: mtime, DelegState: state,
 		HasTruncate: hasCut, Truncate: uint64(max(cut, 0)), HasSize: hasCut, Size: est.Size,
 		Read: func(p []byte, off int64) error {
 			_, err := n.entry.ReadAt(p, off)
@@ -418,6 +436,7 @@ func (n *Node) storeLocked(sync bool) error {
 		if err := n.entry.Cleaned(ranges, st); err != nil {
 			return err
 		}
+		n.c.stored(n)
 		if st.DataVersion != est.DataVersion+1 {
 			// Another client's store came between: the clean chunks we
 			// kept may predate it.
@@ -449,11 +468,18 @@ func (c *Client) storeData(args datapath.StoreArgs, stored func(st node.Status) 
 }
 
 // Close stores local changes durably, as Flush, and closes the file.
+// Under a write delegation they stay in the cache, for the flusher.
 func (f *File) Close() error {
 	if f.closed.Swap(true) {
 		return os.ErrClosed
 	}
-	return f.flush("close")
+	err := f.flush("close")
+	if f.counted {
+		if cerr := f.c.closeDeleg(f.n, f.writable()); err == nil && cerr != nil {
+			err = f.pathErr("close", cerr)
+		}
+	}
+	return err
 }
 
 // Flush stores local changes durably: what close(2) does for each
@@ -478,11 +504,19 @@ func (f *File) flush(op string) error {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
 	err := f.rescan()
+	if err == nil && f.c.writeBack(n) {
+		if n.localChanges() {
+			f.c.dirtied(n) // writes through passthrough did not say so
+		}
+		return f.pathErr(op, n.takeLost())
+	}
 	if err == nil {
 		err = n.storeLocked(true)
 	}
 	if err != nil {
 		err = n.c.keepLost(n, f.name, err)
+	} else {
+		err = n.takeLost()
 	}
 	return f.pathErr(op, err)
 }

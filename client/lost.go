@@ -67,6 +67,7 @@ func (c *Client) keepLost(n *Node, name string, cause error) error {
 	}
 	n.entry.Discard()
 	n.valid.Store(false)
+	c.stored(n)
 	return &lostError{path: name, cause: cause, kept: dir}
 }
 

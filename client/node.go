@@ -39,6 +39,17 @@ type Node struct {
 	// modified is when local writes or truncation last changed the file:
 	// its mtime and ctime until they are stored (the store carries it).
 	modified time.Time
+
+	// Delegations and write-back (deleg.go), under mu.
+	opens opens
+	// dirtyState is the write delegation the unstored writes were made
+	// under (0: none); the store names it. dirtySince is when the first of
+	// them was made, for the flusher's age bound.
+	dirtyState uint64
+	dirtySince time.Time
+	// lostErr: the flusher or a recall could not deliver this file's
+	// writes and kept them in lost/; the next Sync or Close reports it.
+	lostErr error
 }
 
 type dirent struct {
@@ -164,7 +175,7 @@ func (c *Client) learnPB(t callback.Ticket, ps *pb.Status) (*Node, error) {
 
 // fresh returns n's status, asking the server only when no promise is held.
 func (c *Client) fresh(n *Node) (node.Status, error) {
-	if n.valid.Load() {
+	if c.current(n) {
 		return n.status(), nil
 	}
 	t := c.begin()
@@ -197,6 +208,7 @@ func (c *Client) fresh(n *Node) (node.Status, error) {
 // data unless local writes are pending.
 func (c *Client) forget(n *Node) {
 	n.valid.Store(false)
+	c.flusher.remove(n)
 	c.cbMu.Lock()
 	c.cb.Break(n.fid)
 	c.cbMu.Unlock()
@@ -279,7 +291,7 @@ func (c *Client) lookup(dir *Node, name string) (*Node, error) {
 			c.nodesMu.Lock()
 			n := c.nodes[d.fid]
 			c.nodesMu.Unlock()
-			if n != nil && n.valid.Load() {
+			if n != nil && c.current(n) {
 				return n, nil
 			}
 		} else if complete && dir.valid.Load() {

@@ -160,13 +160,6 @@ func (c *Client) SetAttr(n *Node, a Attr) (node.Status, error) {
 	if a.Size != nil {
 		req.Mask |= vnode.SetSize
 		req.Size = *a.Size
-		n.wmu.Lock()
-		defer n.wmu.Unlock()
-		if n.entry != nil {
-			if err := n.storeLocked(true); err != nil {
-				return node.Status{}, err
-			}
-		}
 	}
 	if req.Mask == 0 {
 		return c.Getattr(n)
@@ -193,9 +186,10 @@ func (c *Client) PromiseLeft(n *Node) time.Duration {
 }
 
 // Complete reports whether all of n's data is in the cache and valid: the
-// cache file can then stand in for the file (FUSE passthrough).
+// cache file can then stand in for the file (FUSE passthrough). Unstored
+// writes are in the cache file too.
 func (n *Node) Complete() bool {
-	return n.valid.Load() && n.entry != nil && n.entry.Complete() && !n.localChanges()
+	return n.c.current(n) && n.entry != nil && n.entry.Complete()
 }
 
 // CachePath is n's cache file, empty for a memory cache.

@@ -238,6 +238,11 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int) (*
 			return nil, errOf("open", name, err)
 		}
 		f.bp.Store(newBypass(f, f.decision.Probation))
+	} else if c.delegating() {
+		if err := c.openDeleg(n, f.writable()); err != nil {
+			return nil, errOf("open", name, err)
+		}
+		f.counted = true
 	}
 	if f.writable() && flag&os.O_TRUNC != 0 {
 		err := f.Truncate(0)
@@ -454,6 +459,15 @@ func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string) er
 
 // setattr changes status fields of an already resolved node.
 func (c *Client) setattr(n *Node, req *pb.SetAttrRequest) error {
+	if n.entry != nil && req.Mask&(vnode.SetSize|vnode.SetMtime) != 0 {
+		// Unstored writes go first: stored later, they would undo the
+		// new size or modification time.
+		n.wmu.Lock()
+		defer n.wmu.Unlock()
+		if err := c.storeBack(n, false); err != nil {
+			return err
+		}
+	}
 	req.Fid = pb.FromFID(n.fid)
 	t := c.begin()
 	defer c.end(t)

@@ -18,17 +18,31 @@ type Stats struct {
 	Dropped int64
 	// Promises is the number of callback promises held now.
 	Promises int
+	// Delegations held now, by kind; opens and closes served under them;
+	// recalls received; delegations revoked, and reclaimed on a new
+	// session; bytes of unstored writes now, and stored by the flusher.
+	ReadDelegations, WriteDelegations int
+	LocalOpens, LocalCloses           int64
+	Recalls, Revoked, Reclaimed       int64
+	DirtyBytes, Flushed               int64
 }
 
 // Stats reports counters for tests, benchmarks and `hoard cache stats`.
 func (c *Client) Stats() Stats {
+	c.cbMu.Lock()
+	r, w := c.cb.Delegations()
+	c.cbMu.Unlock()
 	return Stats{
-		Stats:         c.cache.Stats(),
-		RPCs:          c.counters.rpcs.Load(),
-		Breaks:        c.counters.breaks.Load(),
-		Resets:        c.counters.resets.Load(),
-		Revalidations: c.counters.revalidations.Load(),
-		Dropped:       c.counters.dropped.Load(),
-		Promises:      c.promiseCount(),
+		Stats:           c.cache.Stats(),
+		RPCs:            c.counters.rpcs.Load(),
+		Breaks:          c.counters.breaks.Load(),
+		Resets:          c.counters.resets.Load(),
+		Revalidations:   c.counters.revalidations.Load(),
+		Dropped:         c.counters.dropped.Load(),
+		Promises:        c.promiseCount(),
+		ReadDelegations: r, WriteDelegations: w,
+		LocalOpens: c.counters.localOpens.Load(), LocalCloses: c.counters.localCloses.Load(),
+		Recalls: c.counters.recalls.Load(), Revoked: c.counters.revoked.Load(), Reclaimed: c.counters.reclaims.Load(),
+		DirtyBytes: c.flusher.dirtyBytes(), Flushed: c.counters.flushed.Load(),
 	}
 }

@@ -2863,9 +2863,17 @@ func (x *StoreReply) GetStatus() *Status {
 // Open: the server waits until conflicting delegations of other clients
 // are returned or revoked before it answers.
 type OpenRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Fid           *FID                   `protobuf:"bytes,1,opt,name=fid,proto3" json:"fid,omitempty"`
-	Write         bool                   `protobuf:"varint,2,opt,name=write,proto3" json:"write,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Fid   *FID                   `protobuf:"bytes,1,opt,name=fid,proto3" json:"fid,omitempty"`
+	Write bool                   `protobuf:"varint,2,opt,name=write,proto3" json:"write,omitempty"`
+	// reclaim: the client held this delegation state on fid before its
+	// session ended or the server restarted, and has dirty data under it,
+	// based on base_version. The server hands the delegation to the new
+	// session if it is still out; after a restart, during the grace period,
+	// it grants a write delegation if the file is still at base_version;
+	// otherwise the open fails with EKEYEXPIRED and the data is lost.
+	Reclaim       uint64 `protobuf:"varint,3,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
+	BaseVersion   uint64 `protobuf:"varint,4,opt,name=base_version,json=baseVersion,proto3" json:"base_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2912,6 +2920,20 @@ func (x *OpenRequest) GetWrite() bool {
 		return x.Write
 	}
 	return false
+}
+
+func (x *OpenRequest) GetReclaim() uint64 {
+	if x != nil {
+		return x.Reclaim
+	}
+	return 0
+}
+
+func (x *OpenRequest) GetBaseVersion() uint64 {
+	if x != nil {
+		return x.BaseVersion
+	}
+	return 0
 }
 
 type OpenReply struct {
@@ -3451,10 +3473,12 @@ const file_hoard_proto_rawDesc = "" +
 	"delegState\"6\n" +
 	"\n" +
 	"StoreReply\x12(\n" +
-	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\"D\n" +
+	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\"\x81\x01\n" +
 	"\vOpenRequest\x12\x1f\n" +
 	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12\x14\n" +
-	"\x05write\x18\x02 \x01(\bR\x05write\"\x90\x01\n" +
+	"\x05write\x18\x02 \x01(\bR\x05write\x12\x18\n" +
+	"\areclaim\x18\x03 \x01(\x04R\areclaim\x12!\n" +
+	"\fbase_version\x18\x04 \x01(\x04R\vbaseVersion\"\x90\x01\n" +
 	"\tOpenReply\x12(\n" +
 	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\x12'\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x13.hoard.v1.DelegKindR\x04kind\x12\x14\n" +

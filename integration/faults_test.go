@@ -46,9 +46,12 @@ func TestServerDiskFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Write(pattern(20<<20, 2))
-	err = f.Close()
+	// Under a write delegation Close leaves the data to the flusher; fsync
+	// is what makes it durable, and what hears that it cannot be.
+	err = f.Sync()
+	f.Close()
 	if !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EIO) {
-		t.Fatalf("close of a file larger than the disk: %v, want ENOSPC", err)
+		t.Fatalf("fsync of a file larger than the disk: %v, want ENOSPC", err)
 	}
 	if !strings.Contains(err.Error(), "no space") {
 		t.Fatalf("the error does not say the disk is full: %v", err)
@@ -63,9 +66,10 @@ func TestServerDiskFull(t *testing.T) {
 	// Overwriting in place must not leave a torn file either.
 	f, _ = a.Open("/small", os.O_WRONLY, 0)
 	f.WriteAt(pattern(30<<20, 3), 512<<10)
-	if err := f.Close(); err == nil {
+	if err := f.Sync(); err == nil {
 		t.Fatal("a store that cannot fit succeeded")
 	}
+	f.Close()
 	if got := readFile(t, b, "/small"); !bytes.Equal(got, small) {
 		t.Fatal("a failed store changed the file")
 	}

@@ -409,11 +409,12 @@ func TestFuseInvalidationStorm(t *testing.T) {
 // new mount reuses the cache.
 func TestFuseKilledDaemonRemount(t *testing.T) {
 	needFuse(t)
-	srv := startServer(t, t.TempDir())
+	// The dead daemon's write delegation holds up the new one for a lease.
+	srv := startServer(t, t.TempDir(), "--lease", "2s")
 	cacheDir := t.TempDir()
 	m := startMount(t, srv, cacheDir)
 	content := pattern(2<<20, 7)
-	os.WriteFile(m.path("keep"), content, 0o644)
+	writeSynced(t, m.path("keep"), content)
 	os.ReadFile(m.path("keep"))
 	// The cache index is group-committed every 100 ms: give it one commit
 	// before the crash (a younger change is refetched, never served wrong).
@@ -561,5 +562,24 @@ func TestFuseServerAway(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(m.path("after")); string(got) != "back" {
 		t.Fatalf("read after recovery: %q", got)
+	}
+}
+
+// writeSynced writes a file through a mount and fsyncs it: under a write
+// delegation, close alone leaves the data in the client's cache.
+func writeSynced(t *testing.T, path string, data []byte) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

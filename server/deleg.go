@@ -39,12 +39,35 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 	if st.Type != node.TypeFile || o.id == 0 {
 		return &pb.OpenReply{Status: o.status(st)}, nil // only files are delegated, only to known clients
 	}
+	write := req.Write
+	if req.Reclaim != 0 {
+		s.mu.Lock()
+		h, msgs, ok := s.cb.Reclaim(o.id, f, req.Reclaim, time.Now())
+		s.sendLocked(msgs)
+		s.mu.Unlock()
+		if ok {
+			return &pb.OpenReply{Status: o.status(st), Kind: pb.DelegKind(h.Kind), State: h.State}, nil
+		}
+		// After a restart nobody else can have opened the file yet:
+		// opens and reads wait out the grace period.
+		if !time.Now().Before(s.graceEnd) || st.DataVersion != req.BaseVersion {
+			return nil, s.fail("Open", fmt.Errorf("reclaim %v: delegation %d is gone: %w", f, req.Reclaim, ErrRevoked))
+		}
+		write = true
+	} else if err := s.waitDelegGrace(ctx); err != nil {
+		return nil, err
+	}
 	for {
 		s.mu.Lock()
-		res, msgs := s.cb.Open(o.id, f, req.Write, time.Now())
+		res, msgs := s.cb.Open(o.id, f, write, time.Now())
 		r := s.waitLocked(res.Wait, msgs)
 		s.mu.Unlock()
 		if res.Wait == 0 {
+			if res.Kind == callback.DelegWrite {
+				// The file may now change with the server none the
+				// wiser: other clients' promises on it are void.
+				o.changed(ctx, f)
+			}
 			// The status is read after the open was recorded: a holder's
 			// returned data is in it.
 			if st, err = s.store.GetStatus(f); err != nil {
@@ -107,6 +130,9 @@ func (s *Server) Renew(ctx context.Context, req *pb.RenewRequest) (*pb.RenewRepl
 // clients' delegations: all of them before a change, the write ones before
 // a read of status or data. It reports whether it had to wait.
 func (s *Server) recallFor(ctx context.Context, o *op, change bool, fids ...node.FID) (bool, error) {
+	if err := s.waitDelegGrace(ctx); err != nil {
+		return false, err
+	}
 	now := time.Now()
 	s.mu.Lock()
 	var r callback.Round
@@ -119,6 +145,17 @@ func (s *Server) recallFor(ctx context.Context, o *op, change bool, fids ...node
 	ch := s.waitLocked(r, msgs)
 	s.mu.Unlock()
 	return ch != nil, s.await(ctx, ch)
+}
+
+// waitDelegGrace makes opens and reads wait out the grace period after a
+// restart when delegations are granted: a client that held a write
+// delegation before the restart reclaims it first, so nobody reads the
+// file without the data it wrote back.
+func (s *Server) waitDelegGrace(ctx context.Context) error {
+	if s.cfg.Lease == 0 {
+		return nil
+	}
+	return s.waitGrace(ctx)
 }
 
 // waitLocked sends msgs and returns the channel that closes when round r

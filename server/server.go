@@ -218,7 +218,7 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 	defer cancel()
 	c := &conn{out: make(chan *pb.ServerMsg, 4096), cancel: cancel}
 	s.mu.Lock()
-	id := s.cb.Connect(time.Now())
+	id := s.cb.Connect(hello.Name, time.Now())
 	s.conns[id] = c
 	s.mu.Unlock()
 	s.log.Debug("client connected", "client", id, "name", hello.Name)

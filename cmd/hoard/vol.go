@@ -97,6 +97,10 @@ func printCacheStats(s cache.Stats) {
 	fmt.Printf("recovered:     %d\n", s.Recovered)
 	fmt.Printf("callbacks:     %d\n", s.Gauges["callbacks"])
 	fmt.Printf("passthrough opens: %d\n", s.Gauges["passthrough_opens"])
+	fmt.Printf("delegations:   %d read, %d write\n", s.Gauges["delegations_read"], s.Gauges["delegations_write"])
+	fmt.Printf("recalls:       %d\n", s.Gauges["recalls"])
+	fmt.Printf("dirty bytes:   %d\n", s.Gauges["dirty_bytes"])
+	fmt.Printf("flushed:       %d bytes, %d bytes/s now\n", s.Gauges["flushed_bytes"], s.Gauges["flush_rate"])
 }
 
 func policyCmd() *cobra.Command {

@@ -1,0 +1,480 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hoardfs/hoard/callback"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+)
+
+// Delegations on the client (seed 002, chapter 3). Under a delegation,
+// opens, closes and the file's status are served from the cache; under a
+// write delegation, writes stay in the cache as dirty data after Close and
+// the flusher (flush.go) stores them later, naming the delegation, so the
+// server refuses them if it was revoked meanwhile. A recall stores the
+// dirty data and gives the delegation back before the conflicting open
+// goes on. The bookkeeping is callback.Client's; this file feeds it and
+// does the I/O.
+
+// opens counts this client's opens of a file: all of them, and how many
+// of them the server recorded (made without a delegation, or reported at
+// a return), which are closed with Close.
+type opens struct{ r, w, recR, recW int }
+
+// delegating reports whether opens ask for delegations: the server grants
+// them (a lease in its Welcome) and the client was not told not to.
+func (c *Client) delegating() bool {
+	return !c.opts.NoDelegations && c.lease.Load() > 0
+}
+
+// delegation is the delegation held on n now, if any.
+func (c *Client) delegation(n *Node) (callback.Held, bool) {
+	if !c.delegating() {
+		return callback.Held{}, false
+	}
+	c.cbMu.Lock()
+	defer c.cbMu.Unlock()
+	return c.cb.Delegation(n.fid, time.Now())
+}
+
+// current reports whether n's cached status may be used without asking:
+// a promise or a delegation is held (a change by anyone else would recall
+// the delegation first).
+func (c *Client) current(n *Node) bool {
+	if n.valid.Load() {
+		return true
+	}
+	_, ok := c.delegation(n)
+	return ok
+}
+
+// openDeleg records an open of file n: locally under a delegation that
+// covers it, otherwise with the server, which may grant one.
+func (c *Client) openDeleg(n *Node, write bool) error {
+	if !c.delegating() {
+		return nil
+	}
+	if h, ok := c.delegation(n); ok && !h.Recalled && (h.Kind == callback.DelegWrite || !write) {
+		n.addOpen(write, false)
+		c.counters.localOpens.Add(1)
+		return nil
+	}
+	t := c.begin()
+	defer c.end(t)
+	var reply *pb.OpenReply
+	err := c.call(func(ctx context.Context) (err error) {
+		reply, err = c.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	n.addOpen(write, reply.Recorded)
+	c.delegated(t, n, reply)
+	_, err = c.learnPB(t, reply.Status)
+	return err
+}
+
+// delegated installs the delegation an open reply granted, and starts the
+// recall of one that was recalled before its grant arrived.
+func (c *Client) delegated(t callback.Ticket, n *Node, reply *pb.OpenReply) (callback.Held, bool) {
+	if reply.Kind == pb.DelegKind_DELEG_NONE {
+		return callback.Held{}, false
+	}
+	c.cbMu.Lock()
+	h, ok := c.cb.Delegated(t, n.fid, callback.DelegKind(reply.Kind), reply.State, c.cb.Epoch())
+	c.cbMu.Unlock()
+	if ok && h.Recalled {
+		go c.giveBack(n.fid, h.State)
+	}
+	return h, ok
+}
+
+func (n *Node) addOpen(write, recorded bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if write {
+		n.opens.w++
+		if recorded {
+			n.opens.recW++
+		}
+	} else {
+		n.opens.r++
+		if recorded {
+			n.opens.recR++
+		}
+	}
+}
+
+// closeDeleg records the close of an open of n, telling the server when
+// it recorded one.
+func (c *Client) closeDeleg(n *Node, write bool) error {
+	if !c.delegating() {
+		return nil
+	}
+	n.mu.Lock()
+	tell := false
+	if write {
+		n.opens.w = max(n.opens.w-1, 0)
+		if n.opens.recW > 0 {
+			n.opens.recW--
+			tell = true
+		}
+	} else {
+		n.opens.r = max(n.opens.r-1, 0)
+		if n.opens.recR > 0 {
+			n.opens.recR--
+			tell = true
+		}
+	}
+	n.mu.Unlock()
+	if !tell {
+		c.counters.localCloses.Add(1)
+		return nil
+	}
+	return c.call(func(ctx context.Context) error {
+		_, err := c.rpc.Close(ctx, &pb.CloseRequest{Fid: pb.FromFID(n.fid), Write: write})
+		return err
+	})
+}
+
+// writeBack reports whether writes to n may stay in the cache past Close:
+// a write delegation is held on it.
+func (c *Client) writeBack(n *Node) bool {
+	h, ok := c.delegation(n)
+	return ok && h.Kind == callback.DelegWrite
+}
+
+// dirtied notes a local write or truncation of n (wmu held): made under a
+// write delegation, it is the flusher's to store.
+func (c *Client) dirtied(n *Node) {
+	h, ok := c.delegation(n)
+	if !ok || h.Kind != callback.DelegWrite {
+		return
+	}
+	n.mu.Lock()
+	if n.dirtyState != h.State {
+		n.dirtyState = h.State
+		if n.dirtySince.IsZero() {
+			n.dirtySince = time.Now()
+		}
+	}
+	n.mu.Unlock()
+	c.flusher.add(n)
+}
+
+// stored notes that every local change of n reached the server (wmu held).
+func (c *Client) stored(n *Node) {
+	n.mu.Lock()
+	n.dirtyState, n.dirtySince = 0, time.Time{}
+	n.mu.Unlock()
+	c.flusher.remove(n)
+}
+
+// takeLost returns, once, the error of writes the flusher or a recall
+// could not deliver.
+func (n *Node) takeLost() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	err := n.lostErr
+	n.lostErr = nil
+	return err
+}
+
+// giveBack stores what is dirty under the delegation state on fid and
+// returns the delegation: on a recall, and for delegations the client
+// stopped trusting (lease lapsed, revoked, reset), whose store the server
+// then judges. Data it refuses is kept in lost/.
+func (c *Client) giveBack(fid node.FID, state uint64) {
+	c.nodesMu.Lock()
+	n := c.nodes[fid]
+	c.nodesMu.Unlock()
+	var r, w int
+	if n != nil {
+		n.wmu.Lock()
+		defer n.wmu.Unlock()
+		if err := c.storeBack(n, true); err != nil && !kept(err) {
+			// Could not store (server unreachable): keep the data and
+			// the delegation; the server revokes it after a lease and
+			// the next store discovers that.
+			c.log.Warn("recall: dirty data not stored yet", "fid", fid, "err", err)
+			return
+		}
+		n.mu.Lock()
+		r, w = n.opens.r, n.opens.w
+		n.mu.Unlock()
+	}
+	var reply *pb.ReturnReply
+	err := c.call(func(ctx context.Context) (err error) {
+		reply, err = c.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(fid), State: state, Readers: uint32(r), Writers: uint32(w)})
+		return err
+	})
+	if err != nil {
+		c.log.Warn("delegation not returned", "fid", fid, "err", err)
+	} else if n != nil {
+		// The server now records the opens reported; if it no longer
+		// knew the delegation, those made under it stay unknown to it.
+		n.mu.Lock()
+		if reply.Accepted {
+			n.opens.recR, n.opens.recW = r, w
+		} else {
+			n.opens.r, n.opens.w = n.opens.recR, n.opens.recW
+		}
+		n.mu.Unlock()
+	}
+	c.cbMu.Lock()
+	c.cb.Returned(fid, state)
+	c.cbMu.Unlock()
+}
+
+// storeBack stores n's dirty data (wmu held). Data the server refuses for
+// good (its delegation is gone, no space, not allowed) goes to lost/: the
+// error says so and, if the store was the flusher's or a recall's, the
+// next Sync or Close of the file reports it. Other errors (server
+// unreachable) leave the data dirty, to be stored later.
+func (c *Client) storeBack(n *Node, background bool) error {
+	err := n.storeLocked(true)
+	if err == nil || !refused(err) {
+		return err
+	}
+	name := n.entry.Policy("path")
+	if name == "" {
+		name = "fid " + n.fid.String()
+	}
+	lost := c.keepLost(n, name, err)
+	if background {
+		n.mu.Lock()
+		n.lostErr = lost
+		n.mu.Unlock()
+	}
+	return lost
+}
+
+// refused reports a store the server will never accept as it is.
+func refused(err error) bool {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		errno = pb.Errno(err)
+	}
+	switch errno {
+	case syscall.EKEYEXPIRED, syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG, syscall.EROFS, syscall.EACCES, syscall.EPERM, syscall.ESTALE:
+		return true
+	}
+	return false
+}
+
+// kept reports an error of storeBack after which the data is in lost/.
+func kept(err error) bool {
+	var le *lostError
+	return errors.As(err, &le) && le.kept != ""
+}
+
+// reclaim asks a new session (after a reconnection or a server restart)
+// for the write delegation dirty data of n was made under. If the server
+// no longer has it for this client (revoked after the lease), the data is
+// kept in lost/.
+func (c *Client) reclaim(n *Node, state uint64) {
+	n.wmu.Lock()
+	defer n.wmu.Unlock()
+	n.mu.Lock()
+	mine := n.dirtyState == state
+	n.mu.Unlock()
+	if !mine || !n.localChanges() {
+		return
+	}
+	est, _ := n.entry.Status()
+	t := c.begin()
+	defer c.end(t)
+	var reply *pb.OpenReply
+	err := c.call(func(ctx context.Context) (err error) {
+		reply, err = c.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: true, Reclaim: state, BaseVersion: est.DataVersion})
+		return err
+	})
+	if err != nil {
+		c.storeBack(n, true) // refused with the old state: kept in lost/
+		return
+	}
+	c.counters.reclaims.Add(1)
+	h, ok := c.delegated(t, n, reply)
+	n.mu.Lock()
+	if ok && h.Kind == callback.DelegWrite {
+		n.dirtyState = h.State
+	} else {
+		n.dirtyState = 0 // stored as a plain store, which recalls others
+	}
+	n.mu.Unlock()
+	if reply.Recorded {
+		c.call(func(ctx context.Context) error {
+			_, err := c.rpc.Close(ctx, &pb.CloseRequest{Fid: pb.FromFID(n.fid), Write: true})
+			return err
+		})
+	}
+	c.learnPB(t, reply.Status)
+}
+
+// dropDelegations forgets every delegation after a new session began
+// (reconnection, server restart) or a reset: write delegations with dirty
+// data are reclaimed (after a reset the server refuses, and the data is
+// kept in lost/). Opens the server recorded are gone with the session.
+func (c *Client) dropDelegations(reclaim bool) {
+	c.cbMu.Lock()
+	held := c.cb.DropDelegations()
+	c.cbMu.Unlock()
+	c.nodesMu.Lock()
+	for _, n := range c.nodes {
+		n.mu.Lock()
+		n.opens.recR, n.opens.recW = 0, 0
+		n.mu.Unlock()
+	}
+	c.nodesMu.Unlock()
+	for _, h := range held {
+		if h.Kind != callback.DelegWrite {
+			continue
+		}
+		c.nodesMu.Lock()
+		n := c.nodes[h.FID]
+		c.nodesMu.Unlock()
+		if n == nil {
+			continue
+		}
+		if reclaim {
+			go c.reclaim(n, h.State)
+		} else {
+			go func() {
+				n.wmu.Lock()
+				defer n.wmu.Unlock()
+				c.storeBack(n, true)
+			}()
+		}
+	}
+}
+
+// onRecall handles a Recall from the server.
+func (c *Client) onRecall(m *pb.Recall) {
+	for i, f := range m.Fids {
+		if i >= len(m.States) {
+			break
+		}
+		fid := f.ToFID()
+		c.cbMu.Lock()
+		_, ok := c.cb.Recall(fid, m.States[i])
+		c.cbMu.Unlock()
+		c.counters.recalls.Add(1)
+		if ok {
+			go c.giveBack(fid, m.States[i])
+		}
+	}
+}
+
+// onRevoke handles a Revoke: the delegations are gone, and dirty data
+// under them can no longer be stored; it is kept in lost/.
+func (c *Client) onRevoke(m *pb.Revoke) {
+	for i, f := range m.Fids {
+		if i >= len(m.States) {
+			break
+		}
+		fid := f.ToFID()
+		c.cbMu.Lock()
+		held := c.cb.Revoke(fid, m.States[i])
+		c.cbMu.Unlock()
+		if held {
+			c.counters.revoked.Add(1)
+			go c.giveBack(fid, m.States[i])
+		}
+	}
+}
+
+// answered renews the lease from the sending time of a request the server
+// answered. Delegations whose lease lapsed before are not renewed by it:
+// the server may have revoked them already.
+func (c *Client) answered(sent time.Time) {
+	if c.lease.Load() == 0 {
+		return
+	}
+	c.cbMu.Lock()
+	lapsed := c.lapsedLocked(time.Now())
+	c.cb.Answered(sent)
+	c.cbMu.Unlock()
+	c.giveBackAll(lapsed)
+}
+
+// lapsedLocked drops the delegations if the lease ran out (cbMu held).
+func (c *Client) lapsedLocked(now time.Time) []callback.Held {
+	if r, w := c.cb.Delegations(); r+w > 0 && !c.cb.LeaseEnd().After(now) {
+		return c.cb.DropDelegations()
+	}
+	return nil
+}
+
+// giveBackAll gives back delegations the client stopped trusting: their
+// dirty data is stored if the server still holds them, kept in lost/ if not.
+func (c *Client) giveBackAll(hs []callback.Held) {
+	for _, h := range hs {
+		go c.giveBack(h.FID, h.State)
+	}
+}
+
+// keepLease renews the lease when delegations are held and nothing else
+// renewed it for a third of the lease, and gives back delegations whose
+// lease lapsed anyway. Called once a second.
+func (c *Client) keepLease(now time.Time) {
+	lease := time.Duration(c.lease.Load())
+	if lease == 0 {
+		return
+	}
+	c.cbMu.Lock()
+	lapsed := c.lapsedLocked(now)
+	r, w := c.cb.Delegations()
+	end := c.cb.LeaseEnd()
+	c.cbMu.Unlock()
+	c.giveBackAll(lapsed)
+	if r+w > 0 && end.Sub(now) < lease*2/3 && c.renewing.CompareAndSwap(false, true) {
+		go func() {
+			defer c.renewing.Store(false)
+			c.call(func(ctx context.Context) error {
+				_, err := c.rpc.Renew(ctx, &pb.RenewRequest{})
+				return err
+			})
+		}()
+	}
+}
+
+// returnAll gives every delegation back, at Close, after the flusher
+// drained: other clients need not wait for a lease to run out.
+func (c *Client) returnAll() {
+	c.cbMu.Lock()
+	held := c.cb.DropDelegations()
+	c.cbMu.Unlock()
+	var wg sync.WaitGroup
+	for _, h := range held {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.giveBack(h.FID, h.State)
+		}()
+	}
+	wg.Wait()
+}
+
+// setGauges publishes what `hoard cache stats` shows of another process;
+// the flush rate is over the time since the last call (a second, from the
+// expirer).
+func (c *Client) setGauges() {
+	st := c.Stats()
+	now := time.Now()
+	if dt := now.Sub(c.rate.at).Seconds(); !c.rate.at.IsZero() && dt > 0 {
+		c.cache.SetGauge("flush_rate", int64(float64(st.Flushed-c.rate.flushed)/dt))
+	}
+	c.rate.at, c.rate.flushed = now, st.Flushed
+	c.cache.SetGauge("callbacks", int64(st.Promises))
+	c.cache.SetGauge("delegations_read", int64(st.ReadDelegations))
+	c.cache.SetGauge("delegations_write", int64(st.WriteDelegations))
+	c.cache.SetGauge("recalls", st.Recalls)
+	c.cache.SetGauge("dirty_bytes", st.DirtyBytes)
+	c.cache.SetGauge("flushed_bytes", st.Flushed)
+}
