@@ -155,6 +155,7 @@ type counters struct {
 	// Delegations: opens and closes served locally, recalls received,
 	// delegations revoked and reclaimed, bytes the flusher stored.
 	localOpens, localCloses, recalls, revoked, reclaims, flushed atomic.Int64
+	stores                                                       atomic.Int64
 }
 
 // Dial connects to opts.Server and opens the cache. It fails within

@@ -151,18 +151,21 @@ func (c *Client) writeBack(n *Node) bool {
 }
 
 // dirtied notes a local write or truncation of n (wmu held): made under a
-// write delegation, it is the flusher's to store.
+// write delegation, it is the flusher's to store. Unstored writes made
+// under an earlier delegation keep its state: if that one is gone, the
+// server refuses them all, rather than take the old ones under the new
+// delegation.
 func (c *Client) dirtied(n *Node) {
 	h, ok := c.delegation(n)
 	if !ok || h.Kind != callback.DelegWrite {
 		return
 	}
 	n.mu.Lock()
-	if n.dirtyState != h.State {
+	if n.dirtyState == 0 {
 		n.dirtyState = h.State
-		if n.dirtySince.IsZero() {
-			n.dirtySince = time.Now()
-		}
+	}
+	if n.dirtySince.IsZero() {
+		n.dirtySince = time.Now()
 	}
 	n.mu.Unlock()
 	c.flusher.add(n)

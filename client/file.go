@@ -453,6 +453,7 @@ func (c *Client) storeData(args datapath.StoreArgs, stored func(st node.Status) 
 	defer c.end(t)
 	var st node.Status
 	var ttl time.Duration
+	c.counters.stores.Add(1)
 	err := c.callData(func(ctx context.Context) (err error) {
 		st, ttl, err = c.data.Load().Store(ctx, args)
 		return err

@@ -176,6 +176,7 @@ func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Cr
 		return child, false, err
 	}
 	err = c.changedDir(tk, dir, reply.Dir, func(d *Node) { d.addDentLocked(name, child.fid, t) })
+	dir.addDent(reply.Dir.DataVersion, name, child, t) // even when no listing was cached
 	return child, true, err
 }
 

@@ -16,6 +16,8 @@ type Stats struct {
 	Revalidations int64
 	// Dropped counts files whose cached data was dropped for a new version.
 	Dropped int64
+	// Stores counts stores of file data sent to the server.
+	Stores int64
 	// Promises is the number of callback promises held now.
 	Promises int
 	// Delegations held now, by kind; opens and closes served under them;
@@ -39,6 +41,7 @@ func (c *Client) Stats() Stats {
 		Resets:          c.counters.resets.Load(),
 		Revalidations:   c.counters.revalidations.Load(),
 		Dropped:         c.counters.dropped.Load(),
+		Stores:          c.counters.stores.Load(),
 		Promises:        c.promiseCount(),
 		ReadDelegations: r, WriteDelegations: w,
 		LocalOpens: c.counters.localOpens.Load(), LocalCloses: c.counters.localCloses.Load(),

@@ -1,0 +1,340 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hoardfs/hoard/client"
+)
+
+// Under a write delegation, opens and closes cost no RPC and the writes
+// stay in the cache; another client's open recalls the delegation and sees
+// every byte, and the writer's next change is seen by the reader's next
+// open (close-to-open holds with write-back).
+func TestWriteBackAndRecall(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a := dial(t, srv.addr, t.TempDir(), 64<<20)
+	b := dial(t, srv.addr, "mem", 64<<20)
+	v1 := pattern(3<<20+5, 1)
+	writeFile(t, a, "/f", v1)
+	if st := a.Stats(); st.WriteDelegations != 1 || st.DirtyBytes != int64(len(v1)) || st.Stores != 0 {
+		t.Fatalf("after a close under a write delegation: %d write delegations, %d dirty bytes, %d stores", st.WriteDelegations, st.DirtyBytes, st.Stores)
+	}
+	before := a.Stats()
+	f, err := a.Open("/f", os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte("XYZ"), 10)
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	after := a.Stats()
+	if after.RPCs != before.RPCs || after.LocalOpens != before.LocalOpens+1 || after.LocalCloses != before.LocalCloses+1 {
+		t.Fatalf("open, write, close under the delegation: %d RPCs, %d local opens, %d local closes",
+			after.RPCs-before.RPCs, after.LocalOpens-before.LocalOpens, after.LocalCloses-before.LocalCloses)
+	}
+	want := append([]byte(nil), v1...)
+	copy(want[10:], "XYZ")
+	if got := readFile(t, b, "/f"); !bytes.Equal(got, want) {
+		t.Fatal("the reader did not see the writer's closed data")
+	}
+	if st := a.Stats(); st.Recalls < 1 || st.DirtyBytes != 0 || st.WriteDelegations != 0 {
+		t.Fatalf("after the recall: %d recalls, %d dirty bytes, %d write delegations", st.Recalls, st.DirtyBytes, st.WriteDelegations)
+	}
+	writeFile(t, a, "/f", []byte("v2"))
+	if got := readFile(t, b, "/f"); string(got) != "v2" {
+		t.Fatalf("the reader's next open: %q", got)
+	}
+}
+
+// A file created, written and removed under a write delegation never
+// reaches the server's data store; without delegations every one does.
+func TestShortLivedFiles(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	for _, deleg := range []bool{true, false} {
+		c, err := client.Dial(client.Options{Server: srv.addr, NoDelegations: !deleg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		before := c.Stats().Stores
+		for i := 0; i < 20; i++ {
+			name := fmt.Sprintf("/tmp-%v-%d", deleg, i)
+			writeFile(t, c, name, pattern(100<<10, byte(i)))
+			if err := c.Remove(name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stores := c.Stats().Stores - before
+		if deleg && (stores != 0 || c.Stats().DirtyBytes != 0) {
+			t.Fatalf("with delegations: %d stores, %d dirty bytes left for 20 short-lived files", stores, c.Stats().DirtyBytes)
+		}
+		if !deleg && (stores != 20 || c.Stats().LocalOpens != 0) {
+			t.Fatalf("with --no-delegations: %d stores (want 20), %d local opens", stores, c.Stats().LocalOpens)
+		}
+	}
+}
+
+// The flusher stores on its own: above (hidirty+lodirty)/2 dirty chunks it
+// stores until under lodirty (and no further), and data older than the
+// age bound is stored whatever the count.
+func TestFlusher(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	// 16 MiB of 256 KiB chunks: hidirty 36, lodirty 18, start at 27.
+	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 16 << 20, FlushAge: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for i := 0; i < 10; i++ {
+		writeFile(t, a, fmt.Sprintf("/t%d", i), pattern(1<<20, byte(i)))
+	}
+	// Passing the start it stored down to lodirty, and then stays between
+	// lodirty and the start until more is written.
+	const start = 27 << 18
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Stats().DirtyBytes > start && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	st := a.Stats()
+	if st.DirtyBytes > start || st.DirtyBytes == 0 || st.Flushed == 0 || st.DirtyBytes+st.Flushed != 10<<20 {
+		t.Fatalf("after 10 MiB written: %d dirty bytes (want 1..%d), %d flushed", st.DirtyBytes, start, st.Flushed)
+	}
+	time.Sleep(1500 * time.Millisecond) // below the start: nothing more
+	if st2 := a.Stats(); st2.DirtyBytes != st.DirtyBytes {
+		t.Fatalf("the flusher went on below the start threshold: %d → %d dirty bytes", st.DirtyBytes, st2.DirtyBytes)
+	}
+
+	b, err := client.Dial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), FlushAge: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	writeFile(t, b, "/aged", pattern(1<<20, 1))
+	if b.Stats().DirtyBytes == 0 {
+		t.Fatal("close stored the data under a write delegation")
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for b.Stats().DirtyBytes > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := b.Stats(); st.DirtyBytes != 0 || st.Flushed != 1<<20 {
+		t.Fatalf("1 s age bound: %d dirty bytes, %d flushed after 5 s", st.DirtyBytes, st.Flushed)
+	}
+}
+
+// A cache full of dirty data does not fail the writer while the server is
+// there (the flusher drains it); with the server gone, the writer gets
+// ENOSPC.
+func TestDirtyCacheFull(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 4 << 20, FlushAge: time.Hour, RPCTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b := dial(t, srv.addr, "mem", 64<<20)
+	for i := 0; i < 24; i++ {
+		writeFile(t, a, fmt.Sprintf("/full%d", i), pattern(1<<20, byte(i)))
+	}
+	for i := 0; i < 24; i++ {
+		if got := readFile(t, b, fmt.Sprintf("/full%d", i)); !bytes.Equal(got, pattern(1<<20, byte(i))) {
+			t.Fatalf("/full%d differs", i)
+		}
+	}
+	f, err := a.Create("/big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(pattern(1<<20, 1)); err != nil {
+		t.Fatal(err)
+	}
+	srv.kill9()
+	for i := 0; ; i++ {
+		_, err := f.Write(pattern(1<<20, 2))
+		if errors.Is(err, syscall.ENOSPC) {
+			break
+		}
+		if err != nil || i == 8 {
+			t.Fatalf("write %d MiB past a 4 MiB cache with the server gone: %v, want ENOSPC", i+2, err)
+		}
+	}
+}
+
+// startWriter starts a helper process that writes n bytes to name under a
+// write delegation and keeps them in its cache at cacheDir.
+func startWriter(t *testing.T, addr, name, cacheDir string, n int) (*exec.Cmd, io.Writer, *bufio.Scanner) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "HOARD_TEST_HELPER=1", "HOARD_TEST_SERVER="+addr, "HOARD_TEST_FILE="+name,
+		"HOARD_TEST_CACHE="+cacheDir, fmt.Sprintf("HOARD_TEST_WRITE=%d", n))
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() || sc.Text() != "ready" {
+		t.Fatalf("writer: %q", sc.Text())
+	}
+	return cmd, in, sc
+}
+
+// A holder that stops answering loses its write delegation after the lease
+// and the conflicting opener goes on; when it wakes, its late store is
+// refused, fsync says EIO, and the data is kept in lost/ with its path.
+// One that dies leaves its data in its cache, kept in lost/ at the next
+// start.
+func TestLostLeaseKeepsData(t *testing.T) {
+	const lease = 2 * time.Second
+	srv := startServer(t, t.TempDir(), "--lease", lease.String())
+	b := dial(t, srv.addr, "mem", 64<<20)
+	for _, how := range []syscall.Signal{syscall.SIGSTOP, syscall.SIGKILL} {
+		t.Run(how.String(), func(t *testing.T) {
+			cacheDir := t.TempDir()
+			name := "/w-" + strings.Fields(how.String())[0]
+			cmd, in, out := startWriter(t, srv.addr, name, cacheDir, 1<<20)
+			if how == syscall.SIGKILL {
+				// The cache index is group-committed every 100 ms: a
+				// crash inside that loses the record of the dirty data.
+				time.Sleep(300 * time.Millisecond)
+			}
+			cmd.Process.Signal(how)
+			start := time.Now()
+			if got := readFile(t, b, name); len(got) != 0 {
+				t.Fatalf("the reader saw %d bytes the holder never stored", len(got))
+			}
+			if took := time.Since(start); took > lease+2*time.Second {
+				t.Fatalf("the reader waited %v for a silent holder (lease %v)", took, lease)
+			}
+			if how == syscall.SIGKILL {
+				cmd.Wait()
+				c := dial(t, srv.addr, cacheDir, 64<<20) // the next start keeps it in lost/
+				c.Close()
+			} else {
+				cmd.Process.Signal(syscall.SIGCONT)
+				fmt.Fprintln(in, "sync")
+				if !out.Scan() || !strings.HasPrefix(out.Text(), "sync:") || !strings.Contains(out.Text(), "input/output error") {
+					t.Fatalf("fsync after the lease was lost: %q, want EIO", out.Text())
+				}
+				t.Logf("the woken holder's fsync: %s", out.Text())
+			}
+			lost, err := client.ListLost(cacheDir)
+			if err != nil || len(lost) != 1 || lost[0].Path != name || lost[0].Size != 1<<20 {
+				t.Fatalf("lost data: %+v %v", lost, err)
+			}
+			data, _ := os.ReadFile(lost[0].Data)
+			if !bytes.Equal(data, pattern(1<<20, 9)) {
+				t.Fatal("the kept data differs from what was written")
+			}
+		})
+	}
+}
+
+// A server restart while a write delegation is out: the holder reclaims it
+// during the grace period and its data reaches a client that opens the
+// file afterwards. Delegations from before the restart are not trusted.
+func TestServerRestartWithDelegations(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a := dial(t, srv.addr, t.TempDir(), 64<<20)
+	c := dial(t, srv.addr, "mem", 64<<20)
+	v1 := pattern(2<<20, 4)
+	writeFile(t, a, "/r", v1)
+	writeFile(t, a, "/g", []byte("g1"))
+	if got := readFile(t, c, "/g"); string(got) != "g1" {
+		t.Fatalf("before the restart: %q", got)
+	}
+	srv.kill9()
+	srv.restart()
+	b := dial(t, srv.addr, "mem", 64<<20)
+	if got := readFile(t, b, "/r"); !bytes.Equal(got, v1) {
+		t.Fatalf("after the restart the reader saw %d bytes, not the holder's %d", len(got), len(v1))
+	}
+	if a.Stats().Reclaimed < 1 {
+		t.Fatal("no delegation was reclaimed")
+	}
+	writeFile(t, b, "/g", []byte("g2"))
+	if got := readFile(t, c, "/g"); string(got) != "g2" {
+		t.Fatalf("a read delegation from before the restart served %q", got)
+	}
+}
+
+// A recall that arrives while the holder is storing waits for that store
+// and returns the delegation after; the opener sees every byte.
+func TestRecallDuringFlush(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a := dial(t, srv.addr, t.TempDir(), 256<<20)
+	b := dial(t, srv.addr, "mem", 256<<20)
+	v := pattern(48<<20, 5)
+	f, err := a.Create("/m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write(v)
+	synced := make(chan error, 1)
+	go func() { synced <- f.Sync() }()
+	time.Sleep(20 * time.Millisecond)
+	if got := readFile(t, b, "/m"); !bytes.Equal(got, v) {
+		t.Fatalf("read during the holder's flush: %d bytes", len(got))
+	}
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Writes go on while the writer's delegation is recalled: the opener sees
+// at least every write acknowledged before its open began, and the rest
+// after the writer's close.
+func TestWriteWhileRecalled(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a := dial(t, srv.addr, t.TempDir(), 64<<20)
+	b := dial(t, srv.addr, "mem", 64<<20)
+	const block, blocks = 64 << 10, 200
+	want := pattern(block*blocks, 6)
+	f, err := a.Create("/w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var done atomic.Int64
+	wrote := make(chan error, 1)
+	go func() {
+		for i := 0; i < blocks; i++ {
+			if _, err := f.WriteAt(want[i*block:(i+1)*block], int64(i*block)); err != nil {
+				wrote <- err
+				return
+			}
+			done.Store(int64(i + 1))
+			time.Sleep(time.Millisecond)
+		}
+		wrote <- nil
+	}()
+	time.Sleep(30 * time.Millisecond)
+	k := int(done.Load())
+	got := readFile(t, b, "/w")
+	if len(got) < k*block || !bytes.Equal(got[:k*block], want[:k*block]) {
+		t.Fatalf("the opener saw %d bytes; %d were written before it opened", len(got), k*block)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, b, "/w"); !bytes.Equal(got, want) {
+		t.Fatal("after the writer's close the reader does not see every byte")
+	}
+}
