@@ -119,6 +119,10 @@ func (c *Client) Returned(fid node.FID, state uint64) {
 	}
 }
 
+// FileGone forgets the delegation on a file that was removed: the server
+// forgot it too (Server.FileGone).
+func (c *Client) FileGone(fid node.FID) { delete(c.delegs, fid) }
+
 // Delegation is the delegation held on fid, if the lease is good at now.
 func (c *Client) Delegation(fid node.FID, now time.Time) (Held, bool) {
 	h := c.delegs[fid]

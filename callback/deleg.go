@@ -182,9 +182,14 @@ func (s *Server) grantDeleg(id ClientID, fid node.FID, kind DelegKind) *deleg {
 	return d
 }
 
-// dropDeleg forgets a delegation and completes the rounds waiting for it.
+// dropDeleg forgets a delegation and completes the rounds waiting for it;
+// a gone session goes with its last one.
 func (s *Server) dropDeleg(d *deleg) {
-	delete(s.clients[d.client].delegs, d.fid)
+	c := s.clients[d.client]
+	delete(c.delegs, d.fid)
+	if c.gone && len(c.delegs) == 0 {
+		delete(s.clients, d.client)
+	}
 	delete(s.delegsByFID[d.fid], d.client)
 	if len(s.delegsByFID[d.fid]) == 0 {
 		delete(s.delegsByFID, d.fid)
@@ -299,6 +304,18 @@ func (s *Server) Return(id ClientID, fid node.FID, state uint64, readers, writer
 	return true
 }
 
+// FileGone forgets the delegations and opens on a file that no longer
+// exists (its last name was removed): there is nothing left to protect,
+// and a client creating and removing many files must not pile them up.
+func (s *Server) FileGone(fid node.FID) {
+	for _, d := range s.delegsByFID[fid] {
+		s.dropDeleg(d)
+	}
+	for id := range s.opensByFID[fid] {
+		s.dropOpens(id, fid)
+	}
+}
+
 // Valid reports whether id holds the delegation state on fid: a store
 // made under a delegation is accepted only then.
 func (s *Server) Valid(id ClientID, fid node.FID, state uint64) bool {
@@ -360,22 +377,19 @@ func (s *Server) revokeExpired(now time.Time) []Msg {
 			m.FIDs = append(m.FIDs, d.fid)
 			m.States = append(m.States, d.state)
 		}
-		if c.gone {
-			if len(c.delegs) == 0 {
-				delete(s.clients, id)
-			}
-			continue
+		if !c.gone {
+			msgs = append(msgs, m)
 		}
-		msgs = append(msgs, m)
 	}
 	return msgs
 }
 
-// Reclaim hands id, on a new session, the delegation state on fid that a
-// session of the same client left behind (Disconnect). It fails if that
-// delegation is gone: revoked after the lease, so another client may have
-// opened the file since. A recalled one stays recalled, and the recall is
-// sent again to its new holder.
+// Reclaim hands id, on a new session, the delegation state on fid that
+// another session of the same client (the same name) left behind: gone
+// (Disconnect), or not yet noticed gone. It fails if that delegation is
+// gone: revoked after the lease, so another client may have opened the
+// file since. A recalled one stays recalled, and the recall is sent again
+// to its new holder.
 func (s *Server) Reclaim(id ClientID, fid node.FID, state uint64, now time.Time) (Held, []Msg, bool) {
 	c := s.clients[id]
 	if c == nil || c.gone {
@@ -384,7 +398,7 @@ func (s *Server) Reclaim(id ClientID, fid node.FID, state uint64, now time.Time)
 	s.Renew(id, now)
 	var d *deleg
 	for _, o := range s.delegsByFID[fid] {
-		if o.state == state && s.clients[o.client].gone && s.clients[o.client].name == c.name {
+		if o.state == state && o.client != id && c.name != "" && s.clients[o.client].name == c.name {
 			d = o
 		}
 	}

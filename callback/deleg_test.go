@@ -251,6 +251,9 @@ func TestReclaim(t *testing.T) {
 		t.Fatalf("recall of a gone holder's delegation: %+v %+v", res, msgs)
 	}
 	// Another client cannot take it, nor a state that was not a's.
+	if k, _ := s.Delegation(a, fid(1)); k != DelegWrite {
+		t.Fatal("a's write delegation did not outlive its session")
+	}
 	if _, _, ok := s.Reclaim(b, fid(1), wa.State, t0); ok {
 		t.Fatal("b reclaimed a's delegation")
 	}
@@ -502,5 +505,26 @@ func TestUnansweredRecalls(t *testing.T) {
 	msgs = s.Tick(t0.Add(10 * time.Second))
 	if len(msgs) != 1 || msgs[0].Kind != MsgRevoke || msgs[0].Client != c || !s.Done(r2.Wait) {
 		t.Fatalf("after the lease: %+v", msgs)
+	}
+}
+
+// A removed file's delegations and opens are forgotten, with the rounds
+// waiting for them; a gone session goes with its last delegation.
+func TestFileGone(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b := s.Connect("a", t0), s.Connect("b", t0)
+	open(t, s, a, fid(1), true, t0)
+	res, _ := s.Open(b, fid(1), false, t0)
+	s.Disconnect(a, t0)
+	s.FileGone(fid(1))
+	if !s.Done(res.Wait) || s.Delegations() != 0 || s.clients[a] != nil {
+		t.Fatal("a removed file's delegation or its gone holder stayed")
+	}
+	if r, _ := s.Open(b, fid(1), false, t0); r.Kind != DelegRead {
+		t.Fatalf("open after: %+v", r)
+	}
+	s.FileGone(fid(1))
+	if s.Delegations() != 0 || len(s.opensByFID) != 0 {
+		t.Fatal("delegation or opens left on a removed file")
 	}
 }

@@ -26,8 +26,9 @@ type flusher struct {
 	c    *Client
 	kick chan struct{}
 
-	mu    sync.Mutex
-	dirty map[*Node]bool // true while being stored
+	mu      sync.Mutex
+	dirty   map[*Node]bool // true while being stored
+	counted time.Time      // when add last counted the dirty chunks
 }
 
 func newFlusher(c *Client) *flusher {
@@ -35,14 +36,21 @@ func newFlusher(c *Client) *flusher {
 }
 
 // add puts n on the dirty list and wakes the flusher when it has work.
+// Counting walks the list, so a burst of new dirty files (Postmark's
+// creates) counts once per millisecond, not once per file.
 func (f *flusher) add(n *Node) {
+	now := time.Now()
 	f.mu.Lock()
 	_, known := f.dirty[n]
 	if !known {
 		f.dirty[n] = false
 	}
+	count := !known && now.Sub(f.counted) >= time.Millisecond
+	if count {
+		f.counted = now
+	}
 	f.mu.Unlock()
-	if !known && f.dirtyChunks() > f.start() {
+	if count && f.dirtyChunks() > f.start() {
 		f.wake()
 	}
 }

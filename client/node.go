@@ -211,6 +211,7 @@ func (c *Client) forget(n *Node) {
 	c.flusher.remove(n)
 	c.cbMu.Lock()
 	c.cb.Break(n.fid)
+	c.cb.FileGone(n.fid)
 	c.cbMu.Unlock()
 	c.nodesMu.Lock()
 	if c.nodes[n.fid] == n {

@@ -186,6 +186,16 @@ func (s *Server) await(ctx context.Context, ch chan struct{}) error {
 	}
 }
 
+// gone forgets the delegations on a file whose last name went.
+func (s *Server) gone(st node.Status) {
+	if st.Nlink != 0 {
+		return
+	}
+	s.mu.Lock()
+	s.cb.FileGone(st.FID)
+	s.mu.Unlock()
+}
+
 // checkDelegation refuses a store made under a delegation the client no
 // longer holds.
 func (s *Server) checkDelegation(o *op, f node.FID, state uint64) error {

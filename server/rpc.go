@@ -205,6 +205,7 @@ func (s *Server) Remove(ctx context.Context, req *pb.RemoveRequest) (*pb.RemoveR
 	if err != nil {
 		return nil, s.fail("Remove", err)
 	}
+	s.gone(st)
 	o.changed(ctx, dir, st.FID)
 	return &pb.RemoveReply{Dir: o.status(d), Status: pb.FromStatus(st, 0)}, nil
 }
@@ -241,6 +242,7 @@ func (s *Server) Rename(ctx context.Context, req *pb.RenameRequest) (*pb.RenameR
 	if res.Replaced != nil {
 		fids = append(fids, res.Replaced.FID)
 		out.Replaced = pb.FromStatus(*res.Replaced, 0)
+		s.gone(*res.Replaced)
 	}
 	o.changed(ctx, fids...)
 	out.SrcDir, out.DstDir, out.Status = o.status(res.SrcDir), o.status(res.DstDir), o.status(res.Moved)
