@@ -75,19 +75,19 @@ func (c *Client) openDeleg(n *Node, write bool) error {
 		return err
 	}
 	n.addOpen(write, reply.Recorded)
-	c.delegated(t, n, reply)
+	c.delegated(t, n, reply.Kind, reply.State)
 	_, err = c.learnPB(t, reply.Status)
 	return err
 }
 
-// delegated installs the delegation an open reply granted, and starts the
-// recall of one that was recalled before its grant arrived.
-func (c *Client) delegated(t callback.Ticket, n *Node, reply *pb.OpenReply) (callback.Held, bool) {
-	if reply.Kind == pb.DelegKind_DELEG_NONE {
+// delegated installs the delegation an open or create reply granted, and
+// starts the recall of one that was recalled before its grant arrived.
+func (c *Client) delegated(t callback.Ticket, n *Node, kind pb.DelegKind, state uint64) (callback.Held, bool) {
+	if kind == pb.DelegKind_DELEG_NONE {
 		return callback.Held{}, false
 	}
 	c.cbMu.Lock()
-	h, ok := c.cb.Delegated(t, n.fid, callback.DelegKind(reply.Kind), reply.State, c.cb.Epoch())
+	h, ok := c.cb.Delegated(t, n.fid, callback.DelegKind(kind), state, c.cb.Epoch())
 	c.cbMu.Unlock()
 	if ok && h.Recalled {
 		go c.giveBack(n.fid, h.State)
@@ -303,7 +303,7 @@ func (c *Client) reclaim(n *Node, state uint64) {
 		return
 	}
 	c.counters.reclaims.Add(1)
-	h, ok := c.delegated(t, n, reply)
+	h, ok := c.delegated(t, n, reply.Kind, reply.State)
 	n.mu.Lock()
 	if ok && h.Kind == callback.DelegWrite {
 		n.dirtyState = h.State

@@ -151,7 +151,8 @@ func (c *Client) creator() Creator {
 }
 
 // create makes name in dir. With excl unset an existing regular file is
-// returned instead (created=false).
+// returned instead (created=false). A new file comes with a write
+// delegation when the client takes them (it is about to be opened).
 func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool) (*Node, bool, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, false, err
@@ -161,7 +162,7 @@ func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Cr
 	var reply *pb.CreateReply
 	err := c.call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Create(ctx, &pb.CreateRequest{Dir: pb.FromFID(dir.fid), Name: name, Type: pb.FromType(t),
-			Mode: mode, Uid: who.UID, Gid: who.GID, Target: target, Rdev: rdev, Exclusive: excl})
+			Mode: mode, Uid: who.UID, Gid: who.GID, Target: target, Rdev: rdev, Exclusive: excl, Open: t == node.TypeFile && c.delegating()})
 		return err
 	})
 	if err != nil {
@@ -171,6 +172,7 @@ func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Cr
 	if err != nil {
 		return nil, false, err
 	}
+	c.delegated(tk, child, reply.Kind, reply.State)
 	if !reply.Created {
 		_, err := c.learnPB(tk, reply.Dir)
 		return child, false, err

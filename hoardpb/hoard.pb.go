@@ -1755,7 +1755,11 @@ type CreateRequest struct {
 	// Symlink text, or the volume name of a mount point.
 	Target string `protobuf:"bytes,8,opt,name=target,proto3" json:"target,omitempty"`
 	// Device number, for a device node.
-	Rdev          uint64 `protobuf:"varint,9,opt,name=rdev,proto3" json:"rdev,omitempty"`
+	Rdev uint64 `protobuf:"varint,9,opt,name=rdev,proto3" json:"rdev,omitempty"`
+	// The creator opens the new file for writing: a file that did not exist
+	// comes with a write delegation (nobody else can have it open), saving
+	// the Open. An existing file is opened with Open as usual.
+	Open          bool `protobuf:"varint,10,opt,name=open,proto3" json:"open,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1853,11 +1857,21 @@ func (x *CreateRequest) GetRdev() uint64 {
 	return 0
 }
 
+func (x *CreateRequest) GetOpen() bool {
+	if x != nil {
+		return x.Open
+	}
+	return false
+}
+
 type CreateReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Status        *Status                `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
-	Dir           *Status                `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
-	Created       bool                   `protobuf:"varint,3,opt,name=created,proto3" json:"created,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Status  *Status                `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
+	Dir     *Status                `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	Created bool                   `protobuf:"varint,3,opt,name=created,proto3" json:"created,omitempty"`
+	// With open, for a new file: the write delegation granted.
+	Kind          DelegKind `protobuf:"varint,4,opt,name=kind,proto3,enum=hoard.v1.DelegKind" json:"kind,omitempty"`
+	State         uint64    `protobuf:"varint,5,opt,name=state,proto3" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1911,6 +1925,20 @@ func (x *CreateReply) GetCreated() bool {
 		return x.Created
 	}
 	return false
+}
+
+func (x *CreateReply) GetKind() DelegKind {
+	if x != nil {
+		return x.Kind
+	}
+	return DelegKind_DELEG_NONE
+}
+
+func (x *CreateReply) GetState() uint64 {
+	if x != nil {
+		return x.State
+	}
+	return 0
 }
 
 type LinkRequest struct {
@@ -3385,7 +3413,7 @@ const file_hoard_proto_rawDesc = "" +
 	"\fReadDirReply\x12,\n" +
 	"\aentries\x18\x01 \x03(\v2\x12.hoard.v1.DirEntryR\aentries\x12\x10\n" +
 	"\x03eof\x18\x02 \x01(\bR\x03eof\x12\"\n" +
-	"\x03dir\x18\x03 \x01(\v2\x10.hoard.v1.StatusR\x03dir\"\xee\x01\n" +
+	"\x03dir\x18\x03 \x01(\v2\x10.hoard.v1.StatusR\x03dir\"\x82\x02\n" +
 	"\rCreateRequest\x12\x1f\n" +
 	"\x03dir\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03dir\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12&\n" +
@@ -3395,11 +3423,15 @@ const file_hoard_proto_rawDesc = "" +
 	"\x03gid\x18\x06 \x01(\rR\x03gid\x12\x1c\n" +
 	"\texclusive\x18\a \x01(\bR\texclusive\x12\x16\n" +
 	"\x06target\x18\b \x01(\tR\x06target\x12\x12\n" +
-	"\x04rdev\x18\t \x01(\x04R\x04rdev\"u\n" +
+	"\x04rdev\x18\t \x01(\x04R\x04rdev\x12\x12\n" +
+	"\x04open\x18\n" +
+	" \x01(\bR\x04open\"\xb4\x01\n" +
 	"\vCreateReply\x12(\n" +
 	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\x12\"\n" +
 	"\x03dir\x18\x02 \x01(\v2\x10.hoard.v1.StatusR\x03dir\x12\x18\n" +
-	"\acreated\x18\x03 \x01(\bR\acreated\"i\n" +
+	"\acreated\x18\x03 \x01(\bR\acreated\x12'\n" +
+	"\x04kind\x18\x04 \x01(\x0e2\x13.hoard.v1.DelegKindR\x04kind\x12\x14\n" +
+	"\x05state\x18\x05 \x01(\x04R\x05state\"i\n" +
 	"\vLinkRequest\x12\x1f\n" +
 	"\x03dir\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03dir\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12%\n" +
@@ -3636,73 +3668,74 @@ var file_hoard_proto_depIdxs = []int32{
 	0,  // 27: hoard.v1.CreateRequest.type:type_name -> hoard.v1.FileType
 	3,  // 28: hoard.v1.CreateReply.status:type_name -> hoard.v1.Status
 	3,  // 29: hoard.v1.CreateReply.dir:type_name -> hoard.v1.Status
-	2,  // 30: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
-	2,  // 31: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
-	3,  // 32: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
-	3,  // 33: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
-	2,  // 34: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
-	3,  // 35: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
-	3,  // 36: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
-	2,  // 37: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
-	2,  // 38: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
-	3,  // 39: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
-	3,  // 40: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
-	3,  // 41: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
-	3,  // 42: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
-	2,  // 43: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
-	3,  // 44: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
-	2,  // 45: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
-	3,  // 46: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
-	2,  // 47: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
-	3,  // 48: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
-	2,  // 49: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
-	3,  // 50: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
-	1,  // 51: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
-	2,  // 52: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
-	2,  // 53: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
-	5,  // 54: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
-	16, // 55: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
-	17, // 56: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
-	19, // 57: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
-	20, // 58: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
-	22, // 59: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
-	25, // 60: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
-	28, // 61: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
-	30, // 62: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
-	32, // 63: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
-	34, // 64: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
-	36, // 65: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
-	38, // 66: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
-	40, // 67: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
-	42, // 68: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
-	44, // 69: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
-	46, // 70: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
-	48, // 71: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
-	49, // 72: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
-	8,  // 73: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
-	15, // 74: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
-	18, // 75: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
-	15, // 76: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
-	21, // 77: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
-	24, // 78: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
-	27, // 79: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
-	29, // 80: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
-	31, // 81: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
-	33, // 82: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
-	35, // 83: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
-	37, // 84: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
-	39, // 85: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
-	41, // 86: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
-	43, // 87: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
-	45, // 88: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
-	47, // 89: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
-	51, // 90: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
-	50, // 91: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
-	73, // [73:92] is the sub-list for method output_type
-	54, // [54:73] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	1,  // 30: hoard.v1.CreateReply.kind:type_name -> hoard.v1.DelegKind
+	2,  // 31: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
+	2,  // 32: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
+	3,  // 33: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
+	3,  // 34: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
+	2,  // 35: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
+	3,  // 36: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
+	3,  // 37: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
+	2,  // 38: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
+	2,  // 39: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
+	3,  // 40: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
+	3,  // 41: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
+	3,  // 42: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
+	3,  // 43: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
+	2,  // 44: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
+	3,  // 45: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
+	2,  // 46: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
+	3,  // 47: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
+	2,  // 48: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
+	3,  // 49: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
+	2,  // 50: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
+	3,  // 51: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
+	1,  // 52: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
+	2,  // 53: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
+	2,  // 54: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
+	5,  // 55: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
+	16, // 56: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
+	17, // 57: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
+	19, // 58: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
+	20, // 59: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
+	22, // 60: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
+	25, // 61: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
+	28, // 62: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
+	30, // 63: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
+	32, // 64: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
+	34, // 65: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
+	36, // 66: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
+	38, // 67: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
+	40, // 68: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
+	42, // 69: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
+	44, // 70: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
+	46, // 71: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
+	48, // 72: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
+	49, // 73: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
+	8,  // 74: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
+	15, // 75: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
+	18, // 76: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
+	15, // 77: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
+	21, // 78: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
+	24, // 79: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
+	27, // 80: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
+	29, // 81: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
+	31, // 82: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
+	33, // 83: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
+	35, // 84: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
+	37, // 85: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
+	39, // 86: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
+	41, // 87: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
+	43, // 88: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
+	45, // 89: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
+	47, // 90: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
+	51, // 91: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
+	50, // 92: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
+	74, // [74:93] is the sub-list for method output_type
+	55, // [55:74] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_hoard_proto_init() }

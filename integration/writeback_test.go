@@ -104,8 +104,8 @@ func TestFlusher(t *testing.T) {
 	// lodirty and the start until more is written.
 	const start = 27 << 18
 	deadline := time.Now().Add(10 * time.Second)
-	for a.Stats().DirtyBytes > start && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
+	for st := a.Stats(); (st.DirtyBytes > start || st.DirtyBytes+st.Flushed != 10<<20) && time.Now().Before(deadline); st = a.Stats() {
+		time.Sleep(50 * time.Millisecond) // the flusher is at work
 	}
 	st := a.Stats()
 	if st.DirtyBytes > start || st.DirtyBytes == 0 || st.Flushed == 0 || st.DirtyBytes+st.Flushed != 10<<20 {

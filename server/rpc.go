@@ -157,10 +157,20 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	if err != nil {
 		return nil, s.fail("Create", err)
 	}
+	reply := &pb.CreateReply{Created: created}
 	if created {
 		o.changed(ctx, dir)
+		if req.Open && t == node.TypeFile && o.id != 0 && s.cfg.Lease > 0 {
+			// A new FID: nobody else has it open or delegated, so this
+			// is a grant, never a wait or a recorded open.
+			s.mu.Lock()
+			res, _ := s.cb.Open(o.id, st.FID, true, time.Now())
+			s.mu.Unlock()
+			reply.Kind, reply.State = pb.DelegKind(res.Kind), res.State
+		}
 	}
-	return &pb.CreateReply{Status: o.status(st), Dir: o.status(d), Created: created}, nil
+	reply.Status, reply.Dir = o.status(st), o.status(d)
+	return reply, nil
 }
 
 func (s *Server) Link(ctx context.Context, req *pb.LinkRequest) (*pb.LinkReply, error) {
