@@ -44,13 +44,14 @@ func (c *Client) delegation(n *Node) (callback.Held, bool) {
 
 // current reports whether n's cached status may be used without asking:
 // a promise or a delegation is held (a change by anyone else would recall
-// the delegation first).
+// the delegation first). A recalled delegation does not count: the break
+// of the change it makes way for may arrive before the return is done.
 func (c *Client) current(n *Node) bool {
 	if n.valid.Load() {
 		return true
 	}
-	_, ok := c.delegation(n)
-	return ok
+	h, ok := c.delegation(n)
+	return ok && !h.Recalled
 }
 
 // openDeleg records an open of file n: locally under a delegation that

@@ -116,7 +116,7 @@ func (c *Client) RemoveAt(dir *Node, name string, dirOnly bool) error {
 	if err != nil {
 		return err
 	}
-	c.removed(reply.Status)
+	c.removed(t, reply.Status)
 	return c.changedDir(t, dir, reply.Dir, func(d *Node) { d.delDentLocked(name) })
 }
 

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/vnode"
@@ -383,8 +384,10 @@ func (c *Client) remove(name string) error {
 	return err
 }
 
-// removed updates a vnode that lost a name: forgotten when it is gone.
-func (c *Client) removed(ps *pb.Status) {
+// removed updates a vnode that lost a name: forgotten when it is gone,
+// given the status the server replied with otherwise (a delegation would
+// go on serving the one from before).
+func (c *Client) removed(t callback.Ticket, ps *pb.Status) {
 	st, _, err := ps.ToStatus()
 	if err != nil {
 		return
@@ -400,9 +403,8 @@ func (c *Client) removed(ps *pb.Status) {
 		}
 		return
 	}
-	if n := c.node(st.FID); n != nil {
-		n.valid.Store(false)
-	}
+	c.node(st.FID).valid.Store(false)
+	c.learn(t, st, 0)
 }
 
 // Rename renames oldname to newname, replacing newname if it exists (and
@@ -441,7 +443,7 @@ func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string) er
 		return err
 	}
 	if reply.Replaced != nil {
-		c.removed(reply.Replaced)
+		c.removed(t, reply.Replaced)
 	}
 	moved, err := c.learnPB(t, reply.Status)
 	if err != nil {
