@@ -322,12 +322,14 @@ func (c *Client) reclaim(n *Node, state uint64) {
 }
 
 // dropDelegations forgets every delegation after a new session began
-// (reconnection, server restart) or a reset: write delegations with dirty
-// data are reclaimed (after a reset the server refuses, and the data is
-// kept in lost/). Opens the server recorded are gone with the session.
+// (reconnection, server restart) or a reset, and deals with the dirty data
+// made under write delegations, including those already dropped when the
+// lease lapsed: on a new session it is reclaimed; after a reset the server
+// refuses it and it is kept in lost/. Opens the server recorded are gone
+// with the session.
 func (c *Client) dropDelegations(reclaim bool) {
 	c.cbMu.Lock()
-	held := c.cb.DropDelegations()
+	c.cb.DropDelegations()
 	c.cbMu.Unlock()
 	c.nodesMu.Lock()
 	for _, n := range c.nodes {
@@ -336,18 +338,15 @@ func (c *Client) dropDelegations(reclaim bool) {
 		n.mu.Unlock()
 	}
 	c.nodesMu.Unlock()
-	for _, h := range held {
-		if h.Kind != callback.DelegWrite {
-			continue
-		}
-		c.nodesMu.Lock()
-		n := c.nodes[h.FID]
-		c.nodesMu.Unlock()
-		if n == nil {
+	for _, n := range c.flusher.all() {
+		n.mu.Lock()
+		state := n.dirtyState
+		n.mu.Unlock()
+		if state == 0 {
 			continue
 		}
 		if reclaim {
-			go c.reclaim(n, h.State)
+			go c.reclaim(n, state)
 		} else {
 			go func() {
 				n.wmu.Lock()

@@ -164,11 +164,13 @@ func metadataCtx(ctx context.Context, session string) context.Context {
 }
 
 // A server that is down for a moment is waited for; one that stays down
-// makes Close fail with EIO, and the writes are kept, not dropped.
+// makes Close fail with EIO, and the writes are kept, not dropped. (Close
+// stores without delegations; under a write delegation it leaves the data
+// to the flusher: TestServerAwayWithWriteBack.)
 func TestServerAwayDuringClose(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	cacheDir := t.TempDir()
-	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: cacheDir, CacheSize: 16 << 20, RPCTimeout: 3 * time.Second})
+	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: cacheDir, CacheSize: 16 << 20, RPCTimeout: 3 * time.Second, NoDelegations: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -338,3 +338,33 @@ func TestWriteWhileRecalled(t *testing.T) {
 		t.Fatal("after the writer's close the reader does not see every byte")
 	}
 }
+
+// With the server gone, fsync of data under a write delegation fails with
+// EIO and the data stays in the cache; when the server is back (a restart)
+// the holder reclaims its delegation and the data reaches other clients.
+func TestServerAwayWithWriteBack(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), RPCTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	writeFile(t, a, "/wb", []byte("kept through the outage"))
+	srv.kill9()
+	f, err := a.Open("/wb", os.O_WRONLY, 0) // local, under the delegation
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); !errors.Is(err, syscall.EIO) && !errors.Is(err, syscall.ETIMEDOUT) {
+		t.Fatalf("fsync with the server gone: %v, want EIO", err)
+	}
+	f.Close()
+	if a.Stats().DirtyBytes == 0 {
+		t.Fatal("the undelivered data left the cache")
+	}
+	srv.restart()
+	b := dial(t, srv.addr, "mem", 16<<20)
+	if got, err := tryRead(b, "/wb"); err != nil || string(got) != "kept through the outage" {
+		t.Fatalf("after the server came back: %q %v", got, err)
+	}
+}
