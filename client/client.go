@@ -231,15 +231,15 @@ func Dial(opts Options) (*Client, error) {
 
 // Close stores what the flusher still holds, gives delegations back, stops
 // the back channel and closes the cache cleanly. Writes it could not store
-// stay in the cache, and the next Dial keeps them in lost/.
+// are kept in lost/, and the error says so.
 func (c *Client) Close() error {
-	c.flusher.drain(nil)
+	lost := c.flushAll()
 	c.returnAll()
 	c.cancel()
 	c.wg.Wait()
 	c.setGauges()
 	c.conn.Close()
-	return c.cache.Close()
+	return errors.Join(lost, c.cache.Close())
 }
 
 // backChannel keeps a Connect stream open, reconnecting with backoff. While

@@ -238,3 +238,20 @@ func (f *flusher) drain(skip *Node) bool {
 }
 
 var errBusy = errors.New("file busy")
+
+// flushAll stores every dirty file, at Close; what could not be stored is
+// kept in lost/ and reported.
+func (c *Client) flushAll() error {
+	c.flusher.drain(nil)
+	var errs []error
+	for _, n := range c.flusher.all() {
+		n.wmu.Lock()
+		name := n.entry.Policy("path")
+		if name == "" {
+			name = "fid " + n.fid.String()
+		}
+		errs = append(errs, c.keepLost(n, name, errors.New("not stored when the client closed (server unreachable)")))
+		n.wmu.Unlock()
+	}
+	return errors.Join(errs...)
+}

@@ -368,3 +368,23 @@ func TestServerAwayWithWriteBack(t *testing.T) {
 		t.Fatalf("after the server came back: %q %v", got, err)
 	}
 }
+
+// A client closed while the server is unreachable says that writes under
+// its write delegations were not stored, and keeps them in lost/.
+func TestCloseReportsUnstored(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	cacheDir := t.TempDir()
+	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: cacheDir, RPCTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, a, "/unstored", []byte("still here"))
+	srv.kill9()
+	if err := a.Close(); err == nil || !strings.Contains(err.Error(), "/unstored") {
+		t.Fatalf("close of a client with unstored writes: %v", err)
+	}
+	lost, err := client.ListLost(cacheDir)
+	if err != nil || len(lost) != 1 || lost[0].Path != "/unstored" {
+		t.Fatalf("lost: %+v %v", lost, err)
+	}
+}

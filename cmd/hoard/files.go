@@ -134,12 +134,15 @@ func withClient(use, short string, args cobra.PositionalArgs, setup func(*pflag.
 	cmd := &cobra.Command{Use: use, Short: short, Args: args,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cf.cacheGiven = cmd.Flags().Changed("cache")
+			// A short-lived command has nothing to gain from write-back
+			// and must know its writes arrived before it exits.
+			cf.noDeleg = true
 			c, err := cf.dial()
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			return fn(c, args)
+			err = fn(c, args)
+			return errors.Join(err, c.Close())
 		}}
 	cf.add(cmd.Flags())
 	if setup != nil {
