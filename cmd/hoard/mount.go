@@ -52,7 +52,11 @@ func mountCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			defer c.Close()
+			defer func() {
+				if err := c.Close(); err != nil {
+					slog.Error("unmounted with writes not stored; see hoard cache lost", "err", err)
+				}
+			}()
 			if err := m.Serve(c, dir, debug); err != nil {
 				return err
 			}
