@@ -32,7 +32,7 @@ type Client struct {
 
 	// Delegations (clientdeleg.go).
 	delegs   map[node.FID]*Held
-	early    map[uint64]earlyKind
+	fates    map[uint64]fate
 	lease    time.Duration
 	leaseEnd time.Time
 }
@@ -47,7 +47,7 @@ type Ticket struct {
 // NewClient returns an empty promise table.
 func NewClient() *Client {
 	return &Client{promises: map[node.FID]*promise{}, broken: map[node.FID]uint64{}, tickets: map[uint64]int{},
-		delegs: map[node.FID]*Held{}, early: map[uint64]earlyKind{}}
+		delegs: map[node.FID]*Held{}, fates: map[uint64]fate{}}
 }
 
 // Begin is called just before sending an RPC whose reply may grant promises.

@@ -26,16 +26,17 @@ type Held struct {
 	Recalled bool
 }
 
-// maxEarly bounds the recalls and revocations remembered for states not
-// yet granted (a grant whose reply was lost would otherwise leave its
-// entry for ever); the lowest states are forgotten first.
-const maxEarly = 1024
+// maxFates bounds the states whose fate is remembered; the lowest (the
+// oldest grants) are forgotten first.
+const maxFates = 1024
 
-type earlyKind uint8
+// fate is what became of a delegation state: recalled, or over (revoked
+// or returned), which a later grant of that state must honour.
+type fate uint8
 
 const (
-	earlyRecall earlyKind = iota + 1
-	earlyRevoke
+	fateRecalled fate = iota + 1
+	fateOver
 )
 
 // SetLease sets the delegation lease the server announced.
@@ -53,20 +54,23 @@ func (c *Client) Answered(sent time.Time) {
 func (c *Client) LeaseEnd() time.Time { return c.leaseEnd }
 
 // Delegated installs a delegation granted by the reply to the request of
-// ticket t, replacing one of another state on the same file (an upgrade).
-// It is refused (false) if a reset or an epoch change arrived since the
-// request began, or a revocation overtook the grant; a recall that did
-// marks it recalled at once.
+// ticket t, replacing one of another state on the same file (an upgrade),
+// and reports whether it did. It is refused if a reset or an epoch change
+// arrived since the request began, or the state is over (revoked or
+// returned); a repeat grant of the state held changes nothing. A state
+// recalled before the grant is installed recalled.
 func (c *Client) Delegated(t Ticket, fid node.FID, kind DelegKind, state uint64, epoch uint64) (Held, bool) {
 	if kind == DelegNone || epoch != c.epoch || t.epoch != c.epoch || c.resetAt > t.at {
 		return Held{}, false
 	}
-	e := c.early[state]
-	delete(c.early, state)
-	if e == earlyRevoke {
+	f := c.fates[state]
+	if f == fateOver {
 		return Held{}, false
 	}
-	h := &Held{FID: fid, Kind: kind, State: state, Recalled: e == earlyRecall}
+	if h := c.delegs[fid]; h != nil && h.State == state {
+		return Held{}, false
+	}
+	h := &Held{FID: fid, Kind: kind, State: state, Recalled: f == fateRecalled}
 	c.delegs[fid] = h
 	return *h, true
 }
@@ -74,9 +78,9 @@ func (c *Client) Delegated(t Ticket, fid node.FID, kind DelegKind, state uint64,
 // Recall marks the delegation state on fid recalled and returns it; a
 // recall of a state not held yet is remembered for its grant.
 func (c *Client) Recall(fid node.FID, state uint64) (Held, bool) {
+	c.remember(state, fateRecalled)
 	h := c.delegs[fid]
 	if h == nil || h.State != state {
-		c.remember(state, earlyRecall)
 		return Held{}, false
 	}
 	h.Recalled = true
@@ -86,34 +90,36 @@ func (c *Client) Recall(fid node.FID, state uint64) (Held, bool) {
 // Revoke drops the delegation state on fid and reports whether it was
 // held: dirty data under it can no longer be stored.
 func (c *Client) Revoke(fid node.FID, state uint64) bool {
+	c.remember(state, fateOver)
 	h := c.delegs[fid]
 	if h == nil || h.State != state {
-		c.remember(state, earlyRevoke)
 		return false
 	}
 	delete(c.delegs, fid)
 	return true
 }
 
-func (c *Client) remember(state uint64, k earlyKind) {
-	if c.early[state] == earlyRevoke {
+func (c *Client) remember(state uint64, f fate) {
+	if c.fates[state] == fateOver {
 		return
 	}
-	c.early[state] = k
-	if len(c.early) > maxEarly {
+	c.fates[state] = f
+	if len(c.fates) > maxFates {
 		low := uint64(0)
 		first := true
-		for s := range c.early {
+		for s := range c.fates {
 			if first || s < low {
 				low, first = s, false
 			}
 		}
-		delete(c.early, low)
+		delete(c.fates, low)
 	}
 }
 
-// Returned drops the delegation state on fid once the server took it back.
+// Returned drops the delegation state on fid once the return was answered
+// (taken back, or refused as no longer held): the state is over.
 func (c *Client) Returned(fid node.FID, state uint64) {
+	c.remember(state, fateOver)
 	if h := c.delegs[fid]; h != nil && h.State == state {
 		delete(c.delegs, fid)
 	}
@@ -143,7 +149,7 @@ func (c *Client) DropDelegations() []Held {
 	}
 	sort.Slice(out, func(i, j int) bool { return fidLess(out[i].FID, out[j].FID) })
 	c.delegs = map[node.FID]*Held{}
-	clear(c.early)
+	clear(c.fates)
 	return out
 }
 

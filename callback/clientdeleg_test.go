@@ -156,15 +156,48 @@ func TestClientUpgradeAndDrop(t *testing.T) {
 	}
 }
 
-func TestClientEarlyBounded(t *testing.T) {
+func TestClientFatesBounded(t *testing.T) {
 	c := leased(1)
-	for s := uint64(1); s <= maxEarly+10; s++ {
+	for s := uint64(1); s <= maxFates+10; s++ {
 		c.Recall(fid(1), s)
 	}
-	if len(c.early) != maxEarly {
-		t.Fatalf("%d early entries, bound %d", len(c.early), maxEarly)
+	if len(c.fates) != maxFates {
+		t.Fatalf("%d fates kept, bound %d", len(c.fates), maxFates)
 	}
-	if _, ok := c.early[1]; ok {
+	if _, ok := c.fates[1]; ok {
 		t.Fatal("the lowest state was kept")
+	}
+}
+
+// An open racing a recall and return may be answered with the client's
+// own delegation: the reply neither clears the recall nor revives the
+// state once returned.
+func TestClientRegrantAfterRecall(t *testing.T) {
+	c := leased(1)
+	c.Answered(t0)
+	delegate(t, c, fid(1), DelegWrite, 4)
+	tk := c.Begin(t0)
+	c.Recall(fid(1), 4)
+	if _, ok := c.Delegated(tk, fid(1), DelegWrite, 4, 1); ok {
+		t.Fatal("a repeat grant reported as new")
+	}
+	if h, ok := c.Delegation(fid(1), t0); !ok || !h.Recalled {
+		t.Fatalf("repeat grant cleared the recall: %+v %v", h, ok)
+	}
+	c.Returned(fid(1), 4)
+	if _, ok := c.Delegated(tk, fid(1), DelegWrite, 4, 1); ok {
+		t.Fatal("a returned state was installed again")
+	}
+	c.End(tk)
+	if _, ok := c.Delegation(fid(1), t0); ok {
+		t.Fatal("returned delegation held")
+	}
+	// A recall that reached the client before the grant of the same
+	// state (held already once, then dropped with the lease) still counts.
+	delegate(t, c, fid(2), DelegRead, 5)
+	c.Recall(fid(2), 5)
+	c.FileGone(fid(2))
+	if h := delegate(t, c, fid(2), DelegRead, 5); !h.Recalled {
+		t.Fatal("a recalled state came back unrecalled")
 	}
 }

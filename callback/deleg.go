@@ -75,7 +75,8 @@ type OpenResult struct {
 // recall on the file is under way (so that a stream of readers cannot
 // starve a writer waiting for a recall); a client that holds a read
 // delegation and opens for writing is upgraded when it can be (a new
-// state: the old one is no longer valid).
+// state: the old one is no longer valid). A delegation of the client's
+// own that is being recalled covers no new open: that one is recorded.
 func (s *Server) Open(id ClientID, fid node.FID, write bool, now time.Time) (OpenResult, []Msg) {
 	c := s.clients[id]
 	if c == nil {
@@ -86,7 +87,7 @@ func (s *Server) Open(id ClientID, fid node.FID, write bool, now time.Time) (Ope
 		return OpenResult{Wait: r}, msgs
 	}
 	own := c.delegs[fid]
-	if own != nil && (own.kind == DelegWrite || !write) {
+	if own != nil && own.recalled.IsZero() && (own.kind == DelegWrite || !write) {
 		return OpenResult{Kind: own.kind, State: own.state}, nil
 	}
 	if s.cfg.Lease > 0 && !s.othersOpen(id, fid, write) && !s.recalling(fid) {
@@ -286,8 +287,9 @@ func (s *Server) recallAll(ds []*deleg, now time.Time) (Round, []Msg) {
 }
 
 // Return gives back id's delegation on fid, after the holder stored its
-// dirty data; readers and writers are the opens it still has on the file,
-// which the server now records. A return of a delegation the client no
+// dirty data; readers and writers are the opens it made under the
+// delegation and still has, which the server adds to those it recorded
+// (opens it sent while the return was on its way are among those). A return of a delegation the client no
 // longer holds (revoked, or replaced by an upgrade) reports false.
 func (s *Server) Return(id ClientID, fid node.FID, state uint64, readers, writers int, now time.Time) bool {
 	c := s.clients[id]
@@ -300,7 +302,8 @@ func (s *Server) Return(id ClientID, fid node.FID, state uint64, readers, writer
 		return false
 	}
 	s.dropDeleg(d)
-	s.setOpens(id, fid, readers, writers)
+	o := s.openOf(id, fid)
+	s.setOpens(id, fid, o.readers+readers, o.writers+writers)
 	return true
 }
 

@@ -210,7 +210,7 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 			return
 		}
 		n.mu.Lock()
-		r, w = n.opens.r, n.opens.w
+		r, w = n.opens.r-n.opens.recR, n.opens.w-n.opens.recW
 		n.mu.Unlock()
 	}
 	var reply *pb.ReturnReply
@@ -225,7 +225,7 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 		// knew the delegation, those made under it stay unknown to it.
 		n.mu.Lock()
 		if reply.Accepted {
-			n.opens.recR, n.opens.recW = r, w
+			n.opens.recR, n.opens.recW = n.opens.recR+r, n.opens.recW+w
 		} else {
 			n.opens.r, n.opens.w = n.opens.recR, n.opens.recW
 		}

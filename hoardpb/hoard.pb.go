@@ -3123,7 +3123,8 @@ func (*CloseReply) Descriptor() ([]byte, []int) {
 }
 
 // Return gives a delegation back after its dirty data was stored; readers
-// and writers are the opens the client still has on the file.
+// and writers are the opens the client made under it and still has, which
+// the server adds to those it recorded.
 type ReturnRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Fid           *FID                   `protobuf:"bytes,1,opt,name=fid,proto3" json:"fid,omitempty"`

@@ -159,15 +159,17 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	}
 	reply := &pb.CreateReply{Created: created}
 	if created {
-		o.changed(ctx, dir)
 		if req.Open && t == node.TypeFile && o.id != 0 && s.cfg.Lease > 0 {
-			// A new FID: nobody else has it open or delegated, so this
-			// is a grant, never a wait or a recorded open.
+			// Granted before the directory's promises are broken, so
+			// before anybody else can learn the new name and open it:
+			// this is a grant, never a wait or a recorded open.
 			s.mu.Lock()
-			res, _ := s.cb.Open(o.id, st.FID, true, time.Now())
+			res, msgs := s.cb.Open(o.id, st.FID, true, time.Now())
+			s.waitLocked(res.Wait, msgs)
 			s.mu.Unlock()
 			reply.Kind, reply.State = pb.DelegKind(res.Kind), res.State
 		}
+		o.changed(ctx, dir)
 	}
 	reply.Status, reply.Dir = o.status(st), o.status(d)
 	return reply, nil
