@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -581,5 +582,53 @@ func writeSynced(t *testing.T, path string, data []byte) {
 	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A mount that looks a file up under its new name while another client
+// renames it still drops the old name when the rename returns. go-fuse
+// builds a second inode for the second name and drops it for the one it
+// has; invalidations once went to the dropped one, so the kernel kept the
+// old name for as long as the file's promise lasted.
+func TestFuseRenameSeenUnderBothNames(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	lib := dialCons(t, srv, t.Name()+"-lib", false)
+	if err := lib.Mkdir("/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m := startMount(t, srv, t.TempDir())
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(stop)
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if f, err := os.Open(m.path("d/new")); err == nil {
+				f.Close()
+			}
+		}
+	})
+	stale := 0
+	for range 200 {
+		if err := os.WriteFile(m.path("d/old"), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := lib.Rename("/d/old", "/d/new"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(m.path("d/old")); !errors.Is(err, fs.ErrNotExist) {
+			stale++
+		}
+		if err := lib.Remove("/d/new"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if stale > 0 {
+		t.Fatalf("the mount still had the old name after %d of 200 renames", stale)
 	}
 }

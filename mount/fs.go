@@ -80,7 +80,7 @@ func fillAttr(st node.Status, out *fuse.Attr) {
 // errno turns a cache manager error into the errno for the kernel.
 func errno(err error) syscall.Errno { return client.Errno(err) }
 
-func (h *hnode) OnAdd(ctx context.Context) { h.m.track(h) }
+func (h *hnode) OnAdd(ctx context.Context) { h.m.track(h, false) }
 
 func (h *hnode) OnForget() {
 	h.m.untrack(h)
@@ -97,6 +97,7 @@ func (h *hnode) child(ctx context.Context, n *client.Node, st node.Status, out *
 }
 
 func (h *hnode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	h.m.track(h, true)
 	n, st, err := h.m.c.Lookup(h.n, name)
 	if err != nil {
 		return nil, errno(err)
@@ -105,6 +106,7 @@ func (h *hnode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*f
 }
 
 func (h *hnode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	h.m.track(h, true)
 	st, err := h.m.c.Getattr(h.n)
 	if err != nil {
 		return errno(err)
@@ -336,6 +338,7 @@ func (h *hnode) Create(ctx context.Context, name string, flags uint32, mode uint
 }
 
 func (h *hnode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	h.m.track(h, true)
 	return h.open(h.Path(h.Root()), flags)
 }
 

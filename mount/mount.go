@@ -77,10 +77,20 @@ func (m *Mount) notify(f node.FID) {
 	}
 }
 
-func (m *Mount) track(h *hnode) {
+// track records h as the kernel's inode for its FID, where invalidations
+// go. go-fuse calls OnAdd for every inode a lookup builds, also for one it
+// then drops because it knows an inode of that number already (another
+// name of the file, or a racing lookup of the same one): an inode the
+// kernel still holds is kept then, unless live says the kernel just used
+// h, which makes h the one.
+func (m *Mount) track(h *hnode, live bool) {
+	f := h.n.FID()
 	m.mu.Lock()
-	m.inodes[h.n.FID()] = h
-	m.mu.Unlock()
+	defer m.mu.Unlock()
+	if old := m.inodes[f]; old != nil && old != h && !live && !old.Forgotten() {
+		return
+	}
+	m.inodes[f] = h
 }
 
 func (m *Mount) untrack(h *hnode) {
@@ -192,7 +202,7 @@ func (m *Mount) Serve(c *client.Client, dir string, debug bool) error {
 		return fmt.Errorf("mount %s: %w", dir, err)
 	}
 	m.server = server
-	m.track(root)
+	m.track(root, true)
 	m.reportReadPath(asRoot)
 	return nil
 }
