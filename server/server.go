@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -408,4 +410,17 @@ func (s *Server) fail(method string, err error) error {
 		s.log.Warn(method+" failed", "err", err)
 	}
 	return pb.Err(err)
+}
+
+// Trace logs every request at debug level, with its outcome: the record
+// to read when a client and the server disagree about what happened.
+func (s *Server) Trace(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if !s.log.Enabled(ctx, slog.LevelDebug) {
+		return handler(ctx, req)
+	}
+	start := time.Now()
+	reply, err := handler(ctx, req)
+	id, _ := s.caller(ctx)
+	s.log.Debug("request", "method", path.Base(info.FullMethod), "client", id, "req", req, "took", time.Since(start), "err", err)
+	return reply, err
 }

@@ -74,6 +74,7 @@ func serverCmd() *cobra.Command {
 			srv := server.New(store, cfg)
 			defer srv.Shutdown()
 			g := grpc.NewServer(
+				grpc.UnaryInterceptor(srv.Trace),
 				grpc.MaxRecvMsgSize(16<<20),
 				grpc.InitialWindowSize(8<<20), grpc.InitialConnWindowSize(64<<20),
 				grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
