@@ -757,7 +757,15 @@ func consCheck(t *testing.T, ops []porcupine.Operation) {
 	if err := porcupine.VisualizePath(model, info, filepath.Join(dir, "history.html")); err != nil {
 		t.Error(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "history.txt"), []byte(consText(ops)), 0o644); err != nil {
+	sorted := slices.Clone(ops)
+	slices.SortStableFunc(sorted, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
+	last := -1
+	if res == porcupine.Illegal {
+		last = consFirstIllegal(model, sorted)
+		op := sorted[last]
+		t.Logf("the shortest illegal prefix ends at %.3fms: %s", float64(op.Call)/1e6, consDescribe(op.Input, op.Output))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "history.txt"), []byte(consText(sorted, last)), 0o644); err != nil {
 		t.Error(err)
 	}
 	if res == porcupine.Unknown {
@@ -767,17 +775,35 @@ func consCheck(t *testing.T, ops []porcupine.Operation) {
 	t.Errorf("the history is not close-to-open consistent: %s/history.html, %s/history.txt", dir, dir)
 }
 
-// consText lists a history by invocation, one operation a line.
-func consText(ops []porcupine.Operation) string {
-	sorted := slices.Clone(ops)
-	slices.SortStableFunc(sorted, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
+// consFirstIllegal returns the index of the last operation of the
+// shortest prefix of sorted (by invocation) that the model refuses: what
+// went wrong is at or shortly before it.
+func consFirstIllegal(model porcupine.Model, sorted []porcupine.Operation) int {
+	lo, hi := 1, len(sorted) // sorted[:hi] is illegal
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if porcupine.CheckOperations(model, sorted[:mid]) {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return hi - 1
+}
+
+// consText lists a history sorted by invocation, one operation a line,
+// marking the one at index mark.
+func consText(sorted []porcupine.Operation, mark int) string {
 	var b strings.Builder
-	for _, op := range sorted {
+	for k, op := range sorted {
 		ret := "∞"
 		if op.Return != never {
 			ret = fmt.Sprintf("%.3fms", float64(op.Return)/1e6)
 		}
 		fmt.Fprintf(&b, "%.3fms %s %s\n", float64(op.Call)/1e6, ret, consDescribe(op.Input, op.Output))
+		if k == mark {
+			b.WriteString("^^^ the shortest prefix the model refuses ends here\n")
+		}
 	}
 	return b.String()
 }
