@@ -11,6 +11,8 @@ package client
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -507,10 +509,23 @@ func (c *Client) callData(fn func(ctx context.Context) error) error {
 	return c.callTimeout(time.Hour, fn)
 }
 
+// callOnce is call for a request that changes the namespace: every
+// attempt carries the same op id, so that an attempt whose reply was lost
+// but which the server carried out is not carried out again (vnode.Op).
+func (c *Client) callOnce(fn func(ctx context.Context) error) error {
+	var id [16]byte
+	rand.Read(id[:])
+	op := hex.EncodeToString(id[:])
+	return c.call(func(ctx context.Context) error {
+		return fn(metadata.AppendToOutgoingContext(ctx, pb.OpMetadata, op))
+	})
+}
+
 func (c *Client) callTimeout(timeout time.Duration, fn func(ctx context.Context) error) error {
 	// A server that is down for a moment (a restart) is waited for, up to
 	// the RPC timeout, rather than failing the call at once. Unavailable
-	// means the request did not reach a server; retrying it is safe.
+	// may come after the request reached the server (the connection broke
+	// before the reply): requests that would do harm twice go by callOnce.
 	give := time.Now().Add(c.opts.RPCTimeout)
 	reauth := false
 	for {

@@ -86,7 +86,7 @@ func (c *Client) LinkAt(dir *Node, name string, target *Node) (*Node, error) {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.LinkReply
-	err := c.call(func(ctx context.Context) (err error) {
+	err := c.callOnce(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Link(ctx, &pb.LinkRequest{Dir: pb.FromFID(dir.fid), Name: name, Target: pb.FromFID(target.fid)})
 		return err
 	})
@@ -109,7 +109,7 @@ func (c *Client) RemoveAt(dir *Node, name string, dirOnly bool) error {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.RemoveReply
-	err := c.call(func(ctx context.Context) (err error) {
+	err := c.callOnce(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Remove(ctx, &pb.RemoveRequest{Dir: pb.FromFID(dir.fid), Name: name, DirOnly: dirOnly})
 		return err
 	})

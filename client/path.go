@@ -161,7 +161,7 @@ func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Cr
 	tk := c.begin()
 	defer c.end(tk)
 	var reply *pb.CreateReply
-	err := c.call(func(ctx context.Context) (err error) {
+	err := c.callOnce(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Create(ctx, &pb.CreateRequest{Dir: pb.FromFID(dir.fid), Name: name, Type: pb.FromType(t),
 			Mode: mode, Uid: who.UID, Gid: who.GID, Target: target, Rdev: rdev, Exclusive: excl, Open: t == node.TypeFile && c.delegating()})
 		return err
@@ -435,7 +435,7 @@ func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string) er
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.RenameReply
-	err := c.call(func(ctx context.Context) (err error) {
+	err := c.callOnce(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Rename(ctx, &pb.RenameRequest{SrcDir: pb.FromFID(sdir.fid), SrcName: sbase, DstDir: pb.FromFID(ddir.fid), DstName: dbase})
 		return err
 	})

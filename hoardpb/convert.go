@@ -17,6 +17,11 @@ const Version = 1
 // ClientMetadata is the gRPC metadata key carrying "<epoch>.<client id>".
 const ClientMetadata = "hoard-client"
 
+// OpMetadata is the gRPC metadata key naming a request that changes the
+// namespace, the same in every attempt, so that one sent again after a
+// lost reply is not carried out twice (vnode.Op).
+const OpMetadata = "hoard-op"
+
 // FromFID converts to the wire form.
 func FromFID(f node.FID) *FID { return &FID{Volume: f.Volume, Vnode: f.Vnode, Unique: f.Unique} }
 

@@ -44,14 +44,14 @@ func newFuzzServer(t testing.TB) (*Server, node.FID) {
 	}
 	t.Cleanup(func() { store.Close() })
 	v, _ := store.VolumeByName(vnode.RootVolume)
-	st, _, _, err := store.Create(v.Root, "f", node.TypeFile, vnode.Attr{Mode: 0o644}, "", true)
+	st, _, _, err := store.Create(v.Root, "f", node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	u, _ := store.BeginUpdate(st.FID)
 	u.WriteAt([]byte("hello fuzz"), 0)
 	u.Commit(false, st.Mtime)
-	store.Create(v.Root, "d", node.TypeDir, vnode.Attr{Mode: 0o755}, "", true)
+	store.Create(v.Root, "d", node.TypeDir, vnode.Attr{Mode: 0o755}, "", true, "")
 	cfg := DefaultConfig()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	s := New(store, cfg)

@@ -298,6 +298,18 @@ func (s *Server) caller(ctx context.Context) (callback.ClientID, error) {
 	return s.parseSession(vals[0])
 }
 
+// opOf is the name the client gave a request that changes the namespace
+// (empty if none).
+func opOf(ctx context.Context) (vnode.Op, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get(pb.OpMetadata)
+	if len(vals) == 0 {
+		return "", nil
+	}
+	op := vnode.Op(vals[0])
+	return op, vnode.CheckOp(op)
+}
+
 // parseSession checks a session string, "<epoch>.<client id>".
 func (s *Server) parseSession(sess string) (callback.ClientID, error) {
 	epoch, idStr, ok := strings.Cut(sess, ".")
@@ -387,12 +399,18 @@ func (o *op) status(st node.Status) *pb.Status {
 
 // changed breaks every other holder's promise on fids and waits until they
 // acknowledged or were given up on: only then may the change be acknowledged.
+// Delegations other clients were granted while the change was being made
+// (after its own recall, before it was applied) came with what it replaced:
+// they are recalled too.
 func (o *op) changed(ctx context.Context, fids ...node.FID) {
 	s := o.s
+	now := time.Now()
 	s.mu.Lock()
-	ch := s.waitLocked(s.cb.Break(o.id, fids, time.Now()))
+	recalled := s.waitLocked(s.cb.Recall(o.id, fids, now))
+	broken := s.waitLocked(s.cb.Break(o.id, fids, now))
 	s.mu.Unlock()
-	s.await(ctx, ch)
+	s.await(ctx, recalled)
+	s.await(ctx, broken)
 }
 
 // checkFID refuses a FID that cannot name anything.

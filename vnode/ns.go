@@ -231,8 +231,9 @@ type Attr struct {
 
 // Create makes name in dir as a file, directory, symlink or mount point. An
 // existing file is returned with created=false unless excl (O_CREAT without
-// O_EXCL); any other existing entry is EEXIST.
-func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target string, excl bool) (st, d node.Status, created bool, err error) {
+// O_EXCL); any other existing entry is EEXIST. A repeated op answers as
+// the first one did, with the statuses as they are now.
+func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target string, excl bool, op Op) (st, d node.Status, created bool, err error) {
 	if err := node.CheckName(name); err != nil {
 		return st, d, false, err
 	}
@@ -250,6 +251,10 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target st
 		dr, err := v.getDir(dir)
 		if err != nil {
 			return err
+		}
+		if o, ok := v.findOp(op); ok && len(o.vnodes) == 1 {
+			st, d, created = v.statusNow(o.vnodes[0]), dr.status(v.id, dir.Vnode), o.created
+			return nil
 		}
 		if e, ok, err := v.lookup(dir.Vnode, name); err != nil {
 			return err
@@ -288,13 +293,13 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target st
 			return err
 		}
 		st, d, created = r.status(v.id, vn), dr.status(v.id, dir.Vnode), true
-		return nil
+		return v.recordOp(op, done{vnodes: []named{namedBy(st)}, created: true})
 	})
 	return st, d, created, err
 }
 
 // Link adds name in dir for the existing non-directory target.
-func (s *Store) Link(dir node.FID, name string, target node.FID) (st, d node.Status, err error) {
+func (s *Store) Link(dir node.FID, name string, target node.FID, op Op) (st, d node.Status, err error) {
 	if err := node.CheckName(name); err != nil {
 		return st, d, err
 	}
@@ -305,6 +310,10 @@ func (s *Store) Link(dir node.FID, name string, target node.FID) (st, d node.Sta
 		dr, err := v.getDir(dir)
 		if err != nil {
 			return err
+		}
+		if o, ok := v.findOp(op); ok && len(o.vnodes) == 1 {
+			st, d = v.statusNow(o.vnodes[0]), dr.status(v.id, dir.Vnode)
+			return nil
 		}
 		tr, err := v.get(target)
 		if err != nil {
@@ -334,7 +343,7 @@ func (s *Store) Link(dir node.FID, name string, target node.FID) (st, d node.Sta
 			return err
 		}
 		st, d = tr.status(v.id, target.Vnode), dr.status(v.id, dir.Vnode)
-		return nil
+		return v.recordOp(op, done{vnodes: []named{namedBy(st)}})
 	})
 	return st, d, err
 }
@@ -342,7 +351,7 @@ func (s *Store) Link(dir node.FID, name string, target node.FID) (st, d node.Sta
 // Remove unlinks name from dir: with dirOnly it removes only an empty
 // directory (rmdir), otherwise only a non-directory (unlink). It returns the
 // directory's status and the removed vnode's (Nlink 0 when it is gone).
-func (s *Store) Remove(dir node.FID, name string, dirOnly bool) (d, st node.Status, err error) {
+func (s *Store) Remove(dir node.FID, name string, dirOnly bool, op Op) (d, st node.Status, err error) {
 	if err := node.CheckName(name); err != nil {
 		return d, st, err
 	}
@@ -350,6 +359,10 @@ func (s *Store) Remove(dir node.FID, name string, dirOnly bool) (d, st node.Stat
 		dr, err := v.getDir(dir)
 		if err != nil {
 			return err
+		}
+		if o, ok := v.findOp(op); ok && len(o.vnodes) == 1 {
+			d, st = dr.status(v.id, dir.Vnode), v.statusNow(o.vnodes[0])
+			return nil
 		}
 		e, ok, err := v.lookup(dir.Vnode, name)
 		if err != nil {
@@ -384,7 +397,7 @@ func (s *Store) Remove(dir node.FID, name string, dirOnly bool) (d, st node.Stat
 			return err
 		}
 		d, st = dr.status(v.id, dir.Vnode), r.status(v.id, e.Vnode)
-		return nil
+		return v.recordOp(op, done{vnodes: []named{namedBy(st)}})
 	})
 	return d, st, err
 }
@@ -399,7 +412,7 @@ type RenameResult struct {
 
 // Rename moves src/sname to dst/dname atomically, replacing an existing
 // target as POSIX rename(2) does.
-func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string) (res RenameResult, err error) {
+func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, op Op) (res RenameResult, err error) {
 	if err := node.CheckName(sname); err != nil {
 		return res, err
 	}
@@ -420,6 +433,14 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string) (
 			if dd, err = v.getDir(dst); err != nil {
 				return err
 			}
+		}
+		if o, ok := v.findOp(op); ok && len(o.vnodes) >= 1 {
+			res = RenameResult{SrcDir: sd.status(v.id, src.Vnode), DstDir: dd.status(v.id, dst.Vnode), Moved: v.statusNow(o.vnodes[0])}
+			if len(o.vnodes) == 2 {
+				rst := v.statusNow(o.vnodes[1])
+				res.Replaced = &rst
+			}
+			return nil
 		}
 		se, ok, err := v.lookup(src.Vnode, sname)
 		if err != nil {
@@ -513,7 +534,11 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string) (
 			return err
 		}
 		res.SrcDir, res.DstDir, res.Moved = sd.status(v.id, src.Vnode), dd.status(v.id, dst.Vnode), mr.status(v.id, se.Vnode)
-		return nil
+		o := done{vnodes: []named{namedBy(res.Moved)}}
+		if res.Replaced != nil {
+			o.vnodes = append(o.vnodes, namedBy(*res.Replaced))
+		}
+		return v.recordOp(op, o)
 	})
 	return res, err
 }

@@ -32,6 +32,8 @@ var (
 	bktVolNames = []byte("volnames")
 	bktPending  = []byte("pending")
 	bktGarbage  = []byte("garbage")
+	bktOps      = []byte("ops")     // Op → outcome (once.go)
+	bktOpTimes  = []byte("optimes") // time, Op → nothing: for forgetting old outcomes
 	// Per-volume sub-buckets.
 	bktVnodes  = []byte("vnodes")
 	bktNames   = []byte("names")
@@ -108,7 +110,7 @@ func Open(dir string) (*Store, error) {
 
 func (s *Store) init() error {
 	return s.db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bktMeta, bktVolumes, bktVolNames, bktPending, bktGarbage} {
+		for _, b := range [][]byte{bktMeta, bktVolumes, bktVolNames, bktPending, bktGarbage, bktOps, bktOpTimes} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}

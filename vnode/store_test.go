@@ -38,7 +38,7 @@ func root(t *testing.T, s *Store) node.FID {
 
 func mustCreate(t *testing.T, s *Store, dir node.FID, name string, typ node.Type) node.Status {
 	t.Helper()
-	st, _, created, err := s.Create(dir, name, typ, Attr{Mode: 0o644}, "", true)
+	st, _, created, err := s.Create(dir, name, typ, Attr{Mode: 0o644}, "", true, "")
 	if err != nil || !created {
 		t.Fatalf("create %s: %v created=%v", name, err, created)
 	}
@@ -139,11 +139,11 @@ func TestVolumes(t *testing.T) {
 		t.Fatalf("missing volume: %v", err)
 	}
 	r := root(t, s)
-	mp, _, _, err := s.Create(r, "proj", node.TypeMountPoint, Attr{Mode: 0o755}, "proj", true)
+	mp, _, _, err := s.Create(r, "proj", node.TypeMountPoint, Attr{Mode: 0o755}, "proj", true, "")
 	if err != nil || mp.Type != node.TypeMountPoint || mp.Target != "proj" {
 		t.Fatalf("mount point: %+v %v", mp, err)
 	}
-	if _, _, _, err := s.Create(r, "bad", node.TypeMountPoint, Attr{}, "nope", true); !errors.Is(err, syscall.ENOENT) {
+	if _, _, _, err := s.Create(r, "bad", node.TypeMountPoint, Attr{}, "nope", true, ""); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("mount point to a missing volume: %v", err)
 	}
 	// Files in the new volume are separate from root's.
@@ -151,10 +151,10 @@ func TestVolumes(t *testing.T) {
 	if f.FID.Volume != v.ID {
 		t.Fatalf("fid %v not in volume %d", f.FID, v.ID)
 	}
-	if _, _, err := s.Link(r, "x", f.FID); !errors.Is(err, syscall.EXDEV) {
+	if _, _, err := s.Link(r, "x", f.FID, ""); !errors.Is(err, syscall.EXDEV) {
 		t.Fatalf("cross-volume link: %v", err)
 	}
-	if _, err := s.Rename(v.Root, "x", r, "x"); !errors.Is(err, syscall.EXDEV) {
+	if _, err := s.Rename(v.Root, "x", r, "x", ""); !errors.Is(err, syscall.EXDEV) {
 		t.Fatalf("cross-volume rename: %v", err)
 	}
 }
@@ -170,11 +170,11 @@ func TestBadNames(t *testing.T) {
 		"a\x00b":                 syscall.EINVAL,
 		strings.Repeat("n", 256): syscall.ENAMETOOLONG,
 	} {
-		_, _, _, err := s.Create(r, name, node.TypeFile, Attr{}, "", true)
+		_, _, _, err := s.Create(r, name, node.TypeFile, Attr{}, "", true, "")
 		wantErrno(t, err, want)
 		_, _, err = s.Lookup(r, name)
 		wantErrno(t, err, want)
-		_, err = s.Rename(r, "x", r, name)
+		_, err = s.Rename(r, "x", r, name, "")
 		wantErrno(t, err, want)
 	}
 	mustCreate(t, s, r, strings.Repeat("n", 255), node.TypeFile)
@@ -184,7 +184,7 @@ func TestCreateLookupRemove(t *testing.T) {
 	s := open(t, t.TempDir())
 	r := root(t, s)
 	d0, _ := s.GetStatus(r)
-	st, d, created, err := s.Create(r, "f", node.TypeFile, Attr{Mode: 0o640, UID: 7, GID: 8}, "", true)
+	st, d, created, err := s.Create(r, "f", node.TypeFile, Attr{Mode: 0o640, UID: 7, GID: 8}, "", true, "")
 	if err != nil || !created || st.Mode != 0o640 || st.UID != 7 || st.GID != 8 || st.Nlink != 1 || st.Type != node.TypeFile {
 		t.Fatalf("create: %+v %v", st, err)
 	}
@@ -192,21 +192,21 @@ func TestCreateLookupRemove(t *testing.T) {
 		t.Fatalf("directory version did not advance: %d -> %d", d0.DataVersion, d.DataVersion)
 	}
 	// O_CREAT without O_EXCL returns the existing file.
-	again, _, created, err := s.Create(r, "f", node.TypeFile, Attr{}, "", false)
+	again, _, created, err := s.Create(r, "f", node.TypeFile, Attr{}, "", false, "")
 	if err != nil || created || again.FID != st.FID {
 		t.Fatalf("non-exclusive create: %+v created=%v %v", again, created, err)
 	}
-	_, _, _, err = s.Create(r, "f", node.TypeFile, Attr{}, "", true)
+	_, _, _, err = s.Create(r, "f", node.TypeFile, Attr{}, "", true, "")
 	wantErrno(t, err, syscall.EEXIST)
-	_, _, _, err = s.Create(r, "f", node.TypeDir, Attr{}, "", false)
+	_, _, _, err = s.Create(r, "f", node.TypeDir, Attr{}, "", false, "")
 	wantErrno(t, err, syscall.EEXIST)
 	got, _, err := s.Lookup(r, "f")
 	if err != nil || got.FID != st.FID {
 		t.Fatalf("lookup: %+v %v", got, err)
 	}
-	_, _, err = s.Remove(r, "f", true)
+	_, _, err = s.Remove(r, "f", true, "")
 	wantErrno(t, err, syscall.ENOTDIR)
-	_, gone, err := s.Remove(r, "f", false)
+	_, gone, err := s.Remove(r, "f", false, "")
 	if err != nil || gone.Nlink != 0 {
 		t.Fatalf("remove: %+v %v", gone, err)
 	}
@@ -235,14 +235,14 @@ func TestDirectories(t *testing.T) {
 		t.Fatalf("parent nlink %d after mkdir", rs.Nlink)
 	}
 	mustCreate(t, s, d.FID, "inner", node.TypeFile)
-	_, _, err := s.Remove(r, "d", true)
+	_, _, err := s.Remove(r, "d", true, "")
 	wantErrno(t, err, syscall.ENOTEMPTY)
-	_, _, err = s.Remove(r, "d", false)
+	_, _, err = s.Remove(r, "d", false, "")
 	wantErrno(t, err, syscall.EISDIR)
-	if _, _, err := s.Remove(d.FID, "inner", false); err != nil {
+	if _, _, err := s.Remove(d.FID, "inner", false, ""); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Remove(r, "d", true); err != nil {
+	if _, _, err := s.Remove(r, "d", true, ""); err != nil {
 		t.Fatal(err)
 	}
 	rs, _ = s.GetStatus(r)
@@ -259,24 +259,24 @@ func TestDirectories(t *testing.T) {
 func TestSymlinkAndLink(t *testing.T) {
 	s := open(t, t.TempDir())
 	r := root(t, s)
-	sl, _, _, err := s.Create(r, "l", node.TypeSymlink, Attr{Mode: 0o777}, "../target", true)
+	sl, _, _, err := s.Create(r, "l", node.TypeSymlink, Attr{Mode: 0o777}, "../target", true, "")
 	if err != nil || sl.Target != "../target" || sl.Size != 9 {
 		t.Fatalf("symlink: %+v %v", sl, err)
 	}
-	_, _, _, err = s.Create(r, "l2", node.TypeSymlink, Attr{}, "", true)
+	_, _, _, err = s.Create(r, "l2", node.TypeSymlink, Attr{}, "", true, "")
 	wantErrno(t, err, syscall.EINVAL)
 	f := mustCreate(t, s, r, "f", node.TypeFile)
 	write(t, s, f.FID, 0, []byte("shared"))
-	ln, _, err := s.Link(r, "g", f.FID)
+	ln, _, err := s.Link(r, "g", f.FID, "")
 	if err != nil || ln.Nlink != 2 || ln.FID != f.FID {
 		t.Fatalf("link: %+v %v", ln, err)
 	}
 	d := mustCreate(t, s, r, "d", node.TypeDir)
-	_, _, err = s.Link(r, "d2", d.FID)
+	_, _, err = s.Link(r, "d2", d.FID, "")
 	wantErrno(t, err, syscall.EPERM)
-	_, _, err = s.Link(r, "g", f.FID)
+	_, _, err = s.Link(r, "g", f.FID, "")
 	wantErrno(t, err, syscall.EEXIST)
-	_, st, err := s.Remove(r, "f", false)
+	_, st, err := s.Remove(r, "f", false, "")
 	if err != nil || st.Nlink != 1 {
 		t.Fatalf("remove one link: %+v %v", st, err)
 	}
@@ -295,7 +295,7 @@ func TestRename(t *testing.T) {
 	write(t, s, g.FID, 0, []byte("old"))
 
 	// File across directories, replacing an existing file.
-	res, err := s.Rename(a.FID, "f", b.FID, "g")
+	res, err := s.Rename(a.FID, "f", b.FID, "g", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,13 +314,13 @@ func TestRename(t *testing.T) {
 
 	// Directory moves: nlink bookkeeping and the subtree rule.
 	c := mustCreate(t, s, a.FID, "c", node.TypeDir)
-	if _, err := s.Rename(r, "a", c.FID, "x"); !errors.Is(err, syscall.EINVAL) {
+	if _, err := s.Rename(r, "a", c.FID, "x", ""); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("move into own subtree: %v", err)
 	}
-	if _, err := s.Rename(r, "a", a.FID, "x"); !errors.Is(err, syscall.EINVAL) {
+	if _, err := s.Rename(r, "a", a.FID, "x", ""); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("move into itself: %v", err)
 	}
-	res, err = s.Rename(a.FID, "c", b.FID, "c")
+	res, err = s.Rename(a.FID, "c", b.FID, "c", "")
 	if err != nil || res.SrcDir.Nlink != 2 || res.DstDir.Nlink != 3 {
 		t.Fatalf("dir move: %+v %v", res, err)
 	}
@@ -328,20 +328,20 @@ func TestRename(t *testing.T) {
 	mustCreate(t, s, r, "full", node.TypeDir)
 	full, _, _ := s.Lookup(r, "full")
 	mustCreate(t, s, full.FID, "x", node.TypeFile)
-	if _, err := s.Rename(r, "a", r, "full"); !errors.Is(err, syscall.ENOTEMPTY) {
+	if _, err := s.Rename(r, "a", r, "full", ""); !errors.Is(err, syscall.ENOTEMPTY) {
 		t.Fatalf("over non-empty dir: %v", err)
 	}
 	mustCreate(t, s, r, "plain", node.TypeFile)
-	if _, err := s.Rename(r, "a", r, "plain"); !errors.Is(err, syscall.ENOTDIR) {
+	if _, err := s.Rename(r, "a", r, "plain", ""); !errors.Is(err, syscall.ENOTDIR) {
 		t.Fatalf("dir over file: %v", err)
 	}
-	if _, err := s.Rename(r, "plain", r, "a"); !errors.Is(err, syscall.EISDIR) {
+	if _, err := s.Rename(r, "plain", r, "a", ""); !errors.Is(err, syscall.EISDIR) {
 		t.Fatalf("file over dir: %v", err)
 	}
 	// Dir over empty dir.
 	mustCreate(t, s, r, "empty", node.TypeDir)
 	rs0, _ := s.GetStatus(r)
-	if _, err := s.Rename(r, "a", r, "empty"); err != nil {
+	if _, err := s.Rename(r, "a", r, "empty", ""); err != nil {
 		t.Fatal(err)
 	}
 	rs1, _ := s.GetStatus(r)
@@ -350,18 +350,18 @@ func TestRename(t *testing.T) {
 	}
 	// Same-directory rename and rename onto a hard link of itself.
 	before, _ := s.GetStatus(r)
-	if res, err := s.Rename(r, "plain", r, "plain2"); err != nil || res.DstDir.DataVersion != before.DataVersion+1 {
+	if res, err := s.Rename(r, "plain", r, "plain2", ""); err != nil || res.DstDir.DataVersion != before.DataVersion+1 {
 		t.Fatalf("same-dir rename must bump the version once: %d -> %d, %v", before.DataVersion, res.DstDir.DataVersion, err)
 	}
 	p, _, _ := s.Lookup(r, "plain2")
-	s.Link(r, "alias", p.FID)
-	if _, err := s.Rename(r, "plain2", r, "alias"); err != nil {
+	s.Link(r, "alias", p.FID, "")
+	if _, err := s.Rename(r, "plain2", r, "alias", ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := s.Lookup(r, "plain2"); err != nil {
 		t.Fatalf("rename onto own hard link must do nothing: %v", err)
 	}
-	if _, err := s.Rename(r, "missing", r, "x"); !errors.Is(err, syscall.ENOENT) {
+	if _, err := s.Rename(r, "missing", r, "x", ""); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("missing source: %v", err)
 	}
 }
@@ -392,8 +392,8 @@ func TestReadDirCookies(t *testing.T) {
 		if pages == 2 {
 			// Changes mid-listing: removing a listed entry and an unlisted
 			// one, and adding one, must not repeat or skip others.
-			s.Remove(r, "f00000", false)
-			s.Remove(r, fmt.Sprintf("f%05d", n-1), false)
+			s.Remove(r, "f00000", false, "")
+			s.Remove(r, fmt.Sprintf("f%05d", n-1), false, "")
 			mustCreate(t, s, r, "late", node.TypeFile)
 		}
 		if eof {
@@ -495,7 +495,7 @@ func TestDataStores(t *testing.T) {
 		t.Fatal("aborted update visible")
 	}
 	// Removing the file deletes its data file.
-	s.Remove(r, "f", false)
+	s.Remove(r, "f", false, "")
 	files, _ := filepath.Glob(filepath.Join(s.Dir(), "data", "*", "*", fmt.Sprintf("%d.*", f.Vnode)))
 	if len(files) != 0 {
 		t.Fatalf("data files left after remove: %v", files)
@@ -668,8 +668,8 @@ func TestReadDirHuge(t *testing.T) {
 			cookie = e.Cookie
 		}
 		if page == 3 {
-			s.Remove(d, "e000001", false)
-			s.Remove(d, fmt.Sprintf("e%06d", n-1), false)
+			s.Remove(d, "e000001", false, "")
+			s.Remove(d, fmt.Sprintf("e%06d", n-1), false, "")
 		}
 		if eof {
 			break
