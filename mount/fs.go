@@ -39,6 +39,9 @@ type hnode struct {
 	// last close removes it.
 	sillyDir  *hnode
 	sillyName string
+	// issued are the names of a directory the kernel was given since its
+	// last invalidation; see child.
+	issued map[string]struct{}
 }
 
 var _ = (fs.NodeLookuper)((*hnode)(nil))
@@ -87,12 +90,22 @@ func (h *hnode) OnForget() {
 	h.m.c.Release(h.n)
 }
 
-// child wraps a cache manager node in a kernel inode and fills out.
-func (h *hnode) child(ctx context.Context, n *client.Node, st node.Status, out *fuse.EntryOut) *fs.Inode {
+// child wraps a cache manager node, named name in directory h, in a kernel
+// inode and fills out. The kernel may keep the name while h's promise
+// lasts (a change to h breaks it) and the attributes while n's does. The
+// name is noted before h's promise is read: a break of h that comes after
+// finds it (invalidate), even before go-fuse lists it among h's children,
+// and the kernel applies that invalidation once it holds the name.
+func (h *hnode) child(ctx context.Context, name string, n *client.Node, st node.Status, out *fuse.EntryOut) *fs.Inode {
+	h.mu.Lock()
+	if h.issued == nil {
+		h.issued = map[string]struct{}{}
+	}
+	h.issued[name] = struct{}{}
+	h.mu.Unlock()
 	fillAttr(st, &out.Attr)
-	left := h.m.c.PromiseLeft(n)
-	out.SetEntryTimeout(left)
-	out.SetAttrTimeout(left)
+	out.SetEntryTimeout(h.m.c.PromiseLeft(h.n))
+	out.SetAttrTimeout(h.m.c.PromiseLeft(n))
 	return h.NewInode(ctx, &hnode{m: h.m, n: n}, fs.StableAttr{Mode: typeBits(st.Type), Ino: ino(st.FID), Gen: st.FID.Unique})
 }
 
@@ -102,7 +115,7 @@ func (h *hnode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*f
 	if err != nil {
 		return nil, errno(err)
 	}
-	return h.child(ctx, n, st, out), 0
+	return h.child(ctx, name, n, st, out), 0
 }
 
 func (h *hnode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -194,16 +207,16 @@ func (h *hnode) make(ctx context.Context, name string, t node.Type, mode uint32,
 	if err != nil {
 		return nil, errno(err)
 	}
-	return h.made(ctx, n, out)
+	return h.made(ctx, name, n, out)
 }
 
-// made answers a request that made a new name for n.
-func (h *hnode) made(ctx context.Context, n *client.Node, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+// made answers a request that made name for n.
+func (h *hnode) made(ctx context.Context, name string, n *client.Node, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	st, err := h.m.c.Getattr(n)
 	if err != nil {
 		return nil, errno(err)
 	}
-	return h.child(ctx, n, st, out), 0
+	return h.child(ctx, name, n, st, out), 0
 }
 
 func (h *hnode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -256,7 +269,7 @@ func (h *hnode) Link(ctx context.Context, target fs.InodeEmbedder, name string, 
 	if err != nil {
 		return nil, errno(err)
 	}
-	return h.made(ctx, n, out)
+	return h.made(ctx, name, n, out)
 }
 
 // Unlink removes name. A file this mount still has open is renamed to a
@@ -328,7 +341,7 @@ func (h *hnode) Create(ctx context.Context, name string, flags uint32, mode uint
 	if err != nil {
 		return nil, nil, 0, errno(err)
 	}
-	inode, e := h.made(ctx, n, out)
+	inode, e := h.made(ctx, name, n, out)
 	if e != 0 {
 		return nil, nil, 0, e
 	}
@@ -459,15 +472,23 @@ func (h *hnode) released(mode openMode) {
 }
 
 // invalidate drops what the kernel caches for this inode: attributes and
-// pages, and for a directory every name it has looked up in it.
+// pages, and for a directory every name it holds or was given in it.
 func (h *hnode) invalidate() {
 	h.mu.Lock()
 	h.pageVersion = 0
+	issued := h.issued
+	h.issued = nil
 	h.mu.Unlock()
 	h.NotifyContent(0, 0)
 	if h.IsDir() {
-		for name := range h.Children() {
+		known := h.Children()
+		for name := range known {
 			h.NotifyEntry(name)
+		}
+		for name := range issued {
+			if _, ok := known[name]; !ok {
+				h.NotifyEntry(name)
+			}
 		}
 	}
 }
