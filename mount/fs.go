@@ -97,16 +97,21 @@ func (h *hnode) OnForget() {
 // finds it (invalidate), even before go-fuse lists it among h's children,
 // and the kernel applies that invalidation once it holds the name.
 func (h *hnode) child(ctx context.Context, name string, n *client.Node, st node.Status, out *fuse.EntryOut) *fs.Inode {
+	h.issue(name)
+	fillAttr(st, &out.Attr)
+	out.SetEntryTimeout(h.m.c.PromiseLeft(h.n))
+	out.SetAttrTimeout(h.m.c.PromiseLeft(n))
+	return h.NewInode(ctx, &hnode{m: h.m, n: n}, fs.StableAttr{Mode: typeBits(st.Type), Ino: ino(st.FID), Gen: st.FID.Unique})
+}
+
+// issue notes that the kernel was given name in directory h.
+func (h *hnode) issue(name string) {
 	h.mu.Lock()
 	if h.issued == nil {
 		h.issued = map[string]struct{}{}
 	}
 	h.issued[name] = struct{}{}
 	h.mu.Unlock()
-	fillAttr(st, &out.Attr)
-	out.SetEntryTimeout(h.m.c.PromiseLeft(h.n))
-	out.SetAttrTimeout(h.m.c.PromiseLeft(n))
-	return h.NewInode(ctx, &hnode{m: h.m, n: n}, fs.StableAttr{Mode: typeBits(st.Type), Ino: ino(st.FID), Gen: st.FID.Unique})
 }
 
 func (h *hnode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -320,7 +325,20 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 	default:
 		return syscall.EINVAL // RENAME_EXCHANGE and friends are not supported
 	}
-	return errno(h.m.c.RenameAt(h.n, name, np.n, newName))
+	if err := h.m.c.RenameAt(h.n, name, np.n, newName); err != nil {
+		return errno(err)
+	}
+	// Once this returns, the kernel moves the old name's entry, with its
+	// timeout, to newName. A break of either directory during the rename
+	// may have been applied before newName was there: invalidate again,
+	// queued, which waits for the kernel's lock and so comes after the move.
+	np.issue(newName)
+	for _, d := range []*hnode{h, np} {
+		if h.m.c.PromiseLeft(d.n) == 0 {
+			h.m.queue.add([]node.FID{d.n.FID()})
+		}
+	}
+	return 0
 }
 
 func (h *hnode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
