@@ -246,6 +246,9 @@ func (c *Client) storeBack(n *Node, background bool) error {
 	if err == nil || !refused(err) {
 		return err
 	}
+	if n.goneHere(err) {
+		return nil
+	}
 	name := n.entry.Policy("path")
 	if name == "" {
 		name = "fid " + n.fid.String()
@@ -257,6 +260,20 @@ func (c *Client) storeBack(n *Node, background bool) error {
 		n.mu.Unlock()
 	}
 	return lost
+}
+
+// goneHere reports a store that failed because this client removed the
+// file's last name meanwhile: nobody can read the data any more, and it is
+// dropped, as writes to a local file unlinked before its last close are.
+func (n *Node) goneHere(err error) bool {
+	n.mu.Lock()
+	unlinked := n.unlinked
+	n.mu.Unlock()
+	if err == nil || !unlinked || pb.Errno(err) != syscall.ESTALE {
+		return false
+	}
+	n.c.log.Debug("dirty data of a file removed here dropped", "fid", n.fid)
+	return true
 }
 
 // refused reports a store the server will never accept as it is.

@@ -512,7 +512,9 @@ func (f *File) flush(op string) error {
 		return f.pathErr(op, n.takeLost())
 	}
 	if err == nil {
-		err = n.storeLocked(true)
+		if err = n.storeLocked(true); n.goneHere(err) {
+			err = nil
+		}
 	}
 	if err != nil {
 		err = n.c.keepLost(n, f.name, err)

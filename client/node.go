@@ -50,6 +50,9 @@ type Node struct {
 	// lostErr: the flusher or a recall could not deliver this file's
 	// writes and kept them in lost/; the next Sync or Close reports it.
 	lostErr error
+	// unlinked: this client removed the file's last name (or renamed
+	// another file over it).
+	unlinked bool
 }
 
 type dirent struct {

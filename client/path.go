@@ -397,6 +397,9 @@ func (c *Client) removed(t callback.Ticket, ps *pb.Status) {
 		n := c.nodes[st.FID]
 		c.nodesMu.Unlock()
 		if n != nil {
+			n.mu.Lock()
+			n.unlinked = true
+			n.mu.Unlock()
 			c.forget(n)
 		} else {
 			c.cache.Drop(st.FID)

@@ -388,3 +388,35 @@ func TestCloseReportsUnstored(t *testing.T) {
 		t.Fatalf("lost: %+v %v", lost, err)
 	}
 }
+
+// Writes to a file this client removed while they were unstored are gone
+// with the file, as on a local disk: a store that finds the file gone
+// keeps nothing in lost/ and reports nothing.
+func TestRemovedWhileDirty(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	cacheDir := t.TempDir()
+	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: cacheDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	f, err := a.Open("/doomed", os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(bytes.Repeat([]byte("x"), 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Remove("/doomed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatalf("fsync of a file removed here: %v", err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatalf("close of a file removed here: %v", err)
+	}
+	if lost, err := client.ListLost(cacheDir); err != nil || len(lost) != 0 {
+		t.Fatalf("lost: %+v %v", lost, err)
+	}
+}
