@@ -856,8 +856,8 @@ func TestConsistencyLibrary(t *testing.T) {
 }
 
 // Two FUSE mounts and a library client, without the restart: across one,
-// creates and renames the kernel had in flight still break the model in
-// about half the runs (docs/consistency.md, "Not yet through FUSE").
+// opens the kernel repeats and a slow restart still break the model in
+// some runs (docs/consistency.md, "Not yet through FUSE").
 func TestConsistencyFuse(t *testing.T) {
 	needFuse(t)
 	srv := startServer(t, t.TempDir())
