@@ -113,6 +113,9 @@ func (m *mountProc) stop() {
 		<-done
 	}
 	m.cmd = nil
+	if m.t.Failed() {
+		m.t.Logf("mount log:\n%s", m.logs)
+	}
 	if mounted, _ := mount.IsMounted(m.dir); mounted {
 		mount.Unmount(m.dir)
 	}
