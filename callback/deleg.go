@@ -289,8 +289,9 @@ func (s *Server) recallAll(ds []*deleg, now time.Time) (Round, []Msg) {
 // Return gives back id's delegation on fid, after the holder stored its
 // dirty data; readers and writers are the opens it made under the
 // delegation and still has, which the server adds to those it recorded
-// (opens it sent while the return was on its way are among those). A return of a delegation the client no
-// longer holds (revoked, or replaced by an upgrade) reports false.
+// (opens it sent while the return was on its way are among those). A
+// return of a delegation the client no longer holds (revoked, or replaced
+// by an upgrade) reports false.
 func (s *Server) Return(id ClientID, fid node.FID, state uint64, readers, writers int, now time.Time) bool {
 	c := s.clients[id]
 	if c == nil {
