@@ -409,6 +409,14 @@ func (f *File) Sync() error {
 // storeLocked sends the dirty ranges and any truncation to the server as
 // one atomic commit. Called with wmu held.
 func (n *Node) storeLocked(sync bool) error {
+	n.mu.Lock()
+	cached := n.entry != nil
+	n.mu.Unlock()
+	if !cached {
+		// A node whose status is still being learned (a recall can reach
+		// it then) has no cache entry yet, so nothing to store.
+		return nil
+	}
 	ranges := n.entry.Dirty()
 	cut, hasCut := n.entry.Cut()
 	if len(ranges) == 0 && !hasCut {
