@@ -153,11 +153,7 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	if err != nil {
 		return nil, err
 	}
-	once, err := opOf(ctx)
-	if err != nil {
-		return nil, s.fail("Create", err)
-	}
-	st, d, created, err := s.store.Create(dir, req.Name, t, vnode.Attr{Mode: req.Mode, UID: req.Uid, GID: req.Gid, Rdev: req.Rdev}, req.Target, req.Exclusive, once)
+	st, d, created, err := s.store.Create(dir, req.Name, t, vnode.Attr{Mode: req.Mode, UID: req.Uid, GID: req.Gid, Rdev: req.Rdev}, req.Target, req.Exclusive, o.once)
 	if err != nil {
 		return nil, s.fail("Create", err)
 	}
@@ -195,11 +191,7 @@ func (s *Server) Link(ctx context.Context, req *pb.LinkRequest) (*pb.LinkReply, 
 	if _, err := s.recallFor(ctx, o, true, target); err != nil {
 		return nil, err
 	}
-	once, err := opOf(ctx)
-	if err != nil {
-		return nil, s.fail("Link", err)
-	}
-	st, d, err := s.store.Link(dir, req.Name, target, once)
+	st, d, err := s.store.Link(dir, req.Name, target, o.once)
 	if err != nil {
 		return nil, s.fail("Link", err)
 	}
@@ -221,11 +213,7 @@ func (s *Server) Remove(ctx context.Context, req *pb.RemoveRequest) (*pb.RemoveR
 			return nil, err
 		}
 	}
-	once, err := opOf(ctx)
-	if err != nil {
-		return nil, s.fail("Remove", err)
-	}
-	d, st, err := s.store.Remove(dir, req.Name, req.DirOnly, once)
+	d, st, err := s.store.Remove(dir, req.Name, req.DirOnly, o.once)
 	if err != nil {
 		return nil, s.fail("Remove", err)
 	}
@@ -257,11 +245,7 @@ func (s *Server) Rename(ctx context.Context, req *pb.RenameRequest) (*pb.RenameR
 	if _, err := s.recallFor(ctx, o, true, named...); err != nil {
 		return nil, err
 	}
-	once, err := opOf(ctx)
-	if err != nil {
-		return nil, s.fail("Rename", err)
-	}
-	res, err := s.store.Rename(src, req.SrcName, dst, req.DstName, once)
+	res, err := s.store.Rename(src, req.SrcName, dst, req.DstName, o.once)
 	if err != nil {
 		return nil, s.fail("Rename", err)
 	}

@@ -338,15 +338,27 @@ type op struct {
 	s     *Server
 	id    callback.ClientID
 	since uint64
+	// once names a namespace change for its retries (beginChange).
+	once vnode.Op
 }
 
 // beginChange is begin for an operation that changes something: it waits
-// out the grace period first.
+// out the grace period first, and takes the op id a namespace change
+// carries (refusing a malformed one before anything happens).
 func (s *Server) beginChange(ctx context.Context) (*op, error) {
+	once, err := opOf(ctx)
+	if err != nil {
+		return nil, pb.Err(err)
+	}
 	if err := s.waitGrace(ctx); err != nil {
 		return nil, err
 	}
-	return s.begin(ctx)
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	o.once = once
+	return o, nil
 }
 
 // waitGrace waits out the grace period after a restart, during which
