@@ -258,6 +258,9 @@ func (c *Client) backChannel(first chan<- error) {
 			first <- err
 			first = nil
 		}
+		if *c.session.Load() != "" {
+			backoff = 50 * time.Millisecond // a session was lost: try again at once
+		}
 		c.setSession("")
 		if c.ctx.Err() != nil {
 			return
@@ -304,16 +307,14 @@ func (c *Client) runSession(first chan<- error) error {
 	if changed {
 		c.log.Info("server restarted; cached files will be revalidated", "server", c.opts.Server, "epoch", w.Epoch)
 	}
-	if first == nil {
-		c.resetPromises()
-	}
 	c.useDataChannel(w.DataAddr)
 	c.setSession(fmt.Sprintf("%d.%d", w.Epoch, w.ClientId))
 	if first == nil {
 		// The old session's delegations are held for us until their lease
 		// runs out (after a restart, for the grace period): reclaim those
-		// with dirty data.
+		// with dirty data, before anything that may wait on the kernel.
 		c.dropDelegations(true)
+		c.resetPromises()
 	}
 	if first != nil {
 		first <- nil
@@ -339,6 +340,23 @@ func (c *Client) runSession(first chan<- error) error {
 			}
 		}
 	}()
+	// Breaks are carried out and acknowledged in order by a goroutine of
+	// their own: one can wait on the kernel (InvalidateWait), and meanwhile
+	// this loop must still notice a server that went away.
+	breaks := make(chan *pb.Break, 64)
+	defer close(breaks)
+	go func() {
+		for b := range breaks {
+			fids := make([]node.FID, len(b.Fids))
+			for i, f := range b.Fids {
+				fids[i] = f.ToFID()
+			}
+			c.breakPromises(fids)
+			if stream.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Ack{Ack: &pb.Ack{Seq: b.Seq}}}) != nil {
+				cancel()
+			}
+		}
+	}()
 	for {
 		m, err := stream.Recv()
 		if err != nil {
@@ -350,14 +368,7 @@ func (c *Client) runSession(first chan<- error) error {
 		}
 		switch m := m.Msg.(type) {
 		case *pb.ServerMsg_Break:
-			fids := make([]node.FID, len(m.Break.Fids))
-			for i, f := range m.Break.Fids {
-				fids[i] = f.ToFID()
-			}
-			c.breakPromises(fids)
-			if err := stream.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Ack{Ack: &pb.Ack{Seq: m.Break.Seq}}}); err != nil {
-				return err
-			}
+			breaks <- m.Break
 		case *pb.ServerMsg_Reset_:
 			c.counters.resets.Add(1)
 			c.resetPromises()
@@ -441,6 +452,7 @@ func (c *Client) expirer() {
 			c.cbMu.Unlock()
 			c.invalidate(expired)
 			c.keepLease(now)
+			c.dropForgotten(now)
 			c.setGauges()
 		}
 	}
@@ -480,7 +492,9 @@ func (c *Client) resetPromises() {
 	}
 	c.nodesMu.Unlock()
 	if c.opts.OnInvalidate != nil {
-		c.opts.OnInvalidate(all)
+		// Not waited for: after a restart nobody else changes anything
+		// before the grace period ends, and the back channel must run.
+		go c.opts.OnInvalidate(all)
 	}
 }
 
@@ -533,6 +547,13 @@ func (c *Client) callTimeout(timeout time.Duration, fn func(ctx context.Context)
 			return err
 		}
 		session := *c.session.Load()
+		if session == "" {
+			// Between sessions: a request without one would reach a
+			// restarted server as nobody's, before this client's reclaims.
+			if session = c.awaitNewSession("", give); session == "" {
+				return status.Errorf(codes.Unavailable, "server %s: no session for %v", c.opts.Server, c.opts.RPCTimeout)
+			}
+		}
 		ctx, cancel := c.rpcContext(timeout)
 		sent := time.Now()
 		err := fn(ctx)
@@ -547,7 +568,7 @@ func (c *Client) callTimeout(timeout time.Duration, fn func(ctx context.Context)
 		case codes.Unauthenticated:
 			if !reauth {
 				reauth = true
-				c.awaitNewSession(session)
+				c.awaitNewSession(session, time.Now().Add(c.opts.RPCTimeout))
 				continue
 			}
 		case codes.Unavailable:
@@ -594,23 +615,24 @@ func (c *Client) awaitReady(deadline time.Time) error {
 	}
 }
 
-// awaitNewSession waits, bounded by the RPC timeout, for the back channel
-// to establish a session other than stale.
-func (c *Client) awaitNewSession(stale string) {
-	deadline := time.After(c.opts.RPCTimeout)
+// awaitNewSession waits, until deadline, for the back channel to establish
+// a session other than stale, and returns it ("" if none came).
+func (c *Client) awaitNewSession(stale string, deadline time.Time) string {
+	timeout := time.NewTimer(time.Until(deadline))
+	defer timeout.Stop()
 	for {
 		c.cbMu.Lock()
 		ch := c.sessionC
 		c.cbMu.Unlock()
 		if s := *c.session.Load(); s != "" && s != stale {
-			return
+			return s
 		}
 		select {
 		case <-ch:
-		case <-deadline:
-			return
+		case <-timeout.C:
+			return ""
 		case <-c.ctx.Done():
-			return
+			return ""
 		}
 	}
 }

@@ -138,10 +138,25 @@ func (c *Client) closeDeleg(n *Node, write bool) error {
 		c.counters.localCloses.Add(1)
 		return nil
 	}
+	return c.closeOne(n.fid, write)
+}
+
+func (c *Client) closeOne(fid node.FID, write bool) error {
 	return c.call(func(ctx context.Context) error {
-		_, err := c.rpc.Close(ctx, &pb.CloseRequest{Fid: pb.FromFID(n.fid), Write: write})
+		_, err := c.rpc.Close(ctx, &pb.CloseRequest{Fid: pb.FromFID(fid), Write: write})
 		return err
 	})
+}
+
+// closeRecorded tells the server of r read and w write opens of fid that
+// it recorded and that are closed.
+func (c *Client) closeRecorded(fid node.FID, r, w int) {
+	for i := range r + w {
+		if err := c.closeOne(fid, i >= r); err != nil {
+			c.log.Warn("close not recorded", "fid", fid, "err", err)
+			return
+		}
+	}
 }
 
 // writeBack reports whether writes to n may stay in the cache past Close:
@@ -149,6 +164,13 @@ func (c *Client) closeDeleg(n *Node, write bool) error {
 func (c *Client) writeBack(n *Node) bool {
 	h, ok := c.delegation(n)
 	return ok && h.Kind == callback.DelegWrite
+}
+
+// writeHere reports whether a change to n may stay in the cache: a write
+// delegation is held on it and not being recalled.
+func (c *Client) writeHere(n *Node) bool {
+	h, ok := c.delegation(n)
+	return ok && h.Kind == callback.DelegWrite && !h.Recalled
 }
 
 // dirtied notes a local write or truncation of n (wmu held): made under a
@@ -210,7 +232,7 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 			return
 		}
 		n.mu.Lock()
-		r, w = n.opens.r-n.opens.recR, n.opens.w-n.opens.recW
+		r, w = max(n.opens.r-n.opens.recR, 0), max(n.opens.w-n.opens.recW, 0)
 		n.mu.Unlock()
 	}
 	var reply *pb.ReturnReply
@@ -229,7 +251,12 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 		} else {
 			n.opens.r, n.opens.w = n.opens.recR, n.opens.recW
 		}
+		// Opens reported that closed while the return was under way
+		// closed locally: the server must hear of those closes too.
+		goneR, goneW := max(n.opens.recR-n.opens.r, 0), max(n.opens.recW-n.opens.w, 0)
+		n.opens.recR, n.opens.recW = n.opens.recR-goneR, n.opens.recW-goneW
 		n.mu.Unlock()
+		c.closeRecorded(fid, goneR, goneW)
 	}
 	c.cbMu.Lock()
 	c.cb.Returned(fid, state)
@@ -330,10 +357,7 @@ func (c *Client) reclaim(n *Node, state uint64) {
 	}
 	n.mu.Unlock()
 	if reply.Recorded {
-		c.call(func(ctx context.Context) error {
-			_, err := c.rpc.Close(ctx, &pb.CloseRequest{Fid: pb.FromFID(n.fid), Write: true})
-			return err
-		})
+		c.closeOne(n.fid, true)
 	}
 	c.learnPB(t, reply.Status)
 }
@@ -497,4 +521,5 @@ func (c *Client) setGauges() {
 	c.cache.SetGauge("recalls", st.Recalls)
 	c.cache.SetGauge("dirty_bytes", st.DirtyBytes)
 	c.cache.SetGauge("flushed_bytes", st.Flushed)
+	c.cache.SetGauge("nodes", int64(st.Nodes))
 }

@@ -483,6 +483,11 @@ func (f *File) Close() error {
 		return os.ErrClosed
 	}
 	err := f.flush("close")
+	if f.decision.Bypass {
+		f.n.mu.Lock()
+		f.n.bypassing--
+		f.n.mu.Unlock()
+	}
 	if f.counted {
 		if cerr := f.c.closeDeleg(f.n, f.writable()); err == nil && cerr != nil {
 			err = f.pathErr("close", cerr)

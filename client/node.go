@@ -21,6 +21,8 @@ type Node struct {
 	c     *Client
 	fid   node.FID
 	valid atomic.Bool
+	// forgot is when the kernel forgot the node (Release), 0 while held.
+	forgot atomic.Int64
 
 	mu sync.Mutex
 	st node.Status
@@ -53,6 +55,9 @@ type Node struct {
 	// unlinked: this client removed the file's last name (or renamed
 	// another file over it).
 	unlinked bool
+	// bypassing counts the opens of the file that bypass the cache: its
+	// data is then at the server, where a truncation must go too.
+	bypassing int
 }
 
 type dirent struct {

@@ -170,6 +170,25 @@ func (c *Client) SetAttr(n *Node, a Attr) (node.Status, error) {
 	return n.status(), nil
 }
 
+// TruncateHere truncates n in the cache if a write delegation is held on
+// it, as a write there stays local, and reports whether it did; if not,
+// SetAttr truncates at the server. The kernel sends open(O_TRUNC) as a
+// truncation by name.
+func (c *Client) TruncateHere(n *Node, size uint64) (bool, error) {
+	n.mu.Lock()
+	bypassed := n.bypassing > 0
+	n.mu.Unlock()
+	if bypassed || !c.writeHere(n) || n.entry == nil {
+		return false, nil
+	}
+	n.wmu.Lock()
+	defer n.wmu.Unlock()
+	if !c.writeHere(n) {
+		return false, nil // recalled meanwhile
+	}
+	return true, n.truncateLocked(size)
+}
+
 // PromiseLeft is how long n's callback promise still holds: how long a
 // kernel may cache n's attributes, entry and pages without asking.
 func (c *Client) PromiseLeft(n *Node) time.Duration {
@@ -258,24 +277,48 @@ func (c *Client) TruncateStored(n *Node, size uint64) (node.Status, error) {
 	return n.status(), nil
 }
 
-// Release drops n from the client's memory when the kernel forgot it and
-// it holds nothing local: a long-running mount would otherwise keep a Node
-// for every file it ever looked at. Its cached data stays in the cache, and
-// a later lookup makes a new Node that finds it there.
+// Release says the kernel forgot n. Once it has stayed forgotten for
+// releaseAfter and holds nothing local, n is dropped from the client's
+// memory: a long-running mount would otherwise keep a Node for every file
+// it ever looked at. Its cached data stays in the cache, and a later
+// lookup makes a new Node that finds it there. The delay matters: a lookup
+// racing the kernel's forget can hand n to the kernel again, which Hold
+// then says, and a Node the kernel holds must stay the one for its FID.
 func (c *Client) Release(n *Node) {
-	if n == c.root {
-		return
+	if n != c.root {
+		n.forgot.Store(time.Now().UnixNano())
 	}
-	n.mu.Lock()
-	busy := len(n.inflight) > 0 || n.entry != nil && n.localChanges()
-	n.mu.Unlock()
-	if busy || !n.wmu.TryLock() {
-		return
-	}
-	defer n.wmu.Unlock()
+}
+
+// Hold says the kernel was handed n (again).
+func (c *Client) Hold(n *Node) { n.forgot.Store(0) }
+
+// releaseAfter is how long a forgotten Node is kept before it is dropped.
+const releaseAfter = 2 * time.Second
+
+// dropForgotten drops the Nodes released more than releaseAfter before now
+// that hold nothing local.
+func (c *Client) dropForgotten(now time.Time) {
 	c.nodesMu.Lock()
-	if c.nodes[n.fid] == n {
-		delete(c.nodes, n.fid)
+	var idle []*Node
+	for _, n := range c.nodes {
+		if f := n.forgot.Load(); f != 0 && now.Sub(time.Unix(0, f)) > releaseAfter {
+			idle = append(idle, n)
+		}
 	}
 	c.nodesMu.Unlock()
+	for _, n := range idle {
+		n.mu.Lock()
+		busy := len(n.inflight) > 0 || n.entry != nil && n.localChanges()
+		n.mu.Unlock()
+		if busy || !n.wmu.TryLock() {
+			continue
+		}
+		c.nodesMu.Lock()
+		if c.nodes[n.fid] == n && n.forgot.Load() != 0 {
+			delete(c.nodes, n.fid)
+		}
+		c.nodesMu.Unlock()
+		n.wmu.Unlock()
+	}
 }

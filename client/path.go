@@ -242,6 +242,9 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int) (*
 			return nil, errOf("open", name, err)
 		}
 		f.bp.Store(newBypass(f, f.decision.Probation))
+		n.mu.Lock()
+		n.bypassing++
+		n.mu.Unlock()
 	} else if c.delegating() {
 		if err := c.openDeleg(n, f.writable()); err != nil {
 			return nil, errOf("open", name, err)
@@ -526,8 +529,8 @@ func (c *Client) Chtimes(name string, atime, mtime time.Time) error {
 	return c.setattrPath("chtimes", name, &pb.SetAttrRequest{Mask: vnode.SetAtime | vnode.SetMtime, AtimeNs: atime.UnixNano(), MtimeNs: mtime.UnixNano()})
 }
 
-// Truncate changes a file's size at the server at once (after storing any
-// local writes to it).
+// Truncate changes a file's size: in the cache under a write delegation,
+// otherwise at the server at once (after storing any local writes to it).
 func (c *Client) Truncate(name string, size int64) error {
 	if size < 0 {
 		return errOf("truncate", name, syscall.EINVAL)
@@ -535,7 +538,10 @@ func (c *Client) Truncate(name string, size int64) error {
 	n, err := c.resolve(name, true)
 	if err == nil {
 		sz := uint64(size)
-		_, err = c.SetAttr(n, Attr{Size: &sz})
+		var here bool
+		if here, err = c.TruncateHere(n, sz); err == nil && !here {
+			_, err = c.SetAttr(n, Attr{Size: &sz})
+		}
 	}
 	return errOf("truncate", name, err)
 }

@@ -27,6 +27,8 @@ type Stats struct {
 	LocalOpens, LocalCloses           int64
 	Recalls, Revoked, Reclaimed       int64
 	DirtyBytes, Flushed               int64
+	// Nodes is the number of files and directories held in memory.
+	Nodes int
 }
 
 // Stats reports counters for tests, benchmarks and `hoard cache stats`.
@@ -47,5 +49,12 @@ func (c *Client) Stats() Stats {
 		LocalOpens: c.counters.localOpens.Load(), LocalCloses: c.counters.localCloses.Load(),
 		Recalls: c.counters.recalls.Load(), Revoked: c.counters.revoked.Load(), Reclaimed: c.counters.reclaims.Load(),
 		DirtyBytes: c.flusher.dirtyBytes(), Flushed: c.counters.flushed.Load(),
+		Nodes: c.nodeCount(),
 	}
+}
+
+func (c *Client) nodeCount() int {
+	c.nodesMu.Lock()
+	defer c.nodesMu.Unlock()
+	return len(c.nodes)
 }

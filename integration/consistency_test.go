@@ -907,23 +907,18 @@ func TestConsistencyLibrary(t *testing.T) {
 	}
 }
 
-// Two FUSE mounts and a library client, without the restart: across one,
-// opens the kernel repeats and a slow restart still break the model in
-// some runs (docs/consistency.md, "Not yet through FUSE").
+// Two FUSE mounts and a library client.
 func TestConsistencyFuse(t *testing.T) {
 	needFuse(t)
-	srv := startServer(t, t.TempDir())
+	srv := startServer(t, t.TempDir(), "--grace", consGrace.String())
 	lib := dialCons(t, srv, t.Name()+"-lib", false)
 	if err := lib.Mkdir("/d", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	a := startMount(t, srv, t.TempDir())
-	b := startMount(t, srv, t.TempDir())
-	consRun(t, srv, []consFS{osFS{a.path("d")}, osFS{b.path("d")}, libFS{lib, "/d"}}, 4*time.Second, false)
+	a := startMount(t, srv, t.TempDir(), mountDebug()...)
+	b := startMount(t, srv, t.TempDir(), mountDebug()...)
+	consRun(t, srv, []consFS{osFS{a.path("d")}, osFS{b.path("d")}, libFS{lib, "/d"}}, 4*time.Second, true)
 }
-
-// The checker itself: histories made by hand, with what each model must
-// say of them.
 
 // The checker itself: histories made by hand, and whether close-to-open
 // explains each.

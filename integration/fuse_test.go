@@ -47,7 +47,7 @@ type mountProc struct {
 	dir   string
 	cache string
 	args  []string
-	logs  *bytes.Buffer
+	logs  *logBuf
 }
 
 func startMount(t *testing.T, srv *serverProc, cacheDir string, extra ...string) *mountProc {
@@ -61,22 +61,19 @@ func startMount(t *testing.T, srv *serverProc, cacheDir string, extra ...string)
 
 func (m *mountProc) start(srv *serverProc) {
 	m.t.Helper()
-	args := append([]string{"mount", "--server", srv.addr, "--cache", m.cache, "--log-level", "info", m.dir}, m.args...)
+	args := append([]string{"mount", "--server", srv.addr, "--cache", m.cache, "--log-level", logLevel(), m.dir}, m.args...)
 	m.cmd = exec.Command(hoardBin, args...)
-	m.logs = &bytes.Buffer{}
+	m.logs = &logBuf{}
 	stderr, _ := m.cmd.StderrPipe()
 	if err := m.cmd.Start(); err != nil {
 		m.t.Fatal(err)
 	}
 	ready := make(chan bool, 1)
-	var mu sync.Mutex
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sent := false
 		for sc.Scan() {
-			mu.Lock()
 			m.logs.WriteString(sc.Text() + "\n")
-			mu.Unlock()
 			if !sent && strings.Contains(sc.Text(), "mounted at") {
 				sent = true
 				ready <- true
@@ -90,8 +87,6 @@ func (m *mountProc) start(srv *serverProc) {
 	case ok := <-ready:
 		if !ok {
 			m.cmd.Wait()
-			mu.Lock()
-			defer mu.Unlock()
 			m.t.Fatalf("mount failed: %s", m.logs)
 		}
 	case <-time.After(15 * time.Second):
@@ -633,5 +628,54 @@ func TestFuseRenameSeenUnderBothNames(t *testing.T) {
 	}
 	if stale > 0 {
 		t.Fatalf("the mount still had the old name after %d of 200 renames", stale)
+	}
+}
+
+// Files the kernel forgot are dropped from the mount's memory a little
+// later, and what the kernel looks up again afterwards is still kept
+// coherent by breaks.
+func TestFuseForgottenNodesReleased(t *testing.T) {
+	needFuse(t)
+	srv := startServer(t, t.TempDir())
+	cacheDir := t.TempDir()
+	m := startMount(t, srv, cacheDir)
+	lib := dial(t, srv.addr, "mem", 16<<20)
+	if err := lib.Mkdir("/many", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 {
+		writeFile(t, lib, fmt.Sprintf("/many/f%d", i), []byte("old"))
+	}
+	for i := range 200 {
+		if got, err := os.ReadFile(m.path(fmt.Sprintf("many/f%d", i))); err != nil || string(got) != "old" {
+			t.Fatalf("f%d through the mount: %q, %v", i, got, err)
+		}
+	}
+	nodes := func() int64 {
+		time.Sleep(1200 * time.Millisecond) // stats.json is written once a second
+		return readStats(t, cacheDir).Gauges["nodes"]
+	}
+	if n := nodes(); n < 200 {
+		t.Fatalf("%d nodes in memory after 200 files were read", n)
+	}
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0); err != nil {
+		t.Skipf("SKIP: cannot make the kernel forget its inodes: %v", err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	n := nodes()
+	for ; n >= 50 && time.Now().Before(deadline); n = nodes() {
+	}
+	if n >= 50 {
+		t.Fatalf("%d nodes still in memory after the kernel forgot the files", n)
+	}
+	writeFile(t, lib, "/many/f7", []byte("new"))
+	if got, err := os.ReadFile(m.path("many/f7")); err != nil || string(got) != "new" {
+		t.Fatalf("after another client's write: %q, %v", got, err)
+	}
+	if err := lib.Rename("/many/f8", "/many/f9"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(m.path("many/f8")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a name renamed away by another client: %v", err)
 	}
 }

@@ -4,7 +4,6 @@ package integration
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +20,24 @@ import (
 )
 
 var hoardBin string
+
+// logLevel is the --log-level of the servers and mounts tests start
+// (HOARD_TEST_LOG_LEVEL, default info); a failed test prints their logs.
+func logLevel() string {
+	if l := os.Getenv("HOARD_TEST_LOG_LEVEL"); l != "" {
+		return l
+	}
+	return "info"
+}
+
+// mountDebug is the flag that has a mount log every FUSE request, when
+// HOARD_TEST_LOG_LEVEL is debug.
+func mountDebug() []string {
+	if logLevel() == "debug" {
+		return []string{"--debug"}
+	}
+	return nil
+}
 
 func TestMain(m *testing.M) {
 	if os.Getenv("HOARD_TEST_HELPER") != "" {
@@ -45,6 +63,24 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// logBuf collects a process's log lines while the test reads them.
+type logBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuf) WriteString(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b.WriteString(s)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // serverProc is a running `hoard server`.
 type serverProc struct {
 	t    testing.TB
@@ -52,7 +88,7 @@ type serverProc struct {
 	addr string
 	data string
 	args []string
-	logs *bytes.Buffer
+	logs *logBuf // across restarts
 }
 
 func freeAddr(t testing.TB) string {
@@ -69,15 +105,22 @@ func startServer(t testing.TB, data string, extra ...string) *serverProc {
 	t.Helper()
 	s := &serverProc{t: t, addr: freeAddr(t), data: data, args: extra}
 	s.start()
-	t.Cleanup(func() { s.kill() })
+	t.Cleanup(func() {
+		s.kill()
+		if t.Failed() {
+			t.Logf("server log:\n%s", s.logs)
+		}
+	})
 	return s
 }
 
 func (s *serverProc) start() {
 	s.t.Helper()
-	args := append([]string{"server", "--data", s.data, "--listen", s.addr, "--log-level", "info", "--grace", "1s"}, s.args...)
+	args := append([]string{"server", "--data", s.data, "--listen", s.addr, "--log-level", logLevel(), "--grace", "1s"}, s.args...)
 	s.cmd = exec.Command(hoardBin, args...)
-	s.logs = &bytes.Buffer{}
+	if s.logs == nil {
+		s.logs = &logBuf{}
+	}
 	stderr, _ := s.cmd.StderrPipe()
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)

@@ -18,7 +18,7 @@ import (
 )
 
 // Under a write delegation, opens and closes cost no RPC and the writes
-// stay in the cache; another client's open recalls the delegation and sees
+// and truncations stay in the cache; another client's open recalls the delegation and sees
 // every byte, and the writer's next change is seen by the reader's next
 // open (close-to-open holds with write-back).
 func TestWriteBackAndRecall(t *testing.T) {
@@ -44,7 +44,16 @@ func TestWriteBackAndRecall(t *testing.T) {
 		t.Fatalf("open, write, close under the delegation: %d RPCs, %d local opens, %d local closes",
 			after.RPCs-before.RPCs, after.LocalOpens-before.LocalOpens, after.LocalCloses-before.LocalCloses)
 	}
-	want := append([]byte(nil), v1...)
+	// A truncation by name (how the kernel sends open(O_TRUNC)) stays
+	// local too.
+	before = a.Stats()
+	if err := a.Truncate("/f", 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	if after := a.Stats(); after.RPCs != before.RPCs {
+		t.Fatalf("truncate under the delegation: %d RPCs", after.RPCs-before.RPCs)
+	}
+	want := append([]byte(nil), v1[:2<<20]...)
 	copy(want[10:], "XYZ")
 	if got := readFile(t, b, "/f"); !bytes.Equal(got, want) {
 		t.Fatal("the reader did not see the writer's closed data")

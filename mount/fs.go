@@ -83,12 +83,12 @@ func fillAttr(st node.Status, out *fuse.Attr) {
 // errno turns a cache manager error into the errno for the kernel.
 func errno(err error) syscall.Errno { return client.Errno(err) }
 
-func (h *hnode) OnAdd(ctx context.Context) { h.m.track(h, false) }
-
-func (h *hnode) OnForget() {
-	h.m.untrack(h)
-	h.m.c.Release(h.n)
+func (h *hnode) OnAdd(ctx context.Context) {
+	h.m.added(h)
+	h.m.track(h, false)
 }
+
+func (h *hnode) OnForget() { h.m.untrack(h) }
 
 // child wraps a cache manager node, named name in directory h, in a kernel
 // inode and fills out. The kernel may keep the name while h's promise
@@ -175,7 +175,11 @@ func (h *hnode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn
 				return errno(err)
 			}
 		default:
-			a.Size = &size
+			if here, err := h.m.c.TruncateHere(h.n, size); err != nil {
+				return errno(err)
+			} else if !here {
+				a.Size = &size
+			}
 		}
 	}
 	st, err := h.m.c.SetAttr(h.n, a)

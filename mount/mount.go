@@ -44,6 +44,9 @@ type Mount struct {
 
 	mu     sync.Mutex
 	inodes map[node.FID]*hnode
+	// refs counts the kernel inodes built on each Node: the Node is
+	// released only when the last of them is forgotten.
+	refs map[*client.Node]int
 }
 
 // InvalidateWait bounds how long a break waits for the kernel to drop its
@@ -56,7 +59,7 @@ func New(o Options) *Mount {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	m := &Mount{log: o.Logger, inodes: map[node.FID]*hnode{}, passthrough: o.Passthrough}
+	m := &Mount{log: o.Logger, inodes: map[node.FID]*hnode{}, refs: map[*client.Node]int{}, passthrough: o.Passthrough}
 	m.queue = newInvalQueue(m.notify)
 	return m
 }
@@ -98,7 +101,25 @@ func (m *Mount) untrack(h *hnode) {
 	if m.inodes[h.n.FID()] == h {
 		delete(m.inodes, h.n.FID())
 	}
+	m.refs[h.n]--
+	last := m.refs[h.n] <= 0
+	if last {
+		delete(m.refs, h.n)
+	}
 	m.mu.Unlock()
+	if last {
+		m.c.Release(h.n)
+	}
+}
+
+// added counts a kernel inode built on h's Node. go-fuse also builds (and
+// announces) inodes it then drops, which are never forgotten: their Nodes
+// stay in memory, which costs memory only.
+func (m *Mount) added(h *hnode) {
+	m.mu.Lock()
+	m.refs[h.n]++
+	m.mu.Unlock()
+	m.c.Hold(h.n)
 }
 
 func (m *Mount) countPassthrough() {

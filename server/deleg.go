@@ -50,8 +50,11 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 		}
 		// After a restart nobody else can have opened the file yet:
 		// opens and reads wait out the grace period.
-		if !time.Now().Before(s.graceEnd) || st.DataVersion != req.BaseVersion {
-			return nil, s.fail("Open", fmt.Errorf("reclaim %v: delegation %d is gone: %w", f, req.Reclaim, ErrRevoked))
+		if !time.Now().Before(s.graceEnd) {
+			return nil, s.fail("Open", fmt.Errorf("reclaim %v: delegation %d is gone, and the grace period is over: %w", f, req.Reclaim, ErrRevoked))
+		}
+		if st.DataVersion != req.BaseVersion {
+			return nil, s.fail("Open", fmt.Errorf("reclaim %v: delegation %d is gone, and the file changed (version %d, not %d): %w", f, req.Reclaim, st.DataVersion, req.BaseVersion, ErrRevoked))
 		}
 		write = true
 	} else if err := s.waitDelegGrace(ctx); err != nil {

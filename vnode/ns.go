@@ -232,7 +232,9 @@ type Attr struct {
 // Create makes name in dir as a file, directory, symlink or mount point. An
 // existing file is returned with created=false unless excl (O_CREAT without
 // O_EXCL); any other existing entry is EEXIST. A repeated op answers as
-// the first one did, with the statuses as they are now.
+// the first one did, with the statuses as they are now and created=false:
+// name may have been changed since, so the reply must not say it names st
+// at d's version.
 func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target string, excl bool, op Op) (st, d node.Status, created bool, err error) {
 	if err := node.CheckName(name); err != nil {
 		return st, d, false, err
@@ -253,7 +255,7 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target st
 			return err
 		}
 		if o, ok := v.findOp(op); ok && len(o.vnodes) == 1 {
-			st, d, created = v.statusNow(o.vnodes[0]), dr.status(v.id, dir.Vnode), o.created
+			st, d = v.statusNow(o.vnodes[0]), dr.status(v.id, dir.Vnode)
 			return nil
 		}
 		if e, ok, err := v.lookup(dir.Vnode, name); err != nil {
@@ -293,7 +295,7 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target st
 			return err
 		}
 		st, d, created = r.status(v.id, vn), dr.status(v.id, dir.Vnode), true
-		return v.recordOp(op, done{vnodes: []named{namedBy(st)}, created: true})
+		return v.recordOp(op, done{vnodes: []named{namedBy(st)}})
 	})
 	return st, d, created, err
 }

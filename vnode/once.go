@@ -27,10 +27,9 @@ const MaxOp = 64
 const opKeep = 10 * time.Minute
 
 // done is a recorded outcome: the vnodes the reply names, in an order each
-// operation defines, and whether a create created.
+// operation defines.
 type done struct {
-	vnodes  []named
-	created bool
+	vnodes []named
 }
 
 // named is a vnode a reply names, with its type, which its status keeps
@@ -63,11 +62,11 @@ func (v *vtx) findOp(op Op) (done, bool) {
 		return done{}, false
 	}
 	b := v.tx.Bucket(bktOps).Get([]byte(op))
-	if len(b) < 9 || (len(b)-9)%doneVnode != 0 {
+	if len(b) < 8 || (len(b)-8)%doneVnode != 0 {
 		return done{}, false
 	}
-	d := done{created: b[8] == 1}
-	for p := b[9:]; len(p) > 0; p = p[doneVnode:] {
+	var d done
+	for p := b[8:]; len(p) > 0; p = p[doneVnode:] {
 		f := node.FID{Volume: getU64(p[:8]), Vnode: getU64(p[8:16]), Unique: getU64(p[16:24])}
 		d.vnodes = append(d.vnodes, named{f, node.Type(p[24])})
 	}
@@ -90,11 +89,8 @@ func (v *vtx) recordOp(op Op, d done) error {
 			return err
 		}
 	}
-	b := make([]byte, 9, 9+doneVnode*len(d.vnodes))
+	b := make([]byte, 8, 8+doneVnode*len(d.vnodes))
 	binary.BigEndian.PutUint64(b, uint64(v.now))
-	if d.created {
-		b[8] = 1
-	}
 	for _, n := range d.vnodes {
 		b = append(b, u64(n.fid.Volume)...)
 		b = append(b, u64(n.fid.Vnode)...)

@@ -28,7 +28,7 @@ func TestOpRepeated(t *testing.T) {
 	s = open(t, dir)
 
 	again, _, created, err := s.Create(r, "a", node.TypeFile, Attr{Mode: 0o644}, "", true, "op-create")
-	if err != nil || !created || again.FID != st.FID {
+	if err != nil || created || again.FID != st.FID {
 		t.Fatalf("repeated exclusive create: %v %v %v, want the first one's %v", err, created, again.FID, st.FID)
 	}
 	if _, _, err := s.Lookup(r, "a"); err == nil {
