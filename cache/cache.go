@@ -5,7 +5,8 @@
 //
 // The layout lets a fully cached file be handed to the kernel as a FUSE
 // passthrough backing file (one backing file per inode); a chunk-per-file
-// layout could not. Chunks are the unit of fetching and eviction.
+// layout could not. Chunks are the unit of fetching and eviction. New
+// cache files are taken from a few empty ones made ahead (spare.go).
 //
 // Space is a hard limit: a chunk's bytes (rounded up to 4 KiB) are
 // reserved before it is written, eviction is LRU over clean chunks, and
@@ -92,6 +93,8 @@ type Cache struct {
 	cs   int64
 	db   *bolt.DB
 	lock *os.File
+	// spare is nil for a memory cache.
+	spare *spares
 
 	mu      sync.Mutex
 	entries map[node.FID]*Entry
@@ -162,6 +165,7 @@ func Open(o Options) (*Cache, error) {
 		return nil, err
 	}
 	go c.committer()
+	go c.spare.run(c.stop)
 	return c, nil
 }
 
@@ -179,6 +183,9 @@ func (c *Cache) openDir() error {
 		return fmt.Errorf("cache %s is in use by another process", dir)
 	}
 	c.lock = lock
+	if c.spare, err = newSpares(dir); err != nil {
+		return err
+	}
 	clean, err := c.openIndex()
 	if err != nil {
 		// An index that cannot be read is discarded with the data it

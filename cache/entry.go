@@ -248,11 +248,9 @@ func (e *Entry) openFileLocked() error {
 		return nil
 	}
 	p := e.path()
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(p, os.O_RDWR, 0o600)
 	if errors.Is(err, os.ErrNotExist) {
-		if err = os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
-			f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
-		}
+		f, err = e.c.spare.create(p)
 	}
 	if err != nil {
 		return err

@@ -310,11 +310,13 @@ func (c *Client) runSession(first chan<- error) error {
 	c.useDataChannel(w.DataAddr)
 	c.setSession(fmt.Sprintf("%d.%d", w.Epoch, w.ClientId))
 	if first == nil {
-		// The old session's delegations are held for us until their lease
-		// runs out (after a restart, for the grace period): reclaim those
-		// with dirty data, before anything that may wait on the kernel.
-		c.dropDelegations(true)
+		// The old session's promises may have missed breaks. Its
+		// delegations are held for us until their lease runs out (after a
+		// restart, for the grace period): reclaim those with dirty data,
+		// after the reset, which voids the tickets of replies already
+		// under way.
 		c.resetPromises()
+		c.dropDelegations(true)
 	}
 	if first != nil {
 		first <- nil
@@ -342,18 +344,35 @@ func (c *Client) runSession(first chan<- error) error {
 	}()
 	// Breaks are carried out and acknowledged in order by a goroutine of
 	// their own: one can wait on the kernel (InvalidateWait), and meanwhile
-	// this loop must still notice a server that went away.
+	// this loop must still notice a server that went away. Breaks that
+	// queued up meanwhile are carried out together, so that no ack waits
+	// for more than two such waits (the server's break timeout is longer).
 	breaks := make(chan *pb.Break, 64)
 	defer close(breaks)
 	go func() {
 		for b := range breaks {
-			fids := make([]node.FID, len(b.Fids))
-			for i, f := range b.Fids {
-				fids[i] = f.ToFID()
+			batch := []*pb.Break{b}
+			for more := true; more; {
+				select {
+				case b, ok := <-breaks:
+					if more = ok; ok {
+						batch = append(batch, b)
+					}
+				default:
+					more = false
+				}
+			}
+			var fids []node.FID
+			for _, b := range batch {
+				for _, f := range b.Fids {
+					fids = append(fids, f.ToFID())
+				}
 			}
 			c.breakPromises(fids)
-			if stream.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Ack{Ack: &pb.Ack{Seq: b.Seq}}}) != nil {
-				cancel()
+			for _, b := range batch {
+				if stream.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Ack{Ack: &pb.Ack{Seq: b.Seq}}}) != nil {
+					cancel()
+				}
 			}
 		}
 	}()

@@ -32,6 +32,10 @@ import (
 // consNames are the shared names, in one directory.
 var consNames = [...]string{"f0", "f1", "f2", "f3"}
 
+// consSlow bounds an operation of a run: longer than the RPC timeout
+// (10 s), shorter than the lease (30 s).
+const consSlow = 20 * time.Second
+
 // consGrace is the server's grace period after the restart: its default.
 // With the harness's 1 s, a client that reconnected late on a busy
 // machine now and then missed the reclaim of its write-back data (1 run
@@ -518,6 +522,9 @@ type consHistory struct {
 	start time.Time
 	mu    sync.Mutex
 	ops   []porcupine.Operation
+	// slow lists the operations that took longer than consSlow, whatever
+	// their outcome.
+	slow []string
 }
 
 func (h *consHistory) now() int64 { return int64(time.Since(h.start)) }
@@ -525,11 +532,15 @@ func (h *consHistory) now() int64 { return int64(time.Since(h.start)) }
 // add records an operation; row separates a client's opens, reads and
 // writes in the visualization, where they overlap.
 func (h *consHistory) add(row int, i consIn, o consOut, call, ret int64) {
+	took := time.Duration(ret - call)
 	if o.unknown && !o.bounded {
 		ret = never
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if took > consSlow {
+		h.slow = append(h.slow, fmt.Sprintf("took %v: %s", took, consDescribe(i, o)))
+	}
 	h.ops = append(h.ops, porcupine.Operation{ClientId: 3*i.client + row, Input: i, Call: call, Output: o, Return: ret})
 }
 
@@ -785,6 +796,11 @@ func consRun(t *testing.T, srv *serverProc, clients []consFS, d time.Duration, r
 		}
 	}
 	consCheck(t, h.ops)
+	// Nothing waits for a lease to run out when every client answers: an
+	// operation that took that long waited for a recall nobody answered.
+	for _, slow := range h.slow {
+		t.Error(slow)
+	}
 	failed := 0
 	for _, w := range workers {
 		failed += w.failed
@@ -879,9 +895,13 @@ func consText(sorted []porcupine.Operation, mark int) string {
 func dialCons(t *testing.T, srv *serverProc, name string, noDeleg bool) *client.Client {
 	t.Helper()
 	// Stores refused for files renamed over are logged as errors; the
-	// history says all there is to say.
+	// history says all there is to say, unless debugging.
+	log := slog.New(slog.DiscardHandler)
+	if logLevel() == "debug" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("client", name)
+	}
 	c, err := client.Dial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 64 << 20, Name: name,
-		DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second, NoDelegations: noDeleg, Logger: slog.New(slog.DiscardHandler)})
+		DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second, NoDelegations: noDeleg, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

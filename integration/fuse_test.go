@@ -655,7 +655,8 @@ func TestFuseForgottenNodesReleased(t *testing.T) {
 		time.Sleep(1200 * time.Millisecond) // stats.json is written once a second
 		return readStats(t, cacheDir).Gauges["nodes"]
 	}
-	if n := nodes(); n < 200 {
+	// The kernel may forget a few of them on its own.
+	if n := nodes(); n < 100 {
 		t.Fatalf("%d nodes in memory after 200 files were read", n)
 	}
 	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0); err != nil {

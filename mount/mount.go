@@ -50,8 +50,12 @@ type Mount struct {
 }
 
 // InvalidateWait bounds how long a break waits for the kernel to drop its
-// copies before the break is acknowledged anyway.
-const InvalidateWait = time.Second
+// copies before the break is acknowledged anyway. The kernel takes a
+// directory's lock to drop a name, and a FUSE request of this mount that
+// holds it may be waiting on the server, which waits for this ack: waiting
+// longer does not help then. Two such waits must fit in the server's break
+// timeout (2 s by default), after which it resets the client.
+const InvalidateWait = 500 * time.Millisecond
 
 // New prepares a mount for c; hand its Invalidate to the client's
 // Options.OnInvalidate before dialing, then call Serve.

@@ -152,7 +152,7 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 	failed := sessErr
 	if failed == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), dataWriteTimeout)
-		failed = s.waitGrace(ctx)
+		failed = s.storeGrace(ctx, &hdr)
 		cancel()
 	}
 	if failed == nil {

@@ -199,17 +199,51 @@ func (s *Server) gone(st node.Status) {
 	s.mu.Unlock()
 }
 
-// checkDelegation refuses a store made under a delegation the client no
-// longer holds.
-func (s *Server) checkDelegation(o *op, f node.FID, state uint64) error {
+// checkDelegation accepts a store made under delegation state while the
+// client holds it. A store under way when the client reconnected comes on
+// its new session with the old session's state, ahead of the reclaim that
+// waits behind it; otherwise its data would go to lost/ for no reason. On
+// a reconnection the store takes the delegation over (took), to be given
+// back once it is committed: the client forgot its delegations with the
+// old session. In the grace period after a restart the store is accepted
+// if the file is still the version the client changed (the reclaim's own
+// test).
+func (s *Server) checkDelegation(o *op, f node.FID, state, base uint64) (took bool, err error) {
 	if state == 0 {
-		return nil
+		return false, nil
 	}
 	s.mu.Lock()
 	ok := s.cb.Valid(o.id, f, state)
-	s.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("store %v: delegation %d revoked: %w", f, state, ErrRevoked)
+	if !ok && o.id != 0 {
+		_, _, took = s.cb.Reclaim(o.id, f, state, time.Now())
+		ok = took
 	}
-	return nil
+	s.mu.Unlock()
+	if ok {
+		return took, nil
+	}
+	if time.Now().Before(s.graceEnd) {
+		if st, err := s.store.GetStatus(f); err == nil && st.DataVersion == base {
+			return false, nil
+		}
+	}
+	return false, fmt.Errorf("store %v: delegation %d revoked: %w", f, state, ErrRevoked)
+}
+
+// giveBackFor returns the delegation a store took over (checkDelegation),
+// which lets the operations waiting for its recall go on.
+func (s *Server) giveBackFor(o *op, f node.FID, state uint64) {
+	s.mu.Lock()
+	s.cb.Return(o.id, f, state, 0, 0, time.Now())
+	s.sendLocked(nil)
+	s.mu.Unlock()
+}
+
+// storeGrace makes a store wait out the grace period after a restart,
+// unless it was made under a delegation: then it may be the reclaim.
+func (s *Server) storeGrace(ctx context.Context, hdr *pb.StoreRequest) error {
+	if hdr.DelegState != 0 {
+		return nil
+	}
+	return s.waitGrace(ctx)
 }

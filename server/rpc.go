@@ -361,8 +361,11 @@ func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 	if err != nil {
 		return err
 	}
-	o, err := s.beginChange(ctx)
+	o, err := s.begin(ctx)
 	if err != nil {
+		return err
+	}
+	if err := s.storeGrace(ctx, hdr); err != nil {
 		return err
 	}
 	f, u, err := s.beginStore(hdr)
@@ -425,8 +428,12 @@ func (s *Server) beginStore(hdr *pb.StoreRequest) (node.FID, *vnode.Update, erro
 func (s *Server) commitStore(ctx context.Context, o *op, f node.FID, u *vnode.Update, hdr *pb.StoreRequest) (node.Status, error) {
 	// A store under a delegation is accepted only while the client holds
 	// it; any other store waits for other clients' delegations first.
-	if err := s.checkDelegation(o, f, hdr.DelegState); err != nil {
+	took, err := s.checkDelegation(o, f, hdr.DelegState, hdr.BaseVersion)
+	if err != nil {
 		return node.Status{}, err
+	}
+	if took {
+		defer s.giveBackFor(o, f, hdr.DelegState)
 	}
 	if hdr.DelegState == 0 {
 		if _, err := s.recallFor(ctx, o, true, f); err != nil {
