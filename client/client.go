@@ -138,6 +138,8 @@ type Client struct {
 
 	nodesMu sync.Mutex
 	nodes   map[node.FID]*Node
+	// forgotten holds the Nodes the kernel released (Release).
+	forgotten map[*Node]struct{}
 
 	volMu sync.Mutex
 	vols  map[string]*pb.Volume
@@ -189,20 +191,21 @@ func Dial(opts Options) (*Client, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
-		opts:     opts,
-		log:      opts.Logger,
-		conn:     conn,
-		rpc:      pb.NewFileServerClient(conn),
-		cache:    ch,
-		sessionC: make(chan struct{}),
-		cb:       callback.NewClient(),
-		nodes:    map[node.FID]*Node{},
-		vols:     map[string]*pb.Volume{},
-		fetchSem: make(chan struct{}, 16),
-		ghosts:   newGhosts(4096, 10*time.Minute),
-		flushAge: opts.FlushAge,
-		ctx:      ctx,
-		cancel:   cancel,
+		opts:      opts,
+		log:       opts.Logger,
+		conn:      conn,
+		rpc:       pb.NewFileServerClient(conn),
+		cache:     ch,
+		sessionC:  make(chan struct{}),
+		cb:        callback.NewClient(),
+		nodes:     map[node.FID]*Node{},
+		forgotten: map[*Node]struct{}{},
+		vols:      map[string]*pb.Volume{},
+		fetchSem:  make(chan struct{}, 16),
+		ghosts:    newGhosts(4096, 10*time.Minute),
+		flushAge:  opts.FlushAge,
+		ctx:       ctx,
+		cancel:    cancel,
 	}
 	c.flusher = newFlusher(c)
 	c.grpc = datapath.GRPC{Client: c.rpc}

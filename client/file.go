@@ -483,17 +483,24 @@ func (f *File) Close() error {
 		return os.ErrClosed
 	}
 	err := f.flush("close")
+	if cerr := f.uncount(); err == nil && cerr != nil {
+		err = f.pathErr("close", cerr)
+	}
+	return err
+}
+
+// uncount undoes what openFile counted for f: a bypassing open, an open
+// recorded for delegations.
+func (f *File) uncount() error {
 	if f.decision.Bypass {
 		f.n.mu.Lock()
 		f.n.bypassing--
 		f.n.mu.Unlock()
 	}
 	if f.counted {
-		if cerr := f.c.closeDeleg(f.n, f.writable()); err == nil && cerr != nil {
-			err = f.pathErr("close", cerr)
-		}
+		return f.c.closeDeleg(f.n, f.writable())
 	}
-	return err
+	return nil
 }
 
 // Flush stores local changes durably: what close(2) does for each

@@ -285,13 +285,25 @@ func (c *Client) TruncateStored(n *Node, size uint64) (node.Status, error) {
 // racing the kernel's forget can hand n to the kernel again, which Hold
 // then says, and a Node the kernel holds must stay the one for its FID.
 func (c *Client) Release(n *Node) {
-	if n != c.root {
-		n.forgot.Store(time.Now().UnixNano())
+	if n == c.root {
+		return
 	}
+	c.nodesMu.Lock()
+	n.forgot.Store(time.Now().UnixNano())
+	c.forgotten[n] = struct{}{}
+	c.nodesMu.Unlock()
 }
 
 // Hold says the kernel was handed n (again).
-func (c *Client) Hold(n *Node) { n.forgot.Store(0) }
+func (c *Client) Hold(n *Node) {
+	if n.forgot.Load() == 0 {
+		return
+	}
+	c.nodesMu.Lock()
+	n.forgot.Store(0)
+	delete(c.forgotten, n)
+	c.nodesMu.Unlock()
+}
 
 // releaseAfter is how long a forgotten Node is kept before it is dropped.
 const releaseAfter = 2 * time.Second
@@ -301,8 +313,8 @@ const releaseAfter = 2 * time.Second
 func (c *Client) dropForgotten(now time.Time) {
 	c.nodesMu.Lock()
 	var idle []*Node
-	for _, n := range c.nodes {
-		if f := n.forgot.Load(); f != 0 && now.Sub(time.Unix(0, f)) > releaseAfter {
+	for n := range c.forgotten {
+		if now.Sub(time.Unix(0, n.forgot.Load())) > releaseAfter {
 			idle = append(idle, n)
 		}
 	}
@@ -315,8 +327,11 @@ func (c *Client) dropForgotten(now time.Time) {
 			continue
 		}
 		c.nodesMu.Lock()
-		if c.nodes[n.fid] == n && n.forgot.Load() != 0 {
-			delete(c.nodes, n.fid)
+		if _, ok := c.forgotten[n]; ok {
+			delete(c.forgotten, n)
+			if c.nodes[n.fid] == n {
+				delete(c.nodes, n.fid)
+			}
 		}
 		c.nodesMu.Unlock()
 		n.wmu.Unlock()

@@ -254,6 +254,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int) (*
 	if f.writable() && flag&os.O_TRUNC != 0 {
 		err := f.Truncate(0)
 		if err != nil {
+			f.uncount()
 			return nil, errOf("open", name, err)
 		}
 	}
