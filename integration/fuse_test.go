@@ -651,22 +651,25 @@ func TestFuseForgottenNodesReleased(t *testing.T) {
 			t.Fatalf("f%d through the mount: %q, %v", i, got, err)
 		}
 	}
-	nodes := func() int64 {
-		time.Sleep(1200 * time.Millisecond) // stats.json is written once a second
-		return readStats(t, cacheDir).Gauges["nodes"]
+	// stats.json is written once a second: wait for it to show cond.
+	nodes := func(cond func(int64) bool) int64 {
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			n := readStats(t, cacheDir).Gauges["nodes"]
+			if cond(n) || time.Now().After(deadline) {
+				return n
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
 	}
 	// The kernel may forget a few of them on its own.
-	if n := nodes(); n < 100 {
+	if n := nodes(func(n int64) bool { return n >= 100 }); n < 100 {
 		t.Fatalf("%d nodes in memory after 200 files were read", n)
 	}
 	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0); err != nil {
 		t.Skipf("SKIP: cannot make the kernel forget its inodes: %v", err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	n := nodes()
-	for ; n >= 50 && time.Now().Before(deadline); n = nodes() {
-	}
-	if n >= 50 {
+	if n := nodes(func(n int64) bool { return n < 50 }); n >= 50 {
 		t.Fatalf("%d nodes still in memory after the kernel forgot the files", n)
 	}
 	writeFile(t, lib, "/many/f7", []byte("new"))
