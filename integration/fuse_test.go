@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/cache"
+	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/mount"
 )
 
@@ -415,6 +416,14 @@ func TestFuseKilledDaemonRemount(t *testing.T) {
 	content := pattern(2<<20, 7)
 	writeSynced(t, m.path("keep"), content)
 	os.ReadFile(m.path("keep"))
+	// Closed but not stored (write-back): the next daemon keeps it in lost/
+	// under the path it had.
+	if err := os.Mkdir(m.path("sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(m.path("sub/unsynced"), []byte("closed, not stored"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	// The cache index is group-committed every 100 ms: give it one commit
 	// before the crash (a younger change is refetched, never served wrong).
 	time.Sleep(300 * time.Millisecond)
@@ -435,6 +444,10 @@ func TestFuseKilledDaemonRemount(t *testing.T) {
 	got, err := os.ReadFile(m.path("keep"))
 	if err != nil || !bytes.Equal(got, content) {
 		t.Fatalf("read after remount: %v", err)
+	}
+	lost, err := client.ListLost(cacheDir)
+	if err != nil || len(lost) != 1 || lost[0].Path != "/sub/unsynced" {
+		t.Fatalf("writes the dead daemon closed but did not store: %+v %v", lost, err)
 	}
 	m.stop()
 	// The file was written through this cache and never fetched: the

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path"
 	"strings"
 	"sync"
 	"syscall"
@@ -368,7 +369,7 @@ func (h *hnode) Create(ctx context.Context, name string, flags uint32, mode uint
 		return nil, nil, 0, e
 	}
 	child := inode.Operations().(*hnode)
-	fh, fuseFlags, e := child.open(name, flags)
+	fh, fuseFlags, e := child.open(path.Join(h.Path(h.Root()), name), flags)
 	return inode, fh, fuseFlags, e
 }
 
