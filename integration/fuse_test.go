@@ -664,13 +664,17 @@ func TestFuseForgottenNodesReleased(t *testing.T) {
 			t.Fatalf("f%d through the mount: %q, %v", i, got, err)
 		}
 	}
-	// stats.json is written once a second: wait for it to show cond.
+	// stats.json is written once a second, the first time a second after
+	// the mount started: wait for it to show cond.
 	nodes := func(cond func(int64) bool) int64 {
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			n := readStats(t, cacheDir).Gauges["nodes"]
-			if cond(n) || time.Now().After(deadline) {
-				return n
+			s, err := cache.ReadStats(cacheDir)
+			if err == nil && cond(s.Gauges["nodes"]) {
+				return s.Gauges["nodes"]
+			}
+			if time.Now().After(deadline) {
+				return readStats(t, cacheDir).Gauges["nodes"]
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
