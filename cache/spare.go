@@ -84,31 +84,30 @@ func (s *spares) create(p string) (*os.File, error) {
 		case s.kick <- struct{}{}:
 		default:
 		}
-		err := rename(sp, p)
-		if errors.Is(err, os.ErrNotExist) {
-			if err = os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
-				err = rename(sp, p)
-			}
-		}
-		if err == nil {
+		if inDir(p, func() error { return rename(sp, p) }) == nil {
 			return os.OpenFile(p, os.O_RDWR, 0o600)
 		}
 		os.Remove(sp)
 	default:
 	}
-	return createFile(p)
+	var f *os.File
+	err := inDir(p, func() (err error) {
+		f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+		return err
+	})
+	return f, err
 }
 
-// createFile creates and opens the cache file p, and its directory if
-// missing.
-func createFile(p string) (*os.File, error) {
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+// inDir runs do, and again after creating p's directory if do found
+// it missing.
+func inDir(p string, do func() error) error {
+	err := do()
 	if errors.Is(err, os.ErrNotExist) {
 		if err = os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
-			f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+			err = do()
 		}
 	}
-	return f, err
+	return err
 }
 
 // rename moves a spare to p, never over an existing file.

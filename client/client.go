@@ -355,15 +355,8 @@ func (c *Client) runSession(first chan<- error) error {
 	go func() {
 		for b := range breaks {
 			batch := []*pb.Break{b}
-			for more := true; more; {
-				select {
-				case b, ok := <-breaks:
-					if more = ok; ok {
-						batch = append(batch, b)
-					}
-				default:
-					more = false
-				}
+			for len(breaks) > 0 { // only this goroutine receives
+				batch = append(batch, <-breaks)
 			}
 			var fids []node.FID
 			for _, b := range batch {
