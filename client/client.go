@@ -541,10 +541,13 @@ func (c *Client) callData(fn func(ctx context.Context) error) error {
 // callOnce is call for a request that changes the namespace: every
 // attempt carries the same op id, so that an attempt whose reply was lost
 // but which the server carried out is not carried out again (vnode.Op).
-func (c *Client) callOnce(fn func(ctx context.Context) error) error {
-	var id [16]byte
-	rand.Read(id[:])
-	op := hex.EncodeToString(id[:])
+// op is the id, or "" for a new one.
+func (c *Client) callOnce(op string, fn func(ctx context.Context) error) error {
+	if op == "" {
+		var id [16]byte
+		rand.Read(id[:])
+		op = hex.EncodeToString(id[:])
+	}
 	return c.call(func(ctx context.Context) error {
 		return fn(metadata.AppendToOutgoingContext(ctx, pb.OpMetadata, op))
 	})

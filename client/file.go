@@ -108,38 +108,54 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 
 // readSlow revalidates, fetches what is missing and reads.
 func (f *File) readSlow(p []byte, off int64) (int, error) {
+	n, _, err := f.n.read(p, off)
+	return n, err
+}
+
+// read revalidates n, fetches what is missing and reads, and returns the
+// status of the version the bytes belong to: a read that a new version
+// overtook (its chunks replaced the ones read) is read again.
+func (n *Node) read(p []byte, off int64) (int, node.Status, error) {
 	for attempt := 0; ; attempt++ {
-		if _, err := f.c.fresh(f.n); err != nil {
-			return 0, err
+		st, err := n.c.fresh(n)
+		if err != nil {
+			return 0, st, err
 		}
-		missing := f.n.entry.Missing(off, int64(len(p)))
-		if len(missing) == 0 {
-			n, err := f.n.entry.ReadAt(p, off)
-			if err != cache.ErrMiss {
-				f.c.cache.CountHit(1)
-				return n, err
-			}
-			continue // evicted between the check and the read
-		}
-		f.c.cache.CountMiss(1)
-		got, err := f.n.fetch(missing, true)
+		k, err := n.readFetching(p, off)
 		if errors.Is(err, cache.ErrStale) && attempt < 3 {
 			continue // the file changed under the fetch: revalidate and retry
 		}
-		if err != nil {
-			return 0, err
+		if err == cache.ErrMiss && attempt < 3 {
+			continue // evicted between the fetch and the read
 		}
-		if len(got) == 0 {
-			n, err := f.n.entry.ReadAt(p, off)
-			if err == cache.ErrMiss && attempt < 3 {
-				continue
-			}
-			return n, err
+		if est, ok := n.entry.Status(); ok && est.DataVersion != st.DataVersion && attempt < 3 {
+			continue
 		}
-		// Some chunks could not be cached (no evictable space): serve
-		// them from memory, the rest from the cache.
-		return f.n.readMixed(p, off, got)
+		return k, st, err
 	}
+}
+
+// readFetching reads p at off, fetching the chunks that are missing.
+func (n *Node) readFetching(p []byte, off int64) (int, error) {
+	missing := n.entry.Missing(off, int64(len(p)))
+	if len(missing) == 0 {
+		k, err := n.entry.ReadAt(p, off)
+		if err != cache.ErrMiss {
+			n.c.cache.CountHit(1)
+		}
+		return k, err
+	}
+	n.c.cache.CountMiss(1)
+	got, err := n.fetch(missing, true)
+	if err != nil {
+		return 0, err
+	}
+	if len(got) == 0 {
+		return n.entry.ReadAt(p, off)
+	}
+	// Some chunks could not be cached (no evictable space): serve them
+	// from memory, the rest from the cache.
+	return n.readMixed(p, off, got)
 }
 
 // readMixed serves a read from chunks held in memory where the cache could

@@ -331,7 +331,9 @@ func (c *Client) lookup(dir *Node, name string) (*Node, error) {
 // readDir lists dir completely, from the cache when possible. A listing
 // fetched in pages is only kept if the directory did not change between
 // pages; otherwise it is fetched again.
-func (c *Client) readDir(dir *Node) ([]DirEntry, error) {
+// It also returns the DataVersion the listing belongs to, 0 if the
+// directory kept changing while it was fetched.
+func (c *Client) readDir(dir *Node) ([]DirEntry, uint64, error) {
 	for attempt := 0; ; attempt++ {
 		if dir.valid.Load() {
 			dir.mu.Lock()
@@ -341,19 +343,22 @@ func (c *Client) readDir(dir *Node) ([]DirEntry, error) {
 					d := dir.dents[name]
 					out = append(out, DirEntry{Name: name, Type: d.typ, FID: d.fid})
 				}
+				dv := dir.st.DataVersion
 				dir.mu.Unlock()
-				return out, nil
+				return out, dv, nil
 			}
 			dir.mu.Unlock()
 		}
 		out, dv, consistent, err := c.fetchDir(dir)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if !consistent && attempt < 3 {
 			continue
 		}
-		if consistent {
+		if !consistent {
+			dv = 0
+		} else {
 			dir.mu.Lock()
 			if dir.st.DataVersion == dv {
 				dir.dents = make(map[string]dirent, len(out))
@@ -366,7 +371,7 @@ func (c *Client) readDir(dir *Node) ([]DirEntry, error) {
 			}
 			dir.mu.Unlock()
 		}
-		return out, nil
+		return out, dv, nil
 	}
 }
 

@@ -49,7 +49,7 @@ func (c *Client) Lookup(dir *Node, name string) (*Node, node.Status, error) {
 
 // ReadDirNode lists dir; mount points are listed as directories.
 func (c *Client) ReadDirNode(dir *Node) ([]DirEntry, error) {
-	ents, err := c.readDir(dir)
+	ents, _, err := c.readDir(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -74,19 +74,23 @@ func (c *Client) OpenAt(n *Node, parent *Node, base, name string, flag int) (*Fi
 // device node's number), owned by who. With excl unset an existing regular
 // file is returned instead.
 func (c *Client) CreateAt(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool) (*Node, error) {
-	n, _, err := c.create(dir, name, t, mode, who, target, rdev, excl)
+	n, _, err := c.create(dir, name, t, mode, who, target, rdev, excl, "")
 	return n, err
 }
 
 // LinkAt makes name in dir a hard link to target.
 func (c *Client) LinkAt(dir *Node, name string, target *Node) (*Node, error) {
+	return c.linkAt(dir, name, target, "")
+}
+
+func (c *Client) linkAt(dir *Node, name string, target *Node, op string) (*Node, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, err
 	}
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.LinkReply
-	err := c.callOnce(func(ctx context.Context) (err error) {
+	err := c.callOnce(op, func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Link(ctx, &pb.LinkRequest{Dir: pb.FromFID(dir.fid), Name: name, Target: pb.FromFID(target.fid)})
 		return err
 	})
@@ -103,26 +107,33 @@ func (c *Client) LinkAt(dir *Node, name string, target *Node) (*Node, error) {
 // RemoveAt removes name from dir: with dirOnly an empty directory (rmdir),
 // otherwise anything else (unlink).
 func (c *Client) RemoveAt(dir *Node, name string, dirOnly bool) error {
+	_, err := c.removeAt(dir, name, dirOnly, "")
+	return err
+}
+
+// removeAt removes and returns the status of the vnode that lost its name.
+func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.Status, error) {
 	if err := node.CheckName(name); err != nil {
-		return err
+		return nil, err
 	}
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.RemoveReply
-	err := c.callOnce(func(ctx context.Context) (err error) {
+	err := c.callOnce(op, func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Remove(ctx, &pb.RemoveRequest{Dir: pb.FromFID(dir.fid), Name: name, DirOnly: dirOnly})
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c.removed(t, reply.Status)
-	return c.changedDir(t, dir, reply.Dir, func(d *Node) { d.delDentLocked(name) })
+	return reply.Status, c.changedDir(t, dir, reply.Dir, func(d *Node) { d.delDentLocked(name) })
 }
 
 // RenameAt renames sdir/sname to ddir/dname, replacing an existing target.
 func (c *Client) RenameAt(sdir *Node, sname string, ddir *Node, dname string) error {
-	return c.renameAt(sdir, sname, ddir, dname)
+	_, err := c.renameAt(sdir, sname, ddir, dname, "")
+	return err
 }
 
 // Attr says which attributes SetAttr changes.

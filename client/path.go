@@ -154,14 +154,15 @@ func (c *Client) creator() Creator {
 // create makes name in dir. With excl unset an existing regular file is
 // returned instead (created=false). A new file comes with a write
 // delegation when the client takes them (it is about to be opened).
-func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool) (*Node, bool, error) {
+// op names the request for its retries ("": a new name).
+func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool, op string) (*Node, bool, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, false, err
 	}
 	tk := c.begin()
 	defer c.end(tk)
 	var reply *pb.CreateReply
-	err := c.callOnce(func(ctx context.Context) (err error) {
+	err := c.callOnce(op, func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Create(ctx, &pb.CreateRequest{Dir: pb.FromFID(dir.fid), Name: name, Type: pb.FromType(t),
 			Mode: mode, Uid: who.UID, Gid: who.GID, Target: target, Rdev: rdev, Exclusive: excl, Open: t == node.TypeFile && c.delegating()})
 		return err
@@ -203,7 +204,7 @@ func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, error
 	if err != nil {
 		return nil, err
 	}
-	n, _, err := c.create(dir, base, node.TypeFile, unixMode(perm), c.creator(), "", 0, flag&os.O_EXCL != 0)
+	n, _, err := c.create(dir, base, node.TypeFile, unixMode(perm), c.creator(), "", 0, flag&os.O_EXCL != 0, "")
 	if errors.Is(err, syscall.EEXIST) && flag&os.O_EXCL == 0 {
 		// Exists as something else: a symlink to follow, or a directory.
 		return c.resolve(name, true)
@@ -301,13 +302,13 @@ func (c *Client) ReadDir(name string) ([]DirEntry, error) {
 	if err != nil {
 		return nil, errOf("readdir", name, err)
 	}
-	ents, err := c.readDir(n)
+	ents, _, err := c.readDir(n)
 	return ents, errOf("readdir", name, err)
 }
 
 // ReadDir lists the directory f was opened on.
 func (f *File) ReadDir() ([]DirEntry, error) {
-	ents, err := f.c.readDir(f.n)
+	ents, _, err := f.c.readDir(f.n)
 	return ents, f.pathErr("readdir", err)
 }
 
@@ -315,7 +316,7 @@ func (f *File) ReadDir() ([]DirEntry, error) {
 func (c *Client) Mkdir(name string, perm os.FileMode) error {
 	dir, base, err := c.resolveParent(name)
 	if err == nil {
-		_, _, err = c.create(dir, base, node.TypeDir, unixMode(perm), c.creator(), "", 0, true)
+		_, _, err = c.create(dir, base, node.TypeDir, unixMode(perm), c.creator(), "", 0, true, "")
 	}
 	return errOf("mkdir", name, err)
 }
@@ -324,7 +325,7 @@ func (c *Client) Mkdir(name string, perm os.FileMode) error {
 func (c *Client) Symlink(target, link string) error {
 	dir, base, err := c.resolveParent(link)
 	if err == nil {
-		_, _, err = c.create(dir, base, node.TypeSymlink, 0o777, c.creator(), target, 0, true)
+		_, _, err = c.create(dir, base, node.TypeSymlink, 0o777, c.creator(), target, 0, true, "")
 	}
 	return errOf("symlink", link, err)
 }
@@ -347,7 +348,7 @@ func (c *Client) Readlink(name string) (string, error) {
 func (c *Client) MountVolume(name, volume string) error {
 	dir, base, err := c.resolveParent(name)
 	if err == nil {
-		_, _, err = c.create(dir, base, node.TypeMountPoint, 0o755, c.creator(), volume, 0, true)
+		_, _, err = c.create(dir, base, node.TypeMountPoint, 0o755, c.creator(), volume, 0, true, "")
 	}
 	return errOf("mount", name, err)
 }
@@ -429,44 +430,47 @@ func (c *Client) rename(oldname, newname string) error {
 	if err != nil {
 		return err
 	}
-	return c.renameAt(sdir, sbase, ddir, dbase)
+	_, err = c.renameAt(sdir, sbase, ddir, dbase, "")
+	return err
 }
 
-func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string) error {
+// renameAt renames and returns the server's reply; op names the request
+// for its retries ("": a new name).
+func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op string) (*pb.RenameReply, error) {
 	if err := node.CheckName(sbase); err != nil {
-		return err
+		return nil, err
 	}
 	if err := node.CheckName(dbase); err != nil {
-		return err
+		return nil, err
 	}
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.RenameReply
-	err := c.callOnce(func(ctx context.Context) (err error) {
+	err := c.callOnce(op, func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Rename(ctx, &pb.RenameRequest{SrcDir: pb.FromFID(sdir.fid), SrcName: sbase, DstDir: pb.FromFID(ddir.fid), DstName: dbase})
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if reply.Replaced != nil {
 		c.removed(t, reply.Replaced)
 	}
 	moved, err := c.learnPB(t, reply.Status)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	typ := reply.Status.Type.ToType()
 	if sdir == ddir {
-		return c.changedDir(t, sdir, reply.DstDir, func(d *Node) {
+		return reply, c.changedDir(t, sdir, reply.DstDir, func(d *Node) {
 			d.delDentLocked(sbase)
 			d.addDentLocked(dbase, moved.fid, typ)
 		})
 	}
 	if err := c.changedDir(t, sdir, reply.SrcDir, func(d *Node) { d.delDentLocked(sbase) }); err != nil {
-		return err
+		return nil, err
 	}
-	return c.changedDir(t, ddir, reply.DstDir, func(d *Node) { d.addDentLocked(dbase, moved.fid, typ) })
+	return reply, c.changedDir(t, ddir, reply.DstDir, func(d *Node) { d.addDentLocked(dbase, moved.fid, typ) })
 }
 
 // setattr changes status fields of an already resolved node.
@@ -548,19 +552,15 @@ func (c *Client) Truncate(name string, size int64) error {
 }
 
 // FSStat is the space of the server's file system.
-type FSStat struct{ BlockSize, Blocks, BlocksFree, Files, FilesFree uint64 }
+type FSStat = vnode.FSStat
 
 // StatFS reports the server's space.
 func (c *Client) StatFS() (FSStat, error) {
-	var r *pb.StatFSReply
-	err := c.call(func(ctx context.Context) (err error) {
-		r, err = c.rpc.StatFS(ctx, &pb.StatFSRequest{Volume: c.root.fid.Volume})
-		return err
-	})
+	fs, err := c.StatFSVolume(c.root.fid.Volume)
 	if err != nil {
 		return FSStat{}, errOf("statfs", "/", err)
 	}
-	return FSStat{r.BlockSize, r.Blocks, r.BlocksFree, r.Files, r.FilesFree}, nil
+	return fs, nil
 }
 
 func toVolume(v *pb.Volume) Volume {

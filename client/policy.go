@@ -214,7 +214,7 @@ func (c *Client) SetPolicyAt(n *Node, mode string, recursive bool) error {
 	if st.Type != node.TypeDir || !recursive {
 		return nil
 	}
-	ents, err := c.readDir(n)
+	ents, _, err := c.readDir(n)
 	if err != nil {
 		return err
 	}

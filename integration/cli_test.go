@@ -95,6 +95,10 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"frobnicate"}, "unknown command"},
 		{[]string{"put", "onlyone"}, "accepts 2 arg"},
 		{[]string{"cache", "stats", "--cache", filepath.Join(tmp, "nope")}, "nope"},
+		{[]string{"proxy", "--cache", tmp}, "--origin"},
+		{[]string{"proxy", "--origin", "noport", "--cache", tmp}, "noport"},
+		{[]string{"proxy", "--origin", "127.0.0.1:9", "--cache", file}, file},
+		{[]string{"proxy", "--origin", "127.0.0.1:9", "--cache", filepath.Join(tmp, "fresh3"), "--timeout", "1s"}, "127.0.0.1:9"},
 	}
 	if os.Getuid() != 0 {
 		cases = append(cases, struct {
@@ -108,9 +112,9 @@ func TestCLIBadInput(t *testing.T) {
 			t.Errorf("hoard %v: exit %d, output %q; want exit 2 and one line mentioning %q", c.args, code, out, c.want)
 		}
 	}
-	for _, d := range []string{"missing", "fresh1", "fresh2"} {
+	for _, d := range []string{"missing", "fresh1", "fresh2", "fresh3"} {
 		if _, err := os.Stat(filepath.Join(tmp, d)); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("a refused server invocation left %s behind", d)
+			t.Errorf("a refused server or proxy invocation left %s behind", d)
 		}
 	}
 }

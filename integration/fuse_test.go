@@ -250,11 +250,24 @@ make -s && ./prog && touch add.c && make -s && ./prog`
 
 // Two mounts of one server: each sees the other's closed writes and
 // renames at once, the kernel's cached copies included.
+// Two mounts of one server, and, through a proxy: one mount of the
+// origin, one of a proxy of it, whose changes reach each other's kernels.
 func TestFuseTwoMounts(t *testing.T) {
 	needFuse(t)
-	srv := startServer(t, t.TempDir())
-	a := startMount(t, srv, t.TempDir())
-	b := startMount(t, srv, t.TempDir())
+	for _, mode := range []string{"direct", "proxy"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := startServer(t, t.TempDir())
+			a := startMount(t, srv, t.TempDir())
+			to := srv
+			if mode == "proxy" {
+				to = startProxy(t, srv, t.TempDir())
+			}
+			twoMounts(t, a, startMount(t, to, t.TempDir()))
+		})
+	}
+}
+
+func twoMounts(t *testing.T, a, b *mountProc) {
 	for i := 0; i < 5; i++ {
 		v := []byte(fmt.Sprintf("version %d of the shared file", i))
 		if err := os.WriteFile(a.path("shared"), v, 0o644); err != nil {

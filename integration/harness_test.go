@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -81,12 +82,15 @@ func (l *logBuf) String() string {
 	return l.b.String()
 }
 
-// serverProc is a running `hoard server`.
+// serverProc is a running `hoard server` (or `hoard proxy`).
 type serverProc struct {
 	t    testing.TB
 	cmd  *exec.Cmd
 	addr string
 	data string
+	// base is the command and its data flag: server --data DIR, or proxy
+	// --origin ADDR --cache DIR.
+	base []string
 	args []string
 	logs *logBuf // across restarts
 }
@@ -103,12 +107,23 @@ func freeAddr(t testing.TB) string {
 // startServer starts a server on a fresh port with its data in data.
 func startServer(t testing.TB, data string, extra ...string) *serverProc {
 	t.Helper()
-	s := &serverProc{t: t, addr: freeAddr(t), data: data, args: extra}
+	return startProc(t, "server", data, []string{"server", "--data", data}, extra)
+}
+
+// startProxy starts a proxy of origin on a fresh port, its cache in dir.
+func startProxy(t testing.TB, origin *serverProc, dir string, extra ...string) *serverProc {
+	t.Helper()
+	return startProc(t, "proxy", dir, []string{"proxy", "--origin", origin.addr, "--cache", dir}, extra)
+}
+
+func startProc(t testing.TB, what, data string, base, extra []string) *serverProc {
+	t.Helper()
+	s := &serverProc{t: t, addr: freeAddr(t), data: data, base: base, args: extra}
 	s.start()
 	t.Cleanup(func() {
 		s.kill()
 		if t.Failed() {
-			t.Logf("server log:\n%s", s.logs)
+			t.Logf("%s log:\n%s", what, s.logs)
 		}
 	})
 	return s
@@ -116,7 +131,7 @@ func startServer(t testing.TB, data string, extra ...string) *serverProc {
 
 func (s *serverProc) start() {
 	s.t.Helper()
-	args := append([]string{"server", "--data", s.data, "--listen", s.addr, "--log-level", logLevel(), "--grace", "1s"}, s.args...)
+	args := slices.Concat(s.base, []string{"--listen", s.addr, "--log-level", logLevel(), "--grace", "1s"}, s.args)
 	s.cmd = exec.Command(hoardBin, args...)
 	if s.logs == nil {
 		s.logs = &logBuf{}

@@ -18,7 +18,6 @@ import (
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
-	"github.com/hoardfs/hoard/vnode"
 )
 
 // ServeData starts the bulk-data channel on l, which runs until l is
@@ -27,7 +26,10 @@ import (
 // connections that carry nothing else, so control RPCs are never queued
 // behind them; stores come in on the same connections. Clients are told to
 // connect to advertise, or to l's address if it is empty.
-func (s *Server) ServeData(l net.Listener, advertise string) {
+func (s *Server) ServeData(l net.Listener, advertise string) error {
+	if _, ok := s.store.(dataFiles); !ok {
+		return errors.New("this server's files are not in local files: no data channel")
+	}
 	if advertise == "" {
 		advertise = l.Addr().String()
 	}
@@ -44,6 +46,7 @@ func (s *Server) ServeData(l net.Listener, advertise string) {
 			go s.dataConn(conn)
 		}
 	}()
+	return nil
 }
 
 func (s *Server) dataConn(conn net.Conn) {
@@ -96,7 +99,7 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 	conn.SetWriteDeadline(time.Now().Add(dataWriteTimeout))
 	defer conn.SetWriteDeadline(time.Time{})
 	var werr error
-	err = s.store.WithData(req.FID, func(st node.Status, file *os.File) error {
+	err = s.store.(dataFiles).WithData(req.FID, func(st node.Status, file *os.File) error {
 		status, err := proto.Marshal(o.status(st))
 		if err != nil {
 			return err
@@ -147,7 +150,7 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 	hdr.Fid = pb.FromFID(req.FID)
 	var o *op
 	var f node.FID
-	var u *vnode.Update
+	var u Update
 	id, sessErr := s.session(req.Session)
 	failed := sessErr
 	if failed == nil {

@@ -54,7 +54,7 @@ func newFuzzServer(t testing.TB) (*Server, node.FID) {
 	store.Create(v.Root, "d", node.TypeDir, vnode.Attr{Mode: 0o755}, "", true, "")
 	cfg := DefaultConfig()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	s := New(store, cfg)
+	s := New(Local(store), cfg)
 	t.Cleanup(s.Shutdown)
 	return s, st.FID
 }

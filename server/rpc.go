@@ -170,6 +170,15 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 			reply.Kind, reply.State = pb.DelegKind(res.Kind), res.State
 		}
 		o.changed(ctx, dir)
+	} else if waited, err := s.recallFor(ctx, o, false, st.FID); err != nil {
+		return nil, err
+	} else if waited {
+		// The file was there, under another client's write delegation:
+		// its status (and the promise on it) must include what that
+		// client wrote, as a lookup's would.
+		if st, err = s.store.GetStatus(st.FID); err != nil {
+			return nil, s.fail("Create", err)
+		}
 	}
 	reply.Status, reply.Dir = o.status(st), o.status(d)
 	return reply, nil
@@ -289,7 +298,7 @@ func (s *Server) StatFS(ctx context.Context, req *pb.StatFSRequest) (*pb.StatFSR
 	if _, err := s.store.VolumeByID(req.Volume); err != nil {
 		return nil, s.fail("StatFS", err)
 	}
-	fs, err := s.store.StatFS()
+	fs, err := s.store.StatFS(req.Volume)
 	if err != nil {
 		return nil, s.fail("StatFS", err)
 	}
@@ -402,7 +411,7 @@ func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 
 // beginStore checks a store's header and starts staging it; both data
 // paths use it.
-func (s *Server) beginStore(hdr *pb.StoreRequest) (node.FID, *vnode.Update, error) {
+func (s *Server) beginStore(hdr *pb.StoreRequest) (node.FID, Update, error) {
 	f, err := checkFID("store", hdr.Fid)
 	if err != nil {
 		return f, nil, err
@@ -410,7 +419,7 @@ func (s *Server) beginStore(hdr *pb.StoreRequest) (node.FID, *vnode.Update, erro
 	if hdr.Size > 1<<44 || hdr.Truncate > 1<<44 {
 		return f, nil, fmt.Errorf("store %v: size %d/%d: %w", f, hdr.Truncate, hdr.Size, syscall.EFBIG)
 	}
-	u, err := s.store.BeginUpdate(f)
+	u, err := s.store.BeginUpdate(f, hdr.BaseVersion)
 	if err != nil {
 		return f, nil, err
 	}
@@ -425,7 +434,7 @@ func (s *Server) beginStore(hdr *pb.StoreRequest) (node.FID, *vnode.Update, erro
 
 // commitStore commits a staged store and breaks the promises on the file
 // before the store is acknowledged.
-func (s *Server) commitStore(ctx context.Context, o *op, f node.FID, u *vnode.Update, hdr *pb.StoreRequest) (node.Status, error) {
+func (s *Server) commitStore(ctx context.Context, o *op, f node.FID, u Update, hdr *pb.StoreRequest) (node.Status, error) {
 	// A store under a delegation is accepted only while the client holds
 	// it; any other store waits for other clients' delegations first.
 	took, err := s.checkDelegation(o, f, hdr.DelegState, hdr.BaseVersion)

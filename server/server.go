@@ -1,6 +1,7 @@
-// Package server is the hoard file server: the gRPC face of a vnode store,
-// with the callback state machine deciding which clients must hear of each
-// change before it is acknowledged.
+// Package server is the hoard file server: the gRPC face of a Backend (a
+// vnode store, or a proxy's cache of a distant server), with the callback
+// state machine deciding which clients must hear of each change before it
+// is acknowledged.
 package server
 
 import (
@@ -57,7 +58,7 @@ func DefaultConfig() Config {
 // Server implements hoardpb.FileServerServer.
 type Server struct {
 	pb.UnimplementedFileServerServer
-	store *vnode.Store
+	store Backend
 	cfg   Config
 	log   *slog.Logger
 
@@ -78,8 +79,8 @@ type conn struct {
 	cancel context.CancelFunc
 }
 
-// New serves store; Close stops its timer.
-func New(store *vnode.Store, cfg Config) *Server {
+// New serves store; Shutdown stops its timer.
+func New(store Backend, cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -396,6 +397,10 @@ func (o *op) status(st node.Status) *pb.Status {
 	if o.id == 0 {
 		return pb.FromStatus(st, 0)
 	}
+	limit := o.s.store.PromiseLimit(st.FID)
+	if limit <= 0 {
+		return pb.FromStatus(st, 0)
+	}
 	o.s.mu.Lock()
 	ttl, msgs, ok := o.s.cb.Grant(o.id, st.FID, o.since, time.Now())
 	o.s.sendLocked(msgs)
@@ -406,7 +411,7 @@ func (o *op) status(st node.Status) *pb.Status {
 	if !ok {
 		ttl = 0
 	}
-	return pb.FromStatus(st, ttl)
+	return pb.FromStatus(st, min(ttl, limit))
 }
 
 // changed breaks every other holder's promise on fids and waits until they
@@ -423,6 +428,14 @@ func (o *op) changed(ctx context.Context, fids ...node.FID) {
 	s.mu.Unlock()
 	s.await(ctx, recalled)
 	s.await(ctx, broken)
+}
+
+// Invalidate breaks every client's promise on fids, and recalls their
+// delegations, and waits until they acknowledged or were given up on: a
+// proxy calls it when the server behind it broke a promise of its own,
+// before it acknowledges that break.
+func (s *Server) Invalidate(fids []node.FID) {
+	(&op{s: s}).changed(context.Background(), fids...)
 }
 
 // checkFID refuses a FID that cannot name anything.

@@ -37,7 +37,7 @@ func main() {
 		return nil
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(serverCmd(), volCmd(), cacheCmd(), mountCmd(), umountCmd())
+	root.AddCommand(serverCmd(), proxyCmd(), volCmd(), cacheCmd(), mountCmd(), umountCmd())
 	root.AddCommand(fileCmds()...)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "hoard: "+describe(err))

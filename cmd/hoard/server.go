@@ -71,49 +71,19 @@ func serverCmd() *cobra.Command {
 				defer dataLis.Close()
 			}
 			cfg.Logger = slog.Default()
-			srv := server.New(store, cfg)
+			srv := server.New(server.Local(store), cfg)
 			defer srv.Shutdown()
-			g := grpc.NewServer(
-				grpc.UnaryInterceptor(srv.Trace),
-				grpc.MaxRecvMsgSize(16<<20),
-				grpc.InitialWindowSize(8<<20), grpc.InitialConnWindowSize(64<<20),
-				grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-				grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
-			)
-			pb.RegisterFileServerServer(g, srv)
-			if dataLis != nil {
-				srv.ServeData(dataLis, dataAdvertise)
-			}
-			sig := make(chan os.Signal, 1)
-			signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-			errc := make(chan error, 1)
-			go func() { errc <- g.Serve(lis) }()
 			dataNote := "data over gRPC"
 			if dataLis != nil {
+				if err := srv.ServeData(dataLis, dataAdvertise); err != nil {
+					return err
+				}
 				dataNote = "data channel " + dataLis.Addr().String()
 				if dataAdvertise != "" {
 					dataNote += " advertised as " + dataAdvertise
 				}
 			}
-			fmt.Fprintf(os.Stderr, "hoard server: serving %s on %s (epoch %d, %s)\n", store.Dir(), lis.Addr(), store.Epoch(), dataNote)
-			select {
-			case err := <-errc:
-				return err
-			case s := <-sig:
-				slog.Info("stopping", "signal", s)
-			}
-			// Back channels never end on their own: give RPCs in flight a
-			// moment, then stop.
-			srv.Shutdown()
-			done := make(chan struct{})
-			go func() { g.GracefulStop(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
-				g.Stop()
-			}
-			fmt.Fprintln(os.Stderr, "hoard server: stopped")
-			return nil
+			return serve("server", srv, lis, fmt.Sprintf("serving %s on %s (epoch %d, %s)", store.Dir(), lis.Addr(), store.Epoch(), dataNote))
 		},
 	}
 	f := cmd.Flags()
@@ -130,4 +100,40 @@ func serverCmd() *cobra.Command {
 	f.MarkHidden("cpuprofile")
 	f.IntVar(&cfg.MaxPromises, "max-promises", cfg.MaxPromises, "promises held across all clients before the oldest are broken")
 	return cmd
+}
+
+// serve answers srv's RPCs on lis until SIGTERM or SIGINT, announcing
+// itself (`hoard NAME: banner`) once it listens.
+func serve(name string, srv *server.Server, lis net.Listener, banner string) error {
+	g := grpc.NewServer(
+		grpc.UnaryInterceptor(srv.Trace),
+		grpc.MaxRecvMsgSize(16<<20),
+		grpc.InitialWindowSize(8<<20), grpc.InitialConnWindowSize(64<<20),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+	)
+	pb.RegisterFileServerServer(g, srv)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(lis) }()
+	fmt.Fprintf(os.Stderr, "hoard %s: %s\n", name, banner)
+	select {
+	case err := <-errc:
+		return err
+	case s := <-sig:
+		slog.Info("stopping", "signal", s)
+	}
+	// Back channels never end on their own: give RPCs in flight a
+	// moment, then stop.
+	srv.Shutdown()
+	done := make(chan struct{})
+	go func() { g.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		g.Stop()
+	}
+	fmt.Fprintf(os.Stderr, "hoard %s: stopped\n", name)
+	return nil
 }

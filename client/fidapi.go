@@ -1,0 +1,140 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+
+	"github.com/hoardfs/hoard/datapath"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/vnode"
+)
+
+// The FID-level API: what a protocol adapter needs that serves other
+// clients by FID (the proxy). Nothing here crosses a mount point: the
+// adapter's own clients do that. Every status returned is the one the
+// answer belongs to, and every change is made at the server before it
+// returns.
+
+// NodeOf returns the Node for fid, known yet or not.
+func (c *Client) NodeOf(fid node.FID) *Node { return c.node(fid) }
+
+// StatusOf returns n's status, from the cache while a promise is held.
+func (c *Client) StatusOf(n *Node) (node.Status, error) { return c.fresh(n) }
+
+// LookupRaw finds name in dir, from the cache while a promise on dir is
+// held; a mount point is returned as itself.
+func (c *Client) LookupRaw(dir *Node, name string) (*Node, error) { return c.lookup(dir, name) }
+
+// ListDir lists dir, from the cache while a promise on it is held, with
+// the status of dir the listing belongs to.
+func (c *Client) ListDir(dir *Node) ([]DirEntry, node.Status, error) {
+	for attempt := 0; attempt < 5; attempt++ {
+		ents, dv, err := c.readDir(dir)
+		if err != nil {
+			return nil, node.Status{}, err
+		}
+		if st := dir.status(); dv != 0 && st.DataVersion == dv {
+			return ents, st, nil
+		}
+	}
+	return nil, node.Status{}, fmt.Errorf("list %v: the directory kept changing: %w", dir.fid, syscall.EAGAIN)
+}
+
+// ReadVersion reads n's bytes at off through the cache and returns the
+// status of the version they belong to.
+func (c *Client) ReadVersion(n *Node, p []byte, off int64) (int, node.Status, error) {
+	return n.read(p, off)
+}
+
+// CreateOp is CreateAt that also says whether the file was made (or was
+// there already), naming the request op for the server's retry check.
+func (c *Client) CreateOp(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool, op string) (*Node, bool, error) {
+	return c.create(dir, name, t, mode, who, target, rdev, excl, op)
+}
+
+// LinkOp is LinkAt naming the request op.
+func (c *Client) LinkOp(dir *Node, name string, target *Node, op string) (*Node, error) {
+	return c.linkAt(dir, name, target, op)
+}
+
+// RemoveOp is RemoveAt naming the request op; it returns the status of the
+// vnode that lost the name (Nlink 0 if it is gone).
+func (c *Client) RemoveOp(dir *Node, name string, dirOnly bool, op string) (node.Status, error) {
+	ps, err := c.removeAt(dir, name, dirOnly, op)
+	if err != nil {
+		return node.Status{}, err
+	}
+	st, _, err := ps.ToStatus()
+	return st, err
+}
+
+// RenameOp is RenameAt naming the request op; it returns the status of the
+// moved vnode and of the one the rename replaced, if any.
+func (c *Client) RenameOp(sdir *Node, sname string, ddir *Node, dname string, op string) (moved node.Status, replaced *node.Status, err error) {
+	reply, err := c.renameAt(sdir, sname, ddir, dname, op)
+	if err != nil {
+		return moved, nil, err
+	}
+	if reply.Replaced != nil {
+		r, _, err := reply.Replaced.ToStatus()
+		if err != nil {
+			return moved, nil, err
+		}
+		replaced = &r
+	}
+	moved, _, err = reply.Status.ToStatus()
+	return moved, replaced, err
+}
+
+// StoreThrough stores a change to a file made elsewhere (by a proxy's
+// client): args.Read supplies its bytes. It returns the file's new status.
+// The cached chunks of the old version are dropped.
+func (c *Client) StoreThrough(args datapath.StoreArgs) (node.Status, error) {
+	n := c.node(args.FID)
+	n.wmu.Lock()
+	defer n.wmu.Unlock()
+	if err := c.storeData(args, nil); err != nil {
+		return node.Status{}, err
+	}
+	return n.status(), nil
+}
+
+// Volume finds a volume by name or, with name empty, by id. Volumes are
+// remembered: their names and roots never change.
+func (c *Client) Volume(name string, id uint64) (Volume, error) {
+	c.volMu.Lock()
+	for _, v := range c.vols {
+		if name != "" && v.Name == name || name == "" && v.Id == id {
+			c.volMu.Unlock()
+			return toVolume(v), nil
+		}
+	}
+	c.volMu.Unlock()
+	var v *pb.Volume
+	err := c.call(func(ctx context.Context) (err error) {
+		v, err = c.rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: name, Id: id})
+		return err
+	})
+	if err != nil {
+		return Volume{}, err
+	}
+	c.volMu.Lock()
+	c.vols[v.Name] = v
+	c.volMu.Unlock()
+	return toVolume(v), nil
+}
+
+// StatFSVolume reports the space of the server holding a volume.
+func (c *Client) StatFSVolume(volume uint64) (vnode.FSStat, error) {
+	var r *pb.StatFSReply
+	err := c.call(func(ctx context.Context) (err error) {
+		r, err = c.rpc.StatFS(ctx, &pb.StatFSRequest{Volume: volume})
+		return err
+	})
+	if err != nil {
+		return vnode.FSStat{}, err
+	}
+	return vnode.FSStat{BlockSize: r.BlockSize, Blocks: r.Blocks, BlocksFree: r.BlocksFree, Files: r.Files, FilesFree: r.FilesFree}, nil
+}

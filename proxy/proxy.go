@@ -1,0 +1,370 @@
+// Package proxy is hoard's caching proxy (Hades, seed 004): it sits near
+// many clients and far from a file server, the origin, and speaks hoard's
+// protocol both ways. Towards its clients it is a server.Backend, served by
+// the ordinary server code (sessions, promises, the wire); towards the
+// origin it is one client, whose cache holds the origin's files for all of
+// them.
+//
+// Coherence is chained. A promise is granted to a proxy client only while
+// the proxy holds the origin's promise on the same file, and for no longer;
+// a break from the origin is passed on to the proxy's clients, and
+// acknowledged to the origin only when they acknowledged it (or were given
+// up on). A change is made at the origin first and acknowledged to the
+// proxy client only after the origin acknowledged it; then the proxy
+// breaks its other clients' promises, as a server would.
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/datapath"
+	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/server"
+	"github.com/hoardfs/hoard/vnode"
+)
+
+// Options configure a proxy.
+type Options struct {
+	// Origin is the file server's address, host:port.
+	Origin string
+	// Dir holds the proxy's cache of the origin's files and its own state.
+	Dir string
+	// CacheSize bounds the cache, in bytes.
+	CacheSize int64
+	// Timeout bounds each request to the origin: with the origin away,
+	// what the proxy has no promise for fails after it.
+	Timeout time.Duration
+	Logger  *slog.Logger
+}
+
+// Proxy is the server.Backend of a caching proxy.
+type Proxy struct {
+	c     *client.Client
+	epoch uint64
+	dir   string
+	srv   atomic.Pointer[server.Server]
+	log   *slog.Logger
+}
+
+// Open starts a proxy: a new epoch in o.Dir, and a session with the origin.
+// A directory it made is removed again if that fails.
+func Open(o Options) (p *Proxy, err error) {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if _, serr := os.Stat(o.Dir); errors.Is(serr, os.ErrNotExist) {
+		defer func() {
+			if err != nil {
+				os.RemoveAll(o.Dir)
+			}
+		}()
+	}
+	if err := os.MkdirAll(filepath.Join(o.Dir, "staging"), 0o700); err != nil {
+		return nil, err
+	}
+	epoch, err := nextEpoch(filepath.Join(o.Dir, "epoch"))
+	if err != nil {
+		return nil, err
+	}
+	p = &Proxy{epoch: epoch, dir: o.Dir, log: o.Logger}
+	host, _ := os.Hostname()
+	p.c, err = client.Dial(client.Options{
+		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: o.CacheSize,
+		RPCTimeout: o.Timeout, DialTimeout: o.Timeout,
+		// The proxy writes through: its clients' stores reach the origin
+		// before they are acknowledged, so it has nothing to delegate.
+		NoDelegations: true,
+		Name:          fmt.Sprintf("proxy %s pid %d", host, os.Getpid()),
+		Logger:        o.Logger,
+		OnInvalidate:  p.invalidate,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Serve ties the proxy to the server that serves it, which must hear of
+// every break from the origin; call it before the server takes requests.
+func (p *Proxy) Serve(s *server.Server) { p.srv.Store(s) }
+
+// Close ends the session with the origin and closes the cache.
+func (p *Proxy) Close() error { return p.c.Close() }
+
+// Client is the proxy's client of the origin (for its statistics).
+func (p *Proxy) Client() *client.Client { return p.c }
+
+// invalidate passes a break from the origin on to the proxy's clients; the
+// origin hears the acknowledgement once this returns.
+func (p *Proxy) invalidate(fids []node.FID) {
+	if s := p.srv.Load(); s != nil {
+		s.Invalidate(fids)
+	}
+}
+
+// nextEpoch counts the proxy's starts in the file at path, durably, so a
+// restarted proxy's clients see a new epoch and revalidate.
+func nextEpoch(path string) (uint64, error) {
+	var e uint64
+	switch b, err := os.ReadFile(path); {
+	case err == nil:
+		if e, err = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err != nil {
+			return 0, fmt.Errorf("%s: not an epoch: %w", path, err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return 0, err
+	}
+	e++
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return 0, err
+	}
+	_, err = fmt.Fprintf(f, "%d\n", e)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		return 0, err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return 0, err
+	}
+	defer d.Close()
+	return e, d.Sync()
+}
+
+func (p *Proxy) Epoch() uint64 { return p.epoch }
+
+func fromVolume(v client.Volume) vnode.Volume {
+	return vnode.Volume{ID: v.ID, Name: v.Name, Root: v.Root, Created: v.Created}
+}
+
+func (p *Proxy) CreateVolume(name string) (vnode.Volume, error) {
+	v, err := p.c.CreateVolume(name)
+	return fromVolume(v), unwrap(err)
+}
+
+func (p *Proxy) VolumeByName(name string) (vnode.Volume, error) {
+	v, err := p.c.Volume(name, 0)
+	return fromVolume(v), err
+}
+
+func (p *Proxy) VolumeByID(id uint64) (vnode.Volume, error) {
+	v, err := p.c.Volume("", id)
+	return fromVolume(v), err
+}
+
+func (p *Proxy) Volumes() ([]vnode.Volume, error) {
+	vs, err := p.c.Volumes()
+	if err != nil {
+		return nil, unwrap(err)
+	}
+	out := make([]vnode.Volume, len(vs))
+	for i, v := range vs {
+		out[i] = fromVolume(v)
+	}
+	return out, nil
+}
+
+// unwrap drops the path the client's path-level calls add to an error: the
+// proxy's clients add their own.
+func unwrap(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+func (p *Proxy) GetStatus(f node.FID) (node.Status, error) {
+	return p.c.StatusOf(p.c.NodeOf(f))
+}
+
+func (p *Proxy) Lookup(dir node.FID, name string) (child, d node.Status, err error) {
+	dn := p.c.NodeOf(dir)
+	n, err := p.c.LookupRaw(dn, name)
+	if err != nil {
+		return child, d, err
+	}
+	if child, err = p.c.StatusOf(n); err != nil {
+		return child, d, err
+	}
+	d, err = p.c.StatusOf(dn)
+	return child, d, err
+}
+
+// ReadDir serves pages of the cached listing; a cookie is a position in
+// it. A client that pages through a directory which changes meanwhile
+// sees the new version in the next page's status and starts over.
+func (p *Proxy) ReadDir(dir node.FID, cookie uint64, max int) ([]vnode.DirEntry, bool, node.Status, error) {
+	ents, d, err := p.c.ListDir(p.c.NodeOf(dir))
+	if err != nil {
+		return nil, false, d, err
+	}
+	if max <= 0 {
+		max = 4096
+	}
+	start := min(cookie, uint64(len(ents)))
+	end := min(start+uint64(max), uint64(len(ents)))
+	out := make([]vnode.DirEntry, 0, end-start)
+	for i := start; i < end; i++ {
+		e := ents[i]
+		out = append(out, vnode.DirEntry{Name: e.Name, FID: e.FID, Type: e.Type, Cookie: i + 1})
+	}
+	return out, end == uint64(len(ents)), d, nil
+}
+
+func (p *Proxy) Create(dir node.FID, name string, t node.Type, a vnode.Attr, target string, excl bool, op vnode.Op) (st, d node.Status, created bool, err error) {
+	dn := p.c.NodeOf(dir)
+	n, created, err := p.c.CreateOp(dn, name, t, a.Mode, client.Creator{UID: a.UID, GID: a.GID}, target, a.Rdev, excl, string(op))
+	if err != nil {
+		return st, d, false, err
+	}
+	return n.Status(), dn.Status(), created, nil
+}
+
+func (p *Proxy) Link(dir node.FID, name string, target node.FID, op vnode.Op) (st, d node.Status, err error) {
+	dn := p.c.NodeOf(dir)
+	n, err := p.c.LinkOp(dn, name, p.c.NodeOf(target), string(op))
+	if err != nil {
+		return st, d, err
+	}
+	return n.Status(), dn.Status(), nil
+}
+
+func (p *Proxy) Remove(dir node.FID, name string, dirOnly bool, op vnode.Op) (d, st node.Status, err error) {
+	dn := p.c.NodeOf(dir)
+	if st, err = p.c.RemoveOp(dn, name, dirOnly, string(op)); err != nil {
+		return d, st, err
+	}
+	return dn.Status(), st, nil
+}
+
+func (p *Proxy) Rename(src node.FID, sname string, dst node.FID, dname string, op vnode.Op) (vnode.RenameResult, error) {
+	sn, dn := p.c.NodeOf(src), p.c.NodeOf(dst)
+	moved, replaced, err := p.c.RenameOp(sn, sname, dn, dname, string(op))
+	if err != nil {
+		return vnode.RenameResult{}, err
+	}
+	return vnode.RenameResult{SrcDir: sn.Status(), DstDir: dn.Status(), Moved: moved, Replaced: replaced}, nil
+}
+
+func (p *Proxy) SetAttr(f node.FID, c vnode.Change) (node.Status, error) {
+	var a client.Attr
+	if c.Mask&vnode.SetMode != 0 {
+		a.Mode = &c.Mode
+	}
+	if c.Mask&vnode.SetUID != 0 {
+		a.UID = &c.UID
+	}
+	if c.Mask&vnode.SetGID != 0 {
+		a.GID = &c.GID
+	}
+	if c.Mask&vnode.SetSize != 0 {
+		a.Size = &c.Size
+	}
+	if c.Mask&vnode.SetAtime != 0 {
+		a.Atime = &c.Atime
+	}
+	if c.Mask&vnode.SetMtime != 0 {
+		a.Mtime = &c.Mtime
+	}
+	return p.c.SetAttr(p.c.NodeOf(f), a)
+}
+
+func (p *Proxy) StatFS(volume uint64) (vnode.FSStat, error) { return p.c.StatFSVolume(volume) }
+
+func (p *Proxy) ReadAt(f node.FID, b []byte, off int64) (int, node.Status, error) {
+	n, st, err := p.c.ReadVersion(p.c.NodeOf(f), b, off)
+	if err == io.EOF && n > 0 {
+		err = nil // as a vnode store answers: io.EOF only with nothing read
+	}
+	return n, st, err
+}
+
+// PromiseLimit is what is left of the origin's promise on f: a proxy
+// client's promise must end before the proxy could miss a change.
+func (p *Proxy) PromiseLimit(f node.FID) time.Duration {
+	return p.c.PromiseLeft(p.c.NodeOf(f))
+}
+
+// BeginUpdate stages a proxy client's store in a file of the proxy's own;
+// Commit sends it to the origin.
+func (p *Proxy) BeginUpdate(f node.FID, base uint64) (server.Update, error) {
+	tmp, err := os.CreateTemp(filepath.Join(p.dir, "staging"), "s-*")
+	if err != nil {
+		return nil, err
+	}
+	return &update{p: p, args: datapath.StoreArgs{FID: f, BaseVersion: base}, staging: tmp}, nil
+}
+
+type update struct {
+	p       *Proxy
+	args    datapath.StoreArgs
+	staging *os.File
+	done    bool
+}
+
+func (u *update) WriteAt(b []byte, off int64) error {
+	if len(b) == 0 {
+		return nil
+	}
+	if _, err := u.staging.WriteAt(b, off); err != nil {
+		return err
+	}
+	u.args.Ranges = append(u.args.Ranges, datapath.Range{Off: off, Len: int64(len(b))})
+	return nil
+}
+
+func (u *update) Truncate(n uint64) {
+	if !u.args.HasTruncate || n < u.args.Truncate {
+		u.args.HasTruncate, u.args.Truncate = true, n
+	}
+}
+
+func (u *update) SetSize(n uint64) { u.args.HasSize, u.args.Size = true, n }
+
+// Commit stores the change at the origin; it is acknowledged to the proxy
+// client only once the origin acknowledged it.
+func (u *update) Commit(sync bool, mtime time.Time) (node.Status, error) {
+	if u.done {
+		return node.Status{}, errors.New("update already finished")
+	}
+	defer u.Abort()
+	u.args.Sync, u.args.Mtime = sync, mtime
+	u.args.Read = func(b []byte, off int64) error {
+		_, err := u.staging.ReadAt(b, off)
+		if err == io.EOF {
+			err = nil
+		}
+		return err
+	}
+	return u.p.c.StoreThrough(u.args)
+}
+
+func (u *update) Abort() {
+	if u.done {
+		return
+	}
+	u.done = true
+	u.staging.Close()
+	os.Remove(u.staging.Name())
+}

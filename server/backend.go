@@ -1,0 +1,76 @@
+package server
+
+import (
+	"os"
+	"time"
+
+	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/vnode"
+)
+
+// Backend is what a Server serves: a file server's own vnode store
+// (Local), or a proxy's cache of a distant server. The Server adds
+// sessions, callback promises, delegations and the wire format; a Backend
+// only answers for the files.
+type Backend interface {
+	// Epoch changes at every start: clients of an earlier one reconnect.
+	Epoch() uint64
+
+	CreateVolume(name string) (vnode.Volume, error)
+	VolumeByName(name string) (vnode.Volume, error)
+	VolumeByID(id uint64) (vnode.Volume, error)
+	Volumes() ([]vnode.Volume, error)
+
+	GetStatus(f node.FID) (node.Status, error)
+	Lookup(dir node.FID, name string) (child, d node.Status, err error)
+	ReadDir(dir node.FID, cookie uint64, max int) (ents []vnode.DirEntry, eof bool, d node.Status, err error)
+	Create(dir node.FID, name string, t node.Type, a vnode.Attr, target string, excl bool, op vnode.Op) (st, d node.Status, created bool, err error)
+	Link(dir node.FID, name string, target node.FID, op vnode.Op) (st, d node.Status, err error)
+	Remove(dir node.FID, name string, dirOnly bool, op vnode.Op) (d, st node.Status, err error)
+	Rename(src node.FID, sname string, dst node.FID, dname string, op vnode.Op) (vnode.RenameResult, error)
+	SetAttr(f node.FID, c vnode.Change) (node.Status, error)
+	StatFS(volume uint64) (vnode.FSStat, error)
+
+	// ReadAt reads file bytes along with the status of the version they
+	// belong to.
+	ReadAt(f node.FID, p []byte, off int64) (n int, st node.Status, err error)
+	// BeginUpdate starts staging a store based on version base.
+	BeginUpdate(f node.FID, base uint64) (Update, error)
+	// PromiseLimit bounds a promise on f: a proxy may promise no longer
+	// than the promise it holds itself (0: none at all).
+	PromiseLimit(f node.FID) time.Duration
+}
+
+// Update is one staged store, committed as one new data version.
+type Update interface {
+	WriteAt(p []byte, off int64) error
+	// Truncate cuts the file before the writes land; SetSize sets its size
+	// after them.
+	Truncate(n uint64)
+	SetSize(n uint64)
+	Commit(sync bool, mtime time.Time) (node.Status, error)
+	Abort()
+}
+
+// dataFiles is a Backend whose file bytes sit in local files: only such a
+// backend serves the bulk-data channel, which sends them by sendfile.
+type dataFiles interface {
+	WithData(f node.FID, fn func(st node.Status, data *os.File) error) error
+}
+
+// Local is the Backend of a file server: its own vnode store.
+func Local(store *vnode.Store) Backend { return local{store} }
+
+type local struct{ *vnode.Store }
+
+func (l local) StatFS(uint64) (vnode.FSStat, error) { return l.Store.StatFS() }
+
+func (l local) BeginUpdate(f node.FID, _ uint64) (Update, error) {
+	u, err := l.Store.BeginUpdate(f)
+	if err != nil {
+		return nil, err // not a typed nil in the interface
+	}
+	return u, nil
+}
+
+func (local) PromiseLimit(node.FID) time.Duration { return 1<<63 - 1 }
