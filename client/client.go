@@ -480,6 +480,7 @@ func (c *Client) promiseCount() int {
 }
 
 func (c *Client) breakPromises(fids []node.FID) {
+	c.log.Debug("break", "fids", fids)
 	c.counters.breaks.Add(int64(len(fids)))
 	c.cbMu.Lock()
 	for _, f := range fids {

@@ -204,6 +204,23 @@ func (c *Client) stored(n *Node) {
 
 // takeLost returns, once, the error of writes the flusher or a recall
 // could not deliver.
+// lossCount is n.losses now, taken before waiting for wmu.
+func (n *Node) lossCount() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.losses
+}
+
+// lostSince is the last loss if writes were moved to lost/ since count.
+func (n *Node) lostSince(count uint64) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.losses != count {
+		return n.lastLoss
+	}
+	return nil
+}
+
 func (n *Node) takeLost() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -24,8 +24,12 @@ func (c *Client) NodeOf(fid node.FID) *Node { return c.node(fid) }
 func (c *Client) StatusOf(n *Node) (node.Status, error) { return c.fresh(n) }
 
 // LookupRaw finds name in dir, from the cache while a promise on dir is
-// held; a mount point is returned as itself.
-func (c *Client) LookupRaw(dir *Node, name string) (*Node, error) { return c.lookup(dir, name) }
+// held, and returns the status of dir the answer belongs to (a later one
+// could say a name is there that is gone); a mount point is returned as
+// itself.
+func (c *Client) LookupRaw(dir *Node, name string) (*Node, node.Status, error) {
+	return c.lookupAt(dir, name)
+}
 
 // ListDir lists dir, from the cache while a promise on it is held, with
 // the status of dir the listing belongs to.
@@ -48,44 +52,68 @@ func (c *Client) ReadVersion(n *Node, p []byte, off int64) (int, node.Status, er
 	return n.read(p, off)
 }
 
-// CreateOp is CreateAt that also says whether the file was made (or was
-// there already), naming the request op for the server's retry check.
-func (c *Client) CreateOp(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool, op string) (*Node, bool, error) {
-	return c.create(dir, name, t, mode, who, target, rdev, excl, op)
-}
+// The namespace changes below name the request op (for the server's
+// retry check: a proxy passes its client's on) and return the statuses
+// of the server's reply, which belong to the change; the Nodes may know
+// later ones by the time they return.
 
-// LinkOp is LinkAt naming the request op.
-func (c *Client) LinkOp(dir *Node, name string, target *Node, op string) (*Node, error) {
-	return c.linkAt(dir, name, target, op)
-}
-
-// RemoveOp is RemoveAt naming the request op; it returns the status of the
-// vnode that lost the name (Nlink 0 if it is gone).
-func (c *Client) RemoveOp(dir *Node, name string, dirOnly bool, op string) (node.Status, error) {
-	ps, err := c.removeAt(dir, name, dirOnly, op)
+// CreateOp is CreateAt returning the new (or existing) file's status,
+// whether the create made it, and dir's status.
+func (c *Client) CreateOp(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool, op string) (st, d node.Status, created bool, err error) {
+	_, reply, err := c.createAt(dir, name, t, mode, who, target, rdev, excl, op)
 	if err != nil {
-		return node.Status{}, err
+		return st, d, false, err
 	}
-	st, _, err := ps.ToStatus()
-	return st, err
+	st, d, err = twoStatuses(reply.Status, reply.Dir)
+	return st, d, reply.Created, err
 }
 
-// RenameOp is RenameAt naming the request op; it returns the status of the
-// moved vnode and of the one the rename replaced, if any.
-func (c *Client) RenameOp(sdir *Node, sname string, ddir *Node, dname string, op string) (moved node.Status, replaced *node.Status, err error) {
+// LinkOp is LinkAt returning the file's status and dir's.
+func (c *Client) LinkOp(dir *Node, name string, target *Node, op string) (st, d node.Status, err error) {
+	_, reply, err := c.linkAt(dir, name, target, op)
+	if err != nil {
+		return st, d, err
+	}
+	return twoStatuses(reply.Status, reply.Dir)
+}
+
+// RemoveOp is RemoveAt returning dir's status and that of the vnode that
+// lost the name (Nlink 0 if it is gone).
+func (c *Client) RemoveOp(dir *Node, name string, dirOnly bool, op string) (d, st node.Status, err error) {
+	reply, err := c.removeAt(dir, name, dirOnly, op)
+	if err != nil {
+		return d, st, err
+	}
+	return twoStatuses(reply.Dir, reply.Status)
+}
+
+// RenameOp is RenameAt returning the statuses of both directories, of the
+// moved vnode, and of the one the rename replaced, if any.
+func (c *Client) RenameOp(sdir *Node, sname string, ddir *Node, dname string, op string) (src, dst, moved node.Status, replaced *node.Status, err error) {
 	reply, err := c.renameAt(sdir, sname, ddir, dname, op)
 	if err != nil {
-		return moved, nil, err
+		return src, dst, moved, nil, err
 	}
 	if reply.Replaced != nil {
 		r, _, err := reply.Replaced.ToStatus()
 		if err != nil {
-			return moved, nil, err
+			return src, dst, moved, nil, err
 		}
 		replaced = &r
 	}
+	if src, dst, err = twoStatuses(reply.SrcDir, reply.DstDir); err != nil {
+		return src, dst, moved, nil, err
+	}
 	moved, _, err = reply.Status.ToStatus()
-	return moved, replaced, err
+	return src, dst, moved, replaced, err
+}
+
+func twoStatuses(a, b *pb.Status) (sa, sb node.Status, err error) {
+	if sa, _, err = a.ToStatus(); err != nil {
+		return sa, sb, err
+	}
+	sb, _, err = b.ToStatus()
+	return sa, sb, err
 }
 
 // StoreThrough stores a change to a file made elsewhere (by a proxy's

@@ -410,6 +410,7 @@ func (f *File) Sync() error {
 	if bp := f.bp.Load(); bp != nil {
 		return f.pathErr("sync", bp.flushWrites(true))
 	}
+	losses := f.n.lossCount()
 	f.n.wmu.Lock()
 	defer f.n.wmu.Unlock()
 	err := f.rescan()
@@ -418,6 +419,9 @@ func (f *File) Sync() error {
 	}
 	if err == nil {
 		err = f.n.takeLost()
+	}
+	if err == nil {
+		err = f.n.lostSince(losses)
 	}
 	return f.pathErr("sync", err)
 }
@@ -538,6 +542,7 @@ func (f *File) flush(op string) error {
 		return f.pathErr(op, bp.flushWrites(true))
 	}
 	n := f.n
+	losses := n.lossCount()
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
 	err := f.rescan()
@@ -545,17 +550,21 @@ func (f *File) flush(op string) error {
 		if n.localChanges() {
 			f.c.dirtied(n) // writes through passthrough did not say so
 		}
-		return f.pathErr(op, n.takeLost())
-	}
-	if err == nil {
-		if err = n.storeLocked(true); n.goneHere(err) {
-			err = nil
+		err = n.takeLost()
+	} else {
+		if err == nil {
+			if err = n.storeLocked(true); n.goneHere(err) {
+				err = nil
+			}
+		}
+		if err != nil {
+			err = n.c.keepLost(n, f.name, err)
+		} else {
+			err = n.takeLost()
 		}
 	}
-	if err != nil {
-		err = n.c.keepLost(n, f.name, err)
-	} else {
-		err = n.takeLost()
+	if err == nil {
+		err = n.lostSince(losses)
 	}
 	return f.pathErr(op, err)
 }

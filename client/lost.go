@@ -68,7 +68,12 @@ func (c *Client) keepLost(n *Node, name string, cause error) error {
 	n.entry.Discard()
 	n.valid.Store(false)
 	c.stored(n)
-	return &lostError{path: name, cause: cause, kept: dir}
+	lerr := &lostError{path: name, cause: cause, kept: dir}
+	n.mu.Lock()
+	n.losses++
+	n.lastLoss = lerr
+	n.mu.Unlock()
+	return lerr
 }
 
 // saveLost writes ranges (read through read) into a sparse data file under

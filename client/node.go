@@ -52,6 +52,12 @@ type Node struct {
 	// lostErr: the flusher or a recall could not deliver this file's
 	// writes and kept them in lost/; the next Sync or Close reports it.
 	lostErr error
+	// losses counts the times unstored writes were moved to lost/, and
+	// lastLoss says why: a flush or sync that waited while another one
+	// lost the writes it was to store reports that too (two closes of
+	// one open file, say, after a fork).
+	losses   uint64
+	lastLoss error
 	// unlinked: this client removed the file's last name (or renamed
 	// another file over it).
 	unlinked bool
@@ -288,23 +294,31 @@ func (dir *Node) addDentLocked(name string, fid node.FID, typ node.Type) {
 
 // lookup finds name in dir, from the cache when dir's promise is valid.
 func (c *Client) lookup(dir *Node, name string) (*Node, error) {
+	n, _, err := c.lookupAt(dir, name)
+	return n, err
+}
+
+// lookupAt is lookup that also returns the status of dir the answer
+// belongs to.
+func (c *Client) lookupAt(dir *Node, name string) (*Node, node.Status, error) {
 	if err := node.CheckName(name); err != nil {
-		return nil, err
+		return nil, node.Status{}, err
 	}
 	if dir.valid.Load() {
 		dir.mu.Lock()
 		d, ok := dir.dents[name]
 		complete := dir.complete
+		st := dir.st
 		dir.mu.Unlock()
 		if ok {
 			c.nodesMu.Lock()
 			n := c.nodes[d.fid]
 			c.nodesMu.Unlock()
 			if n != nil && c.current(n) {
-				return n, nil
+				return n, st, nil
 			}
 		} else if complete && dir.valid.Load() {
-			return nil, syscall.ENOENT
+			return nil, st, syscall.ENOENT
 		}
 	}
 	t := c.begin()
@@ -315,17 +329,21 @@ func (c *Client) lookup(dir *Node, name string) (*Node, error) {
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, node.Status{}, err
+	}
+	dst, _, err := reply.Dir.ToStatus()
+	if err != nil {
+		return nil, node.Status{}, err
 	}
 	if _, err := c.learnPB(t, reply.Dir); err != nil {
-		return nil, err
+		return nil, node.Status{}, err
 	}
 	child, err := c.learnPB(t, reply.Status)
 	if err != nil {
-		return nil, err
+		return nil, node.Status{}, err
 	}
 	dir.addDent(reply.Dir.DataVersion, name, child, reply.Status.Type.ToType())
-	return child, nil
+	return child, dst, nil
 }
 
 // readDir lists dir completely, from the cache when possible. A listing

@@ -66,7 +66,19 @@ func (c *Client) ReadDirNode(dir *Node) ([]DirEntry, error) {
 // OpenAt opens an already resolved file, named base in directory parent
 // (nil if unknown: for its caching policy); name is kept for reports.
 func (c *Client) OpenAt(n *Node, parent *Node, base, name string, flag int) (*File, error) {
-	return c.openFile(n, parent, base, name, flag)
+	return c.openFile(n, parent, base, name, flag, false)
+}
+
+// CreateOpen is CreateAt of a regular file followed by OpenAt: a file it
+// made is opened without asking the server again, so that the open does
+// not fail if another client removed the file in between.
+func (c *Client) CreateOpen(dir *Node, name string, mode uint32, who Creator, excl bool, path string, flag int) (*Node, *File, error) {
+	n, created, err := c.create(dir, name, node.TypeFile, mode, who, "", 0, excl, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	f, err := c.openFile(n, dir, name, path, flag, created)
+	return n, f, err
 }
 
 // CreateAt makes name in dir: a file, directory, symlink (target is its
@@ -80,12 +92,14 @@ func (c *Client) CreateAt(dir *Node, name string, t node.Type, mode uint32, who 
 
 // LinkAt makes name in dir a hard link to target.
 func (c *Client) LinkAt(dir *Node, name string, target *Node) (*Node, error) {
-	return c.linkAt(dir, name, target, "")
+	n, _, err := c.linkAt(dir, name, target, "")
+	return n, err
 }
 
-func (c *Client) linkAt(dir *Node, name string, target *Node, op string) (*Node, error) {
+// linkAt is LinkAt returning the server's reply.
+func (c *Client) linkAt(dir *Node, name string, target *Node, op string) (*Node, *pb.LinkReply, error) {
 	if err := node.CheckName(name); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	t := c.begin()
 	defer c.end(t)
@@ -95,13 +109,13 @@ func (c *Client) linkAt(dir *Node, name string, target *Node, op string) (*Node,
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	child, err := c.learnPB(t, reply.Status)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return child, c.changedDir(t, dir, reply.Dir, func(d *Node) { d.addDentLocked(name, child.fid, reply.Status.Type.ToType()) })
+	return child, reply, c.changedDir(t, dir, reply.Dir, func(d *Node) { d.addDentLocked(name, child.fid, reply.Status.Type.ToType()) })
 }
 
 // RemoveAt removes name from dir: with dirOnly an empty directory (rmdir),
@@ -111,8 +125,8 @@ func (c *Client) RemoveAt(dir *Node, name string, dirOnly bool) error {
 	return err
 }
 
-// removeAt removes and returns the status of the vnode that lost its name.
-func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.Status, error) {
+// removeAt is RemoveAt returning the server's reply.
+func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.RemoveReply, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, err
 	}
@@ -127,7 +141,7 @@ func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.
 		return nil, err
 	}
 	c.removed(t, reply.Status)
-	return reply.Status, c.changedDir(t, dir, reply.Dir, func(d *Node) { d.delDentLocked(name) })
+	return reply, c.changedDir(t, dir, reply.Dir, func(d *Node) { d.delDentLocked(name) })
 }
 
 // RenameAt renames sdir/sname to ddir/dname, replacing an existing target.

@@ -156,8 +156,17 @@ func (c *Client) creator() Creator {
 // delegation when the client takes them (it is about to be opened).
 // op names the request for its retries ("": a new name).
 func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool, op string) (*Node, bool, error) {
-	if err := node.CheckName(name); err != nil {
+	n, reply, err := c.createAt(dir, name, t, mode, who, target, rdev, excl, op)
+	if err != nil {
 		return nil, false, err
+	}
+	return n, reply.Created, nil
+}
+
+// createAt is create returning the server's reply.
+func (c *Client) createAt(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool, op string) (*Node, *pb.CreateReply, error) {
+	if err := node.CheckName(name); err != nil {
+		return nil, nil, err
 	}
 	tk := c.begin()
 	defer c.end(tk)
@@ -168,56 +177,68 @@ func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Cr
 		return err
 	})
 	if err != nil {
-		return nil, false, err
+		return nil, nil, err
 	}
 	child, err := c.learnPB(tk, reply.Status)
 	if err != nil {
-		return nil, false, err
+		return nil, nil, err
 	}
 	c.delegated(tk, child, reply.Kind, reply.State)
 	if !reply.Created {
 		_, err := c.learnPB(tk, reply.Dir)
-		return child, false, err
+		return child, reply, err
 	}
 	err = c.changedDir(tk, dir, reply.Dir, func(d *Node) { d.addDentLocked(name, child.fid, t) })
 	dir.addDent(reply.Dir.DataVersion, name, child, t) // even when no listing was cached
-	return child, true, err
+	return child, reply, err
 }
 
 // Open opens a file as os.OpenFile does: O_CREATE, O_EXCL, O_TRUNC and
 // O_APPEND are honoured. A file is fetched lazily, chunk by chunk, as it
 // is read.
 func (c *Client) Open(name string, flag int, perm os.FileMode) (*File, error) {
-	n, err := c.openNode(name, flag, perm)
+	n, created, err := c.openNode(name, flag, perm)
 	if err != nil {
 		return nil, errOf("open", name, err)
 	}
 	parent, base := c.parentOf(name)
-	return c.openFile(n, parent, base, name, flag)
+	return c.openFile(n, parent, base, name, flag, created)
 }
 
-func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, error) {
+// openNode resolves name, or creates it with O_CREATE, saying whether it
+// did.
+func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, bool, error) {
 	if flag&os.O_CREATE == 0 {
-		return c.resolve(name, true)
+		n, err := c.resolve(name, true)
+		return n, false, err
 	}
 	dir, base, err := c.resolveParent(name)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	n, _, err := c.create(dir, base, node.TypeFile, unixMode(perm), c.creator(), "", 0, flag&os.O_EXCL != 0, "")
+	n, created, err := c.create(dir, base, node.TypeFile, unixMode(perm), c.creator(), "", 0, flag&os.O_EXCL != 0, "")
 	if errors.Is(err, syscall.EEXIST) && flag&os.O_EXCL == 0 {
 		// Exists as something else: a symlink to follow, or a directory.
-		return c.resolve(name, true)
+		n, err = c.resolve(name, true)
+		return n, false, err
 	}
-	return n, err
+	return n, created, err
 }
 
 // openFile opens an already resolved node, named base in parent (nil if
-// unknown) for its caching policy, and name in error reports.
-func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int) (*File, error) {
-	st, err := c.fresh(n)
-	if err != nil {
-		return nil, errOf("open", name, err)
+// unknown) for its caching policy, and name in error reports. A file this
+// client just created is opened as created, empty, without asking the
+// server again: another client may have removed it meanwhile, and the
+// open must not fail for that (the kernel would create it a second time).
+func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, created bool) (*File, error) {
+	st := n.status()
+	if created {
+		flag &^= os.O_TRUNC
+	} else {
+		var err error
+		if st, err = c.fresh(n); err != nil {
+			return nil, errOf("open", name, err)
+		}
 	}
 	f := &File{c: c, n: n, name: name, flags: flag}
 	switch st.Type {

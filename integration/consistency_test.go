@@ -916,9 +916,6 @@ func dialCons(t *testing.T, srv *serverProc, name string, noDeleg bool) *client.
 func TestConsistencyLibrary(t *testing.T) {
 	for _, mode := range []string{"delegations", "no-delegations", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
-			if mode == "proxy" && os.Getenv("HOARD_TEST_PROXY_CONSISTENCY") == "" {
-				t.Skip("known to fail about one run in eight (a client of the proxy reads a version older than one closed before its open; issue 6): HOARD_TEST_PROXY_CONSISTENCY=1 runs it")
-			}
 			srv := startServer(t, t.TempDir(), "--grace", consGrace.String())
 			var clients []consFS
 			for i := range 3 {
@@ -941,17 +938,29 @@ func TestConsistencyLibrary(t *testing.T) {
 	}
 }
 
-// Two FUSE mounts and a library client.
+// Two FUSE mounts and a library client; and the same with one of the
+// mounts through a proxy.
 func TestConsistencyFuse(t *testing.T) {
 	needFuse(t)
-	srv := startServer(t, t.TempDir(), "--grace", consGrace.String())
-	lib := dialCons(t, srv, t.Name()+"-lib", false)
-	if err := lib.Mkdir("/d", 0o755); err != nil {
-		t.Fatal(err)
+	for _, mode := range []string{"direct", "proxy"} {
+		t.Run(mode, func(t *testing.T) {
+			if mode == "proxy" && os.Getenv("HOARD_TEST_PROXY_FUSE") == "" {
+				t.Skip("fails about one run in ten (a create through the proxy mount made twice; a 30 s wait for a recalled delegation): HOARD_TEST_PROXY_FUSE=1 runs it (issue 6)")
+			}
+			srv := startServer(t, t.TempDir(), "--grace", consGrace.String())
+			lib := dialCons(t, srv, t.Name()+"-lib", false)
+			if err := lib.Mkdir("/d", 0o755); err != nil {
+				t.Fatal(err)
+			}
+			a := startMount(t, srv, t.TempDir(), mountDebug()...)
+			to := srv
+			if mode == "proxy" {
+				to = startProxy(t, srv, t.TempDir(), "--grace", consGrace.String())
+			}
+			b := startMount(t, to, t.TempDir(), mountDebug()...)
+			consRun(t, srv, []consFS{osFS{a.path("d")}, osFS{b.path("d")}, libFS{lib, "/d", srv}}, 4*time.Second, true)
+		})
 	}
-	a := startMount(t, srv, t.TempDir(), mountDebug()...)
-	b := startMount(t, srv, t.TempDir(), mountDebug()...)
-	consRun(t, srv, []consFS{osFS{a.path("d")}, osFS{b.path("d")}, libFS{lib, "/d", srv}}, 4*time.Second, true)
 }
 
 // The checker itself: histories made by hand, and whether close-to-open

@@ -186,14 +186,22 @@ func TestServerAwayDuringClose(t *testing.T) {
 	if got := readFile(t, a, "/blip"); string(got) != "survives a restart" {
 		t.Fatalf("read %q", got)
 	}
-	// Down for good: EIO after the timeout, data kept under lost/.
+	// Down for good: EIO after the timeout, data kept under lost/. A
+	// flush is under way when the file is closed (as when a forked child
+	// closes a copy of the descriptor): both report the loss.
 	g, _ := a.Create("/doomed")
 	g.Write([]byte("precious bytes"))
 	srv.kill9()
 	start := time.Now()
+	flushed := make(chan error, 1)
+	go func() { flushed <- g.Flush() }()
+	time.Sleep(200 * time.Millisecond)
 	err = g.Close()
 	if !errors.Is(err, syscall.EIO) {
 		t.Fatalf("close with the server gone: %v, want EIO", err)
+	}
+	if err := <-flushed; !errors.Is(err, syscall.EIO) {
+		t.Fatalf("flush with the server gone: %v, want EIO", err)
 	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("close took %v with a 3s RPC timeout", took)

@@ -359,37 +359,37 @@ func (h *hnode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	return 0
 }
 
+// Create makes and opens a file. It never fails once the file is made:
+// the kernel would take an error such as ESTALE (another client removed
+// the new file at once) as a reason to create it again.
 func (h *hnode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	n, err := h.m.c.CreateAt(h.n, name, node.TypeFile, mode&0o7777, caller(ctx), "", 0, flags&syscall.O_EXCL != 0)
+	full := "/" + path.Join(h.Path(h.Root()), name)
+	// The kernel hands us offsets for O_APPEND itself.
+	n, f, err := h.m.c.CreateOpen(h.n, name, mode&0o7777, caller(ctx), flags&syscall.O_EXCL != 0, full, int(flags)&^os.O_APPEND)
 	if err != nil {
 		return nil, nil, 0, errno(err)
 	}
-	inode, e := h.made(ctx, name, n, out)
-	if e != 0 {
-		return nil, nil, 0, e
-	}
-	child := inode.Operations().(*hnode)
-	fh, fuseFlags, e := child.open(path.Join(h.Path(h.Root()), name), flags)
+	inode := h.child(ctx, name, n, n.Status(), out)
+	fh, fuseFlags, e := inode.Operations().(*hnode).handleFor(f)
 	return inode, fh, fuseFlags, e
 }
 
 func (h *hnode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	h.m.track(h, true)
-	return h.open(h.Path(h.Root()), flags)
+	base, pn := h.parentNode()
+	f, err := h.m.c.OpenAt(h.n, pn, base, "/"+h.Path(h.Root()), int(flags)&^os.O_APPEND)
+	if err != nil {
+		return nil, 0, errno(err)
+	}
+	return h.handleFor(f)
 }
 
-// open picks how the kernel reads the file: straight from the cache file
+// handleFor picks how the kernel reads the open file f: straight from the cache file
 // (passthrough) when it is wholly cached under a valid promise, through the
 // page cache otherwise. The kernel requires every open of an inode that has
 // a passthrough open to be passthrough too, writers included: their writes
 // land in the cache file, and the cache manager finds them by checksum.
-func (h *hnode) open(name string, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	base, pn := h.parentNode()
-	// The kernel hands us offsets for O_APPEND itself.
-	f, err := h.m.c.OpenAt(h.n, pn, base, "/"+name, int(flags)&^os.O_APPEND)
-	if err != nil {
-		return nil, 0, errno(err)
-	}
+func (h *hnode) handleFor(f *client.File) (fs.FileHandle, uint32, syscall.Errno) {
 	st := h.n.Status()
 	writable := f.Writable()
 	h.mu.Lock()

@@ -198,16 +198,14 @@ func (p *Proxy) GetStatus(f node.FID) (node.Status, error) {
 	return p.c.StatusOf(p.c.NodeOf(f))
 }
 
+// Lookup answers with the directory's status at the version the answer
+// belongs to: a client caches the name under that version.
 func (p *Proxy) Lookup(dir node.FID, name string) (child, d node.Status, err error) {
-	dn := p.c.NodeOf(dir)
-	n, err := p.c.LookupRaw(dn, name)
+	n, d, err := p.c.LookupRaw(p.c.NodeOf(dir), name)
 	if err != nil {
 		return child, d, err
 	}
-	if child, err = p.c.StatusOf(n); err != nil {
-		return child, d, err
-	}
-	d, err = p.c.StatusOf(dn)
+	child, err = p.c.StatusOf(n)
 	return child, d, err
 }
 
@@ -233,38 +231,20 @@ func (p *Proxy) ReadDir(dir node.FID, cookie uint64, max int) ([]vnode.DirEntry,
 }
 
 func (p *Proxy) Create(dir node.FID, name string, t node.Type, a vnode.Attr, target string, excl bool, op vnode.Op) (st, d node.Status, created bool, err error) {
-	dn := p.c.NodeOf(dir)
-	n, created, err := p.c.CreateOp(dn, name, t, a.Mode, client.Creator{UID: a.UID, GID: a.GID}, target, a.Rdev, excl, string(op))
-	if err != nil {
-		return st, d, false, err
-	}
-	return n.Status(), dn.Status(), created, nil
+	return p.c.CreateOp(p.c.NodeOf(dir), name, t, a.Mode, client.Creator{UID: a.UID, GID: a.GID}, target, a.Rdev, excl, string(op))
 }
 
 func (p *Proxy) Link(dir node.FID, name string, target node.FID, op vnode.Op) (st, d node.Status, err error) {
-	dn := p.c.NodeOf(dir)
-	n, err := p.c.LinkOp(dn, name, p.c.NodeOf(target), string(op))
-	if err != nil {
-		return st, d, err
-	}
-	return n.Status(), dn.Status(), nil
+	return p.c.LinkOp(p.c.NodeOf(dir), name, p.c.NodeOf(target), string(op))
 }
 
 func (p *Proxy) Remove(dir node.FID, name string, dirOnly bool, op vnode.Op) (d, st node.Status, err error) {
-	dn := p.c.NodeOf(dir)
-	if st, err = p.c.RemoveOp(dn, name, dirOnly, string(op)); err != nil {
-		return d, st, err
-	}
-	return dn.Status(), st, nil
+	return p.c.RemoveOp(p.c.NodeOf(dir), name, dirOnly, string(op))
 }
 
 func (p *Proxy) Rename(src node.FID, sname string, dst node.FID, dname string, op vnode.Op) (vnode.RenameResult, error) {
-	sn, dn := p.c.NodeOf(src), p.c.NodeOf(dst)
-	moved, replaced, err := p.c.RenameOp(sn, sname, dn, dname, string(op))
-	if err != nil {
-		return vnode.RenameResult{}, err
-	}
-	return vnode.RenameResult{SrcDir: sn.Status(), DstDir: dn.Status(), Moved: moved, Replaced: replaced}, nil
+	s, d, moved, replaced, err := p.c.RenameOp(p.c.NodeOf(src), sname, p.c.NodeOf(dst), dname, string(op))
+	return vnode.RenameResult{SrcDir: s, DstDir: d, Moved: moved, Replaced: replaced}, err
 }
 
 func (p *Proxy) SetAttr(f node.FID, c vnode.Change) (node.Status, error) {

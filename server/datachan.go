@@ -99,7 +99,12 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 	conn.SetWriteDeadline(time.Now().Add(dataWriteTimeout))
 	defer conn.SetWriteDeadline(time.Time{})
 	var werr error
+	var dv uint64
+	defer func() {
+		s.log.Debug("data fetch", "client", id, "fid", req.FID, "off", req.Offset, "len", req.Length, "version", dv, "err", err)
+	}()
 	err = s.store.(dataFiles).WithData(req.FID, func(st node.Status, file *os.File) error {
+		dv = st.DataVersion
 		status, err := proto.Marshal(o.status(st))
 		if err != nil {
 			return err
@@ -204,7 +209,9 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 		// No deadline of our own: the change is acknowledged only after
 		// the breaks, which the break timeout bounds.
 		var st node.Status
-		if st, failed = s.commitStore(context.Background(), o, f, u, &hdr); failed != nil {
+		st, failed = s.commitStore(context.Background(), o, f, u, &hdr)
+		s.log.Debug("data store", "client", id, "fid", f, "base", hdr.BaseVersion, "deleg", hdr.DelegState, "version", st.DataVersion, "err", failed)
+		if failed != nil {
 			return replyError(conn, failed)
 		}
 		status, merr := proto.Marshal(o.status(st))

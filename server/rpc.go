@@ -159,17 +159,22 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	}
 	reply := &pb.CreateReply{Created: created}
 	if created {
+		changed := []node.FID{dir}
 		if req.Open && t == node.TypeFile && o.id != 0 && s.cfg.Lease > 0 {
 			// Granted before the directory's promises are broken, so
-			// before anybody else can learn the new name and open it:
-			// this is a grant, never a wait or a recorded open.
+			// before anybody else can open the new file: this is a
+			// grant, never a wait or a recorded open. A lookup may have
+			// found the name between the commit and the grant, and
+			// taken a promise on the file as created: it is broken with
+			// the directory's, since the holder may now write unseen.
 			s.mu.Lock()
 			res, msgs := s.cb.Open(o.id, st.FID, true, time.Now())
 			s.waitLocked(res.Wait, msgs)
 			s.mu.Unlock()
 			reply.Kind, reply.State = pb.DelegKind(res.Kind), res.State
+			changed = append(changed, st.FID)
 		}
-		o.changed(ctx, dir)
+		o.changed(ctx, changed...)
 	} else if waited, err := s.recallFor(ctx, o, false, st.FID); err != nil {
 		return nil, err
 	} else if waited {

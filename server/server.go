@@ -467,3 +467,36 @@ func (s *Server) Trace(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	s.log.Debug("request", "method", path.Base(info.FullMethod), "client", id, "req", req, "took", time.Since(start), "err", err)
 	return reply, err
 }
+
+// TraceStream is Trace for the streaming RPCs (Fetch, Store, Connect): it
+// logs the first request message, which names the file.
+func (s *Server) TraceStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if !s.log.Enabled(ss.Context(), slog.LevelDebug) || info.FullMethod == pb.FileServer_Connect_FullMethodName {
+		return handler(srv, ss)
+	}
+	start := time.Now()
+	rs := &recordingStream{ServerStream: ss}
+	err := handler(srv, rs)
+	id, _ := s.caller(ss.Context())
+	s.log.Debug("request", "method", path.Base(info.FullMethod), "client", id, "req", rs.first, "took", time.Since(start), "err", err)
+	return err
+}
+
+// recordingStream keeps the first message a stream received.
+type recordingStream struct {
+	grpc.ServerStream
+	first any
+}
+
+func (r *recordingStream) RecvMsg(m any) error {
+	err := r.ServerStream.RecvMsg(m)
+	if err == nil && r.first == nil {
+		if sr, ok := m.(*pb.StoreRequest); ok {
+			// The header, without its data.
+			m = &pb.StoreRequest{Fid: sr.Fid, BaseVersion: sr.BaseVersion, HasTruncate: sr.HasTruncate, Truncate: sr.Truncate,
+				HasSize: sr.HasSize, Size: sr.Size, Sync: sr.Sync, DelegState: sr.DelegState}
+		}
+		r.first = m
+	}
+	return err
+}

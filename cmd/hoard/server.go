@@ -106,7 +106,7 @@ func serverCmd() *cobra.Command {
 // itself (`hoard NAME: banner`) once it listens.
 func serve(name string, srv *server.Server, lis net.Listener, banner string) error {
 	g := grpc.NewServer(
-		grpc.UnaryInterceptor(srv.Trace),
+		grpc.UnaryInterceptor(srv.Trace), grpc.StreamInterceptor(srv.TraceStream),
 		grpc.MaxRecvMsgSize(16<<20),
 		grpc.InitialWindowSize(8<<20), grpc.InitialConnWindowSize(64<<20),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
