@@ -90,6 +90,7 @@ func (c *Client) delegated(t callback.Ticket, n *Node, kind pb.DelegKind, state 
 	c.cbMu.Lock()
 	h, ok := c.cb.Delegated(t, n.fid, callback.DelegKind(kind), state, c.cb.Epoch())
 	c.cbMu.Unlock()
+	c.log.Debug("delegated", "fid", n.fid, "kind", kind, "state", state, "installed", ok, "recalled", h.Recalled)
 	if ok && h.Recalled {
 		go c.giveBack(n.fid, h.State)
 	}
@@ -425,6 +426,7 @@ func (c *Client) onRecall(m *pb.Recall) {
 		c.cbMu.Lock()
 		_, ok := c.cb.Recall(fid, m.States[i])
 		c.cbMu.Unlock()
+		c.log.Debug("recall", "fid", fid, "state", m.States[i], "held", ok)
 		c.counters.recalls.Add(1)
 		if ok {
 			go c.giveBack(fid, m.States[i])

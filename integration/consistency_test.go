@@ -772,6 +772,9 @@ func (w *consWorker) unknown(err error) consOut {
 // restart of the server halfway), then has each client read every name
 // once more, alone, and checks the history.
 func consRun(t *testing.T, srv *serverProc, clients []consFS, d time.Duration, restart bool) {
+	if restart {
+		srv.prepare() // before the workers open files on FUSE mounts
+	}
 	h := &consHistory{start: time.Now()}
 	workers := make([]*consWorker, len(clients))
 	stop := make(chan struct{})

@@ -93,6 +93,10 @@ type serverProc struct {
 	base []string
 	args []string
 	logs *logBuf // across restarts
+	// spare is the process the next restart turns into the server, and
+	// held its stdin (prepare).
+	spare *standby
+	held  io.WriteCloser
 }
 
 func freeAddr(t testing.TB) string {
@@ -131,8 +135,20 @@ func startProc(t testing.TB, what, data string, base, extra []string) *serverPro
 
 func (s *serverProc) start() {
 	s.t.Helper()
+	s.wait(s.launch(false))
+}
+
+// launch starts the server process and returns a channel closed once it
+// says it serves (or ends). Held, it is a shell waiting for a line on its
+// stdin before it turns into the server (standby).
+func (s *serverProc) launch(held bool) <-chan struct{} {
+	s.t.Helper()
 	args := slices.Concat(s.base, []string{"--listen", s.addr, "--log-level", logLevel(), "--grace", "1s"}, s.args)
 	s.cmd = exec.Command(hoardBin, args...)
+	if held {
+		s.cmd = exec.Command("/bin/sh", append([]string{"-c", `read go && exec "$0" "$@"`, hoardBin}, args...)...)
+		s.held, _ = s.cmd.StdinPipe()
+	}
 	if s.logs == nil {
 		s.logs = &logBuf{}
 	}
@@ -155,6 +171,11 @@ func (s *serverProc) start() {
 			close(ready)
 		}
 	}()
+	return ready
+}
+
+func (s *serverProc) wait(ready <-chan struct{}) {
+	s.t.Helper()
 	select {
 	case <-ready:
 	case <-time.After(10 * time.Second):
@@ -177,7 +198,14 @@ func (s *serverProc) kill9() {
 	s.cmd = nil
 }
 
-func (s *serverProc) kill() { s.kill9() }
+func (s *serverProc) kill() {
+	s.kill9()
+	if s.spare != nil {
+		s.spare.cmd.Process.Kill()
+		s.spare.cmd.Wait()
+		s.spare = nil
+	}
+}
 
 // stop asks the server to stop and waits for it.
 func (s *serverProc) stop() error {
@@ -187,7 +215,40 @@ func (s *serverProc) stop() error {
 	return err
 }
 
-func (s *serverProc) restart() { s.start() }
+// standby makes the process restart will use, now: forked later, by a
+// test process with files open on a FUSE mount, it would carry copies of
+// their descriptors, and its exec would close them, each close a FUSE
+// flush that may wait for the very server being restarted (it cost 10-20
+// s restarts). It must follow a kill9 or stop.
+type standby struct {
+	cmd   *exec.Cmd
+	ready <-chan struct{}
+}
+
+// prepare readies a standby for the next restart.
+func (s *serverProc) prepare() {
+	s.t.Helper()
+	running := s.cmd
+	ready := s.launch(true)
+	s.spare = &standby{s.cmd, ready}
+	s.cmd = running
+}
+
+// restart starts the server again, from the standby if one was prepared.
+func (s *serverProc) restart() {
+	s.t.Helper()
+	sp := s.spare
+	if sp == nil {
+		s.start()
+		return
+	}
+	s.spare = nil
+	s.cmd = sp.cmd
+	if _, err := io.WriteString(s.held, "go\n"); err != nil {
+		s.t.Fatalf("standby server: %v", err)
+	}
+	s.wait(sp.ready)
+}
 
 // dial connects a library client, with a disk cache in its own directory
 // unless cacheDir is "mem".

@@ -76,6 +76,7 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 			if st, err = s.store.GetStatus(f); err != nil {
 				return nil, s.fail("Open", err)
 			}
+			s.log.Debug("open", "client", o.id, "fid", f, "write", write, "kind", res.Kind, "state", res.State, "recorded", res.Recorded)
 			return &pb.OpenReply{Status: o.status(st), Kind: pb.DelegKind(res.Kind), State: res.State, Recorded: res.Recorded}, nil
 		}
 		if err := s.await(ctx, r); err != nil {
