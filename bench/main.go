@@ -34,7 +34,7 @@ var (
 	dirFlag   = flag.String("dir", "", "scratch directory on the disk to measure (default: a temp dir under the current directory)")
 	readSize  = flag.Int("read", 1<<20, "read size for the large file")
 	profile   = flag.String("cpuprofile", "", "write a CPU profile of the disk-cache cold fetches here")
-	only      = flag.String("only", "all", "which part to run: lib (the library), fuse (the mount), split (seed 000's Tables 3 and 4), stat (stat latency during a bulk fetch), mixed (admission policies on a mixed workload), postmark (seed 002's Postmark, delegations on and off; not in all), all")
+	only      = flag.String("only", "all", "which part to run: lib (the library), fuse (the mount), split (seed 000's Tables 3 and 4), stat (stat latency during a bulk fetch), mixed (admission policies on a mixed workload), postmark (seed 002's Postmark, delegations on and off; not in all), proxy (clients of a proxy vs of a distant origin; not in all), all")
 	statSize  = flag.Int64("stat-size", 4<<30, "bytes fetched while stat latency is measured")
 	streams   = flag.Int("streams", 0, "data-channel connections per client (0: the client's default)")
 )
@@ -79,9 +79,11 @@ func run() error {
 		return mixedBench(addr, scratch)
 	case "postmark":
 		return postmarkBench(bin, addr, scratch)
+	case "proxy":
+		return proxyBench(bin, scratch)
 	case "lib", "all":
 	default:
-		return fmt.Errorf("-only %q: want lib, fuse, split, stat, mixed, postmark or all", *only)
+		return fmt.Errorf("-only %q: want lib, fuse, split, stat, mixed, postmark, proxy or all", *only)
 	}
 
 	// The large file: written once locally and once into hoard.
@@ -350,26 +352,43 @@ func human(n int64) string {
 	return fmt.Sprintf("%d B", n)
 }
 
-func startServer(bin, data string) (string, int, func(), error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+func startServer(bin, data string, extra ...string) (string, int, func(), error) {
+	return startHoard(bin, append([]string{"server", "--data", data}, extra...)...)
+}
+
+// startHoard runs `hoard args... --listen ADDR` on a free port until it
+// says it serves, and returns ADDR, its pid and how to stop it.
+func startHoard(bin string, args ...string) (string, int, func(), error) {
+	addr, err := freePort()
 	if err != nil {
 		return "", 0, nil, err
 	}
-	addr := l.Addr().String()
-	l.Close()
-	cmd := exec.Command(bin, "server", "--data", data, "--listen", addr)
+	cmd := exec.Command(bin, append(args, "--listen", addr)...)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		return "", 0, nil, err
 	}
 	sc := bufio.NewScanner(stderr)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), "serving") {
-			break
-		}
+	serving := false
+	for !serving && sc.Scan() {
+		serving = strings.Contains(sc.Text(), "serving")
+	}
+	if !serving {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return "", 0, nil, fmt.Errorf("hoard %s did not start", args[0])
 	}
 	go io.Copy(io.Discard, stderr)
 	return addr, cmd.Process.Pid, func() { cmd.Process.Kill(); cmd.Wait() }, nil
+}
+
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
 
 func writeLocal(path string, data []byte, size int64) error {
