@@ -66,18 +66,18 @@ func (c *Client) ReadDirNode(dir *Node) ([]DirEntry, error) {
 // OpenAt opens an already resolved file, named base in directory parent
 // (nil if unknown: for its caching policy); name is kept for reports.
 func (c *Client) OpenAt(n *Node, parent *Node, base, name string, flag int) (*File, error) {
-	return c.openFile(n, parent, base, name, flag, false)
+	return c.openFile(n, parent, base, name, flag, resolved)
 }
 
-// CreateOpen is CreateAt of a regular file followed by OpenAt: a file it
-// made is opened without asking the server again, so that the open does
-// not fail if another client removed the file in between.
+// CreateOpen is CreateAt of a regular file followed by OpenAt, except that
+// the file is opened as the create answered (openFile): the open does not
+// fail if another client removed the file in between.
 func (c *Client) CreateOpen(dir *Node, name string, mode uint32, who Creator, excl bool, path string, flag int) (*Node, *File, error) {
 	n, created, err := c.create(dir, name, node.TypeFile, mode, who, "", 0, excl, "")
 	if err != nil {
 		return nil, nil, err
 	}
-	f, err := c.openFile(n, dir, name, path, flag, created)
+	f, err := c.openFile(n, dir, name, path, flag, createdHow(created))
 	return n, f, err
 }
 

@@ -197,48 +197,70 @@ func (c *Client) createAt(dir *Node, name string, t node.Type, mode uint32, who 
 // O_APPEND are honoured. A file is fetched lazily, chunk by chunk, as it
 // is read.
 func (c *Client) Open(name string, flag int, perm os.FileMode) (*File, error) {
-	n, created, err := c.openNode(name, flag, perm)
+	n, how, err := c.openNode(name, flag, perm)
 	if err != nil {
 		return nil, errOf("open", name, err)
 	}
 	parent, base := c.parentOf(name)
-	return c.openFile(n, parent, base, name, flag, created)
+	return c.openFile(n, parent, base, name, flag, how)
 }
 
-// openNode resolves name, or creates it with O_CREATE, saying whether it
-// did.
-func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, bool, error) {
+// openedBy says how the Node an open opens was come by.
+type openedBy int
+
+const (
+	resolved   openedBy = iota // by name: revalidated
+	createMade                 // a create this moment made it: empty
+	createFound                // a create this moment found it: status current
+)
+
+// openNode resolves name, or creates it with O_CREATE.
+func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, openedBy, error) {
 	if flag&os.O_CREATE == 0 {
 		n, err := c.resolve(name, true)
-		return n, false, err
+		return n, resolved, err
 	}
 	dir, base, err := c.resolveParent(name)
 	if err != nil {
-		return nil, false, err
+		return nil, resolved, err
 	}
 	n, created, err := c.create(dir, base, node.TypeFile, unixMode(perm), c.creator(), "", 0, flag&os.O_EXCL != 0, "")
 	if errors.Is(err, syscall.EEXIST) && flag&os.O_EXCL == 0 {
 		// Exists as something else: a symlink to follow, or a directory.
 		n, err = c.resolve(name, true)
-		return n, false, err
+		return n, resolved, err
 	}
-	return n, created, err
+	return n, createdHow(created), err
+}
+
+func createdHow(created bool) openedBy {
+	if created {
+		return createMade
+	}
+	return createFound
 }
 
 // openFile opens an already resolved node, named base in parent (nil if
-// unknown) for its caching policy, and name in error reports. A file this
-// client just created is opened as created, empty, without asking the
-// server again: another client may have removed it meanwhile, and the
-// open must not fail for that (the kernel would create it a second time).
-func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, created bool) (*File, error) {
+// unknown) for its caching policy, and name in error reports. A file a
+// create just answered with is opened as that answer has it, without
+// asking the server again, and the open does not fail if the file is gone
+// by then (another client removed it): the create succeeded, and through
+// FUSE the kernel would take a failure (ESTALE) as a reason to create the
+// file a second time. What is written to a file that is gone is kept in
+// lost/, as always.
+func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, how openedBy) (*File, error) {
 	st := n.status()
-	if created {
+	switch how {
+	case createMade:
 		flag &^= os.O_TRUNC
-	} else {
+	case resolved:
 		var err error
 		if st, err = c.fresh(n); err != nil {
 			return nil, errOf("open", name, err)
 		}
+	}
+	gone := func(err error) bool {
+		return how != resolved && (errors.Is(err, syscall.ESTALE) || errors.Is(err, syscall.ENOENT))
 	}
 	f := &File{c: c, n: n, name: name, flags: flag}
 	switch st.Type {
@@ -268,14 +290,16 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, cr
 		n.bypassing++
 		n.mu.Unlock()
 	} else if c.delegating() {
-		if err := c.openDeleg(n, f.writable()); err != nil {
+		switch err := c.openDeleg(n, f.writable()); {
+		case err == nil:
+			f.counted = true
+		case !gone(err):
 			return nil, errOf("open", name, err)
 		}
-		f.counted = true
 	}
 	if f.writable() && flag&os.O_TRUNC != 0 {
 		err := f.Truncate(0)
-		if err != nil {
+		if err != nil && !gone(err) {
 			f.uncount()
 			return nil, errOf("open", name, err)
 		}

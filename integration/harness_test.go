@@ -32,9 +32,10 @@ func logLevel() string {
 }
 
 // mountDebug is the flag that has a mount log every FUSE request, when
-// HOARD_TEST_LOG_LEVEL is debug.
+// HOARD_TEST_LOG_LEVEL is debug, unless HOARD_TEST_NO_FUSE_TRACE is set
+// (the trace slows the mounts enough to hide some races).
 func mountDebug() []string {
-	if logLevel() == "debug" {
+	if logLevel() == "debug" && os.Getenv("HOARD_TEST_NO_FUSE_TRACE") == "" {
 		return []string{"--debug"}
 	}
 	return nil

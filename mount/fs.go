@@ -502,7 +502,7 @@ func (h *hnode) invalidate() {
 	issued := h.issued
 	h.issued = nil
 	h.mu.Unlock()
-	h.NotifyContent(0, 0)
+	untilKnown(func() syscall.Errno { return h.NotifyContent(0, 0) })
 	if h.IsDir() {
 		known := h.Children()
 		for name := range known {
@@ -510,9 +510,24 @@ func (h *hnode) invalidate() {
 		}
 		for name := range issued {
 			if _, ok := known[name]; !ok {
-				h.NotifyEntry(name)
+				untilKnown(func() syscall.Errno { return h.NotifyEntry(name) })
 			}
 		}
+	}
+}
+
+// untilKnown repeats, for a while, a notification the kernel refused
+// because it does not know the inode or name yet: the reply that hands it
+// out may still be on its way (the kernel takes a lookup's reply in when
+// the process that asked runs again). Dropped, the notification would
+// leave the kernel trusting, for the promise's lifetime, attributes the
+// break voided.
+func untilKnown(notify func() syscall.Errno) {
+	for range 10 {
+		if notify() != syscall.ENOENT {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
