@@ -116,6 +116,17 @@ func twoStatuses(a, b *pb.Status) (sa, sb node.Status, err error) {
 	return sa, sb, err
 }
 
+// SetAttrChange is SetAttr for a change in the server's own terms (the
+// wire's mask bits).
+func (c *Client) SetAttrChange(n *Node, ch vnode.Change) (node.Status, error) {
+	req := &pb.SetAttrRequest{Mask: ch.Mask, Mode: ch.Mode, Uid: ch.UID, Gid: ch.GID, Size: ch.Size,
+		AtimeNs: ch.Atime.UnixNano(), MtimeNs: ch.Mtime.UnixNano()}
+	if err := c.setattr(n, req); err != nil {
+		return node.Status{}, err
+	}
+	return n.status(), nil
+}
+
 // StoreThrough stores a change to a file made elsewhere (by a proxy's
 // client): args.Read supplies its bytes. It returns the file's new status.
 // The cached chunks of the old version are dropped.

@@ -209,9 +209,9 @@ func (c *Client) Open(name string, flag int, perm os.FileMode) (*File, error) {
 type openedBy int
 
 const (
-	resolved   openedBy = iota // by name: revalidated
-	createMade                 // a create this moment made it: empty
-	createFound                // a create this moment found it: status current
+	resolved    openedBy = iota // by name: revalidated
+	createMade                  // a create this moment made it: empty
+	createFound                 // a create this moment found it: status current
 )
 
 // openNode resolves name, or creates it with O_CREATE.

@@ -319,6 +319,20 @@ func twoMounts(t *testing.T, a, b *mountProc) {
 	if names := b.listNames(t, "dir"); names != "" {
 		t.Fatalf("B lists %q after the remove", names)
 	}
+	// A file open on B that A removes stays readable and stat-able on B,
+	// unlinked, as POSIX has it.
+	os.WriteFile(a.path("held"), []byte("held open"), 0o644)
+	held, err := os.Open(b.path("held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if err := os.Remove(a.path("held")); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := held.Stat(); err != nil || fi.Sys().(*syscall.Stat_t).Nlink != 0 {
+		t.Fatalf("fstat on B of a file A removed: %v, %+v; want nlink 0", err, fi)
+	}
 	// The kernel forgetting its inodes (the client then drops its nodes)
 	// changes nothing visible.
 	if os.Geteuid() == 0 {

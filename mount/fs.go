@@ -127,8 +127,21 @@ func (h *hnode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*f
 func (h *hnode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	h.m.track(h, true)
 	st, err := h.m.c.Getattr(h.n)
-	if err != nil {
-		return errno(err)
+	if e := errno(err); e == syscall.ESTALE || e == syscall.ENOENT {
+		if f == nil && !h.isOpen() {
+			return e
+		}
+		// Open here, removed by another client: what the open still
+		// sees, unlinked. An error would also make the kernel, which
+		// checks permissions this way while it opens a file it just
+		// created, take ESTALE as a reason to open the name again.
+		st = h.n.Status()
+		st.Nlink = 0
+		fillAttr(st, &out.Attr)
+		out.SetTimeout(0)
+		return 0
+	} else if e != 0 {
+		return e
 	}
 	fillAttr(st, &out.Attr)
 	h.mu.Lock()

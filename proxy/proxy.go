@@ -53,7 +53,6 @@ type Proxy struct {
 	epoch uint64
 	dir   string
 	srv   atomic.Pointer[server.Server]
-	log   *slog.Logger
 }
 
 // Open starts a proxy: a new epoch in o.Dir, and a session with the origin.
@@ -76,7 +75,7 @@ func Open(o Options) (p *Proxy, err error) {
 	if err != nil {
 		return nil, err
 	}
-	p = &Proxy{epoch: epoch, dir: o.Dir, log: o.Logger}
+	p = &Proxy{epoch: epoch, dir: o.Dir}
 	host, _ := os.Hostname()
 	p.c, err = client.Dial(client.Options{
 		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: o.CacheSize,
@@ -100,9 +99,6 @@ func (p *Proxy) Serve(s *server.Server) { p.srv.Store(s) }
 
 // Close ends the session with the origin and closes the cache.
 func (p *Proxy) Close() error { return p.c.Close() }
-
-// Client is the proxy's client of the origin (for its statistics).
-func (p *Proxy) Client() *client.Client { return p.c }
 
 // invalidate passes a break from the origin on to the proxy's clients; the
 // origin hears the acknowledgement once this returns.
@@ -212,16 +208,16 @@ func (p *Proxy) Lookup(dir node.FID, name string) (child, d node.Status, err err
 // ReadDir serves pages of the cached listing; a cookie is a position in
 // it. A client that pages through a directory which changes meanwhile
 // sees the new version in the next page's status and starts over.
-func (p *Proxy) ReadDir(dir node.FID, cookie uint64, max int) ([]vnode.DirEntry, bool, node.Status, error) {
+func (p *Proxy) ReadDir(dir node.FID, cookie uint64, limit int) ([]vnode.DirEntry, bool, node.Status, error) {
 	ents, d, err := p.c.ListDir(p.c.NodeOf(dir))
 	if err != nil {
 		return nil, false, d, err
 	}
-	if max <= 0 {
-		max = 4096
+	if limit <= 0 {
+		limit = 4096
 	}
 	start := min(cookie, uint64(len(ents)))
-	end := min(start+uint64(max), uint64(len(ents)))
+	end := min(start+uint64(limit), uint64(len(ents)))
 	out := make([]vnode.DirEntry, 0, end-start)
 	for i := start; i < end; i++ {
 		e := ents[i]
@@ -248,26 +244,7 @@ func (p *Proxy) Rename(src node.FID, sname string, dst node.FID, dname string, o
 }
 
 func (p *Proxy) SetAttr(f node.FID, c vnode.Change) (node.Status, error) {
-	var a client.Attr
-	if c.Mask&vnode.SetMode != 0 {
-		a.Mode = &c.Mode
-	}
-	if c.Mask&vnode.SetUID != 0 {
-		a.UID = &c.UID
-	}
-	if c.Mask&vnode.SetGID != 0 {
-		a.GID = &c.GID
-	}
-	if c.Mask&vnode.SetSize != 0 {
-		a.Size = &c.Size
-	}
-	if c.Mask&vnode.SetAtime != 0 {
-		a.Atime = &c.Atime
-	}
-	if c.Mask&vnode.SetMtime != 0 {
-		a.Mtime = &c.Mtime
-	}
-	return p.c.SetAttr(p.c.NodeOf(f), a)
+	return p.c.SetAttrChange(p.c.NodeOf(f), c)
 }
 
 func (p *Proxy) StatFS(volume uint64) (vnode.FSStat, error) { return p.c.StatFSVolume(volume) }
