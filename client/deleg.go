@@ -203,8 +203,6 @@ func (c *Client) stored(n *Node) {
 	c.flusher.remove(n)
 }
 
-// takeLost returns, once, the error of writes the flusher or a recall
-// could not deliver.
 // lossCount is n.losses now, taken before waiting for wmu.
 func (n *Node) lossCount() uint64 {
 	n.mu.Lock()
@@ -222,6 +220,8 @@ func (n *Node) lostSince(count uint64) error {
 	return nil
 }
 
+// takeLost returns, once, the error of writes the flusher or a recall
+// could not deliver.
 func (n *Node) takeLost() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
