@@ -94,10 +94,9 @@ type serverProc struct {
 	base []string
 	args []string
 	logs *logBuf // across restarts
-	// spare is the process the next restart turns into the server, and
-	// held its stdin (prepare).
+	// spare is the process the next restart turns into the server
+	// (prepare).
 	spare *standby
-	held  io.WriteCloser
 }
 
 func freeAddr(t testing.TB) string {
@@ -136,25 +135,27 @@ func startProc(t testing.TB, what, data string, base, extra []string) *serverPro
 
 func (s *serverProc) start() {
 	s.t.Helper()
-	s.wait(s.launch(false))
+	sp := s.launch(false)
+	s.cmd = sp.cmd
+	s.wait(sp.ready)
 }
 
-// launch starts the server process and returns a channel closed once it
-// says it serves (or ends). Held, it is a shell waiting for a line on its
-// stdin before it turns into the server (standby).
-func (s *serverProc) launch(held bool) <-chan struct{} {
+// launch starts the server process; its ready closes once it says it
+// serves (or ends). Held, it is a shell that turns into the server when
+// a line comes on its stdin (standby).
+func (s *serverProc) launch(held bool) *standby {
 	s.t.Helper()
 	args := slices.Concat(s.base, []string{"--listen", s.addr, "--log-level", logLevel(), "--grace", "1s"}, s.args)
-	s.cmd = exec.Command(hoardBin, args...)
+	sp := &standby{cmd: exec.Command(hoardBin, args...)}
 	if held {
-		s.cmd = exec.Command("/bin/sh", append([]string{"-c", `read go && exec "$0" "$@"`, hoardBin}, args...)...)
-		s.held, _ = s.cmd.StdinPipe()
+		sp.cmd = exec.Command("/bin/sh", append([]string{"-c", `read go && exec "$0" "$@"`, hoardBin}, args...)...)
+		sp.stdin, _ = sp.cmd.StdinPipe()
 	}
 	if s.logs == nil {
 		s.logs = &logBuf{}
 	}
-	stderr, _ := s.cmd.StderrPipe()
-	if err := s.cmd.Start(); err != nil {
+	stderr, _ := sp.cmd.StderrPipe()
+	if err := sp.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
 	ready := make(chan struct{})
@@ -172,7 +173,8 @@ func (s *serverProc) launch(held bool) <-chan struct{} {
 			close(ready)
 		}
 	}()
-	return ready
+	sp.ready = ready
+	return sp
 }
 
 func (s *serverProc) wait(ready <-chan struct{}) {
@@ -216,23 +218,23 @@ func (s *serverProc) stop() error {
 	return err
 }
 
-// standby makes the process restart will use, now: forked later, by a
-// test process with files open on a FUSE mount, it would carry copies of
-// their descriptors, and its exec would close them, each close a FUSE
-// flush that may wait for the very server being restarted (it cost 10-20
-// s restarts). It must follow a kill9 or stop.
+// standby is a started server process, or (prepare) one held back for
+// the next restart.
 type standby struct {
 	cmd   *exec.Cmd
+	stdin io.WriteCloser // held: a line here starts the server
 	ready <-chan struct{}
 }
 
-// prepare readies a standby for the next restart.
+// prepare forks, now, the process the next restart turns into the
+// server. Forked later, by a test process with files open on a FUSE
+// mount, it would carry copies of their descriptors, and its exec would
+// close them, each close a FUSE flush that may wait for the very server
+// being restarted (it cost 10-20 s restarts). The restart must follow a
+// kill9 or stop.
 func (s *serverProc) prepare() {
 	s.t.Helper()
-	running := s.cmd
-	ready := s.launch(true)
-	s.spare = &standby{s.cmd, ready}
-	s.cmd = running
+	s.spare = s.launch(true)
 }
 
 // restart starts the server again, from the standby if one was prepared.
@@ -245,7 +247,7 @@ func (s *serverProc) restart() {
 	}
 	s.spare = nil
 	s.cmd = sp.cmd
-	if _, err := io.WriteString(s.held, "go\n"); err != nil {
+	if _, err := io.WriteString(sp.stdin, "go\n"); err != nil {
 		s.t.Fatalf("standby server: %v", err)
 	}
 	s.wait(sp.ready)

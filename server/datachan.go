@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"syscall"
@@ -100,9 +101,11 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 	defer conn.SetWriteDeadline(time.Time{})
 	var werr error
 	var dv uint64
-	defer func() {
-		s.log.Debug("data fetch", "client", id, "fid", req.FID, "off", req.Offset, "len", req.Length, "version", dv, "err", err)
-	}()
+	if s.log.Enabled(context.Background(), slog.LevelDebug) { // a hot path
+		defer func() {
+			s.log.Debug("data fetch", "client", id, "fid", req.FID, "off", req.Offset, "len", req.Length, "version", dv, "err", err)
+		}()
+	}
 	err = s.store.(dataFiles).WithData(req.FID, func(st node.Status, file *os.File) error {
 		dv = st.DataVersion
 		status, err := proto.Marshal(o.status(st))
