@@ -171,6 +171,14 @@ func NewServer(epoch uint64, cfg Config) *Server {
 // Epoch is the server epoch the machine was made for.
 func (s *Server) Epoch() uint64 { return s.epoch }
 
+// Name is what client id called itself, "" for an unknown id.
+func (s *Server) Name(id ClientID) string {
+	if c := s.clients[id]; c != nil {
+		return c.name
+	}
+	return ""
+}
+
 // Connect registers a new back channel of the client called name (what
 // its Hello said) and returns its id.
 func (s *Server) Connect(name string, now time.Time) ClientID {

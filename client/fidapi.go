@@ -46,11 +46,14 @@ func (c *Client) ListDir(dir *Node) ([]DirEntry, node.Status, error) {
 	return nil, node.Status{}, fmt.Errorf("list %v: the directory kept changing: %w", dir.fid, syscall.EAGAIN)
 }
 
-// ReadVersion reads n's bytes at off through the cache and returns the
-// status of the version they belong to.
-func (c *Client) ReadVersion(n *Node, p []byte, off int64) (int, node.Status, error) {
-	return n.read(p, off)
+// FetchChunk fetches chunk idx of n from the server, past the cache: the
+// bytes of data version dv, whole (short only at the end of the file).
+func (c *Client) FetchChunk(n *Node, idx int64) (data []byte, dv uint64, err error) {
+	return n.fetchChunk(idx)
 }
+
+// ChunkSize is the unit FetchChunk fetches.
+func (c *Client) ChunkSize() int64 { return c.cache.ChunkSize() }
 
 // The namespace changes below name the request op (for the server's
 // retry check: a proxy passes its client's on) and return the statuses

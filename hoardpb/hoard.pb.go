@@ -3310,6 +3310,203 @@ func (x *ReturnReply) GetAccepted() bool {
 	return false
 }
 
+type ProxyStatsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProxyStatsRequest) Reset() {
+	*x = ProxyStatsRequest{}
+	mi := &file_hoard_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProxyStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProxyStatsRequest) ProtoMessage() {}
+
+func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProxyStatsRequest.ProtoReflect.Descriptor instead.
+func (*ProxyStatsRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{50}
+}
+
+// ProxyStatsReply: the proxy's disk store. Hits and misses count chunk
+// reads; the byte counts are cumulative across restarts.
+type ProxyStatsReply struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Origin       string                 `protobuf:"bytes,1,opt,name=origin,proto3" json:"origin,omitempty"`
+	Layout       string                 `protobuf:"bytes,2,opt,name=layout,proto3" json:"layout,omitempty"`
+	Hits         int64                  `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
+	Misses       int64                  `protobuf:"varint,4,opt,name=misses,proto3" json:"misses,omitempty"`
+	BytesServed  int64                  `protobuf:"varint,5,opt,name=bytes_served,json=bytesServed,proto3" json:"bytes_served,omitempty"`
+	BytesFetched int64                  `protobuf:"varint,6,opt,name=bytes_fetched,json=bytesFetched,proto3" json:"bytes_fetched,omitempty"`
+	Evictions    int64                  `protobuf:"varint,7,opt,name=evictions,proto3" json:"evictions,omitempty"`
+	// torn: chunks not served after a crash because their CRC did not match.
+	Torn  int64 `protobuf:"varint,8,opt,name=torn,proto3" json:"torn,omitempty"`
+	Files int64 `protobuf:"varint,9,opt,name=files,proto3" json:"files,omitempty"`
+	// runs: stretches of consecutive chunks of one file stored together;
+	// chunks / runs is the store's average run length.
+	Runs          int64  `protobuf:"varint,10,opt,name=runs,proto3" json:"runs,omitempty"`
+	Chunks        int64  `protobuf:"varint,11,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	BytesUsed     int64  `protobuf:"varint,12,opt,name=bytes_used,json=bytesUsed,proto3" json:"bytes_used,omitempty"`
+	Limit         int64  `protobuf:"varint,13,opt,name=limit,proto3" json:"limit,omitempty"`
+	ChunkSize     int64  `protobuf:"varint,14,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
+	Epoch         uint64 `protobuf:"varint,15,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProxyStatsReply) Reset() {
+	*x = ProxyStatsReply{}
+	mi := &file_hoard_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProxyStatsReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProxyStatsReply) ProtoMessage() {}
+
+func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProxyStatsReply.ProtoReflect.Descriptor instead.
+func (*ProxyStatsReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ProxyStatsReply) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *ProxyStatsReply) GetLayout() string {
+	if x != nil {
+		return x.Layout
+	}
+	return ""
+}
+
+func (x *ProxyStatsReply) GetHits() int64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetMisses() int64 {
+	if x != nil {
+		return x.Misses
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetBytesServed() int64 {
+	if x != nil {
+		return x.BytesServed
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetBytesFetched() int64 {
+	if x != nil {
+		return x.BytesFetched
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetEvictions() int64 {
+	if x != nil {
+		return x.Evictions
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetTorn() int64 {
+	if x != nil {
+		return x.Torn
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetFiles() int64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetRuns() int64 {
+	if x != nil {
+		return x.Runs
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetChunks() int64 {
+	if x != nil {
+		return x.Chunks
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetBytesUsed() int64 {
+	if x != nil {
+		return x.BytesUsed
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetChunkSize() int64 {
+	if x != nil {
+		return x.ChunkSize
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 var File_hoard_proto protoreflect.FileDescriptor
 
 const file_hoard_proto_rawDesc = "" +
@@ -3531,7 +3728,27 @@ const file_hoard_proto_rawDesc = "" +
 	"\n" +
 	"RenewReply\")\n" +
 	"\vReturnReply\x12\x1a\n" +
-	"\baccepted\x18\x01 \x01(\bR\baccepted*\xd6\x01\n" +
+	"\baccepted\x18\x01 \x01(\bR\baccepted\"\x13\n" +
+	"\x11ProxyStatsRequest\"\x93\x03\n" +
+	"\x0fProxyStatsReply\x12\x16\n" +
+	"\x06origin\x18\x01 \x01(\tR\x06origin\x12\x16\n" +
+	"\x06layout\x18\x02 \x01(\tR\x06layout\x12\x12\n" +
+	"\x04hits\x18\x03 \x01(\x03R\x04hits\x12\x16\n" +
+	"\x06misses\x18\x04 \x01(\x03R\x06misses\x12!\n" +
+	"\fbytes_served\x18\x05 \x01(\x03R\vbytesServed\x12#\n" +
+	"\rbytes_fetched\x18\x06 \x01(\x03R\fbytesFetched\x12\x1c\n" +
+	"\tevictions\x18\a \x01(\x03R\tevictions\x12\x12\n" +
+	"\x04torn\x18\b \x01(\x03R\x04torn\x12\x14\n" +
+	"\x05files\x18\t \x01(\x03R\x05files\x12\x12\n" +
+	"\x04runs\x18\n" +
+	" \x01(\x03R\x04runs\x12\x16\n" +
+	"\x06chunks\x18\v \x01(\x03R\x06chunks\x12\x1d\n" +
+	"\n" +
+	"bytes_used\x18\f \x01(\x03R\tbytesUsed\x12\x14\n" +
+	"\x05limit\x18\r \x01(\x03R\x05limit\x12\x1d\n" +
+	"\n" +
+	"chunk_size\x18\x0e \x01(\x03R\tchunkSize\x12\x14\n" +
+	"\x05epoch\x18\x0f \x01(\x04R\x05epoch*\xd6\x01\n" +
 	"\bFileType\x12\x19\n" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x11\n" +
@@ -3568,7 +3785,9 @@ const file_hoard_proto_rawDesc = "" +
 	"\x04Open\x12\x15.hoard.v1.OpenRequest\x1a\x13.hoard.v1.OpenReply\x125\n" +
 	"\x05Close\x12\x16.hoard.v1.CloseRequest\x1a\x14.hoard.v1.CloseReply\x128\n" +
 	"\x06Return\x12\x17.hoard.v1.ReturnRequest\x1a\x15.hoard.v1.ReturnReply\x125\n" +
-	"\x05Renew\x12\x16.hoard.v1.RenewRequest\x1a\x14.hoard.v1.RenewReplyB\"Z github.com/hoardfs/hoard/hoardpbb\x06proto3"
+	"\x05Renew\x12\x16.hoard.v1.RenewRequest\x1a\x14.hoard.v1.RenewReply2H\n" +
+	"\x05Proxy\x12?\n" +
+	"\x05Stats\x12\x1b.hoard.v1.ProxyStatsRequest\x1a\x19.hoard.v1.ProxyStatsReplyB\"Z github.com/hoardfs/hoard/hoardpbb\x06proto3"
 
 var (
 	file_hoard_proto_rawDescOnce sync.Once
@@ -3583,7 +3802,7 @@ func file_hoard_proto_rawDescGZIP() []byte {
 }
 
 var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_hoard_proto_goTypes = []any{
 	(FileType)(0),               // 0: hoard.v1.FileType
 	(DelegKind)(0),              // 1: hoard.v1.DelegKind
@@ -3637,6 +3856,8 @@ var file_hoard_proto_goTypes = []any{
 	(*RenewRequest)(nil),        // 49: hoard.v1.RenewRequest
 	(*RenewReply)(nil),          // 50: hoard.v1.RenewReply
 	(*ReturnReply)(nil),         // 51: hoard.v1.ReturnReply
+	(*ProxyStatsRequest)(nil),   // 52: hoard.v1.ProxyStatsRequest
+	(*ProxyStatsReply)(nil),     // 53: hoard.v1.ProxyStatsReply
 }
 var file_hoard_proto_depIdxs = []int32{
 	2,  // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
@@ -3713,27 +3934,29 @@ var file_hoard_proto_depIdxs = []int32{
 	46, // 71: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
 	48, // 72: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
 	49, // 73: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
-	8,  // 74: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
-	15, // 75: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
-	18, // 76: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
-	15, // 77: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
-	21, // 78: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
-	24, // 79: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
-	27, // 80: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
-	29, // 81: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
-	31, // 82: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
-	33, // 83: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
-	35, // 84: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
-	37, // 85: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
-	39, // 86: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
-	41, // 87: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
-	43, // 88: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
-	45, // 89: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
-	47, // 90: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
-	51, // 91: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
-	50, // 92: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
-	74, // [74:93] is the sub-list for method output_type
-	55, // [55:74] is the sub-list for method input_type
+	52, // 74: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
+	8,  // 75: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
+	15, // 76: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
+	18, // 77: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
+	15, // 78: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
+	21, // 79: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
+	24, // 80: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
+	27, // 81: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
+	29, // 82: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
+	31, // 83: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
+	33, // 84: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
+	35, // 85: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
+	37, // 86: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
+	39, // 87: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
+	41, // 88: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
+	43, // 89: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
+	45, // 90: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
+	47, // 91: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
+	51, // 92: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
+	50, // 93: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
+	53, // 94: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
+	75, // [75:95] is the sub-list for method output_type
+	55, // [55:75] is the sub-list for method input_type
 	55, // [55:55] is the sub-list for extension type_name
 	55, // [55:55] is the sub-list for extension extendee
 	0,  // [0:55] is the sub-list for field type_name
@@ -3762,9 +3985,9 @@ func file_hoard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoard_proto_rawDesc), len(file_hoard_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   50,
+			NumMessages:   52,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_hoard_proto_goTypes,
 		DependencyIndexes: file_hoard_proto_depIdxs,

@@ -815,3 +815,109 @@ var FileServer_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "hoard.proto",
 }
+
+const (
+	Proxy_Stats_FullMethodName = "/hoard.v1.Proxy/Stats"
+)
+
+// ProxyClient is the client API for Proxy service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Proxy is served by a caching proxy beside FileServer, for operators.
+type ProxyClient interface {
+	Stats(ctx context.Context, in *ProxyStatsRequest, opts ...grpc.CallOption) (*ProxyStatsReply, error)
+}
+
+type proxyClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewProxyClient(cc grpc.ClientConnInterface) ProxyClient {
+	return &proxyClient{cc}
+}
+
+func (c *proxyClient) Stats(ctx context.Context, in *ProxyStatsRequest, opts ...grpc.CallOption) (*ProxyStatsReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ProxyStatsReply)
+	err := c.cc.Invoke(ctx, Proxy_Stats_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ProxyServer is the server API for Proxy service.
+// All implementations must embed UnimplementedProxyServer
+// for forward compatibility.
+//
+// Proxy is served by a caching proxy beside FileServer, for operators.
+type ProxyServer interface {
+	Stats(context.Context, *ProxyStatsRequest) (*ProxyStatsReply, error)
+	mustEmbedUnimplementedProxyServer()
+}
+
+// UnimplementedProxyServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedProxyServer struct{}
+
+func (UnimplementedProxyServer) Stats(context.Context, *ProxyStatsRequest) (*ProxyStatsReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Stats not implemented")
+}
+func (UnimplementedProxyServer) mustEmbedUnimplementedProxyServer() {}
+func (UnimplementedProxyServer) testEmbeddedByValue()               {}
+
+// UnsafeProxyServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to ProxyServer will
+// result in compilation errors.
+type UnsafeProxyServer interface {
+	mustEmbedUnimplementedProxyServer()
+}
+
+func RegisterProxyServer(s grpc.ServiceRegistrar, srv ProxyServer) {
+	// If the following call panics, it indicates UnimplementedProxyServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Proxy_ServiceDesc, srv)
+}
+
+func _Proxy_Stats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ProxyStatsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ProxyServer).Stats(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Proxy_Stats_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ProxyServer).Stats(ctx, req.(*ProxyStatsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Proxy_ServiceDesc is the grpc.ServiceDesc for Proxy service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Proxy_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "hoard.v1.Proxy",
+	HandlerType: (*ProxyServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Stats",
+			Handler:    _Proxy_Stats_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "hoard.proto",
+}

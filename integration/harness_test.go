@@ -117,7 +117,8 @@ func startServer(t testing.TB, data string, extra ...string) *serverProc {
 // startProxy starts a proxy of origin on a fresh port, its cache in dir.
 func startProxy(t testing.TB, origin *serverProc, dir string, extra ...string) *serverProc {
 	t.Helper()
-	return startProc(t, "proxy", dir, []string{"proxy", "--origin", origin.addr, "--cache", dir}, extra)
+	// The pooled store allocates its size at start: keep tests' small.
+	return startProc(t, "proxy", dir, []string{"proxy", "--origin", origin.addr, "--cache", dir, "--cache-size", "256M"}, extra)
 }
 
 func startProc(t testing.TB, what, data string, base, extra []string) *serverProc {

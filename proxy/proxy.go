@@ -3,7 +3,8 @@
 // protocol both ways. Towards its clients it is a server.Backend, served by
 // the ordinary server code (sessions, promises, the wire); towards the
 // origin it is one client, whose cache holds the origin's files for all of
-// them.
+// them. File bytes are kept apart, in the proxy's disk store (proxystore),
+// fetched one chunk at a time and once however many clients ask at once.
 //
 // Coherence is chained. A promise is granted to a proxy client only while
 // the proxy holds the origin's promise on the same file, and for no longer;
@@ -23,12 +24,15 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/datapath"
 	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/proxystore"
 	"github.com/hoardfs/hoard/server"
 	"github.com/hoardfs/hoard/vnode"
 )
@@ -39,8 +43,13 @@ type Options struct {
 	Origin string
 	// Dir holds the proxy's cache of the origin's files and its own state.
 	Dir string
-	// CacheSize bounds the cache, in bytes.
+	// CacheSize bounds the disk store of file bytes.
 	CacheSize int64
+	// Layout is the disk store's layout: proxystore.Pooled (default) or
+	// proxystore.PerChunk.
+	Layout string
+	// FastFetch: runs fetched quicker than this are evicted first.
+	FastFetch time.Duration
 	// Timeout bounds each request to the origin: with the origin away,
 	// what the proxy has no promise for fails after it.
 	Timeout time.Duration
@@ -49,11 +58,20 @@ type Options struct {
 
 // Proxy is the server.Backend of a caching proxy.
 type Proxy struct {
-	c     *client.Client
-	epoch uint64
-	dir   string
-	srv   atomic.Pointer[server.Server]
+	c      *client.Client
+	store  *proxystore.Store
+	origin string
+	epoch  uint64
+	dir    string
+	srv    atomic.Pointer[server.Server]
+
+	mu       sync.Mutex
+	inflight map[fetchKey]*fetchCall
 }
+
+// metaCacheSize bounds the client cache the proxy keeps the origin's
+// statuses in; file bytes are in the store.
+const metaCacheSize = 64 << 20
 
 // Open starts a proxy: a new epoch in o.Dir, and a session with the origin.
 // A directory it made is removed again if that fails.
@@ -75,10 +93,10 @@ func Open(o Options) (p *Proxy, err error) {
 	if err != nil {
 		return nil, err
 	}
-	p = &Proxy{epoch: epoch, dir: o.Dir}
+	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, inflight: map[fetchKey]*fetchCall{}}
 	host, _ := os.Hostname()
 	p.c, err = client.Dial(client.Options{
-		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: o.CacheSize,
+		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: metaCacheSize,
 		RPCTimeout: o.Timeout, DialTimeout: o.Timeout,
 		// The proxy writes through: its clients' stores reach the origin
 		// before they are acknowledged, so it has nothing to delegate.
@@ -90,6 +108,12 @@ func Open(o Options) (p *Proxy, err error) {
 	if err != nil {
 		return nil, err
 	}
+	p.store, err = proxystore.Open(proxystore.Options{Dir: filepath.Join(o.Dir, "store"), Size: o.CacheSize,
+		ChunkSize: p.c.ChunkSize(), Layout: o.Layout, FastFetch: o.FastFetch})
+	if err != nil {
+		p.c.Close()
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -97,8 +121,20 @@ func Open(o Options) (p *Proxy, err error) {
 // every break from the origin; call it before the server takes requests.
 func (p *Proxy) Serve(s *server.Server) { p.srv.Store(s) }
 
-// Close ends the session with the origin and closes the cache.
-func (p *Proxy) Close() error { return p.c.Close() }
+// Close ends the session with the origin and closes the caches.
+func (p *Proxy) Close() error {
+	err := p.c.Close()
+	if serr := p.store.Close(); err == nil {
+		err = serr
+	}
+	return err
+}
+
+// Origin is the origin's address.
+func (p *Proxy) Origin() string { return p.origin }
+
+// Stats are the disk store's counters.
+func (p *Proxy) Stats() proxystore.Stats { return p.store.Stats() }
 
 // invalidate passes a break from the origin on to the proxy's clients; the
 // origin hears the acknowledgement once this returns.
@@ -249,12 +285,104 @@ func (p *Proxy) SetAttr(f node.FID, c vnode.Change) (node.Status, error) {
 
 func (p *Proxy) StatFS(volume uint64) (vnode.FSStat, error) { return p.c.StatFSVolume(volume) }
 
-func (p *Proxy) ReadAt(f node.FID, b []byte, off int64) (int, node.Status, error) {
-	n, st, err := p.c.ReadVersion(p.c.NodeOf(f), b, off)
-	if err == io.EOF && n > 0 {
-		err = nil // as a vnode store answers: io.EOF only with nothing read
+// ReadAt serves f's bytes at off from the store, fetching the chunks it
+// lacks from the origin, and returns the status of the version they are
+// of (as a vnode store answers: io.EOF only with nothing read).
+func (p *Proxy) ReadAt(f node.FID, b []byte, off int64, user string) (int, node.Status, error) {
+	n := p.c.NodeOf(f)
+	cs := p.store.ChunkSize()
+	for attempt := 0; ; attempt++ {
+		st, err := p.c.StatusOf(n)
+		if err != nil {
+			return 0, st, err
+		}
+		size := int64(st.Size)
+		if off >= size {
+			return 0, st, io.EOF
+		}
+		want := min(int64(len(b)), size-off)
+		var done int64
+		for done < want {
+			at := off + done
+			idx, in := at/cs, at%cs
+			span := min(want-done, cs-in)
+			k, ok := p.store.ReadAt(proxystore.Key{FID: f, Idx: idx}, st.DataVersion, b[done:done+span], in)
+			if !ok {
+				var data []byte
+				if data, err = p.fetch(n, idx, st, user); err != nil {
+					break
+				}
+				k = copy(b[done:done+span], data[min(in, int64(len(data))):])
+			}
+			if k == 0 {
+				err = errStale // shorter than its status says
+				break
+			}
+			done += int64(k)
+		}
+		if err == errStale && attempt < 3 {
+			continue // the file changed under the read: revalidate
+		}
+		p.store.CountServed(done)
+		if err == errStale {
+			err = fmt.Errorf("read %v: the file kept changing: %w", f, syscall.EAGAIN)
+		}
+		return int(done), st, err
 	}
-	return n, st, err
+}
+
+var errStale = errors.New("proxy: data version changed")
+
+type fetchKey struct {
+	proxystore.Key
+	dv uint64
+}
+
+// fetchCall is one chunk fetch from the origin; the reads that want the
+// same chunk meanwhile wait for it.
+type fetchCall struct {
+	done chan struct{}
+	data []byte
+	err  error
+}
+
+// fetch brings chunk idx of n, of the version of st, from the origin into
+// the store and returns it. Only the first of concurrent callers fetches.
+func (p *Proxy) fetch(n *client.Node, idx int64, st node.Status, user string) ([]byte, error) {
+	k := fetchKey{proxystore.Key{FID: st.FID, Idx: idx}, st.DataVersion}
+	p.mu.Lock()
+	if call := p.inflight[k]; call != nil {
+		p.mu.Unlock()
+		<-call.done
+		return call.data, call.err
+	}
+	call := &fetchCall{done: make(chan struct{})}
+	p.inflight[k] = call
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.inflight, k)
+		p.mu.Unlock()
+		close(call.done)
+	}()
+	start := time.Now()
+	data, dv, err := p.c.FetchChunk(n, idx)
+	took := time.Since(start)
+	switch {
+	case err != nil:
+		call.err = err
+		return nil, err
+	case dv != st.DataVersion || len(data) == 0:
+		call.err = errStale
+		return nil, errStale
+	}
+	p.store.CountFetched(int64(len(data)))
+	if err := p.store.Put(k.Key, dv, int64(st.Size), data, user, took); err != nil {
+		// Served all the same, from memory.
+		slog.Debug("proxy: chunk not stored", "fid", st.FID, "chunk", idx, "err", err)
+	}
+	call.data = data
+	return data, nil
 }
 
 // PromiseLimit is what is left of the origin's promise on f: a proxy

@@ -31,9 +31,10 @@ type Backend interface {
 	SetAttr(f node.FID, c vnode.Change) (node.Status, error)
 	StatFS(volume uint64) (vnode.FSStat, error)
 
-	// ReadAt reads file bytes along with the status of the version they
+	// ReadAt reads file bytes for user (the client's name until there
+	// is authentication) along with the status of the version they
 	// belong to.
-	ReadAt(f node.FID, p []byte, off int64) (n int, st node.Status, err error)
+	ReadAt(f node.FID, p []byte, off int64, user string) (n int, st node.Status, err error)
 	// BeginUpdate starts staging a store based on version base.
 	BeginUpdate(f node.FID, base uint64) (Update, error)
 	// PromiseLimit bounds a promise on f: a proxy may promise no longer
@@ -64,6 +65,10 @@ func Local(store *vnode.Store) Backend { return local{store} }
 type local struct{ *vnode.Store }
 
 func (l local) StatFS(uint64) (vnode.FSStat, error) { return l.Store.StatFS() }
+
+func (l local) ReadAt(f node.FID, p []byte, off int64, _ string) (int, node.Status, error) {
+	return l.Store.ReadAt(f, p, off)
+}
 
 func (l local) BeginUpdate(f node.FID, _ uint64) (Update, error) {
 	u, err := l.Store.BeginUpdate(f)

@@ -392,6 +392,14 @@ func (s *Server) opFor(id callback.ClientID) *op {
 	return &op{s: s, id: id, since: s.cb.Seq()}
 }
 
+// user is who the caller reads for: its name, until there is
+// authentication.
+func (o *op) user() string {
+	o.s.mu.Lock()
+	defer o.s.mu.Unlock()
+	return o.s.cb.Name(o.id)
+}
+
 // status converts st for the reply, granting the caller a promise on it.
 func (o *op) status(st node.Status) *pb.Status {
 	if o.id == 0 {

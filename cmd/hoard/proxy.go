@@ -1,14 +1,22 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 
+	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/proxy"
+	"github.com/hoardfs/hoard/proxystore"
 	"github.com/hoardfs/hoard/server"
 )
 
@@ -21,8 +29,8 @@ func proxyCmd() *cobra.Command {
 	// Delegations through a proxy are not there yet: its clients take
 	// callback promises only.
 	cfg.Lease = 0
-	var origin, listen, dir, size string
-	var timeout time.Duration
+	var origin, listen, dir, size, layout string
+	var timeout, fast time.Duration
 	cmd := &cobra.Command{
 		Use:   "proxy --origin ADDR --cache DIR [--listen 127.0.0.1:7200]",
 		Short: "run a caching proxy: clients point at it as at a server, and it serves them from its cache of the origin",
@@ -38,15 +46,19 @@ func proxyCmd() *cobra.Command {
 			if err != nil || n <= 0 {
 				return usagef("--cache-size %q: want a positive size such as 512M or 10G", size)
 			}
-			if cfg.PromiseTTL <= 0 || cfg.BreakTimeout <= 0 || cfg.Ping <= 0 || cfg.Grace < 0 || timeout <= 0 {
-				return usagef("--promise-ttl, --break-timeout, --ping and --timeout must be positive, --grace not negative")
+			if cfg.PromiseTTL <= 0 || cfg.BreakTimeout <= 0 || cfg.Ping <= 0 || cfg.Grace < 0 || timeout <= 0 || fast <= 0 {
+				return usagef("--promise-ttl, --break-timeout, --ping, --timeout and --fast-fetch must be positive, --grace not negative")
+			}
+			if layout != proxystore.Pooled && layout != proxystore.PerChunk {
+				return usagef("--layout %q: want %s or %s", layout, proxystore.Pooled, proxystore.PerChunk)
 			}
 			lis, err := net.Listen("tcp", listen)
 			if err != nil {
 				return usagef("--listen %s: %v", listen, err)
 			}
 			defer lis.Close()
-			p, err := proxy.Open(proxy.Options{Origin: origin, Dir: dir, CacheSize: n, Timeout: timeout, Logger: slog.Default()})
+			p, err := proxy.Open(proxy.Options{Origin: origin, Dir: dir, CacheSize: n, Timeout: timeout,
+				Layout: layout, FastFetch: fast, Logger: slog.Default()})
 			if err != nil {
 				return usagef("proxy of %s in %s: %v", origin, dir, err)
 			}
@@ -55,18 +67,98 @@ func proxyCmd() *cobra.Command {
 			srv := server.New(p, cfg)
 			p.Serve(srv)
 			defer srv.Shutdown()
-			return serve("proxy", srv, lis, fmt.Sprintf("serving %s from cache %s on %s (epoch %d)", origin, dir, lis.Addr(), p.Epoch()))
+			return serve("proxy", srv, lis, fmt.Sprintf("serving %s from cache %s (%s) on %s (epoch %d)", origin, dir, layout, lis.Addr(), p.Epoch()),
+				func(g *grpc.Server) { pb.RegisterProxyServer(g, statsServer{p: p}) })
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&origin, "origin", "", "the file server to cache, host:port")
 	f.StringVar(&listen, "listen", "127.0.0.1:7200", "address to serve clients on")
 	f.StringVar(&dir, "cache", "", "directory of the proxy's cache (created if missing)")
-	f.StringVar(&size, "cache-size", "10G", "cache size limit, e.g. 512M, 10G")
+	f.StringVar(&size, "cache-size", "10G", "size of the disk store of file data, e.g. 512M, 10G (the pooled layout allocates it at once)")
+	f.StringVar(&layout, "layout", proxystore.Pooled, "disk store layout: pooled (large preallocated files, chunks placed by file and user) or per-chunk (one file per chunk)")
+	f.DurationVar(&fast, "fast-fetch", 10*time.Millisecond, "chunks fetched from the origin quicker than this are evicted first (cheap to fetch again)")
 	f.DurationVar(&timeout, "timeout", 10*time.Second, "how long a request waits for an unreachable origin before it fails")
 	f.DurationVar(&cfg.PromiseTTL, "promise-ttl", cfg.PromiseTTL, "longest callback promise given to clients (never past the proxy's own from the origin)")
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break (keep it below the origin's)")
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
 	f.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after a start, how long changes wait for clients of the previous life to reconnect")
+	cmd.AddCommand(proxyStatsCmd())
 	return cmd
+}
+
+// statsServer answers hoard proxy stats.
+type statsServer struct {
+	pb.UnimplementedProxyServer
+	p *proxy.Proxy
+}
+
+func (s statsServer) Stats(context.Context, *pb.ProxyStatsRequest) (*pb.ProxyStatsReply, error) {
+	st := s.p.Stats()
+	return &pb.ProxyStatsReply{Origin: s.p.Origin(), Layout: st.Layout, Hits: st.Hits, Misses: st.Misses,
+		BytesServed: st.BytesServed, BytesFetched: st.BytesFetched, Evictions: st.Evictions, Torn: st.Torn,
+		Files: st.Files, Runs: st.Runs, Chunks: st.Chunks, BytesUsed: st.BytesUsed, Limit: st.Limit,
+		ChunkSize: st.ChunkSize, Epoch: s.p.Epoch()}, nil
+}
+
+func proxyStatsCmd() *cobra.Command {
+	var addr string
+	var timeout time.Duration
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "stats --proxy ADDR",
+		Short: "a running proxy's hit ratio, bytes served and fetched from the origin, store fragmentation, evictions",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, _, err := net.SplitHostPort(addr); err != nil {
+				return usagef("--proxy %q: %v", addr, err)
+			}
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return usagef("--proxy %s: %v", addr, err)
+			}
+			defer conn.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			r, err := pb.NewProxyClient(conn).Stats(ctx, &pb.ProxyStatsRequest{}, grpc.WaitForReady(true))
+			switch status.Code(err) {
+			case codes.OK:
+			case codes.Unimplemented:
+				return fmt.Errorf("%s is not a hoard proxy (a file server?)", addr)
+			case codes.DeadlineExceeded:
+				return fmt.Errorf("proxy %s: no answer within %v", addr, timeout)
+			default:
+				return fmt.Errorf("proxy %s: %v", addr, status.Convert(err).Message())
+			}
+			if asJSON {
+				b, _ := protojson.MarshalOptions{EmitUnpopulated: true, UseProtoNames: true}.Marshal(r)
+				fmt.Println(string(b))
+				return nil
+			}
+			printProxyStats(addr, r)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&addr, "proxy", "127.0.0.1:7200", "the proxy's address")
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for the proxy")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the counters as JSON")
+	return cmd
+}
+
+func printProxyStats(addr string, r *pb.ProxyStatsReply) {
+	ratio, avg := 0.0, 0.0
+	if r.Hits+r.Misses > 0 {
+		ratio = float64(r.Hits) / float64(r.Hits+r.Misses)
+	}
+	if r.Runs > 0 {
+		avg = float64(r.Chunks) / float64(r.Runs)
+	}
+	fmt.Printf("proxy %s, epoch %d, store layout %s, chunk %d bytes\n", addr, r.Epoch, r.Layout, r.ChunkSize)
+	fmt.Printf("hit ratio:        %.1f%% (%d chunk reads from the store, %d from the origin)\n", 100*ratio, r.Hits, r.Misses)
+	fmt.Printf("served clients:   %d bytes\n", r.BytesServed)
+	fmt.Printf("fetched from origin %s: %d bytes\n", r.Origin, r.BytesFetched)
+	fmt.Printf("store:            %d of %d bytes, %d files, %d chunks in %d runs\n", r.BytesUsed, r.Limit, r.Files, r.Chunks, r.Runs)
+	fmt.Printf("average run:      %.2f chunks (%.0f bytes)\n", avg, avg*float64(r.ChunkSize))
+	fmt.Printf("evictions:        %d runs\n", r.Evictions)
+	fmt.Printf("torn after crash: %d chunks (dropped, never served)\n", r.Torn)
 }

@@ -104,7 +104,7 @@ func serverCmd() *cobra.Command {
 
 // serve answers srv's RPCs on lis until SIGTERM or SIGINT, announcing
 // itself (`hoard NAME: banner`) once it listens.
-func serve(name string, srv *server.Server, lis net.Listener, banner string) error {
+func serve(name string, srv *server.Server, lis net.Listener, banner string, register ...func(*grpc.Server)) error {
 	g := grpc.NewServer(
 		grpc.UnaryInterceptor(srv.Trace), grpc.StreamInterceptor(srv.TraceStream),
 		grpc.MaxRecvMsgSize(16<<20),
@@ -113,6 +113,9 @@ func serve(name string, srv *server.Server, lis net.Listener, banner string) err
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 	)
 	pb.RegisterFileServerServer(g, srv)
+	for _, r := range register {
+		r(g)
+	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	errc := make(chan error, 1)

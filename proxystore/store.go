@@ -1,0 +1,669 @@
+// Package proxystore is the caching proxy's disk store of the origin's file
+// data (seed 004, Hades, chapter 5): chunks of remote files, each of one
+// data version, kept in a fixed amount of local disk.
+//
+// Two layouts share the index and the replacement policy:
+//
+//   - pooled (the default): a few large cache files, preallocated at
+//     start, in 4 KiB blocks tracked by a bitmap. The chunks of one remote
+//     file are placed next to each other (a file's first chunk reserves
+//     room for the rest), and the files one user reads are placed one after
+//     the other, so a later read of the same set is a sequential read of
+//     the disk.
+//   - per-chunk: one cache file per chunk, as OpenAFS's cache manager does;
+//     kept to measure the pooled layout against.
+//
+// The index maps a file to its runs: consecutive chunks stored
+// contiguously. Finding a chunk is one map lookup and a binary search, and
+// a chunk that continues a run extends it in place, so the cold path does
+// not pay a hash insertion per chunk or block. Replacement is by run:
+// among the least recently used runs, one that was quick to fetch is
+// evicted first, since fetching it again is cheap; otherwise the least
+// recently used run goes.
+//
+// The index is persisted (bbolt) in the background and at Close, so a
+// restart does not read the data. Every chunk carries a CRC32C; after an
+// unclean stop each chunk is checked against it the first time it is
+// read, so a chunk torn by a crash, or one whose blocks were reused before
+// the index caught up, is never served.
+package proxystore
+
+import (
+	"container/list"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+
+	"github.com/hoardfs/hoard/node"
+)
+
+// Layout names.
+const (
+	Pooled   = "pooled"
+	PerChunk = "per-chunk"
+)
+
+// ErrNoSpace: no room can be made for a chunk (the store is too small for
+// it, or every run is being written).
+var ErrNoSpace = errors.New("proxystore: no space for the chunk")
+
+const blockSize = 4096
+
+// Options configure Open.
+type Options struct {
+	// Dir holds the store; it is created if missing.
+	Dir string
+	// Size bounds the bytes stored (rounded down to 4 KiB blocks). The
+	// pooled layout preallocates all of it at creation.
+	Size int64
+	// ChunkSize is the unit of fetching: a power of two from 4 KiB up.
+	ChunkSize int64
+	// Layout is Pooled (default) or PerChunk. A store made with another
+	// layout, size, chunk size or number of pools is emptied and made
+	// anew: it is a cache.
+	Layout string
+	// Pools is how many cache files the pooled layout uses (default 4).
+	Pools int
+	// FastFetch: a run whose chunks were fetched quicker than this is
+	// cheap to fetch again, and is evicted before older, slower ones
+	// (default 10 ms).
+	FastFetch time.Duration
+}
+
+// Key names a chunk: a file and the chunk's index in it.
+type Key struct {
+	FID node.FID
+	Idx int64
+}
+
+// Store is an open proxy store. Its methods are safe for concurrent use.
+type Store struct {
+	dir    string
+	cs     int64
+	cb     int64 // blocks per chunk
+	limit  int64 // blocks
+	layout layout
+	name   string
+	fast   time.Duration
+	db     *bolt.DB
+	lock   *os.File
+
+	mu      sync.Mutex
+	files   map[node.FID]*file
+	lru     *list.List // of *run, most recent at the front
+	used    int64      // blocks
+	nruns   int64
+	nchunks int64
+	pending map[node.FID]bool // records to write
+
+	hits, misses, served, fetched, evictions, torn atomic.Int64
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// file is what the store holds of one remote file: one data version.
+type file struct {
+	fid  node.FID
+	dv   uint64
+	size int64
+	runs []*run // sorted by first, not overlapping
+	// zone is the room reserved for the file's next chunks (pooled).
+	zone zone
+}
+
+// run is consecutive chunks of one file stored contiguously.
+type run struct {
+	f     *file
+	first int64
+	at    loc
+	crcs  []uint32 // one per chunk
+	last  int64    // bytes in the last chunk
+	took  time.Duration
+	// unverified has a bit set per chunk not yet checked against its CRC
+	// (after an unclean stop); nil when all are.
+	unverified []uint64
+	elem       *list.Element
+	dead       bool
+}
+
+func (r *run) n() int64 { return int64(len(r.crcs)) }
+
+// chunkLen is chunk i's length (i counted from r.first).
+func (r *run) chunkLen(i, cs int64) int64 {
+	if i == r.n()-1 {
+		return r.last
+	}
+	return cs
+}
+
+func blocks(n int64) int64 { return (n + blockSize - 1) / blockSize }
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Open opens the store in o.Dir, making it if needed.
+func Open(o Options) (*Store, error) {
+	if o.Layout == "" {
+		o.Layout = Pooled
+	}
+	if o.Layout != Pooled && o.Layout != PerChunk {
+		return nil, fmt.Errorf("layout %q: want %s or %s", o.Layout, Pooled, PerChunk)
+	}
+	if o.ChunkSize < blockSize || o.ChunkSize&(o.ChunkSize-1) != 0 {
+		return nil, fmt.Errorf("chunk size %d: want a power of two of at least 4 KiB", o.ChunkSize)
+	}
+	if o.Pools <= 0 {
+		o.Pools = 4
+	}
+	if o.FastFetch <= 0 {
+		o.FastFetch = 10 * time.Millisecond
+	}
+	limit := o.Size / blockSize
+	if limit < o.ChunkSize/blockSize*int64(o.Pools) {
+		return nil, fmt.Errorf("store size %d: too small for %d pools of one %d-byte chunk", o.Size, o.Pools, o.ChunkSize)
+	}
+	s := &Store{dir: o.Dir, cs: o.ChunkSize, cb: o.ChunkSize / blockSize, limit: limit, name: o.Layout, fast: o.FastFetch,
+		files: map[node.FID]*file{}, lru: list.New(), pending: map[node.FID]bool{},
+		stop: make(chan struct{}), done: make(chan struct{})}
+	if err := s.open(o); err != nil {
+		if s.db != nil {
+			s.db.Close()
+		}
+		if s.layout != nil {
+			s.layout.close()
+		}
+		if s.lock != nil {
+			s.lock.Close()
+		}
+		return nil, err
+	}
+	go s.committer()
+	return s, nil
+}
+
+func (s *Store) open(o Options) error {
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return err
+	}
+	lock, err := os.OpenFile(filepath.Join(s.dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	s.lock = lock
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return fmt.Errorf("store %s is in use by another process", s.dir)
+	}
+	format := formatOf(o.Layout, s.limit, s.cs, o.Pools)
+	clean, err := s.openIndex(format)
+	if errors.Is(err, errFormat) {
+		slog.Warn("proxy store made differently; emptying it", "dir", s.dir, "err", err, "now", format)
+		s.db.Close()
+		for _, p := range []string{"index.db", "chunks", "pool-"} {
+			paths, _ := filepath.Glob(filepath.Join(s.dir, p+"*"))
+			for _, p := range paths {
+				if err := os.RemoveAll(p); err != nil {
+					return err
+				}
+			}
+		}
+		clean, err = s.openIndex(format)
+	}
+	if err != nil {
+		return err
+	}
+	if o.Layout == Pooled {
+		s.layout, err = openPools(s.dir, o.Pools, s.limit/int64(o.Pools), s.cb)
+	} else {
+		s.layout, err = openChunkFiles(s.dir)
+	}
+	if err != nil {
+		return err
+	}
+	if err := s.load(clean); err != nil {
+		return fmt.Errorf("index %s: %w", filepath.Join(s.dir, "index.db"), err)
+	}
+	if !clean {
+		held := map[loc]bool{}
+		for _, f := range s.files {
+			for _, r := range f.runs {
+				held[r.at] = true
+			}
+		}
+		if err := s.layout.forget(held); err != nil {
+			return err
+		}
+	}
+	// From here on the store is in use: a crash must trigger verification.
+	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktMeta).Put(keyClean, []byte("0")) }); err != nil {
+		return err
+	}
+	return s.db.Sync()
+}
+
+var errFormat = errors.New("store made with other parameters")
+
+// openIndex opens index.db, made for format, and reads its counters; it
+// reports whether the store was closed cleanly.
+func (s *Store) openIndex(format string) (clean bool, err error) {
+	if s.db, err = bolt.Open(filepath.Join(s.dir, "index.db"), 0o600, &bolt.Options{Timeout: time.Second}); err != nil {
+		return false, fmt.Errorf("index %s: %w", filepath.Join(s.dir, "index.db"), err)
+	}
+	// Commits are not synced while running (that would write back the
+	// chunks' blocks with them); the clean flag is synced at Open and
+	// Close, and an unclean index is verified chunk by chunk.
+	s.db.NoSync = true
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bktMeta)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucketIfNotExists(bktFiles); err != nil {
+			return err
+		}
+		switch have := string(meta.Get(keyFormat)); have {
+		case "":
+			if err := meta.Put(keyFormat, []byte(format)); err != nil {
+				return err
+			}
+		case format:
+		default:
+			return fmt.Errorf("%w: %s", errFormat, have)
+		}
+		clean = string(meta.Get(keyClean)) == "1"
+		if v := meta.Get(keyStats); v != nil {
+			var st Stats
+			if json.Unmarshal(v, &st) == nil {
+				s.hits.Store(st.Hits)
+				s.misses.Store(st.Misses)
+				s.served.Store(st.BytesServed)
+				s.fetched.Store(st.BytesFetched)
+				s.evictions.Store(st.Evictions)
+				s.torn.Store(st.Torn)
+			}
+		}
+		return nil
+	})
+	return clean, err
+}
+
+func formatOf(layout string, limit, cs int64, pools int) string {
+	if layout == PerChunk {
+		pools = 0
+	}
+	return fmt.Sprintf("%s size=%d chunk=%d pools=%d", layout, limit*blockSize, cs, pools)
+}
+
+// Layout is the store's layout name.
+func (s *Store) Layout() string { return s.name }
+
+// ChunkSize is the store's chunk size.
+func (s *Store) ChunkSize() int64 { return s.cs }
+
+// ReadAt reads chunk k of version dv from off within the chunk into p.
+// It reports false when the store does not hold it; a chunk of an older
+// version is dropped then.
+func (s *Store) ReadAt(k Key, dv uint64, p []byte, off int64) (int, bool) {
+	for {
+		s.mu.Lock()
+		r, i := s.findLocked(k, dv)
+		if r == nil {
+			s.mu.Unlock()
+			s.misses.Add(1)
+			return 0, false
+		}
+		s.lru.MoveToFront(r.elem)
+		n := r.chunkLen(i, s.cs)
+		at := s.layout.at(r.at, i)
+		check := r.unverified != nil && r.unverified[i/64]&(1<<(i%64)) != 0
+		crc := r.crcs[i]
+		s.mu.Unlock()
+		if off >= n {
+			s.hits.Add(1)
+			return 0, true
+		}
+		if check {
+			if !s.verify(r, i, at, n, crc) {
+				continue // dropped: look again (a miss now)
+			}
+		}
+		got, err := s.layout.readAt(at, p[:min(int64(len(p)), n-off)], off)
+		s.mu.Lock()
+		alive := !r.dead
+		s.mu.Unlock()
+		// A run evicted during the read may have had its blocks reused.
+		if err != nil || !alive {
+			s.misses.Add(1)
+			return 0, false
+		}
+		s.hits.Add(1)
+		return got, true
+	}
+}
+
+// verify checks chunk i of r against its CRC, dropping r if it is torn.
+func (s *Store) verify(r *run, i int64, at loc, n int64, crc uint32) bool {
+	buf := make([]byte, n)
+	_, err := s.layout.readAt(at, buf, 0)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.dead {
+		return false
+	}
+	if err != nil || crc32.Checksum(buf, castagnoli) != crc {
+		s.torn.Add(1)
+		s.dropChunkLocked(r, i)
+		return false
+	}
+	r.unverified[i/64] &^= 1 << (i % 64)
+	for _, w := range r.unverified {
+		if w != 0 {
+			return true
+		}
+	}
+	r.unverified = nil
+	return true
+}
+
+// findLocked returns the run holding chunk k of version dv and the chunk's
+// position in it.
+func (s *Store) findLocked(k Key, dv uint64) (*run, int64) {
+	f := s.files[k.FID]
+	if f == nil {
+		return nil, 0
+	}
+	if f.dv != dv {
+		if dv > f.dv {
+			s.dropFileLocked(f) // versions only grow: this one is gone
+		}
+		return nil, 0
+	}
+	j := sort.Search(len(f.runs), func(j int) bool { return f.runs[j].first+f.runs[j].n() > k.Idx })
+	if j == len(f.runs) || f.runs[j].first > k.Idx {
+		return nil, 0
+	}
+	return f.runs[j], k.Idx - f.runs[j].first
+}
+
+// Put stores chunk k of version dv of a file of size bytes, fetched in
+// took for user; the chunks one user fetches are placed together. A
+// chunk of a version older than the one held is not stored.
+func (s *Store) Put(k Key, dv uint64, size int64, data []byte, user string, took time.Duration) error {
+	if len(data) == 0 || int64(len(data)) > s.cs {
+		return fmt.Errorf("chunk %v/%d: %d bytes, want 1 to %d", k.FID, k.Idx, len(data), s.cs)
+	}
+	nb := blocks(int64(len(data)))
+	s.mu.Lock()
+	f := s.files[k.FID]
+	switch {
+	case f == nil:
+		f = &file{fid: k.FID, dv: dv, size: size}
+		s.files[k.FID] = f
+	case dv < f.dv:
+		s.mu.Unlock()
+		return nil
+	case dv > f.dv:
+		s.dropFileLocked(f)
+		f = &file{fid: k.FID, dv: dv, size: size}
+		s.files[k.FID] = f
+	}
+	if r, _ := s.findLocked(k, dv); r != nil {
+		s.mu.Unlock()
+		return nil // a concurrent fetch stored it
+	}
+	at, ok := s.placeLocked(f, k.Idx, nb, user)
+	s.mu.Unlock()
+	if !ok {
+		return ErrNoSpace
+	}
+	err := s.layout.writeAt(at, data)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil || s.files[k.FID] != f {
+		// Failed, or the file changed meanwhile: give the room back.
+		s.layout.release(at, nb)
+		s.used -= nb
+		return err
+	}
+	s.publishLocked(f, k.Idx, at, crc32.Checksum(data, castagnoli), int64(len(data)), took)
+	return nil
+}
+
+// placeLocked finds room for nb blocks of chunk idx of f, evicting runs
+// until there is.
+func (s *Store) placeLocked(f *file, idx, nb int64, user string) (loc, bool) {
+	for {
+		if s.used+nb <= s.limit {
+			if at, ok := s.layout.place(f, idx, nb, user); ok {
+				s.used += nb
+				return at, true
+			}
+		}
+		if !s.evictLocked() {
+			return loc{}, false
+		}
+	}
+}
+
+// evictCandidates is how many of the least recently used runs eviction
+// looks at for one that was quick to fetch.
+const evictCandidates = 8
+
+// evictLocked frees one run; false if there is none.
+func (s *Store) evictLocked() bool {
+	victim := s.lru.Back()
+	if victim == nil {
+		return false
+	}
+	for e, i := victim, 0; e != nil && i < evictCandidates; e, i = e.Prev(), i+1 {
+		if e.Value.(*run).took < s.fast {
+			victim = e
+			break
+		}
+	}
+	s.evictions.Add(1)
+	s.dropRunLocked(victim.Value.(*run))
+	return true
+}
+
+// publishLocked makes a written chunk visible: it extends the run it
+// continues, or starts one, and joins the run that follows if that
+// continues it in turn.
+func (s *Store) publishLocked(f *file, idx int64, at loc, crc uint32, n int64, took time.Duration) {
+	j := sort.Search(len(f.runs), func(j int) bool { return f.runs[j].first > idx })
+	var r *run
+	if j > 0 {
+		if p := f.runs[j-1]; p.first+p.n() == idx && p.last == s.cs && s.layout.at(p.at, p.n()) == at {
+			r = p
+			r.crcs = append(r.crcs, crc)
+			r.last, r.took = n, max(r.took, took)
+			if r.unverified != nil {
+				r.unverified = append(r.unverified, make([]uint64, (r.n()+63)/64-int64(len(r.unverified)))...)
+			}
+			s.lru.MoveToFront(r.elem)
+		}
+	}
+	if r == nil {
+		r = &run{f: f, first: idx, at: at, crcs: []uint32{crc}, last: n, took: took}
+		r.elem = s.lru.PushFront(r)
+		f.runs = append(f.runs, nil)
+		copy(f.runs[j+1:], f.runs[j:])
+		f.runs[j] = r
+		s.nruns++
+		j++
+	}
+	s.nchunks++
+	if j < len(f.runs) {
+		if q := f.runs[j]; q.first == idx+1 && n == s.cs && s.layout.at(r.at, r.n()) == q.at && q.unverified == nil && r.unverified == nil {
+			r.crcs = append(r.crcs, q.crcs...)
+			r.last, r.took = q.last, max(r.took, q.took)
+			s.lru.Remove(q.elem)
+			q.dead = true
+			f.runs = append(f.runs[:j], f.runs[j+1:]...)
+			s.nruns--
+		}
+	}
+	s.pending[f.fid] = true
+}
+
+// dropRunLocked frees r's room.
+func (s *Store) dropRunLocked(r *run) {
+	if r.dead {
+		return
+	}
+	r.dead = true
+	s.lru.Remove(r.elem)
+	var nb int64
+	for i := range r.n() {
+		nb += blocks(r.chunkLen(i, s.cs))
+	}
+	s.layout.free(r.at, r.n(), r.last)
+	s.used -= nb
+	s.nruns--
+	s.nchunks -= r.n()
+	f := r.f
+	for j, q := range f.runs {
+		if q == r {
+			f.runs = append(f.runs[:j], f.runs[j+1:]...)
+			break
+		}
+	}
+	if len(f.runs) == 0 && s.files[f.fid] == f {
+		delete(s.files, f.fid)
+	}
+	s.pending[f.fid] = true
+}
+
+// dropChunkLocked frees chunk i of r, splitting r around it.
+func (s *Store) dropChunkLocked(r *run, i int64) {
+	if r.n() == 1 {
+		s.dropRunLocked(r)
+		return
+	}
+	f := r.f
+	j := 0
+	for f.runs[j] != r {
+		j++
+	}
+	if i+1 < r.n() {
+		t := &run{f: f, first: r.first + i + 1, at: s.layout.at(r.at, i+1), crcs: append([]uint32(nil), r.crcs[i+1:]...),
+			last: r.last, took: r.took, unverified: bitRange(r.unverified, i+1, r.n())}
+		t.elem = s.lru.InsertAfter(t, r.elem)
+		f.runs = append(f.runs[:j+1], append([]*run{t}, f.runs[j+1:]...)...)
+		s.nruns++
+	}
+	nb := blocks(r.chunkLen(i, s.cs))
+	s.layout.release(s.layout.at(r.at, i), nb)
+	s.used -= nb
+	s.nchunks--
+	if i == 0 {
+		r.dead = true
+		s.lru.Remove(r.elem)
+		f.runs = append(f.runs[:j], f.runs[j+1:]...)
+		s.nruns--
+	} else {
+		r.crcs, r.last, r.unverified = r.crcs[:i], s.cs, bitRange(r.unverified, 0, i)
+	}
+	s.pending[f.fid] = true
+}
+
+// bitRange is bits [from, to) of b as a bitset of their own; nil for nil.
+func bitRange(b []uint64, from, to int64) []uint64 {
+	if b == nil {
+		return nil
+	}
+	out := make([]uint64, (to-from+63)/64)
+	for i := from; i < to; i++ {
+		if b[i/64]&(1<<(i%64)) != 0 {
+			out[(i-from)/64] |= 1 << ((i - from) % 64)
+		}
+	}
+	return out
+}
+
+func (s *Store) dropFileLocked(f *file) {
+	for len(f.runs) > 0 {
+		s.dropRunLocked(f.runs[0])
+	}
+	if s.files[f.fid] == f {
+		delete(s.files, f.fid)
+	}
+	s.pending[f.fid] = true
+}
+
+// Drop forgets everything held of fid.
+func (s *Store) Drop(fid node.FID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f := s.files[fid]; f != nil {
+		s.dropFileLocked(f)
+	}
+}
+
+// CountServed and CountFetched add to the bytes served to clients and
+// fetched from the origin, kept with the store's statistics.
+func (s *Store) CountServed(n int64)  { s.served.Add(n) }
+func (s *Store) CountFetched(n int64) { s.fetched.Add(n) }
+
+func syncfs(f *os.File) error { return unix.Syncfs(int(f.Fd())) }
+
+// Stats are the store's counters; the cumulative ones survive restarts.
+type Stats struct {
+	Layout       string `json:"layout"`
+	Hits         int64  `json:"hits"`
+	Misses       int64  `json:"misses"`
+	BytesServed  int64  `json:"bytes_served"`
+	BytesFetched int64  `json:"bytes_fetched"`
+	Evictions    int64  `json:"evictions"`
+	// Torn counts chunks found not to match their CRC after a crash.
+	Torn      int64 `json:"torn"`
+	Files     int64 `json:"files"`
+	Runs      int64 `json:"runs"`
+	Chunks    int64 `json:"chunks"`
+	BytesUsed int64 `json:"bytes_used"`
+	Limit     int64 `json:"limit"`
+	ChunkSize int64 `json:"chunk_size"`
+}
+
+// Stats returns the store's counters.
+func (s *Store) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.statsLocked()
+}
+
+func (s *Store) statsLocked() Stats {
+	return Stats{Layout: s.name, Hits: s.hits.Load(), Misses: s.misses.Load(), BytesServed: s.served.Load(),
+		BytesFetched: s.fetched.Load(), Evictions: s.evictions.Load(), Torn: s.torn.Load(),
+		Files: int64(len(s.files)), Runs: s.nruns, Chunks: s.nchunks, BytesUsed: s.used * blockSize,
+		Limit: s.limit * blockSize, ChunkSize: s.cs}
+}
+
+// Close writes the index, marks the store clean and closes it.
+func (s *Store) Close() error {
+	close(s.stop)
+	<-s.done
+	// The chunks must be on disk before the index says they need no check.
+	err := syncfs(s.lock)
+	if err == nil {
+		err = s.commit(true)
+	}
+	if cerr := s.layout.close(); err == nil {
+		err = cerr
+	}
+	if cerr := s.db.Close(); err == nil {
+		err = cerr
+	}
+	s.lock.Close()
+	return err
+}
