@@ -99,6 +99,9 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"proxy", "--origin", "noport", "--cache", tmp}, "noport"},
 		{[]string{"proxy", "--origin", "127.0.0.1:9", "--cache", file}, file},
 		{[]string{"proxy", "--origin", "127.0.0.1:9", "--cache", filepath.Join(tmp, "fresh3"), "--timeout", "1s"}, "127.0.0.1:9"},
+		{[]string{"proxy", "--origin", "127.0.0.1:9", "--cache", filepath.Join(tmp, "fresh4"), "--layout", "striped"}, "striped"},
+		{[]string{"proxy", "--origin", "127.0.0.1:9", "--cache", filepath.Join(tmp, "fresh5"), "--fast-fetch", "0s"}, "--fast-fetch"},
+		{[]string{"proxy", "stats", "--proxy", "noport"}, "noport"},
 	}
 	if os.Getuid() != 0 {
 		cases = append(cases, struct {
@@ -112,7 +115,7 @@ func TestCLIBadInput(t *testing.T) {
 			t.Errorf("hoard %v: exit %d, output %q; want exit 2 and one line mentioning %q", c.args, code, out, c.want)
 		}
 	}
-	for _, d := range []string{"missing", "fresh1", "fresh2", "fresh3"} {
+	for _, d := range []string{"missing", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5"} {
 		if _, err := os.Stat(filepath.Join(tmp, d)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("a refused server or proxy invocation left %s behind", d)
 		}

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io/fs"
 	"math/rand/v2"
@@ -9,28 +10,34 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/hoardfs/hoard/cache"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/hoardfs/hoard/client"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
 )
 
-// proxyStats waits for the proxy to publish statistics written after
-// since, and returns them.
-func proxyStats(t *testing.T, dir string, since time.Time) cache.Stats {
+// proxyStats asks the proxy at addr for its counters, as hoard proxy
+// stats does.
+func proxyStats(t *testing.T, addr string) *pb.ProxyStatsReply {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		s, err := cache.ReadStats(filepath.Join(dir, "cache"))
-		if err == nil && s.Updated.After(since) {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("proxy statistics not updated since %v: %v", since, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := pb.NewProxyClient(conn).Stats(ctx, &pb.ProxyStatsRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatalf("proxy stats from %s: %v", addr, err)
+	}
+	return r
 }
 
 func randomBytes(seed uint64, n int) []byte {
@@ -79,9 +86,13 @@ func TestProxyReadThrough(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	s := proxyStats(t, px.data, time.Now())
+	s := proxyStats(t, px.addr)
 	if s.BytesFetched != int64(len(data)) {
 		t.Fatalf("the proxy fetched %d bytes from the origin for %d readers of a %d-byte file; want the file once", s.BytesFetched, readers, len(data))
+	}
+	// The pooled store keeps the file's chunks together: one run.
+	if s.Layout != "pooled" || s.Files != 1 || s.Runs != 1 || s.Chunks != 13 {
+		t.Fatalf("store after one 13-chunk file: %v, want pooled, 1 file, 13 chunks in 1 run", s)
 	}
 
 	// A late reader, and a listing and a stat through the proxy.
@@ -97,8 +108,8 @@ func TestProxyReadThrough(t *testing.T) {
 	if err != nil || st.Size != uint64(len(data)) {
 		t.Fatalf("stat through the proxy: %+v %v", st, err)
 	}
-	if s := proxyStats(t, px.data, time.Now()); s.BytesFetched != int64(len(data)) {
-		t.Fatalf("the proxy fetched %d bytes from the origin after a late reader; want %d", s.BytesFetched, len(data))
+	if s := proxyStats(t, px.addr); s.BytesFetched != int64(len(data)) || s.Hits < 13 || s.BytesServed < 2*int64(len(data)) {
+		t.Fatalf("after a late reader the proxy fetched %d bytes from the origin (want %d), served %d from %d store hits", s.BytesFetched, len(data), s.BytesServed, s.Hits)
 	}
 	if _, err := late.Stat("/nothing"); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("stat of a missing file through the proxy: %v, want not exist", err)
@@ -230,5 +241,207 @@ func TestProxyOriginAway(t *testing.T) {
 	again := dial(t, origin.addr, "mem", 64<<20)
 	if got := string(readFile(t, again, "/after")); got != "after" {
 		t.Fatalf("origin has %q for a file written through the proxy", got)
+	}
+}
+
+// A proxy killed with kill -9 while fetching serves, once restarted, the
+// right bytes of every file: what it had stored is kept, and a chunk
+// whose bytes did not reach its disk (torn here on purpose, in the pool
+// file) is found by its checksum and fetched again, never served.
+func TestProxyKilledMidFetch(t *testing.T) {
+	tmp := t.TempDir()
+	origin := startServer(t, filepath.Join(tmp, "origin"))
+	pdir := filepath.Join(tmp, "proxy")
+	px := startProxy(t, origin, pdir)
+	direct := dial(t, origin.addr, "mem", 64<<20)
+	small := randomBytes(3, 1<<20)
+	big := randomBytes(4, 64<<20)
+	writeFile(t, direct, "/small", small)
+	writeFile(t, direct, "/big", big)
+
+	if !bytes.Equal(readFile(t, dial(t, px.addr, "mem", 64<<20), "/small"), small) {
+		t.Fatal("first read of /small through the proxy")
+	}
+	time.Sleep(1500 * time.Millisecond) // the store's index is written every second
+
+	c, err := client.Dial(client.Options{Server: px.addr, CacheSize: 128 << 20, RPCTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if f, err := c.Open("/big", os.O_RDONLY, 0); err == nil {
+			f.ReadAt(make([]byte, len(big)), 0)
+			f.Close()
+		}
+	}()
+	var at int64
+	for deadline := time.Now().Add(10 * time.Second); at == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy fetched nothing of /big in 10 s")
+		}
+		at = proxyStats(t, px.addr).BytesFetched - int64(len(small))
+	}
+	px.kill9()
+	c.Close()
+	<-done
+	if at >= int64(len(big)) {
+		t.Logf("the read of /big ended before the kill could catch it")
+	}
+
+	// Tear chunk 1 of /small: its second half never reached the disk.
+	const cs = 256 << 10
+	tear(t, filepath.Join(pdir, "store"), small[cs:cs+4096], cs)
+
+	px.restart()
+	before := proxyStats(t, px.addr)
+	r := dial(t, px.addr, "mem", 128<<20)
+	if !bytes.Equal(readFile(t, r, "/small"), small) {
+		t.Fatal("after a crash and a torn chunk, /small read wrong through the proxy")
+	}
+	if !bytes.Equal(readFile(t, r, "/big"), big) {
+		t.Fatal("after a crash mid-fetch, /big read wrong through the proxy")
+	}
+	after := proxyStats(t, px.addr)
+	if after.Torn != before.Torn+1 {
+		t.Fatalf("torn chunks found: %d, want 1", after.Torn-before.Torn)
+	}
+	if got := after.BytesFetched - before.BytesFetched; got < cs || got > int64(len(big))+cs {
+		t.Fatalf("after the restart the proxy fetched %d bytes: want the torn chunk and what /big lacked", got)
+	}
+}
+
+// tear finds the chunk that starts with head in a pool file of the store
+// in dir, and zeroes its second half.
+func tear(t *testing.T, dir string, head []byte, cs int) {
+	t.Helper()
+	pools, _ := filepath.Glob(filepath.Join(dir, "pool-*"))
+	buf := make([]byte, len(head))
+	for _, p := range pools {
+		f, err := os.OpenFile(p, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fi, _ := f.Stat()
+		for off := int64(0); off < fi.Size(); off += 4096 {
+			if _, err := f.ReadAt(buf, off); err == nil && bytes.Equal(buf, head) {
+				_, err := f.WriteAt(make([]byte, cs/2), off+int64(cs/2))
+				f.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+		}
+		f.Close()
+	}
+	t.Fatalf("no chunk starting with the bytes given in %v", pools)
+}
+
+// A client of the proxy asking for a file that does not exist, or in a
+// volume the origin does not have, gets an error saying so; the proxy
+// goes on serving.
+func TestProxyUnknownFID(t *testing.T) {
+	tmp := t.TempDir()
+	origin := startServer(t, filepath.Join(tmp, "origin"))
+	px := startProxy(t, origin, filepath.Join(tmp, "proxy"))
+	direct := dial(t, origin.addr, "mem", 64<<20)
+	writeFile(t, direct, "/f", []byte("here"))
+	c := dial(t, px.addr, "mem", 64<<20)
+	st, err := c.Stat("/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		what string
+		fid  node.FID
+	}{
+		{"a removed vnode", node.FID{Volume: st.FID.Volume, Vnode: st.FID.Vnode, Unique: st.FID.Unique + 1}},
+		{"a vnode never made", node.FID{Volume: st.FID.Volume, Vnode: 1 << 40, Unique: 1}},
+		{"a volume the origin does not have", node.FID{Volume: 4242, Vnode: 1, Unique: 1}},
+	} {
+		n := c.NodeOf(tc.fid)
+		if _, err := c.StatusOf(n); !errors.Is(err, syscall.ESTALE) && !errors.Is(err, syscall.ENOENT) {
+			t.Fatalf("status of %s (%v) through the proxy: %v, want ESTALE or ENOENT", tc.what, tc.fid, err)
+		}
+		if _, _, err := c.FetchChunk(n, 0); err == nil {
+			t.Fatalf("fetch of %s (%v) through the proxy succeeded", tc.what, tc.fid)
+		}
+	}
+	if _, err := c.Volume("", 4242); pb.Errno(err) != syscall.ENOENT {
+		t.Fatalf("volume 4242 through the proxy: %v, want ENOENT", err)
+	}
+	if got := string(readFile(t, c, "/f")); got != "here" {
+		t.Fatalf("after the bad requests the proxy served %q", got)
+	}
+}
+
+// With the proxy's disk full: a pooled store that does not fit is refused
+// at start with a clear error; a store that finds the disk full while
+// running serves reads all the same, from memory; a write through the
+// proxy that cannot be staged fails at the writer, and works again once
+// there is room.
+func TestProxyDiskFull(t *testing.T) {
+	tmp := t.TempDir()
+	disk := filepath.Join(tmp, "disk")
+	if err := os.Mkdir(disk, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", disk, "tmpfs", 0, "size=24m"); err != nil {
+		if os.Getenv("HOARD_REQUIRE_FUSE") != "" {
+			t.Fatalf("mounting a small tmpfs for a full disk: %v", err)
+		}
+		t.Skipf("SKIP: cannot mount a small tmpfs for a full disk: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(disk, syscall.MNT_DETACH) })
+	origin := startServer(t, filepath.Join(tmp, "origin"))
+	direct := dial(t, origin.addr, "mem", 64<<20)
+
+	out, code := run(t, "proxy", "--origin", origin.addr, "--cache", filepath.Join(disk, "big"), "--cache-size", "64M", "--listen", freeAddr(t))
+	if code != 2 || !strings.Contains(out, "no room") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+		t.Fatalf("a pooled store larger than the disk: exit %d, %q; want exit 2 and one line saying there is no room", code, out)
+	}
+	if _, err := os.Stat(filepath.Join(disk, "big")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("the refused proxy left its directory behind")
+	}
+
+	// A per-chunk store takes room as it goes: told it has 64M on a 24M
+	// disk, it finds the disk full halfway through this file.
+	px := startProxy(t, origin, filepath.Join(disk, "pc"), "--layout", "per-chunk", "--cache-size", "64M")
+	data := randomBytes(5, 40<<20)
+	writeFile(t, direct, "/f", data)
+	c := dial(t, px.addr, "mem", 128<<20)
+	if !bytes.Equal(readFile(t, c, "/f"), data) {
+		t.Fatal("with the proxy's disk full, a read through it returned other bytes")
+	}
+	if s := proxyStats(t, px.addr); s.BytesUsed >= 24<<20 || s.BytesServed < int64(len(data)) {
+		t.Fatalf("store %d bytes used on a 24M disk, %d served", s.BytesUsed, s.BytesServed)
+	}
+
+	// Fill what is left; a write through the proxy cannot be staged.
+	pad, err := os.Create(filepath.Join(disk, "pad"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, err = pad.Write(make([]byte, 1<<20)); err == nil; _, err = pad.Write(make([]byte, 1<<20)) {
+	}
+	pad.Close()
+	w := dial(t, px.addr, "mem", 64<<20)
+	f, err := w.Create("/g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write(randomBytes(6, 4<<20))
+	if err := f.Close(); err == nil {
+		t.Fatal("a write through a proxy whose disk is full was acknowledged")
+	}
+	if !bytes.Equal(readFile(t, dial(t, px.addr, "mem", 128<<20), "/f"), data) {
+		t.Fatal("after a failed write, a read through the proxy returned other bytes")
+	}
+	os.Remove(filepath.Join(disk, "pad"))
+	writeFile(t, w, "/h", []byte("room again"))
+	if got := string(readFile(t, direct, "/h")); got != "room again" {
+		t.Fatalf("the origin has %q for a write through the proxy once there was room", got)
 	}
 }

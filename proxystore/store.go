@@ -222,13 +222,19 @@ func (s *Store) open(o Options) error {
 	if err != nil {
 		return err
 	}
+	// Assigned only when opened: a typed nil would not be a nil layout.
 	if o.Layout == Pooled {
-		s.layout, err = openPools(s.dir, o.Pools, s.limit/int64(o.Pools), s.cb)
+		ps, err := openPools(s.dir, o.Pools, s.limit/int64(o.Pools), s.cb)
+		if err != nil {
+			return err
+		}
+		s.layout = ps
 	} else {
-		s.layout, err = openChunkFiles(s.dir)
-	}
-	if err != nil {
-		return err
+		cf, err := openChunkFiles(s.dir)
+		if err != nil {
+			return err
+		}
+		s.layout = cf
 	}
 	if err := s.load(clean); err != nil {
 		return fmt.Errorf("index %s: %w", filepath.Join(s.dir, "index.db"), err)
