@@ -528,3 +528,23 @@ func TestFileGone(t *testing.T) {
 		t.Fatal("delegation or opens left on a removed file")
 	}
 }
+
+// A restarted server's delegation states are not those of its previous
+// life: a client that remembers a state as returned would refuse the
+// same state granted again (seen through a proxy: a write delegation the
+// client never installed held up others' stores for a lease).
+func TestStatesUniqueAcrossEpochs(t *testing.T) {
+	before := map[uint64]bool{}
+	s := NewServer(1, dcfg())
+	a := s.Connect("", t0)
+	for i := range 100 {
+		before[open(t, s, a, fid(uint64(i+1)), true, t0).State] = true
+	}
+	s = NewServer(2, dcfg())
+	a = s.Connect("", t0)
+	for i := range 100 {
+		if st := open(t, s, a, fid(uint64(i+1)), true, t0).State; before[st] {
+			t.Fatalf("epoch 2 granted state %d, which epoch 1 granted too", st)
+		}
+	}
+}

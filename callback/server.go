@@ -163,7 +163,11 @@ func NewServer(epoch uint64, cfg Config) *Server {
 	if cfg.BreakLog <= 0 {
 		cfg.BreakLog = 1 << 16
 	}
-	return &Server{epoch: epoch, cfg: cfg, clients: map[ClientID]*clientState{},
+	// Delegation states count on from epoch<<32: a client remembers what
+	// became of states it was granted (returned, recalled), and a state
+	// of the previous life granted again would meet that memory and be
+	// refused, while the server counts it held.
+	return &Server{epoch: epoch, cfg: cfg, nextState: epoch << 32, clients: map[ClientID]*clientState{},
 		byFID: map[node.FID]map[ClientID]*promise{}, rounds: map[Round]int{}, recent: map[node.FID]uint64{},
 		delegsByFID: map[node.FID]map[ClientID]*deleg{}, opensByFID: map[node.FID]map[ClientID]*openCount{}}
 }

@@ -6,7 +6,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"path"
@@ -454,10 +453,10 @@ func checkFID(what string, f *pb.FID) (node.FID, error) {
 	return f.ToFID(), nil
 }
 
-// fail logs unexpected errors and converts any error for the wire.
+// fail logs unexpected errors and converts any error for the wire. An
+// errno error from the server behind a proxy counts as an errno.
 func (s *Server) fail(method string, err error) error {
-	var errno syscall.Errno
-	if !errors.As(err, &errno) || errno == syscall.EIO || errno == syscall.ENOSPC {
+	if errno := pb.Errno(err); errno == syscall.EIO || errno == syscall.ENOSPC {
 		s.log.Warn(method+" failed", "err", err)
 	}
 	return pb.Err(err)
