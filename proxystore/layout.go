@@ -54,6 +54,9 @@ type layout interface {
 // is stored in zones of this size, one after the other where possible.
 const maxZone = 256
 
+// maxCursors bounds the users whose cursors are kept.
+const maxCursors = 4096
+
 // pools is the pooled layout: a few preallocated cache files, each a
 // bitmap of 4 KiB blocks.
 type pools struct {
@@ -177,6 +180,9 @@ func (ps *pools) place(f *file, idx, nb int64, user string) (loc, bool) {
 	}
 	cur, ok := ps.cursor[user]
 	if !ok {
+		if len(ps.cursor) >= maxCursors {
+			clear(ps.cursor) // users come and go: start them afresh
+		}
 		h := fnv.New32a()
 		h.Write([]byte(user))
 		cur = loc{pool: int32(h.Sum32() % uint32(len(ps.files)))}

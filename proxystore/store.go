@@ -320,13 +320,14 @@ func (s *Store) ChunkSize() int64 { return s.cs }
 // It reports false when the store does not hold it; a chunk of an older
 // version is dropped then.
 func (s *Store) ReadAt(k Key, dv uint64, p []byte, off int64) (int, bool) {
-	for {
+	// Runs split, join and go while the lock is not held: a chunk is
+	// named by its key and its place, looked up again after the read.
+	for range 3 {
 		s.mu.Lock()
 		r, i := s.findLocked(k, dv)
 		if r == nil {
 			s.mu.Unlock()
-			s.misses.Add(1)
-			return 0, false
+			break
 		}
 		s.lru.MoveToFront(r.elem)
 		n := r.chunkLen(i, s.cs)
@@ -338,33 +339,42 @@ func (s *Store) ReadAt(k Key, dv uint64, p []byte, off int64) (int, bool) {
 			s.hits.Add(1)
 			return 0, true
 		}
-		if check {
-			if !s.verify(r, i, at, n, crc) {
-				continue // dropped: look again (a miss now)
-			}
+		if check && !s.verify(k, dv, at, n, crc) {
+			continue
 		}
 		got, err := s.layout.readAt(at, p[:min(int64(len(p)), n-off)], off)
-		s.mu.Lock()
-		alive := !r.dead
-		s.mu.Unlock()
-		// A run evicted during the read may have had its blocks reused.
-		if err != nil || !alive {
-			s.misses.Add(1)
-			return 0, false
+		// A chunk dropped during the read may have had its blocks reused.
+		if err != nil || !s.still(k, dv, at) {
+			continue
 		}
 		s.hits.Add(1)
 		return got, true
 	}
+	s.misses.Add(1)
+	return 0, false
 }
 
-// verify checks chunk i of r against its CRC, dropping r if it is torn.
-func (s *Store) verify(r *run, i int64, at loc, n int64, crc uint32) bool {
+// still reports whether chunk k of dv is stored at at.
+func (s *Store) still(k Key, dv uint64, at loc) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, i := s.findLocked(k, dv)
+	return r != nil && s.layout.at(r.at, i) == at
+}
+
+// verify checks chunk k of dv, stored at at, against its CRC, dropping it
+// if it is torn; false if it is not (or no longer) there.
+func (s *Store) verify(k Key, dv uint64, at loc, n int64, crc uint32) bool {
 	buf := make([]byte, n)
 	_, err := s.layout.readAt(at, buf, 0)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if r.dead {
+	r, i := s.findLocked(k, dv)
+	if r == nil || s.layout.at(r.at, i) != at {
 		return false
+	}
+	if r.unverified == nil || r.unverified[i/64]&(1<<(i%64)) == 0 {
+		return true // verified meanwhile
 	}
 	if err != nil || crc32.Checksum(buf, castagnoli) != crc {
 		s.torn.Add(1)
@@ -435,8 +445,9 @@ func (s *Store) Put(k Key, dv uint64, size int64, data []byte, user string, took
 	err := s.layout.writeAt(at, data)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err != nil || s.files[k.FID] != f {
-		// Failed, or the file changed meanwhile: give the room back.
+	if r, _ := s.findLocked(k, dv); err != nil || s.files[k.FID] != f || r != nil {
+		// Failed, the file changed, or another Put stored the chunk
+		// meanwhile: give the room back.
 		s.layout.release(at, nb)
 		s.used -= nb
 		return err
