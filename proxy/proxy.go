@@ -59,6 +59,7 @@ type Options struct {
 // Proxy is the server.Backend of a caching proxy.
 type Proxy struct {
 	c      *client.Client
+	log    *slog.Logger
 	store  *proxystore.Store
 	origin string
 	epoch  uint64
@@ -93,7 +94,7 @@ func Open(o Options) (p *Proxy, err error) {
 	if err != nil {
 		return nil, err
 	}
-	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, inflight: map[fetchKey]*fetchCall{}}
+	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, log: o.Logger, inflight: map[fetchKey]*fetchCall{}}
 	host, _ := os.Hostname()
 	p.c, err = client.Dial(client.Options{
 		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: metaCacheSize,
@@ -379,7 +380,7 @@ func (p *Proxy) fetch(n *client.Node, idx int64, st node.Status, user string) ([
 	p.store.CountFetched(int64(len(data)))
 	if err := p.store.Put(k.Key, dv, int64(st.Size), data, user, took); err != nil {
 		// Served all the same, from memory.
-		slog.Debug("proxy: chunk not stored", "fid", st.FID, "chunk", idx, "err", err)
+		p.log.Debug("chunk not stored", "fid", st.FID, "chunk", idx, "err", err)
 	}
 	call.data = data
 	return data, nil
