@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/proxystore"
 )
 
 var (
@@ -40,33 +41,12 @@ func proxyBench(bin, scratch string) error {
 }
 
 func proxyRound(bin, dir string, rtt time.Duration) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	// The origin's control and data channels each behind a shaper; the
-	// data channel advertises its shaper's address.
-	dataAddr, err := freePort()
+	o, err := startOrigin(bin, dir, rtt, nil)
 	if err != nil {
 		return err
 	}
-	dataShaper, err := newShaper(dataAddr, rtt)
-	if err != nil {
-		return err
-	}
-	defer dataShaper.close()
-	origin, _, stop, err := startServer(bin, filepath.Join(dir, "origin"), "--data-listen", dataAddr, "--data-advertise", dataShaper.addr())
-	if err != nil {
-		return err
-	}
-	defer stop()
-	ctlShaper, err := newShaper(origin, rtt)
-	if err != nil {
-		return err
-	}
-	defer ctlShaper.close()
-	sent := func() int64 { return ctlShaper.down.Load() + dataShaper.down.Load() }
-
-	names, want, err := proxyTree(origin)
+	defer o.close()
+	names, want, err := proxyTree(o)
 	if err != nil {
 		return err
 	}
@@ -79,22 +59,23 @@ func proxyRound(bin, dir string, rtt time.Duration) error {
 		fmt.Printf("| %v | %s | %d | %.2f s | %.2f× | %.1f MB | %.2f |\n", rtt, setup, clients, d.Seconds(), float64(d)/float64(base), float64(bytes)/1e6, float64(bytes)/tree)
 	}
 	measure := func(setup, addr string, clients int) error {
-		before := sent()
+		before := o.sent()
 		d, err := readTrees(addr, clients, names, want)
 		if err != nil {
 			return fmt.Errorf("%s, %d clients: %w", setup, clients, err)
 		}
-		row(setup, clients, d, sent()-before)
+		row(setup, clients, d, o.sent()-before)
 		return nil
 	}
-	if err := measure("direct", ctlShaper.addr(), 1); err != nil {
+	if err := measure("direct", o.shaped(), 1); err != nil {
 		return err
 	}
-	if err := measure("direct", ctlShaper.addr(), 4); err != nil {
+	if err := measure("direct", o.shaped(), 4); err != nil {
 		return err
 	}
+	tree := int64(len(names)) * int64(len(want))
 	for _, n := range []int{1, 4} {
-		px, _, stopPx, err := startHoard(bin, "proxy", "--origin", ctlShaper.addr(), "--cache", filepath.Join(dir, fmt.Sprintf("proxy%d", n)))
+		px, _, stopPx, err := startProxy(bin, o, filepath.Join(dir, fmt.Sprintf("proxy%d", n)), tree, proxystore.Pooled)
 		if err != nil {
 			return err
 		}
@@ -110,10 +91,76 @@ func proxyRound(bin, dir string, rtt time.Duration) error {
 	return nil
 }
 
+// origin is a file server that its clients reach through shapers: its
+// control and data channels are each relayed with a delay, and optionally
+// a bandwidth limit, as if it were far away.
+type origin struct {
+	addr      string // the unshaped control address
+	ctl, data *shaper
+	stop      func()
+}
+
+// startOrigin starts a server with its data in dir/origin, rtt away from
+// its clients, its bytes towards them limited by lim (nil: no limit).
+func startOrigin(bin, dir string, rtt time.Duration, lim *link) (*origin, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	// The data channel advertises its shaper's address.
+	dataAddr, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	o := &origin{}
+	if o.data, err = newShaper(dataAddr, rtt, lim); err != nil {
+		return nil, err
+	}
+	if o.addr, _, o.stop, err = startServer(bin, filepath.Join(dir, "origin"), "--data-listen", dataAddr, "--data-advertise", o.data.addr()); err != nil {
+		o.data.close()
+		return nil, err
+	}
+	if o.ctl, err = newShaper(o.addr, rtt, lim); err != nil {
+		o.stop()
+		o.data.close()
+		return nil, err
+	}
+	return o, nil
+}
+
+// shaped is the address clients far from the origin use.
+func (o *origin) shaped() string { return o.ctl.addr() }
+
+// sent is the bytes the origin sent through its shapers so far.
+func (o *origin) sent() int64 { return o.ctl.down.Load() + o.data.down.Load() }
+
+func (o *origin) setRTT(rtt time.Duration) {
+	o.ctl.setRTT(rtt)
+	o.data.setRTT(rtt)
+}
+
+func (o *origin) close() {
+	o.ctl.close()
+	o.data.close()
+	o.stop()
+}
+
+// writer is a client of the origin that writes at full speed: file data
+// goes over the unshaped control connection, as the data channel is
+// shaped.
+func (o *origin) writer() (*client.Client, error) {
+	return client.Dial(client.Options{Server: o.addr, CacheSize: 64 << 20, BypassThreshold: 1, NoDataChannel: true})
+}
+
+// startProxy runs a proxy of o in dir with the given store layout, its
+// store sized for data bytes (the pooled layout allocates all of it).
+func startProxy(bin string, o *origin, dir string, data int64, layout string) (string, int, func(), error) {
+	size := data + data/4 + 64<<20
+	return startHoard(bin, "proxy", "--origin", o.shaped(), "--cache", dir, "--cache-size", fmt.Sprint(size), "--layout", layout)
+}
+
 // proxyTree writes the tree at the origin, unshaped.
-func proxyTree(origin string) ([]string, []byte, error) {
-	// Data over the control connection: the data channel is shaped.
-	w, err := client.Dial(client.Options{Server: origin, CacheSize: 64 << 20, BypassThreshold: 1, NoDataChannel: true})
+func proxyTree(o *origin) ([]string, []byte, error) {
+	w, err := o.writer()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -195,26 +242,32 @@ func collect(errs <-chan error) []error {
 }
 
 // shaper relays TCP connections to a target, delaying every byte by half
-// the round trip each way, and counts the bytes sent back (down).
+// the round trip each way, and counts the bytes sent back (down); with a
+// link, those go through its bandwidth limit first.
 type shaper struct {
 	l     net.Listener
 	to    string
-	delay time.Duration
+	delay atomic.Int64 // one way, in nanoseconds
+	link  *link
 	down  atomic.Int64
 }
 
-func newShaper(to string, rtt time.Duration) (*shaper, error) {
+func newShaper(to string, rtt time.Duration, lim *link) (*shaper, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	s := &shaper{l: l, to: to, delay: rtt / 2}
+	s := &shaper{l: l, to: to, link: lim}
+	s.setRTT(rtt)
 	go s.serve()
 	return s, nil
 }
 
 func (s *shaper) addr() string { return s.l.Addr().String() }
 func (s *shaper) close()       { s.l.Close() }
+
+// setRTT changes the delay of the bytes read from now on.
+func (s *shaper) setRTT(rtt time.Duration) { s.delay.Store(int64(rtt / 2)) }
 
 func (s *shaper) serve() {
 	for {
@@ -230,15 +283,16 @@ func (s *shaper) serve() {
 			}
 			defer o.Close()
 			done := make(chan struct{}, 2)
-			go func() { s.pipe(o, c, nil); done <- struct{}{} }()
-			go func() { s.pipe(c, o, &s.down); done <- struct{}{} }()
+			go func() { s.pipe(o, c, false); done <- struct{}{} }()
+			go func() { s.pipe(c, o, true); done <- struct{}{} }()
 			<-done
 		}()
 	}
 }
 
-// pipe copies src to dst, each piece delivered delay after it was read.
-func (s *shaper) pipe(dst, src net.Conn, count *atomic.Int64) {
+// pipe copies src to dst, each piece delivered delay after it was read
+// (down: after it went through the link, too).
+func (s *shaper) pipe(dst, src net.Conn, down bool) {
 	type piece struct {
 		at time.Time
 		b  []byte
@@ -250,7 +304,11 @@ func (s *shaper) pipe(dst, src net.Conn, count *atomic.Int64) {
 			b := make([]byte, 64<<10)
 			n, err := src.Read(b)
 			if n > 0 {
-				q <- piece{time.Now().Add(s.delay), b[:n]}
+				at := time.Now()
+				if down && s.link != nil {
+					at = s.link.through(at, n)
+				}
+				q <- piece{at.Add(time.Duration(s.delay.Load())), b[:n]}
 			}
 			if err != nil {
 				return
@@ -262,12 +320,32 @@ func (s *shaper) pipe(dst, src net.Conn, count *atomic.Int64) {
 		if _, err := dst.Write(p.b); err != nil {
 			break
 		}
-		if count != nil {
-			count.Add(int64(len(p.b)))
+		if down {
+			s.down.Add(int64(len(p.b)))
 		}
 	}
 	if tc, ok := dst.(*net.TCPConn); ok {
 		tc.CloseWrite()
 	}
 	io.Copy(io.Discard, src)
+}
+
+// link is a bandwidth limit shared by the shapers of one origin: the
+// bytes it sends leave one after the other at its rate, whichever
+// connection they are on.
+type link struct {
+	rate float64 // bytes per second
+	mu   sync.Mutex
+	idle time.Time // when the bytes queued so far are through
+}
+
+// through queues n bytes that arrived at t and says when they are out.
+func (l *link) through(t time.Time, n int) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.idle.Before(t) {
+		l.idle = t
+	}
+	l.idle = l.idle.Add(time.Duration(float64(n) / l.rate * float64(time.Second)))
+	return l.idle
 }

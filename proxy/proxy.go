@@ -31,6 +31,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/datapath"
+	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/proxystore"
 	"github.com/hoardfs/hoard/server"
@@ -99,6 +100,9 @@ func Open(o Options) (p *Proxy, err error) {
 	p.c, err = client.Dial(client.Options{
 		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: metaCacheSize,
 		RPCTimeout: o.Timeout, DialTimeout: o.Timeout,
+		// One chunk fetch per stream at a time: a proxy fetches for
+		// many clients at once.
+		DataStreams: 16,
 		// The proxy writes through: its clients' stores reach the origin
 		// before they are acknowledged, so it has nothing to delegate.
 		NoDelegations: true,
@@ -232,9 +236,16 @@ func (p *Proxy) GetStatus(f node.FID) (node.Status, error) {
 }
 
 // Lookup answers with the directory's status at the version the answer
-// belongs to: a client caches the name under that version.
+// belongs to: a client caches the name under that version. A name the
+// origin does not have makes the proxy list the directory, so that the
+// next missing names (a compiler's search path) are answered here, under
+// the proxy's promise, rather than a round trip away.
 func (p *Proxy) Lookup(dir node.FID, name string) (child, d node.Status, err error) {
-	n, d, err := p.c.LookupRaw(p.c.NodeOf(dir), name)
+	dn := p.c.NodeOf(dir)
+	n, d, err := p.c.LookupRaw(dn, name)
+	if pb.Errno(err) == syscall.ENOENT {
+		p.c.ListDir(dn)
+	}
 	if err != nil {
 		return child, d, err
 	}

@@ -19,7 +19,7 @@ type loc struct {
 	block int64
 }
 
-// zone is room a file's first chunk reserved for the chunks after it: base
+// zone is room a file's chunk reserved for the chunks after it: base
 // is the chunk at zone.at, n how many fit. It is a hint, not an
 // allocation: other files take its blocks when nothing else is free.
 type zone struct {
@@ -52,7 +52,11 @@ type layout interface {
 
 // maxZone bounds the room one file reserves, in chunks: a very large file
 // is stored in zones of this size, one after the other where possible.
-const maxZone = 256
+// A file keeps its last maxZones zones.
+const (
+	maxZone  = 256
+	maxZones = 4
+)
 
 // maxCursors bounds the users whose cursors are kept.
 const maxCursors = 4096
@@ -170,12 +174,12 @@ func (ps *pools) find(cur loc, need int64) (loc, bool) {
 }
 
 func (ps *pools) place(f *file, idx, nb int64, user string) (loc, bool) {
-	z := &f.zone
-	if z.n > 0 && idx >= z.base && idx < z.base+z.n {
-		at := loc{z.at.pool, z.at.block + (idx-z.base)*ps.cb}
-		if ps.isFree(at, nb) {
-			ps.mark(at, nb, true)
-			return at, true
+	for _, z := range f.zones {
+		if idx >= z.base && idx < z.base+z.n {
+			if at := ps.at(z.at, idx-z.base); ps.isFree(at, nb) {
+				ps.mark(at, nb, true)
+				return at, true
+			}
 		}
 	}
 	cur, ok := ps.cursor[user]
@@ -193,7 +197,13 @@ func (ps *pools) place(f *file, idx, nb int64, user string) (loc, bool) {
 	base := idx - idx%maxZone
 	want := blocks(min(f.size-base*cs, maxZone*cs))
 	if at, ok := ps.find(cur, want); ok && want >= (idx-base)*ps.cb+nb {
-		*z = zone{at: at, base: base, n: (want + ps.cb - 1) / ps.cb}
+		z := zone{at: at, base: base, n: (want + ps.cb - 1) / ps.cb}
+		// Chunks fetched in parallel straddle a zone's end: keep the
+		// last few zones, so a late chunk still lands in its own.
+		f.zones = append(f.zones, z)
+		if len(f.zones) > maxZones {
+			f.zones = f.zones[1:]
+		}
 		ps.cursor[user] = loc{at.pool, at.block + want}
 		at = ps.at(at, idx-base)
 		ps.mark(at, nb, true)
@@ -203,7 +213,6 @@ func (ps *pools) place(f *file, idx, nb int64, user string) (loc, bool) {
 	if !ok {
 		return loc{}, false
 	}
-	*z = zone{at: at, base: idx, n: 1}
 	ps.cursor[user] = loc{at.pool, at.block + nb}
 	ps.mark(at, nb, true)
 	return at, true

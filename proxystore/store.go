@@ -119,8 +119,8 @@ type file struct {
 	dv   uint64
 	size int64
 	runs []*run // sorted by first, not overlapping
-	// zone is the room reserved for the file's next chunks (pooled).
-	zone zone
+	// zones are the room reserved for the file's next chunks (pooled).
+	zones []zone
 }
 
 // run is consecutive chunks of one file stored contiguously.

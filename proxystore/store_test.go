@@ -410,3 +410,30 @@ func TestVerifyConcurrent(t *testing.T) {
 		t.Fatalf("torn %d chunks %d, want 1 and 15", st.Torn, st.Chunks)
 	}
 }
+
+// TestOutOfOrderAcrossZones: chunks fetched in parallel windows, each
+// window shuffled and straddling the 256-chunk zones, still end in one
+// run per file.
+func TestOutOfOrderAcrossZones(t *testing.T) {
+	s, err := Open(Options{Dir: t.TempDir(), Size: 64 << 20, ChunkSize: 4096, Pools: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const chunks = 1000
+	r := rand.New(rand.NewPCG(1, 2))
+	for f := 1; f <= 3; f++ {
+		for w := 0; w < chunks; w += 10 {
+			win := r.Perm(min(10, chunks-w))
+			for _, j := range win {
+				idx := int64(w + j)
+				if err := s.Put(Key{fid(f), idx}, 1, chunks*4096, content(fid(f), idx, 1, 4096), "u", 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if st := s.Stats(); st.Runs != 3 || st.Chunks != 3*chunks {
+		t.Fatalf("%d chunks in %d runs, want %d in 3", st.Chunks, st.Runs, 3*chunks)
+	}
+}
