@@ -289,10 +289,12 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 	}
 	n.touch()
 	k, err := n.entry.WriteAt(p, off)
-	for attempt := 0; errors.Is(err, cache.ErrNoSpace) && attempt < 3; attempt++ {
-		// Everything left is dirty: store this file's writes and the
-		// flusher's (stored chunks are evictable), then try again. Only
-		// when nothing could be stored is the writer told ENOSPC.
+	for attempt := 0; (errors.Is(err, cache.ErrNoSpace) || errors.Is(err, cache.ErrMiss)) && attempt < 3; attempt++ {
+		// Everything left is dirty, or the room the write took evicted a
+		// chunk it covers in part, fetched just before: store this
+		// file's writes and the flusher's (stored chunks are evictable),
+		// fetch again and try again. Only when nothing could be stored
+		// is the writer told ENOSPC.
 		serr := f.c.storeBack(n, false)
 		if !f.c.flusher.drain(n) && serr != nil {
 			return k, f.pathErr("write", &rpcError{syscall.ENOSPC, serr})

@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"syscall"
@@ -224,5 +225,46 @@ func TestServerStopsCleanly(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("server did not stop on SIGTERM with a client connected")
+	}
+}
+
+// Files larger than the cache, written in pieces that do not line up with
+// its chunks, are written whole: a chunk a write covers in part, fetched
+// and then evicted to make room for that very write, is fetched again
+// (the write failed with EIO, "cache: chunk not present", before).
+func TestSmallCacheUnalignedWrites(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	c := dial(t, srv.addr, "mem", 2<<20)
+	piece := make([]byte, 1<<20+4093)
+	for i := range piece {
+		piece[i] = byte(i * 7)
+	}
+	const size = 12 << 20
+	for i := range 4 {
+		name := fmt.Sprintf("/f%d", i)
+		f, err := c.Create(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for off := 0; off < size; off += len(piece) {
+			if _, err := f.Write(piece[:min(len(piece), size-off)]); err != nil {
+				t.Fatalf("write of %s at %d: %v", name, off, err)
+			}
+		}
+		if err := f.Close(); err != nil {
+			t.Fatalf("close of %s: %v", name, err)
+		}
+	}
+	r := dial(t, srv.addr, "mem", 64<<20)
+	for i := range 4 {
+		got := readFile(t, r, fmt.Sprintf("/f%d", i))
+		if len(got) != size {
+			t.Fatalf("/f%d: %d bytes, want %d", i, len(got), size)
+		}
+		for off := 0; off < size; off += len(piece) {
+			if !bytes.Equal(got[off:min(off+len(piece), size)], piece[:min(len(piece), size-off)]) {
+				t.Fatalf("/f%d: wrong bytes at %d", i, off)
+			}
+		}
 	}
 }
