@@ -199,8 +199,7 @@ func hadesWrite(o *origin, loads []hadesLoad, c content) (err error) {
 		}
 		for u := range l.users {
 			// Written past the writer's cache: gigabytes of new files
-			// through it fail now and then (ENOSPC, or EIO "cache: chunk
-			// not present").
+			// are not worth caching on the writer.
 			d := filepath.Dir(l.path(u, 0))
 			if err := w.Mkdir(d, 0o755); err != nil {
 				return err
