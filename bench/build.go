@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/proxystore"
 )
 
@@ -129,38 +130,31 @@ func buildBench(bin, scratch string) error {
 }
 
 // writeTree writes tree's files under /build at the origin.
-func writeTree(o *origin, tree map[string][]byte) (err error) {
-	w, err := o.writer()
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if cerr := w.Close(); err == nil {
-			err = cerr // writes the client still held were not stored
+func writeTree(o *origin, tree map[string][]byte) error {
+	return o.write(func(w *client.Client) error {
+		made := map[string]bool{}
+		var mkdir func(string) error
+		mkdir = func(d string) error {
+			if made[d] || d == "/" {
+				return nil
+			}
+			if err := mkdir(filepath.Dir(d)); err != nil {
+				return err
+			}
+			made[d] = true
+			return w.Mkdir(d, 0o755)
 		}
-	}()
-	made := map[string]bool{}
-	var mkdir func(string) error
-	mkdir = func(d string) error {
-		if made[d] || d == "/" {
-			return nil
+		for name, b := range tree {
+			path := filepath.Join("/build", name)
+			if err := mkdir(filepath.Dir(path)); err != nil {
+				return err
+			}
+			if err := writeRemote(w, path, b, int64(len(b))); err != nil {
+				return err
+			}
 		}
-		if err := mkdir(filepath.Dir(d)); err != nil {
-			return err
-		}
-		made[d] = true
-		return w.Mkdir(d, 0o755)
-	}
-	for name, b := range tree {
-		path := filepath.Join("/build", name)
-		if err := mkdir(filepath.Dir(path)); err != nil {
-			return err
-		}
-		if err := writeRemote(w, path, b, int64(len(b))); err != nil {
-			return err
-		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // buildOnMounts mounts addr once per client, each with an empty cache,

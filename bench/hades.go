@@ -180,41 +180,34 @@ func hadesList(loads []hadesLoad) string {
 }
 
 // hadesWrite writes every workload's files at the origin.
-func hadesWrite(o *origin, loads []hadesLoad, c content) (err error) {
-	w, err := o.writer()
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if cerr := w.Close(); err == nil {
-			err = cerr // writes the client still held were not stored
-		}
-	}()
-	if err := w.Mkdir("/hades", 0o755); err != nil {
-		return err
-	}
-	for _, l := range loads {
-		if err := w.Mkdir("/hades/"+l.tag, 0o755); err != nil {
+func hadesWrite(o *origin, loads []hadesLoad, c content) error {
+	return o.write(func(w *client.Client) error {
+		if err := w.Mkdir("/hades", 0o755); err != nil {
 			return err
 		}
-		for u := range l.users {
-			// Written past the writer's cache: gigabytes of new files
-			// are not worth caching on the writer.
-			d := filepath.Dir(l.path(u, 0))
-			if err := w.Mkdir(d, 0o755); err != nil {
+		for _, l := range loads {
+			if err := w.Mkdir("/hades/"+l.tag, 0o755); err != nil {
 				return err
 			}
-			if err := w.SetPolicy(d, client.PolicyBypass, false); err != nil {
-				return err
-			}
-			for j := range l.files {
-				if err := writeRemote(w, l.path(u, j), c.of(l.path(u, j)), l.size); err != nil {
+			for u := range l.users {
+				// Written past the writer's cache: gigabytes of new
+				// files are not worth caching on the writer.
+				d := filepath.Dir(l.path(u, 0))
+				if err := w.Mkdir(d, 0o755); err != nil {
 					return err
+				}
+				if err := w.SetPolicy(d, client.PolicyBypass, false); err != nil {
+					return err
+				}
+				for j := range l.files {
+					if err := writeRemote(w, l.path(u, j), c.of(l.path(u, j)), l.size); err != nil {
+						return err
+					}
 				}
 			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // hadesLayout runs the modes on a new proxy whose store has the given

@@ -144,11 +144,20 @@ func (o *origin) close() {
 	o.stop()
 }
 
-// writer is a client of the origin that writes at full speed: file data
-// goes over the unshaped control connection, as the data channel is
-// shaped.
-func (o *origin) writer() (*client.Client, error) {
-	return client.Dial(client.Options{Server: o.addr, CacheSize: 64 << 20, BypassThreshold: 1, NoDataChannel: true})
+// write runs fn with a client of the origin that writes at full speed
+// (file data goes over the unshaped control connection, as the data
+// channel is shaped), and closes it: writes the client still held are
+// stored then, and their failure is fn's.
+func (o *origin) write(fn func(w *client.Client) error) error {
+	w, err := client.Dial(client.Options{Server: o.addr, CacheSize: 64 << 20, BypassThreshold: 1, NoDataChannel: true})
+	if err != nil {
+		return err
+	}
+	err = fn(w)
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // startProxy runs a proxy of o in dir with the given store layout, its
@@ -160,30 +169,28 @@ func startProxy(bin string, o *origin, dir string, data int64, layout string) (s
 
 // proxyTree writes the tree at the origin, unshaped.
 func proxyTree(o *origin) ([]string, []byte, error) {
-	w, err := o.writer()
-	if err != nil {
-		return nil, nil, err
-	}
-	defer w.Close()
-	if err := w.Mkdir("/tree", 0o755); err != nil {
-		return nil, nil, err
-	}
 	data := make([]byte, *pxSize)
 	for i := range data {
 		data[i] = byte(i*13 + i>>8)
 	}
 	names := make([]string, *pxFiles)
-	for i := range names {
-		names[i] = fmt.Sprintf("/tree/f%04d", i)
-		f, err := w.Create(names[i])
-		if err != nil {
-			return nil, nil, err
+	err := o.write(func(w *client.Client) error {
+		if err := w.Mkdir("/tree", 0o755); err != nil {
+			return err
 		}
-		if err := fillAndClose(f, data, int64(len(data))); err != nil {
-			return nil, nil, err
+		for i := range names {
+			names[i] = fmt.Sprintf("/tree/f%04d", i)
+			f, err := w.Create(names[i])
+			if err != nil {
+				return err
+			}
+			if err := fillAndClose(f, data, int64(len(data))); err != nil {
+				return err
+			}
 		}
-	}
-	return names, data, nil
+		return nil
+	})
+	return names, data, err
 }
 
 // readTrees has n new clients of addr (memory caches) read every file

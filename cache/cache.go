@@ -256,7 +256,7 @@ func (c *Cache) openIndex() (clean bool, err error) {
 			}
 		}
 		return files.ForEach(func(k, v []byte) error {
-			fid, ok := keyFID(k)
+			fid, ok := node.FIDOfKey(k)
 			if !ok {
 				return errBadRecord
 			}
@@ -361,7 +361,7 @@ func (c *Cache) Flush() error {
 			val = e.recordLocked().encode()
 		}
 		e.mu.RUnlock()
-		puts = append(puts, put{fidKey(e.fid), val})
+		puts = append(puts, put{e.fid.Key(), val})
 	}
 	stats, _ := json.Marshal(c.Stats())
 	err := c.db.Update(func(tx *bolt.Tx) error {

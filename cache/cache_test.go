@@ -459,7 +459,7 @@ func TestCorruptIndexStartsEmpty(t *testing.T) {
 	c.Close()
 	// A record that does not decode.
 	db, _ := bolt.Open(filepath.Join(dir, "index.db"), 0o600, nil)
-	db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktFiles).Put(fidKey(fid(9)), []byte{42, 1, 2}) })
+	db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktFiles).Put(fid(9).Key(), []byte{42, 1, 2}) })
 	db.Close()
 	c2 := open(t, dir, 10<<20)
 	if len(c2.Entries()) != 0 || c2.Used() != 0 {

@@ -30,21 +30,6 @@ const recordVersion = 1
 
 var errBadRecord = errors.New("bad index record")
 
-func fidKey(f node.FID) []byte {
-	b := make([]byte, 24)
-	binary.BigEndian.PutUint64(b, f.Volume)
-	binary.BigEndian.PutUint64(b[8:], f.Vnode)
-	binary.BigEndian.PutUint64(b[16:], f.Unique)
-	return b
-}
-
-func keyFID(b []byte) (node.FID, bool) {
-	if len(b) != 24 {
-		return node.FID{}, false
-	}
-	return node.FID{Volume: binary.BigEndian.Uint64(b), Vnode: binary.BigEndian.Uint64(b[8:]), Unique: binary.BigEndian.Uint64(b[16:])}, true
-}
-
 func appendString(b []byte, s string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
 	return append(b, s...)
@@ -55,7 +40,7 @@ func (r *record) encode() []byte {
 	if r.hasSt {
 		s := r.st
 		b = append(b, 1)
-		b = append(b, fidKey(s.FID)...)
+		b = append(b, s.FID.Key()...)
 		b = append(b, byte(s.Type))
 		for _, v := range []uint64{uint64(s.Mode), uint64(s.UID), uint64(s.GID), s.Size, uint64(s.Nlink), s.DataVersion,
 			uint64(s.Atime.UnixNano()), uint64(s.Mtime.UnixNano()), uint64(s.Ctime.UnixNano())} {
@@ -164,7 +149,7 @@ func decodeRecord(b []byte) (record, error) {
 	}
 	if d.byte() == 1 {
 		r.hasSt = true
-		fid, _ := keyFID(d.bytes(24))
+		fid, _ := node.FIDOfKey(d.bytes(24))
 		r.st.FID = fid
 		r.st.Type = node.Type(d.byte())
 		r.st.Mode = uint32(d.uvarint())

@@ -3,6 +3,7 @@
 package node
 
 import (
+	"encoding/binary"
 	"fmt"
 	"time"
 )
@@ -18,6 +19,24 @@ type FID struct {
 }
 
 func (f FID) String() string { return fmt.Sprintf("%d.%d.%d", f.Volume, f.Vnode, f.Unique) }
+
+// Key is f as 24 bytes, big-endian: a key that sorts as FIDs do, for the
+// caches' indexes.
+func (f FID) Key() []byte {
+	b := make([]byte, 24)
+	binary.BigEndian.PutUint64(b, f.Volume)
+	binary.BigEndian.PutUint64(b[8:], f.Vnode)
+	binary.BigEndian.PutUint64(b[16:], f.Unique)
+	return b
+}
+
+// FIDOfKey is the FID whose Key is b; false if b is not 24 bytes.
+func FIDOfKey(b []byte) (FID, bool) {
+	if len(b) != 24 {
+		return FID{}, false
+	}
+	return FID{Volume: binary.BigEndian.Uint64(b), Vnode: binary.BigEndian.Uint64(b[8:]), Unique: binary.BigEndian.Uint64(b[16:])}, true
+}
 
 // IsZero reports whether f is the zero FID, which names nothing.
 func (f FID) IsZero() bool { return f == FID{} }

@@ -23,14 +23,6 @@ const recordVersion = 1
 
 var errBadRecord = errors.New("bad index record")
 
-func fidKey(f node.FID) []byte {
-	b := make([]byte, 24)
-	binary.BigEndian.PutUint64(b, f.Volume)
-	binary.BigEndian.PutUint64(b[8:], f.Vnode)
-	binary.BigEndian.PutUint64(b[16:], f.Unique)
-	return b
-}
-
 // encodeLocked is f's index record: its version and size, then each run
 // with its chunks' CRCs and which of them are still to be verified.
 func (s *Store) encodeLocked(f *file) []byte {
@@ -104,10 +96,7 @@ func (s *Store) load(clean bool) error {
 		bkt := tx.Bucket(bktFiles)
 		var drop [][]byte
 		err := bkt.ForEach(func(k, v []byte) error {
-			fid := node.FID{}
-			if len(k) == 24 {
-				fid = node.FID{Volume: binary.BigEndian.Uint64(k), Vnode: binary.BigEndian.Uint64(k[8:]), Unique: binary.BigEndian.Uint64(k[16:])}
-			}
+			fid, _ := node.FIDOfKey(k)
 			f, err := decode(fid, v)
 			if err != nil || fid.IsZero() {
 				drop = append(drop, k)
@@ -192,9 +181,9 @@ func (s *Store) commit(final bool) error {
 		for fid, v := range recs {
 			var err error
 			if v == nil {
-				err = bkt.Delete(fidKey(fid))
+				err = bkt.Delete(fid.Key())
 			} else {
-				err = bkt.Put(fidKey(fid), v)
+				err = bkt.Put(fid.Key(), v)
 			}
 			if err != nil {
 				return err
