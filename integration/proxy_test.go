@@ -375,6 +375,20 @@ func TestProxyUnknownFID(t *testing.T) {
 	if got := string(readFile(t, c, "/f")); got != "here" {
 		t.Fatalf("after the bad requests the proxy served %q", got)
 	}
+	// A file removed at the origin: asked for again, the proxy finds it
+	// gone and drops its chunks.
+	if s := proxyStats(t, px.addr); s.Files != 1 {
+		t.Fatalf("store holds %d files after /f was read, want 1", s.Files)
+	}
+	if err := direct.Remove("/f"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.FetchChunk(c.NodeOf(st.FID), 0); err == nil {
+		t.Fatal("a fetch of a removed file through the proxy succeeded")
+	}
+	if s := proxyStats(t, px.addr); s.Files != 0 || s.BytesUsed != 0 {
+		t.Fatalf("store holds %d files, %d bytes after the only one was removed at the origin", s.Files, s.BytesUsed)
+	}
 }
 
 // With the proxy's disk full: a pooled store that does not fit is refused

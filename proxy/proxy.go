@@ -231,8 +231,16 @@ func unwrap(err error) error {
 	return err
 }
 
-func (p *Proxy) GetStatus(f node.FID) (node.Status, error) {
-	return p.c.StatusOf(p.c.NodeOf(f))
+func (p *Proxy) GetStatus(f node.FID) (node.Status, error) { return p.status(p.c.NodeOf(f)) }
+
+// status is n's status; the chunks of a file gone at the origin are
+// dropped from the store.
+func (p *Proxy) status(n *client.Node) (node.Status, error) {
+	st, err := p.c.StatusOf(n)
+	if e := pb.Errno(err); err != nil && (e == syscall.ESTALE || e == syscall.ENOENT) {
+		p.store.Drop(n.FID())
+	}
+	return st, err
 }
 
 // Lookup answers with the directory's status at the version the answer
@@ -304,7 +312,7 @@ func (p *Proxy) ReadAt(f node.FID, b []byte, off int64, user string) (int, node.
 	n := p.c.NodeOf(f)
 	cs := p.store.ChunkSize()
 	for attempt := 0; ; attempt++ {
-		st, err := p.c.StatusOf(n)
+		st, err := p.status(n)
 		if err != nil {
 			return 0, st, err
 		}

@@ -341,11 +341,10 @@ func (s *Server) Fetch(req *pb.FetchRequest, stream pb.FileServer_FetchServer) e
 		return s.fail("Fetch", fmt.Errorf("fetch %v: %w", f, syscall.EISDIR))
 	}
 	first := &pb.FetchReply{Status: o.status(st)}
-	user := o.user()
 	end := min(req.Offset+req.Length, st.Size)
 	buf := make([]byte, min(uint64(piece), max(end, req.Offset)-req.Offset))
 	for off := req.Offset; off < end; {
-		n, pst, err := s.store.ReadAt(f, buf[:min(uint64(len(buf)), end-off)], int64(off), user)
+		n, pst, err := s.store.ReadAt(f, buf[:min(uint64(len(buf)), end-off)], int64(off), o.user)
 		if err == io.EOF || n == 0 && err == nil {
 			break // truncated meanwhile: the version says so
 		}

@@ -340,6 +340,9 @@ type op struct {
 	since uint64
 	// once names a namespace change for its retries (beginChange).
 	once vnode.Op
+	// user is who the caller acts for: its name, until there is
+	// authentication.
+	user string
 }
 
 // beginChange is begin for an operation that changes something: it waits
@@ -388,15 +391,7 @@ func (s *Server) opFor(id callback.ClientID) *op {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.cb.Renew(id, time.Now())
-	return &op{s: s, id: id, since: s.cb.Seq()}
-}
-
-// user is who the caller reads for: its name, until there is
-// authentication.
-func (o *op) user() string {
-	o.s.mu.Lock()
-	defer o.s.mu.Unlock()
-	return o.s.cb.Name(o.id)
+	return &op{s: s, id: id, since: s.cb.Seq(), user: s.cb.Name(id)}
 }
 
 // status converts st for the reply, granting the caller a promise on it.
