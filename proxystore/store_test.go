@@ -242,6 +242,30 @@ func crash(t *testing.T, s *Store) {
 	s.lock.Close()
 }
 
+// crashTearing stops s (in dir) as kill -9 would and zeroes n bytes at
+// off in chunk k of version dv, as if they never reached the disk.
+func crashTearing(t *testing.T, s *Store, dir string, k Key, dv uint64, off, n int64) {
+	t.Helper()
+	s.mu.Lock()
+	r, i := s.findLocked(k, dv)
+	at := s.layout.at(r.at, i)
+	_, pooled := s.layout.(*pools)
+	s.mu.Unlock()
+	crash(t, s)
+	path := (&chunkFiles{dir: filepath.Join(dir, "chunks")}).path(at)
+	if pooled {
+		path, off = filepath.Join(dir, fmt.Sprintf("pool-%d", at.pool)), at.block*blockSize+off
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(make([]byte, n), off); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestTornChunk: after an unclean stop, a chunk whose bytes do not match
 // its CRC is not served; the others are.
 func TestTornChunk(t *testing.T) {
@@ -252,27 +276,8 @@ func TestTornChunk(t *testing.T) {
 		for idx := range int64(4) {
 			put(t, s, fid(1), idx, 1, size, "u", 0)
 		}
-		s.mu.Lock()
-		r, i := s.findLocked(Key{fid(1), 2}, 1)
-		at := s.layout.at(r.at, i)
-		s.mu.Unlock()
-		crash(t, s)
 		// Tear chunk 2: its second half never reached the disk.
-		var path string
-		var off int64
-		if layout == Pooled {
-			path, off = filepath.Join(dir, fmt.Sprintf("pool-%d", at.pool)), at.block*blockSize
-		} else {
-			path = (&chunkFiles{dir: filepath.Join(dir, "chunks")}).path(at)
-		}
-		f, err := os.OpenFile(path, os.O_RDWR, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.WriteAt(make([]byte, cs/2), off+cs/2); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
+		crashTearing(t, s, dir, Key{fid(1), 2}, 1, cs/2, cs/2)
 		s = open(t, dir, layout, 4<<20)
 		if has(t, s, fid(1), 2, 1, size) {
 			t.Fatal("a torn chunk was served")
@@ -293,7 +298,7 @@ func TestTornChunk(t *testing.T) {
 		s = open(t, dir, layout, 4<<20)
 		defer s.Close()
 		s.mu.Lock()
-		r = s.files[fid(1)].runs[0]
+		r := s.files[fid(1)].runs[0]
 		v := r.unverified == nil || r.unverified[0]&1 == 0
 		s.mu.Unlock()
 		if !v {
@@ -382,17 +387,7 @@ func TestVerifyConcurrent(t *testing.T) {
 	for idx := range int64(16) {
 		put(t, s, fid(1), idx, 1, size, "u", 0)
 	}
-	s.mu.Lock()
-	r, i := s.findLocked(Key{fid(1), 5}, 1)
-	at := s.layout.at(r.at, i)
-	s.mu.Unlock()
-	crash(t, s)
-	f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("pool-%d", at.pool)), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.WriteAt(make([]byte, 100), at.block*blockSize+10)
-	f.Close()
+	crashTearing(t, s, dir, Key{fid(1), 5}, 1, 10, 100)
 	s = open(t, dir, Pooled, 4<<20)
 	defer s.Close()
 	var wg sync.WaitGroup
