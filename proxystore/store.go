@@ -310,9 +310,6 @@ func formatOf(layout string, limit, cs int64, pools int) string {
 	return fmt.Sprintf("%s size=%d chunk=%d pools=%d", layout, limit*blockSize, cs, pools)
 }
 
-// Layout is the store's layout name.
-func (s *Store) Layout() string { return s.name }
-
 // ChunkSize is the store's chunk size.
 func (s *Store) ChunkSize() int64 { return s.cs }
 
