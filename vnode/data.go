@@ -1,6 +1,7 @@
 package vnode
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -518,19 +519,34 @@ func (s *Store) recover() error {
 }
 
 // collectGarbage deletes data files that committed transactions freed.
+// The data file of a removed vnode is deleted under the vnode's lock: a
+// store committed just before the remove may still be moving its staging
+// file into place under that name, and its redo record must be gone before
+// the file is, or a crash in between leaves a redo that cannot be carried
+// out. (The value names the vnode; a swapped-out generation has none, and
+// its commit deletes it itself.)
 func (s *Store) collectGarbage() {
 	var paths []string
+	var owners [][]byte
 	s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bktGarbage).ForEach(func(k, _ []byte) error {
+		return tx.Bucket(bktGarbage).ForEach(func(k, v []byte) error {
 			paths = append(paths, string(k))
+			owners = append(owners, bytes.Clone(v))
 			return nil
 		})
 	})
 	if len(paths) == 0 {
 		return
 	}
-	for _, p := range paths {
-		os.Remove(filepath.Join(s.dir, p))
+	for i, p := range paths {
+		if o := owners[i]; len(o) == 16 {
+			l := s.lock(node.FID{Volume: binary.BigEndian.Uint64(o), Vnode: binary.BigEndian.Uint64(o[8:])})
+			l.Lock()
+			os.Remove(filepath.Join(s.dir, p))
+			l.Unlock()
+		} else {
+			os.Remove(filepath.Join(s.dir, p))
+		}
 	}
 	s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bktGarbage)

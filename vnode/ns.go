@@ -133,7 +133,7 @@ func (v *vtx) unlinkVnode(vnode uint64, r *record) error {
 	}
 	if r.DataGen != 0 {
 		v.garbage = true
-		return v.tx.Bucket(bktGarbage).Put([]byte(dataRel(v.id, vnode, r.DataGen)), nil)
+		return v.tx.Bucket(bktGarbage).Put([]byte(dataRel(v.id, vnode, r.DataGen)), append(u64(v.id), u64(vnode)...))
 	}
 	return nil
 }

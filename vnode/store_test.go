@@ -684,3 +684,34 @@ func TestReadDirHuge(t *testing.T) {
 		t.Fatal("an entry removed before it was reached was listed")
 	}
 }
+
+// A remove that frees a file's data waits for a store of that file in
+// flight (which holds the file's lock from its publication to the end of
+// its redo): deleting the data file under the store, with the redo record
+// still there, left a redo that a restart could not carry out.
+func TestRemoveWaitsForCommitInFlight(t *testing.T) {
+	s := open(t, t.TempDir())
+	r := root(t, s)
+	f := mustCreate(t, s, r, "f", node.TypeFile).FID
+	write(t, s, f, 0, []byte("data"))
+	files := func() []string {
+		m, _ := filepath.Glob(filepath.Join(s.Dir(), "data", "*", "*", fmt.Sprintf("%d.*", f.Vnode)))
+		return m
+	}
+	l := s.lock(f)
+	l.Lock()
+	removed := make(chan error, 1)
+	go func() { _, _, err := s.Remove(r, "f", false, ""); removed <- err }()
+	time.Sleep(100 * time.Millisecond)
+	if len(files()) != 1 {
+		l.Unlock()
+		t.Fatal("the data file went while a store of it held the file's lock")
+	}
+	l.Unlock()
+	if err := <-removed; err != nil {
+		t.Fatal(err)
+	}
+	if left := files(); len(left) != 0 {
+		t.Fatalf("data files left after remove: %v", left)
+	}
+}
