@@ -727,3 +727,62 @@ func TestFuseForgottenNodesReleased(t *testing.T) {
 		t.Fatalf("a name renamed away by another client: %v", err)
 	}
 }
+
+// A mount whose own request holds a directory's kernel lock (here a
+// rename out of it, held at the server by a silent client) acknowledges a
+// break of that directory before the kernel could drop its names: waiting
+// longer could deadlock, when that request waits for this very break.
+// Until the kernel has dropped them, a name the break voided must not
+// lead to the file it used to name.
+func TestFuseBreakPastKernelLock(t *testing.T) {
+	srv := startServer(t, t.TempDir(), "--break-timeout", "6s")
+	lib := dialCons(t, srv, t.Name()+"-lib", true)
+	for _, d := range []string{"/d", "/e"} {
+		if err := lib.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, lib, "/d/f0", []byte("old"))
+	writeFile(t, lib, "/d/x", []byte("x"))
+	a := startMount(t, srv, t.TempDir())
+	silent := startMount(t, srv, t.TempDir())
+	if _, err := os.ReadDir(silent.path("e")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(a.path("d/f0")); err != nil || string(got) != "old" {
+		t.Fatalf("a read %q (%v)", got, err)
+	}
+	os.ReadDir(a.path("e"))
+	silent.cmd.Process.Signal(syscall.SIGSTOP)
+	defer silent.cmd.Process.Signal(syscall.SIGCONT)
+
+	// The rename is applied at once; its reply waits for the silent
+	// mount's acknowledgement, with d and e locked in a's kernel.
+	renamed := make(chan error, 1)
+	go func() { renamed <- os.Rename(a.path("d/x"), a.path("e/x")) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := lib.Stat("/e/x"); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the rename never reached the server: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := lib.Rename("/d/f0", "/d/f2"); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, lib, "/d/f0", []byte("new"))
+	select {
+	case err := <-renamed:
+		t.Fatalf("a's rename returned (%v) before the silent mount's break timed out: the directory was not locked", err)
+	default:
+	}
+	got, err := os.ReadFile(a.path("d/f0"))
+	if err != nil || string(got) != "new" {
+		t.Fatalf("a read d/f0 as %q (%v) after it was renamed away and made again: want \"new\"", got, err)
+	}
+	if err := <-renamed; err != nil {
+		t.Fatal(err)
+	}
+}

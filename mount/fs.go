@@ -105,6 +105,27 @@ func (h *hnode) child(ctx context.Context, name string, n *client.Node, st node.
 	return h.NewInode(ctx, &hnode{m: h.m, n: n}, fs.StableAttr{Mode: typeBits(st.Type), Ino: ino(st.FID), Gen: st.FID.Unique})
 }
 
+// stale refuses, with ESTALE, a request on h that may have come through a
+// name the kernel should have dropped already (Mount.distrust). The
+// kernel then walks the path again asking the mount for every name
+// (LOOKUP_REVAL), and a lookup that finds h clears the mark.
+func (h *hnode) stale() syscall.Errno {
+	if h.m.late(h.n.FID()) {
+		return syscall.ESTALE
+	}
+	return 0
+}
+
+// staleAny is the first of hs's stale answers.
+func staleAny(hs ...*hnode) syscall.Errno {
+	for _, h := range hs {
+		if e := h.stale(); e != 0 {
+			return e
+		}
+	}
+	return 0
+}
+
 // issue notes that the kernel was given name in directory h.
 func (h *hnode) issue(name string) {
 	h.mu.Lock()
@@ -117,15 +138,24 @@ func (h *hnode) issue(name string) {
 
 func (h *hnode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	h.m.track(h, true)
+	if e := h.stale(); e != 0 {
+		return nil, e
+	}
 	n, st, err := h.m.c.Lookup(h.n, name)
 	if err != nil {
 		return nil, errno(err)
 	}
+	h.m.trusted(n.FID()) // the kernel has it by this name from now on
 	return h.child(ctx, name, n, st, out), 0
 }
 
 func (h *hnode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	h.m.track(h, true)
+	if f == nil && !h.isOpen() {
+		if e := h.stale(); e != 0 {
+			return e
+		}
+	}
 	st, err := h.m.c.Getattr(h.n)
 	if e := errno(err); e == syscall.ESTALE || e == syscall.ENOENT {
 		if f == nil && !h.isOpen() {
@@ -154,6 +184,11 @@ func (h *hnode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut)
 }
 
 func (h *hnode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if f == nil {
+		if e := h.stale(); e != 0 {
+			return e
+		}
+	}
 	var a client.Attr
 	if m, ok := in.GetMode(); ok {
 		m &= 0o7777
@@ -226,6 +261,9 @@ func caller(ctx context.Context) client.Creator {
 }
 
 func (h *hnode) make(ctx context.Context, name string, t node.Type, mode uint32, target string, rdev uint64, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if e := h.stale(); e != 0 {
+		return nil, e
+	}
 	n, err := h.m.c.CreateAt(h.n, name, t, mode&0o7777, caller(ctx), target, rdev, true)
 	if err != nil {
 		return nil, errno(err)
@@ -273,6 +311,9 @@ func (h *hnode) Mknod(ctx context.Context, name string, mode uint32, dev uint32,
 }
 
 func (h *hnode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	if e := h.stale(); e != 0 {
+		return nil, e
+	}
 	st, err := h.m.c.Getattr(h.n)
 	if err != nil {
 		return nil, errno(err)
@@ -288,6 +329,9 @@ func (h *hnode) Link(ctx context.Context, target fs.InodeEmbedder, name string, 
 	if !ok {
 		return nil, syscall.EXDEV
 	}
+	if e := staleAny(h, t); e != 0 {
+		return nil, e
+	}
 	n, err := h.m.c.LinkAt(h.n, name, t.n)
 	if err != nil {
 		return nil, errno(err)
@@ -300,6 +344,9 @@ func (h *hnode) Link(ctx context.Context, target fs.InodeEmbedder, name string, 
 // ("silly rename"): POSIX lets an unlinked open file be read and written
 // until it is closed, and the server would otherwise forget its data.
 func (h *hnode) Unlink(ctx context.Context, name string) syscall.Errno {
+	if e := h.stale(); e != 0 {
+		return e
+	}
 	if c := h.GetChild(name); c != nil {
 		if ch, ok := c.Operations().(*hnode); ok && ch.isOpen() {
 			silly := fmt.Sprintf(".hoard-unlinked-%x-%x", ino(ch.n.FID()), time.Now().UnixNano())
@@ -324,6 +371,9 @@ func (h *hnode) isOpen() bool {
 }
 
 func (h *hnode) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if e := h.stale(); e != 0 {
+		return e
+	}
 	return errno(h.m.c.RemoveAt(h.n, name, true))
 }
 
@@ -331,6 +381,9 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 	np, ok := newParent.(*hnode)
 	if !ok {
 		return syscall.EXDEV
+	}
+	if e := staleAny(h, np); e != 0 {
+		return e
 	}
 	switch flags {
 	case 0:
@@ -376,6 +429,9 @@ func (h *hnode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 // the kernel would take an error such as ESTALE (another client removed
 // the new file at once) as a reason to create it again.
 func (h *hnode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	if e := h.stale(); e != 0 {
+		return nil, nil, 0, e
+	}
 	full := "/" + path.Join(h.Path(h.Root()), name)
 	// The kernel hands us offsets for O_APPEND itself.
 	n, f, err := h.m.c.CreateOpen(h.n, name, mode&0o7777, caller(ctx), flags&syscall.O_EXCL != 0, full, int(flags)&^os.O_APPEND)
@@ -389,6 +445,9 @@ func (h *hnode) Create(ctx context.Context, name string, flags uint32, mode uint
 
 func (h *hnode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	h.m.track(h, true)
+	if e := h.stale(); e != 0 {
+		return nil, 0, e
+	}
 	base, pn := h.parentNode()
 	f, err := h.m.c.OpenAt(h.n, pn, base, "/"+h.Path(h.Root()), int(flags)&^os.O_APPEND)
 	if err != nil {

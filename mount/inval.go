@@ -70,6 +70,13 @@ func (q *invalQueue) wait(seq uint64, limit time.Duration) bool {
 	return true
 }
 
+// sent is the latest ticket whose notifications were all sent.
+func (q *invalQueue) sent() uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.done
+}
+
 func (q *invalQueue) run() {
 	for {
 		select {

@@ -47,6 +47,9 @@ type Mount struct {
 	// refs counts the kernel inodes built on each Node: the Node is
 	// released only when the last of them is forgotten.
 	refs map[*client.Node]int
+	// lateNames: files the kernel may reach through names a break voided,
+	// until the invalidation queue sent the ticket (distrust).
+	lateNames map[node.FID]uint64
 }
 
 // InvalidateWait bounds how long a break waits for the kernel to drop its
@@ -63,15 +66,72 @@ func New(o Options) *Mount {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	m := &Mount{log: o.Logger, inodes: map[node.FID]*hnode{}, refs: map[*client.Node]int{}, passthrough: o.Passthrough}
+	m := &Mount{log: o.Logger, inodes: map[node.FID]*hnode{}, refs: map[*client.Node]int{}, lateNames: map[node.FID]uint64{}, passthrough: o.Passthrough}
 	m.queue = newInvalQueue(m.notify)
 	return m
 }
 
 // Invalidate is the client's OnInvalidate: it queues kernel invalidations
-// for fids and waits, bounded, until they were sent.
+// for fids and waits, bounded, until they were sent. Past the bound the
+// break is acknowledged with the kernel's names still in place, so the
+// files they lead to are distrusted until the invalidation is through.
 func (m *Mount) Invalidate(fids []node.FID) {
-	m.queue.wait(m.queue.add(fids), InvalidateWait)
+	seq := m.queue.add(fids)
+	if !m.queue.wait(seq, InvalidateWait) {
+		m.distrust(fids, seq)
+	}
+}
+
+// distrust marks the files named in the directories among fids as
+// reachable through names the kernel has not dropped yet, until the queue
+// sent ticket seq: a request that may have come through one is answered
+// ESTALE (hnode.stale), and the kernel looks the path up afresh.
+func (m *Mount) distrust(fids []node.FID, seq uint64) {
+	var dirs []*hnode
+	m.mu.Lock()
+	for _, f := range fids {
+		if h := m.inodes[f]; h != nil && h.IsDir() {
+			dirs = append(dirs, h)
+		}
+	}
+	m.mu.Unlock()
+	var named []node.FID
+	for _, d := range dirs {
+		for _, c := range d.Children() {
+			if ch, ok := c.Operations().(*hnode); ok {
+				named = append(named, ch.n.FID())
+			}
+		}
+	}
+	m.mu.Lock()
+	for _, f := range named {
+		m.lateNames[f] = max(m.lateNames[f], seq)
+	}
+	m.mu.Unlock()
+	m.log.Debug("break acknowledged before the kernel dropped its names", "dirs", len(dirs), "files", len(named), "ticket", seq)
+}
+
+// late reports whether the kernel may reach f through a name a break
+// voided (distrust).
+func (m *Mount) late(f node.FID) bool {
+	m.mu.Lock()
+	seq, ok := m.lateNames[f]
+	m.mu.Unlock()
+	if !ok {
+		return false
+	}
+	if m.queue.sent() < seq {
+		return true
+	}
+	m.trusted(f)
+	return false
+}
+
+// trusted ends the distrust of f: the kernel was just given it by name.
+func (m *Mount) trusted(f node.FID) {
+	m.mu.Lock()
+	delete(m.lateNames, f)
+	m.mu.Unlock()
 }
 
 // notify runs on the queue's worker.
