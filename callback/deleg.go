@@ -78,6 +78,12 @@ type OpenResult struct {
 // state: the old one is no longer valid). A delegation of the client's
 // own that is being recalled covers no new open: that one is recorded.
 func (s *Server) Open(id ClientID, fid node.FID, write bool, now time.Time) (OpenResult, []Msg) {
+	return s.OpenUpTo(id, fid, write, DelegWrite, now)
+}
+
+// OpenUpTo is Open granting no delegation stronger than limit: a proxy
+// delegates only what it holds from its origin.
+func (s *Server) OpenUpTo(id ClientID, fid node.FID, write bool, limit DelegKind, now time.Time) (OpenResult, []Msg) {
 	c := s.clients[id]
 	if c == nil {
 		return OpenResult{}, nil
@@ -90,11 +96,11 @@ func (s *Server) Open(id ClientID, fid node.FID, write bool, now time.Time) (Ope
 	if own != nil && own.recalled.IsZero() && (own.kind == DelegWrite || !write) {
 		return OpenResult{Kind: own.kind, State: own.state}, nil
 	}
-	if s.cfg.Lease > 0 && !s.othersOpen(id, fid, write) && !s.recalling(fid) {
-		kind := DelegRead
-		if write {
-			kind = DelegWrite
-		}
+	kind := DelegRead
+	if write {
+		kind = DelegWrite
+	}
+	if kind <= limit && s.delegable(id, fid, write) {
 		if own != nil {
 			s.dropDeleg(own)
 		}
@@ -112,6 +118,23 @@ func (s *Server) Open(id ClientID, fid node.FID, write bool, now time.Time) (Ope
 		res.Kind, res.State = own.kind, own.state
 	}
 	return res, nil
+}
+
+// Delegable reports whether an open of fid by id would be given a new
+// delegation now, limits aside: a proxy asks its origin for one only then.
+func (s *Server) Delegable(id ClientID, fid node.FID, write bool) bool {
+	c := s.clients[id]
+	if c == nil {
+		return false
+	}
+	if own := c.delegs[fid]; own != nil && own.recalled.IsZero() && (own.kind == DelegWrite || !write) {
+		return false // it has one
+	}
+	return s.delegable(id, fid, write)
+}
+
+func (s *Server) delegable(id ClientID, fid node.FID, write bool) bool {
+	return s.cfg.Lease > 0 && !s.othersOpen(id, fid, write) && !s.recalling(fid)
 }
 
 // recalling reports whether a recall of a delegation on fid is under way.

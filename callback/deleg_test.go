@@ -548,3 +548,45 @@ func TestStatesUniqueAcrossEpochs(t *testing.T) {
 		}
 	}
 }
+
+// A proxy delegates only what it holds: under a limit, a stronger
+// delegation is not granted and the open is recorded instead, a weaker one
+// still is.
+func TestOpenUpToLimit(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b := s.Connect("", t0), s.Connect("", t0)
+	if res, _ := s.OpenUpTo(a, fid(1), true, DelegRead, t0); res.Kind != DelegNone || !res.Recorded || res.Wait != 0 {
+		t.Fatalf("write open under a read limit: %+v", res)
+	}
+	if res, _ := s.OpenUpTo(b, fid(2), false, DelegRead, t0); res.Kind != DelegRead || res.Recorded {
+		t.Fatalf("read open under a read limit: %+v", res)
+	}
+	if res, _ := s.OpenUpTo(b, fid(3), false, DelegNone, t0); res.Kind != DelegNone || !res.Recorded {
+		t.Fatalf("read open with no delegation to give: %+v", res)
+	}
+	if s.Delegations() != 1 {
+		t.Fatalf("%d delegations, want 1", s.Delegations())
+	}
+	// The recorded write open still counts against others' delegations.
+	if res, _ := s.OpenUpTo(b, fid(1), false, DelegWrite, t0); res.Kind != DelegNone || !res.Recorded {
+		t.Fatalf("read open of a file another client writes: %+v", res)
+	}
+}
+
+func TestDelegable(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, b := s.Connect("", t0), s.Connect("", t0)
+	if !s.Delegable(a, fid(1), true) || s.Delegable(99, fid(1), false) {
+		t.Fatal("a lone opener should be delegable, an unknown client not")
+	}
+	open(t, s, a, fid(1), false, t0)
+	if s.Delegable(a, fid(1), false) || !s.Delegable(a, fid(1), true) {
+		t.Fatal("a read delegation covers a read open, not a write open (an upgrade)")
+	}
+	if !s.Delegable(b, fid(1), false) || s.Delegable(b, fid(1), true) {
+		t.Fatal("another reader shares the read delegation; a writer must wait for its recall")
+	}
+	if nolease := NewServer(1, cfg()); nolease.Delegable(nolease.Connect("", t0), fid(1), false) {
+		t.Fatal("no lease, no delegations")
+	}
+}

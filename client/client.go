@@ -77,6 +77,12 @@ type Options struct {
 	// kernel adapter drops its cached copies there. It must not block for
 	// long (the server waits), and must not call back into the client.
 	OnInvalidate func(fids []node.FID)
+	// OnRecall, when set, hears of every delegation this client is about
+	// to give back or has lost (recall, revocation, lapsed lease, a new
+	// session), before its dirty data is stored and it is returned: a
+	// proxy recalls its own clients' delegations on the file there, and
+	// waits for them.
+	OnRecall func(fid node.FID)
 }
 
 func (o *Options) defaults() {

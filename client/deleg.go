@@ -81,6 +81,53 @@ func (c *Client) openDeleg(n *Node, write bool) error {
 	return err
 }
 
+// refusedFor is how long Delegate does not ask again for a delegation the
+// server refused: a file others have open keeps being refused, and each
+// asking is a round trip.
+const refusedFor = time.Second
+
+// Delegate gets this client a delegation on file n, as an open for writing
+// (if write) would, without opening it: a proxy holds the origin's
+// delegations for its own clients, whose opens are its to count. It
+// returns the delegation held afterwards, or none (the server refused, or
+// grants none).
+func (c *Client) Delegate(n *Node, write bool) (callback.Held, bool) {
+	if !c.delegating() {
+		return callback.Held{}, false
+	}
+	if h, ok := c.delegation(n); ok && !h.Recalled && (h.Kind == callback.DelegWrite || !write) {
+		return h, true
+	}
+	n.mu.Lock()
+	refused := time.Since(n.refusedAt) < refusedFor
+	n.mu.Unlock()
+	if refused {
+		h, ok := c.delegation(n)
+		return h, ok && !h.Recalled
+	}
+	t := c.begin()
+	defer c.end(t)
+	var reply *pb.OpenReply
+	err := c.call(func(ctx context.Context) (err error) {
+		reply, err = c.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write, DelegationOnly: true})
+		return err
+	})
+	if err != nil {
+		return callback.Held{}, false
+	}
+	c.learnPB(t, reply.Status)
+	h, ok := c.delegated(t, n, reply.Kind, reply.State)
+	if !ok || h.Recalled || write && h.Kind != callback.DelegWrite {
+		n.mu.Lock()
+		n.refusedAt = time.Now()
+		n.mu.Unlock()
+	}
+	return h, ok && !h.Recalled
+}
+
+// Lease is the delegation lease the server announced (0: it grants none).
+func (c *Client) Lease() time.Duration { return time.Duration(c.lease.Load()) }
+
 // delegated installs the delegation an open or create reply granted, and
 // starts the recall of one that was recalled before its grant arrived.
 func (c *Client) delegated(t callback.Ticket, n *Node, kind pb.DelegKind, state uint64) (callback.Held, bool) {
@@ -235,6 +282,9 @@ func (n *Node) takeLost() error {
 // stopped trusting (lease lapsed, revoked, reset), whose store the server
 // then judges. Data it refuses is kept in lost/.
 func (c *Client) giveBack(fid node.FID, state uint64) {
+	if c.opts.OnRecall != nil {
+		c.opts.OnRecall(fid)
+	}
 	c.nodesMu.Lock()
 	n := c.nodes[fid]
 	c.nodesMu.Unlock()
@@ -388,8 +438,13 @@ func (c *Client) reclaim(n *Node, state uint64) {
 // with the session.
 func (c *Client) dropDelegations(reclaim bool) {
 	c.cbMu.Lock()
-	c.cb.DropDelegations()
+	dropped := c.cb.DropDelegations()
 	c.cbMu.Unlock()
+	if c.opts.OnRecall != nil {
+		for _, h := range dropped {
+			go c.opts.OnRecall(h.FID)
+		}
+	}
 	c.nodesMu.Lock()
 	for _, n := range c.nodes {
 		n.mu.Lock()

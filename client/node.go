@@ -49,6 +49,9 @@ type Node struct {
 	// them was made, for the flusher's age bound.
 	dirtyState uint64
 	dirtySince time.Time
+	// refusedAt: the server last refused this client a delegation it
+	// asked for alone (Delegate), which it does not ask again for a while.
+	refusedAt time.Time
 	// lostErr: the flusher or a recall could not deliver this file's
 	// writes and kept them in lost/; the next Sync or Close reports it.
 	lostErr error

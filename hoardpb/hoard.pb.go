@@ -2900,10 +2900,14 @@ type OpenRequest struct {
 	// session if it is still out; after a restart, during the grace period,
 	// it grants a write delegation if the file is still at base_version;
 	// otherwise the open fails with EKEYEXPIRED and the data is lost.
-	Reclaim       uint64 `protobuf:"varint,3,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
-	BaseVersion   uint64 `protobuf:"varint,4,opt,name=base_version,json=baseVersion,proto3" json:"base_version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Reclaim     uint64 `protobuf:"varint,3,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
+	BaseVersion uint64 `protobuf:"varint,4,opt,name=base_version,json=baseVersion,proto3" json:"base_version,omitempty"`
+	// delegation_only: the caller wants a delegation, not an open (a proxy,
+	// whose own clients' opens are its to count): without one, nothing is
+	// recorded.
+	DelegationOnly bool `protobuf:"varint,5,opt,name=delegation_only,json=delegationOnly,proto3" json:"delegation_only,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *OpenRequest) Reset() {
@@ -2962,6 +2966,13 @@ func (x *OpenRequest) GetBaseVersion() uint64 {
 		return x.BaseVersion
 	}
 	return 0
+}
+
+func (x *OpenRequest) GetDelegationOnly() bool {
+	if x != nil {
+		return x.DelegationOnly
+	}
+	return false
 }
 
 type OpenReply struct {
@@ -3362,12 +3373,20 @@ type ProxyStatsReply struct {
 	Files int64 `protobuf:"varint,9,opt,name=files,proto3" json:"files,omitempty"`
 	// runs: stretches of consecutive chunks of one file stored together;
 	// chunks / runs is the store's average run length.
-	Runs          int64  `protobuf:"varint,10,opt,name=runs,proto3" json:"runs,omitempty"`
-	Chunks        int64  `protobuf:"varint,11,opt,name=chunks,proto3" json:"chunks,omitempty"`
-	BytesUsed     int64  `protobuf:"varint,12,opt,name=bytes_used,json=bytesUsed,proto3" json:"bytes_used,omitempty"`
-	Limit         int64  `protobuf:"varint,13,opt,name=limit,proto3" json:"limit,omitempty"`
-	ChunkSize     int64  `protobuf:"varint,14,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
-	Epoch         uint64 `protobuf:"varint,15,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Runs      int64  `protobuf:"varint,10,opt,name=runs,proto3" json:"runs,omitempty"`
+	Chunks    int64  `protobuf:"varint,11,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	BytesUsed int64  `protobuf:"varint,12,opt,name=bytes_used,json=bytesUsed,proto3" json:"bytes_used,omitempty"`
+	Limit     int64  `protobuf:"varint,13,opt,name=limit,proto3" json:"limit,omitempty"`
+	ChunkSize int64  `protobuf:"varint,14,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
+	Epoch     uint64 `protobuf:"varint,15,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The proxy's dealings with the origin: requests sent, delegations held
+	// now (for its clients), and recalls of them received.
+	OriginRequests         int64 `protobuf:"varint,16,opt,name=origin_requests,json=originRequests,proto3" json:"origin_requests,omitempty"`
+	OriginReadDelegations  int64 `protobuf:"varint,17,opt,name=origin_read_delegations,json=originReadDelegations,proto3" json:"origin_read_delegations,omitempty"`
+	OriginWriteDelegations int64 `protobuf:"varint,18,opt,name=origin_write_delegations,json=originWriteDelegations,proto3" json:"origin_write_delegations,omitempty"`
+	OriginRecalls          int64 `protobuf:"varint,19,opt,name=origin_recalls,json=originRecalls,proto3" json:"origin_recalls,omitempty"`
+	// delegations: those the proxy's own clients hold from it now.
+	Delegations   int64 `protobuf:"varint,20,opt,name=delegations,proto3" json:"delegations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3503,6 +3522,41 @@ func (x *ProxyStatsReply) GetChunkSize() int64 {
 func (x *ProxyStatsReply) GetEpoch() uint64 {
 	if x != nil {
 		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetOriginRequests() int64 {
+	if x != nil {
+		return x.OriginRequests
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetOriginReadDelegations() int64 {
+	if x != nil {
+		return x.OriginReadDelegations
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetOriginWriteDelegations() int64 {
+	if x != nil {
+		return x.OriginWriteDelegations
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetOriginRecalls() int64 {
+	if x != nil {
+		return x.OriginRecalls
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetDelegations() int64 {
+	if x != nil {
+		return x.Delegations
 	}
 	return 0
 }
@@ -3703,12 +3757,13 @@ const file_hoard_proto_rawDesc = "" +
 	"delegState\"6\n" +
 	"\n" +
 	"StoreReply\x12(\n" +
-	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\"\x81\x01\n" +
+	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\"\xaa\x01\n" +
 	"\vOpenRequest\x12\x1f\n" +
 	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12\x14\n" +
 	"\x05write\x18\x02 \x01(\bR\x05write\x12\x18\n" +
 	"\areclaim\x18\x03 \x01(\x04R\areclaim\x12!\n" +
-	"\fbase_version\x18\x04 \x01(\x04R\vbaseVersion\"\x90\x01\n" +
+	"\fbase_version\x18\x04 \x01(\x04R\vbaseVersion\x12'\n" +
+	"\x0fdelegation_only\x18\x05 \x01(\bR\x0edelegationOnly\"\x90\x01\n" +
 	"\tOpenReply\x12(\n" +
 	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\x12'\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x13.hoard.v1.DelegKindR\x04kind\x12\x14\n" +
@@ -3729,7 +3784,7 @@ const file_hoard_proto_rawDesc = "" +
 	"RenewReply\")\n" +
 	"\vReturnReply\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\"\x13\n" +
-	"\x11ProxyStatsRequest\"\x93\x03\n" +
+	"\x11ProxyStatsRequest\"\xf7\x04\n" +
 	"\x0fProxyStatsReply\x12\x16\n" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12\x16\n" +
 	"\x06layout\x18\x02 \x01(\tR\x06layout\x12\x12\n" +
@@ -3748,7 +3803,12 @@ const file_hoard_proto_rawDesc = "" +
 	"\x05limit\x18\r \x01(\x03R\x05limit\x12\x1d\n" +
 	"\n" +
 	"chunk_size\x18\x0e \x01(\x03R\tchunkSize\x12\x14\n" +
-	"\x05epoch\x18\x0f \x01(\x04R\x05epoch*\xd6\x01\n" +
+	"\x05epoch\x18\x0f \x01(\x04R\x05epoch\x12'\n" +
+	"\x0forigin_requests\x18\x10 \x01(\x03R\x0eoriginRequests\x126\n" +
+	"\x17origin_read_delegations\x18\x11 \x01(\x03R\x15originReadDelegations\x128\n" +
+	"\x18origin_write_delegations\x18\x12 \x01(\x03R\x16originWriteDelegations\x12%\n" +
+	"\x0eorigin_recalls\x18\x13 \x01(\x03R\roriginRecalls\x12 \n" +
+	"\vdelegations\x18\x14 \x01(\x03R\vdelegations*\xd6\x01\n" +
 	"\bFileType\x12\x19\n" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x11\n" +

@@ -181,6 +181,74 @@ func TestProxyChainedBreaks(t *testing.T) {
 	}
 }
 
+// Delegations chain through the proxy (Nache): its clients get them from
+// the proxy, which holds the origin's on their behalf. Conflicts between
+// two of its clients are sorted out at the proxy, without the origin; a
+// conflicting read at the origin recalls the proxy's delegation, which
+// first recalls its client's, whose dirty data reaches the origin before
+// the read is answered. A file made and removed under a delegation never
+// reaches the origin at all.
+func TestProxyDelegations(t *testing.T) {
+	tmp := t.TempDir()
+	origin := startServer(t, filepath.Join(tmp, "origin"))
+	px := startProxy(t, origin, filepath.Join(tmp, "proxy"))
+	writeBack := func(addr, name string) *client.Client {
+		c, err := client.Dial(client.Options{Server: addr, CacheDir: filepath.Join(tmp, name), CacheSize: 64 << 20,
+			FlushAge: time.Hour, RPCTimeout: 10 * time.Second, Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	a, b, direct := writeBack(px.addr, "a"), writeBack(px.addr, "b"), writeBack(origin.addr, "direct")
+
+	writeFile(t, a, "/f", []byte("from a"))
+	if st := a.Stats(); st.WriteDelegations != 1 || st.DirtyBytes == 0 {
+		t.Fatalf("a holds %d write delegations and %d dirty bytes: want the file's, its writes not stored yet", st.WriteDelegations, st.DirtyBytes)
+	}
+	if ps := proxyStats(t, px.addr); ps.OriginWriteDelegations != 1 || ps.Delegations != 1 {
+		t.Fatalf("the proxy holds %d write delegations from the origin and gave %d: want 1 and 1", ps.OriginWriteDelegations, ps.Delegations)
+	}
+	// b conflicts with a only: the proxy recalls a's delegation.
+	if got := string(readFile(t, b, "/f")); got != "from a" {
+		t.Fatalf("b read %q through the proxy, want a's unstored %q", got, "from a")
+	}
+	if a.Stats().Recalls != 1 {
+		t.Fatalf("a got %d recalls, want 1", a.Stats().Recalls)
+	}
+	if ps := proxyStats(t, px.addr); ps.OriginRecalls != 0 || ps.OriginWriteDelegations != 1 {
+		t.Fatalf("a conflict between two proxy clients reached the origin: %d recalls of the proxy, %d write delegations held", ps.OriginRecalls, ps.OriginWriteDelegations)
+	}
+	// b writes under a delegation of its own; the origin's client reads.
+	writeFile(t, b, "/f", []byte("from b, longer"))
+	if st := b.Stats(); st.WriteDelegations != 1 || st.DirtyBytes == 0 {
+		t.Fatalf("b holds %d write delegations and %d dirty bytes", st.WriteDelegations, st.DirtyBytes)
+	}
+	if got := string(readFile(t, direct, "/f")); got != "from b, longer" {
+		t.Fatalf("the origin's client read %q, want b's unstored %q", got, "from b, longer")
+	}
+	if ps := proxyStats(t, px.addr); ps.OriginRecalls != 1 || ps.OriginWriteDelegations != 0 {
+		t.Fatalf("after a read at the origin: %d recalls of the proxy, %d write delegations held; want 1, 0", ps.OriginRecalls, ps.OriginWriteDelegations)
+	}
+	if st := b.Stats(); st.Recalls != 1 || st.DirtyBytes != 0 {
+		t.Fatalf("b: %d recalls, %d dirty bytes left; want 1, 0", st.Recalls, st.DirtyBytes)
+	}
+	// A short-lived file: made, written, closed and removed under a's
+	// delegation, it is never stored.
+	stores := a.Stats().Stores
+	writeFile(t, a, "/tmp", randomBytes(1, 1<<20))
+	if err := a.Remove("/tmp"); err != nil {
+		t.Fatal(err)
+	}
+	if n := a.Stats().Stores - stores; n != 0 {
+		t.Fatalf("a sent %d stores of a file it made and removed under its delegation, want none", n)
+	}
+	if _, err := direct.Stat("/tmp"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("stat at the origin of a removed file: %v", err)
+	}
+}
+
 // With the origin away, what the proxy holds a promise on is still served;
 // anything else fails after the proxy's timeout, with a clear error; once
 // the origin is back, everything works again without a restart.
@@ -447,9 +515,12 @@ func TestProxyDiskFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Write(randomBytes(6, 4<<20))
-	if err := f.Close(); err == nil {
-		t.Fatal("a write through a proxy whose disk is full was acknowledged")
+	// fsync, not close: under the proxy's write delegation a close is
+	// local, and the write-back that follows reports its failure later.
+	if err := f.Sync(); err == nil {
+		t.Fatal("a write through a proxy whose disk is full was acknowledged by fsync")
 	}
+	f.Close()
 	if !bytes.Equal(readFile(t, dial(t, px.addr, "mem", 128<<20), "/f"), data) {
 		t.Fatal("after a failed write, a read through the proxy returned other bytes")
 	}

@@ -13,6 +13,15 @@
 // up on). A change is made at the origin first and acknowledged to the
 // proxy client only after the origin acknowledged it; then the proxy
 // breaks its other clients' promises, as a server would.
+//
+// Delegations chain the same way (Nache, FAST'07): the proxy delegates to
+// its clients only what it holds from the origin, asking for it when a
+// client's open would be given one, and keeps it for all of them, so
+// clients that conflict only with each other are sorted out here, without
+// a round trip to the origin. When the origin recalls the proxy's
+// delegation, the proxy recalls its clients' first; their dirty data is
+// stored through to the origin under the proxy's delegation, which the
+// origin still honours, and only then does the proxy give it back.
 package proxy
 
 import (
@@ -29,6 +38,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/callback"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
@@ -54,7 +64,10 @@ type Options struct {
 	// Timeout bounds each request to the origin: with the origin away,
 	// what the proxy has no promise for fails after it.
 	Timeout time.Duration
-	Logger  *slog.Logger
+	// NoDelegations: the proxy takes none from the origin, so it gives
+	// its clients none either.
+	NoDelegations bool
+	Logger        *slog.Logger
 }
 
 // Proxy is the server.Backend of a caching proxy.
@@ -69,6 +82,10 @@ type Proxy struct {
 
 	mu       sync.Mutex
 	inflight map[fetchKey]*fetchCall
+	// upstream is the origin's write delegation on each file the proxy
+	// delegated to a client of its own: that client's stores go to the
+	// origin under it.
+	upstream map[node.FID]uint64
 }
 
 // metaCacheSize bounds the client cache the proxy keeps the origin's
@@ -95,7 +112,7 @@ func Open(o Options) (p *Proxy, err error) {
 	if err != nil {
 		return nil, err
 	}
-	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, log: o.Logger, inflight: map[fetchKey]*fetchCall{}}
+	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, log: o.Logger, inflight: map[fetchKey]*fetchCall{}, upstream: map[node.FID]uint64{}}
 	host, _ := os.Hostname()
 	p.c, err = client.Dial(client.Options{
 		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: metaCacheSize,
@@ -103,12 +120,11 @@ func Open(o Options) (p *Proxy, err error) {
 		// One chunk fetch per stream at a time: a proxy fetches for
 		// many clients at once.
 		DataStreams: 16,
-		// The proxy writes through: its clients' stores reach the origin
-		// before they are acknowledged, so it has nothing to delegate.
-		NoDelegations: true,
+		NoDelegations: o.NoDelegations,
 		Name:          fmt.Sprintf("proxy %s pid %d", host, os.Getpid()),
 		Logger:        o.Logger,
 		OnInvalidate:  p.invalidate,
+		OnRecall:      p.recall,
 	})
 	if err != nil {
 		return nil, err
@@ -126,8 +142,10 @@ func Open(o Options) (p *Proxy, err error) {
 // every break from the origin; call it before the server takes requests.
 func (p *Proxy) Serve(s *server.Server) { p.srv.Store(s) }
 
-// Close ends the session with the origin and closes the caches.
+// Close ends the session with the origin and closes the caches. The
+// server must be shut down first: its clients hear nothing more.
 func (p *Proxy) Close() error {
+	p.srv.Store(nil)
 	err := p.c.Close()
 	if serr := p.store.Close(); err == nil {
 		err = serr
@@ -141,12 +159,47 @@ func (p *Proxy) Origin() string { return p.origin }
 // Stats are the disk store's counters.
 func (p *Proxy) Stats() proxystore.Stats { return p.store.Stats() }
 
+// OriginStats are the counters of the proxy's session with the origin.
+func (p *Proxy) OriginStats() client.Stats { return p.c.Stats() }
+
 // invalidate passes a break from the origin on to the proxy's clients; the
 // origin hears the acknowledgement once this returns.
 func (p *Proxy) invalidate(fids []node.FID) {
 	if s := p.srv.Load(); s != nil {
 		s.Invalidate(fids)
 	}
+}
+
+// recall passes a recall from the origin on to the proxy's clients (or the
+// end of a delegation the proxy lost): the origin hears the return once
+// they returned theirs, their dirty data stored through.
+func (p *Proxy) recall(f node.FID) {
+	if s := p.srv.Load(); s != nil {
+		s.RecallAll([]node.FID{f})
+	}
+	p.mu.Lock()
+	delete(p.upstream, f)
+	p.mu.Unlock()
+}
+
+// Lease is the delegation lease the proxy gives its clients: half the
+// origin's, so that a recall of the proxy's clients ends (returned or
+// revoked) well before the origin would revoke the proxy's own. Zero when
+// the origin grants none.
+func (p *Proxy) Lease() time.Duration { return p.c.Lease() / 2 }
+
+// Delegation gets the origin's delegation on f, for the proxy's clients.
+func (p *Proxy) Delegation(f node.FID, write bool) callback.DelegKind {
+	h, ok := p.c.Delegate(p.c.NodeOf(f), write)
+	if !ok {
+		return callback.DelegNone
+	}
+	if h.Kind == callback.DelegWrite {
+		p.mu.Lock()
+		p.upstream[f] = h.State
+		p.mu.Unlock()
+	}
+	return h.Kind
 }
 
 // nextEpoch counts the proxy's starts in the file at path, durably, so a
@@ -412,13 +465,22 @@ func (p *Proxy) PromiseLimit(f node.FID) time.Duration {
 }
 
 // BeginUpdate stages a proxy client's store in a file of the proxy's own;
-// Commit sends it to the origin.
-func (p *Proxy) BeginUpdate(f node.FID, base uint64) (server.Update, error) {
+// Commit sends it to the origin. A store made under the proxy's
+// delegation goes under the origin's delegation the proxy holds, so the
+// origin refuses it if it revoked that one meanwhile (the proxy was away
+// for longer than a lease), as it would refuse a client of its own.
+func (p *Proxy) BeginUpdate(f node.FID, base uint64, delegated bool) (server.Update, error) {
+	args := datapath.StoreArgs{FID: f, BaseVersion: base}
+	if delegated {
+		p.mu.Lock()
+		args.DelegState = p.upstream[f]
+		p.mu.Unlock()
+	}
 	tmp, err := os.CreateTemp(filepath.Join(p.dir, "staging"), "s-*")
 	if err != nil {
 		return nil, err
 	}
-	return &update{p: p, args: datapath.StoreArgs{FID: f, BaseVersion: base}, staging: tmp}, nil
+	return &update{p: p, args: args, staging: tmp}, nil
 }
 
 type update struct {

@@ -4,6 +4,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/hoardfs/hoard/callback"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/vnode"
 )
@@ -35,11 +36,16 @@ type Backend interface {
 	// is authentication) along with the status of the version they
 	// belong to.
 	ReadAt(f node.FID, p []byte, off int64, user string) (n int, st node.Status, err error)
-	// BeginUpdate starts staging a store based on version base.
-	BeginUpdate(f node.FID, base uint64) (Update, error)
+	// BeginUpdate starts staging a store based on version base, made
+	// under a delegation of this server's if delegated.
+	BeginUpdate(f node.FID, base uint64, delegated bool) (Update, error)
 	// PromiseLimit bounds a promise on f: a proxy may promise no longer
 	// than the promise it holds itself (0: none at all).
 	PromiseLimit(f node.FID) time.Duration
+	// Delegation is the strongest delegation an open of f (for writing,
+	// if write) may be given: a proxy delegates only what it holds from
+	// its origin, and asks for it here.
+	Delegation(f node.FID, write bool) callback.DelegKind
 }
 
 // Update is one staged store, committed as one new data version.
@@ -70,7 +76,7 @@ func (l local) ReadAt(f node.FID, p []byte, off int64, _ string) (int, node.Stat
 	return l.Store.ReadAt(f, p, off)
 }
 
-func (l local) BeginUpdate(f node.FID, _ uint64) (Update, error) {
+func (l local) BeginUpdate(f node.FID, _ uint64, _ bool) (Update, error) {
 	u, err := l.Store.BeginUpdate(f)
 	if err != nil {
 		return nil, err // not a typed nil in the interface
@@ -79,3 +85,5 @@ func (l local) BeginUpdate(f node.FID, _ uint64) (Update, error) {
 }
 
 func (local) PromiseLimit(node.FID) time.Duration { return 1<<63 - 1 }
+
+func (local) Delegation(node.FID, bool) callback.DelegKind { return callback.DelegWrite }

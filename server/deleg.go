@@ -61,9 +61,24 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 		return nil, err
 	}
 	for {
+		// The backend is asked only for a delegation the open would get:
+		// a proxy's costs a round trip to its origin.
+		limit := callback.DelegNone
+		if s.cfg.Lease > 0 {
+			s.mu.Lock()
+			want := s.cb.Delegable(o.id, f, write)
+			s.mu.Unlock()
+			if want {
+				limit = s.store.Delegation(f, write)
+			}
+		}
 		s.mu.Lock()
-		res, msgs := s.cb.Open(o.id, f, write, time.Now())
+		res, msgs := s.cb.OpenUpTo(o.id, f, write, limit, time.Now())
 		r := s.waitLocked(res.Wait, msgs)
+		if res.Wait == 0 && res.Recorded && req.DelegationOnly {
+			s.cb.Close(o.id, f, write)
+			res.Recorded = false
+		}
 		s.mu.Unlock()
 		if res.Wait == 0 {
 			if res.Kind == callback.DelegWrite {
@@ -83,6 +98,24 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 			return nil, err
 		}
 	}
+}
+
+// RecallAll recalls every client's delegation on fids and waits until
+// they are returned or revoked (at most a lease): a proxy does so before
+// it gives back its own delegation from the origin.
+func (s *Server) RecallAll(fids []node.FID) {
+	s.mu.Lock()
+	r, msgs := s.cb.Recall(0, fids, time.Now())
+	ch := s.waitLocked(r, msgs)
+	s.mu.Unlock()
+	s.await(context.Background(), ch)
+}
+
+// Delegations is the number of delegations clients hold now.
+func (s *Server) Delegations() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cb.Delegations()
 }
 
 // Close records the close of an open that came without a delegation.

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/vnode"
@@ -160,7 +161,7 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	reply := &pb.CreateReply{Created: created}
 	if created {
 		changed := []node.FID{dir}
-		if req.Open && t == node.TypeFile && o.id != 0 && s.cfg.Lease > 0 {
+		if req.Open && t == node.TypeFile && o.id != 0 && s.cfg.Lease > 0 && s.store.Delegation(st.FID, true) == callback.DelegWrite {
 			// Granted before the directory's promises are broken, so
 			// before anybody else can open the new file: this is a
 			// grant, never a wait or a recorded open. A lookup may have
@@ -424,7 +425,7 @@ func (s *Server) beginStore(hdr *pb.StoreRequest) (node.FID, Update, error) {
 	if hdr.Size > 1<<44 || hdr.Truncate > 1<<44 {
 		return f, nil, fmt.Errorf("store %v: size %d/%d: %w", f, hdr.Truncate, hdr.Size, syscall.EFBIG)
 	}
-	u, err := s.store.BeginUpdate(f, hdr.BaseVersion)
+	u, err := s.store.BeginUpdate(f, hdr.BaseVersion, hdr.DelegState != 0)
 	if err != nil {
 		return f, nil, err
 	}

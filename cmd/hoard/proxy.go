@@ -26,11 +26,9 @@ func proxyCmd() *cobra.Command {
 	// origin's own break timeout (2 s by default): give up on a silent
 	// client of the proxy sooner than the origin gives up on the proxy.
 	cfg.BreakTimeout = time.Second
-	// Delegations through a proxy are not there yet: its clients take
-	// callback promises only.
-	cfg.Lease = 0
 	var origin, listen, dir, size, layout string
 	var timeout, fast time.Duration
+	var noDeleg bool
 	cmd := &cobra.Command{
 		Use:   "proxy --origin ADDR --cache DIR [--listen 127.0.0.1:7200]",
 		Short: "run a caching proxy: clients point at it as at a server, and it serves them from its cache of the origin",
@@ -58,17 +56,18 @@ func proxyCmd() *cobra.Command {
 			}
 			defer lis.Close()
 			p, err := proxy.Open(proxy.Options{Origin: origin, Dir: dir, CacheSize: n, Timeout: timeout,
-				Layout: layout, FastFetch: fast, Logger: slog.Default()})
+				Layout: layout, FastFetch: fast, NoDelegations: noDeleg, Logger: slog.Default()})
 			if err != nil {
 				return usagef("proxy of %s in %s: %v", origin, dir, err)
 			}
 			defer p.Close()
 			cfg.Logger = slog.Default()
+			cfg.Lease = p.Lease()
 			srv := server.New(p, cfg)
 			p.Serve(srv)
 			defer srv.Shutdown()
 			return serve("proxy", srv, lis, fmt.Sprintf("serving %s from cache %s (%s) on %s (epoch %d)", origin, dir, layout, lis.Addr(), p.Epoch()),
-				func(g *grpc.Server) { pb.RegisterProxyServer(g, statsServer{p: p}) })
+				func(g *grpc.Server) { pb.RegisterProxyServer(g, statsServer{p: p, srv: srv}) })
 		},
 	}
 	f := cmd.Flags()
@@ -83,6 +82,7 @@ func proxyCmd() *cobra.Command {
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break (keep it below the origin's)")
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
 	f.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after a start, how long changes wait for clients of the previous life to reconnect")
+	f.BoolVar(&noDeleg, "no-delegations", false, "take no delegations from the origin and give clients none (their opens then go to the proxy, as with a server run with --lease 0)")
 	cmd.AddCommand(proxyStatsCmd())
 	return cmd
 }
@@ -90,15 +90,18 @@ func proxyCmd() *cobra.Command {
 // statsServer answers hoard proxy stats.
 type statsServer struct {
 	pb.UnimplementedProxyServer
-	p *proxy.Proxy
+	p   *proxy.Proxy
+	srv *server.Server
 }
 
 func (s statsServer) Stats(context.Context, *pb.ProxyStatsRequest) (*pb.ProxyStatsReply, error) {
-	st := s.p.Stats()
+	st, o := s.p.Stats(), s.p.OriginStats()
 	return &pb.ProxyStatsReply{Origin: s.p.Origin(), Layout: st.Layout, Hits: st.Hits, Misses: st.Misses,
 		BytesServed: st.BytesServed, BytesFetched: st.BytesFetched, Evictions: st.Evictions, Torn: st.Torn,
 		Files: st.Files, Runs: st.Runs, Chunks: st.Chunks, BytesUsed: st.BytesUsed, Limit: st.Limit,
-		ChunkSize: st.ChunkSize, Epoch: s.p.Epoch()}, nil
+		ChunkSize: st.ChunkSize, Epoch: s.p.Epoch(),
+		OriginRequests: o.RPCs, OriginReadDelegations: int64(o.ReadDelegations), OriginWriteDelegations: int64(o.WriteDelegations),
+		OriginRecalls: o.Recalls, Delegations: int64(s.srv.Delegations())}, nil
 }
 
 func proxyStatsCmd() *cobra.Command {
@@ -157,6 +160,9 @@ func printProxyStats(addr string, r *pb.ProxyStatsReply) {
 	fmt.Printf("hit ratio:        %.1f%% (%d chunk reads from the store, %d from the origin)\n", 100*ratio, r.Hits, r.Misses)
 	fmt.Printf("served clients:   %d bytes\n", r.BytesServed)
 	fmt.Printf("fetched from origin %s: %d bytes\n", r.Origin, r.BytesFetched)
+	fmt.Printf("origin requests:  %d; delegations held from it: %d read, %d write; recalls from it: %d\n",
+		r.OriginRequests, r.OriginReadDelegations, r.OriginWriteDelegations, r.OriginRecalls)
+	fmt.Printf("clients hold:     %d delegations from this proxy\n", r.Delegations)
 	fmt.Printf("store:            %d of %d bytes, %d files, %d chunks in %d runs\n", r.BytesUsed, r.Limit, r.Files, r.Chunks, r.Runs)
 	fmt.Printf("average run:      %.2f chunks (%.0f bytes)\n", avg, avg*float64(r.ChunkSize))
 	fmt.Printf("evictions:        %d runs\n", r.Evictions)
