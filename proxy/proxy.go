@@ -119,7 +119,7 @@ func Open(o Options) (p *Proxy, err error) {
 		RPCTimeout: o.Timeout, DialTimeout: o.Timeout,
 		// One chunk fetch per stream at a time: a proxy fetches for
 		// many clients at once.
-		DataStreams: 16,
+		DataStreams:   16,
 		NoDelegations: o.NoDelegations,
 		Name:          fmt.Sprintf("proxy %s pid %d", host, os.Getpid()),
 		Logger:        o.Logger,
