@@ -551,13 +551,18 @@ func (c *Client) callData(fn func(ctx context.Context) error) error {
 // op is the id, or "" for a new one.
 func (c *Client) callOnce(op string, fn func(ctx context.Context) error) error {
 	if op == "" {
-		var id [16]byte
-		rand.Read(id[:])
-		op = hex.EncodeToString(id[:])
+		op = newOp()
 	}
 	return c.call(func(ctx context.Context) error {
 		return fn(metadata.AppendToOutgoingContext(ctx, pb.OpMetadata, op))
 	})
+}
+
+// newOp is a new op id.
+func newOp() string {
+	var id [16]byte
+	rand.Read(id[:])
+	return hex.EncodeToString(id[:])
 }
 
 func (c *Client) callTimeout(timeout time.Duration, fn func(ctx context.Context) error) error {

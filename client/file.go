@@ -484,6 +484,11 @@ func (c *Client) storeData(args datapath.StoreArgs, stored func(st node.Status) 
 	var st node.Status
 	var ttl time.Duration
 	c.counters.stores.Add(1)
+	if args.Op == "" {
+		// Every attempt names the store alike: one the server made
+		// before a lost reply is not made again over later stores.
+		args.Op = newOp()
+	}
 	err := c.callData(func(ctx context.Context) (err error) {
 		st, ttl, err = c.data.Load().Store(ctx, args)
 		return err

@@ -39,6 +39,9 @@ type StoreArgs struct {
 	// DelegState is the delegation the writes were made under (0: none):
 	// the server refuses the store if the client no longer holds it.
 	DelegState uint64
+	// Op names the store, the same in every attempt: the server makes it
+	// once (vnode.Op).
+	Op string
 }
 
 // bytes is how many bytes the store sends.
@@ -155,7 +158,7 @@ func (g GRPC) Store(ctx context.Context, a StoreArgs) (node.Status, time.Duratio
 // storeHeader is the store's description without its data.
 func storeHeader(a StoreArgs) *pb.StoreRequest {
 	hdr := &pb.StoreRequest{Fid: pb.FromFID(a.FID), BaseVersion: a.BaseVersion,
-		HasTruncate: a.HasTruncate, Truncate: a.Truncate, HasSize: a.HasSize, Size: a.Size, Sync: a.Sync, DelegState: a.DelegState}
+		HasTruncate: a.HasTruncate, Truncate: a.Truncate, HasSize: a.HasSize, Size: a.Size, Sync: a.Sync, DelegState: a.DelegState, Op: a.Op}
 	if !a.Mtime.IsZero() {
 		hdr.MtimeNs = a.Mtime.UnixNano()
 	}

@@ -2732,7 +2732,11 @@ type StoreRequest struct {
 	MtimeNs int64  `protobuf:"varint,10,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
 	// The delegation the store was made under, 0 if none: a store under a
 	// delegation the client no longer holds is refused (EKEYEXPIRED).
-	DelegState    uint64 `protobuf:"varint,11,opt,name=deleg_state,json=delegState,proto3" json:"deleg_state,omitempty"`
+	DelegState uint64 `protobuf:"varint,11,opt,name=deleg_state,json=delegState,proto3" json:"deleg_state,omitempty"`
+	// op names this store: sent again because its reply was lost (the
+	// connection broke, the server restarted), a store the server already
+	// made is not made a second time, over what others stored since.
+	Op            string `protobuf:"bytes,12,opt,name=op,proto3" json:"op,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2842,6 +2846,13 @@ func (x *StoreRequest) GetDelegState() uint64 {
 		return x.DelegState
 	}
 	return 0
+}
+
+func (x *StoreRequest) GetOp() string {
+	if x != nil {
+		return x.Op
+	}
+	return ""
 }
 
 type StoreReply struct {
@@ -3740,7 +3751,7 @@ const file_hoard_proto_rawDesc = "" +
 	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12!\n" +
-	"\fdata_version\x18\x04 \x01(\x04R\vdataVersion\"\xbc\x02\n" +
+	"\fdata_version\x18\x04 \x01(\x04R\vdataVersion\"\xcc\x02\n" +
 	"\fStoreRequest\x12\x1f\n" +
 	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12!\n" +
 	"\fbase_version\x18\x02 \x01(\x04R\vbaseVersion\x12!\n" +
@@ -3754,7 +3765,8 @@ const file_hoard_proto_rawDesc = "" +
 	"\bmtime_ns\x18\n" +
 	" \x01(\x03R\amtimeNs\x12\x1f\n" +
 	"\vdeleg_state\x18\v \x01(\x04R\n" +
-	"delegState\"6\n" +
+	"delegState\x12\x0e\n" +
+	"\x02op\x18\f \x01(\tR\x02op\"6\n" +
 	"\n" +
 	"StoreReply\x12(\n" +
 	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\"\xaa\x01\n" +

@@ -511,12 +511,12 @@ func (u *update) SetSize(n uint64) { u.args.HasSize, u.args.Size = true, n }
 
 // Commit stores the change at the origin; it is acknowledged to the proxy
 // client only once the origin acknowledged it.
-func (u *update) Commit(sync bool, mtime time.Time) (node.Status, error) {
+func (u *update) Commit(sync bool, mtime time.Time, op vnode.Op) (node.Status, error) {
 	if u.done {
 		return node.Status{}, errors.New("update already finished")
 	}
 	defer u.Abort()
-	u.args.Sync, u.args.Mtime = sync, mtime
+	u.args.Sync, u.args.Mtime, u.args.Op = sync, mtime, string(op)
 	u.args.Read = func(b []byte, off int64) error {
 		_, err := u.staging.ReadAt(b, off)
 		if err == io.EOF {

@@ -55,7 +55,9 @@ type Update interface {
 	// after them.
 	Truncate(n uint64)
 	SetSize(n uint64)
-	Commit(sync bool, mtime time.Time) (node.Status, error)
+	// Commit makes the new version; op (if not empty) names the store,
+	// which is made only once however often it is sent (vnode.Op).
+	Commit(sync bool, mtime time.Time, op vnode.Op) (node.Status, error)
 	Abort()
 }
 

@@ -50,7 +50,7 @@ func newFuzzServer(t testing.TB) (*Server, node.FID) {
 	}
 	u, _ := store.BeginUpdate(st.FID)
 	u.WriteAt([]byte("hello fuzz"), 0)
-	u.Commit(false, st.Mtime)
+	u.Commit(false, st.Mtime, "")
 	store.Create(v.Root, "d", node.TypeDir, vnode.Attr{Mode: 0o755}, "", true, "")
 	cfg := DefaultConfig()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

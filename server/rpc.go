@@ -425,6 +425,9 @@ func (s *Server) beginStore(hdr *pb.StoreRequest) (node.FID, Update, error) {
 	if hdr.Size > 1<<44 || hdr.Truncate > 1<<44 {
 		return f, nil, fmt.Errorf("store %v: size %d/%d: %w", f, hdr.Truncate, hdr.Size, syscall.EFBIG)
 	}
+	if err := vnode.CheckOp(vnode.Op(hdr.Op)); err != nil {
+		return f, nil, fmt.Errorf("store %v: %w", f, err)
+	}
 	u, err := s.store.BeginUpdate(f, hdr.BaseVersion, hdr.DelegState != 0)
 	if err != nil {
 		return f, nil, err
@@ -459,7 +462,7 @@ func (s *Server) commitStore(ctx context.Context, o *op, f node.FID, u Update, h
 	if hdr.MtimeNs != 0 {
 		mtime = time.Unix(0, hdr.MtimeNs)
 	}
-	st, err := u.Commit(hdr.Sync, mtime)
+	st, err := u.Commit(hdr.Sync, mtime, vnode.Op(hdr.Op))
 	if err != nil {
 		return st, err
 	}

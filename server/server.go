@@ -496,7 +496,7 @@ func (r *recordingStream) RecvMsg(m any) error {
 		if sr, ok := m.(*pb.StoreRequest); ok {
 			// The header, without its data.
 			m = &pb.StoreRequest{Fid: sr.Fid, BaseVersion: sr.BaseVersion, HasTruncate: sr.HasTruncate, Truncate: sr.Truncate,
-				HasSize: sr.HasSize, Size: sr.Size, Sync: sr.Sync, DelegState: sr.DelegState}
+				HasSize: sr.HasSize, Size: sr.Size, Sync: sr.Sync, DelegState: sr.DelegState, Op: sr.Op}
 		}
 		r.first = m
 	}

@@ -167,8 +167,10 @@ func decodePending(b []byte) (pending, error) {
 }
 
 // Commit publishes the staged change as the file's next data version. With
-// sync, data and metadata are on stable storage before it returns.
-func (u *Update) Commit(sync bool, mtime time.Time) (node.Status, error) {
+// sync, data and metadata are on stable storage before it returns. A
+// commit named by an op already recorded changes nothing: it was made
+// before, and its reply lost; the file's status is returned.
+func (u *Update) Commit(sync bool, mtime time.Time, op Op) (node.Status, error) {
 	if u.done {
 		return node.Status{}, errors.New("update already finished")
 	}
@@ -231,7 +233,12 @@ func (u *Update) Commit(sync bool, mtime time.Time) (node.Status, error) {
 		}
 	}
 	var st node.Status
+	made := false
 	err = s.mutate(f.Volume, func(v *vtx) error {
+		if d, ok := v.findOp(op); ok {
+			st, made = v.statusNow(d.vnodes[0]), true
+			return nil
+		}
 		r, err := v.get(f)
 		if err != nil {
 			return err
@@ -256,10 +263,13 @@ func (u *Update) Commit(sync bool, mtime time.Time) (node.Status, error) {
 			return err
 		}
 		st = r.status(v.id, f.Vnode)
+		if err := v.recordOp(op, done{vnodes: []named{namedBy(st)}}); err != nil {
+			return err
+		}
 		return v.tx.Bucket(bktPending).Put([]byte(u.name), p.encode())
 	})
-	if err != nil {
-		return node.Status{}, err
+	if err != nil || made {
+		return st, err
 	}
 	if err := s.finish(u.name, p, sync); err != nil {
 		// Published but not carried out: refuse this file until a restart

@@ -573,7 +573,7 @@ func (s *Store) SetAttr(f node.FID, c Change) (node.Status, error) {
 			return node.Status{}, err
 		}
 		u.SetSize(c.Size)
-		st, err := u.Commit(true, time.Time{})
+		st, err := u.Commit(true, time.Time{}, "")
 		if err != nil || c.Mask&^SetSize == 0 {
 			return st, err
 		}

@@ -54,7 +54,7 @@ func write(t *testing.T, s *Store, f node.FID, off int64, data []byte) node.Stat
 	if err := u.WriteAt(data, off); err != nil {
 		t.Fatal(err)
 	}
-	st, err := u.Commit(true, time.Time{})
+	st, err := u.Commit(true, time.Time{}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -443,7 +443,7 @@ func TestDataStores(t *testing.T) {
 	u, _ := s.BeginUpdate(f)
 	u.Truncate(100)
 	u.WriteAt([]byte("tail"), 300)
-	if _, err := u.Commit(true, time.Time{}); err != nil {
+	if _, err := u.Commit(true, time.Time{}, ""); err != nil {
 		t.Fatal(err)
 	}
 	want = append(append(append([]byte(nil), want[:100]...), make([]byte, 200)...), "tail"...)
@@ -454,7 +454,7 @@ func TestDataStores(t *testing.T) {
 	u, _ = s.BeginUpdate(f)
 	u.Truncate(2)
 	u.WriteAt([]byte("far"), 2000)
-	if _, err := u.Commit(true, time.Time{}); err != nil {
+	if _, err := u.Commit(true, time.Time{}, ""); err != nil {
 		t.Fatal(err)
 	}
 	farWant := append(append(append([]byte(nil), want[:2]...), make([]byte, 1998)...), "far"...)
@@ -599,7 +599,7 @@ func TestTruncateThenWrite(t *testing.T) {
 		u.WriteAt(bytes.Repeat([]byte("a"), 10), 0)
 		u.WriteAt(bytes.Repeat([]byte("b"), 10), 50)
 		u.SetSize(55)
-		st, err := u.Commit(true, time.Time{})
+		st, err := u.Commit(true, time.Time{}, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -610,7 +610,7 @@ func TestTruncateThenWrite(t *testing.T) {
 		// A pure extension keeps the data and adds zeros, in place.
 		u, _ = s.BeginUpdate(f)
 		u.SetSize(60)
-		u.Commit(true, time.Time{})
+		u.Commit(true, time.Time{}, "")
 		if got := read(t, s, f); string(got) != want+string(make([]byte, 5)) {
 			t.Fatalf("extend: got %q", got)
 		}
@@ -713,5 +713,44 @@ func TestRemoveWaitsForCommitInFlight(t *testing.T) {
 	}
 	if left := files(); len(left) != 0 {
 		t.Fatalf("data files left after remove: %v", left)
+	}
+}
+
+// A store sent again because its reply was lost is not made twice: made
+// again after another store, it would undo that one.
+func TestStoreOnce(t *testing.T) {
+	s := open(t, t.TempDir())
+	r := root(t, s)
+	f := mustCreate(t, s, r, "f", node.TypeFile).FID
+	commit := func(data string, op Op) node.Status {
+		t.Helper()
+		u, err := s.BeginUpdate(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.WriteAt([]byte(data), 0)
+		u.SetSize(uint64(len(data)))
+		st, err := u.Commit(false, time.Time{}, op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	first := commit("first", "op-1")
+	other := commit("other", "op-2")
+	again := commit("first", "op-1")
+	if again.DataVersion != other.DataVersion || string(read(t, s, f)) != "other" {
+		t.Fatalf("op-1 sent again: version %d (want %d), data %q (want the later store's)", again.DataVersion, other.DataVersion, read(t, s, f))
+	}
+	if other.DataVersion <= first.DataVersion {
+		t.Fatal("versions did not advance")
+	}
+	if staged, _ := os.ReadDir(filepath.Join(s.Dir(), "staging")); len(staged) != 0 {
+		t.Fatalf("%d staging files left", len(staged))
+	}
+	// Unnamed stores are made every time.
+	commit("x", "")
+	if st := commit("x", ""); st.DataVersion != other.DataVersion+2 {
+		t.Fatalf("version %d after two unnamed stores, want %d", st.DataVersion, other.DataVersion+2)
 	}
 }
