@@ -133,6 +133,9 @@ func (o *origin) shaped() string { return o.ctl.addr() }
 // sent is the bytes the origin sent through its shapers so far.
 func (o *origin) sent() int64 { return o.ctl.down.Load() + o.data.down.Load() }
 
+// received is the bytes sent to the origin through its shapers so far.
+func (o *origin) received() int64 { return o.ctl.up.Load() + o.data.up.Load() }
+
 func (o *origin) setRTT(rtt time.Duration) {
 	o.ctl.setRTT(rtt)
 	o.data.setRTT(rtt)
@@ -249,14 +252,15 @@ func collect(errs <-chan error) []error {
 }
 
 // shaper relays TCP connections to a target, delaying every byte by half
-// the round trip each way, and counts the bytes sent back (down); with a
-// link, those go through its bandwidth limit first.
+// the round trip each way, and counts the bytes sent back (down) and on
+// (up); with a link, those sent back go through its bandwidth limit first.
 type shaper struct {
 	l     net.Listener
 	to    string
 	delay atomic.Int64 // one way, in nanoseconds
 	link  *link
 	down  atomic.Int64
+	up    atomic.Int64
 }
 
 func newShaper(to string, rtt time.Duration, lim *link) (*shaper, error) {
@@ -329,6 +333,8 @@ func (s *shaper) pipe(dst, src net.Conn, down bool) {
 		}
 		if down {
 			s.down.Add(int64(len(p.b)))
+		} else {
+			s.up.Add(int64(len(p.b)))
 		}
 	}
 	if tc, ok := dst.(*net.TCPConn); ok {

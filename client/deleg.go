@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc/connectivity"
+
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
@@ -101,7 +103,9 @@ func (c *Client) Delegate(n *Node, write bool) (callback.Held, bool) {
 	n.mu.Lock()
 	refused := time.Since(n.refusedAt) < refusedFor
 	n.mu.Unlock()
-	if refused {
+	if refused || c.conn.GetState() != connectivity.Ready {
+		// Not now: the open goes on without one rather than wait for
+		// a server that is away.
 		h, ok := c.delegation(n)
 		return h, ok && !h.Recalled
 	}
@@ -113,16 +117,22 @@ func (c *Client) Delegate(n *Node, write bool) (callback.Held, bool) {
 		return err
 	})
 	if err != nil {
+		n.refused()
 		return callback.Held{}, false
 	}
 	c.learnPB(t, reply.Status)
 	h, ok := c.delegated(t, n, reply.Kind, reply.State)
 	if !ok || h.Recalled || write && h.Kind != callback.DelegWrite {
-		n.mu.Lock()
-		n.refusedAt = time.Now()
-		n.mu.Unlock()
+		n.refused()
 	}
 	return h, ok && !h.Recalled
+}
+
+// refused notes that asking for a delegation on n came to nothing.
+func (n *Node) refused() {
+	n.mu.Lock()
+	n.refusedAt = time.Now()
+	n.mu.Unlock()
 }
 
 // Lease is the delegation lease the server announced (0: it grants none).

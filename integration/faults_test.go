@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -259,15 +260,20 @@ func TestDataChannel(t *testing.T) {
 	}
 }
 
-// relay forwards data-channel connections to a server and misbehaves
-// once, as a network or a broken peer would.
+// relay forwards connections to a server and misbehaves once, as a
+// network or a broken peer would (mode "" never does). Paused, it holds
+// what it reads, as a link that is down but not broken would.
 type relay struct {
 	l      net.Listener
 	to     string
-	mode   string // "cut", "flip-down", "flip-up" or "refuse"
+	mode   string // "", "cut", "flip-down", "flip-up" or "refuse"
 	conns  atomic.Int32
 	faults atomic.Int32
 	struck atomic.Bool
+
+	mu     sync.Mutex
+	cond   *sync.Cond
+	paused bool
 }
 
 func startRelay(t *testing.T, to, mode string) *relay {
@@ -276,7 +282,8 @@ func startRelay(t *testing.T, to, mode string) *relay {
 		t.Fatal(err)
 	}
 	r := &relay{l: l, to: to, mode: mode}
-	t.Cleanup(func() { l.Close() })
+	r.cond = sync.NewCond(&r.mu)
+	t.Cleanup(func() { r.pause(false); l.Close() })
 	go func() {
 		for {
 			c, err := l.Accept()
@@ -288,6 +295,15 @@ func startRelay(t *testing.T, to, mode string) *relay {
 		}
 	}()
 	return r
+}
+
+func (r *relay) addr() string { return r.l.Addr().String() }
+
+func (r *relay) pause(on bool) {
+	r.mu.Lock()
+	r.paused = on
+	r.cond.Broadcast()
+	r.mu.Unlock()
 }
 
 // faultAt is where in a connection's stream the fault strikes, in the
@@ -311,6 +327,11 @@ func (r *relay) serve(c net.Conn) {
 		var at int
 		for {
 			n, err := src.Read(buf)
+			r.mu.Lock()
+			for r.paused {
+				r.cond.Wait()
+			}
+			r.mu.Unlock()
 			if n > 0 && fault && at <= faultAt && faultAt < at+n && r.struck.CompareAndSwap(false, true) {
 				if r.mode == "cut" {
 					dst.Write(buf[:faultAt-at])
@@ -349,8 +370,8 @@ func TestDataChannelFaults(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			dataAddr := freeAddr(t)
 			rl := startRelay(t, dataAddr, mode)
-			srv := startServer(t, t.TempDir(), "--data-listen", dataAddr, "--data-advertise", rl.l.Addr().String())
-			if !strings.Contains(srv.logs.String(), "advertised as "+rl.l.Addr().String()) {
+			srv := startServer(t, t.TempDir(), "--data-listen", dataAddr, "--data-advertise", rl.addr())
+			if !strings.Contains(srv.logs.String(), "advertised as "+rl.addr()) {
 				t.Fatalf("relay not advertised: %s", srv.logs)
 			}
 			w := dial(t, srv.addr, "mem", 64<<20)

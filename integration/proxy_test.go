@@ -249,6 +249,59 @@ func TestProxyDelegations(t *testing.T) {
 	}
 }
 
+// A proxy cut off from the origin for longer than the origin's lease loses
+// the write delegation its client's writes were made under, while that
+// client, still talking to the proxy, keeps its own. The origin's client
+// goes on after the lease and writes; when the link is back, the proxy
+// recalls its client, whose store goes to the origin under the lost
+// delegation and is refused: fsync says EIO, the data is kept in lost/
+// with its path, and it never lands over what the origin's client wrote.
+func TestProxyLostLease(t *testing.T) {
+	const lease = 2 * time.Second
+	tmp := t.TempDir()
+	// File data on the control connection too: the relay is the only
+	// way from the proxy to the origin.
+	origin := startServer(t, filepath.Join(tmp, "origin"), "--lease", lease.String(), "--data-listen", "none")
+	link := startRelay(t, origin.addr, "")
+	px := startProxy(t, &serverProc{addr: link.addr()}, filepath.Join(tmp, "proxy"))
+	cacheDir := filepath.Join(tmp, "a")
+	a, err := client.Dial(client.Options{Server: px.addr, CacheDir: cacheDir, CacheSize: 64 << 20, FlushAge: time.Hour, RPCTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	direct := dial(t, origin.addr, "mem", 64<<20)
+	f, err := a.Create("/w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(pattern(1<<20, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st.WriteDelegations != 1 || st.DirtyBytes != 1<<20 {
+		t.Fatalf("a holds %d write delegations, %d dirty bytes", st.WriteDelegations, st.DirtyBytes)
+	}
+	link.pause(true)
+	start := time.Now()
+	writeFile(t, direct, "/w", []byte("from the origin's client"))
+	took := time.Since(start)
+	link.pause(false)
+	if took > lease+2*time.Second {
+		t.Fatalf("the origin's writer waited %v for a proxy cut off (lease %v)", took, lease)
+	}
+	if err := f.Sync(); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("fsync after the proxy lost its delegation: %v, want EIO", err)
+	}
+	lost, err := client.ListLost(cacheDir)
+	if err != nil || len(lost) != 1 || lost[0].Path != "/w" || lost[0].Size != 1<<20 {
+		t.Fatalf("lost data: %+v %v", lost, err)
+	}
+	if got := string(readFile(t, direct, "/w")); got != "from the origin's client" {
+		t.Fatalf("the origin has %d bytes, not what its client wrote after the lease", len(got))
+	}
+}
+
 // With the origin away, what the proxy holds a promise on is still served;
 // anything else fails after the proxy's timeout, with a clear error; once
 // the origin is back, everything works again without a restart.
