@@ -67,7 +67,7 @@ func nacheBench(bin, scratch string) error {
 		if base == 0 {
 			base = d
 		}
-		fmt.Printf("| %s | %.2f s | %d | %.1f MB | %d | %.2f× |\n", name, d.Seconds(), reqs, float64(sent)/1e6, local, float64(d)/float64(base))
+		fmt.Printf("| %s | %.2f s | %d | %.2f MB | %d | %.2f× |\n", name, d.Seconds(), reqs, float64(sent)/1e6, local, float64(d)/float64(base))
 	}
 	return nil
 }
