@@ -118,8 +118,8 @@ func (s *Split) Fetch(ctx context.Context, fid node.FID, off, n int64, piece int
 
 // Store implements Path: the pieces go out with their checksums, and the
 // server commits them as one store when the last has arrived. A store
-// that fails in transit is sent again whole, which is safe: nothing of it
-// was committed.
+// that fails in transit is sent again whole, which is safe: a store the
+// server committed before its reply was lost is not made twice (its op id).
 func (s *Split) Store(ctx context.Context, a StoreArgs) (node.Status, time.Duration, error) {
 	var st node.Status
 	var ttl time.Duration

@@ -302,6 +302,51 @@ func TestProxyLostLease(t *testing.T) {
 	}
 }
 
+// The proxy serves its clients' file bytes on a data channel of its own,
+// as a server does (read from its store through a buffer, not sendfile),
+// and takes their stores on it; with --data-listen none they go on gRPC.
+func TestProxyDataChannel(t *testing.T) {
+	tmp := t.TempDir()
+	origin := startServer(t, filepath.Join(tmp, "origin"))
+	dataAddr := freeAddr(t)
+	rl := startRelay(t, dataAddr, "")
+	px := startProxy(t, origin, filepath.Join(tmp, "proxy"), "--data-listen", dataAddr, "--data-advertise", rl.addr())
+	if !strings.Contains(px.logs.String(), "data channel "+dataAddr+" advertised as "+rl.addr()) {
+		t.Fatalf("the proxy did not say where its data channel is: %s", px.logs)
+	}
+	direct := dial(t, origin.addr, "mem", 64<<20)
+	content := randomBytes(7, 3<<20+12345)
+	writeFile(t, direct, "/f", content)
+	c := dial(t, px.addr, "mem", 64<<20)
+	if !bytes.Equal(readFile(t, c, "/f"), content) {
+		t.Fatal("a read through the proxy's data channel returned other bytes")
+	}
+	if rl.conns.Load() == 0 {
+		t.Fatal("the proxy's client did not use its data channel")
+	}
+	up := randomBytes(8, 1<<20)
+	f, err := c.Create("/g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write(up)
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if !bytes.Equal(readFile(t, direct, "/g"), up) {
+		t.Fatal("a store through the proxy's data channel reached the origin changed")
+	}
+
+	plain := startProxy(t, origin, filepath.Join(tmp, "plain"), "--data-listen", "none")
+	if strings.Contains(plain.logs.String(), "data channel") {
+		t.Fatalf("--data-listen none still opened a channel: %s", plain.logs)
+	}
+	if !bytes.Equal(readFile(t, dial(t, plain.addr, "mem", 64<<20), "/f"), content) {
+		t.Fatal("a read through the proxy over gRPC returned other bytes")
+	}
+}
+
 // With the origin away, what the proxy holds a promise on is still served;
 // anything else fails after the proxy's timeout, with a clear error; once
 // the origin is back, everything works again without a restart.

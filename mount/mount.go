@@ -103,7 +103,13 @@ func (m *Mount) distrust(fids []node.FID, seq uint64) {
 			}
 		}
 	}
+	sent := m.queue.sent()
 	m.mu.Lock()
+	for f, s := range m.lateNames {
+		if s <= sent {
+			delete(m.lateNames, f) // through since
+		}
+	}
 	for _, f := range named {
 		m.lateNames[f] = max(m.lateNames[f], seq)
 	}

@@ -23,14 +23,12 @@ import (
 
 // ServeData starts the bulk-data channel on l, which runs until l is
 // closed, and advertises it to clients that connect from now on: file
-// contents go from the vnode file to the socket with sendfile, on
-// connections that carry nothing else, so control RPCs are never queued
-// behind them; stores come in on the same connections. Clients are told to
+// contents go to the socket on connections that carry nothing else, so
+// control RPCs are never queued behind them, from the vnode file with
+// sendfile where the backend keeps local files (a proxy's go through a
+// buffer); stores come in on the same connections. Clients are told to
 // connect to advertise, or to l's address if it is empty.
-func (s *Server) ServeData(l net.Listener, advertise string) error {
-	if _, ok := s.store.(dataFiles); !ok {
-		return errors.New("this server's files are not in local files: no data channel")
-	}
+func (s *Server) ServeData(l net.Listener, advertise string) {
 	if advertise == "" {
 		advertise = l.Addr().String()
 	}
@@ -47,7 +45,6 @@ func (s *Server) ServeData(l net.Listener, advertise string) error {
 			go s.dataConn(conn)
 		}
 	}()
-	return nil
 }
 
 func (s *Server) dataConn(conn net.Conn) {
@@ -73,11 +70,10 @@ func (s *Server) dataConn(conn net.Conn) {
 	}
 }
 
-// replyError answers a request with err's errno (EIO if it has none).
+// replyError answers a request with err's errno (EIO if it has none),
+// also one a proxy's origin answered with.
 func replyError(conn net.Conn, err error) error {
-	errno := syscall.EIO
-	errors.As(err, &errno)
-	_, werr := conn.Write(datapath.AppendError(nil, uint32(errno), err.Error()))
+	_, werr := conn.Write(datapath.AppendError(nil, uint32(pb.Errno(err)), err.Error()))
 	return werr
 }
 
@@ -106,7 +102,18 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 			s.log.Debug("data fetch", "client", id, "fid", req.FID, "off", req.Offset, "len", req.Length, "version", dv, "err", err)
 		}()
 	}
-	err = s.store.(dataFiles).WithData(req.FID, func(st node.Status, file *os.File) error {
+	files, ok := s.store.(dataFiles)
+	if !ok {
+		dv, werr, err = s.sendRead(conn, o, req)
+		if werr != nil {
+			return werr
+		}
+		if err != nil {
+			return replyError(conn, err)
+		}
+		return nil
+	}
+	err = files.WithData(req.FID, func(st node.Status, file *os.File) error {
 		dv = st.DataVersion
 		status, err := proto.Marshal(o.status(st))
 		if err != nil {
@@ -138,6 +145,42 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 		return replyError(conn, err)
 	}
 	return nil
+}
+
+// maxReadFetch bounds a fetch served through a buffer (sendRead): clients
+// ask for a chunk at a time.
+const maxReadFetch = 16 << 20
+
+// sendRead answers a fetch from a backend whose bytes are not in local
+// files (a proxy's store): the range is read whole, of one version, then
+// sent. werr means the connection broke; err is the fetch's.
+func (s *Server) sendRead(conn net.Conn, o *op, req datapath.Request) (dv uint64, werr, err error) {
+	if req.Length > maxReadFetch {
+		return 0, nil, fmt.Errorf("fetch %v: %d bytes at once, at most %d here: %w", req.FID, req.Length, maxReadFetch, syscall.EINVAL)
+	}
+	buf := datapath.GetBuffer(int(req.Length))
+	defer datapath.PutBuffer(buf)
+	n, st, err := s.store.ReadAt(req.FID, buf[:req.Length], int64(req.Offset), o.user)
+	if err == io.EOF {
+		n, err = 0, nil
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	if st.Type != node.TypeFile {
+		return 0, nil, fmt.Errorf("fetch %v: %w", req.FID, syscall.EISDIR)
+	}
+	status, err := proto.Marshal(o.status(st))
+	if err != nil {
+		return 0, nil, err
+	}
+	out := datapath.AppendOK(nil, status, uint64(n))
+	if _, werr = conn.Write(out); werr == nil {
+		if _, werr = conn.Write(buf[:n]); werr == nil {
+			_, werr = conn.Write(datapath.AppendCRC(nil, datapath.Checksum(0, buf[:n])))
+		}
+	}
+	return st.DataVersion, werr, nil
 }
 
 // serveStore receives one store's pieces, checks each piece's checksum,

@@ -26,7 +26,7 @@ func proxyCmd() *cobra.Command {
 	// origin's own break timeout (2 s by default): give up on a silent
 	// client of the proxy sooner than the origin gives up on the proxy.
 	cfg.BreakTimeout = time.Second
-	var origin, listen, dir, size, layout string
+	var origin, listen, dir, size, layout, dataListen, dataAdvertise string
 	var timeout, fast time.Duration
 	var noDeleg bool
 	cmd := &cobra.Command{
@@ -50,11 +50,21 @@ func proxyCmd() *cobra.Command {
 			if layout != proxystore.Pooled && layout != proxystore.PerChunk {
 				return usagef("--layout %q: want %s or %s", layout, proxystore.Pooled, proxystore.PerChunk)
 			}
+			if err := checkDataFlags(dataListen, dataAdvertise); err != nil {
+				return err
+			}
 			lis, err := net.Listen("tcp", listen)
 			if err != nil {
 				return usagef("--listen %s: %v", listen, err)
 			}
 			defer lis.Close()
+			dataLis, err := listenData(lis, dataListen)
+			if err != nil {
+				return err
+			}
+			if dataLis != nil {
+				defer dataLis.Close()
+			}
 			p, err := proxy.Open(proxy.Options{Origin: origin, Dir: dir, CacheSize: n, Timeout: timeout,
 				Layout: layout, FastFetch: fast, NoDelegations: noDeleg, Logger: slog.Default()})
 			if err != nil {
@@ -66,7 +76,8 @@ func proxyCmd() *cobra.Command {
 			srv := server.New(p, cfg)
 			p.Serve(srv)
 			defer srv.Shutdown()
-			return serve("proxy", srv, lis, fmt.Sprintf("serving %s from cache %s (%s) on %s (epoch %d)", origin, dir, layout, lis.Addr(), p.Epoch()),
+			dataNote := serveData(srv, dataLis, dataAdvertise)
+			return serve("proxy", srv, lis, fmt.Sprintf("serving %s from cache %s (%s) on %s (epoch %d, %s)", origin, dir, layout, lis.Addr(), p.Epoch(), dataNote),
 				func(g *grpc.Server) { pb.RegisterProxyServer(g, statsServer{p: p, srv: srv}) })
 		},
 	}
@@ -82,6 +93,7 @@ func proxyCmd() *cobra.Command {
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break (keep it below the origin's)")
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
 	f.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after a start, how long changes wait for clients of the previous life to reconnect")
+	dataFlags(f, &dataListen, &dataAdvertise)
 	f.BoolVar(&noDeleg, "no-delegations", false, "take no delegations from the origin and give clients none (their opens then go to the proxy, as with a server run with --lease 0)")
 	cmd.AddCommand(proxyStatsCmd())
 	return cmd

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
@@ -33,13 +34,8 @@ func serverCmd() *cobra.Command {
 			if cfg.PromiseTTL <= 0 || cfg.BreakTimeout <= 0 || cfg.Ping <= 0 || cfg.Grace < 0 || cfg.Lease < 0 {
 				return usagef("--promise-ttl, --break-timeout and --ping must be positive, --grace and --lease not negative")
 			}
-			if dataAdvertise != "" {
-				if dataListen == "none" {
-					return usagef("--data-advertise %s: the data channel is off (--data-listen none)", dataAdvertise)
-				}
-				if _, _, err := net.SplitHostPort(dataAdvertise); err != nil {
-					return usagef("--data-advertise %s: %v", dataAdvertise, err)
-				}
+			if err := checkDataFlags(dataListen, dataAdvertise); err != nil {
+				return err
 			}
 			if profile != "" {
 				f, err := os.Create(profile)
@@ -58,39 +54,24 @@ func serverCmd() *cobra.Command {
 			if err != nil {
 				return usagef("--listen %s: %v", listen, err)
 			}
-			var dataLis net.Listener
-			if dataListen != "none" {
-				if dataListen == "" {
-					// Same host as the control address, a port of its own.
-					host, _, _ := net.SplitHostPort(lis.Addr().String())
-					dataListen = net.JoinHostPort(host, "0")
-				}
-				if dataLis, err = net.Listen("tcp", dataListen); err != nil {
-					return usagef("--data-listen %s: %v", dataListen, err)
-				}
+			dataLis, err := listenData(lis, dataListen)
+			if err != nil {
+				return err
+			}
+			if dataLis != nil {
 				defer dataLis.Close()
 			}
 			cfg.Logger = slog.Default()
 			srv := server.New(server.Local(store), cfg)
 			defer srv.Shutdown()
-			dataNote := "data over gRPC"
-			if dataLis != nil {
-				if err := srv.ServeData(dataLis, dataAdvertise); err != nil {
-					return err
-				}
-				dataNote = "data channel " + dataLis.Addr().String()
-				if dataAdvertise != "" {
-					dataNote += " advertised as " + dataAdvertise
-				}
-			}
+			dataNote := serveData(srv, dataLis, dataAdvertise)
 			return serve("server", srv, lis, fmt.Sprintf("serving %s on %s (epoch %d, %s)", store.Dir(), lis.Addr(), store.Epoch(), dataNote))
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&data, "data", "", "directory holding the server's volumes (created if missing)")
 	f.StringVar(&listen, "listen", "127.0.0.1:7100", "address to serve on")
-	f.StringVar(&dataAdvertise, "data-advertise", "", "address clients are told to reach the data channel at (default: the --data-listen address; a relay or NAT in between needs its own)")
-	f.StringVar(&dataListen, "data-listen", "", "address of the bulk-data channel (default: the --listen host, any port; none: off, data then travels over gRPC)")
+	dataFlags(f, &dataListen, &dataAdvertise)
 	f.DurationVar(&cfg.PromiseTTL, "promise-ttl", cfg.PromiseTTL, "lifetime of a callback promise")
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break")
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
@@ -104,6 +85,55 @@ func serverCmd() *cobra.Command {
 
 // serve answers srv's RPCs on lis until SIGTERM or SIGINT, announcing
 // itself (`hoard NAME: banner`) once it listens.
+// dataFlags adds the bulk-data channel's flags.
+func dataFlags(f *pflag.FlagSet, listen, advertise *string) {
+	f.StringVar(advertise, "data-advertise", "", "address clients are told to reach the data channel at (default: the --data-listen address; a relay or NAT in between needs its own)")
+	f.StringVar(listen, "data-listen", "", "address of the bulk-data channel (default: the --listen host, any port; none: off, data then travels over gRPC)")
+}
+
+func checkDataFlags(listen, advertise string) error {
+	if advertise == "" {
+		return nil
+	}
+	if listen == "none" {
+		return usagef("--data-advertise %s: the data channel is off (--data-listen none)", advertise)
+	}
+	if _, _, err := net.SplitHostPort(advertise); err != nil {
+		return usagef("--data-advertise %s: %v", advertise, err)
+	}
+	return nil
+}
+
+// listenData opens the data channel's listener (nil with --data-listen
+// none); by default on the control address's host, a port of its own.
+func listenData(control net.Listener, listen string) (net.Listener, error) {
+	if listen == "none" {
+		return nil, nil
+	}
+	if listen == "" {
+		host, _, _ := net.SplitHostPort(control.Addr().String())
+		listen = net.JoinHostPort(host, "0")
+	}
+	l, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, usagef("--data-listen %s: %v", listen, err)
+	}
+	return l, nil
+}
+
+// serveData starts srv's data channel on l (if any) and says where.
+func serveData(srv *server.Server, l net.Listener, advertise string) string {
+	if l == nil {
+		return "data over gRPC"
+	}
+	srv.ServeData(l, advertise)
+	note := "data channel " + l.Addr().String()
+	if advertise != "" {
+		note += " advertised as " + advertise
+	}
+	return note
+}
+
 func serve(name string, srv *server.Server, lis net.Listener, banner string, register ...func(*grpc.Server)) error {
 	g := grpc.NewServer(
 		grpc.UnaryInterceptor(srv.Trace), grpc.StreamInterceptor(srv.TraceStream),
