@@ -65,7 +65,7 @@ type Options struct {
 	// what the proxy has no promise for fails after it.
 	Timeout time.Duration
 	// NoDelegations: the proxy takes none from the origin, so it gives
-	// its clients none either.
+	// its clients none either (hoard proxy's default; --delegations).
 	NoDelegations bool
 	Logger        *slog.Logger
 }
@@ -77,8 +77,10 @@ type Proxy struct {
 	store  *proxystore.Store
 	origin string
 	epoch  uint64
-	dir    string
-	srv    atomic.Pointer[server.Server]
+	// noDeleg: the proxy takes no delegations, and gives none.
+	noDeleg bool
+	dir     string
+	srv     atomic.Pointer[server.Server]
 
 	mu       sync.Mutex
 	inflight map[fetchKey]*fetchCall
@@ -112,7 +114,7 @@ func Open(o Options) (p *Proxy, err error) {
 	if err != nil {
 		return nil, err
 	}
-	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, log: o.Logger, inflight: map[fetchKey]*fetchCall{}, upstream: map[node.FID]uint64{}}
+	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, log: o.Logger, inflight: map[fetchKey]*fetchCall{}, upstream: map[node.FID]uint64{}, noDeleg: o.NoDelegations}
 	host, _ := os.Hostname()
 	p.c, err = client.Dial(client.Options{
 		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: metaCacheSize,
@@ -185,8 +187,13 @@ func (p *Proxy) recall(f node.FID) {
 // Lease is the delegation lease the proxy gives its clients: half the
 // origin's, so that a recall of the proxy's clients ends (returned or
 // revoked) well before the origin would revoke the proxy's own. Zero when
-// the origin grants none.
-func (p *Proxy) Lease() time.Duration { return p.c.Lease() / 2 }
+// the origin grants none, or the proxy takes none.
+func (p *Proxy) Lease() time.Duration {
+	if p.noDeleg {
+		return 0
+	}
+	return p.c.Lease() / 2
+}
 
 // Delegation gets the origin's delegation on f, for the proxy's clients.
 func (p *Proxy) Delegation(f node.FID, write bool) callback.DelegKind {
