@@ -20,6 +20,7 @@ var (
 	pxFiles = flag.Int("px-files", 200, "proxy bench: files in the tree")
 	pxSize  = flag.Int("px-size", 100<<10, "proxy bench: bytes per file")
 	pxPar   = flag.Int("px-par", 8, "proxy bench: files each client reads at once")
+	pxData  = flag.Bool("px-data", false, "proxy benches: the proxies serve their clients a data channel (hoard proxy --data-listen)")
 )
 
 // proxyBench puts a latency shaper between an origin and its clients and
@@ -167,7 +168,11 @@ func (o *origin) write(fn func(w *client.Client) error) error {
 // store sized for data bytes (the pooled layout allocates all of it).
 func startProxy(bin string, o *origin, dir string, data int64, layout string) (string, int, func(), error) {
 	size := data + data/4 + 64<<20
-	return startHoard(bin, "proxy", "--origin", o.shaped(), "--cache", dir, "--cache-size", fmt.Sprint(size), "--layout", layout)
+	args := []string{"proxy", "--origin", o.shaped(), "--cache", dir, "--cache-size", fmt.Sprint(size), "--layout", layout}
+	if *pxData {
+		args = append(args, "--data-listen=")
+	}
+	return startHoard(bin, args...)
 }
 
 // proxyTree writes the tree at the origin, unshaped.

@@ -93,7 +93,7 @@ func proxyCmd() *cobra.Command {
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break (keep it below the origin's)")
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
 	f.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after a start, how long changes wait for clients of the previous life to reconnect")
-	dataFlags(f, &dataListen, &dataAdvertise)
+	dataFlags(f, &dataListen, &dataAdvertise, "none", "; off by default: each of a client's data streams carries one fetch at a time, which a distant origin makes slow on a cold proxy (docs/benchmarks.md)")
 	f.BoolVar(&deleg, "delegations", false, "take delegations from the origin and give clients delegations under them (experimental: see docs/consistency.md, \"Delegations through a proxy\"); without, clients' opens go to the proxy, as with a server run with --lease 0")
 	cmd.AddCommand(proxyStatsCmd())
 	return cmd

@@ -71,7 +71,7 @@ func serverCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&data, "data", "", "directory holding the server's volumes (created if missing)")
 	f.StringVar(&listen, "listen", "127.0.0.1:7100", "address to serve on")
-	dataFlags(f, &dataListen, &dataAdvertise)
+	dataFlags(f, &dataListen, &dataAdvertise, "", "")
 	f.DurationVar(&cfg.PromiseTTL, "promise-ttl", cfg.PromiseTTL, "lifetime of a callback promise")
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break")
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
@@ -85,10 +85,11 @@ func serverCmd() *cobra.Command {
 
 // serve answers srv's RPCs on lis until SIGTERM or SIGINT, announcing
 // itself (`hoard NAME: banner`) once it listens.
-// dataFlags adds the bulk-data channel's flags.
-func dataFlags(f *pflag.FlagSet, listen, advertise *string) {
+// dataFlags adds the bulk-data channel's flags; def is --data-listen's
+// default and says what it means.
+func dataFlags(f *pflag.FlagSet, listen, advertise *string, def, means string) {
 	f.StringVar(advertise, "data-advertise", "", "address clients are told to reach the data channel at (default: the --data-listen address; a relay or NAT in between needs its own)")
-	f.StringVar(listen, "data-listen", "", "address of the bulk-data channel (default: the --listen host, any port; none: off, data then travels over gRPC)")
+	f.StringVar(listen, "data-listen", def, "address of the bulk-data channel (empty, a server's default: the --listen host, any port; none: off, data then travels over gRPC)"+means)
 }
 
 func checkDataFlags(listen, advertise string) error {
