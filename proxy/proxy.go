@@ -14,7 +14,9 @@
 // proxy client only after the origin acknowledged it; then the proxy
 // breaks its other clients' promises, as a server would.
 //
-// Delegations chain the same way (Nache, FAST'07): the proxy delegates to
+// With Options.NoDelegations unset (hoard proxy --delegations, which is
+// experimental: docs/consistency.md), delegations chain the same way
+// (Nache, FAST'07): the proxy delegates to
 // its clients only what it holds from the origin, asking for it when a
 // client's open would be given one, and keeps it for all of them, so
 // clients that conflict only with each other are sorted out here, without
