@@ -447,6 +447,13 @@ func (p *Proxy) fetch(n *client.Node, idx int64, st node.Status, user string) ([
 		p.mu.Unlock()
 		close(call.done)
 	}()
+	// A fetch of the same chunk may have ended between the caller's miss
+	// and this one's start: its chunk is in the store now.
+	buf := make([]byte, p.store.ChunkSize())
+	if n, ok := p.store.Cached(k.Key, st.DataVersion, buf, 0); ok && n > 0 {
+		call.data = buf[:n]
+		return call.data, nil
+	}
 	start := time.Now()
 	data, dv, err := p.c.FetchChunk(n, idx)
 	took := time.Since(start)

@@ -315,8 +315,20 @@ func (s *Store) ChunkSize() int64 { return s.cs }
 
 // ReadAt reads chunk k of version dv from off within the chunk into p.
 // It reports false when the store does not hold it; a chunk of an older
-// version is dropped then.
+// version is dropped then. It counts a hit or a miss.
 func (s *Store) ReadAt(k Key, dv uint64, p []byte, off int64) (int, bool) {
+	n, ok := s.Cached(k, dv, p, off)
+	if ok {
+		s.hits.Add(1)
+	} else {
+		s.misses.Add(1)
+	}
+	return n, ok
+}
+
+// Cached is ReadAt without counting: a fetch's last look, before it goes
+// to the origin, for a chunk another fetch stored meanwhile.
+func (s *Store) Cached(k Key, dv uint64, p []byte, off int64) (int, bool) {
 	// Runs split, join and go while the lock is not held: a chunk is
 	// named by its key and its place, looked up again after the read.
 	for range 3 {
@@ -333,7 +345,6 @@ func (s *Store) ReadAt(k Key, dv uint64, p []byte, off int64) (int, bool) {
 		crc := r.crcs[i]
 		s.mu.Unlock()
 		if off >= n {
-			s.hits.Add(1)
 			return 0, true
 		}
 		if check && !s.verify(k, dv, at, n, crc) {
@@ -344,10 +355,8 @@ func (s *Store) ReadAt(k Key, dv uint64, p []byte, off int64) (int, bool) {
 		if err != nil || !s.still(k, dv, at) {
 			continue
 		}
-		s.hits.Add(1)
 		return got, true
 	}
-	s.misses.Add(1)
 	return 0, false
 }
 
