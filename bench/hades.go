@@ -265,15 +265,13 @@ func hadesLayout(bin string, o *origin, dir string, l hadesLoad, c content, layo
 // par at a time each, checking every byte, and returns the time all took.
 // The clients bypass their caches: every byte comes from addr.
 func hadesRead(addr string, l hadesLoad, c content, par int) (time.Duration, error) {
-	cs := make([]*client.Client, l.users)
-	for u := range cs {
-		cl, err := client.Dial(client.Options{Server: addr, Name: l.user(u), BypassThreshold: 1, CacheSize: 64 << 20, DialTimeout: 30 * time.Second})
-		if err != nil {
-			return 0, err
-		}
-		defer cl.Close()
-		cs[u] = cl
+	cs, err := dialAll(l.users, func(u int) client.Options {
+		return client.Options{Server: addr, Name: l.user(u), BypassThreshold: 1, CacheSize: 64 << 20, DialTimeout: 30 * time.Second}
+	})
+	if err != nil {
+		return 0, err
 	}
+	defer closeAll(cs)
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, l.users*par)

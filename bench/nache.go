@@ -1,15 +1,12 @@
 package main
 
 import (
-	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"path/filepath"
 	"sync"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hoardfs/hoard/client"
 	pb "github.com/hoardfs/hoard/hoardpb"
@@ -54,9 +51,9 @@ func nacheBench(bin, scratch string) error {
 		}
 		up := o.received()
 		d, local, err := scratchChurn(px)
-		var reqs int64
+		var st *pb.ProxyStatsReply
 		if err == nil {
-			reqs, err = originRequests(px)
+			st, err = proxyStats(bin, px)
 		}
 		stopPx()
 		sent := o.received() - up
@@ -67,7 +64,7 @@ func nacheBench(bin, scratch string) error {
 		if base == 0 {
 			base = d
 		}
-		fmt.Printf("| %s | %.2f s | %d | %.2f MB | %d | %.2f× |\n", name, d.Seconds(), reqs, float64(sent)/1e6, local, float64(d)/float64(base))
+		fmt.Printf("| %s | %.2f s | %d | %.2f MB | %d | %.2f× |\n", name, d.Seconds(), st.OriginRequests, float64(sent)/1e6, local, float64(d)/float64(base))
 	}
 	return nil
 }
@@ -81,15 +78,13 @@ func scratchChurn(addr string) (time.Duration, int64, error) {
 	for i := range data {
 		data[i] = byte(i*31 + i>>7)
 	}
-	cs := make([]*client.Client, *nacheClients)
-	for i := range cs {
-		c, err := client.Dial(client.Options{Server: addr, CacheSize: 256 << 20, Name: fmt.Sprintf("nache-%d", i)})
-		if err != nil {
-			return 0, 0, err
-		}
-		defer c.Close()
-		cs[i] = c
+	cs, err := dialAll(*nacheClients, func(i int) client.Options {
+		return client.Options{Server: addr, CacheSize: 256 << 20, Name: fmt.Sprintf("nache-%d", i)}
+	})
+	if err != nil {
+		return 0, 0, err
 	}
+	defer closeAll(cs)
 	start := time.Now()
 	errs := make(chan error, len(cs))
 	var wg sync.WaitGroup
@@ -123,7 +118,7 @@ func scratchChurn(addr string) (time.Duration, int64, error) {
 	wg.Wait()
 	d := time.Since(start)
 	close(errs)
-	if err := <-errs; err != nil {
+	if err := errors.Join(collect(errs)...); err != nil {
 		return 0, 0, err
 	}
 	var local int64
@@ -142,20 +137,4 @@ func readBack(c *client.Client, name string, n int) ([]byte, error) {
 	b := make([]byte, n)
 	_, err = f.ReadAt(b, 0)
 	return b, err
-}
-
-// originRequests asks the proxy at addr how many requests it sent the origin.
-func originRequests(addr string) (int64, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	r, err := pb.NewProxyClient(conn).Stats(ctx, &pb.ProxyStatsRequest{})
-	if err != nil {
-		return 0, err
-	}
-	return r.OriginRequests, nil
 }

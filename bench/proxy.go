@@ -204,15 +204,13 @@ func proxyTree(o *origin) ([]string, []byte, error) {
 // readTrees has n new clients of addr (memory caches) read every file
 // at once, *pxPar files at a time each, and checks the bytes.
 func readTrees(addr string, n int, names []string, want []byte) (time.Duration, error) {
-	cs := make([]*client.Client, n)
-	for i := range cs {
-		c, err := client.Dial(client.Options{Server: addr, CacheSize: 256 << 20, DialTimeout: 30 * time.Second})
-		if err != nil {
-			return 0, err
-		}
-		defer c.Close()
-		cs[i] = c
+	cs, err := dialAll(n, func(int) client.Options {
+		return client.Options{Server: addr, CacheSize: 256 << 20, DialTimeout: 30 * time.Second}
+	})
+	if err != nil {
+		return 0, err
 	}
+	defer closeAll(cs)
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, n*(*pxPar))
@@ -246,6 +244,27 @@ func readTrees(addr string, n int, names []string, want []byte) (time.Duration, 
 	wg.Wait()
 	close(errs)
 	return time.Since(start), errors.Join(collect(errs)...)
+}
+
+// dialAll dials n clients, client i with opts(i); on an error the ones
+// dialed are closed.
+func dialAll(n int, opts func(i int) client.Options) ([]*client.Client, error) {
+	cs := make([]*client.Client, 0, n)
+	for i := range n {
+		c, err := client.Dial(opts(i))
+		if err != nil {
+			closeAll(cs)
+			return nil, err
+		}
+		cs = append(cs, c)
+	}
+	return cs, nil
+}
+
+func closeAll(cs []*client.Client) {
+	for _, c := range cs {
+		c.Close()
+	}
 }
 
 func collect(errs <-chan error) []error {
