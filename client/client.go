@@ -351,30 +351,20 @@ func (c *Client) runSession(first chan<- error) error {
 			}
 		}
 	}()
-	// Breaks are carried out and acknowledged in order by a goroutine of
-	// their own: one can wait on the kernel (InvalidateWait), and meanwhile
-	// this loop must still notice a server that went away. Breaks that
-	// queued up meanwhile are carried out together, so that no ack waits
-	// for more than two such waits (the server's break timeout is longer).
-	breaks := make(chan *pb.Break, 64)
-	defer close(breaks)
+	// A break's promises are dropped here, in the order the server sent
+	// it; what may wait (OnInvalidate: a kernel, a proxy's own clients)
+	// runs on its own goroutine, so this loop still notices a server that
+	// went away, and waits run side by side. An ack goes out once its own
+	// wait and every earlier one ended (acks are cumulative), so none
+	// waits for more than one such wait however many breaks queue up: the
+	// server's break timeout counts from sending.
+	acks := make(chan ackAfter, 64)
+	defer close(acks)
 	go func() {
-		for b := range breaks {
-			batch := []*pb.Break{b}
-			for len(breaks) > 0 { // only this goroutine receives
-				batch = append(batch, <-breaks)
-			}
-			var fids []node.FID
-			for _, b := range batch {
-				for _, f := range b.Fids {
-					fids = append(fids, f.ToFID())
-				}
-			}
-			c.breakPromises(fids)
-			for _, b := range batch {
-				if stream.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Ack{Ack: &pb.Ack{Seq: b.Seq}}}) != nil {
-					cancel()
-				}
+		for a := range acks {
+			<-a.done
+			if stream.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Ack{Ack: &pb.Ack{Seq: a.seq}}}) != nil {
+				cancel()
 			}
 		}
 	}()
@@ -389,7 +379,12 @@ func (c *Client) runSession(first chan<- error) error {
 		}
 		switch m := m.Msg.(type) {
 		case *pb.ServerMsg_Break:
-			breaks <- m.Break
+			a := ackAfter{seq: m.Break.Seq, done: c.breakPromises(m.Break.Fids)}
+			select {
+			case acks <- a:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		case *pb.ServerMsg_Reset_:
 			c.counters.resets.Add(1)
 			c.resetPromises()
@@ -485,7 +480,19 @@ func (c *Client) promiseCount() int {
 	return c.cb.Len()
 }
 
-func (c *Client) breakPromises(fids []node.FID) {
+// ackAfter is a break to acknowledge once done is closed.
+type ackAfter struct {
+	seq  uint64
+	done <-chan struct{}
+}
+
+// breakPromises drops the promises on fids and returns a channel closed
+// once OnInvalidate heard of them.
+func (c *Client) breakPromises(pfids []*pb.FID) <-chan struct{} {
+	fids := make([]node.FID, len(pfids))
+	for i, f := range pfids {
+		fids[i] = f.ToFID()
+	}
 	c.log.Debug("break", "fids", fids)
 	c.counters.breaks.Add(int64(len(fids)))
 	c.cbMu.Lock()
@@ -494,9 +501,16 @@ func (c *Client) breakPromises(fids []node.FID) {
 	}
 	c.cbMu.Unlock()
 	c.invalidate(fids)
-	if c.opts.OnInvalidate != nil {
-		c.opts.OnInvalidate(fids)
+	done := make(chan struct{})
+	if c.opts.OnInvalidate == nil {
+		close(done)
+		return done
 	}
+	go func() {
+		defer close(done)
+		c.opts.OnInvalidate(fids)
+	}()
+	return done
 }
 
 func (c *Client) resetPromises() {

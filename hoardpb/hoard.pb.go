@@ -3397,7 +3397,11 @@ type ProxyStatsReply struct {
 	OriginWriteDelegations int64 `protobuf:"varint,18,opt,name=origin_write_delegations,json=originWriteDelegations,proto3" json:"origin_write_delegations,omitempty"`
 	OriginRecalls          int64 `protobuf:"varint,19,opt,name=origin_recalls,json=originRecalls,proto3" json:"origin_recalls,omitempty"`
 	// delegations: those the proxy's own clients hold from it now.
-	Delegations   int64 `protobuf:"varint,20,opt,name=delegations,proto3" json:"delegations,omitempty"`
+	Delegations int64 `protobuf:"varint,20,opt,name=delegations,proto3" json:"delegations,omitempty"`
+	// origin_resets: times the origin voided all the proxy's promises and
+	// delegations, as it does when the proxy's clients were slow to answer a
+	// break passed on to them.
+	OriginResets  int64 `protobuf:"varint,21,opt,name=origin_resets,json=originResets,proto3" json:"origin_resets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3568,6 +3572,13 @@ func (x *ProxyStatsReply) GetOriginRecalls() int64 {
 func (x *ProxyStatsReply) GetDelegations() int64 {
 	if x != nil {
 		return x.Delegations
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetOriginResets() int64 {
+	if x != nil {
+		return x.OriginResets
 	}
 	return 0
 }
@@ -3796,7 +3807,7 @@ const file_hoard_proto_rawDesc = "" +
 	"RenewReply\")\n" +
 	"\vReturnReply\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\"\x13\n" +
-	"\x11ProxyStatsRequest\"\xf7\x04\n" +
+	"\x11ProxyStatsRequest\"\x9c\x05\n" +
 	"\x0fProxyStatsReply\x12\x16\n" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12\x16\n" +
 	"\x06layout\x18\x02 \x01(\tR\x06layout\x12\x12\n" +
@@ -3820,7 +3831,8 @@ const file_hoard_proto_rawDesc = "" +
 	"\x17origin_read_delegations\x18\x11 \x01(\x03R\x15originReadDelegations\x128\n" +
 	"\x18origin_write_delegations\x18\x12 \x01(\x03R\x16originWriteDelegations\x12%\n" +
 	"\x0eorigin_recalls\x18\x13 \x01(\x03R\roriginRecalls\x12 \n" +
-	"\vdelegations\x18\x14 \x01(\x03R\vdelegations*\xd6\x01\n" +
+	"\vdelegations\x18\x14 \x01(\x03R\vdelegations\x12#\n" +
+	"\rorigin_resets\x18\x15 \x01(\x03R\foriginResets*\xd6\x01\n" +
 	"\bFileType\x12\x19\n" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x11\n" +

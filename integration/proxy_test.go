@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -178,6 +179,52 @@ func TestProxyChainedBreaks(t *testing.T) {
 	}
 	if _, err := a.Stat("/d/g"); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("stat through the proxy of a removed file: %v", err)
+	}
+}
+
+// Breaks from the origin that queue up at a proxy go on to its clients
+// side by side: each is acknowledged within one wait for a slow client
+// (the proxy's break timeout), not after the waits of the breaks before
+// it, which would add up past the origin's timeout and make it reset the
+// proxy, voiding every promise and delegation its clients hold.
+func TestProxyBreaksSideBySide(t *testing.T) {
+	tmp := t.TempDir()
+	origin := startServer(t, filepath.Join(tmp, "origin"), "--break-timeout", "2s")
+	px := startProxy(t, origin, filepath.Join(tmp, "proxy"), "--break-timeout", "1300ms")
+	direct := dial(t, origin.addr, "mem", 64<<20)
+	names := []string{"/a", "/b"}
+	var links []*relay
+	for i, name := range names {
+		writeFile(t, direct, name, []byte(name))
+		link := startRelay(t, px.addr, "")
+		links = append(links, link)
+		// Each slow client holds a promise on one file, through the proxy.
+		readFile(t, dial(t, link.addr(), filepath.Join(tmp, fmt.Sprint("slow", i)), 64<<20), name)
+	}
+	for _, l := range links {
+		l.pause(true)
+	}
+	errs := make(chan error, len(names))
+	for _, name := range names {
+		go func() {
+			f, err := direct.Create(name)
+			if err == nil {
+				_, err = f.Write([]byte("changed"))
+				err = errors.Join(err, f.Close())
+			}
+			errs <- err
+		}()
+	}
+	for range names {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, l := range links {
+		l.pause(false)
+	}
+	if r := proxyStats(t, px.addr).OriginResets; r != 0 {
+		t.Fatalf("the origin reset the proxy %d times: its two breaks were acknowledged one wait after the other", r)
 	}
 }
 

@@ -56,8 +56,8 @@ type Mount struct {
 // copies before the break is acknowledged anyway. The kernel takes a
 // directory's lock to drop a name, and a FUSE request of this mount that
 // holds it may be waiting on the server, which waits for this ack: waiting
-// longer does not help then. Two such waits must fit in the server's break
-// timeout (2 s by default), after which it resets the client.
+// longer does not help then. It must fit well within the server's break
+// timeout (2 s by default), after which the server resets the client.
 const InvalidateWait = 500 * time.Millisecond
 
 // New prepares a mount for c; hand its Invalidate to the client's

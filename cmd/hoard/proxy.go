@@ -113,7 +113,7 @@ func (s statsServer) Stats(context.Context, *pb.ProxyStatsRequest) (*pb.ProxySta
 		Files: st.Files, Runs: st.Runs, Chunks: st.Chunks, BytesUsed: st.BytesUsed, Limit: st.Limit,
 		ChunkSize: st.ChunkSize, Epoch: s.p.Epoch(),
 		OriginRequests: o.RPCs, OriginReadDelegations: int64(o.ReadDelegations), OriginWriteDelegations: int64(o.WriteDelegations),
-		OriginRecalls: o.Recalls, Delegations: int64(s.srv.Delegations())}, nil
+		OriginRecalls: o.Recalls, OriginResets: o.Resets, Delegations: int64(s.srv.Delegations())}, nil
 }
 
 func proxyStatsCmd() *cobra.Command {
@@ -172,8 +172,8 @@ func printProxyStats(addr string, r *pb.ProxyStatsReply) {
 	fmt.Printf("hit ratio:        %.1f%% (%d chunk reads from the store, %d from the origin)\n", 100*ratio, r.Hits, r.Misses)
 	fmt.Printf("served clients:   %d bytes\n", r.BytesServed)
 	fmt.Printf("fetched from origin %s: %d bytes\n", r.Origin, r.BytesFetched)
-	fmt.Printf("origin requests:  %d; delegations held from it: %d read, %d write; recalls from it: %d\n",
-		r.OriginRequests, r.OriginReadDelegations, r.OriginWriteDelegations, r.OriginRecalls)
+	fmt.Printf("origin requests:  %d; delegations held from it: %d read, %d write; recalls from it: %d; resets by it: %d\n",
+		r.OriginRequests, r.OriginReadDelegations, r.OriginWriteDelegations, r.OriginRecalls, r.OriginResets)
 	fmt.Printf("clients hold:     %d delegations from this proxy\n", r.Delegations)
 	fmt.Printf("store:            %d of %d bytes, %d files, %d chunks in %d runs\n", r.BytesUsed, r.Limit, r.Files, r.Chunks, r.Runs)
 	fmt.Printf("average run:      %.2f chunks (%.0f bytes)\n", avg, avg*float64(r.ChunkSize))
