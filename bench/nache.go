@@ -21,8 +21,8 @@ var (
 
 // nacheBench runs clients of one proxy, the origin 50 ms away, each making,
 // writing, reading back and removing scratch files of its own (a build's
-// temporary files, Postmark's churn), once without the proxy's
-// delegations (the default) and once with --delegations:
+// temporary files, Postmark's churn), once with the proxy's delegations
+// (the default) and once with --no-delegations:
 // time, requests the proxy sent the origin, and bytes sent to the origin.
 // With delegations a scratch file's bytes stay in its client's cache and
 // die with it; the creates and removes still go through to the origin.
@@ -39,10 +39,10 @@ func nacheBench(bin, scratch string) error {
 			return err
 		}
 		args := []string{"proxy", "--origin", o.shaped(), "--cache", filepath.Join(dir, "proxy"), "--cache-size", "256M", "--layout", proxystore.Pooled}
-		name := "no delegations"
-		if deleg {
-			args = append(args, "--delegations")
-			name = "--delegations"
+		name := "delegations"
+		if !deleg {
+			args = append(args, "--no-delegations")
+			name = "--no-delegations"
 		}
 		px, _, stopPx, err := startHoard(bin, args...)
 		if err != nil {

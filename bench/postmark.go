@@ -294,12 +294,16 @@ func parsePostmark(out []byte) (pmReport, error) {
 // mntDeleg and mntNoDeleg are directories on the two mounts.
 func postmarkPorts(addr, scratch, mntDeleg, mntNoDeleg string) error {
 	w := pmWorkload{*pmFiles, *pmTx, 5, 5}
-	names := []string{"local", "library", "library, no deleg.", "mount", "mount, no deleg."}
+	names := []string{"local", "library", "library, no deleg.", "mount", "mount, no deleg.", "library, no dir deleg."}
 	targets := []pmTarget{osDir(filepath.Join(scratch, "pm-port"))}
 	clients := make([]*client.Client, len(names)) // the library's, by target
-	for i, nd := range []bool{false, true} {
-		c, err := client.Dial(client.Options{Server: addr, CacheDir: filepath.Join(scratch, fmt.Sprintf("pm-lib-cache%d", i)),
-			CacheSize: *pmCache, NoDelegations: nd})
+	libs := []client.Options{{}, {NoDelegations: true}, {NoDirDelegations: true}}
+	for i, o := range libs {
+		if i == 2 {
+			targets = append(targets, osDir(filepath.Join(mntDeleg, "port")), osDir(filepath.Join(mntNoDeleg, "port")))
+		}
+		o.Server, o.CacheDir, o.CacheSize = addr, filepath.Join(scratch, fmt.Sprintf("pm-lib-cache%d", i)), *pmCache
+		c, err := client.Dial(o)
 		if err != nil {
 			return err
 		}
@@ -311,7 +315,6 @@ func postmarkPorts(addr, scratch, mntDeleg, mntNoDeleg string) error {
 		clients[len(targets)] = c
 		targets = append(targets, libDir{c, dir})
 	}
-	targets = append(targets, osDir(filepath.Join(mntDeleg, "port")), osDir(filepath.Join(mntNoDeleg, "port")))
 	var rs []*pmPort
 	var notes []string
 	for i, t := range targets {
@@ -332,8 +335,8 @@ func postmarkPorts(addr, scratch, mntDeleg, mntNoDeleg string) error {
 		}
 		if c != nil {
 			s := c.Stats()
-			notes = append(notes, fmt.Sprintf("%s: %d RPCs, %d opens served locally, %d stores", names[i],
-				s.RPCs-before.RPCs, s.LocalOpens-before.LocalOpens, s.Stores-before.Stores))
+			notes = append(notes, fmt.Sprintf("%s: %d RPCs, %d opens served locally, %d stores, %d files made locally, %d of them never sent", names[i],
+				s.RPCs-before.RPCs, s.LocalOpens-before.LocalOpens, s.Stores-before.Stores, s.MadeHere-before.MadeHere, s.MadeDropped-before.MadeDropped))
 		}
 		rs = append(rs, r)
 	}
@@ -343,7 +346,7 @@ func postmarkPorts(addr, scratch, mntDeleg, mntNoDeleg string) error {
 		w.files, human(pmLow), human(pmHigh), w.tx, pmSeed, human(*pmCache))
 	fmt.Println()
 	fmt.Printf("| phase | %s | library/library, no deleg. | library/local | mount/local |\n", strings.Join(names, " | "))
-	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	phases := []struct {
 		name string
 		rate func(r *pmPort) float64
@@ -364,7 +367,7 @@ func postmarkPorts(addr, scratch, mntDeleg, mntNoDeleg string) error {
 
 	fmt.Printf("\n## Cost of each operation in the runs above, mean µs (seed 002 Appendix B)\n\n")
 	fmt.Printf("| operation | %s | library/local | mount/local |\n", strings.Join(names, " | "))
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	row := func(name string, mean func(r *pmPort) float64) {
 		cells := make([]string, len(rs))
 		for i, r := range rs {

@@ -66,6 +66,13 @@ type Options struct {
 	// NoDelegations takes none: every open and close asks the server, and
 	// Close stores the file's writes (the behaviour before delegations).
 	NoDelegations bool
+	// NoDirDelegations takes no delegations on directories: every create
+	// asks the server (dirdeleg.go). DirBackoff is how long the client
+	// does not ask again for one recalled from it or refused (default
+	// 5 s): another client works there too, and each would recall it from
+	// the other at every create.
+	NoDirDelegations bool
+	DirBackoff       time.Duration
 	// FlushAge bounds how long writes under a write delegation stay
 	// unstored (default 30 s): what a client crash can lose.
 	FlushAge time.Duration
@@ -103,6 +110,9 @@ func (o *Options) defaults() {
 	}
 	if o.FlushAge <= 0 {
 		o.FlushAge = defaultFlushAge
+	}
+	if o.DirBackoff <= 0 {
+		o.DirBackoff = 5 * time.Second
 	}
 	if o.Name == "" {
 		host, _ := os.Hostname()
@@ -151,6 +161,10 @@ type Client struct {
 	vols  map[string]*pb.Volume
 	root  *Node
 
+	// resMu guards fids: FIDs reserved for files made here, by volume.
+	resMu sync.Mutex
+	fids  map[uint64][]node.FID
+
 	fetchSem chan struct{}
 	ghosts   *ghosts
 	counters counters
@@ -167,6 +181,9 @@ type counters struct {
 	// delegations revoked and reclaimed, bytes the flusher stored.
 	localOpens, localCloses, recalls, revoked, reclaims, flushed atomic.Int64
 	stores                                                       atomic.Int64
+	// Directory delegations: files made here, removed before the server
+	// knew them, and created there later.
+	madeHere, madeDropped, settled atomic.Int64
 }
 
 // Dial connects to opts.Server and opens the cache. It fails within
@@ -207,6 +224,7 @@ func Dial(opts Options) (*Client, error) {
 		nodes:     map[node.FID]*Node{},
 		forgotten: map[*Node]struct{}{},
 		vols:      map[string]*pb.Volume{},
+		fids:      map[uint64][]node.FID{},
 		fetchSem:  make(chan struct{}, 16),
 		ghosts:    newGhosts(4096, 10*time.Minute),
 		flushAge:  opts.FlushAge,

@@ -39,6 +39,10 @@ func (c *Client) delegation(n *Node) (callback.Held, bool) {
 	if !c.delegating() {
 		return callback.Held{}, false
 	}
+	if n.made() != nil {
+		// Covered by the directory's: the server does not know it yet.
+		return callback.Held{FID: n.fid, Kind: callback.DelegWrite}, true
+	}
 	c.cbMu.Lock()
 	defer c.cbMu.Unlock()
 	return c.cb.Delegation(n.fid, time.Now())
@@ -100,8 +104,12 @@ func (c *Client) Delegate(n *Node, write bool) (callback.Held, bool) {
 	if h, ok := c.delegation(n); ok && !h.Recalled && (h.Kind == callback.DelegWrite || !write) {
 		return h, true
 	}
+	wait := refusedFor
+	if n.status().Type == node.TypeDir {
+		wait = c.opts.DirBackoff
+	}
 	n.mu.Lock()
-	refused := time.Since(n.refusedAt) < refusedFor
+	refused := time.Since(n.refusedAt) < wait
 	n.mu.Unlock()
 	if refused || c.conn.GetState() != connectivity.Ready {
 		// Not now: the open goes on without one rather than wait for
@@ -146,10 +154,20 @@ func (c *Client) delegated(t callback.Ticket, n *Node, kind pb.DelegKind, state 
 	}
 	c.cbMu.Lock()
 	h, ok := c.cb.Delegated(t, n.fid, callback.DelegKind(kind), state, c.cb.Epoch())
+	held, _ := c.cb.Delegation(n.fid, time.Now())
 	c.cbMu.Unlock()
 	c.log.Debug("delegated", "fid", n.fid, "kind", kind, "state", state, "installed", ok, "recalled", h.Recalled)
 	if ok && h.Recalled {
 		go c.giveBack(n.fid, h.State)
+	}
+	if !ok && held.State != state {
+		// Granted while this client's session changed (a reset, a
+		// reconnection): it is not used, but the server holds it for
+		// this client, and would make others wait a lease for it.
+		go c.call(func(ctx context.Context) error {
+			_, err := c.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(n.fid), State: state})
+			return err
+		})
 	}
 	return h, ok
 }
@@ -299,7 +317,19 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 	n := c.nodes[fid]
 	c.nodesMu.Unlock()
 	var r, w int
-	if n != nil {
+	if n != nil && n.status().Type == node.TypeDir {
+		n.mu.Lock()
+		n.recalledAt = time.Now()
+		n.mu.Unlock()
+		// Held until the return is sent: a file made meanwhile under
+		// the delegation would come after it.
+		n.nsmu.Lock()
+		defer n.nsmu.Unlock()
+		if err := c.settleLocked(n); err != nil && !refusedCreate(err) {
+			c.log.Warn("recall: files made in the directory not created yet", "fid", fid, "err", err)
+			return
+		}
+	} else if n != nil {
 		n.wmu.Lock()
 		defer n.wmu.Unlock()
 		if err := c.storeBack(n, true); err != nil && !kept(err) {
@@ -348,6 +378,9 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 // unreachable) leave the data dirty, to be stored later.
 func (c *Client) storeBack(n *Node, background bool) error {
 	err := n.storeLocked(true)
+	if err == nil && !n.localChanges() {
+		c.stored(n) // a file made here with nothing written: off the flusher's list
+	}
 	if err == nil || !refused(err) {
 		return err
 	}
@@ -479,6 +512,7 @@ func (c *Client) dropDelegations(reclaim bool) {
 			}()
 		}
 	}
+	c.settleAll()
 }
 
 // onRecall handles a Recall from the server.
@@ -605,5 +639,8 @@ func (c *Client) setGauges() {
 	c.cache.SetGauge("recalls", st.Recalls)
 	c.cache.SetGauge("dirty_bytes", st.DirtyBytes)
 	c.cache.SetGauge("flushed_bytes", st.Flushed)
+	c.cache.SetGauge("made_here", st.MadeHere)
+	c.cache.SetGauge("made_dropped", st.MadeDropped)
+	c.cache.SetGauge("made_settled", st.Settled)
 	c.cache.SetGauge("nodes", int64(st.Nodes))
 }

@@ -98,6 +98,9 @@ func (n *Node) fetchOne(idx int64, call *fetchCall) {
 // promise that come with it; the data is of version dv, whole.
 func (n *Node) fetchChunk(idx int64) (buf []byte, dv uint64, err error) {
 	c := n.c
+	if err := c.settleFor(n); err != nil {
+		return nil, 0, err
+	}
 	select {
 	case c.fetchSem <- struct{}{}:
 	case <-c.ctx.Done():

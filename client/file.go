@@ -431,6 +431,9 @@ func (f *File) Sync() error {
 // storeLocked sends the dirty ranges and any truncation to the server as
 // one atomic commit. Called with wmu held.
 func (n *Node) storeLocked(sync bool) error {
+	if err := n.c.settleFor(n); err != nil {
+		return err
+	}
 	n.mu.Lock()
 	cached := n.entry != nil
 	n.mu.Unlock()

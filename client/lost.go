@@ -72,6 +72,7 @@ func (c *Client) keepLost(n *Node, name string, cause error) error {
 	n.mu.Lock()
 	n.losses++
 	n.lastLoss = lerr
+	n.madeLost = nil
 	n.mu.Unlock()
 	return lerr
 }

@@ -64,6 +64,21 @@ type Node struct {
 	// unlinked: this client removed the file's last name (or renamed
 	// another file over it).
 	unlinked bool
+	// Directory delegations (dirdeleg.go). madeIn: the directory this
+	// file was made in, not yet created at the server. madeLost: the
+	// server refused that create; the file's writes go to lost/.
+	madeIn   atomic.Pointer[Node]
+	madeLost error
+	// Directories: nsmu orders files made here, removed here and settled
+	// (alone) with the client's requests that change the directory (hold);
+	// madeFiles waits to be created at the server, made under delegation
+	// madeState on the directory at version madeBase. recalledAt: the
+	// last recall of this client's delegation on it.
+	nsmu       sync.RWMutex
+	madeFiles  []madeFile
+	madeState  uint64
+	madeBase   uint64
+	recalledAt time.Time
 	// bypassing counts the opens of the file that bypass the cache: its
 	// data is then at the server, where a truncation must go too.
 	bypassing int
@@ -195,6 +210,9 @@ func (c *Client) fresh(n *Node) (node.Status, error) {
 	if c.current(n) {
 		return n.status(), nil
 	}
+	if err := c.settleFor(n); err != nil {
+		return node.Status{}, err
+	}
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.GetStatusReply
@@ -307,7 +325,7 @@ func (c *Client) lookupAt(dir *Node, name string) (*Node, node.Status, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, node.Status{}, err
 	}
-	if dir.valid.Load() {
+	if c.current(dir) {
 		dir.mu.Lock()
 		d, ok := dir.dents[name]
 		complete := dir.complete
@@ -320,9 +338,12 @@ func (c *Client) lookupAt(dir *Node, name string) (*Node, node.Status, error) {
 			if n != nil && c.current(n) {
 				return n, st, nil
 			}
-		} else if complete && dir.valid.Load() {
+		} else if complete && c.current(dir) {
 			return nil, st, syscall.ENOENT
 		}
+	}
+	if err := c.settle(dir); err != nil {
+		return nil, node.Status{}, err
 	}
 	t := c.begin()
 	defer c.end(t)
@@ -356,7 +377,7 @@ func (c *Client) lookupAt(dir *Node, name string) (*Node, node.Status, error) {
 // directory kept changing while it was fetched.
 func (c *Client) readDir(dir *Node) ([]DirEntry, uint64, error) {
 	for attempt := 0; ; attempt++ {
-		if dir.valid.Load() {
+		if c.current(dir) {
 			dir.mu.Lock()
 			if dir.complete {
 				out := make([]DirEntry, 0, len(dir.order))
@@ -397,6 +418,9 @@ func (c *Client) readDir(dir *Node) ([]DirEntry, uint64, error) {
 }
 
 func (c *Client) fetchDir(dir *Node) (out []DirEntry, dv uint64, consistent bool, err error) {
+	if err := c.settle(dir); err != nil {
+		return nil, 0, false, err
+	}
 	t := c.begin()
 	defer c.end(t)
 	var cookie uint64

@@ -101,6 +101,14 @@ func (c *Client) linkAt(dir *Node, name string, target *Node, op string) (*Node,
 	if err := node.CheckName(name); err != nil {
 		return nil, nil, err
 	}
+	if err := c.settleFor(target); err != nil {
+		return nil, nil, err
+	}
+	release, herr := c.hold(dir)
+	if herr != nil {
+		return nil, nil, herr
+	}
+	defer release()
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.LinkReply
@@ -121,6 +129,9 @@ func (c *Client) linkAt(dir *Node, name string, target *Node, op string) (*Node,
 // RemoveAt removes name from dir: with dirOnly an empty directory (rmdir),
 // otherwise anything else (unlink).
 func (c *Client) RemoveAt(dir *Node, name string, dirOnly bool) error {
+	if !dirOnly && c.removeHere(dir, name) {
+		return nil
+	}
 	_, err := c.removeAt(dir, name, dirOnly, "")
 	return err
 }
@@ -130,6 +141,11 @@ func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.
 	if err := node.CheckName(name); err != nil {
 		return nil, err
 	}
+	release, herr := c.hold(dir)
+	if herr != nil {
+		return nil, herr
+	}
+	defer release()
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.RemoveReply
@@ -144,10 +160,20 @@ func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.
 	return reply, c.changedDir(t, dir, reply.Dir, func(d *Node) { d.delDentLocked(name) })
 }
 
-// RenameAt renames sdir/sname to ddir/dname, replacing an existing target.
-func (c *Client) RenameAt(sdir *Node, sname string, ddir *Node, dname string) error {
-	_, err := c.renameAt(sdir, sname, ddir, dname, "")
-	return err
+// RenameAt renames sdir/sname to ddir/dname, replacing an existing target,
+// and returns the FID of the file it moved: the one sname named at the
+// server, which may not be the one the caller thought.
+func (c *Client) RenameAt(sdir *Node, sname string, ddir *Node, dname string) (node.FID, error) {
+	if sdir == ddir {
+		if fid, ok := c.renameHere(sdir, sname, dname); ok {
+			return fid, nil
+		}
+	}
+	reply, err := c.renameAt(sdir, sname, ddir, dname, "")
+	if err != nil {
+		return node.FID{}, err
+	}
+	return reply.Status.GetFid().ToFID(), nil
 }
 
 // Attr says which attributes SetAttr changes.

@@ -156,6 +156,14 @@ func (c *Client) creator() Creator {
 // delegation when the client takes them (it is about to be opened).
 // op names the request for its retries ("": a new name).
 func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool, op string) (*Node, bool, error) {
+	if t == node.TypeFile && op == "" {
+		if err := node.CheckName(name); err != nil {
+			return nil, false, err
+		}
+		if n, created, ok, err := c.makeHere(dir, name, mode, who, excl); ok {
+			return n, created, err
+		}
+	}
 	n, reply, err := c.createAt(dir, name, t, mode, who, target, rdev, excl, op)
 	if err != nil {
 		return nil, false, err
@@ -168,6 +176,11 @@ func (c *Client) createAt(dir *Node, name string, t node.Type, mode uint32, who 
 	if err := node.CheckName(name); err != nil {
 		return nil, nil, err
 	}
+	release, herr := c.hold(dir)
+	if herr != nil {
+		return nil, nil, herr
+	}
+	defer release()
 	tk := c.begin()
 	defer c.end(tk)
 	var reply *pb.CreateReply
@@ -307,9 +320,13 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 	return f, nil
 }
 
-// leaveCache readies a cached file for bypass: local writes are stored
-// first, so nothing is lost or read stale by the bypassing open.
+// leaveCache readies a cached file for bypass: a file made here is
+// created at the server and local writes are stored first, so nothing is
+// lost or read stale by the bypassing open.
 func (c *Client) leaveCache(n *Node) error {
+	if err := c.settleFor(n); err != nil {
+		return err // bypassing reads and writes go to the server
+	}
 	if !n.localChanges() {
 		return nil
 	}
@@ -475,7 +492,7 @@ func (c *Client) rename(oldname, newname string) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.renameAt(sdir, sbase, ddir, dbase, "")
+	_, err = c.RenameAt(sdir, sbase, ddir, dbase)
 	return err
 }
 
@@ -488,6 +505,11 @@ func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op
 	if err := node.CheckName(dbase); err != nil {
 		return nil, err
 	}
+	release, herr := c.hold(sdir, ddir)
+	if herr != nil {
+		return nil, herr
+	}
+	defer release()
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.RenameReply
@@ -520,6 +542,9 @@ func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op
 
 // setattr changes status fields of an already resolved node.
 func (c *Client) setattr(n *Node, req *pb.SetAttrRequest) error {
+	if err := c.settleFor(n); err != nil {
+		return err
+	}
 	if n.entry != nil && req.Mask&(vnode.SetSize|vnode.SetMtime) != 0 {
 		// Unstored writes go first: stored later, they would undo the
 		// new size or modification time.

@@ -27,6 +27,9 @@ type Stats struct {
 	LocalOpens, LocalCloses           int64
 	Recalls, Revoked, Reclaimed       int64
 	DirtyBytes, Flushed               int64
+	// Files made here under directory delegations; removed before the
+	// server knew them; created at the server later.
+	MadeHere, MadeDropped, Settled int64
 	// Nodes is the number of files and directories held in memory.
 	Nodes int
 }
@@ -49,6 +52,7 @@ func (c *Client) Stats() Stats {
 		LocalOpens: c.counters.localOpens.Load(), LocalCloses: c.counters.localCloses.Load(),
 		Recalls: c.counters.recalls.Load(), Revoked: c.counters.revoked.Load(), Reclaimed: c.counters.reclaims.Load(),
 		DirtyBytes: c.flusher.dirtyBytes(), Flushed: c.counters.flushed.Load(),
+		MadeHere: c.counters.madeHere.Load(), MadeDropped: c.counters.madeDropped.Load(), Settled: c.counters.settled.Load(),
 		Nodes: c.nodeCount(),
 	}
 }

@@ -2899,6 +2899,319 @@ func (x *StoreReply) GetStatus() *Status {
 	return nil
 }
 
+type ReserveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        uint64                 `protobuf:"varint,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Count         uint32                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveRequest) Reset() {
+	*x = ReserveRequest{}
+	mi := &file_hoard_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveRequest) ProtoMessage() {}
+
+func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
+func (*ReserveRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ReserveRequest) GetVolume() uint64 {
+	if x != nil {
+		return x.Volume
+	}
+	return 0
+}
+
+func (x *ReserveRequest) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type ReserveReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fids          []*FID                 `protobuf:"bytes,1,rep,name=fids,proto3" json:"fids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveReply) Reset() {
+	*x = ReserveReply{}
+	mi := &file_hoard_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveReply) ProtoMessage() {}
+
+func (x *ReserveReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveReply.ProtoReflect.Descriptor instead.
+func (*ReserveReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ReserveReply) GetFids() []*FID {
+	if x != nil {
+		return x.Fids
+	}
+	return nil
+}
+
+type ReservedFile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Fid           *FID                   `protobuf:"bytes,2,opt,name=fid,proto3" json:"fid,omitempty"`
+	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	Uid           uint32                 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32                 `protobuf:"varint,5,opt,name=gid,proto3" json:"gid,omitempty"`
+	MtimeNs       int64                  `protobuf:"varint,6,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReservedFile) Reset() {
+	*x = ReservedFile{}
+	mi := &file_hoard_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReservedFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReservedFile) ProtoMessage() {}
+
+func (x *ReservedFile) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReservedFile.ProtoReflect.Descriptor instead.
+func (*ReservedFile) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ReservedFile) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ReservedFile) GetFid() *FID {
+	if x != nil {
+		return x.Fid
+	}
+	return nil
+}
+
+func (x *ReservedFile) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *ReservedFile) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *ReservedFile) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *ReservedFile) GetMtimeNs() int64 {
+	if x != nil {
+		return x.MtimeNs
+	}
+	return 0
+}
+
+// CreateReservedRequest: files made under the delegation state on dir
+// (or, after a restart, in its grace period, on dir at base_version: a
+// reclaim), all created or none. Each new file comes with a write
+// delegation for the creator, which may hold its data.
+type CreateReservedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Dir           *FID                   `protobuf:"bytes,1,opt,name=dir,proto3" json:"dir,omitempty"`
+	State         uint64                 `protobuf:"varint,2,opt,name=state,proto3" json:"state,omitempty"`
+	BaseVersion   uint64                 `protobuf:"varint,3,opt,name=base_version,json=baseVersion,proto3" json:"base_version,omitempty"`
+	Files         []*ReservedFile        `protobuf:"bytes,4,rep,name=files,proto3" json:"files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateReservedRequest) Reset() {
+	*x = CreateReservedRequest{}
+	mi := &file_hoard_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateReservedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateReservedRequest) ProtoMessage() {}
+
+func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateReservedRequest.ProtoReflect.Descriptor instead.
+func (*CreateReservedRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *CreateReservedRequest) GetDir() *FID {
+	if x != nil {
+		return x.Dir
+	}
+	return nil
+}
+
+func (x *CreateReservedRequest) GetState() uint64 {
+	if x != nil {
+		return x.State
+	}
+	return 0
+}
+
+func (x *CreateReservedRequest) GetBaseVersion() uint64 {
+	if x != nil {
+		return x.BaseVersion
+	}
+	return 0
+}
+
+func (x *CreateReservedRequest) GetFiles() []*ReservedFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+type CreateReservedReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Dir   *Status                `protobuf:"bytes,1,opt,name=dir,proto3" json:"dir,omitempty"`
+	Files []*Status              `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
+	// The write delegations on files, in order (0: none granted).
+	States        []uint64 `protobuf:"varint,3,rep,packed,name=states,proto3" json:"states,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateReservedReply) Reset() {
+	*x = CreateReservedReply{}
+	mi := &file_hoard_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateReservedReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateReservedReply) ProtoMessage() {}
+
+func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateReservedReply.ProtoReflect.Descriptor instead.
+func (*CreateReservedReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *CreateReservedReply) GetDir() *Status {
+	if x != nil {
+		return x.Dir
+	}
+	return nil
+}
+
+func (x *CreateReservedReply) GetFiles() []*Status {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *CreateReservedReply) GetStates() []uint64 {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
 // Open: the server waits until conflicting delegations of other clients
 // are returned or revoked before it answers.
 type OpenRequest struct {
@@ -2923,7 +3236,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_hoard_proto_msgTypes[42]
+	mi := &file_hoard_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2935,7 +3248,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[42]
+	mi := &file_hoard_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2948,7 +3261,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{42}
+	return file_hoard_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *OpenRequest) GetFid() *FID {
@@ -3000,7 +3313,7 @@ type OpenReply struct {
 
 func (x *OpenReply) Reset() {
 	*x = OpenReply{}
-	mi := &file_hoard_proto_msgTypes[43]
+	mi := &file_hoard_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3012,7 +3325,7 @@ func (x *OpenReply) String() string {
 func (*OpenReply) ProtoMessage() {}
 
 func (x *OpenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[43]
+	mi := &file_hoard_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3025,7 +3338,7 @@ func (x *OpenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenReply.ProtoReflect.Descriptor instead.
 func (*OpenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{43}
+	return file_hoard_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *OpenReply) GetStatus() *Status {
@@ -3066,7 +3379,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_hoard_proto_msgTypes[44]
+	mi := &file_hoard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3078,7 +3391,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[44]
+	mi := &file_hoard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3091,7 +3404,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{44}
+	return file_hoard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CloseRequest) GetFid() *FID {
@@ -3116,7 +3429,7 @@ type CloseReply struct {
 
 func (x *CloseReply) Reset() {
 	*x = CloseReply{}
-	mi := &file_hoard_proto_msgTypes[45]
+	mi := &file_hoard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3128,7 +3441,7 @@ func (x *CloseReply) String() string {
 func (*CloseReply) ProtoMessage() {}
 
 func (x *CloseReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[45]
+	mi := &file_hoard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3141,7 +3454,7 @@ func (x *CloseReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseReply.ProtoReflect.Descriptor instead.
 func (*CloseReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{45}
+	return file_hoard_proto_rawDescGZIP(), []int{50}
 }
 
 // Return gives a delegation back after its dirty data was stored; readers
@@ -3159,7 +3472,7 @@ type ReturnRequest struct {
 
 func (x *ReturnRequest) Reset() {
 	*x = ReturnRequest{}
-	mi := &file_hoard_proto_msgTypes[46]
+	mi := &file_hoard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3171,7 +3484,7 @@ func (x *ReturnRequest) String() string {
 func (*ReturnRequest) ProtoMessage() {}
 
 func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[46]
+	mi := &file_hoard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3184,7 +3497,7 @@ func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{46}
+	return file_hoard_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReturnRequest) GetFid() *FID {
@@ -3223,7 +3536,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3235,7 +3548,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3248,7 +3561,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{47}
+	return file_hoard_proto_rawDescGZIP(), []int{52}
 }
 
 type RenewReply struct {
@@ -3259,7 +3572,7 @@ type RenewReply struct {
 
 func (x *RenewReply) Reset() {
 	*x = RenewReply{}
-	mi := &file_hoard_proto_msgTypes[48]
+	mi := &file_hoard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3271,7 +3584,7 @@ func (x *RenewReply) String() string {
 func (*RenewReply) ProtoMessage() {}
 
 func (x *RenewReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[48]
+	mi := &file_hoard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3284,7 +3597,7 @@ func (x *RenewReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewReply.ProtoReflect.Descriptor instead.
 func (*RenewReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{48}
+	return file_hoard_proto_rawDescGZIP(), []int{53}
 }
 
 type ReturnReply struct {
@@ -3297,7 +3610,7 @@ type ReturnReply struct {
 
 func (x *ReturnReply) Reset() {
 	*x = ReturnReply{}
-	mi := &file_hoard_proto_msgTypes[49]
+	mi := &file_hoard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3309,7 +3622,7 @@ func (x *ReturnReply) String() string {
 func (*ReturnReply) ProtoMessage() {}
 
 func (x *ReturnReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[49]
+	mi := &file_hoard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3322,7 +3635,7 @@ func (x *ReturnReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnReply.ProtoReflect.Descriptor instead.
 func (*ReturnReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{49}
+	return file_hoard_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ReturnReply) GetAccepted() bool {
@@ -3340,7 +3653,7 @@ type ProxyStatsRequest struct {
 
 func (x *ProxyStatsRequest) Reset() {
 	*x = ProxyStatsRequest{}
-	mi := &file_hoard_proto_msgTypes[50]
+	mi := &file_hoard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3352,7 +3665,7 @@ func (x *ProxyStatsRequest) String() string {
 func (*ProxyStatsRequest) ProtoMessage() {}
 
 func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[50]
+	mi := &file_hoard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3365,7 +3678,7 @@ func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsRequest.ProtoReflect.Descriptor instead.
 func (*ProxyStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{50}
+	return file_hoard_proto_rawDescGZIP(), []int{55}
 }
 
 // ProxyStatsReply: the proxy's disk store. Hits and misses count chunk
@@ -3408,7 +3721,7 @@ type ProxyStatsReply struct {
 
 func (x *ProxyStatsReply) Reset() {
 	*x = ProxyStatsReply{}
-	mi := &file_hoard_proto_msgTypes[51]
+	mi := &file_hoard_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3420,7 +3733,7 @@ func (x *ProxyStatsReply) String() string {
 func (*ProxyStatsReply) ProtoMessage() {}
 
 func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[51]
+	mi := &file_hoard_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3433,7 +3746,7 @@ func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsReply.ProtoReflect.Descriptor instead.
 func (*ProxyStatsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{51}
+	return file_hoard_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ProxyStatsReply) GetOrigin() string {
@@ -3780,7 +4093,28 @@ const file_hoard_proto_rawDesc = "" +
 	"\x02op\x18\f \x01(\tR\x02op\"6\n" +
 	"\n" +
 	"StoreReply\x12(\n" +
-	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\"\xaa\x01\n" +
+	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\">\n" +
+	"\x0eReserveRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\x04R\x06volume\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\rR\x05count\"1\n" +
+	"\fReserveReply\x12!\n" +
+	"\x04fids\x18\x01 \x03(\v2\r.hoard.v1.FIDR\x04fids\"\x96\x01\n" +
+	"\fReservedFile\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
+	"\x03fid\x18\x02 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x05 \x01(\rR\x03gid\x12\x19\n" +
+	"\bmtime_ns\x18\x06 \x01(\x03R\amtimeNs\"\x9f\x01\n" +
+	"\x15CreateReservedRequest\x12\x1f\n" +
+	"\x03dir\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03dir\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\x04R\x05state\x12!\n" +
+	"\fbase_version\x18\x03 \x01(\x04R\vbaseVersion\x12,\n" +
+	"\x05files\x18\x04 \x03(\v2\x16.hoard.v1.ReservedFileR\x05files\"y\n" +
+	"\x13CreateReservedReply\x12\"\n" +
+	"\x03dir\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x03dir\x12&\n" +
+	"\x05files\x18\x02 \x03(\v2\x10.hoard.v1.StatusR\x05files\x12\x16\n" +
+	"\x06states\x18\x03 \x03(\x04R\x06states\"\xaa\x01\n" +
 	"\vOpenRequest\x12\x1f\n" +
 	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12\x14\n" +
 	"\x05write\x18\x02 \x01(\bR\x05write\x12\x18\n" +
@@ -3848,7 +4182,7 @@ const file_hoard_proto_rawDesc = "" +
 	"DELEG_NONE\x10\x00\x12\x0e\n" +
 	"\n" +
 	"DELEG_READ\x10\x01\x12\x0f\n" +
-	"\vDELEG_WRITE\x10\x022\xeb\b\n" +
+	"\vDELEG_WRITE\x10\x022\xfa\t\n" +
 	"\n" +
 	"FileServer\x127\n" +
 	"\aConnect\x12\x13.hoard.v1.ClientMsg\x1a\x13.hoard.v1.ServerMsg(\x010\x01\x129\n" +
@@ -3869,7 +4203,9 @@ const file_hoard_proto_rawDesc = "" +
 	"\x04Open\x12\x15.hoard.v1.OpenRequest\x1a\x13.hoard.v1.OpenReply\x125\n" +
 	"\x05Close\x12\x16.hoard.v1.CloseRequest\x1a\x14.hoard.v1.CloseReply\x128\n" +
 	"\x06Return\x12\x17.hoard.v1.ReturnRequest\x1a\x15.hoard.v1.ReturnReply\x125\n" +
-	"\x05Renew\x12\x16.hoard.v1.RenewRequest\x1a\x14.hoard.v1.RenewReply2H\n" +
+	"\x05Renew\x12\x16.hoard.v1.RenewRequest\x1a\x14.hoard.v1.RenewReply\x12;\n" +
+	"\aReserve\x12\x18.hoard.v1.ReserveRequest\x1a\x16.hoard.v1.ReserveReply\x12P\n" +
+	"\x0eCreateReserved\x12\x1f.hoard.v1.CreateReservedRequest\x1a\x1d.hoard.v1.CreateReservedReply2H\n" +
 	"\x05Proxy\x12?\n" +
 	"\x05Stats\x12\x1b.hoard.v1.ProxyStatsRequest\x1a\x19.hoard.v1.ProxyStatsReplyB\"Z github.com/hoardfs/hoard/hoardpbb\x06proto3"
 
@@ -3886,62 +4222,67 @@ func file_hoard_proto_rawDescGZIP() []byte {
 }
 
 var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_hoard_proto_goTypes = []any{
-	(FileType)(0),               // 0: hoard.v1.FileType
-	(DelegKind)(0),              // 1: hoard.v1.DelegKind
-	(*FID)(nil),                 // 2: hoard.v1.FID
-	(*Status)(nil),              // 3: hoard.v1.Status
-	(*Error)(nil),               // 4: hoard.v1.Error
-	(*ClientMsg)(nil),           // 5: hoard.v1.ClientMsg
-	(*Hello)(nil),               // 6: hoard.v1.Hello
-	(*Ack)(nil),                 // 7: hoard.v1.Ack
-	(*ServerMsg)(nil),           // 8: hoard.v1.ServerMsg
-	(*Welcome)(nil),             // 9: hoard.v1.Welcome
-	(*Break)(nil),               // 10: hoard.v1.Break
-	(*Reset)(nil),               // 11: hoard.v1.Reset
-	(*Recall)(nil),              // 12: hoard.v1.Recall
-	(*Revoke)(nil),              // 13: hoard.v1.Revoke
-	(*Ping)(nil),                // 14: hoard.v1.Ping
-	(*Volume)(nil),              // 15: hoard.v1.Volume
-	(*GetVolumeRequest)(nil),    // 16: hoard.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),  // 17: hoard.v1.ListVolumesRequest
-	(*ListVolumesReply)(nil),    // 18: hoard.v1.ListVolumesReply
-	(*CreateVolumeRequest)(nil), // 19: hoard.v1.CreateVolumeRequest
-	(*LookupRequest)(nil),       // 20: hoard.v1.LookupRequest
-	(*LookupReply)(nil),         // 21: hoard.v1.LookupReply
-	(*GetStatusRequest)(nil),    // 22: hoard.v1.GetStatusRequest
-	(*StatusResult)(nil),        // 23: hoard.v1.StatusResult
-	(*GetStatusReply)(nil),      // 24: hoard.v1.GetStatusReply
-	(*ReadDirRequest)(nil),      // 25: hoard.v1.ReadDirRequest
-	(*DirEntry)(nil),            // 26: hoard.v1.DirEntry
-	(*ReadDirReply)(nil),        // 27: hoard.v1.ReadDirReply
-	(*CreateRequest)(nil),       // 28: hoard.v1.CreateRequest
-	(*CreateReply)(nil),         // 29: hoard.v1.CreateReply
-	(*LinkRequest)(nil),         // 30: hoard.v1.LinkRequest
-	(*LinkReply)(nil),           // 31: hoard.v1.LinkReply
-	(*RemoveRequest)(nil),       // 32: hoard.v1.RemoveRequest
-	(*RemoveReply)(nil),         // 33: hoard.v1.RemoveReply
-	(*RenameRequest)(nil),       // 34: hoard.v1.RenameRequest
-	(*RenameReply)(nil),         // 35: hoard.v1.RenameReply
-	(*SetAttrRequest)(nil),      // 36: hoard.v1.SetAttrRequest
-	(*SetAttrReply)(nil),        // 37: hoard.v1.SetAttrReply
-	(*StatFSRequest)(nil),       // 38: hoard.v1.StatFSRequest
-	(*StatFSReply)(nil),         // 39: hoard.v1.StatFSReply
-	(*FetchRequest)(nil),        // 40: hoard.v1.FetchRequest
-	(*FetchReply)(nil),          // 41: hoard.v1.FetchReply
-	(*StoreRequest)(nil),        // 42: hoard.v1.StoreRequest
-	(*StoreReply)(nil),          // 43: hoard.v1.StoreReply
-	(*OpenRequest)(nil),         // 44: hoard.v1.OpenRequest
-	(*OpenReply)(nil),           // 45: hoard.v1.OpenReply
-	(*CloseRequest)(nil),        // 46: hoard.v1.CloseRequest
-	(*CloseReply)(nil),          // 47: hoard.v1.CloseReply
-	(*ReturnRequest)(nil),       // 48: hoard.v1.ReturnRequest
-	(*RenewRequest)(nil),        // 49: hoard.v1.RenewRequest
-	(*RenewReply)(nil),          // 50: hoard.v1.RenewReply
-	(*ReturnReply)(nil),         // 51: hoard.v1.ReturnReply
-	(*ProxyStatsRequest)(nil),   // 52: hoard.v1.ProxyStatsRequest
-	(*ProxyStatsReply)(nil),     // 53: hoard.v1.ProxyStatsReply
+	(FileType)(0),                 // 0: hoard.v1.FileType
+	(DelegKind)(0),                // 1: hoard.v1.DelegKind
+	(*FID)(nil),                   // 2: hoard.v1.FID
+	(*Status)(nil),                // 3: hoard.v1.Status
+	(*Error)(nil),                 // 4: hoard.v1.Error
+	(*ClientMsg)(nil),             // 5: hoard.v1.ClientMsg
+	(*Hello)(nil),                 // 6: hoard.v1.Hello
+	(*Ack)(nil),                   // 7: hoard.v1.Ack
+	(*ServerMsg)(nil),             // 8: hoard.v1.ServerMsg
+	(*Welcome)(nil),               // 9: hoard.v1.Welcome
+	(*Break)(nil),                 // 10: hoard.v1.Break
+	(*Reset)(nil),                 // 11: hoard.v1.Reset
+	(*Recall)(nil),                // 12: hoard.v1.Recall
+	(*Revoke)(nil),                // 13: hoard.v1.Revoke
+	(*Ping)(nil),                  // 14: hoard.v1.Ping
+	(*Volume)(nil),                // 15: hoard.v1.Volume
+	(*GetVolumeRequest)(nil),      // 16: hoard.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),    // 17: hoard.v1.ListVolumesRequest
+	(*ListVolumesReply)(nil),      // 18: hoard.v1.ListVolumesReply
+	(*CreateVolumeRequest)(nil),   // 19: hoard.v1.CreateVolumeRequest
+	(*LookupRequest)(nil),         // 20: hoard.v1.LookupRequest
+	(*LookupReply)(nil),           // 21: hoard.v1.LookupReply
+	(*GetStatusRequest)(nil),      // 22: hoard.v1.GetStatusRequest
+	(*StatusResult)(nil),          // 23: hoard.v1.StatusResult
+	(*GetStatusReply)(nil),        // 24: hoard.v1.GetStatusReply
+	(*ReadDirRequest)(nil),        // 25: hoard.v1.ReadDirRequest
+	(*DirEntry)(nil),              // 26: hoard.v1.DirEntry
+	(*ReadDirReply)(nil),          // 27: hoard.v1.ReadDirReply
+	(*CreateRequest)(nil),         // 28: hoard.v1.CreateRequest
+	(*CreateReply)(nil),           // 29: hoard.v1.CreateReply
+	(*LinkRequest)(nil),           // 30: hoard.v1.LinkRequest
+	(*LinkReply)(nil),             // 31: hoard.v1.LinkReply
+	(*RemoveRequest)(nil),         // 32: hoard.v1.RemoveRequest
+	(*RemoveReply)(nil),           // 33: hoard.v1.RemoveReply
+	(*RenameRequest)(nil),         // 34: hoard.v1.RenameRequest
+	(*RenameReply)(nil),           // 35: hoard.v1.RenameReply
+	(*SetAttrRequest)(nil),        // 36: hoard.v1.SetAttrRequest
+	(*SetAttrReply)(nil),          // 37: hoard.v1.SetAttrReply
+	(*StatFSRequest)(nil),         // 38: hoard.v1.StatFSRequest
+	(*StatFSReply)(nil),           // 39: hoard.v1.StatFSReply
+	(*FetchRequest)(nil),          // 40: hoard.v1.FetchRequest
+	(*FetchReply)(nil),            // 41: hoard.v1.FetchReply
+	(*StoreRequest)(nil),          // 42: hoard.v1.StoreRequest
+	(*StoreReply)(nil),            // 43: hoard.v1.StoreReply
+	(*ReserveRequest)(nil),        // 44: hoard.v1.ReserveRequest
+	(*ReserveReply)(nil),          // 45: hoard.v1.ReserveReply
+	(*ReservedFile)(nil),          // 46: hoard.v1.ReservedFile
+	(*CreateReservedRequest)(nil), // 47: hoard.v1.CreateReservedRequest
+	(*CreateReservedReply)(nil),   // 48: hoard.v1.CreateReservedReply
+	(*OpenRequest)(nil),           // 49: hoard.v1.OpenRequest
+	(*OpenReply)(nil),             // 50: hoard.v1.OpenReply
+	(*CloseRequest)(nil),          // 51: hoard.v1.CloseRequest
+	(*CloseReply)(nil),            // 52: hoard.v1.CloseReply
+	(*ReturnRequest)(nil),         // 53: hoard.v1.ReturnRequest
+	(*RenewRequest)(nil),          // 54: hoard.v1.RenewRequest
+	(*RenewReply)(nil),            // 55: hoard.v1.RenewReply
+	(*ReturnReply)(nil),           // 56: hoard.v1.ReturnReply
+	(*ProxyStatsRequest)(nil),     // 57: hoard.v1.ProxyStatsRequest
+	(*ProxyStatsReply)(nil),       // 58: hoard.v1.ProxyStatsReply
 }
 var file_hoard_proto_depIdxs = []int32{
 	2,  // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
@@ -3994,56 +4335,66 @@ var file_hoard_proto_depIdxs = []int32{
 	3,  // 47: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
 	2,  // 48: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
 	3,  // 49: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
-	2,  // 50: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
-	3,  // 51: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
-	1,  // 52: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
-	2,  // 53: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
-	2,  // 54: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
-	5,  // 55: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
-	16, // 56: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
-	17, // 57: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
-	19, // 58: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
-	20, // 59: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
-	22, // 60: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
-	25, // 61: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
-	28, // 62: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
-	30, // 63: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
-	32, // 64: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
-	34, // 65: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
-	36, // 66: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
-	38, // 67: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
-	40, // 68: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
-	42, // 69: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
-	44, // 70: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
-	46, // 71: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
-	48, // 72: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
-	49, // 73: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
-	52, // 74: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
-	8,  // 75: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
-	15, // 76: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
-	18, // 77: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
-	15, // 78: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
-	21, // 79: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
-	24, // 80: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
-	27, // 81: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
-	29, // 82: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
-	31, // 83: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
-	33, // 84: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
-	35, // 85: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
-	37, // 86: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
-	39, // 87: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
-	41, // 88: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
-	43, // 89: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
-	45, // 90: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
-	47, // 91: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
-	51, // 92: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
-	50, // 93: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
-	53, // 94: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
-	75, // [75:95] is the sub-list for method output_type
-	55, // [55:75] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	2,  // 50: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
+	2,  // 51: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
+	2,  // 52: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
+	46, // 53: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
+	3,  // 54: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
+	3,  // 55: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
+	2,  // 56: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
+	3,  // 57: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
+	1,  // 58: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
+	2,  // 59: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
+	2,  // 60: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
+	5,  // 61: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
+	16, // 62: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
+	17, // 63: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
+	19, // 64: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
+	20, // 65: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
+	22, // 66: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
+	25, // 67: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
+	28, // 68: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
+	30, // 69: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
+	32, // 70: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
+	34, // 71: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
+	36, // 72: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
+	38, // 73: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
+	40, // 74: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
+	42, // 75: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
+	49, // 76: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
+	51, // 77: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
+	53, // 78: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
+	54, // 79: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
+	44, // 80: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
+	47, // 81: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
+	57, // 82: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
+	8,  // 83: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
+	15, // 84: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
+	18, // 85: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
+	15, // 86: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
+	21, // 87: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
+	24, // 88: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
+	27, // 89: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
+	29, // 90: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
+	31, // 91: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
+	33, // 92: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
+	35, // 93: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
+	37, // 94: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
+	39, // 95: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
+	41, // 96: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
+	43, // 97: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
+	50, // 98: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
+	52, // 99: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
+	56, // 100: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
+	55, // 101: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
+	45, // 102: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
+	48, // 103: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
+	58, // 104: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
+	83, // [83:105] is the sub-list for method output_type
+	61, // [61:83] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_hoard_proto_init() }
@@ -4069,7 +4420,7 @@ func file_hoard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoard_proto_rawDesc), len(file_hoard_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   52,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -28,25 +28,27 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	FileServer_Connect_FullMethodName      = "/hoard.v1.FileServer/Connect"
-	FileServer_GetVolume_FullMethodName    = "/hoard.v1.FileServer/GetVolume"
-	FileServer_ListVolumes_FullMethodName  = "/hoard.v1.FileServer/ListVolumes"
-	FileServer_CreateVolume_FullMethodName = "/hoard.v1.FileServer/CreateVolume"
-	FileServer_Lookup_FullMethodName       = "/hoard.v1.FileServer/Lookup"
-	FileServer_GetStatus_FullMethodName    = "/hoard.v1.FileServer/GetStatus"
-	FileServer_ReadDir_FullMethodName      = "/hoard.v1.FileServer/ReadDir"
-	FileServer_Create_FullMethodName       = "/hoard.v1.FileServer/Create"
-	FileServer_Link_FullMethodName         = "/hoard.v1.FileServer/Link"
-	FileServer_Remove_FullMethodName       = "/hoard.v1.FileServer/Remove"
-	FileServer_Rename_FullMethodName       = "/hoard.v1.FileServer/Rename"
-	FileServer_SetAttr_FullMethodName      = "/hoard.v1.FileServer/SetAttr"
-	FileServer_StatFS_FullMethodName       = "/hoard.v1.FileServer/StatFS"
-	FileServer_Fetch_FullMethodName        = "/hoard.v1.FileServer/Fetch"
-	FileServer_Store_FullMethodName        = "/hoard.v1.FileServer/Store"
-	FileServer_Open_FullMethodName         = "/hoard.v1.FileServer/Open"
-	FileServer_Close_FullMethodName        = "/hoard.v1.FileServer/Close"
-	FileServer_Return_FullMethodName       = "/hoard.v1.FileServer/Return"
-	FileServer_Renew_FullMethodName        = "/hoard.v1.FileServer/Renew"
+	FileServer_Connect_FullMethodName        = "/hoard.v1.FileServer/Connect"
+	FileServer_GetVolume_FullMethodName      = "/hoard.v1.FileServer/GetVolume"
+	FileServer_ListVolumes_FullMethodName    = "/hoard.v1.FileServer/ListVolumes"
+	FileServer_CreateVolume_FullMethodName   = "/hoard.v1.FileServer/CreateVolume"
+	FileServer_Lookup_FullMethodName         = "/hoard.v1.FileServer/Lookup"
+	FileServer_GetStatus_FullMethodName      = "/hoard.v1.FileServer/GetStatus"
+	FileServer_ReadDir_FullMethodName        = "/hoard.v1.FileServer/ReadDir"
+	FileServer_Create_FullMethodName         = "/hoard.v1.FileServer/Create"
+	FileServer_Link_FullMethodName           = "/hoard.v1.FileServer/Link"
+	FileServer_Remove_FullMethodName         = "/hoard.v1.FileServer/Remove"
+	FileServer_Rename_FullMethodName         = "/hoard.v1.FileServer/Rename"
+	FileServer_SetAttr_FullMethodName        = "/hoard.v1.FileServer/SetAttr"
+	FileServer_StatFS_FullMethodName         = "/hoard.v1.FileServer/StatFS"
+	FileServer_Fetch_FullMethodName          = "/hoard.v1.FileServer/Fetch"
+	FileServer_Store_FullMethodName          = "/hoard.v1.FileServer/Store"
+	FileServer_Open_FullMethodName           = "/hoard.v1.FileServer/Open"
+	FileServer_Close_FullMethodName          = "/hoard.v1.FileServer/Close"
+	FileServer_Return_FullMethodName         = "/hoard.v1.FileServer/Return"
+	FileServer_Renew_FullMethodName          = "/hoard.v1.FileServer/Renew"
+	FileServer_Reserve_FullMethodName        = "/hoard.v1.FileServer/Reserve"
+	FileServer_CreateReserved_FullMethodName = "/hoard.v1.FileServer/CreateReserved"
 )
 
 // FileServerClient is the client API for FileServer service.
@@ -78,6 +80,13 @@ type FileServerClient interface {
 	// renews it; a client counts it renewed from the sending time of one
 	// that was answered.)
 	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewReply, error)
+	// Directory delegations: a client holding a write delegation on a
+	// directory (an Open of it, write and delegation_only) makes files in
+	// it on its own, named with FIDs it reserved, and makes them known
+	// later with CreateReserved, many at once, before it returns the
+	// delegation.
+	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveReply, error)
+	CreateReserved(ctx context.Context, in *CreateReservedRequest, opts ...grpc.CallOption) (*CreateReservedReply, error)
 }
 
 type fileServerClient struct {
@@ -293,6 +302,26 @@ func (c *fileServerClient) Renew(ctx context.Context, in *RenewRequest, opts ...
 	return out, nil
 }
 
+func (c *fileServerClient) Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReserveReply)
+	err := c.cc.Invoke(ctx, FileServer_Reserve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fileServerClient) CreateReserved(ctx context.Context, in *CreateReservedRequest, opts ...grpc.CallOption) (*CreateReservedReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateReservedReply)
+	err := c.cc.Invoke(ctx, FileServer_CreateReserved_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // FileServerServer is the server API for FileServer service.
 // All implementations must embed UnimplementedFileServerServer
 // for forward compatibility.
@@ -322,6 +351,13 @@ type FileServerServer interface {
 	// renews it; a client counts it renewed from the sending time of one
 	// that was answered.)
 	Renew(context.Context, *RenewRequest) (*RenewReply, error)
+	// Directory delegations: a client holding a write delegation on a
+	// directory (an Open of it, write and delegation_only) makes files in
+	// it on its own, named with FIDs it reserved, and makes them known
+	// later with CreateReserved, many at once, before it returns the
+	// delegation.
+	Reserve(context.Context, *ReserveRequest) (*ReserveReply, error)
+	CreateReserved(context.Context, *CreateReservedRequest) (*CreateReservedReply, error)
 	mustEmbedUnimplementedFileServerServer()
 }
 
@@ -388,6 +424,12 @@ func (UnimplementedFileServerServer) Return(context.Context, *ReturnRequest) (*R
 }
 func (UnimplementedFileServerServer) Renew(context.Context, *RenewRequest) (*RenewReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Renew not implemented")
+}
+func (UnimplementedFileServerServer) Reserve(context.Context, *ReserveRequest) (*ReserveReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reserve not implemented")
+}
+func (UnimplementedFileServerServer) CreateReserved(context.Context, *CreateReservedRequest) (*CreateReservedReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateReserved not implemented")
 }
 func (UnimplementedFileServerServer) mustEmbedUnimplementedFileServerServer() {}
 func (UnimplementedFileServerServer) testEmbeddedByValue()                    {}
@@ -723,6 +765,42 @@ func _FileServer_Renew_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FileServer_Reserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReserveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).Reserve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_Reserve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).Reserve(ctx, req.(*ReserveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FileServer_CreateReserved_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateReservedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).CreateReserved(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_CreateReserved_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).CreateReserved(ctx, req.(*CreateReservedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // FileServer_ServiceDesc is the grpc.ServiceDesc for FileServer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -793,6 +871,14 @@ var FileServer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Renew",
 			Handler:    _FileServer_Renew_Handler,
+		},
+		{
+			MethodName: "Reserve",
+			Handler:    _FileServer_Reserve_Handler,
+		},
+		{
+			MethodName: "CreateReserved",
+			Handler:    _FileServer_CreateReserved_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -770,8 +770,9 @@ func (w *consWorker) unknown(err error) consOut {
 
 // consRun runs the clients for about d (with restart, a kill -9 and
 // restart of the server halfway), then has each client read every name
-// once more, alone, and checks the history.
-func consRun(t *testing.T, srv *serverProc, clients []consFS, d time.Duration, restart bool) {
+// once more, alone, and checks the history. It returns how many files the
+// library clients made under directory delegations.
+func consRun(t *testing.T, srv *serverProc, clients []consFS, d time.Duration, restart bool) int64 {
 	if restart {
 		srv.prepare() // before the workers open files on FUSE mounts
 	}
@@ -809,7 +810,16 @@ func consRun(t *testing.T, srv *serverProc, clients []consFS, d time.Duration, r
 	for _, w := range workers {
 		failed += w.failed
 	}
-	t.Logf("%d operations in %v, %d failed", len(h.ops), time.Duration(h.now()), failed)
+	var made, settled int64
+	for _, fs := range clients {
+		if l, ok := fs.(libFS); ok {
+			st := l.c.Stats()
+			made, settled = made+st.MadeHere, settled+st.Settled
+		}
+	}
+	t.Logf("%d operations in %v, %d failed; the library clients made %d files under directory delegations, %d of them created at the server later",
+		len(h.ops), time.Duration(h.now()), failed, made, settled)
+	return made
 }
 
 // consCheck fails the test if the history is not close-to-open
@@ -897,6 +907,11 @@ func consText(sorted []porcupine.Operation, mark int) string {
 // dialCons connects a library client with a cache of its own and a name
 // of its own, as a client on another machine would be.
 func dialCons(t *testing.T, srv *serverProc, name string, noDeleg bool) *client.Client {
+	return dialConsWith(t, srv, name, client.Options{NoDelegations: noDeleg})
+}
+
+// dialConsWith is dialCons with more options.
+func dialConsWith(t *testing.T, srv *serverProc, name string, o client.Options) *client.Client {
 	t.Helper()
 	// Stores refused for files renamed over are logged as errors; the
 	// history says all there is to say, unless debugging.
@@ -904,8 +919,9 @@ func dialCons(t *testing.T, srv *serverProc, name string, noDeleg bool) *client.
 	if logLevel() == "debug" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("client", name)
 	}
-	c, err := client.Dial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 64 << 20, Name: name,
-		DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second, NoDelegations: noDeleg, Logger: log})
+	o.Server, o.CacheDir, o.CacheSize, o.Name = srv.addr, t.TempDir(), 64<<20, name
+	o.DialTimeout, o.RPCTimeout, o.Logger = 5*time.Second, 10*time.Second, log
+	c, err := client.Dial(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -913,13 +929,20 @@ func dialCons(t *testing.T, srv *serverProc, name string, noDeleg bool) *client.
 	return c
 }
 
-// Three library clients, with and without delegations; and two clients
-// of a proxy with one of the origin (with delegations), the origin killed
-// and restarted under them.
+// Three library clients, with and without delegations, and with
+// directory delegations granted whenever they can be (by default a
+// client gets one only on a directory no other client has cached, which
+// in this shared directory is seldom); and two clients of a proxy with one
+// of the origin (with delegations), the origin killed and restarted under
+// them.
 func TestConsistencyLibrary(t *testing.T) {
-	for _, mode := range []string{"delegations", "no-delegations", "proxy"} {
+	for _, mode := range []string{"delegations", "no-delegations", "dir-delegations", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
-			srv := startServer(t, t.TempDir(), "--grace", consGrace.String())
+			args := []string{"--grace", consGrace.String()}
+			if mode == "dir-delegations" {
+				args = append(args, "--dir-delegations", "any")
+			}
+			srv := startServer(t, t.TempDir(), args...)
 			var clients []consFS
 			for i := range 3 {
 				to := srv
@@ -930,13 +953,19 @@ func TestConsistencyLibrary(t *testing.T) {
 						to = clients[1].(libFS).via
 					}
 				}
-				c := dialCons(t, to, fmt.Sprintf("%s-c%d", t.Name(), i), mode == "no-delegations")
+				// Back off from a recalled directory for a moment only:
+				// here, grants and recalls are what is tested.
+				c := dialConsWith(t, to, fmt.Sprintf("%s-c%d", t.Name(), i),
+					client.Options{NoDelegations: mode == "no-delegations", DirBackoff: time.Millisecond})
 				clients = append(clients, libFS{c, "/d", to})
 			}
 			if err := clients[0].(libFS).c.Mkdir("/d", 0o755); err != nil {
 				t.Fatal(err)
 			}
-			consRun(t, srv, clients, 4*time.Second, true)
+			made := consRun(t, srv, clients, 4*time.Second, true)
+			if mode == "dir-delegations" && made == 0 {
+				t.Error("no file was made under a directory delegation")
+			}
 		})
 	}
 }

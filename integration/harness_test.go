@@ -127,7 +127,7 @@ func startProc(t testing.TB, what, data string, base, extra []string) *serverPro
 	s.start()
 	t.Cleanup(func() {
 		s.kill()
-		if t.Failed() {
+		if t.Failed() || os.Getenv("HOARD_TEST_DUMP") != "" {
 			t.Logf("%s log:\n%s", what, s.logs)
 		}
 	})

@@ -238,7 +238,7 @@ func TestProxyBreaksSideBySide(t *testing.T) {
 func TestProxyDelegations(t *testing.T) {
 	tmp := t.TempDir()
 	origin := startServer(t, filepath.Join(tmp, "origin"))
-	px := startProxy(t, origin, filepath.Join(tmp, "proxy"), "--delegations")
+	px := startProxy(t, origin, filepath.Join(tmp, "proxy"))
 	writeBack := func(addr, name string) *client.Client {
 		c, err := client.Dial(client.Options{Server: addr, CacheDir: filepath.Join(tmp, name), CacheSize: 64 << 20,
 			FlushAge: time.Hour, RPCTimeout: 10 * time.Second, Name: name})
@@ -310,7 +310,7 @@ func TestProxyLostLease(t *testing.T) {
 	// way from the proxy to the origin.
 	origin := startServer(t, filepath.Join(tmp, "origin"), "--lease", lease.String(), "--data-listen", "none")
 	link := startRelay(t, origin.addr, "")
-	px := startProxy(t, &serverProc{addr: link.addr()}, filepath.Join(tmp, "proxy"), "--delegations")
+	px := startProxy(t, &serverProc{addr: link.addr()}, filepath.Join(tmp, "proxy"))
 	cacheDir := filepath.Join(tmp, "a")
 	a, err := client.Dial(client.Options{Server: px.addr, CacheDir: cacheDir, CacheSize: 64 << 20, FlushAge: time.Hour, RPCTimeout: 10 * time.Second})
 	if err != nil {

@@ -204,7 +204,9 @@ func startWriter(t *testing.T, addr, name, cacheDir string, n int) (*exec.Cmd, i
 // and the conflicting opener goes on; when it wakes, its late store is
 // refused, fsync says EIO, and the data is kept in lost/ with its path.
 // One that dies leaves its data in its cache, kept in lost/ at the next
-// start.
+// start. (The reader has the root cached, so the holder's create goes to
+// the server: TestDirDelegationLost is the case of a file made under a
+// directory delegation.)
 func TestLostLeaseKeepsData(t *testing.T) {
 	const lease = 2 * time.Second
 	srv := startServer(t, t.TempDir(), "--lease", lease.String())

@@ -350,7 +350,7 @@ func (h *hnode) Unlink(ctx context.Context, name string) syscall.Errno {
 	if c := h.GetChild(name); c != nil {
 		if ch, ok := c.Operations().(*hnode); ok && ch.isOpen() {
 			silly := fmt.Sprintf(".hoard-unlinked-%x-%x", ino(ch.n.FID()), time.Now().UnixNano())
-			if err := h.m.c.RenameAt(h.n, name, h.n, silly); err != nil {
+			if _, err := h.m.c.RenameAt(h.n, name, h.n, silly); err != nil {
 				return errno(err)
 			}
 			ch.mu.Lock()
@@ -396,7 +396,8 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 	default:
 		return syscall.EINVAL // RENAME_EXCHANGE and friends are not supported
 	}
-	if err := h.m.c.RenameAt(h.n, name, np.n, newName); err != nil {
+	moved, err := h.m.c.RenameAt(h.n, name, np.n, newName)
+	if err != nil {
 		return errno(err)
 	}
 	// Once this returns, the kernel moves the old name's entry, with its
@@ -404,6 +405,14 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 	// may have been applied before newName was there: invalidate again,
 	// queued, which waits for the kernel's lock and so comes after the move.
 	np.issue(newName)
+	if c := h.GetChild(name); c != nil {
+		if ch, ok := c.Operations().(*hnode); ok && ch.n.FID() != moved {
+			// The kernel's entry was stale (another client had put
+			// another file under name): it files the wrong file under
+			// newName, which is distrusted until the entry is dropped.
+			h.m.lateUntil(ch.n.FID(), h.m.queue.add([]node.FID{np.n.FID()}))
+		}
+	}
 	for _, d := range []*hnode{h, np} {
 		if h.m.c.PromiseLeft(d.n) == 0 {
 			h.m.queue.add([]node.FID{d.n.FID()})

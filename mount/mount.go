@@ -110,11 +110,18 @@ func (m *Mount) distrust(fids []node.FID, seq uint64) {
 			delete(m.lateNames, f) // through since
 		}
 	}
-	for _, f := range named {
-		m.lateNames[f] = max(m.lateNames[f], seq)
-	}
 	m.mu.Unlock()
+	for _, f := range named {
+		m.lateUntil(f, seq)
+	}
 	m.log.Debug("break acknowledged before the kernel dropped its names", "dirs", len(dirs), "files", len(named), "ticket", seq)
+}
+
+// lateUntil distrusts f until the invalidation queue sent ticket seq.
+func (m *Mount) lateUntil(f node.FID, seq uint64) {
+	m.mu.Lock()
+	m.lateNames[f] = max(m.lateNames[f], seq)
+	m.mu.Unlock()
 }
 
 // late reports whether the kernel may reach f through a name a break

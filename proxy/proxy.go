@@ -14,8 +14,8 @@
 // proxy client only after the origin acknowledged it; then the proxy
 // breaks its other clients' promises, as a server would.
 //
-// With Options.NoDelegations unset (hoard proxy --delegations, which is
-// experimental: docs/consistency.md), delegations chain the same way
+// Unless Options.NoDelegations is set (hoard proxy --no-delegations),
+// delegations chain the same way
 // (Nache, FAST'07): the proxy delegates to
 // its clients only what it holds from the origin, asking for it when a
 // client's open would be given one, and keeps it for all of them, so
@@ -67,7 +67,7 @@ type Options struct {
 	// what the proxy has no promise for fails after it.
 	Timeout time.Duration
 	// NoDelegations: the proxy takes none from the origin, so it gives
-	// its clients none either (hoard proxy's default; --delegations).
+	// its clients none either (hoard proxy --no-delegations).
 	NoDelegations bool
 	Logger        *slog.Logger
 }
@@ -125,10 +125,12 @@ func Open(o Options) (p *Proxy, err error) {
 		// many clients at once.
 		DataStreams:   16,
 		NoDelegations: o.NoDelegations,
-		Name:          fmt.Sprintf("proxy %s pid %d", host, os.Getpid()),
-		Logger:        o.Logger,
-		OnInvalidate:  p.invalidate,
-		OnRecall:      p.recall,
+		// Its clients' creates go to the origin as they come.
+		NoDirDelegations: true,
+		Name:             fmt.Sprintf("proxy %s pid %d", host, os.Getpid()),
+		Logger:           o.Logger,
+		OnInvalidate:     p.invalidate,
+		OnRecall:         p.recall,
 	})
 	if err != nil {
 		return nil, err
@@ -198,8 +200,14 @@ func (p *Proxy) Lease() time.Duration {
 }
 
 // Delegation gets the origin's delegation on f, for the proxy's clients.
+// Directories are not delegated through a proxy: it would have to hold
+// the origin's and pass its clients' files on (CreateReserved).
 func (p *Proxy) Delegation(f node.FID, write bool) callback.DelegKind {
-	h, ok := p.c.Delegate(p.c.NodeOf(f), write)
+	n := p.c.NodeOf(f)
+	if n.Status().Type == node.TypeDir {
+		return callback.DelegNone
+	}
+	h, ok := p.c.Delegate(n, write)
 	if !ok {
 		return callback.DelegNone
 	}
@@ -346,6 +354,16 @@ func (p *Proxy) ReadDir(dir node.FID, cookie uint64, limit int) ([]vnode.DirEntr
 
 func (p *Proxy) Create(dir node.FID, name string, t node.Type, a vnode.Attr, target string, excl bool, op vnode.Op) (st, d node.Status, created bool, err error) {
 	return p.c.CreateOp(p.c.NodeOf(dir), name, t, a.Mode, client.Creator{UID: a.UID, GID: a.GID}, target, a.Rdev, excl, string(op))
+}
+
+// Reserve is refused: the proxy delegates no directories (Delegation).
+func (p *Proxy) Reserve(uint64, int) ([]node.FID, error) {
+	return nil, fmt.Errorf("reserve: not through a proxy: %w", syscall.EOPNOTSUPP)
+}
+
+// CreateReserved is refused, as Reserve is.
+func (p *Proxy) CreateReserved(node.FID, []vnode.Reserved, vnode.Op) ([]node.Status, node.Status, error) {
+	return nil, node.Status{}, fmt.Errorf("create reserved: not through a proxy: %w", syscall.EOPNOTSUPP)
 }
 
 func (p *Proxy) Link(dir node.FID, name string, target node.FID, op vnode.Op) (st, d node.Status, err error) {

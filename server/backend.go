@@ -30,6 +30,11 @@ type Backend interface {
 	Remove(dir node.FID, name string, dirOnly bool, op vnode.Op) (d, st node.Status, err error)
 	Rename(src node.FID, sname string, dst node.FID, dname string, op vnode.Op) (vnode.RenameResult, error)
 	SetAttr(f node.FID, c vnode.Change) (node.Status, error)
+	// Reserve and CreateReserved serve directory delegations
+	// (dirdeleg.go); a backend without them fails both with EOPNOTSUPP,
+	// and its Delegation grants none on directories.
+	Reserve(volume uint64, n int) ([]node.FID, error)
+	CreateReserved(dir node.FID, fs []vnode.Reserved, op vnode.Op) ([]node.Status, node.Status, error)
 	StatFS(volume uint64) (vnode.FSStat, error)
 
 	// ReadAt reads file bytes for user (the client's name until there

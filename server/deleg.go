@@ -36,8 +36,10 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 	if err != nil {
 		return nil, s.fail("Open", err)
 	}
-	if st.Type != node.TypeFile || o.id == 0 {
-		return &pb.OpenReply{Status: o.status(st)}, nil // only files are delegated, only to known clients
+	// Files are delegated, and directories to a client that asks for a
+	// write delegation alone (dirdeleg.go); only to known clients.
+	if o.id == 0 || st.Type != node.TypeFile && !(st.Type == node.TypeDir && req.Write && req.DelegationOnly) {
+		return &pb.OpenReply{Status: o.status(st)}, nil
 	}
 	write := req.Write
 	if req.Reclaim != 0 {
@@ -60,6 +62,21 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 	} else if err := s.waitDelegGrace(ctx); err != nil {
 		return nil, err
 	}
+	if st.Type == node.TypeDir {
+		// Asked for on the chance of a create, so only where it costs
+		// nobody anything: no other client's is recalled for it, none is
+		// given while a change is under way, nor (DirPrivate) while
+		// another client has the directory cached (it would lose its
+		// promise, and a kernel its names).
+		s.mu.Lock()
+		kind, _ := s.cb.Delegation(o.id, f)
+		ok := s.busy[f] == 0 && (kind == callback.DelegWrite || s.cb.Delegable(o.id, f, true) &&
+			(s.cfg.DirDelegations == DirAny || s.cfg.DirDelegations == DirPrivate && !s.othersCache(o.id, f)))
+		s.mu.Unlock()
+		if !ok {
+			return &pb.OpenReply{Status: o.status(st)}, nil
+		}
+	}
 	for {
 		// The backend is asked only for a delegation the open would get:
 		// a proxy's costs a round trip to its origin.
@@ -73,6 +90,9 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 			}
 		}
 		s.mu.Lock()
+		if s.busy[f] > 0 {
+			limit = callback.DelegNone
+		}
 		res, msgs := s.cb.OpenUpTo(o.id, f, write, limit, time.Now())
 		r := s.waitLocked(res.Wait, msgs)
 		if res.Wait == 0 && res.Recorded && req.DelegationOnly {

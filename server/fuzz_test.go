@@ -89,9 +89,11 @@ func FuzzRequests(f *testing.F) {
 	seed(13, &pb.OpenRequest{Fid: fid, Write: true})
 	seed(14, &pb.CloseRequest{Fid: root})
 	seed(15, &pb.ReturnRequest{Fid: fid, State: 1, Readers: 1 << 30})
+	seed(17, &pb.ReserveRequest{Volume: 1, Count: 1 << 20})
+	seed(18, &pb.CreateReservedRequest{Dir: root, State: 1, Files: []*pb.ReservedFile{{Name: "..", Fid: fid}}})
 	ctx := context.Background()
 	f.Fuzz(func(t *testing.T, kind uint8, data []byte) {
-		switch kind % 17 {
+		switch kind % 19 {
 		case 0:
 			m := &pb.LookupRequest{}
 			if proto.Unmarshal(data, m) == nil {
@@ -176,6 +178,16 @@ func FuzzRequests(f *testing.F) {
 			m := &pb.RenewRequest{}
 			if proto.Unmarshal(data, m) == nil {
 				s.Renew(ctx, m)
+			}
+		case 17:
+			m := &pb.ReserveRequest{}
+			if proto.Unmarshal(data, m) == nil {
+				s.Reserve(ctx, m)
+			}
+		case 18:
+			m := &pb.CreateReservedRequest{}
+			if proto.Unmarshal(data, m) == nil {
+				s.CreateReserved(ctx, m)
 			}
 		}
 	})

@@ -72,6 +72,9 @@ func (s *Server) Lookup(ctx context.Context, req *pb.LookupRequest) (*pb.LookupR
 	if err != nil {
 		return nil, err
 	}
+	if _, err := s.recallFor(ctx, o, false, dir); err != nil {
+		return nil, err
+	}
 	child, d, err := s.store.Lookup(dir, req.Name)
 	if err != nil {
 		return nil, s.fail("Lookup", err)
@@ -130,6 +133,9 @@ func (s *Server) ReadDir(ctx context.Context, req *pb.ReadDirRequest) (*pb.ReadD
 	if err != nil {
 		return nil, err
 	}
+	if _, err := s.recallFor(ctx, o, false, dir); err != nil {
+		return nil, err
+	}
 	ents, eof, d, err := s.store.ReadDir(dir, req.Cookie, int(req.MaxEntries))
 	if err != nil {
 		return nil, s.fail("ReadDir", err)
@@ -152,6 +158,10 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	}
 	o, err := s.beginChange(ctx)
 	if err != nil {
+		return nil, err
+	}
+	defer s.changing(dir)()
+	if _, err := s.recallFor(ctx, o, true, dir); err != nil {
 		return nil, err
 	}
 	st, d, created, err := s.store.Create(dir, req.Name, t, vnode.Attr{Mode: req.Mode, UID: req.Uid, GID: req.Gid, Rdev: req.Rdev}, req.Target, req.Exclusive, o.once)
@@ -203,7 +213,8 @@ func (s *Server) Link(ctx context.Context, req *pb.LinkRequest) (*pb.LinkReply, 
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.recallFor(ctx, o, true, target); err != nil {
+	defer s.changing(dir)()
+	if _, err := s.recallFor(ctx, o, true, dir, target); err != nil {
 		return nil, err
 	}
 	st, d, err := s.store.Link(dir, req.Name, target, o.once)
@@ -221,6 +232,10 @@ func (s *Server) Remove(ctx context.Context, req *pb.RemoveRequest) (*pb.RemoveR
 	}
 	o, err := s.beginChange(ctx)
 	if err != nil {
+		return nil, err
+	}
+	defer s.changing(dir)()
+	if _, err := s.recallFor(ctx, o, true, dir); err != nil {
 		return nil, err
 	}
 	if child, _, err := s.store.Lookup(dir, req.Name); err == nil {
@@ -248,6 +263,10 @@ func (s *Server) Rename(ctx context.Context, req *pb.RenameRequest) (*pb.RenameR
 	}
 	o, err := s.beginChange(ctx)
 	if err != nil {
+		return nil, err
+	}
+	defer s.changing(src, dst)()
+	if _, err := s.recallFor(ctx, o, true, src, dst); err != nil {
 		return nil, err
 	}
 	var named []node.FID

@@ -45,13 +45,27 @@ type Config struct {
 	Grace time.Duration
 	// Lease is how long a delegation outlives its holder's last request,
 	// and how long a recall may go unanswered; 0: no delegations.
-	Lease  time.Duration
-	Logger *slog.Logger
+	Lease time.Duration
+	// DirDelegations says which directories a client may be delegated,
+	// to make files in on its own (dirdeleg.go): DirPrivate (the
+	// default), DirAny or DirNone.
+	DirDelegations string
+	Logger         *slog.Logger
 }
+
+// Directory delegation policies.
+const (
+	// DirPrivate: only a directory no other client holds a promise on.
+	DirPrivate = "private"
+	// DirAny: any directory, breaking the promises others hold on it.
+	DirAny = "any"
+	// DirNone: no directory.
+	DirNone = "none"
+)
 
 // DefaultConfig is what `hoard server` uses unless told otherwise.
 func DefaultConfig() Config {
-	return Config{PromiseTTL: 10 * time.Minute, BreakTimeout: 2 * time.Second, Ping: 5 * time.Second, MaxPromises: 1 << 20, Grace: 3 * time.Second, Lease: 30 * time.Second}
+	return Config{PromiseTTL: 10 * time.Minute, BreakTimeout: 2 * time.Second, Ping: 5 * time.Second, MaxPromises: 1 << 20, Grace: 3 * time.Second, Lease: 30 * time.Second, DirDelegations: DirPrivate}
 }
 
 // Server implements hoardpb.FileServerServer.
@@ -61,10 +75,13 @@ type Server struct {
 	cfg   Config
 	log   *slog.Logger
 
-	mu        sync.Mutex
-	cb        *callback.Server
-	conns     map[callback.ClientID]*conn
-	waiters   map[callback.Round]chan struct{}
+	mu      sync.Mutex
+	cb      *callback.Server
+	conns   map[callback.ClientID]*conn
+	waiters map[callback.Round]chan struct{}
+	// busy counts the namespace changes under way in each directory
+	// (dirdeleg.go).
+	busy      map[node.FID]int
 	wake      chan struct{}
 	stop      chan struct{}
 	closeOnce sync.Once
@@ -90,6 +107,7 @@ func New(store Backend, cfg Config) *Server {
 		cb:      callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises, Lease: cfg.Lease}),
 		conns:   map[callback.ClientID]*conn{},
 		waiters: map[callback.Round]chan struct{}{},
+		busy:    map[node.FID]int{},
 		wake:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 	}

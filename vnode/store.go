@@ -32,8 +32,9 @@ var (
 	bktVolNames = []byte("volnames")
 	bktPending  = []byte("pending")
 	bktGarbage  = []byte("garbage")
-	bktOps      = []byte("ops")     // Op → outcome (once.go)
-	bktOpTimes  = []byte("optimes") // time, Op → nothing: for forgetting old outcomes
+	bktOps      = []byte("ops")      // Op → outcome (once.go)
+	bktOpTimes  = []byte("optimes")  // time, Op → nothing: for forgetting old outcomes
+	bktReserved = []byte("reserved") // volume, vnode → uniquifier: FIDs set aside (reserve.go)
 	// Per-volume sub-buckets.
 	bktVnodes  = []byte("vnodes")
 	bktNames   = []byte("names")
@@ -110,7 +111,7 @@ func Open(dir string) (*Store, error) {
 
 func (s *Store) init() error {
 	return s.db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bktMeta, bktVolumes, bktVolNames, bktPending, bktGarbage, bktOps, bktOpTimes} {
+		for _, b := range [][]byte{bktMeta, bktVolumes, bktVolNames, bktPending, bktGarbage, bktOps, bktOpTimes, bktReserved} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}

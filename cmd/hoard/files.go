@@ -23,13 +23,14 @@ import (
 
 // clientFlags are the flags of every command that talks to a server.
 type clientFlags struct {
-	server    string
-	cache     string
-	cacheSize string
-	bypassAt  string
-	streams   int
-	timeout   time.Duration
-	noDeleg   bool
+	server     string
+	cache      string
+	cacheSize  string
+	bypassAt   string
+	streams    int
+	timeout    time.Duration
+	noDeleg    bool
+	noDirDeleg bool
 	// cacheGiven: --cache was on the command line (not the default).
 	cacheGiven bool
 }
@@ -59,6 +60,7 @@ func (cf *clientFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&cf.bypassAt, "bypass-threshold", "", "files at least this large bypass the cache, e.g. 1G (default: off, auto decides)")
 	f.IntVar(&cf.streams, "data-streams", 4, "connections to the server's bulk-data channel (0: file data over the control connection)")
 	f.BoolVar(&cf.noDeleg, "no-delegations", false, "take no delegations: every open and close goes to the server, writes are stored at close")
+	f.BoolVar(&cf.noDirDeleg, "no-dir-delegations", false, "take no delegations on directories: every create goes to the server at once")
 }
 
 // options turns the flags into client options.
@@ -82,7 +84,7 @@ func (cf *clientFlags) options() (client.Options, error) {
 		return client.Options{}, usagef("--data-streams %d: want 0 to 64", cf.streams)
 	}
 	return client.Options{Server: cf.server, CacheDir: cf.cache, CacheSize: size, BypassThreshold: threshold,
-		DataStreams: cf.streams, NoDataChannel: cf.streams == 0, NoDelegations: cf.noDeleg, DialTimeout: cf.timeout, RPCTimeout: max(cf.timeout, 30*time.Second)}, nil
+		DataStreams: cf.streams, NoDataChannel: cf.streams == 0, NoDelegations: cf.noDeleg, NoDirDelegations: cf.noDirDeleg, DialTimeout: cf.timeout, RPCTimeout: max(cf.timeout, 30*time.Second)}, nil
 }
 
 func (cf *clientFlags) dial() (*client.Client, error) {

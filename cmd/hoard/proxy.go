@@ -28,7 +28,7 @@ func proxyCmd() *cobra.Command {
 	cfg.BreakTimeout = time.Second
 	var origin, listen, dir, size, layout, dataListen, dataAdvertise string
 	var timeout, fast time.Duration
-	var deleg bool
+	var noDeleg bool
 	cmd := &cobra.Command{
 		Use:   "proxy --origin ADDR --cache DIR [--listen 127.0.0.1:7200]",
 		Short: "run a caching proxy: clients point at it as at a server, and it serves them from its cache of the origin",
@@ -66,7 +66,7 @@ func proxyCmd() *cobra.Command {
 				defer dataLis.Close()
 			}
 			p, err := proxy.Open(proxy.Options{Origin: origin, Dir: dir, CacheSize: n, Timeout: timeout,
-				Layout: layout, FastFetch: fast, NoDelegations: !deleg, Logger: slog.Default()})
+				Layout: layout, FastFetch: fast, NoDelegations: noDeleg, Logger: slog.Default()})
 			if err != nil {
 				return usagef("proxy of %s in %s: %v", origin, dir, err)
 			}
@@ -94,7 +94,7 @@ func proxyCmd() *cobra.Command {
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
 	f.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after a start, how long changes wait for clients of the previous life to reconnect")
 	dataFlags(f, &dataListen, &dataAdvertise, "none", "; off by default: each of a client's data streams carries one fetch at a time, which a distant origin makes slow on a cold proxy (docs/benchmarks.md)")
-	f.BoolVar(&deleg, "delegations", false, "take delegations from the origin and give clients delegations under them (experimental: see docs/consistency.md, \"Delegations through a proxy\"); without, clients' opens go to the proxy, as with a server run with --lease 0")
+	f.BoolVar(&noDeleg, "no-delegations", false, "take no delegations from the origin, and give clients none: their opens go to the proxy, as with a server run with --lease 0 (by default the proxy gives them delegations under those it holds from the origin)")
 	cmd.AddCommand(proxyStatsCmd())
 	return cmd
 }

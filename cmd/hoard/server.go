@@ -34,6 +34,11 @@ func serverCmd() *cobra.Command {
 			if cfg.PromiseTTL <= 0 || cfg.BreakTimeout <= 0 || cfg.Ping <= 0 || cfg.Grace < 0 || cfg.Lease < 0 {
 				return usagef("--promise-ttl, --break-timeout and --ping must be positive, --grace and --lease not negative")
 			}
+			switch cfg.DirDelegations {
+			case server.DirPrivate, server.DirAny, server.DirNone:
+			default:
+				return usagef("--dir-delegations %q: want %s, %s or %s", cfg.DirDelegations, server.DirPrivate, server.DirAny, server.DirNone)
+			}
 			if err := checkDataFlags(dataListen, dataAdvertise); err != nil {
 				return err
 			}
@@ -77,6 +82,7 @@ func serverCmd() *cobra.Command {
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
 	f.DurationVar(&cfg.Lease, "lease", cfg.Lease, "how long a delegation outlives its holder's last request, and how long a recall may go unanswered (0: no delegations)")
 	f.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after a start, how long changes wait for clients of the previous life to reconnect")
+	f.StringVar(&cfg.DirDelegations, "dir-delegations", cfg.DirDelegations, "which directories a client may make files in on its own: private (one no other client has cached), any (breaking others' promises), none")
 	f.StringVar(&profile, "cpuprofile", "", "write a CPU profile here until the server stops")
 	f.MarkHidden("cpuprofile")
 	f.IntVar(&cfg.MaxPromises, "max-promises", cfg.MaxPromises, "promises held across all clients before the oldest are broken")

@@ -101,6 +101,8 @@ func printCacheStats(s cache.Stats) {
 	fmt.Printf("recalls:       %d\n", s.Gauges["recalls"])
 	fmt.Printf("dirty bytes:   %d\n", s.Gauges["dirty_bytes"])
 	fmt.Printf("flushed:       %d bytes, %d bytes/s now\n", s.Gauges["flushed_bytes"], s.Gauges["flush_rate"])
+	fmt.Printf("files made:    %d here (directory delegations), %d removed before the server knew them, %d created there since\n",
+		s.Gauges["made_here"], s.Gauges["made_dropped"], s.Gauges["made_settled"])
 }
 
 func policyCmd() *cobra.Command {

@@ -1,0 +1,457 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/connectivity"
+
+	"github.com/hoardfs/hoard/callback"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+)
+
+// Directory delegations. A client that creates a file in a directory asks
+// for a write delegation on the directory; under it, with the directory's
+// whole listing cached, it makes regular files on its own: named with FIDs
+// reserved at the server, listed at once in its cache, and under a write
+// delegation of their own (so their data stays in the cache too). The
+// server learns of them later, all at once (settle: CreateReserved), when
+// the flusher's age bound comes, an fsync needs them, another client's
+// request on the directory recalls the delegation, or this client sends
+// any other request naming the directory. A file made and removed before
+// then never reaches the server at all (Postmark's churn). Made under a
+// delegation the server revoked, they are refused, and what was written to
+// them is kept in lost/, as for any write-back.
+
+// reserveBatch is how many FIDs one Reserve asks for.
+const reserveBatch = 64
+
+// made is the directory a file was made in here and not yet created at
+// the server (nil once it was, or for any other file).
+func (n *Node) made() *Node { return n.madeIn.Load() }
+
+// dirDelegation is the write delegation held on dir for making files in
+// it, getting one if it can be had; the listing is then complete.
+func (c *Client) dirDelegation(dir *Node) (callback.Held, bool) {
+	if c.opts.NoDirDelegations || !c.delegating() || c.conn.GetState() != connectivity.Ready {
+		// Not with the server away: a create then fails, saying so,
+		// rather than pile up files the server may never take.
+		return callback.Held{}, false
+	}
+	h, ok := c.delegation(dir)
+	if !ok {
+		dir.mu.Lock()
+		recent := time.Since(dir.recalledAt) < c.opts.DirBackoff
+		dir.mu.Unlock()
+		if recent {
+			return callback.Held{}, false
+		}
+		if h, ok = c.Delegate(dir, true); !ok {
+			return callback.Held{}, false
+		}
+	}
+	if h.Kind != callback.DelegWrite || h.Recalled {
+		return callback.Held{}, false
+	}
+	if _, _, err := c.readDir(dir); err != nil {
+		return callback.Held{}, false
+	}
+	dir.mu.Lock()
+	complete := dir.complete
+	dir.mu.Unlock()
+	return h, complete
+}
+
+// makeHere makes regular file name in dir without asking the server, if
+// a delegation on dir allows (ok). An existing file is returned instead
+// unless excl, as by a create at the server.
+func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl bool) (n *Node, created, ok bool, err error) {
+	h, held := c.dirDelegation(dir)
+	if !held {
+		return nil, false, false, nil
+	}
+	fid, err := c.reserved(dir.fid.Volume)
+	if err != nil {
+		return nil, false, false, nil // made at the server instead
+	}
+	dir.nsmu.Lock()
+	// Still held, and not being recalled: a recall settles under nsmu,
+	// and a file made after it would come under a returned delegation.
+	cur, held := c.delegation(dir)
+	dir.mu.Lock()
+	d, exists := dir.dents[name]
+	stale := !held || cur.Recalled || cur.State != h.State || !dir.complete || dir.madeState != 0 && dir.madeState != h.State
+	dir.mu.Unlock()
+	if stale || exists {
+		dir.nsmu.Unlock()
+		c.unreserve(fid)
+		switch {
+		case stale:
+			// The delegation went, the listing was dropped, or files
+			// made under an earlier delegation wait: the server first.
+			return nil, false, false, nil
+		case excl || d.typ != node.TypeFile:
+			return nil, false, true, fmt.Errorf("%s: %w", name, syscall.EEXIST)
+		}
+		n, err := c.lookup(dir, name)
+		return n, false, true, err
+	}
+	defer dir.nsmu.Unlock()
+	now := time.Now()
+	n = c.node(fid)
+	n.mu.Lock()
+	n.st = node.Status{FID: fid, Type: node.TypeFile, Mode: mode & 0o7777, UID: who.UID, GID: who.GID, Nlink: 1,
+		DataVersion: 1, Atime: now, Mtime: now, Ctime: now}
+	n.entry = c.cache.Entry(fid)
+	err = n.entry.SetStatus(n.st, false)
+	n.dirtySince = now // the flusher's age bound covers the create
+	n.mu.Unlock()
+	if err != nil {
+		c.forget(n)
+		return nil, false, true, err
+	}
+	n.madeIn.Store(dir)
+	dir.mu.Lock()
+	dir.addDentLocked(name, fid, node.TypeFile)
+	dir.madeFiles = append(dir.madeFiles, madeFile{name: name, n: n})
+	if dir.madeState == 0 {
+		dir.madeState, dir.madeBase = h.State, dir.st.DataVersion
+	}
+	dir.mu.Unlock()
+	c.flusher.add(n)
+	c.counters.madeHere.Add(1)
+	return n, true, true, nil
+}
+
+// madeFile is a file made in a directory and not yet created at the server.
+type madeFile struct {
+	name string
+	n    *Node
+}
+
+// reserved takes a FID reserved in volume, reserving more when none is left.
+func (c *Client) reserved(volume uint64) (node.FID, error) {
+	c.resMu.Lock()
+	defer c.resMu.Unlock()
+	if len(c.fids[volume]) == 0 {
+		var reply *pb.ReserveReply
+		err := c.call(func(ctx context.Context) (err error) {
+			reply, err = c.rpc.Reserve(ctx, &pb.ReserveRequest{Volume: volume, Count: reserveBatch})
+			return err
+		})
+		if err != nil {
+			return node.FID{}, err
+		}
+		for _, f := range reply.Fids {
+			if fid := f.ToFID(); fid.Volume == volume && fid.Vnode != 0 {
+				c.fids[volume] = append(c.fids[volume], fid)
+			}
+		}
+		if len(c.fids[volume]) == 0 {
+			return node.FID{}, errors.New("protocol: reserve returned no fids")
+		}
+	}
+	f := c.fids[volume][0]
+	c.fids[volume] = c.fids[volume][1:]
+	return f, nil
+}
+
+// unreserve puts back a FID that named nothing.
+func (c *Client) unreserve(f node.FID) {
+	c.resMu.Lock()
+	c.fids[f.Volume] = append(c.fids[f.Volume], f)
+	c.resMu.Unlock()
+}
+
+// removeHere removes name from dir without asking the server if it names
+// a file made here and not yet created there (done): it never will be.
+func (c *Client) removeHere(dir *Node, name string) (done bool) {
+	dir.mu.Lock()
+	d, ok := dir.dents[name]
+	dir.mu.Unlock()
+	if !ok {
+		return false
+	}
+	c.nodesMu.Lock()
+	n := c.nodes[d.fid]
+	c.nodesMu.Unlock()
+	if n == nil || n.made() != dir {
+		return false
+	}
+	dir.nsmu.Lock()
+	defer dir.nsmu.Unlock()
+	if n.made() != dir {
+		return false // settled meanwhile
+	}
+	dir.mu.Lock()
+	dir.delDentLocked(name)
+	for i, m := range dir.madeFiles {
+		if m.n == n {
+			dir.madeFiles = append(dir.madeFiles[:i:i], dir.madeFiles[i+1:]...)
+			break
+		}
+	}
+	if len(dir.madeFiles) == 0 {
+		dir.madeState, dir.madeBase = 0, 0
+	}
+	dir.mu.Unlock()
+	n.madeIn.Store(nil)
+	n.mu.Lock()
+	n.unlinked = true
+	n.st.Nlink = 0
+	n.mu.Unlock()
+	c.forget(n)
+	c.counters.madeDropped.Add(1)
+	return true
+}
+
+// renameHere renames a file made in dir and not yet created at the
+// server to a free name in dir without asking it (done), returning the
+// file's FID: the settle creates it under the new name. (A mount's silly
+// rename of a file still open when it is removed is one.)
+func (c *Client) renameHere(dir *Node, from, to string) (node.FID, bool) {
+	if err := node.CheckName(to); err != nil || from == to {
+		return node.FID{}, false
+	}
+	dir.nsmu.Lock()
+	defer dir.nsmu.Unlock()
+	dir.mu.Lock()
+	defer dir.mu.Unlock()
+	d, ok := dir.dents[from]
+	if _, taken := dir.dents[to]; !ok || taken || !dir.complete {
+		return node.FID{}, false
+	}
+	for i, m := range dir.madeFiles {
+		if m.n.fid == d.fid && m.name == from {
+			dir.madeFiles[i].name = to
+			dir.delDentLocked(from)
+			dir.addDentLocked(to, d.fid, d.typ)
+			return d.fid, true
+		}
+	}
+	return node.FID{}, false
+}
+
+// settleFor makes the server know n: the file, or the directory, whose
+// made files it creates there first. It fails if they could not be
+// created: unreachable (they wait), or refused (the error stays with each
+// file until its writes are kept in lost/).
+func (c *Client) settleFor(n *Node) error {
+	n.mu.Lock()
+	lost := n.madeLost
+	n.mu.Unlock()
+	if lost != nil {
+		return lost
+	}
+	if dir := n.made(); dir != nil {
+		if err := c.settle(dir); err != nil {
+			return err
+		}
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.madeLost // refused in a settle that was under way
+	}
+	return c.settle(n)
+}
+
+// settle creates at the server the files made in dir (CreateReserved):
+// they then hold write delegations of their own, and dir's listing stays.
+func (c *Client) settle(dir *Node) error {
+	dir.mu.Lock()
+	none := len(dir.madeFiles) == 0
+	dir.mu.Unlock()
+	if none {
+		return nil
+	}
+	dir.nsmu.Lock()
+	defer dir.nsmu.Unlock()
+	return c.settleLocked(dir)
+}
+
+// settleLocked is settle with nsmu held.
+func (c *Client) settleLocked(dir *Node) error {
+	for {
+		if more, err := c.settleSome(dir); err != nil || !more {
+			return err
+		}
+	}
+}
+
+// hold settles dirs and keeps files from being made or removed here in
+// them until release: for a request that changes them at the server,
+// which must come after the files made there so far and before any made
+// later. Such requests hold dirs together (shared); making, removing
+// and settling files take them alone.
+func (c *Client) hold(dirs ...*Node) (release func(), err error) {
+	if c.opts.NoDirDelegations {
+		return func() {}, nil // nothing is ever made here
+	}
+	if len(dirs) == 2 && (dirs[0] == dirs[1] || fidBefore(dirs[1].fid, dirs[0].fid)) {
+		if dirs[0] == dirs[1] {
+			dirs = dirs[:1]
+		} else {
+			dirs = []*Node{dirs[1], dirs[0]} // one order for all, against deadlock
+		}
+	}
+	release = func() {
+		for i := len(dirs) - 1; i >= 0; i-- {
+			dirs[i].nsmu.RUnlock()
+		}
+	}
+	for {
+		pending := false
+		for _, d := range dirs {
+			d.nsmu.RLock()
+			d.mu.Lock()
+			pending = pending || len(d.madeFiles) > 0
+			d.mu.Unlock()
+		}
+		if !pending {
+			return release, nil
+		}
+		release()
+		for _, d := range dirs {
+			if err := c.settle(d); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+func fidBefore(a, b node.FID) bool {
+	if a.Volume != b.Volume {
+		return a.Volume < b.Volume
+	}
+	return a.Vnode < b.Vnode
+}
+
+// settleSome creates up to maxSettle of dir's made files (nsmu held) and
+// reports whether more are left.
+func (c *Client) settleSome(dir *Node) (more bool, err error) {
+	dir.mu.Lock()
+	made := append([]madeFile(nil), dir.madeFiles[:min(len(dir.madeFiles), maxSettle)]...)
+	state, base := dir.madeState, dir.madeBase
+	dents, order, complete := dir.dents, dir.order, dir.complete
+	dir.mu.Unlock()
+	if len(made) == 0 {
+		return false, nil
+	}
+	req := &pb.CreateReservedRequest{Dir: pb.FromFID(dir.fid), State: state, BaseVersion: base, Files: make([]*pb.ReservedFile, len(made))}
+	for i, m := range made {
+		m.n.mu.Lock()
+		st := m.n.st
+		m.n.mu.Unlock()
+		req.Files[i] = &pb.ReservedFile{Name: m.name, Fid: pb.FromFID(m.n.fid), Mode: st.Mode, Uid: st.UID, Gid: st.GID, MtimeNs: st.Ctime.UnixNano()}
+	}
+	t := c.begin()
+	defer c.end(t)
+	var reply *pb.CreateReservedReply
+	err = c.callOnce("", func(ctx context.Context) (err error) {
+		reply, err = c.rpc.CreateReserved(ctx, req)
+		return err
+	})
+	if err == nil && (len(reply.Files) != len(made) || len(reply.States) != len(made)) {
+		err = fmt.Errorf("protocol: %d files created for %d", len(reply.Files), len(made))
+	}
+	if err != nil {
+		if refusedCreate(err) {
+			c.loseMade(dir, made, err)
+		}
+		return false, err
+	}
+	for i, m := range made {
+		if _, err := c.learnPB(t, reply.Files[i]); err != nil {
+			return false, err
+		}
+		if s := reply.States[i]; s != 0 {
+			if _, ok := c.delegated(t, m.n, pb.DelegKind_DELEG_WRITE, s); ok {
+				m.n.mu.Lock()
+				if m.n.dirtyState == 0 {
+					m.n.dirtyState = s
+				}
+				m.n.mu.Unlock()
+			}
+		}
+		m.n.madeIn.Store(nil)
+	}
+	if _, err := c.learnPB(t, reply.Dir); err != nil {
+		return false, err
+	}
+	dir.mu.Lock()
+	if dir.st.DataVersion == reply.Dir.DataVersion && reply.Dir.DataVersion == base+uint64(len(made)) && dents != nil {
+		// Nobody else came between: the listing we kept is the server's.
+		dir.dents, dir.order, dir.complete = dents, order, complete
+	}
+	dir.madeFiles = dir.madeFiles[len(made):]
+	dir.madeBase = reply.Dir.DataVersion
+	more = len(dir.madeFiles) > 0
+	if !more {
+		dir.madeState, dir.madeBase = 0, 0
+	}
+	dir.mu.Unlock()
+	c.counters.settled.Add(int64(len(made)))
+	return more, nil
+}
+
+// maxSettle bounds one CreateReserved (the server's MaxReserve).
+const maxSettle = 1024
+
+// refusedCreate reports a CreateReserved the server will never accept.
+func refusedCreate(err error) bool {
+	switch pb.Errno(err) {
+	case syscall.EKEYEXPIRED, syscall.EEXIST, syscall.EINVAL, syscall.ESTALE, syscall.ENOENT, syscall.ENOSPC, syscall.EACCES, syscall.EPERM:
+		return true
+	}
+	return false
+}
+
+// loseMade gives up on files made in dir that the server refused: their
+// names go from the listing, and each keeps the error until its writes
+// are kept in lost/ (storeBack) and its next fsync or close reports it.
+func (c *Client) loseMade(dir *Node, made []madeFile, cause error) {
+	c.log.Error("files made under a directory delegation were refused", "dir", dir.fid, "files", len(made), "err", cause)
+	dir.mu.Lock()
+	for _, m := range made {
+		dir.delDentLocked(m.name)
+	}
+	dir.madeFiles = dir.madeFiles[len(made):]
+	if len(dir.madeFiles) == 0 {
+		dir.madeState, dir.madeBase = 0, 0
+	}
+	dir.mu.Unlock()
+	for _, m := range made {
+		m.n.mu.Lock()
+		m.n.madeLost = fmt.Errorf("%w: created under a directory delegation the server refused: %v", syscall.EKEYEXPIRED, cause)
+		m.n.mu.Unlock()
+		m.n.madeIn.Store(nil)
+		c.flusher.add(m.n) // to be kept in lost/
+		c.flusher.wake()
+	}
+}
+
+// settleAll settles every directory with files made in it: after a new
+// session, in the server's grace period, when the old delegation's files
+// are still taken (or, after a reset, refused and kept in lost/).
+func (c *Client) settleAll() {
+	c.nodesMu.Lock()
+	var dirs []*Node
+	for _, n := range c.nodes {
+		n.mu.Lock()
+		if len(n.madeFiles) > 0 {
+			dirs = append(dirs, n)
+		}
+		n.mu.Unlock()
+	}
+	c.nodesMu.Unlock()
+	for _, d := range dirs {
+		go func() {
+			if err := c.settle(d); err != nil {
+				c.log.Warn("files made in a directory not created at the server yet", "dir", d.fid, "err", err)
+			}
+		}()
+	}
+}

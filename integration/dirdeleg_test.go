@@ -1,0 +1,179 @@
+package integration
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hoardfs/hoard/client"
+)
+
+// Under a delegation on a directory a client makes (and renames) files
+// without asking the server; files made and removed meanwhile never reach
+// it. Another
+// client's listing recalls the delegation: it sees exactly the files left,
+// with every byte written to them, and the holder's next creates there go
+// to the server (it backs off a directory another client uses).
+func TestDirDelegation(t *testing.T) {
+	tmp := t.TempDir()
+	srv := startServer(t, filepath.Join(tmp, "srv"))
+	a := dial(t, srv.addr, filepath.Join(tmp, "a"), 64<<20)
+	b := dial(t, srv.addr, "mem", 64<<20)
+	if err := a.Mkdir("/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	before := a.Stats()
+	var want []string
+	for i := range 20 {
+		name := fmt.Sprintf("/d/f%02d", i)
+		writeFile(t, a, name, pattern(1000+i, byte(i)))
+		if i%2 == 1 {
+			if err := a.Remove(name); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			want = append(want, fmt.Sprintf("f%02d", i))
+		}
+	}
+	// A made file renamed to a free name stays made here, under its new name.
+	if err := a.Rename("/d/f00", "/d/g00"); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want[1:], "g00")
+	// O_EXCL on a name made here fails as at the server.
+	if _, err := a.Open("/d/f02", syscall.O_RDWR|syscall.O_CREAT|syscall.O_EXCL, 0o644); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("exclusive create of a name made here: %v", err)
+	}
+	st := a.Stats()
+	if made, dropped, settled := st.MadeHere-before.MadeHere, st.MadeDropped-before.MadeDropped, st.Settled-before.Settled; made != 20 || dropped != 10 || settled != 0 {
+		t.Fatalf("made %d, dropped %d, settled %d: want 20 made here, 10 removed before the server knew them, none sent", made, dropped, settled)
+	}
+	if rpcs := st.RPCs - before.RPCs; rpcs > 10 {
+		t.Fatalf("%d RPCs for 20 creates, 10 removes and a rename under a directory delegation", rpcs)
+	}
+	ents, err := b.ReadDir("/d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range ents {
+		got = append(got, e.Name)
+	}
+	sort.Strings(got)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("another client lists %v, want %v", got, want)
+	}
+	for _, name := range want {
+		i := 0
+		fmt.Sscanf(name[1:], "%d", &i)
+		if data := readFile(t, b, "/d/"+name); !bytes.Equal(data, pattern(1000+i, byte(i))) {
+			t.Fatalf("%s: another client read %d bytes, not what was written", name, len(data))
+		}
+	}
+	if st := a.Stats(); st.Settled-before.Settled != 10 {
+		t.Fatalf("%d files created at the server, want the 10 left", st.Settled-before.Settled)
+	}
+	// Recalled: the next create asks the server, which b sees at once.
+	writeFile(t, a, "/d/late", []byte("late"))
+	if st := a.Stats(); st.MadeHere-before.MadeHere != 20 {
+		t.Fatalf("a made a file in a directory just recalled from it")
+	}
+	if got := string(readFile(t, b, "/d/late")); got != "late" {
+		t.Fatalf("read %q", got)
+	}
+}
+
+// Files made under a directory delegation are durable once fsync returns,
+// and the others are reclaimed after a server restart, in the grace
+// period: both are there for another client afterwards.
+func TestDirDelegationRestart(t *testing.T) {
+	tmp := t.TempDir()
+	srv := startServer(t, filepath.Join(tmp, "srv"))
+	a := dial(t, srv.addr, filepath.Join(tmp, "a"), 64<<20)
+	if err := a.Mkdir("/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, a, "/d/closed", []byte("closed only"))
+	f, err := a.Create("/d/synced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write([]byte("synced"))
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st.MadeHere != 2 || st.Settled != 2 {
+		t.Fatalf("made %d, settled %d: fsync must create the file and its directory's earlier ones", st.MadeHere, st.Settled)
+	}
+	f.Close()
+	writeFile(t, a, "/d/after", []byte("made after the fsync"))
+	srv.kill9()
+	srv.restart()
+	b := dial(t, srv.addr, "mem", 64<<20)
+	for name, want := range map[string]string{"closed": "closed only", "synced": "synced", "after": "made after the fsync"} {
+		if got := string(readFile(t, b, "/d/"+name)); got != want {
+			t.Fatalf("after the restart %s holds %q, want %q", name, got, want)
+		}
+	}
+}
+
+// A holder cut off for longer than its lease loses the directory's
+// delegation: the other client goes on without its files, and the files'
+// writes are kept in lost/ with their paths, fsync saying EIO.
+func TestDirDelegationLost(t *testing.T) {
+	const lease = 2 * time.Second
+	tmp := t.TempDir()
+	srv := startServer(t, filepath.Join(tmp, "srv"), "--lease", lease.String())
+	link := startRelay(t, srv.addr, "")
+	cacheDir := filepath.Join(tmp, "a")
+	a, err := client.Dial(client.Options{Server: link.addr(), CacheDir: cacheDir, CacheSize: 64 << 20, NoDataChannel: true, RPCTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b := dial(t, srv.addr, "mem", 64<<20)
+	if err := a.Mkdir("/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := a.Create("/d/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.Write(pattern(5000, 1))
+	if st := a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
+		t.Fatalf("made %d, settled %d", st.MadeHere, st.Settled)
+	}
+	link.pause(true)
+	start := time.Now()
+	writeFile(t, b, "/d/y", []byte("y"))
+	// The recall waits out the lease, then the break of the holder's
+	// promise on the directory the server's break timeout (2 s).
+	if took := time.Since(start); took > lease+4*time.Second {
+		t.Fatalf("b waited %v for a cut-off holder (lease %v)", took, lease)
+	}
+	t.Logf("b waited %v", time.Since(start))
+	link.pause(false)
+	t.Logf("unpaused")
+	if err := f.Sync(); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("fsync of a file made under a lost directory delegation: %v, want EIO", err)
+	}
+	lost, err := client.ListLost(cacheDir)
+	if err != nil || len(lost) != 1 || lost[0].Path != "/d/x" || lost[0].Size != 5000 {
+		t.Fatalf("lost data: %+v %v", lost, err)
+	}
+	ents, err := b.ReadDir("/d")
+	if err != nil || len(ents) != 1 || ents[0].Name != "y" {
+		t.Fatalf("listing after the holder lost its delegation: %v %v", ents, err)
+	}
+	if _, err := a.Stat("/d/x"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the holder still finds the file it lost: %v", err)
+	}
+	t.Logf("end")
+}

@@ -1,0 +1,156 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/hoardfs/hoard/callback"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/vnode"
+)
+
+// Directory delegations. A client holding a write delegation on a
+// directory makes files in it on its own: it names them with FIDs it
+// reserved and tells the server later (CreateReserved), before it returns
+// the delegation. Anybody else's request that reads or changes the
+// directory recalls it first (recallFor on the directory in Lookup,
+// ReadDir, GetStatus and the namespace changes), so nobody sees the
+// directory without those files. A directory is delegated only while no
+// change of another client's is under way in it (busy), which could
+// otherwise add a name behind the holder's listing, and while no other
+// client holds a promise on it (a directory nobody else looks at: a
+// build's output, a scratch or mail directory).
+
+// changing marks dirs as changed by a request until the returned func is
+// called: no delegation on them is granted meanwhile.
+func (s *Server) changing(dirs ...node.FID) func() {
+	s.mu.Lock()
+	for _, d := range dirs {
+		s.busy[d]++
+	}
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		for _, d := range dirs {
+			if s.busy[d]--; s.busy[d] <= 0 {
+				delete(s.busy, d)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// madeAlready reports whether every file of fs is in dir under its FID:
+// an earlier attempt made them, and its reply was lost (a restart in
+// between: the delegation it named is gone, and the directory's version
+// is past the base the retry names).
+func (s *Server) madeAlready(dir node.FID, fs []vnode.Reserved) bool {
+	for _, f := range fs {
+		if st, _, err := s.store.Lookup(dir, f.Name); err != nil || st.FID != f.FID {
+			return false
+		}
+	}
+	return true
+}
+
+// othersCache reports whether a client other than id holds a promise on
+// f (mu held).
+func (s *Server) othersCache(id callback.ClientID, f node.FID) bool {
+	for _, h := range s.cb.Holders(f) {
+		if h != id {
+			return true
+		}
+	}
+	return false
+}
+
+// Reserve sets FIDs aside for files the caller will make under a
+// directory delegation.
+func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.ReserveReply, error) {
+	if req.Count == 0 || req.Count > vnode.MaxReserve {
+		return nil, s.fail("Reserve", fmt.Errorf("reserve %d fids, want 1..%d: %w", req.Count, vnode.MaxReserve, syscall.EINVAL))
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if o.id == 0 {
+		return nil, s.fail("Reserve", fmt.Errorf("reserve: only for a connected client: %w", syscall.EINVAL))
+	}
+	fids, err := s.store.Reserve(req.Volume, int(req.Count))
+	if err != nil {
+		return nil, s.fail("Reserve", err)
+	}
+	out := &pb.ReserveReply{Fids: make([]*pb.FID, len(fids))}
+	for i, f := range fids {
+		out.Fids[i] = pb.FromFID(f)
+	}
+	return out, nil
+}
+
+// CreateReserved makes the files a client made under its delegation on a
+// directory, all or none, and gives it a write delegation on each: their
+// data is still in its cache. Made after the delegation was lost, they
+// are refused (EKEYEXPIRED), unless this is the reclaim after a restart,
+// in the grace period, with the directory unchanged since.
+func (s *Server) CreateReserved(ctx context.Context, req *pb.CreateReservedRequest) (*pb.CreateReservedReply, error) {
+	dir, err := checkFID("create reserved", req.Dir)
+	if err != nil {
+		return nil, s.fail("CreateReserved", err)
+	}
+	if len(req.Files) == 0 || len(req.Files) > vnode.MaxReserve {
+		return nil, s.fail("CreateReserved", fmt.Errorf("create %d reserved files, want 1..%d: %w", len(req.Files), vnode.MaxReserve, syscall.EINVAL))
+	}
+	fs := make([]vnode.Reserved, len(req.Files))
+	for i, f := range req.Files {
+		fid, err := checkFID("create reserved", f.Fid)
+		if err != nil {
+			return nil, s.fail("CreateReserved", err)
+		}
+		fs[i] = vnode.Reserved{Name: f.Name, FID: fid, Attr: vnode.Attr{Mode: f.Mode, UID: f.Uid, GID: f.Gid}, Mtime: time.Unix(0, f.MtimeNs)}
+	}
+	once, err := opOf(ctx)
+	if err != nil {
+		return nil, pb.Err(err)
+	}
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	o.once = once
+	if o.id == 0 || req.State == 0 {
+		return nil, s.fail("CreateReserved", fmt.Errorf("create reserved in %v: no delegation named: %w", dir, syscall.EINVAL))
+	}
+	took, err := s.checkDelegation(o, dir, req.State, req.BaseVersion)
+	if err != nil && !s.madeAlready(dir, fs) {
+		return nil, s.fail("CreateReserved", err)
+	}
+	if took {
+		defer s.giveBackFor(o, dir, req.State)
+	}
+	sts, d, err := s.store.CreateReserved(dir, fs, o.once)
+	if err != nil {
+		return nil, s.fail("CreateReserved", err)
+	}
+	out := &pb.CreateReservedReply{Files: make([]*pb.Status, len(sts)), States: make([]uint64, len(sts))}
+	now := time.Now()
+	s.mu.Lock()
+	for i, st := range sts {
+		// Nobody else knows these files yet: a grant, never a wait.
+		if res, _ := s.cb.Open(o.id, st.FID, true, now); res.Kind == callback.DelegWrite && !res.Recorded {
+			out.States[i] = res.State
+		} else if res.Recorded {
+			s.cb.Close(o.id, st.FID, true)
+		}
+	}
+	s.mu.Unlock()
+	for i, st := range sts {
+		out.Files[i] = o.status(st)
+	}
+	o.changed(ctx, dir)
+	out.Dir = o.status(d)
+	return out, nil
+}
