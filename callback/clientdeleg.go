@@ -75,6 +75,14 @@ func (c *Client) Delegated(t Ticket, fid node.FID, kind DelegKind, state uint64,
 	return *h, true
 }
 
+// Voided reports whether a grant in the reply to the request of ticket t
+// is refused for the reset or epoch change that came since t (Delegated):
+// such a grant is still held for this client at the server, which
+// Delegated's other refusals are not.
+func (c *Client) Voided(t Ticket) bool {
+	return t.epoch != c.epoch || c.resetAt > t.at
+}
+
 // Recall marks the delegation state on fid recalled and returns it; a
 // recall of a state not held yet is remembered for its grant.
 func (c *Client) Recall(fid node.FID, state uint64) (Held, bool) {

@@ -116,15 +116,18 @@ func TestClientDelegationGrantRace(t *testing.T) {
 	c := leased(1)
 	c.Answered(t0)
 	tk := c.Begin(t0)
+	if c.Voided(tk) {
+		t.Fatal("a ticket voided with nothing in between")
+	}
 	c.Reset()
-	if _, ok := c.Delegated(tk, fid(1), DelegWrite, 1, 1); ok {
-		t.Fatal("grant from before a reset installed")
+	if _, ok := c.Delegated(tk, fid(1), DelegWrite, 1, 1); ok || !c.Voided(tk) {
+		t.Fatal("grant from before a reset installed, or not said voided")
 	}
 	c.End(tk)
 	tk = c.Begin(t0)
 	c.SetEpoch(2)
-	if _, ok := c.Delegated(tk, fid(1), DelegWrite, 1, 2); ok {
-		t.Fatal("grant from before an epoch change installed")
+	if _, ok := c.Delegated(tk, fid(1), DelegWrite, 1, 2); ok || !c.Voided(tk) {
+		t.Fatal("grant from before an epoch change installed, or not said voided")
 	}
 	c.End(tk)
 	tk = c.Begin(t0)
@@ -133,6 +136,14 @@ func TestClientDelegationGrantRace(t *testing.T) {
 	}
 	if _, ok := c.Delegated(tk, fid(1), DelegNone, 0, 2); ok {
 		t.Fatal("no delegation installed as one")
+	}
+	c.End(tk)
+	// A state that is over is refused, but not voided: the server no
+	// longer holds it for this client.
+	c.Returned(fid(2), 1<<32|9)
+	tk = c.Begin(t0)
+	if _, ok := c.Delegated(tk, fid(2), DelegWrite, 1<<32|9, 2); ok || c.Voided(tk) {
+		t.Fatalf("a returned state installed (%v) or said voided", ok)
 	}
 	c.End(tk)
 }

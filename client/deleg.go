@@ -154,13 +154,13 @@ func (c *Client) delegated(t callback.Ticket, n *Node, kind pb.DelegKind, state 
 	}
 	c.cbMu.Lock()
 	h, ok := c.cb.Delegated(t, n.fid, callback.DelegKind(kind), state, c.cb.Epoch())
-	held, _ := c.cb.Delegation(n.fid, time.Now())
+	voided := !ok && c.cb.Voided(t)
 	c.cbMu.Unlock()
 	c.log.Debug("delegated", "fid", n.fid, "kind", kind, "state", state, "installed", ok, "recalled", h.Recalled)
 	if ok && h.Recalled {
 		go c.giveBack(n.fid, h.State)
 	}
-	if !ok && held.State != state {
+	if voided {
 		// Granted while this client's session changed (a reset, a
 		// reconnection): it is not used, but the server holds it for
 		// this client, and would make others wait a lease for it.
@@ -378,7 +378,10 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 // unreachable) leave the data dirty, to be stored later.
 func (c *Client) storeBack(n *Node, background bool) error {
 	err := n.storeLocked(true)
-	if err == nil && !n.localChanges() {
+	n.mu.Lock()
+	cached := n.entry != nil
+	n.mu.Unlock()
+	if err == nil && cached && !n.localChanges() {
 		c.stored(n) // a file made here with nothing written: off the flusher's list
 	}
 	if err == nil || !refused(err) {

@@ -116,6 +116,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	}
 	n.madeIn.Store(dir)
 	dir.mu.Lock()
+	dir.changedHere(now)
 	dir.addDentLocked(name, fid, node.TypeFile)
 	dir.madeFiles = append(dir.madeFiles, madeFile{name: name, n: n})
 	if dir.madeState == 0 {
@@ -125,6 +126,12 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	c.flusher.add(n)
 	c.counters.madeHere.Add(1)
 	return n, true, true, nil
+}
+
+// changedHere stamps a change made to dir here, under its delegation, on
+// its status (mu held): its version stays the server's until the settle.
+func (dir *Node) changedHere(now time.Time) {
+	dir.st.Mtime, dir.st.Ctime = now, now
 }
 
 // madeFile is a file made in a directory and not yet created at the server.
@@ -188,6 +195,7 @@ func (c *Client) removeHere(dir *Node, name string) (done bool) {
 		return false // settled meanwhile
 	}
 	dir.mu.Lock()
+	dir.changedHere(time.Now())
 	dir.delDentLocked(name)
 	for i, m := range dir.madeFiles {
 		if m.n == n {
@@ -219,21 +227,66 @@ func (c *Client) renameHere(dir *Node, from, to string) (node.FID, bool) {
 	}
 	dir.nsmu.Lock()
 	defer dir.nsmu.Unlock()
+	now := time.Now()
 	dir.mu.Lock()
-	defer dir.mu.Unlock()
 	d, ok := dir.dents[from]
-	if _, taken := dir.dents[to]; !ok || taken || !dir.complete {
-		return node.FID{}, false
-	}
-	for i, m := range dir.madeFiles {
-		if m.n.fid == d.fid && m.name == from {
-			dir.madeFiles[i].name = to
-			dir.delDentLocked(from)
-			dir.addDentLocked(to, d.fid, d.typ)
-			return d.fid, true
+	var moved *Node
+	if _, taken := dir.dents[to]; ok && !taken && dir.complete {
+		for i, m := range dir.madeFiles {
+			if m.n.fid == d.fid && m.name == from {
+				dir.changedHere(now)
+				dir.madeFiles[i].name = to
+				dir.delDentLocked(from)
+				dir.addDentLocked(to, d.fid, d.typ)
+				moved = m.n
+				break
+			}
 		}
 	}
-	return node.FID{}, false
+	dir.mu.Unlock()
+	if moved == nil {
+		return node.FID{}, false
+	}
+	moved.mu.Lock()
+	moved.st.Ctime = now
+	moved.mu.Unlock()
+	return moved.fid, true
+}
+
+// settleNamed settles the directory that name in dir names, if this
+// client made files in it: a request about to remove or replace it must
+// not find it empty at the server. When the listing does not say what
+// name is, every directory with files made in it is settled.
+func (c *Client) settleNamed(dir *Node, name string) error {
+	dir.mu.Lock()
+	d, ok := dir.dents[name]
+	complete := dir.complete
+	dir.mu.Unlock()
+	if ok && d.typ != node.TypeDir || !ok && complete {
+		return nil
+	}
+	var errs []error
+	for _, n := range c.madeDirs() {
+		if !ok || n.fid == d.fid {
+			errs = append(errs, c.settle(n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// madeDirs lists the directories with files made in them.
+func (c *Client) madeDirs() []*Node {
+	c.nodesMu.Lock()
+	defer c.nodesMu.Unlock()
+	var dirs []*Node
+	for _, n := range c.nodes {
+		n.mu.Lock()
+		if len(n.madeFiles) > 0 {
+			dirs = append(dirs, n)
+		}
+		n.mu.Unlock()
+	}
+	return dirs
 }
 
 // settleFor makes the server know n: the file, or the directory, whose
@@ -345,7 +398,7 @@ func (c *Client) settleSome(dir *Node) (more bool, err error) {
 		m.n.mu.Lock()
 		st := m.n.st
 		m.n.mu.Unlock()
-		req.Files[i] = &pb.ReservedFile{Name: m.name, Fid: pb.FromFID(m.n.fid), Mode: st.Mode, Uid: st.UID, Gid: st.GID, MtimeNs: st.Ctime.UnixNano()}
+		req.Files[i] = &pb.ReservedFile{Name: m.name, Fid: pb.FromFID(m.n.fid), Mode: st.Mode, Uid: st.UID, Gid: st.GID, MtimeNs: st.Mtime.UnixNano()}
 	}
 	t := c.begin()
 	defer c.end(t)
@@ -437,17 +490,7 @@ func (c *Client) loseMade(dir *Node, made []madeFile, cause error) {
 // session, in the server's grace period, when the old delegation's files
 // are still taken (or, after a reset, refused and kept in lost/).
 func (c *Client) settleAll() {
-	c.nodesMu.Lock()
-	var dirs []*Node
-	for _, n := range c.nodes {
-		n.mu.Lock()
-		if len(n.madeFiles) > 0 {
-			dirs = append(dirs, n)
-		}
-		n.mu.Unlock()
-	}
-	c.nodesMu.Unlock()
-	for _, d := range dirs {
+	for _, d := range c.madeDirs() {
 		go func() {
 			if err := c.settle(d); err != nil {
 				c.log.Warn("files made in a directory not created at the server yet", "dir", d.fid, "err", err)

@@ -141,6 +141,9 @@ func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.
 	if err := node.CheckName(name); err != nil {
 		return nil, err
 	}
+	if err := c.settleNamed(dir, name); err != nil {
+		return nil, err
+	}
 	release, herr := c.hold(dir)
 	if herr != nil {
 		return nil, herr

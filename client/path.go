@@ -505,6 +505,9 @@ func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op
 	if err := node.CheckName(dbase); err != nil {
 		return nil, err
 	}
+	if err := c.settleNamed(ddir, dbase); err != nil {
+		return nil, err
+	}
 	release, herr := c.hold(sdir, ddir)
 	if herr != nil {
 		return nil, herr

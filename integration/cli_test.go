@@ -90,6 +90,7 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"server", "--data", tmp, "--bogus"}, "bogus"},
 		{[]string{"server", "--data", filepath.Join(tmp, "fresh1"), "--data-advertise", "noport"}, "noport"},
 		{[]string{"server", "--data", filepath.Join(tmp, "fresh2"), "--data-listen", "none", "--data-advertise", "127.0.0.1:9"}, "--data-listen none"},
+		{[]string{"server", "--data", filepath.Join(tmp, "fresh6"), "--dir-delegations", "some"}, "some"},
 		{[]string{"ls", "/", "--cache", file}, file},
 		{[]string{"ls", "/", "--cache-size", "lots"}, "--cache-size"},
 		{[]string{"frobnicate"}, "unknown command"},
@@ -115,7 +116,7 @@ func TestCLIBadInput(t *testing.T) {
 			t.Errorf("hoard %v: exit %d, output %q; want exit 2 and one line mentioning %q", c.args, code, out, c.want)
 		}
 	}
-	for _, d := range []string{"missing", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5"} {
+	for _, d := range []string{"missing", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6"} {
 		if _, err := os.Stat(filepath.Join(tmp, d)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("a refused server or proxy invocation left %s behind", d)
 		}

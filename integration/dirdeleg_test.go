@@ -87,6 +87,19 @@ func TestDirDelegation(t *testing.T) {
 	if got := string(readFile(t, b, "/d/late")); got != "late" {
 		t.Fatalf("read %q", got)
 	}
+	// A directory another client has cached is not delegated (hoard
+	// server --dir-delegations private, the default).
+	if err := a.Mkdir("/e", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ReadDir("/e"); err != nil {
+		t.Fatal(err)
+	}
+	made := a.Stats().MadeHere
+	writeFile(t, a, "/e/x", []byte("x"))
+	if a.Stats().MadeHere != made {
+		t.Fatal("a made a file in a directory another client has cached")
+	}
 }
 
 // Files made under a directory delegation are durable once fsync returns,
@@ -176,4 +189,61 @@ func TestDirDelegationLost(t *testing.T) {
 		t.Fatalf("the holder still finds the file it lost: %v", err)
 	}
 	t.Logf("end")
+}
+
+// What POSIX says of a directory holds for one whose files are made
+// here: making, renaming and removing them moves its mtime and ctime,
+// and a directory with files made in it is not empty, to rmdir or to a
+// rename over it (pjdfstest found each).
+func TestDirDelegationPOSIX(t *testing.T) {
+	tmp := t.TempDir()
+	srv := startServer(t, filepath.Join(tmp, "srv"))
+	a := dial(t, srv.addr, filepath.Join(tmp, "a"), 64<<20)
+	for _, d := range []string{"/p", "/q"} {
+		if err := a.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	changed := func(what string, change func()) {
+		t.Helper()
+		before, err := a.Stat("/p")
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+		change()
+		after, err := a.Stat("/p")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !after.Mtime.After(before.Mtime) || !after.Ctime.After(before.Ctime) {
+			t.Fatalf("%s: the directory's mtime %v -> %v, ctime %v -> %v; want both later", what, before.Mtime, after.Mtime, before.Ctime, after.Ctime)
+		}
+	}
+	made := a.Stats().MadeHere
+	changed("a create", func() { writeFile(t, a, "/p/x", []byte("x")) })
+	changed("a create", func() { writeFile(t, a, "/p/y", []byte("y")) })
+	changed("a rename", func() {
+		if err := a.Rename("/p/y", "/p/z"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	changed("a remove", func() {
+		if err := a.Remove("/p/z"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if st := a.Stats(); st.MadeHere-made != 2 || st.Settled != 0 {
+		t.Fatalf("made %d, settled %d: the test wants both files made here, unsent", st.MadeHere-made, st.Settled)
+	}
+	if err := a.Remove("/p"); !errors.Is(err, syscall.ENOTEMPTY) {
+		t.Fatalf("rmdir of a directory with a file made in it: %v, want ENOTEMPTY", err)
+	}
+	if err := a.Rename("/q", "/p"); !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+		t.Fatalf("rename over a directory with a file made in it: %v, want ENOTEMPTY or EEXIST", err)
+	}
+	b := dial(t, srv.addr, "mem", 64<<20)
+	if got := string(readFile(t, b, "/p/x")); got != "x" {
+		t.Fatalf("another client reads %q", got)
+	}
 }

@@ -281,7 +281,7 @@ func (s *Server) checkDelegation(o *op, f node.FID, state, base uint64) (took bo
 			return false, nil
 		}
 	}
-	return false, fmt.Errorf("store %v: delegation %d revoked: %w", f, state, ErrRevoked)
+	return false, fmt.Errorf("%v: delegation %d revoked: %w", f, state, ErrRevoked)
 }
 
 // giveBackFor returns the delegation a store took over (checkDelegation),
