@@ -786,3 +786,67 @@ func TestFuseBreakPastKernelLock(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The same lock, held by the mount's own rename while another client
+// renames the file on from the name that rename gave it: the break's
+// invalidation was sent before the kernel filed the file under that
+// name, and did not drop it; the name must not lead to the file once
+// the rename returned.
+func TestFuseRenamedOnDuringRename(t *testing.T) {
+	srv := startServer(t, t.TempDir(), "--break-timeout", "3s")
+	lib := dialCons(t, srv, t.Name()+"-lib", true)
+	for _, d := range []string{"/d", "/e"} {
+		if err := lib.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, lib, "/d/x", []byte("x"))
+	a := startMount(t, srv, t.TempDir())
+	silent := startMount(t, srv, t.TempDir())
+	if _, err := os.ReadDir(silent.path("e")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(a.path("d/x")); err != nil || string(got) != "x" {
+		t.Fatalf("a read %q (%v)", got, err)
+	}
+	os.ReadDir(a.path("e"))
+	silent.cmd.Process.Signal(syscall.SIGSTOP)
+	defer silent.cmd.Process.Signal(syscall.SIGCONT)
+
+	renamed := make(chan error, 1)
+	go func() { renamed <- os.Rename(a.path("d/x"), a.path("e/x")) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := lib.Stat("/e/x"); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the rename never reached the server: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Applied at once, and also held by the silent mount.
+	onward := make(chan error, 1)
+	go func() { onward <- lib.Rename("/e/x", "/e/z") }()
+	other := dial(t, srv.addr, "mem", 16<<20)
+	for {
+		if _, err := other.Stat("/e/z"); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the onward rename never reached the server: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := <-renamed; err != nil {
+		t.Fatal(err)
+	}
+	// At once: the kernel has just filed the file under e/x.
+	if got, err := os.ReadFile(a.path("e/x")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a read e/x as %q (%v) after another client renamed it to e/z", got, err)
+	}
+	if err := <-onward; err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(a.path("e/z")); err != nil || string(got) != "x" {
+		t.Fatalf("a read e/z as %q (%v)", got, err)
+	}
+}

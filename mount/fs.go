@@ -405,18 +405,30 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 	// may have been applied before newName was there: invalidate again,
 	// queued, which waits for the kernel's lock and so comes after the move.
 	np.issue(newName)
+	kernel := moved // the file the kernel files under newName
 	if c := h.GetChild(name); c != nil {
-		if ch, ok := c.Operations().(*hnode); ok && ch.n.FID() != moved {
-			// The kernel's entry was stale (another client had put
-			// another file under name): it files the wrong file under
-			// newName, which is distrusted until the entry is dropped.
-			h.m.lateUntil(ch.n.FID(), h.m.queue.add([]node.FID{np.n.FID()}))
+		if ch, ok := c.Operations().(*hnode); ok {
+			kernel = ch.n.FID()
 		}
+	}
+	var seq uint64
+	if kernel != moved {
+		// The kernel's entry was stale (another client had put
+		// another file under name): it files the wrong file under
+		// newName.
+		seq = h.m.queue.add([]node.FID{np.n.FID()})
 	}
 	for _, d := range []*hnode{h, np} {
 		if h.m.c.PromiseLeft(d.n) == 0 {
-			h.m.queue.add([]node.FID{d.n.FID()})
+			seq = h.m.queue.add([]node.FID{d.n.FID()})
 		}
+	}
+	if seq != 0 {
+		// Until newName's entry is dropped, the file under it is
+		// distrusted: another client may have moved it on meanwhile,
+		// and the break's own invalidation, sent before the kernel
+		// filed it there, did not drop newName.
+		h.m.lateUntil(kernel, seq)
 	}
 	return 0
 }
