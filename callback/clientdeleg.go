@@ -58,9 +58,17 @@ func (c *Client) LeaseEnd() time.Time { return c.leaseEnd }
 // and reports whether it did. It is refused if a reset or an epoch change
 // arrived since the request began, or the state is over (revoked or
 // returned); a repeat grant of the state held changes nothing. A state
-// recalled before the grant is installed recalled.
+// recalled before the grant is installed recalled. A grant refused for a
+// reset or epoch change (Voided) is over at once: the caller returns it,
+// and the server may grant the same state again before it hears so (an
+// open asking for a delegation on a file it just created across a
+// restart), which must not be taken as held.
 func (c *Client) Delegated(t Ticket, fid node.FID, kind DelegKind, state uint64, epoch uint64) (Held, bool) {
-	if kind == DelegNone || epoch != c.epoch || t.epoch != c.epoch || c.resetAt > t.at {
+	if kind == DelegNone || epoch != c.epoch {
+		return Held{}, false
+	}
+	if c.Voided(t) {
+		c.remember(state, fateOver)
 		return Held{}, false
 	}
 	f := c.fates[state]

@@ -24,8 +24,9 @@ import (
 // client holds a promise on it (a directory nobody else looks at: a
 // build's output, a scratch or mail directory).
 
-// changing marks dirs as changed by a request until the returned func is
-// called: no delegation on them is granted meanwhile.
+// changing marks dirs (or files a change may remove) as changed by a
+// request until the returned func is called: no delegation on them is
+// granted meanwhile.
 func (s *Server) changing(dirs ...node.FID) func() {
 	s.mu.Lock()
 	for _, d := range dirs {

@@ -239,6 +239,9 @@ func (s *Server) Remove(ctx context.Context, req *pb.RemoveRequest) (*pb.RemoveR
 		return nil, err
 	}
 	if child, _, err := s.store.Lookup(dir, req.Name); err == nil {
+		// A delegation granted on the file now could only be recalled
+		// once it is removed: its holder's writes would be refused.
+		defer s.changing(child.FID)()
 		if _, err := s.recallFor(ctx, o, true, child.FID); err != nil {
 			return nil, err
 		}
@@ -276,6 +279,9 @@ func (s *Server) Rename(ctx context.Context, req *pb.RenameRequest) (*pb.RenameR
 	if replaced, _, err := s.store.Lookup(dst, req.DstName); err == nil {
 		named = append(named, replaced.FID)
 	}
+	// As for a remove: none is granted on the files while the rename is
+	// under way, which may take the replaced one's last name.
+	defer s.changing(named...)()
 	if _, err := s.recallFor(ctx, o, true, named...); err != nil {
 		return nil, err
 	}

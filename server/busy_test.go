@@ -1,0 +1,80 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/metadata"
+
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/vnode"
+)
+
+// heldRename is a store whose renames wait, before they are applied,
+// until release: a rename stays under way, its recalls done, as long as
+// the test needs.
+type heldRename struct {
+	Backend
+	entered, release chan struct{}
+}
+
+func (h heldRename) Rename(src node.FID, sname string, dst node.FID, dname string, op vnode.Op) (vnode.RenameResult, error) {
+	close(h.entered)
+	<-h.release
+	return h.Backend.Rename(src, sname, dst, dname, op)
+}
+
+// No delegation is granted on a file while a rename that replaces it is
+// under way: it could only be recalled after the file was gone, and its
+// holder's writes, acknowledged by close, would be refused (seen through
+// a proxy: a client's write to a file another client renamed over went
+// to lost/ while the client still read the file).
+func TestNoDelegationOnAFileBeingReplaced(t *testing.T) {
+	store, err := vnode.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	v, _ := store.VolumeByName(vnode.RootVolume)
+	victim, _, _, err := store.Create(v.Root, "f", node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := store.Create(v.Root, "g", node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, ""); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Grace, cfg.BreakTimeout = 0, 50*time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	held := heldRename{Local(store), make(chan struct{}), make(chan struct{})}
+	s := New(held, cfg)
+	t.Cleanup(s.Shutdown)
+	s.mu.Lock()
+	a, b := s.cb.Connect("a", time.Now()), s.cb.Connect("b", time.Now())
+	s.mu.Unlock()
+	as := func(id any) context.Context {
+		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(pb.ClientMetadata, fmt.Sprintf("%d.%d", store.Epoch(), id)))
+	}
+	renamed := make(chan error, 1)
+	go func() {
+		_, err := s.Rename(as(a), &pb.RenameRequest{SrcDir: pb.FromFID(v.Root), SrcName: "g", DstDir: pb.FromFID(v.Root), DstName: "f"})
+		renamed <- err
+	}()
+	<-held.entered
+	reply, err := s.Open(as(b), &pb.OpenRequest{Fid: pb.FromFID(victim.FID), Write: true})
+	close(held.release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reply.Kind != pb.DelegKind_DELEG_NONE {
+		t.Fatalf("an open of the file a rename is replacing got delegation %v (state %d)", reply.Kind, reply.State)
+	}
+	if err := <-renamed; err != nil {
+		t.Fatal(err)
+	}
+}
