@@ -324,8 +324,12 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 		// Held until the return is sent: a file made meanwhile under
 		// the delegation would come after it.
 		n.nsmu.Lock()
-		defer n.nsmu.Unlock()
-		if err := c.settleLocked(n); err != nil && !refusedCreate(err) {
+		bare, err := c.settleLocked(n)
+		defer func() {
+			n.nsmu.Unlock()
+			c.storeBare(bare)
+		}()
+		if err != nil && !refusedCreate(err) {
 			c.log.Warn("recall: files made in the directory not created yet", "fid", fid, "err", err)
 			return
 		}
@@ -463,8 +467,9 @@ func (c *Client) reclaim(n *Node, state uint64) {
 	}
 	c.counters.reclaims.Add(1)
 	h, ok := c.delegated(t, n, reply.Kind, reply.State)
+	covered := ok && h.Kind == callback.DelegWrite
 	n.mu.Lock()
-	if ok && h.Kind == callback.DelegWrite {
+	if covered {
 		n.dirtyState = h.State
 	} else {
 		n.dirtyState = 0 // stored as a plain store, which recalls others
@@ -474,6 +479,11 @@ func (c *Client) reclaim(n *Node, state uint64) {
 		c.closeOne(n.fid, true)
 	}
 	c.learnPB(t, reply.Status)
+	if !covered {
+		// Nothing keeps the data this client's to store later (the grant
+		// came back across yet another new session): stored now.
+		c.storeBack(n, true)
+	}
 }
 
 // dropDelegations forgets every delegation after a new session began

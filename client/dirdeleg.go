@@ -321,16 +321,35 @@ func (c *Client) settle(dir *Node) error {
 		return nil
 	}
 	dir.nsmu.Lock()
-	defer dir.nsmu.Unlock()
-	return c.settleLocked(dir)
+	bare, err := c.settleLocked(dir)
+	dir.nsmu.Unlock()
+	c.storeBare(bare)
+	return err
 }
 
-// settleLocked is settle with nsmu held.
-func (c *Client) settleLocked(dir *Node) error {
+// settleLocked is settle with nsmu held. It returns the files it created
+// whose write delegation it could not take (storeBare).
+func (c *Client) settleLocked(dir *Node) (bare []*Node, err error) {
 	for {
-		if more, err := c.settleSome(dir); err != nil || !more {
-			return err
+		more, b, err := c.settleSome(dir)
+		bare = append(bare, b...)
+		if err != nil || !more {
+			return bare, err
 		}
+	}
+}
+
+// storeBare stores what was written to files a settle created without
+// their write delegation: its grant came back across a new session and
+// was returned, so nothing keeps their data the holder's to store later.
+// (nsmu not held: a store of a file made here settles first, taking it.)
+func (c *Client) storeBare(ns []*Node) {
+	for _, n := range ns {
+		n.wmu.Lock()
+		if err := c.storeBack(n, true); err != nil {
+			c.log.Warn("a settled file's writes not stored yet", "fid", n.fid, "err", err)
+		}
+		n.wmu.Unlock()
 	}
 }
 
@@ -383,15 +402,16 @@ func fidBefore(a, b node.FID) bool {
 }
 
 // settleSome creates up to maxSettle of dir's made files (nsmu held) and
-// reports whether more are left.
-func (c *Client) settleSome(dir *Node) (more bool, err error) {
+// reports whether more are left, and which it created without their write
+// delegation.
+func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 	dir.mu.Lock()
 	made := append([]madeFile(nil), dir.madeFiles[:min(len(dir.madeFiles), maxSettle)]...)
 	state, base := dir.madeState, dir.madeBase
 	dents, order, complete := dir.dents, dir.order, dir.complete
 	dir.mu.Unlock()
 	if len(made) == 0 {
-		return false, nil
+		return false, nil, nil
 	}
 	req := &pb.CreateReservedRequest{Dir: pb.FromFID(dir.fid), State: state, BaseVersion: base, Files: make([]*pb.ReservedFile, len(made))}
 	for i, m := range made {
@@ -414,14 +434,16 @@ func (c *Client) settleSome(dir *Node) (more bool, err error) {
 		if refusedCreate(err) {
 			c.loseMade(dir, made, err)
 		}
-		return false, err
+		return false, nil, err
 	}
 	for i, m := range made {
 		if _, err := c.learnPB(t, reply.Files[i]); err != nil {
-			return false, err
+			return false, bare, err
 		}
+		covered := false
 		if s := reply.States[i]; s != 0 {
 			if _, ok := c.delegated(t, m.n, pb.DelegKind_DELEG_WRITE, s); ok {
+				covered = true
 				m.n.mu.Lock()
 				if m.n.dirtyState == 0 {
 					m.n.dirtyState = s
@@ -430,9 +452,12 @@ func (c *Client) settleSome(dir *Node) (more bool, err error) {
 			}
 		}
 		m.n.madeIn.Store(nil)
+		if !covered {
+			bare = append(bare, m.n)
+		}
 	}
 	if _, err := c.learnPB(t, reply.Dir); err != nil {
-		return false, err
+		return false, bare, err
 	}
 	dir.mu.Lock()
 	if dir.st.DataVersion == reply.Dir.DataVersion && reply.Dir.DataVersion == base+uint64(len(made)) && dents != nil {
@@ -447,7 +472,7 @@ func (c *Client) settleSome(dir *Node) (more bool, err error) {
 	}
 	dir.mu.Unlock()
 	c.counters.settled.Add(int64(len(made)))
-	return more, nil
+	return more, bare, nil
 }
 
 // maxSettle bounds one CreateReserved (the server's MaxReserve).
