@@ -735,40 +735,7 @@ func TestFuseForgottenNodesReleased(t *testing.T) {
 // Until the kernel has dropped them, a name the break voided must not
 // lead to the file it used to name.
 func TestFuseBreakPastKernelLock(t *testing.T) {
-	srv := startServer(t, t.TempDir(), "--break-timeout", "6s")
-	lib := dialCons(t, srv, t.Name()+"-lib", true)
-	for _, d := range []string{"/d", "/e"} {
-		if err := lib.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	writeFile(t, lib, "/d/f0", []byte("old"))
-	writeFile(t, lib, "/d/x", []byte("x"))
-	a := startMount(t, srv, t.TempDir())
-	silent := startMount(t, srv, t.TempDir())
-	if _, err := os.ReadDir(silent.path("e")); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := os.ReadFile(a.path("d/f0")); err != nil || string(got) != "old" {
-		t.Fatalf("a read %q (%v)", got, err)
-	}
-	os.ReadDir(a.path("e"))
-	silent.cmd.Process.Signal(syscall.SIGSTOP)
-	defer silent.cmd.Process.Signal(syscall.SIGCONT)
-
-	// The rename is applied at once; its reply waits for the silent
-	// mount's acknowledgement, with d and e locked in a's kernel.
-	renamed := make(chan error, 1)
-	go func() { renamed <- os.Rename(a.path("d/x"), a.path("e/x")) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := lib.Stat("/e/x"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the rename never reached the server: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	_, lib, a, renamed := heldRename(t, "6s", map[string]string{"f0": "old", "x": "x"})
 	if err := lib.Rename("/d/f0", "/d/f2"); err != nil {
 		t.Fatal(err)
 	}
@@ -793,49 +760,11 @@ func TestFuseBreakPastKernelLock(t *testing.T) {
 // name, and did not drop it; the name must not lead to the file once
 // the rename returned.
 func TestFuseRenamedOnDuringRename(t *testing.T) {
-	srv := startServer(t, t.TempDir(), "--break-timeout", "3s")
-	lib := dialCons(t, srv, t.Name()+"-lib", true)
-	for _, d := range []string{"/d", "/e"} {
-		if err := lib.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	writeFile(t, lib, "/d/x", []byte("x"))
-	a := startMount(t, srv, t.TempDir())
-	silent := startMount(t, srv, t.TempDir())
-	if _, err := os.ReadDir(silent.path("e")); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := os.ReadFile(a.path("d/x")); err != nil || string(got) != "x" {
-		t.Fatalf("a read %q (%v)", got, err)
-	}
-	os.ReadDir(a.path("e"))
-	silent.cmd.Process.Signal(syscall.SIGSTOP)
-	defer silent.cmd.Process.Signal(syscall.SIGCONT)
-
-	renamed := make(chan error, 1)
-	go func() { renamed <- os.Rename(a.path("d/x"), a.path("e/x")) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := lib.Stat("/e/x"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the rename never reached the server: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	srv, lib, a, renamed := heldRename(t, "3s", map[string]string{"x": "x"})
 	// Applied at once, and also held by the silent mount.
 	onward := make(chan error, 1)
 	go func() { onward <- lib.Rename("/e/x", "/e/z") }()
-	other := dial(t, srv.addr, "mem", 16<<20)
-	for {
-		if _, err := other.Stat("/e/z"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the onward rename never reached the server: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	reached(t, dial(t, srv.addr, "mem", 16<<20), "/e/z")
 	if err := <-renamed; err != nil {
 		t.Fatal(err)
 	}
@@ -848,5 +777,58 @@ func TestFuseRenamedOnDuringRename(t *testing.T) {
 	}
 	if got, err := os.ReadFile(a.path("e/z")); err != nil || string(got) != "x" {
 		t.Fatalf("a read e/z as %q (%v)", got, err)
+	}
+}
+
+// heldRename sets up mount a's rename of d/x to e/x, applied at the
+// server at once while its reply waits for a stopped mount that has e
+// cached: meanwhile a's kernel holds the locks of d and e. files (x
+// among them) are made in d and read through a first. It returns once
+// the rename reached the server, with a library client and the rename's
+// outcome to come.
+func heldRename(t *testing.T, breakTimeout string, files map[string]string) (srv *serverProc, lib *client.Client, a *mountProc, renamed <-chan error) {
+	t.Helper()
+	srv = startServer(t, t.TempDir(), "--break-timeout", breakTimeout)
+	lib = dialCons(t, srv, t.Name()+"-lib", true)
+	for _, d := range []string{"/d", "/e"} {
+		if err := lib.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, data := range files {
+		writeFile(t, lib, "/d/"+name, []byte(data))
+	}
+	a = startMount(t, srv, t.TempDir())
+	silent := startMount(t, srv, t.TempDir())
+	if _, err := os.ReadDir(silent.path("e")); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range files {
+		if got, err := os.ReadFile(a.path("d/" + name)); err != nil || string(got) != data {
+			t.Fatalf("a read d/%s as %q (%v)", name, got, err)
+		}
+	}
+	os.ReadDir(a.path("e"))
+	silent.cmd.Process.Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { silent.cmd.Process.Signal(syscall.SIGCONT) })
+	out := make(chan error, 1)
+	go func() { out <- os.Rename(a.path("d/x"), a.path("e/x")) }()
+	reached(t, lib, "/e/x")
+	return srv, lib, a, out
+}
+
+// reached waits until c finds name at the server.
+func reached(t *testing.T, c *client.Client, name string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := c.Stat(name)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never reached the server: %v", name, err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
