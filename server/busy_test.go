@@ -35,12 +35,7 @@ func (h heldRename) Rename(src node.FID, sname string, dst node.FID, dname strin
 // a proxy: a client's write to a file another client renamed over went
 // to lost/ while the client still read the file).
 func TestNoDelegationOnAFileBeingReplaced(t *testing.T) {
-	store, err := vnode.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	v, _ := store.VolumeByName(vnode.RootVolume)
+	store, v := testStore(t)
 	victim, _, _, err := store.Create(v.Root, "f", node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, "")
 	if err != nil {
 		t.Fatal(err)

@@ -37,13 +37,20 @@ func (f *fakeStream) Recv() (*pb.StoreRequest, error) {
 	return m, nil
 }
 
-func newFuzzServer(t testing.TB) (*Server, node.FID) {
+// testStore is a fresh vnode store, closed when t ends, with its root
+// volume.
+func testStore(t testing.TB) (*vnode.Store, vnode.Volume) {
 	store, err := vnode.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
 	v, _ := store.VolumeByName(vnode.RootVolume)
+	return store, v
+}
+
+func newFuzzServer(t testing.TB) (*Server, node.FID) {
+	store, v := testStore(t)
 	st, _, _, err := store.Create(v.Root, "f", node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, "")
 	if err != nil {
 		t.Fatal(err)
