@@ -403,7 +403,8 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 	// Once this returns, the kernel moves the old name's entry, with its
 	// timeout, to newName. A break of either directory during the rename
 	// may have been applied before newName was there: invalidate again,
-	// queued, which waits for the kernel's lock and so comes after the move.
+	// queued, which is meant to wait for the kernel's lock and so come after
+	// the move.
 	np.issue(newName)
 	kernel := moved // the file the kernel files under newName
 	if c := h.GetChild(name); c != nil {
@@ -411,24 +412,26 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 			kernel = ch.n.FID()
 		}
 	}
-	var seq uint64
-	if kernel != moved {
+	late := kernel != moved
+	if late {
 		// The kernel's entry was stale (another client had put
 		// another file under name): it files the wrong file under
 		// newName.
-		seq = h.m.queue.add([]node.FID{np.n.FID()})
+		h.m.queue.add([]node.FID{np.n.FID()})
 	}
 	for _, d := range []*hnode{h, np} {
 		if h.m.c.PromiseLeft(d.n) == 0 {
-			seq = h.m.queue.add([]node.FID{d.n.FID()})
+			h.m.queue.add([]node.FID{d.n.FID()})
+			late = true
 		}
 	}
-	if seq != 0 {
-		// Until newName's entry is dropped, the file under it is
-		// distrusted: another client may have moved it on meanwhile,
-		// and the break's own invalidation, sent before the kernel
-		// filed it there, did not drop newName.
-		h.m.lateUntil(kernel, seq)
+	if late {
+		// Until the kernel looks newName up again, the file under it is
+		// distrusted: another client may have moved it on meanwhile, and
+		// neither the break's invalidation, sent before the kernel filed
+		// it there, nor the one just queued is seen to drop newName
+		// every time (TestFuseRenamedOnDuringRename).
+		h.m.lateUntil(kernel, untilLookup)
 	}
 	return 0
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -117,6 +118,10 @@ func (m *Mount) distrust(fids []node.FID, seq uint64) {
 	m.log.Debug("break acknowledged before the kernel dropped its names", "dirs", len(dirs), "files", len(named), "ticket", seq)
 }
 
+// untilLookup, as lateUntil's ticket, distrusts a file until a lookup
+// finds it by name (trusted): no invalidation is known to drop the name.
+const untilLookup = math.MaxUint64
+
 // lateUntil distrusts f until the invalidation queue sent ticket seq.
 func (m *Mount) lateUntil(f node.FID, seq uint64) {
 	m.mu.Lock()
@@ -182,6 +187,7 @@ func (m *Mount) untrack(h *hnode) {
 	last := m.refs[h.n] <= 0
 	if last {
 		delete(m.refs, h.n)
+		delete(m.lateNames, h.n.FID()) // no name of the kernel's leads to it
 	}
 	m.mu.Unlock()
 	if last {
