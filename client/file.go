@@ -42,6 +42,8 @@ type File struct {
 	// counted: the open was recorded for delegations (deleg.go), and its
 	// close must be too.
 	counted bool
+	// held: the open is counted in n.files.
+	held bool
 }
 
 // Policy is the caching decision made when the file was opened.
@@ -515,6 +517,15 @@ func (f *File) Close() error {
 	err := f.flush("close")
 	if cerr := f.uncount(); err == nil && cerr != nil {
 		err = f.pathErr("close", cerr)
+	}
+	if f.held {
+		f.n.mu.Lock()
+		f.n.files--
+		last := f.n.files == 0 && f.n.unlinked
+		f.n.mu.Unlock()
+		if last {
+			f.c.dropUnread(f.n)
+		}
 	}
 	return err
 }

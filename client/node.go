@@ -82,6 +82,10 @@ type Node struct {
 	// bypassing counts the opens of the file that bypass the cache: its
 	// data is then at the server, where a truncation must go too.
 	bypassing int
+	// files counts the open Files of a regular file: writes this client
+	// made to a file it removed stay readable through them until the last
+	// is closed, and are dropped then.
+	files int
 }
 
 type dirent struct {
@@ -240,7 +244,8 @@ func (c *Client) fresh(n *Node) (node.Status, error) {
 }
 
 // forget drops a node that no longer exists on the server, with its cached
-// data unless local writes are pending.
+// data unless local writes are pending that someone may still read or
+// must hear were lost (another client removed the file).
 func (c *Client) forget(n *Node) {
 	n.valid.Store(false)
 	c.flusher.remove(n)
@@ -253,6 +258,22 @@ func (c *Client) forget(n *Node) {
 		delete(c.nodes, n.fid)
 	}
 	c.nodesMu.Unlock()
+	c.dropUnread(n)
+}
+
+// dropUnread drops n's cached data, unstored writes included, once nobody
+// can read them: this client removed the file's last name, and has no
+// open file on it. (Postmark's churn: a file made, written and removed
+// under a delegation never reaches the server, and must not stay in the
+// cache either, where a restart would find its writes and keep them as
+// lost.)
+func (c *Client) dropUnread(n *Node) {
+	n.mu.Lock()
+	e, unread := n.entry, n.unlinked && n.files == 0
+	n.mu.Unlock()
+	if unread && e != nil {
+		e.Discard()
+	}
 	c.cache.Drop(n.fid)
 }
 

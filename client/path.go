@@ -317,6 +317,10 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 			return nil, errOf("open", name, err)
 		}
 	}
+	n.mu.Lock()
+	n.files++
+	n.mu.Unlock()
+	f.held = true
 	return f, nil
 }
 

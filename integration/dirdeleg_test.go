@@ -280,3 +280,54 @@ func TestDirDelegationSettleAcrossRestart(t *testing.T) {
 		t.Fatalf("another client reads %q after the settle across the restart", got)
 	}
 }
+
+// A file made, written and removed under a directory delegation leaves
+// nothing behind: not in the cache (its space is free at once), and not
+// in lost/ after a restart of the client. Nor does one removed while open,
+// once it is closed.
+func TestDirDelegationChurnLeavesNothing(t *testing.T) {
+	tmp := t.TempDir()
+	srv := startServer(t, filepath.Join(tmp, "srv"))
+	cacheDir := filepath.Join(tmp, "a")
+	a := dial(t, srv.addr, cacheDir, 64<<20)
+	if err := a.Mkdir("/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var base int64
+	for i := range 30 {
+		name := fmt.Sprintf("/d/f%02d", i)
+		writeFile(t, a, name, pattern(64<<10, byte(i)))
+		if err := a.Remove(name); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			base = a.Stats().Files // the directory's, with its delegation
+		}
+	}
+	open, err := a.Create("/d/open")
+	if err != nil {
+		t.Fatal(err)
+	}
+	open.Write(pattern(10000, 7))
+	if err := a.Remove("/d/open"); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st.Files != base+1 {
+		t.Fatalf("the cache holds %d files more with one removed while open, want that one", st.Files-base)
+	}
+	if err := open.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st := a.Stats()
+	if st.MadeHere != 31 || st.MadeDropped != 31 || st.Settled != 0 {
+		t.Fatalf("made %d, dropped %d, settled %d: want 31 files made and removed here, none sent", st.MadeHere, st.MadeDropped, st.Settled)
+	}
+	if st.Files != base || st.BytesCached != 0 {
+		t.Fatalf("the cache still holds %d files, %d bytes of files removed here", st.Files-base, st.BytesCached)
+	}
+	a.Close()
+	dial(t, srv.addr, cacheDir, 64<<20)
+	if lost, err := client.ListLost(cacheDir); err != nil || len(lost) != 0 {
+		t.Fatalf("a restart kept writes to removed files as lost: %d entries, %v", len(lost), err)
+	}
+}
