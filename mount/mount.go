@@ -3,6 +3,7 @@ package mount
 import (
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"math"
 	"os"
@@ -290,6 +291,9 @@ func (m *Mount) Serve(c *client.Client, dir string, debug bool) error {
 			MaxWrite:    1 << 20,
 			Options:     []string{"default_permissions"},
 			Debug:       debug,
+			// Straight to stderr: through log's default, slog would keep
+			// FUSE's trace below its warn level.
+			Logger: log.New(os.Stderr, "", log.Lmicroseconds),
 		},
 		RootStableAttr: &fs.StableAttr{Ino: ino(rootSt.FID), Gen: rootSt.FID.Unique},
 	}
