@@ -59,8 +59,9 @@ type Options struct {
 	// files at least this large (default 32 MiB).
 	BypassThreshold int64
 	AutoMin         int64
-	// DataStreams is how many bulk-data connections to use (default 4);
-	// NoDataChannel keeps file contents on the gRPC connection.
+	// DataStreams is how many bulk-data connections to use (default 4, or
+	// as many as the server asks for if it asks for more); NoDataChannel
+	// keeps file contents on the gRPC connection.
 	DataStreams   int
 	NoDataChannel bool
 	// NoDelegations takes none: every open and close asks the server, and
@@ -334,7 +335,7 @@ func (c *Client) runSession(first chan<- error) error {
 	if changed {
 		c.log.Info("server restarted; cached files will be revalidated", "server", c.opts.Server, "epoch", w.Epoch)
 	}
-	c.useDataChannel(w.DataAddr)
+	c.useDataChannel(w.DataAddr, max(c.opts.DataStreams, int(w.DataStreams)))
 	c.setSession(fmt.Sprintf("%d.%d", w.Epoch, w.ClientId))
 	if first == nil {
 		// The old session's promises may have missed breaks. Its
@@ -418,24 +419,29 @@ func (c *Client) runSession(first chan<- error) error {
 // dataPath is the data path in use, with the channel address it uses.
 type dataPath struct {
 	datapath.Path
-	addr string
+	addr    string
+	streams int
 }
 
 // useDataChannel switches file contents to the server's bulk-data channel
-// at addr, or back to the gRPC streams when it has none (version
-// negotiation: an older server, or one run with --data-listen none).
-func (c *Client) useDataChannel(addr string) {
+// at addr, over up to streams connections, or back to the gRPC streams
+// when it has none (version negotiation: an older server, or one run with
+// --data-listen none).
+func (c *Client) useDataChannel(addr string, streams int) {
 	if c.opts.NoDataChannel {
 		addr = ""
 	}
 	addr = reachable(c.opts.Server, addr)
+	if addr == "" {
+		streams = 0
+	}
 	old := c.data.Load()
-	if old.addr == addr {
+	if old.addr == addr && old.streams == streams {
 		return
 	}
-	next := &dataPath{Path: c.grpc, addr: addr}
+	next := &dataPath{Path: c.grpc, addr: addr, streams: streams}
 	if addr != "" {
-		next.Path = datapath.NewSplit(addr, c.opts.DataStreams, c.grpc, func() string { return *c.session.Load() })
+		next.Path = datapath.NewSplit(addr, streams, c.grpc, func() string { return *c.session.Load() })
 	}
 	c.data.Store(next)
 	if sp, ok := old.Path.(*datapath.Split); ok {

@@ -751,7 +751,12 @@ type Welcome struct {
 	DataAddr string `protobuf:"bytes,5,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
 	// How long delegations outlive the client's last request, and how long a
 	// recall may go unanswered; 0: the server grants none.
-	LeaseMs       uint32 `protobuf:"varint,6,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	LeaseMs uint32 `protobuf:"varint,6,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	// How many bulk-data connections the server would have a client use
+	// (0: the client's own choice; a client takes the larger). A proxy asks
+	// for more than a server: each connection carries one request at a
+	// time, and on a cold proxy that request waits for a distant origin.
+	DataStreams   uint32 `protobuf:"varint,7,opt,name=data_streams,json=dataStreams,proto3" json:"data_streams,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -824,6 +829,13 @@ func (x *Welcome) GetDataAddr() string {
 func (x *Welcome) GetLeaseMs() uint32 {
 	if x != nil {
 		return x.LeaseMs
+	}
+	return 0
+}
+
+func (x *Welcome) GetDataStreams() uint32 {
+	if x != nil {
+		return x.DataStreams
 	}
 	return 0
 }
@@ -3941,14 +3953,15 @@ const file_hoard_proto_rawDesc = "" +
 	"\x04ping\x18\x04 \x01(\v2\x0e.hoard.v1.PingH\x00R\x04ping\x12*\n" +
 	"\x06recall\x18\x05 \x01(\v2\x10.hoard.v1.RecallH\x00R\x06recall\x12*\n" +
 	"\x06revoke\x18\x06 \x01(\v2\x10.hoard.v1.RevokeH\x00R\x06revokeB\x05\n" +
-	"\x03msg\"\xa7\x01\n" +
+	"\x03msg\"\xca\x01\n" +
 	"\aWelcome\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\rR\aversion\x12\x17\n" +
 	"\aping_ms\x18\x04 \x01(\rR\x06pingMs\x12\x1b\n" +
 	"\tdata_addr\x18\x05 \x01(\tR\bdataAddr\x12\x19\n" +
-	"\blease_ms\x18\x06 \x01(\rR\aleaseMs\"<\n" +
+	"\blease_ms\x18\x06 \x01(\rR\aleaseMs\x12!\n" +
+	"\fdata_streams\x18\a \x01(\rR\vdataStreams\"<\n" +
 	"\x05Break\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12!\n" +
 	"\x04fids\x18\x02 \x03(\v2\r.hoard.v1.FIDR\x04fids\"\a\n" +

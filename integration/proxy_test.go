@@ -349,10 +349,9 @@ func TestProxyLostLease(t *testing.T) {
 	}
 }
 
-// With --data-listen the proxy serves its clients' file bytes on a data
-// channel of its own, as a server does (read from its store through a
-// buffer, not sendfile), and takes their stores on it; by default they go
-// on gRPC.
+// The proxy serves its clients' file bytes on a data channel of its own,
+// as a server does (read from its store through a buffer, not sendfile),
+// and takes their stores on it; with --data-listen none they go on gRPC.
 func TestProxyDataChannel(t *testing.T) {
 	tmp := t.TempDir()
 	origin := startServer(t, filepath.Join(tmp, "origin"))
@@ -386,13 +385,57 @@ func TestProxyDataChannel(t *testing.T) {
 		t.Fatal("a store through the proxy's data channel reached the origin changed")
 	}
 
-	plain := startProxy(t, origin, filepath.Join(tmp, "plain"))
+	plain := startProxy(t, origin, filepath.Join(tmp, "plain"), "--data-listen", "none")
 	if strings.Contains(plain.logs.String(), "data channel") {
-		t.Fatalf("a proxy opened a data channel without --data-listen: %s", plain.logs)
+		t.Fatalf("a proxy opened a data channel with --data-listen none: %s", plain.logs)
 	}
 	if !bytes.Equal(readFile(t, dial(t, plain.addr, "mem", 64<<20), "/f"), content) {
 		t.Fatal("a read through the proxy over gRPC returned other bytes")
 	}
+}
+
+// A proxy asks its clients for as many data connections as it uses to the
+// origin (16, not a client's default 4): each carries one request at a
+// time, and on a cold proxy each waits for the origin, so 4 held a client
+// reading many files at once to 4 fetches from a distant origin.
+func TestProxyAsksForDataStreams(t *testing.T) {
+	tmp := t.TempDir()
+	origin := startServer(t, filepath.Join(tmp, "origin"))
+	dataAddr := freeAddr(t)
+	rl := startRelay(t, dataAddr, "")
+	px := startProxy(t, origin, filepath.Join(tmp, "proxy"), "--data-listen", dataAddr, "--data-advertise", rl.addr())
+	direct := dial(t, origin.addr, "mem", 64<<20)
+	const files = 12
+	for i := range files {
+		writeFile(t, direct, fmt.Sprintf("/f%d", i), pattern(100<<10, byte(i)))
+	}
+	c := dial(t, px.addr, "mem", 64<<20)
+	rl.pause(true)
+	got := make([][]byte, files)
+	errs := make([]error, files)
+	var wg sync.WaitGroup
+	for i := range files {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = tryRead(c, fmt.Sprintf("/f%d", i))
+		}()
+	}
+	for deadline := time.Now().Add(2 * time.Second); rl.conns.Load() < files && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	conns := rl.conns.Load()
+	rl.pause(false)
+	wg.Wait()
+	for i := range files {
+		if errs[i] != nil || !bytes.Equal(got[i], pattern(100<<10, byte(i))) {
+			t.Fatalf("/f%d through the proxy: %d bytes, %v", i, len(got[i]), errs[i])
+		}
+	}
+	if conns <= 4 {
+		t.Fatalf("%d reads at once through the proxy's data channel used %d connections, want more than a client's own 4", files, conns)
+	}
+	t.Logf("%d reads at once: %d data connections", files, conns)
 }
 
 // With the origin away, what the proxy holds a promise on is still served;

@@ -96,6 +96,12 @@ type Proxy struct {
 // statuses in; file bytes are in the store.
 const metaCacheSize = 64 << 20
 
+// OriginStreams is how many bulk-data connections the proxy uses to the
+// origin, each carrying one chunk fetch at a time: a proxy fetches for
+// many clients at once. Its clients are asked to use as many to it, as
+// each of their requests on a cold chunk waits for one such fetch.
+const OriginStreams = 16
+
 // Open starts a proxy: a new epoch in o.Dir, and a session with the origin.
 // A directory it made is removed again if that fails.
 func Open(o Options) (p *Proxy, err error) {
@@ -121,9 +127,7 @@ func Open(o Options) (p *Proxy, err error) {
 	p.c, err = client.Dial(client.Options{
 		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: metaCacheSize,
 		RPCTimeout: o.Timeout, DialTimeout: o.Timeout,
-		// One chunk fetch per stream at a time: a proxy fetches for
-		// many clients at once.
-		DataStreams:   16,
+		DataStreams:   OriginStreams,
 		NoDelegations: o.NoDelegations,
 		// Its clients' creates go to the origin as they come.
 		NoDirDelegations: true,

@@ -50,7 +50,10 @@ type Config struct {
 	// to make files in on its own (dirdeleg.go): DirPrivate (the
 	// default), DirAny or DirNone.
 	DirDelegations string
-	Logger         *slog.Logger
+	// DataStreams is how many bulk-data connections clients are asked to
+	// use (0: their own choice).
+	DataStreams int
+	Logger      *slog.Logger
 }
 
 // Directory delegation policies.
@@ -258,7 +261,7 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 	}
 	err = stream.Send(&pb.ServerMsg{Msg: &pb.ServerMsg_Welcome{Welcome: &pb.Welcome{
 		ClientId: uint64(id), Epoch: s.store.Epoch(), Version: pb.Version, PingMs: uint32(s.cfg.Ping / time.Millisecond), DataAddr: dataAddr,
-		LeaseMs: uint32(s.cfg.Lease / time.Millisecond)}}})
+		LeaseMs: uint32(s.cfg.Lease / time.Millisecond), DataStreams: uint32(s.cfg.DataStreams)}}})
 	if err != nil {
 		return err
 	}
