@@ -325,6 +325,7 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 		// the delegation would come after it.
 		n.nsmu.Lock()
 		bare, err := c.settleLocked(n)
+		c.uncovered(bare) // before the return lets others at them
 		defer func() {
 			n.nsmu.Unlock()
 			c.storeBare(bare)

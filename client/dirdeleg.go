@@ -323,8 +323,24 @@ func (c *Client) settle(dir *Node) error {
 	dir.nsmu.Lock()
 	bare, err := c.settleLocked(dir)
 	dir.nsmu.Unlock()
+	c.uncovered(bare)
 	c.storeBare(bare)
 	return err
+}
+
+// uncovered tells OnInvalidate of files a settle created without their
+// write delegation, before anyone else can change them: made here, they
+// were covered by their directory's delegation (PromiseLeft), and now
+// nothing is.
+func (c *Client) uncovered(ns []*Node) {
+	if len(ns) == 0 || c.opts.OnInvalidate == nil {
+		return
+	}
+	fids := make([]node.FID, len(ns))
+	for i, n := range ns {
+		fids[i] = n.fid
+	}
+	c.opts.OnInvalidate(fids)
 }
 
 // settleLocked is settle with nsmu held. It returns the files it created
@@ -501,14 +517,17 @@ func (c *Client) loseMade(dir *Node, made []madeFile, cause error) {
 		dir.madeState, dir.madeBase = 0, 0
 	}
 	dir.mu.Unlock()
-	for _, m := range made {
+	lost := make([]*Node, len(made))
+	for i, m := range made {
 		m.n.mu.Lock()
 		m.n.madeLost = fmt.Errorf("%w: created under a directory delegation the server refused: %v", syscall.EKEYEXPIRED, cause)
 		m.n.mu.Unlock()
 		m.n.madeIn.Store(nil)
 		c.flusher.add(m.n) // to be kept in lost/
 		c.flusher.wake()
+		lost[i] = m.n
 	}
+	go c.uncovered(lost) // nsmu is held; the files are gone anyway
 }
 
 // settleAll settles every directory with files made in it: after a new

@@ -244,8 +244,14 @@ func (c *Client) TruncateHere(n *Node, size uint64) (bool, error) {
 }
 
 // PromiseLeft is how long n's callback promise still holds: how long a
-// kernel may cache n's attributes, entry and pages without asking.
+// kernel may cache n's attributes, entry and pages without asking. A file
+// made here has its directory's: nobody else can reach it before a settle
+// hands it to the server, and one that leaves it uncovered (without a
+// write delegation of its own) says so (OnInvalidate).
 func (c *Client) PromiseLeft(n *Node) time.Duration {
+	if dir := n.made(); dir != nil {
+		n = dir
+	}
 	if !n.valid.Load() {
 		return 0
 	}
@@ -291,8 +297,9 @@ func (n *Node) Unpin() {
 	}
 }
 
-// Valid reports whether a callback promise on n is held.
-func (n *Node) Valid() bool { return n.valid.Load() }
+// Valid reports whether n's cached status and data are known current: a
+// callback promise on n is held, or n was made here (PromiseLeft).
+func (n *Node) Valid() bool { return n.valid.Load() || n.made() != nil }
 
 // Gauge publishes a counter with the cache's statistics.
 func (c *Client) Gauge(name string, v int64) { c.cache.SetGauge(name, v) }

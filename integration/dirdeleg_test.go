@@ -331,3 +331,41 @@ func TestDirDelegationChurnLeavesNothing(t *testing.T) {
 		t.Fatalf("a restart kept writes to removed files as lost: %d entries, %v", len(lost), err)
 	}
 }
+
+// A kernel may cache a file made here (its attributes, its pages) for as
+// long as its directory's promise lasts: nobody else can reach the file
+// before a settle hands it to the server. Each open, read and stat of
+// such a file through a mount asked the mount again (PromiseLeft was 0).
+func TestDirDelegationMadeFileCached(t *testing.T) {
+	tmp := t.TempDir()
+	srv := startServer(t, filepath.Join(tmp, "srv"))
+	a := dial(t, srv.addr, filepath.Join(tmp, "a"), 64<<20)
+	if err := a.Mkdir("/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, a, "/d/x", []byte("made here"))
+	st, err := a.Stat("/d/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := a.Stats(); s.MadeHere != 1 || s.Settled != 0 {
+		t.Fatalf("made %d, settled %d: the test wants the file made here, unsent", s.MadeHere, s.Settled)
+	}
+	dst, err := a.Stat("/d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, dir := a.NodeOf(st.FID), a.NodeOf(dst.FID)
+	dirLeft := a.PromiseLeft(dir)
+	if left := a.PromiseLeft(n); !n.Valid() || left < time.Minute || left > dirLeft {
+		t.Fatalf("a file made here: valid %v, cachable for %v; want valid, for its directory's %v", n.Valid(), left, dirLeft)
+	}
+	b := dial(t, srv.addr, "mem", 64<<20)
+	writeFile(t, b, "/d/x", []byte("changed by b"))
+	if n.Valid() || a.PromiseLeft(n) > 0 {
+		t.Fatal("the maker still caches a file another client changed since")
+	}
+	if got := string(readFile(t, a, "/d/x")); got != "changed by b" {
+		t.Fatalf("the maker reads %q after another client changed the file", got)
+	}
+}
