@@ -103,7 +103,9 @@ type Cache struct {
 	lruLen  atomic.Int64
 	used    int64
 	pending map[*Entry]bool // index records to write
-	gauges  map[string]int64
+	// doomed are files dropped whose cache files are still to be unlinked.
+	doomed []node.FID
+	gauges map[string]int64
 	// openFiles lists entries holding an open cache file, most recent
 	// first, to bound descriptors.
 	openFiles *list.List
@@ -208,6 +210,7 @@ func (c *Cache) openDir() error {
 	}
 	if !clean {
 		c.verify()
+		c.removeOrphans()
 	}
 	// From here on the cache is in use: a crash must trigger verification.
 	if err := c.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktMeta).Put(keyClean, []byte{0}) }); err != nil {
@@ -345,6 +348,7 @@ func (c *Cache) Flush() error {
 	}
 	c.flushMu.Lock()
 	defer c.flushMu.Unlock()
+	c.unlinkDoomed()
 	c.mu.Lock()
 	todo := c.pending
 	c.pending = map[*Entry]bool{}
@@ -387,6 +391,49 @@ func (c *Cache) Flush() error {
 		c.mu.Unlock()
 	}
 	return err
+}
+
+// unlinkDoomed unlinks the cache files of dropped entries. A file whose
+// FID has an entry again (it should not: dropped files are gone at the
+// server) is that entry's now, and stays. Unlinked before or after the
+// index forgets the entry, a crash leaves either a record without its
+// file, whose chunks verify drops, or a file without a record, which
+// removeOrphans does.
+func (c *Cache) unlinkDoomed() {
+	c.mu.Lock()
+	doomed := c.doomed
+	c.doomed = nil
+	c.mu.Unlock()
+	for _, fid := range doomed {
+		c.mu.Lock()
+		if _, ok := c.entries[fid]; !ok {
+			os.Remove(c.newEntry(fid).path())
+		}
+		c.mu.Unlock()
+	}
+}
+
+// removeOrphans removes cache files no entry owns, after an unclean
+// shutdown (unlinkDoomed).
+func (c *Cache) removeOrphans() {
+	owned := make(map[string]bool, len(c.entries))
+	for _, e := range c.entries {
+		owned[e.path()] = true
+	}
+	vols, _ := os.ReadDir(filepath.Join(c.dir, "files"))
+	var n int
+	for _, v := range vols {
+		dir := filepath.Join(c.dir, "files", v.Name())
+		files, _ := os.ReadDir(dir)
+		for _, f := range files {
+			if p := filepath.Join(dir, f.Name()); !owned[p] && os.Remove(p) == nil {
+				n++
+			}
+		}
+	}
+	if n > 0 {
+		slog.Info("cache: removed files of entries dropped before an unclean shutdown", "dir", c.dir, "files", n)
+	}
 }
 
 func (c *Cache) markPending(e *Entry) {
@@ -537,23 +584,25 @@ func (c *Cache) Entries() []node.FID {
 
 // Drop forgets a file that no longer exists on the server. It refuses a
 // file with unstored writes.
-func (c *Cache) Drop(fid node.FID) error {
+func (c *Cache) Drop(fid node.FID) error { return c.drop(fid, false) }
+
+// Remove drops fid's entry like Drop, unstored writes included: for a
+// file nobody can read any more (removed, and no longer open).
+func (c *Cache) Remove(fid node.FID) { c.drop(fid, true) }
+
+func (c *Cache) drop(fid node.FID, unstored bool) error {
 	e, ok := c.Lookup(fid)
 	if !ok {
 		return nil
 	}
 	e.mu.Lock()
-	if len(e.dirty) > 0 {
+	if len(e.dirty) > 0 && !unstored {
 		e.mu.Unlock()
 		return fmt.Errorf("cache: %v has unstored writes", fid)
 	}
-	e.clearLocked(true)
-	e.gone = true
-	e.closeFileLocked()
+	e.unlinkFileLocked(true)
+	e.dirty, e.cut, e.gone = nil, -1, true
 	e.mu.Unlock()
-	if e.c.dir != "" {
-		os.Remove(e.path())
-	}
 	c.mu.Lock()
 	delete(c.entries, fid)
 	c.pending[e] = true

@@ -499,6 +499,7 @@ func TestDropAndStatsFile(t *testing.T) {
 	if err := c.Drop(fid(1)); err != nil {
 		t.Fatal(err)
 	}
+	c.Flush() // the committer unlinks the file
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) || c.Used() != 0 {
 		t.Fatalf("drop left the file or its space: %v used %d", err, c.Used())
 	}
@@ -630,5 +631,57 @@ func TestRescanFindsOutsideWrites(t *testing.T) {
 	e.Rescan()
 	if cut, ok := e.Cut(); !ok || cut != cs || e.Present(2) {
 		t.Fatalf("shrink: cut %d %v present(2) %v", cut, ok, e.Present(2))
+	}
+}
+
+// Remove drops an entry with its unstored writes (a file removed here):
+// its space at once, its cache file with the next commit, its record for
+// good.
+func TestRemove(t *testing.T) {
+	dir := t.TempDir()
+	c := open(t, dir, 10<<20)
+	d := c.Entry(fid(2))
+	d.SetStatus(status(fid(2), 0, 1), false)
+	if _, err := d.WriteAt(data(cs+10, 3), 0); err != nil {
+		t.Fatal(err)
+	}
+	path := d.Path()
+	c.Flush()
+	c.Remove(fid(2))
+	if _, ok := c.Lookup(fid(2)); ok || c.Used() != 0 || c.Stats().Files != 0 {
+		t.Fatalf("after Remove: entry kept %v, %d bytes used", ok, c.Used())
+	}
+	c.Flush()
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the cache file of a removed entry stays: %v", err)
+	}
+	c.Close()
+	c2 := open(t, dir, 10<<20)
+	if _, ok := c2.Lookup(fid(2)); ok {
+		t.Fatal("a removed entry came back after a restart")
+	}
+}
+
+// After an unclean shutdown, cache files no entry owns (a drop whose
+// record was committed and its file not yet unlinked) are removed.
+func TestUncleanReopenRemovesOrphans(t *testing.T) {
+	dir := t.TempDir()
+	c, _ := Open(Options{Dir: dir, Size: 10 << 20, ChunkSize: cs})
+	e := fill(t, c, fid(1), data(cs, 4), 1)
+	kept := e.Path()
+	orphan := filepath.Join(filepath.Dir(kept), "999.1")
+	crash(c)
+	if err := os.WriteFile(orphan, data(100, 5), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c2 := open(t, dir, 10<<20)
+	if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("an orphan cache file survived an unclean restart: %v", err)
+	}
+	if _, err := os.Stat(kept); err != nil {
+		t.Fatalf("a cache file with its entry was removed: %v", err)
+	}
+	if e2, ok := c2.Lookup(fid(1)); !ok || !e2.Present(0) {
+		t.Fatal("the entry with its file was lost")
 	}
 }

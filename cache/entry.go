@@ -378,23 +378,40 @@ func (e *Entry) evict(ch *chunk) {
 // its readers keep the old bytes through their descriptors.
 func (e *Entry) clearLocked(all bool) {
 	if e.pins > 0 && e.mem == nil && (all || !e.anyDirtyLocked()) {
-		e.closeFileLocked()
-		os.Remove(e.path())
-		for _, ch := range e.chunks {
-			delete(e.chunks, ch.idx)
-			e.c.mu.Lock()
-			e.c.unlinkLocked(ch)
-			e.c.used -= charge(ch.n)
-			e.c.pending[e] = true
-			e.c.mu.Unlock()
-			e.c.stats.chunks.Add(-1)
-		}
+		e.unlinkFileLocked(false)
 		return
 	}
 	for _, ch := range e.chunks {
 		if all || !ch.dirty {
 			e.dropLocked(ch)
 		}
+	}
+}
+
+// unlinkFileLocked drops every chunk at once, with the cache file:
+// cheaper than punching each out of a file about to go anyway. With
+// later, the file of an entry that is going is unlinked by the committer
+// (unlinkDoomed), off the caller's path (a remove).
+func (e *Entry) unlinkFileLocked(later bool) {
+	e.closeFileLocked()
+	switch {
+	case e.mem != nil:
+		clear(e.mem)
+	case later:
+		e.c.mu.Lock()
+		e.c.doomed = append(e.c.doomed, e.fid)
+		e.c.mu.Unlock()
+	default:
+		os.Remove(e.path())
+	}
+	for _, ch := range e.chunks {
+		delete(e.chunks, ch.idx)
+		e.c.mu.Lock()
+		e.c.unlinkLocked(ch)
+		e.c.used -= charge(ch.n)
+		e.c.pending[e] = true
+		e.c.mu.Unlock()
+		e.c.stats.chunks.Add(-1)
 	}
 }
 

@@ -269,12 +269,13 @@ func (c *Client) forget(n *Node) {
 // lost.)
 func (c *Client) dropUnread(n *Node) {
 	n.mu.Lock()
-	e, unread := n.entry, n.unlinked && n.files == 0
+	unread := n.unlinked && n.files == 0
 	n.mu.Unlock()
-	if unread && e != nil {
-		e.Discard()
+	if unread {
+		c.cache.Remove(n.fid)
+	} else {
+		c.cache.Drop(n.fid)
 	}
-	c.cache.Drop(n.fid)
 }
 
 // addDent records name → child in dir, if dir is still at the version the
