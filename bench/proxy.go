@@ -20,7 +20,7 @@ var (
 	pxFiles = flag.Int("px-files", 200, "proxy bench: files in the tree")
 	pxSize  = flag.Int("px-size", 100<<10, "proxy bench: bytes per file")
 	pxPar   = flag.Int("px-par", 8, "proxy bench: files each client reads at once")
-	pxData  = flag.Bool("px-data", true, "proxy benches: the proxies serve their clients a data channel (false: hoard proxy --data-listen none, data over gRPC)")
+	pxData  = flag.Bool("px-data", false, "proxy benches: the proxies serve their clients a data channel (hoard proxy --data-listen)")
 )
 
 // proxyBench puts a latency shaper between an origin and its clients and
@@ -169,8 +169,8 @@ func (o *origin) write(fn func(w *client.Client) error) error {
 func startProxy(bin string, o *origin, dir string, data int64, layout string) (string, int, func(), error) {
 	size := data + data/4 + 64<<20
 	args := []string{"proxy", "--origin", o.shaped(), "--cache", dir, "--cache-size", fmt.Sprint(size), "--layout", layout}
-	if !*pxData {
-		args = append(args, "--data-listen", "none")
+	if *pxData {
+		args = append(args, "--data-listen=")
 	}
 	return startHoard(bin, args...)
 }

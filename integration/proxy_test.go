@@ -349,9 +349,10 @@ func TestProxyLostLease(t *testing.T) {
 	}
 }
 
-// The proxy serves its clients' file bytes on a data channel of its own,
-// as a server does (read from its store through a buffer, not sendfile),
-// and takes their stores on it; with --data-listen none they go on gRPC.
+// With --data-listen the proxy serves its clients' file bytes on a data
+// channel of its own, as a server does (read from its store through a
+// buffer, not sendfile), and takes their stores on it; by default they go
+// on gRPC.
 func TestProxyDataChannel(t *testing.T) {
 	tmp := t.TempDir()
 	origin := startServer(t, filepath.Join(tmp, "origin"))
@@ -385,9 +386,9 @@ func TestProxyDataChannel(t *testing.T) {
 		t.Fatal("a store through the proxy's data channel reached the origin changed")
 	}
 
-	plain := startProxy(t, origin, filepath.Join(tmp, "plain"), "--data-listen", "none")
+	plain := startProxy(t, origin, filepath.Join(tmp, "plain"))
 	if strings.Contains(plain.logs.String(), "data channel") {
-		t.Fatalf("a proxy opened a data channel with --data-listen none: %s", plain.logs)
+		t.Fatalf("a proxy opened a data channel without --data-listen: %s", plain.logs)
 	}
 	if !bytes.Equal(readFile(t, dial(t, plain.addr, "mem", 64<<20), "/f"), content) {
 		t.Fatal("a read through the proxy over gRPC returned other bytes")
