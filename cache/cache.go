@@ -407,7 +407,7 @@ func (c *Cache) unlinkDoomed() {
 	for _, fid := range doomed {
 		c.mu.Lock()
 		if _, ok := c.entries[fid]; !ok {
-			os.Remove(c.newEntry(fid).path())
+			os.Remove(c.filePath(fid))
 		}
 		c.mu.Unlock()
 	}

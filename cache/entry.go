@@ -71,9 +71,12 @@ func (c *Cache) newEntry(fid node.FID) *Entry {
 // FID is the file this entry caches.
 func (e *Entry) FID() node.FID { return e.fid }
 
-func (e *Entry) path() string {
-	return filepath.Join(e.c.dir, "files", strconv.FormatUint(e.fid.Volume, 10),
-		strconv.FormatUint(e.fid.Vnode, 10)+"."+strconv.FormatUint(e.fid.Unique, 10))
+func (e *Entry) path() string { return e.c.filePath(e.fid) }
+
+// filePath is where fid's cache file lives.
+func (c *Cache) filePath(fid node.FID) string {
+	return filepath.Join(c.dir, "files", strconv.FormatUint(fid.Volume, 10),
+		strconv.FormatUint(fid.Vnode, 10)+"."+strconv.FormatUint(fid.Unique, 10))
 }
 
 // Path is the cache file, for handing to the kernel as a passthrough
