@@ -58,7 +58,7 @@ func (cf *clientFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&cf.cacheSize, "cache-size", "1G", "cache size limit, e.g. 512M, 10G")
 	f.DurationVar(&cf.timeout, "timeout", 5*time.Second, "how long to wait for the server")
 	f.StringVar(&cf.bypassAt, "bypass-threshold", "", "files at least this large bypass the cache, e.g. 1G (default: off, auto decides)")
-	f.IntVar(&cf.streams, "data-streams", 4, "connections to the server's bulk-data channel, or as many as the server asks for if more (a proxy asks for 16); 0: file data over the control connection")
+	f.IntVar(&cf.streams, "data-streams", 4, "connections to the server's bulk-data channel, or as many as the server asks for if more (a proxy with a data channel asks for 16); 0: file data over the control connection")
 	f.BoolVar(&cf.noDeleg, "no-delegations", false, "take no delegations: every open and close goes to the server, writes are stored at close")
 	f.BoolVar(&cf.noDirDeleg, "no-dir-delegations", false, "take no delegations on directories: every create goes to the server at once")
 }
