@@ -575,8 +575,20 @@ func TestFuseServerAway(t *testing.T) {
 			t.Fatalf("cached read with the server gone: %v", err)
 		}
 	}
+	// The cached reads above may be the kernel's alone (the file was made
+	// here): a mkdir goes to the server, and so the mount finds it gone.
 	start := time.Now()
-	err := os.WriteFile(m.path("new"), []byte("x"), 0o644)
+	err := os.Mkdir(m.path("newdir"), 0o755)
+	if !errors.Is(err, syscall.EIO) && !errors.Is(err, syscall.ETIMEDOUT) {
+		t.Fatalf("mkdir with the server gone: %v, want EIO or ETIMEDOUT", err)
+	}
+	if took := time.Since(start); took > 6*time.Second {
+		t.Fatalf("mkdir took %v to fail with a 2s timeout", took)
+	}
+	// A create is not made locally under the root's delegation either:
+	// the server may never take it.
+	start = time.Now()
+	err = os.WriteFile(m.path("new"), []byte("x"), 0o644)
 	took := time.Since(start)
 	if err == nil {
 		t.Fatal("a create succeeded with the server gone")
