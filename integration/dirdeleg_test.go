@@ -254,16 +254,7 @@ func TestDirDelegationPOSIX(t *testing.T) {
 // covers then, are stored at once. They were left for the flusher's age
 // bound, and another client read the files empty meanwhile.
 func TestDirDelegationSettleAcrossRestart(t *testing.T) {
-	tmp := t.TempDir()
-	srv := startServer(t, filepath.Join(tmp, "srv"))
-	a := dial(t, srv.addr, filepath.Join(tmp, "a"), 64<<20)
-	if err := a.Mkdir("/d", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, a, "/d/x", []byte("made here"))
-	if st := a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
-		t.Fatalf("made %d, settled %d: the test wants the file made here, unsent", st.MadeHere, st.Settled)
-	}
+	srv, a := madeHere(t)
 	srv.kill9()
 	made := make(chan error, 1)
 	go func() { made <- a.Mkdir("/d/sub", 0o755) }() // settles /d first
@@ -337,19 +328,10 @@ func TestDirDelegationChurnLeavesNothing(t *testing.T) {
 // before a settle hands it to the server. Each open, read and stat of
 // such a file through a mount asked the mount again (PromiseLeft was 0).
 func TestDirDelegationMadeFileCached(t *testing.T) {
-	tmp := t.TempDir()
-	srv := startServer(t, filepath.Join(tmp, "srv"))
-	a := dial(t, srv.addr, filepath.Join(tmp, "a"), 64<<20)
-	if err := a.Mkdir("/d", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, a, "/d/x", []byte("made here"))
+	srv, a := madeHere(t)
 	st, err := a.Stat("/d/x")
 	if err != nil {
 		t.Fatal(err)
-	}
-	if s := a.Stats(); s.MadeHere != 1 || s.Settled != 0 {
-		t.Fatalf("made %d, settled %d: the test wants the file made here, unsent", s.MadeHere, s.Settled)
 	}
 	dst, err := a.Stat("/d")
 	if err != nil {
@@ -368,4 +350,21 @@ func TestDirDelegationMadeFileCached(t *testing.T) {
 	if got := string(readFile(t, a, "/d/x")); got != "changed by b" {
 		t.Fatalf("the maker reads %q after another client changed the file", got)
 	}
+}
+
+// madeHere starts a server, and a client with a disk cache that makes
+// /d/x ("made here") in its new directory /d without telling the server.
+func madeHere(t *testing.T) (*serverProc, *client.Client) {
+	t.Helper()
+	tmp := t.TempDir()
+	srv := startServer(t, filepath.Join(tmp, "srv"))
+	a := dial(t, srv.addr, filepath.Join(tmp, "a"), 64<<20)
+	if err := a.Mkdir("/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, a, "/d/x", []byte("made here"))
+	if st := a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
+		t.Fatalf("made %d, settled %d: the test wants the file made here, unsent", st.MadeHere, st.Settled)
+	}
+	return srv, a
 }

@@ -356,9 +356,7 @@ func TestProxyLostLease(t *testing.T) {
 func TestProxyDataChannel(t *testing.T) {
 	tmp := t.TempDir()
 	origin := startServer(t, filepath.Join(tmp, "origin"))
-	dataAddr := freeAddr(t)
-	rl := startRelay(t, dataAddr, "")
-	px := startProxy(t, origin, filepath.Join(tmp, "proxy"), "--data-listen", dataAddr, "--data-advertise", rl.addr())
+	px, rl, dataAddr := relayedDataProxy(t, origin, filepath.Join(tmp, "proxy"))
 	if !strings.Contains(px.logs.String(), "data channel "+dataAddr+" advertised as "+rl.addr()) {
 		t.Fatalf("the proxy did not say where its data channel is: %s", px.logs)
 	}
@@ -402,9 +400,7 @@ func TestProxyDataChannel(t *testing.T) {
 func TestProxyAsksForDataStreams(t *testing.T) {
 	tmp := t.TempDir()
 	origin := startServer(t, filepath.Join(tmp, "origin"))
-	dataAddr := freeAddr(t)
-	rl := startRelay(t, dataAddr, "")
-	px := startProxy(t, origin, filepath.Join(tmp, "proxy"), "--data-listen", dataAddr, "--data-advertise", rl.addr())
+	px, rl, _ := relayedDataProxy(t, origin, filepath.Join(tmp, "proxy"))
 	direct := dial(t, origin.addr, "mem", 64<<20)
 	const files = 12
 	for i := range files {
@@ -719,4 +715,14 @@ func TestProxyDiskFull(t *testing.T) {
 	if got := string(readFile(t, direct, "/h")); got != "room again" {
 		t.Fatalf("the origin has %q for a write through the proxy once there was room", got)
 	}
+}
+
+// relayedDataProxy starts a proxy of origin in dir whose data channel
+// listens at dataAddr, behind a relay that counts the connections.
+func relayedDataProxy(t *testing.T, origin *serverProc, dir string) (px *serverProc, rl *relay, dataAddr string) {
+	t.Helper()
+	dataAddr = freeAddr(t)
+	rl = startRelay(t, dataAddr, "")
+	px = startProxy(t, origin, dir, "--data-listen", dataAddr, "--data-advertise", rl.addr())
+	return px, rl, dataAddr
 }
