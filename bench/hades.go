@@ -128,18 +128,20 @@ func hadesBench(bin, scratch string) error {
 	fmt.Printf("Clients are new in each mode and bypass their caches. Origin bandwidth: %s.\n\n", bw)
 	fmt.Println("| origin RTT | workload | mode | pooled (MB/s) | per-chunk (MB/s) | pooled/per-chunk |")
 	fmt.Println("|---|---|---|---|---|---|")
-	var runs []string
+	var runs, blocks []string
 	var notes []string
 	for _, rtt := range []time.Duration{0, 50 * time.Millisecond} {
 		o.setRTT(rtt)
 		for _, l := range loads {
 			var rates [][]float64
+			var times [][]blockTimes
 			for _, layout := range []string{proxystore.Pooled, proxystore.PerChunk} {
-				r, st, ns, err := hadesLayout(bin, o, filepath.Join(dir, "proxy-"+layout), l, c, layout)
+				r, bt, st, ns, err := hadesLayout(bin, o, filepath.Join(dir, "proxy-"+layout), l, c, layout)
 				if err != nil {
 					return fmt.Errorf("%v, %s, %s: %w", rtt, l, layout, err)
 				}
 				rates = append(rates, r)
+				times = append(times, bt)
 				for _, n := range ns {
 					notes = append(notes, fmt.Sprintf("%v, %s, %s: %s", rtt, l, layout, n))
 				}
@@ -151,9 +153,15 @@ func hadesBench(bin, scratch string) error {
 			}
 			for i, m := range hadesModes {
 				fmt.Printf("| %v | %s | %s | %.0f | %.0f | %.2f× |\n", rtt, l, m.name, rates[0][i], rates[1][i], rates[0][i]/rates[1][i])
+				p, q := times[0][i], times[1][i]
+				blocks = append(blocks, fmt.Sprintf("| %v | %s | %s | %s | %s | %.2f× |", rtt, l, m.name, p, q, p.total()/q.total()))
 			}
 		}
 	}
+	fmt.Printf("\nFigure 6.2: a 4 KiB block's time at the proxy in µs, the best run's average (hoard proxy stats): map (finding and placing chunks in the store) / store read / origin fetch and other = total; summed over concurrent reads, so parallel reads add up the time they wait on each other.\n\n")
+	fmt.Println("| origin RTT | workload | mode | pooled | per-chunk | pooled/per-chunk |")
+	fmt.Println("|---|---|---|---|---|---|")
+	fmt.Println(strings.Join(blocks, "\n"))
 	fmt.Printf("\nThe proxies' stores after the warm runs (hoard proxy stats):\n\n")
 	fmt.Println("| origin RTT | workload | layout | files | chunks | runs | chunks per run | evictions |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
@@ -210,21 +218,42 @@ func hadesWrite(o *origin, loads []hadesLoad, c content) error {
 	})
 }
 
+// blockTimes is a 4 KiB block's time at the proxy, in µs, broken down
+// as seed 004's figure 6.2 does.
+type blockTimes struct{ mapping, read, fetch float64 }
+
+// blockTimesOf is the average block's time between two of the proxy's
+// counters.
+func blockTimesOf(prev, st *pb.ProxyStatsReply) blockTimes {
+	blocks := float64(st.BytesServed-prev.BytesServed) / 4096
+	us := func(ns int64) float64 { return float64(ns) / 1e3 / blocks }
+	m, r := st.MapNanos-prev.MapNanos, st.ReadNanos-prev.ReadNanos
+	return blockTimes{us(m), us(r), us(st.ServeNanos - prev.ServeNanos - m - r)}
+}
+
+func (b blockTimes) total() float64 { return b.mapping + b.read + b.fetch }
+
+func (b blockTimes) String() string {
+	return fmt.Sprintf("%.2f / %.1f / %.1f = %.1f", b.mapping, b.read, b.fetch, b.total())
+}
+
 // hadesLayout runs the modes on a new proxy whose store has the given
-// layout, and returns the MB/s of each, the proxy's counters after the
-// last, and what was off in them.
-func hadesLayout(bin string, o *origin, dir string, l hadesLoad, c content, layout string) ([]float64, *pb.ProxyStatsReply, []string, error) {
+// layout, and returns the MB/s of each and a block's time at the proxy in
+// its best run, the proxy's counters after the last, and what was off in
+// them.
+func hadesLayout(bin string, o *origin, dir string, l hadesLoad, c content, layout string) ([]float64, []blockTimes, *pb.ProxyStatsReply, []string, error) {
 	defer os.RemoveAll(dir)
 	px, _, stop, err := startProxy(bin, o, dir, l.bytes(), layout)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	defer stop()
 	prev, err := proxyStats(bin, px)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	var rates []float64
+	var times []blockTimes
 	var notes []string
 	for _, m := range hadesModes {
 		par := 1
@@ -232,20 +261,23 @@ func hadesLayout(bin string, o *origin, dir string, l hadesLoad, c content, layo
 			par = *hadesPar
 		}
 		var best time.Duration
+		var bt blockTimes
 		for range m.runs() {
 			dropCaches()
 			d, err := hadesRead(px, l, c, par)
 			if err != nil {
-				return nil, nil, nil, fmt.Errorf("%s: %w", m.name, err)
+				return nil, nil, nil, nil, fmt.Errorf("%s: %w", m.name, err)
 			}
-			best = minDur(best, d)
 			st, err := proxyStats(bin, px)
 			if err != nil {
-				return nil, nil, nil, err
+				return nil, nil, nil, nil, err
 			}
 			served, fetched := st.BytesServed-prev.BytesServed, st.BytesFetched-prev.BytesFetched
 			if served < l.bytes() {
-				return nil, nil, nil, fmt.Errorf("%s: the clients read %d bytes, the proxy served only %d", m.name, l.bytes(), served)
+				return nil, nil, nil, nil, fmt.Errorf("%s: the clients read %d bytes, the proxy served only %d", m.name, l.bytes(), served)
+			}
+			if best == 0 || d < best {
+				best, bt = d, blockTimesOf(prev, st)
 			}
 			want := int64(0)
 			if m.cold {
@@ -257,8 +289,9 @@ func hadesLayout(bin string, o *origin, dir string, l hadesLoad, c content, layo
 			prev = st
 		}
 		rates = append(rates, mbps(l.bytes(), best))
+		times = append(times, bt)
 	}
-	return rates, prev, notes, nil
+	return rates, times, prev, notes, nil
 }
 
 // hadesRead has a new client per user read the user's files from addr,

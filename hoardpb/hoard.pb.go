@@ -3726,7 +3726,14 @@ type ProxyStatsReply struct {
 	// origin_resets: times the origin voided all the proxy's promises and
 	// delegations, as it does when the proxy's clients were slow to answer a
 	// break passed on to them.
-	OriginResets  int64 `protobuf:"varint,21,opt,name=origin_resets,json=originResets,proto3" json:"origin_resets,omitempty"`
+	OriginResets int64 `protobuf:"varint,21,opt,name=origin_resets,json=originResets,proto3" json:"origin_resets,omitempty"`
+	// Time spent serving clients' reads, summed over concurrent reads:
+	// finding and placing chunks in the store (map), reading them from its
+	// files (read), and in all (serve). serve - map - read is the fetch
+	// from the origin and the rest.
+	MapNanos      int64 `protobuf:"varint,22,opt,name=map_nanos,json=mapNanos,proto3" json:"map_nanos,omitempty"`
+	ReadNanos     int64 `protobuf:"varint,23,opt,name=read_nanos,json=readNanos,proto3" json:"read_nanos,omitempty"`
+	ServeNanos    int64 `protobuf:"varint,24,opt,name=serve_nanos,json=serveNanos,proto3" json:"serve_nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3904,6 +3911,27 @@ func (x *ProxyStatsReply) GetDelegations() int64 {
 func (x *ProxyStatsReply) GetOriginResets() int64 {
 	if x != nil {
 		return x.OriginResets
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetMapNanos() int64 {
+	if x != nil {
+		return x.MapNanos
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetReadNanos() int64 {
+	if x != nil {
+		return x.ReadNanos
+	}
+	return 0
+}
+
+func (x *ProxyStatsReply) GetServeNanos() int64 {
+	if x != nil {
+		return x.ServeNanos
 	}
 	return 0
 }
@@ -4154,7 +4182,7 @@ const file_hoard_proto_rawDesc = "" +
 	"RenewReply\")\n" +
 	"\vReturnReply\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\"\x13\n" +
-	"\x11ProxyStatsRequest\"\x9c\x05\n" +
+	"\x11ProxyStatsRequest\"\xf9\x05\n" +
 	"\x0fProxyStatsReply\x12\x16\n" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12\x16\n" +
 	"\x06layout\x18\x02 \x01(\tR\x06layout\x12\x12\n" +
@@ -4179,7 +4207,12 @@ const file_hoard_proto_rawDesc = "" +
 	"\x18origin_write_delegations\x18\x12 \x01(\x03R\x16originWriteDelegations\x12%\n" +
 	"\x0eorigin_recalls\x18\x13 \x01(\x03R\roriginRecalls\x12 \n" +
 	"\vdelegations\x18\x14 \x01(\x03R\vdelegations\x12#\n" +
-	"\rorigin_resets\x18\x15 \x01(\x03R\foriginResets*\xd6\x01\n" +
+	"\rorigin_resets\x18\x15 \x01(\x03R\foriginResets\x12\x1b\n" +
+	"\tmap_nanos\x18\x16 \x01(\x03R\bmapNanos\x12\x1d\n" +
+	"\n" +
+	"read_nanos\x18\x17 \x01(\x03R\treadNanos\x12\x1f\n" +
+	"\vserve_nanos\x18\x18 \x01(\x03R\n" +
+	"serveNanos*\xd6\x01\n" +
 	"\bFileType\x12\x19\n" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x11\n" +

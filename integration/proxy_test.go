@@ -112,6 +112,10 @@ func TestProxyReadThrough(t *testing.T) {
 	if s := proxyStats(t, px.addr); s.BytesFetched != int64(len(data)) || s.Hits < 13 || s.BytesServed < 2*int64(len(data)) {
 		t.Fatalf("after a late reader the proxy fetched %d bytes from the origin (want %d), served %d from %d store hits", s.BytesFetched, len(data), s.BytesServed, s.Hits)
 	}
+	// Every lookup and store read is part of some client read's time.
+	if s := proxyStats(t, px.addr); s.MapNanos <= 0 || s.ReadNanos <= 0 || s.ServeNanos < s.MapNanos+s.ReadNanos {
+		t.Fatalf("time spent: map %d ns, store read %d ns, serving %d ns in all", s.MapNanos, s.ReadNanos, s.ServeNanos)
+	}
 	if _, err := late.Stat("/nothing"); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("stat of a missing file through the proxy: %v, want not exist", err)
 	}

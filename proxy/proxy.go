@@ -393,6 +393,7 @@ func (p *Proxy) StatFS(volume uint64) (vnode.FSStat, error) { return p.c.StatFSV
 // lacks from the origin, and returns the status of the version they are
 // of (as a vnode store answers: io.EOF only with nothing read).
 func (p *Proxy) ReadAt(f node.FID, b []byte, off int64, user string) (int, node.Status, error) {
+	began := time.Now()
 	n := p.c.NodeOf(f)
 	cs := p.store.ChunkSize()
 	for attempt := 0; ; attempt++ {
@@ -427,7 +428,7 @@ func (p *Proxy) ReadAt(f node.FID, b []byte, off int64, user string) (int, node.
 		if err == errStale && attempt < 3 {
 			continue // the file changed under the read: revalidate
 		}
-		p.store.CountServed(done)
+		p.store.CountServed(done, time.Since(began))
 		if err == errStale {
 			err = fmt.Errorf("read %v: the file kept changing: %w", f, syscall.EAGAIN)
 		}

@@ -112,7 +112,7 @@ func (s statsServer) Stats(context.Context, *pb.ProxyStatsRequest) (*pb.ProxySta
 	return &pb.ProxyStatsReply{Origin: s.p.Origin(), Layout: st.Layout, Hits: st.Hits, Misses: st.Misses,
 		BytesServed: st.BytesServed, BytesFetched: st.BytesFetched, Evictions: st.Evictions, Torn: st.Torn,
 		Files: st.Files, Runs: st.Runs, Chunks: st.Chunks, BytesUsed: st.BytesUsed, Limit: st.Limit,
-		ChunkSize: st.ChunkSize, Epoch: s.p.Epoch(),
+		ChunkSize: st.ChunkSize, Epoch: s.p.Epoch(), MapNanos: st.MapNanos, ReadNanos: st.ReadNanos, ServeNanos: st.ServeNanos,
 		OriginRequests: o.RPCs, OriginReadDelegations: int64(o.ReadDelegations), OriginWriteDelegations: int64(o.WriteDelegations),
 		OriginRecalls: o.Recalls, OriginResets: o.Resets, Delegations: int64(s.srv.Delegations())}, nil
 }
@@ -178,6 +178,11 @@ func printProxyStats(addr string, r *pb.ProxyStatsReply) {
 	fmt.Printf("clients hold:     %d delegations from this proxy\n", r.Delegations)
 	fmt.Printf("store:            %d of %d bytes, %d files, %d chunks in %d runs\n", r.BytesUsed, r.Limit, r.Files, r.Chunks, r.Runs)
 	fmt.Printf("average run:      %.2f chunks (%.0f bytes)\n", avg, avg*float64(r.ChunkSize))
+	if blocks := float64(r.BytesServed) / 4096; blocks > 0 {
+		us := func(ns int64) float64 { return float64(ns) / 1e3 / blocks }
+		fmt.Printf("per 4 KiB served: %.2f µs (map %.2f, store read %.2f, origin fetch and other %.2f)\n",
+			us(r.ServeNanos), us(r.MapNanos), us(r.ReadNanos), us(r.ServeNanos-r.MapNanos-r.ReadNanos))
+	}
 	fmt.Printf("evictions:        %d runs\n", r.Evictions)
 	fmt.Printf("torn after crash: %d chunks (dropped, never served)\n", r.Torn)
 }
