@@ -92,6 +92,13 @@ func (c *Client) openDeleg(n *Node, write bool) error {
 // asking is a round trip.
 const refusedFor = time.Second
 
+// Held is the delegation this client holds on n now, unless none is or
+// it is being recalled: a proxy passes on what it holds without asking.
+func (c *Client) Held(n *Node) (callback.Held, bool) {
+	h, ok := c.delegation(n)
+	return h, ok && !h.Recalled
+}
+
 // Delegate gets this client a delegation on file n, as an open for writing
 // (if write) would, without opening it: a proxy holds the origin's
 // delegations for its own clients, whose opens are its to count. It

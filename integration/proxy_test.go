@@ -300,6 +300,52 @@ func TestProxyDelegations(t *testing.T) {
 	}
 }
 
+// A read open through a proxy that holds no delegation on the file is
+// not kept waiting for the origin: it gets none, and the proxy asks for a
+// read delegation meanwhile, which the next open is given. A write at the
+// origin then recalls it through the proxy, and the reader sees the write.
+func TestProxyReadDelegationLater(t *testing.T) {
+	tmp := t.TempDir()
+	origin := startServer(t, filepath.Join(tmp, "origin"))
+	px := startProxy(t, origin, filepath.Join(tmp, "proxy"))
+	direct := dial(t, origin.addr, "mem", 64<<20)
+	writeFile(t, direct, "/r", []byte("first"))
+	// The writer's delegation would have to be recalled first.
+	if err := direct.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a := dial(t, px.addr, filepath.Join(tmp, "a"), 64<<20)
+
+	if got := string(readFile(t, a, "/r")); got != "first" {
+		t.Fatalf("read %q through the proxy", got)
+	}
+	if n := a.Stats().ReadDelegations; n != 0 {
+		t.Fatalf("the first open through a cold proxy got %d read delegations: it waited for the origin", n)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for proxyStats(t, px.addr).OriginReadDelegations != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy got no read delegation from the origin after its client's open")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := string(readFile(t, a, "/r")); got != "first" {
+		t.Fatalf("read %q through the proxy", got)
+	}
+	if n := a.Stats().ReadDelegations; n != 1 {
+		t.Fatalf("the second open got %d read delegations, want the proxy's passed on", n)
+	}
+
+	w := dial(t, origin.addr, "mem", 64<<20)
+	writeFile(t, w, "/r", []byte("second"))
+	if got := string(readFile(t, a, "/r")); got != "second" {
+		t.Fatalf("after a write at the origin the proxy's client read %q", got)
+	}
+	if st, ps := a.Stats(), proxyStats(t, px.addr); st.Recalls != 1 || ps.OriginRecalls != 1 {
+		t.Fatalf("the write recalled %d of the client's delegations and %d of the proxy's; want 1 and 1", st.Recalls, ps.OriginRecalls)
+	}
+}
+
 // A proxy cut off from the origin for longer than the origin's lease loses
 // the write delegation its client's writes were made under, while that
 // client, still talking to the proxy, keeps its own. The origin's client

@@ -90,6 +90,10 @@ type Proxy struct {
 	// delegated to a client of its own: that client's stores go to the
 	// origin under it.
 	upstream map[node.FID]uint64
+	// asking: files the proxy is asking the origin for a read
+	// delegation on, off the path of the open that wanted one.
+	asking map[node.FID]bool
+	askers sync.WaitGroup
 }
 
 // metaCacheSize bounds the client cache the proxy keeps the origin's
@@ -122,7 +126,7 @@ func Open(o Options) (p *Proxy, err error) {
 	if err != nil {
 		return nil, err
 	}
-	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, log: o.Logger, inflight: map[fetchKey]*fetchCall{}, upstream: map[node.FID]uint64{}, noDeleg: o.NoDelegations}
+	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, log: o.Logger, inflight: map[fetchKey]*fetchCall{}, upstream: map[node.FID]uint64{}, asking: map[node.FID]bool{}, noDeleg: o.NoDelegations}
 	host, _ := os.Hostname()
 	p.c, err = client.Dial(client.Options{
 		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: metaCacheSize,
@@ -157,6 +161,7 @@ func (p *Proxy) Serve(s *server.Server) { p.srv.Store(s) }
 func (p *Proxy) Close() error {
 	p.srv.Store(nil)
 	err := p.c.Close()
+	p.askers.Wait()
 	if serr := p.store.Close(); err == nil {
 		err = serr
 	}
@@ -206,9 +211,22 @@ func (p *Proxy) Lease() time.Duration {
 // Delegation gets the origin's delegation on f, for the proxy's clients.
 // Directories are not delegated through a proxy: it would have to hold
 // the origin's and pass its clients' files on (CreateReserved).
+//
+// A read open does not wait for the origin: it gets what the proxy holds,
+// and the proxy asks for a read delegation meanwhile, for the opens that
+// follow. On a cold proxy a round trip to the origin per file opened
+// costs more than the local opens it could save. A write open waits: its
+// delegation spares its close the write through to the origin.
 func (p *Proxy) Delegation(f node.FID, write bool) callback.DelegKind {
 	n := p.c.NodeOf(f)
 	if n.Status().Type == node.TypeDir {
+		return callback.DelegNone
+	}
+	if !write {
+		if h, ok := p.c.Held(n); ok {
+			return h.Kind
+		}
+		p.askLater(n)
 		return callback.DelegNone
 	}
 	h, ok := p.c.Delegate(n, write)
@@ -221,6 +239,27 @@ func (p *Proxy) Delegation(f node.FID, write bool) callback.DelegKind {
 		p.mu.Unlock()
 	}
 	return h.Kind
+}
+
+// askLater asks the origin for a read delegation on n in the background,
+// once at a time per file.
+func (p *Proxy) askLater(n *client.Node) {
+	f := n.FID()
+	p.mu.Lock()
+	if p.asking[f] {
+		p.mu.Unlock()
+		return
+	}
+	p.asking[f] = true
+	p.askers.Add(1)
+	p.mu.Unlock()
+	go func() {
+		defer p.askers.Done()
+		p.c.Delegate(n, false)
+		p.mu.Lock()
+		delete(p.asking, f)
+		p.mu.Unlock()
+	}()
 }
 
 // nextEpoch counts the proxy's starts in the file at path, durably, so a
