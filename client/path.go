@@ -238,7 +238,7 @@ func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, opene
 		return nil, resolved, err
 	}
 	n, created, err := c.create(dir, base, node.TypeFile, unixMode(perm), c.creator(), "", 0, flag&os.O_EXCL != 0, "")
-	if errors.Is(err, syscall.EEXIST) && flag&os.O_EXCL == 0 {
+	if Errno(err) == syscall.EEXIST && flag&os.O_EXCL == 0 {
 		// Exists as something else: a symlink to follow, or a directory.
 		n, err = c.resolve(name, true)
 		return n, resolved, err
@@ -273,7 +273,8 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 		}
 	}
 	gone := func(err error) bool {
-		return how != resolved && (errors.Is(err, syscall.ESTALE) || errors.Is(err, syscall.ENOENT))
+		e := Errno(err) // a server's answer is a gRPC status, not an errno
+		return how != resolved && (e == syscall.ESTALE || e == syscall.ENOENT)
 	}
 	f := &File{c: c, n: n, name: name, flags: flag}
 	switch st.Type {

@@ -94,6 +94,16 @@ func TestLibraryAPI(t *testing.T) {
 	if st, _ := b.Lstat("/link"); st.Type != node.TypeSymlink {
 		t.Fatalf("lstat followed the link: %v", st.Type)
 	}
+	// O_CREATE of a name that is something else: a link is followed, a
+	// directory is not a file to open for writing.
+	if h, err := b.Open("/link", os.O_CREATE|os.O_RDONLY, 0o644); err != nil {
+		t.Fatalf("open with O_CREATE through a link: %v", err)
+	} else {
+		h.Close()
+	}
+	if _, err := b.Open("/d", os.O_CREATE|os.O_WRONLY, 0o644); !errors.Is(err, syscall.EISDIR) {
+		t.Fatalf("open of a directory with O_CREATE for writing: %v, want EISDIR", err)
+	}
 	if _, err := b.Readlink("/d/target"); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("readlink of a file: %v", err)
 	}

@@ -111,6 +111,7 @@ func (h *hnode) child(ctx context.Context, name string, n *client.Node, st node.
 // (LOOKUP_REVAL), and a lookup that finds h clears the mark.
 func (h *hnode) stale() syscall.Errno {
 	if h.m.late(h.n.FID()) {
+		h.m.log.Debug("distrusted: ESTALE", "fid", h.n.FID())
 		return syscall.ESTALE
 	}
 	return 0
@@ -460,6 +461,7 @@ func (h *hnode) Create(ctx context.Context, name string, flags uint32, mode uint
 	// The kernel hands us offsets for O_APPEND itself.
 	n, f, err := h.m.c.CreateOpen(h.n, name, mode&0o7777, caller(ctx), flags&syscall.O_EXCL != 0, full, int(flags)&^os.O_APPEND)
 	if err != nil {
+		h.m.log.Debug("create failed", "path", full, "err", err)
 		return nil, nil, 0, errno(err)
 	}
 	inode := h.child(ctx, name, n, n.Status(), out)
@@ -475,6 +477,7 @@ func (h *hnode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, 
 	base, pn := h.parentNode()
 	f, err := h.m.c.OpenAt(h.n, pn, base, "/"+h.Path(h.Root()), int(flags)&^os.O_APPEND)
 	if err != nil {
+		h.m.log.Debug("open failed", "fid", h.n.FID(), "err", err)
 		return nil, 0, errno(err)
 	}
 	return h.handleFor(f)
