@@ -41,6 +41,16 @@ func proxyStats(t *testing.T, addr string) *pb.ProxyStatsReply {
 	return r
 }
 
+// proxied starts an origin and a proxy of it in a new temporary
+// directory, and dials a client of the origin with a memory cache.
+func proxied(t *testing.T) (tmp string, origin, px *serverProc, direct *client.Client) {
+	t.Helper()
+	tmp = t.TempDir()
+	origin = startServer(t, filepath.Join(tmp, "origin"))
+	px = startProxy(t, origin, filepath.Join(tmp, "proxy"))
+	return tmp, origin, px, dial(t, origin.addr, "mem", 64<<20)
+}
+
 func randomBytes(seed uint64, n int) []byte {
 	r := rand.New(rand.NewPCG(seed, seed))
 	b := make([]byte, n)
@@ -54,10 +64,7 @@ func randomBytes(seed uint64, n int) []byte {
 // the same cold file at once cause one fetch from the origin, and later
 // readers are served from the proxy's cache.
 func TestProxyReadThrough(t *testing.T) {
-	tmp := t.TempDir()
-	origin := startServer(t, filepath.Join(tmp, "origin"))
-	px := startProxy(t, origin, filepath.Join(tmp, "proxy"))
-	direct := dial(t, origin.addr, "mem", 64<<20)
+	tmp, _, px, direct := proxied(t)
 	data := randomBytes(1, 3<<20+12345)
 	writeFile(t, direct, "/big", data)
 
@@ -305,10 +312,7 @@ func TestProxyDelegations(t *testing.T) {
 // read delegation meanwhile, which the next open is given. A write at the
 // origin then recalls it through the proxy, and the reader sees the write.
 func TestProxyReadDelegationLater(t *testing.T) {
-	tmp := t.TempDir()
-	origin := startServer(t, filepath.Join(tmp, "origin"))
-	px := startProxy(t, origin, filepath.Join(tmp, "proxy"))
-	direct := dial(t, origin.addr, "mem", 64<<20)
+	tmp, origin, px, direct := proxied(t)
 	writeFile(t, direct, "/r", []byte("first"))
 	// The writer's delegation would have to be recalled first.
 	if err := direct.Close(); err != nil {
@@ -647,10 +651,7 @@ func tear(t *testing.T, dir string, head []byte, cs int) {
 // volume the origin does not have, gets an error saying so; the proxy
 // goes on serving.
 func TestProxyUnknownFID(t *testing.T) {
-	tmp := t.TempDir()
-	origin := startServer(t, filepath.Join(tmp, "origin"))
-	px := startProxy(t, origin, filepath.Join(tmp, "proxy"))
-	direct := dial(t, origin.addr, "mem", 64<<20)
+	_, _, px, direct := proxied(t)
 	writeFile(t, direct, "/f", []byte("here"))
 	c := dial(t, px.addr, "mem", 64<<20)
 	st, err := c.Stat("/f")
