@@ -110,11 +110,14 @@ func fidLess(a, b node.FID) bool {
 	return a.Unique < b.Unique
 }
 
-// outstanding is a break sent and not yet acknowledged.
+// outstanding is a break sent and not yet acknowledged, with the rounds
+// that wait for it: its own change's, and those of later changes to the
+// same FIDs (see Break).
 type outstanding struct {
-	seq   uint64
-	round Round
-	sent  time.Time
+	seq    uint64
+	rounds []Round
+	fids   []node.FID
+	sent   time.Time
 }
 
 type clientState struct {
@@ -227,7 +230,7 @@ func (s *Server) dropPromises(c *clientState) {
 		s.remove(p)
 	}
 	for _, o := range c.pending {
-		s.settle(o.round)
+		s.settleAll(o)
 	}
 	c.pending = nil
 }
@@ -250,6 +253,13 @@ func (s *Server) settle(r Round) {
 	}
 	if s.rounds[r]--; s.rounds[r] <= 0 {
 		delete(s.rounds, r)
+	}
+}
+
+// settleAll settles the rounds waiting for o.
+func (s *Server) settleAll(o outstanding) {
+	for _, r := range o.rounds {
+		s.settle(r)
 	}
 }
 
@@ -332,10 +342,12 @@ func (s *Server) messages(byClient map[ClientID][]node.FID, r Round, now time.Ti
 	for _, id := range ids {
 		c := s.clients[id]
 		c.nextSeq++
-		c.pending = append(c.pending, outstanding{seq: c.nextSeq, round: r, sent: now})
+		o := outstanding{seq: c.nextSeq, fids: byClient[id], sent: now}
 		if r != 0 {
+			o.rounds = []Round{r}
 			s.rounds[r]++
 		}
+		c.pending = append(c.pending, o)
 		msgs = append(msgs, Msg{Kind: MsgBreak, Client: id, Seq: c.nextSeq, FIDs: byClient[id]})
 	}
 	return msgs
@@ -345,6 +357,13 @@ func (s *Server) messages(byClient map[ClientID][]node.FID, r Round, now time.Ti
 // origin (0: no client). Every other holder loses its promises on them;
 // one message per holder is returned. The Round completes when each was
 // acknowledged, or its holder disconnected or was given up on.
+//
+// It also waits for the clients other than origin still to acknowledge
+// an earlier break of any of fids: until they do, they may answer from
+// what that earlier change replaced. Without this, a change made on top
+// of one still under way could return while a client saw the state
+// before both (a create of a name a rename had just freed, while
+// another client still opened the file the rename moved away).
 func (s *Server) Break(origin ClientID, fids []node.FID, now time.Time) (Round, []Msg) {
 	s.breakSeq++
 	byClient := map[ClientID][]node.FID{}
@@ -363,12 +382,39 @@ func (s *Server) Break(origin ClientID, fids []node.FID, now time.Time) (Round, 
 			s.remove(p)
 		}
 	}
-	if len(byClient) == 0 {
+	behind := s.unacked(origin, seen, byClient)
+	if len(byClient) == 0 && len(behind) == 0 {
 		return 0, nil
 	}
 	s.nextRound++
 	r := s.nextRound
+	for _, o := range behind {
+		o.rounds = append(o.rounds, r)
+		s.rounds[r]++
+	}
 	return r, s.messages(byClient, r, now)
+}
+
+// unacked finds, for each client other than origin and those about to be
+// sent a break (acknowledging it acknowledges the earlier ones), its
+// latest unacknowledged break of any of fids.
+func (s *Server) unacked(origin ClientID, fids map[node.FID]bool, sending map[ClientID][]node.FID) []*outstanding {
+	var found []*outstanding
+	for id, c := range s.clients {
+		if _, ok := sending[id]; ok || id == origin {
+			continue
+		}
+	scan:
+		for i := len(c.pending) - 1; i >= 0; i-- {
+			for _, f := range c.pending[i].fids {
+				if fids[f] {
+					found = append(found, &c.pending[i])
+					break scan
+				}
+			}
+		}
+	}
+	return found
 }
 
 func (s *Server) logBreak(f node.FID) {
@@ -394,7 +440,7 @@ func (s *Server) Ack(id ClientID, seq uint64, now time.Time) {
 	}
 	i := 0
 	for ; i < len(c.pending) && c.pending[i].seq <= seq; i++ {
-		s.settle(c.pending[i].round)
+		s.settleAll(c.pending[i])
 	}
 	c.pending = c.pending[i:]
 }

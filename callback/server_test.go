@@ -148,6 +148,55 @@ func TestRoundCompletion(t *testing.T) {
 	}
 }
 
+// A change made while an earlier break of the same FID is still
+// unacknowledged waits for that acknowledgement too: until it comes, its
+// holder may answer from the state both changes replaced.
+func TestBreakWaitsForEarlierUnacked(t *testing.T) {
+	s := NewServer(1, cfg())
+	a, b, c := s.Connect("", t0), s.Connect("", t0), s.Connect("", t0)
+	d := fid(1)
+	grant(t, s, b, d, t0)
+	grant(t, s, c, d, t0)
+	r1, _ := s.Break(a, []node.FID{d}, t0)
+	s.Ack(b, 1, t0)
+	r2, msgs := s.Break(b, []node.FID{d}, t0)
+	if len(msgs) != 0 || r2 == 0 || s.Done(r2) {
+		t.Fatalf("a second change while c has not acknowledged the first: round %d (done %v), msgs %+v; want a round waiting for c, no message", r2, s.Done(r2), msgs)
+	}
+	if r, _ := s.Break(a, []node.FID{fid(2)}, t0); r != 0 {
+		t.Fatal("a change to another FID waits for c")
+	}
+	if r, _ := s.Break(c, []node.FID{d}, t0); r != 0 {
+		t.Fatal("c's own change waits for c")
+	}
+	s.Ack(c, 1, t0)
+	if !s.Done(r1) || !s.Done(r2) {
+		t.Fatal("c's acknowledgement must complete both rounds")
+	}
+
+	// A holder sent a new break is waited for through that one alone.
+	grant(t, s, c, d, t0)
+	r3, _ := s.Break(a, []node.FID{d}, t0)
+	grant(t, s, c, d, t0)
+	r4, msgs := s.Break(b, []node.FID{d}, t0)
+	if len(msgs) != 1 || msgs[0].Client != c {
+		t.Fatalf("msgs %+v, want one break to c", msgs)
+	}
+	s.Ack(c, msgs[0].Seq, t0)
+	if !s.Done(r3) || !s.Done(r4) {
+		t.Fatal("the later acknowledgement must complete both rounds")
+	}
+
+	// A holder that goes away stops holding up the later round.
+	grant(t, s, c, d, t0)
+	s.Break(a, []node.FID{d}, t0)
+	r6, _ := s.Break(b, []node.FID{d}, t0)
+	s.Disconnect(c, t0)
+	if !s.Done(r6) {
+		t.Fatal("a disconnect must complete the rounds waiting for its acknowledgements")
+	}
+}
+
 func TestAckCoversLowerSeqs(t *testing.T) {
 	s := NewServer(1, cfg())
 	a, b := s.Connect("", t0), s.Connect("", t0)
@@ -280,6 +329,15 @@ func TestRandomAgainstModel(t *testing.T) {
 		f node.FID
 	}
 	model := map[key]time.Time{}
+	// unacked: the breaks each client has not acknowledged, by FID.
+	unacked := map[key]bool{}
+	forget := func(id ClientID) {
+		for k := range unacked {
+			if k.c == id {
+				delete(unacked, k)
+			}
+		}
+	}
 	now := t0
 	var clients []ClientID
 	pendingRounds := map[Round]time.Time{}
@@ -291,6 +349,7 @@ func TestRandomAgainstModel(t *testing.T) {
 		case op == 1 && len(clients) > 1:
 			i := rng.Intn(len(clients))
 			s.Disconnect(clients[i], now)
+			forget(clients[i])
 			for k := range model {
 				if k.c == clients[i] {
 					delete(model, k)
@@ -305,14 +364,23 @@ func TestRandomAgainstModel(t *testing.T) {
 		case op < 8:
 			origin := clients[rng.Intn(len(clients))]
 			f := fid(uint64(rng.Intn(20)))
+			behind := false
+			for k := range unacked {
+				behind = behind || k.f == f && k.c != origin
+			}
 			r, msgs := s.Break(origin, []node.FID{f}, now)
+			if behind && (r == 0 || s.Done(r)) {
+				t.Fatalf("step %d: a change to %v does not wait for an earlier break still unacknowledged", step, f)
+			}
 			for _, m := range msgs {
 				if m.Client == origin {
 					t.Fatal("origin told of its own change")
 				}
 				delete(model, key{m.Client, f})
+				unacked[key{m.Client, f}] = true
 				if rng.Intn(4) != 0 {
 					s.Ack(m.Client, m.Seq, now)
+					forget(m.Client)
 				}
 			}
 			for k := range model {
@@ -326,6 +394,7 @@ func TestRandomAgainstModel(t *testing.T) {
 		default:
 			for _, m := range s.Tick(now) {
 				if m.Kind == MsgReset {
+					forget(m.Client)
 					for k := range model {
 						if k.c == m.Client {
 							delete(model, k)
