@@ -103,7 +103,11 @@ func (n *Node) status() node.Status {
 	defer n.mu.Unlock()
 	st := n.st
 	if n.entry != nil {
-		if est, ok := n.entry.Status(); ok && n.localChanges() {
+		if est, ok := n.entry.Status(); ok && est.DataVersion > st.DataVersion {
+			// A store just landed: the entry took its status first, the
+			// node learns it a moment later (storeData).
+			st = est
+		} else if ok && n.localChanges() {
 			st.Size = est.Size
 			if n.modified.After(st.Mtime) {
 				st.Mtime, st.Ctime = n.modified, n.modified
@@ -158,7 +162,15 @@ func (c *Client) learn(t callback.Ticket, st node.Status, ttl time.Duration) (*N
 	n := c.node(st.FID)
 	n.mu.Lock()
 	known := !n.st.FID.IsZero()
-	if known && (st.DataVersion < n.st.DataVersion || st.DataVersion == n.st.DataVersion && st.Ctime.Before(n.st.Ctime)) {
+	have := n.st.DataVersion
+	if n.entry != nil {
+		// A store's status reaches the entry before the node: a reply
+		// read before the store landed is older than both.
+		if est, ok := n.entry.Status(); ok {
+			have = max(have, est.DataVersion)
+		}
+	}
+	if known && (st.DataVersion < have || st.DataVersion == n.st.DataVersion && st.Ctime.Before(n.st.Ctime)) {
 		n.mu.Unlock()
 		return n, nil
 	}
