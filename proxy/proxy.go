@@ -93,7 +93,12 @@ type Proxy struct {
 	// asking: files the proxy is asking the origin for a read
 	// delegation on, off the path of the open that wanted one.
 	asking map[node.FID]bool
-	askers sync.WaitGroup
+	// recalls counts the origin's recalls. A delegation got from the
+	// origin is passed on only if none came since it was asked for
+	// (Delegation's still, checked where the server grants): a recall
+	// handled before the grant would not find the grant to recall.
+	recalls uint64
+	askers  sync.WaitGroup
 }
 
 // metaCacheSize bounds the client cache the proxy keeps the origin's
@@ -189,11 +194,17 @@ func (p *Proxy) invalidate(fids []node.FID) {
 // end of a delegation the proxy lost): the origin hears the return once
 // they returned theirs, their dirty data stored through.
 func (p *Proxy) recall(f node.FID) {
+	p.mu.Lock()
+	p.recalls++
+	old, had := p.upstream[f]
+	p.mu.Unlock()
 	if s := p.srv.Load(); s != nil {
 		s.RecallAll([]node.FID{f})
 	}
 	p.mu.Lock()
-	delete(p.upstream, f)
+	if had && p.upstream[f] == old {
+		delete(p.upstream, f) // unless a new one was got meanwhile
+	}
 	p.mu.Unlock()
 }
 
@@ -217,28 +228,39 @@ func (p *Proxy) Lease() time.Duration {
 // follow. On a cold proxy a round trip to the origin per file opened
 // costs more than the local opens it could save. A write open waits: its
 // delegation spares its close the write through to the origin.
-func (p *Proxy) Delegation(f node.FID, write bool) callback.DelegKind {
+func (p *Proxy) Delegation(f node.FID, write bool) (callback.DelegKind, func() bool) {
 	n := p.c.NodeOf(f)
 	if n.Status().Type == node.TypeDir {
-		return callback.DelegNone
+		return callback.DelegNone, nil
+	}
+	p.mu.Lock()
+	gen := p.recalls
+	p.mu.Unlock()
+	still := func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.recalls == gen
 	}
 	if !write {
 		if h, ok := p.c.Held(n); ok {
-			return h.Kind
+			return h.Kind, still
 		}
 		p.askLater(n)
-		return callback.DelegNone
+		return callback.DelegNone, nil
 	}
 	h, ok := p.c.Delegate(n, write)
 	if !ok {
-		return callback.DelegNone
+		return callback.DelegNone, nil
 	}
 	if h.Kind == callback.DelegWrite {
 		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.recalls != gen {
+			return callback.DelegNone, nil // recalled already, maybe this one
+		}
 		p.upstream[f] = h.State
-		p.mu.Unlock()
 	}
-	return h.Kind
+	return h.Kind, still
 }
 
 // askLater asks the origin for a read delegation on n in the background,

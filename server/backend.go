@@ -49,8 +49,10 @@ type Backend interface {
 	PromiseLimit(f node.FID) time.Duration
 	// Delegation is the strongest delegation an open of f (for writing,
 	// if write) may be given: a proxy delegates only what it holds from
-	// its origin, and asks for it here.
-	Delegation(f node.FID, write bool) callback.DelegKind
+	// its origin, and asks for it here. still, if not nil, reports
+	// whether that is held yet; the server asks under the lock it grants
+	// under, so a delegation taken back after that finds the grant.
+	Delegation(f node.FID, write bool) (kind callback.DelegKind, still func() bool)
 }
 
 // Update is one staged store, committed as one new data version.
@@ -93,4 +95,6 @@ func (l local) BeginUpdate(f node.FID, _ uint64, _ bool) (Update, error) {
 
 func (local) PromiseLimit(node.FID) time.Duration { return 1<<63 - 1 }
 
-func (local) Delegation(node.FID, bool) callback.DelegKind { return callback.DelegWrite }
+func (local) Delegation(node.FID, bool) (callback.DelegKind, func() bool) {
+	return callback.DelegWrite, nil
+}

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/metadata"
 
+	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/vnode"
@@ -43,18 +44,8 @@ func TestNoDelegationOnAFileBeingReplaced(t *testing.T) {
 	if _, _, _, err := store.Create(v.Root, "g", node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, ""); err != nil {
 		t.Fatal(err)
 	}
-	cfg := DefaultConfig()
-	cfg.Grace, cfg.BreakTimeout = 0, 50*time.Millisecond
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	held := heldRename{Local(store), make(chan struct{}), make(chan struct{})}
-	s := New(held, cfg)
-	t.Cleanup(s.Shutdown)
-	s.mu.Lock()
-	a, b := s.cb.Connect("a", time.Now()), s.cb.Connect("b", time.Now())
-	s.mu.Unlock()
-	as := func(id any) context.Context {
-		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(pb.ClientMetadata, fmt.Sprintf("%d.%d", store.Epoch(), id)))
-	}
+	s, as, a, b := twoClients(t, held, store.Epoch())
 	renamed := make(chan error, 1)
 	go func() {
 		_, err := s.Rename(as(a), &pb.RenameRequest{SrcDir: pb.FromFID(v.Root), SrcName: "g", DstDir: pb.FromFID(v.Root), DstName: "f"})
@@ -71,5 +62,57 @@ func TestNoDelegationOnAFileBeingReplaced(t *testing.T) {
 	}
 	if err := <-renamed; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// twoClients starts a server on backend, with two clients connected to
+// its callback machine, and as, which makes a request's context for one.
+func twoClients(t *testing.T, backend Backend, epoch uint64) (s *Server, as func(any) context.Context, a, b callback.ClientID) {
+	cfg := DefaultConfig()
+	cfg.Grace, cfg.BreakTimeout = 0, 50*time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	s = New(backend, cfg)
+	t.Cleanup(s.Shutdown)
+	s.mu.Lock()
+	a, b = s.cb.Connect("a", time.Now()), s.cb.Connect("b", time.Now())
+	s.mu.Unlock()
+	as = func(id any) context.Context {
+		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(pb.ClientMetadata, fmt.Sprintf("%d.%d", epoch, id)))
+	}
+	return s, as, a, b
+}
+
+// takenBack is a backend (a proxy's, say) whose delegations are taken
+// back, once asked for, before the server can grant them on.
+type takenBack struct{ Backend }
+
+func (takenBack) Delegation(node.FID, bool) (callback.DelegKind, func() bool) {
+	return callback.DelegWrite, func() bool { return false }
+}
+
+// A delegation the backend no longer holds when the server is about to
+// grant it is not granted: a proxy's origin recalled it meanwhile, and
+// the proxy's recall of its own clients may already have passed (found
+// by the checker through a proxy: two clients each wrote as if alone).
+func TestNoDelegationTakenBackMeanwhile(t *testing.T) {
+	store, v := testStore(t)
+	f, _, _, err := store.Create(v.Root, "f", node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, as, a, _ := twoClients(t, takenBack{Local(store)}, store.Epoch())
+	reply, err := s.Open(as(a), &pb.OpenRequest{Fid: pb.FromFID(f.FID), Write: true})
+	if err != nil || reply.Kind != pb.DelegKind_DELEG_NONE {
+		t.Fatalf("open for writing: delegation %v, %v; want none", reply.GetKind(), err)
+	}
+	created, err := s.Create(as(a), &pb.CreateRequest{Dir: pb.FromFID(v.Root), Name: "g", Type: pb.FromType(node.TypeFile), Mode: 0o644, Open: true})
+	if err != nil || !created.Created || created.Kind != pb.DelegKind_DELEG_NONE {
+		t.Fatalf("create with open: %+v, %v; want made, no delegation", created, err)
+	}
+
+	// The same backend, holding on: the open gets one.
+	s, as, a, _ = twoClients(t, Local(store), store.Epoch())
+	if reply, err := s.Open(as(a), &pb.OpenRequest{Fid: pb.FromFID(f.FID), Write: true}); err != nil || reply.Kind != pb.DelegKind_DELEG_WRITE {
+		t.Fatalf("open for writing with the delegation held: %v, %v", reply.GetKind(), err)
 	}
 }

@@ -81,16 +81,17 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 		// The backend is asked only for a delegation the open would get:
 		// a proxy's costs a round trip to its origin.
 		limit := callback.DelegNone
+		var still func() bool
 		if s.cfg.Lease > 0 {
 			s.mu.Lock()
 			want := s.cb.Delegable(o.id, f, write)
 			s.mu.Unlock()
 			if want {
-				limit = s.store.Delegation(f, write)
+				limit, still = s.store.Delegation(f, write)
 			}
 		}
 		s.mu.Lock()
-		if s.busy[f] > 0 {
+		if s.busy[f] > 0 || still != nil && !still() {
 			limit = callback.DelegNone
 		}
 		res, msgs := s.cb.OpenUpTo(o.id, f, write, limit, time.Now())

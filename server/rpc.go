@@ -171,19 +171,22 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	reply := &pb.CreateReply{Created: created}
 	if created {
 		changed := []node.FID{dir}
-		if req.Open && t == node.TypeFile && o.id != 0 && s.cfg.Lease > 0 && s.store.Delegation(st.FID, true) == callback.DelegWrite {
+		if req.Open && t == node.TypeFile && o.id != 0 && s.cfg.Lease > 0 {
 			// Granted before the directory's promises are broken, so
 			// before anybody else can open the new file: this is a
 			// grant, never a wait or a recorded open. A lookup may have
 			// found the name between the commit and the grant, and
 			// taken a promise on the file as created: it is broken with
 			// the directory's, since the holder may now write unseen.
+			kind, still := s.store.Delegation(st.FID, true)
 			s.mu.Lock()
-			res, msgs := s.cb.Open(o.id, st.FID, true, time.Now())
-			s.waitLocked(res.Wait, msgs)
+			if kind == callback.DelegWrite && (still == nil || still()) {
+				res, msgs := s.cb.Open(o.id, st.FID, true, time.Now())
+				s.waitLocked(res.Wait, msgs)
+				reply.Kind, reply.State = pb.DelegKind(res.Kind), res.State
+				changed = append(changed, st.FID)
+			}
 			s.mu.Unlock()
-			reply.Kind, reply.State = pb.DelegKind(res.Kind), res.State
-			changed = append(changed, st.FID)
 		}
 		o.changed(ctx, changed...)
 	} else if waited, err := s.recallFor(ctx, o, false, st.FID); err != nil {
