@@ -102,7 +102,9 @@ type Cache struct {
 	lruGen  atomic.Int64
 	lruLen  atomic.Int64
 	used    int64
-	pending map[*Entry]bool // index records to write
+	// dirtyBytes is the total of the entries' unstored ranges.
+	dirtyBytes atomic.Int64
+	pending    map[*Entry]bool // index records to write
 	// doomed are files dropped whose cache files are still to be unlinked.
 	doomed []node.FID
 	gauges map[string]int64
@@ -277,7 +279,8 @@ func (c *Cache) openIndex() (clean bool, err error) {
 // load installs an entry from its index record.
 func (c *Cache) load(fid node.FID, r record) {
 	e := c.newEntry(fid)
-	e.st, e.hasSt, e.cut, e.dirty, e.policy = r.st, r.hasSt, r.cut, r.dirty, r.policy
+	e.st, e.hasSt, e.cut, e.policy = r.st, r.hasSt, r.cut, r.policy
+	e.setDirtyLocked(r.dirty)
 	for _, cr := range r.chunks {
 		ch := &chunk{e: e, idx: cr.idx, n: cr.n, crc: cr.crc, dirty: cr.dirty}
 		e.chunks[cr.idx] = ch
@@ -494,6 +497,9 @@ func (c *Cache) Used() int64 {
 	return c.used
 }
 
+// DirtyBytes is the total length of the unstored writes of all entries.
+func (c *Cache) DirtyBytes() int64 { return c.dirtyBytes.Load() }
+
 // Dir is the cache directory; empty for a memory cache.
 func (c *Cache) Dir() string { return c.dir }
 
@@ -601,7 +607,8 @@ func (c *Cache) drop(fid node.FID, unstored bool) error {
 		return fmt.Errorf("cache: %v has unstored writes", fid)
 	}
 	e.unlinkFileLocked(true)
-	e.dirty, e.cut, e.gone = nil, -1, true
+	e.setDirtyLocked(nil)
+	e.cut, e.gone = -1, true
 	e.mu.Unlock()
 	c.mu.Lock()
 	delete(c.entries, fid)

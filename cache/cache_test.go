@@ -297,6 +297,25 @@ func TestWritesPartialChunksAndTruncate(t *testing.T) {
 			if fmt.Sprint(e.Dirty()) != fmt.Sprint([]Range{{10, 3}}) {
 				t.Fatalf("dirty after truncate %v", e.Dirty())
 			}
+			// The totals follow every change: another file's writes
+			// add to the cache's, stores and drops take away.
+			other := c.Entry(fid(2))
+			other.SetStatus(status(fid(2), 0, 1), false)
+			other.WriteAt(data(5000, 1), 0)
+			if e.DirtyBytes() != 3 || c.DirtyBytes() != 5003 {
+				t.Fatalf("dirty bytes %d, cache's %d; want 3 and 5003", e.DirtyBytes(), c.DirtyBytes())
+			}
+			if err := other.Cleaned([]Range{{0, 4096}}, status(fid(2), 5000, 2)); err != nil {
+				t.Fatal(err)
+			}
+			if c.DirtyBytes() != 3+904 {
+				t.Fatalf("cache's dirty bytes %d after a partial store, want %d", c.DirtyBytes(), 3+904)
+			}
+			c.Remove(fid(2))
+			e.Discard()
+			if c.DirtyBytes() != 0 {
+				t.Fatalf("cache's dirty bytes %d after the drops", c.DirtyBytes())
+			}
 		})
 	}
 }

@@ -48,8 +48,10 @@ type Entry struct {
 	cut    int64 // lowest local truncation point not yet stored; -1 none
 	chunks map[int64]*chunk
 	dirty  []Range
-	policy map[string]string
-	gone   bool
+	// dirtyLen is the total length of dirty (setDirtyLocked).
+	dirtyLen int64
+	policy   map[string]string
+	gone     bool
 	// pins counts users reading the cache file behind the cache's back
 	// (FUSE passthrough): its chunks are not evicted, and a new version
 	// goes to a new file rather than under their feet.
@@ -487,7 +489,7 @@ func (e *Entry) resizeLocked(size uint64) {
 			ch.n = n
 		}
 	}
-	e.dirty = clip(e.dirty, int64(size))
+	e.setDirtyLocked(clip(e.dirty, int64(size)))
 	e.resizeFileLocked(int64(size))
 }
 
@@ -671,7 +673,7 @@ func (e *Entry) applyWriteLocked(p []byte, off, end int64) error {
 		ch.n = e.chunkLen(idx, newSize)
 	}
 	e.st.Size = newSize
-	e.dirty = addRange(e.dirty, Range{off, end - off})
+	e.setDirtyLocked(addRange(e.dirty, Range{off, end - off}))
 	e.c.markPending(e)
 	return nil
 }
@@ -713,7 +715,7 @@ func (e *Entry) Truncate(size int64) error {
 				ch.n = n
 			}
 		}
-		e.dirty = clip(e.dirty, size)
+		e.setDirtyLocked(clip(e.dirty, size))
 	}
 	if point := min(size, old); e.cut < 0 || point < e.cut {
 		e.cut = point
@@ -742,11 +744,19 @@ func (e *Entry) Dirty() []Range {
 func (e *Entry) DirtyBytes() int64 {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
+	return e.dirtyLen
+}
+
+// setDirtyLocked makes rs the unstored ranges, keeping their total, and
+// the cache's, current: the flusher reads the cache's at every new dirty
+// file, so it must not be a walk over them all.
+func (e *Entry) setDirtyLocked(rs []Range) {
 	var n int64
-	for _, r := range e.dirty {
+	for _, r := range rs {
 		n += r.Len
 	}
-	return n
+	e.c.dirtyBytes.Add(n - e.dirtyLen)
+	e.dirty, e.dirtyLen = rs, n
 }
 
 // Cleaned records that stored reached the server, which answered st: those
@@ -757,7 +767,7 @@ func (e *Entry) Cleaned(stored []Range, st node.Status) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, r := range stored {
-		e.dirty = subRange(e.dirty, r)
+		e.setDirtyLocked(subRange(e.dirty, r))
 	}
 	e.cut = -1
 	e.resizeLocked(st.Size)
@@ -795,7 +805,8 @@ func (e *Entry) Discard() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.clearLocked(true)
-	e.dirty, e.cut, e.hasSt, e.st = nil, -1, false, node.Status{}
+	e.setDirtyLocked(nil)
+	e.cut, e.hasSt, e.st = -1, false, node.Status{}
 	e.resizeFileLocked(0)
 	e.c.markPending(e)
 }
@@ -962,7 +973,7 @@ func (e *Entry) rescanLocked(size int64) error {
 				e.dropLocked(ch)
 			}
 		}
-		e.dirty = clip(e.dirty, size)
+		e.setDirtyLocked(clip(e.dirty, size))
 		if e.cut < 0 || size < e.cut {
 			e.cut = size
 		}
@@ -987,7 +998,7 @@ func (e *Entry) rescanLocked(size int64) error {
 			e.c.release(charge(ch.n) - charge(n))
 		}
 		ch.n = n
-		e.dirty = addRange(e.dirty, Range{idx * cs, n})
+		e.setDirtyLocked(addRange(e.dirty, Range{idx * cs, n}))
 	}
 	e.st.Size = uint64(size)
 	e.c.markPending(e)

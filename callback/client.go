@@ -31,10 +31,13 @@ type Client struct {
 	oldest  uint64              // lower bound on outstanding tickets' clocks
 
 	// Delegations (clientdeleg.go).
-	delegs   map[node.FID]*Held
-	fates    map[uint64]fate
-	lease    time.Duration
-	leaseEnd time.Time
+	delegs map[node.FID]*Held
+	held   map[DelegKind]int // delegs by kind
+	// fates, and the order states came in, oldest first (remember).
+	fates     map[uint64]fate
+	fateOrder []uint64
+	lease     time.Duration
+	leaseEnd  time.Time
 }
 
 // Ticket brackets one RPC that may grant promises.
@@ -47,7 +50,7 @@ type Ticket struct {
 // NewClient returns an empty promise table.
 func NewClient() *Client {
 	return &Client{promises: map[node.FID]*promise{}, broken: map[node.FID]uint64{}, tickets: map[uint64]int{},
-		delegs: map[node.FID]*Held{}, fates: map[uint64]fate{}}
+		delegs: map[node.FID]*Held{}, held: map[DelegKind]int{}, fates: map[uint64]fate{}}
 }
 
 // Begin is called just before sending an RPC whose reply may grant promises.

@@ -26,8 +26,8 @@ type Held struct {
 	Recalled bool
 }
 
-// maxFates bounds the states whose fate is remembered; the lowest (the
-// oldest grants) are forgotten first.
+// maxFates bounds the states whose fate is remembered; the first
+// remembered are forgotten first.
 const maxFates = 1024
 
 // fate is what became of a delegation state: recalled, or over (revoked
@@ -79,8 +79,24 @@ func (c *Client) Delegated(t Ticket, fid node.FID, kind DelegKind, state uint64,
 		return Held{}, false
 	}
 	h := &Held{FID: fid, Kind: kind, State: state, Recalled: f == fateRecalled}
-	c.delegs[fid] = h
+	c.setDeleg(h)
 	return *h, true
+}
+
+// setDeleg installs h, replacing what was held on its file, and keeps the
+// counts by kind.
+func (c *Client) setDeleg(h *Held) {
+	c.dropDeleg(h.FID)
+	c.delegs[h.FID] = h
+	c.held[h.Kind]++
+}
+
+// dropDeleg forgets the delegation held on fid, if any.
+func (c *Client) dropDeleg(fid node.FID) {
+	if old := c.delegs[fid]; old != nil {
+		c.held[old.Kind]--
+		delete(c.delegs, fid)
+	}
 }
 
 // Voided reports whether a grant in the reply to the request of ticket t
@@ -111,24 +127,21 @@ func (c *Client) Revoke(fid node.FID, state uint64) bool {
 	if h == nil || h.State != state {
 		return false
 	}
-	delete(c.delegs, fid)
+	c.dropDeleg(fid)
 	return true
 }
 
 func (c *Client) remember(state uint64, f fate) {
-	if c.fates[state] == fateOver {
+	switch c.fates[state] {
+	case fateOver:
 		return
+	case 0:
+		c.fateOrder = append(c.fateOrder, state)
 	}
 	c.fates[state] = f
-	if len(c.fates) > maxFates {
-		low := uint64(0)
-		first := true
-		for s := range c.fates {
-			if first || s < low {
-				low, first = s, false
-			}
-		}
-		delete(c.fates, low)
+	for len(c.fates) > maxFates {
+		delete(c.fates, c.fateOrder[0])
+		c.fateOrder = c.fateOrder[1:]
 	}
 }
 
@@ -137,13 +150,13 @@ func (c *Client) remember(state uint64, f fate) {
 func (c *Client) Returned(fid node.FID, state uint64) {
 	c.remember(state, fateOver)
 	if h := c.delegs[fid]; h != nil && h.State == state {
-		delete(c.delegs, fid)
+		c.dropDeleg(fid)
 	}
 }
 
 // FileGone forgets the delegation on a file that was removed: the server
 // forgot it too (Server.FileGone).
-func (c *Client) FileGone(fid node.FID) { delete(c.delegs, fid) }
+func (c *Client) FileGone(fid node.FID) { c.dropDeleg(fid) }
 
 // Delegation is the delegation held on fid, if the lease is good at now.
 func (c *Client) Delegation(fid node.FID, now time.Time) (Held, bool) {
@@ -165,18 +178,13 @@ func (c *Client) DropDelegations() []Held {
 	}
 	sort.Slice(out, func(i, j int) bool { return fidLess(out[i].FID, out[j].FID) })
 	c.delegs = map[node.FID]*Held{}
+	clear(c.held)
 	clear(c.fates)
+	c.fateOrder = nil
 	return out
 }
 
 // Delegations is the number of delegations held, by kind.
 func (c *Client) Delegations() (read, write int) {
-	for _, h := range c.delegs {
-		if h.Kind == DelegWrite {
-			write++
-		} else {
-			read++
-		}
-	}
-	return read, write
+	return c.held[DelegRead], c.held[DelegWrite]
 }

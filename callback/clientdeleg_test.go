@@ -1,6 +1,7 @@
 package callback
 
 import (
+	"math/rand/v2"
 	"reflect"
 	"testing"
 	"time"
@@ -162,6 +163,9 @@ func TestClientUpgradeAndDrop(t *testing.T) {
 	delegate(t, c, fid(2), DelegRead, 1)
 	delegate(t, c, fid(1), DelegRead, 2)
 	delegate(t, c, fid(1), DelegWrite, 3) // upgrade: a new state
+	if r, w := c.Delegations(); r != 1 || w != 1 {
+		t.Fatalf("%d read and %d write delegations held after the upgrade, want 1 and 1", r, w)
+	}
 	if _, ok := c.Recall(fid(1), 2); ok {
 		t.Fatal("recall of the replaced state applied")
 	}
@@ -175,16 +179,21 @@ func TestClientUpgradeAndDrop(t *testing.T) {
 	}
 }
 
+// The oldest fates go first, whatever the states' values (unguessable
+// states are random).
 func TestClientFatesBounded(t *testing.T) {
 	c := leased(1)
-	for s := uint64(1); s <= maxFates+10; s++ {
-		c.Recall(fid(1), s)
+	states := rand.New(rand.NewPCG(1, 2)).Perm(maxFates + 10)
+	for _, s := range states {
+		c.Recall(fid(1), uint64(s)+1)
 	}
-	if len(c.fates) != maxFates {
-		t.Fatalf("%d fates kept, bound %d", len(c.fates), maxFates)
+	if len(c.fates) != maxFates || len(c.fateOrder) != maxFates {
+		t.Fatalf("%d fates kept (%d in order), bound %d", len(c.fates), len(c.fateOrder), maxFates)
 	}
-	if _, ok := c.fates[1]; ok {
-		t.Fatal("the lowest state was kept")
+	for i, s := range states {
+		if _, kept := c.fates[uint64(s)+1]; kept != (i >= 10) {
+			t.Fatalf("state remembered %d-th kept: %v", i, kept)
+		}
 	}
 }
 

@@ -57,13 +57,25 @@ func (c *Client) dirDelegation(dir *Node) (callback.Held, bool) {
 	if h.Kind != callback.DelegWrite || h.Recalled {
 		return callback.Held{}, false
 	}
+	if c.listed(dir) {
+		return h, true
+	}
 	if _, _, err := c.readDir(dir); err != nil {
 		return callback.Held{}, false
 	}
+	return h, c.listed(dir)
+}
+
+// listed reports whether dir's whole listing is cached and current: every
+// create under a delegation asks, and must not copy a listing of
+// thousands of names to learn it (readDir).
+func (c *Client) listed(dir *Node) bool {
+	if !c.current(dir) {
+		return false
+	}
 	dir.mu.Lock()
-	complete := dir.complete
-	dir.mu.Unlock()
-	return h, complete
+	defer dir.mu.Unlock()
+	return dir.dents.isComplete()
 }
 
 // makeHere makes regular file name in dir without asking the server, if
@@ -83,8 +95,8 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	// and a file made after it would come under a returned delegation.
 	cur, held := c.delegation(dir)
 	dir.mu.Lock()
-	d, exists := dir.dents[name]
-	stale := !held || cur.Recalled || cur.State != h.State || !dir.complete || dir.madeState != 0 && dir.madeState != h.State
+	d, exists := dir.dents.get(name)
+	stale := !held || cur.Recalled || cur.State != h.State || !dir.dents.isComplete() || dir.madeState != 0 && dir.madeState != h.State
 	dir.mu.Unlock()
 	if stale || exists {
 		dir.nsmu.Unlock()
@@ -118,7 +130,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	dir.mu.Lock()
 	dir.changedHere(now)
 	dir.addDentLocked(name, fid, node.TypeFile)
-	dir.madeFiles = append(dir.madeFiles, madeFile{name: name, n: n})
+	dir.madeFiles.push(name, n)
 	if dir.madeState == 0 {
 		dir.madeState, dir.madeBase = h.State, dir.st.DataVersion
 	}
@@ -132,12 +144,6 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 // its status (mu held): its version stays the server's until the settle.
 func (dir *Node) changedHere(now time.Time) {
 	dir.st.Mtime, dir.st.Ctime = now, now
-}
-
-// madeFile is a file made in a directory and not yet created at the server.
-type madeFile struct {
-	name string
-	n    *Node
 }
 
 // reserved takes a FID reserved in volume, reserving more when none is left.
@@ -178,7 +184,7 @@ func (c *Client) unreserve(f node.FID) {
 // a file made here and not yet created there (done): it never will be.
 func (c *Client) removeHere(dir *Node, name string) (done bool) {
 	dir.mu.Lock()
-	d, ok := dir.dents[name]
+	d, ok := dir.dents.get(name)
 	dir.mu.Unlock()
 	if !ok {
 		return false
@@ -197,13 +203,8 @@ func (c *Client) removeHere(dir *Node, name string) (done bool) {
 	dir.mu.Lock()
 	dir.changedHere(time.Now())
 	dir.delDentLocked(name)
-	for i, m := range dir.madeFiles {
-		if m.n == n {
-			dir.madeFiles = append(dir.madeFiles[:i:i], dir.madeFiles[i+1:]...)
-			break
-		}
-	}
-	if len(dir.madeFiles) == 0 {
+	dir.madeFiles.remove(n.fid)
+	if dir.madeFiles.len() == 0 {
 		dir.madeState, dir.madeBase = 0, 0
 	}
 	dir.mu.Unlock()
@@ -229,18 +230,15 @@ func (c *Client) renameHere(dir *Node, from, to string) (node.FID, bool) {
 	defer dir.nsmu.Unlock()
 	now := time.Now()
 	dir.mu.Lock()
-	d, ok := dir.dents[from]
+	d, ok := dir.dents.get(from)
 	var moved *Node
-	if _, taken := dir.dents[to]; ok && !taken && dir.complete {
-		for i, m := range dir.madeFiles {
-			if m.n.fid == d.fid && m.name == from {
-				dir.changedHere(now)
-				dir.madeFiles[i].name = to
-				dir.delDentLocked(from)
-				dir.addDentLocked(to, d.fid, d.typ)
-				moved = m.n
-				break
-			}
+	if _, taken := dir.dents.get(to); ok && !taken && dir.dents.isComplete() {
+		if m := dir.madeFiles.find(d.fid); m != nil && m.name == from {
+			dir.changedHere(now)
+			m.name = to
+			dir.delDentLocked(from)
+			dir.addDentLocked(to, d.fid, d.typ)
+			moved = m.n
 		}
 	}
 	dir.mu.Unlock()
@@ -259,8 +257,8 @@ func (c *Client) renameHere(dir *Node, from, to string) (node.FID, bool) {
 // name is, every directory with files made in it is settled.
 func (c *Client) settleNamed(dir *Node, name string) error {
 	dir.mu.Lock()
-	d, ok := dir.dents[name]
-	complete := dir.complete
+	d, ok := dir.dents.get(name)
+	complete := dir.dents.isComplete()
 	dir.mu.Unlock()
 	if ok && d.typ != node.TypeDir || !ok && complete {
 		return nil
@@ -281,7 +279,7 @@ func (c *Client) madeDirs() []*Node {
 	var dirs []*Node
 	for _, n := range c.nodes {
 		n.mu.Lock()
-		if len(n.madeFiles) > 0 {
+		if n.madeFiles.len() > 0 {
 			dirs = append(dirs, n)
 		}
 		n.mu.Unlock()
@@ -315,7 +313,7 @@ func (c *Client) settleFor(n *Node) error {
 // they then hold write delegations of their own, and dir's listing stays.
 func (c *Client) settle(dir *Node) error {
 	dir.mu.Lock()
-	none := len(dir.madeFiles) == 0
+	none := dir.madeFiles.len() == 0
 	dir.mu.Unlock()
 	if none {
 		return nil
@@ -395,7 +393,7 @@ func (c *Client) hold(dirs ...*Node) (release func(), err error) {
 		for _, d := range dirs {
 			d.nsmu.RLock()
 			d.mu.Lock()
-			pending = pending || len(d.madeFiles) > 0
+			pending = pending || d.madeFiles.len() > 0
 			d.mu.Unlock()
 		}
 		if !pending {
@@ -422,9 +420,9 @@ func fidBefore(a, b node.FID) bool {
 // delegation.
 func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 	dir.mu.Lock()
-	made := append([]madeFile(nil), dir.madeFiles[:min(len(dir.madeFiles), maxSettle)]...)
+	made := dir.madeFiles.first(maxSettle)
 	state, base := dir.madeState, dir.madeBase
-	dents, order, complete := dir.dents, dir.order, dir.complete
+	dents := dir.dents
 	dir.mu.Unlock()
 	if len(made) == 0 {
 		return false, nil, nil
@@ -478,11 +476,11 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 	dir.mu.Lock()
 	if dir.st.DataVersion == reply.Dir.DataVersion && reply.Dir.DataVersion == base+uint64(len(made)) && dents != nil {
 		// Nobody else came between: the listing we kept is the server's.
-		dir.dents, dir.order, dir.complete = dents, order, complete
+		dir.dents = dents
 	}
-	dir.madeFiles = dir.madeFiles[len(made):]
+	dir.madeFiles.dropFirst(len(made))
 	dir.madeBase = reply.Dir.DataVersion
-	more = len(dir.madeFiles) > 0
+	more = dir.madeFiles.len() > 0
 	if !more {
 		dir.madeState, dir.madeBase = 0, 0
 	}
@@ -512,8 +510,8 @@ func (c *Client) loseMade(dir *Node, made []madeFile, cause error) {
 	for _, m := range made {
 		dir.delDentLocked(m.name)
 	}
-	dir.madeFiles = dir.madeFiles[len(made):]
-	if len(dir.madeFiles) == 0 {
+	dir.madeFiles.dropFirst(len(made))
+	if dir.madeFiles.len() == 0 {
 		dir.madeState, dir.madeBase = 0, 0
 	}
 	dir.mu.Unlock()

@@ -10,11 +10,13 @@ import (
 // The write-back flusher: dirty data made under write delegations is
 // stored in the background, not on the application's Close. Like
 // FreeBSD's buffer daemon (seed 002 §3.4.2) it starts when the dirty
-// chunks pass the midpoint of lodirty and hidirty (hidirty = a quarter of
-// the cache's chunks + 20, lodirty = hidirty/2) and stores until they are
+// bytes pass the midpoint of lodirty and hidirty (hidirty = a quarter of
+// the cache + 20 chunks, lodirty = hidirty/2) and stores until they are
 // under lodirty, files not open for writing first; independently, data
 // dirty for longer than the age bound is stored, so a client crash loses
-// a bounded window (Sprite's 30 s).
+// a bounded window (Sprite's 30 s). The thresholds count bytes, not
+// chunks: a tree of small files would otherwise pass them at a few
+// megabytes, and be stored file by file while it is still being written.
 
 // Flusher defaults.
 const (
@@ -26,9 +28,8 @@ type flusher struct {
 	c    *Client
 	kick chan struct{}
 
-	mu      sync.Mutex
-	dirty   map[*Node]bool // true while being stored
-	counted time.Time      // when add last counted the dirty chunks
+	mu    sync.Mutex
+	dirty map[*Node]bool // true while being stored
 }
 
 func newFlusher(c *Client) *flusher {
@@ -36,21 +37,14 @@ func newFlusher(c *Client) *flusher {
 }
 
 // add puts n on the dirty list and wakes the flusher when it has work.
-// Counting walks the list, so a burst of new dirty files (Postmark's
-// creates) counts once per millisecond, not once per file.
 func (f *flusher) add(n *Node) {
-	now := time.Now()
 	f.mu.Lock()
 	_, known := f.dirty[n]
 	if !known {
 		f.dirty[n] = false
 	}
-	count := !known && now.Sub(f.counted) >= time.Millisecond
-	if count {
-		f.counted = now
-	}
 	f.mu.Unlock()
-	if count && f.dirtyChunks() > f.start() {
+	if !known && f.c.cache.DirtyBytes() > f.start() {
 		f.wake()
 	}
 }
@@ -68,8 +62,8 @@ func (f *flusher) wake() {
 	}
 }
 
-// Thresholds in chunks: hidirty, lodirty, and where flushing starts.
-func (f *flusher) hi() int64    { return f.c.cache.Size()/f.c.cache.ChunkSize()/4 + 20 }
+// Thresholds in bytes: hidirty, lodirty, and where flushing starts.
+func (f *flusher) hi() int64    { return f.c.cache.Size()/4 + 20*f.c.cache.ChunkSize() }
 func (f *flusher) lo() int64    { return f.hi() / 2 }
 func (f *flusher) start() int64 { return (f.hi() + f.lo()) / 2 }
 
@@ -84,16 +78,6 @@ func (f *flusher) nodes() []*Node {
 		}
 	}
 	return out
-}
-
-// dirtyChunks counts the chunks holding unstored writes.
-func (f *flusher) dirtyChunks() int64 {
-	cs := f.c.cache.ChunkSize()
-	var total int64
-	for _, n := range f.all() {
-		total += (n.entry.DirtyBytes() + cs - 1) / cs
-	}
-	return total
 }
 
 // dirtyBytes counts the bytes of unstored writes on the list.
@@ -141,14 +125,13 @@ func (f *flusher) pass(now time.Time) {
 		open  bool
 		size  int64
 	}
-	cs := f.c.cache.ChunkSize()
 	cands := make([]cand, 0, len(ns))
 	var total int64
 	for _, n := range ns {
 		n.mu.Lock()
 		c := cand{n: n, since: n.dirtySince, open: n.opens.w > 0}
 		n.mu.Unlock()
-		c.size = (n.entry.DirtyBytes() + cs - 1) / cs
+		c.size = n.entry.DirtyBytes()
 		total += c.size
 		cands = append(cands, c)
 	}

@@ -28,9 +28,7 @@ type Node struct {
 	st node.Status
 	// Directories: entries learnt at st.DataVersion; complete when they
 	// are the whole directory (a readdir), so a miss is a negative answer.
-	dents    map[string]dirent
-	order    []string
-	complete bool
+	dents *listing
 	// Files.
 	entry    *cache.Entry
 	inflight map[int64]*fetchCall
@@ -75,7 +73,7 @@ type Node struct {
 	// madeState on the directory at version madeBase. recalledAt: the
 	// last recall of this client's delegation on it.
 	nsmu       sync.RWMutex
-	madeFiles  []madeFile
+	madeFiles  madeList
 	madeState  uint64
 	madeBase   uint64
 	recalledAt time.Time
@@ -86,11 +84,6 @@ type Node struct {
 	// made to a file it removed stay readable through them until the last
 	// is closed, and are dropped then.
 	files int
-}
-
-type dirent struct {
-	fid node.FID
-	typ node.Type
 }
 
 // FID is the node's file identifier.
@@ -175,7 +168,7 @@ func (c *Client) learn(t callback.Ticket, st node.Status, ttl time.Duration) (*N
 		return n, nil
 	}
 	if !known || st.DataVersion != n.st.DataVersion {
-		n.dents, n.order, n.complete = nil, nil, false
+		n.dents = nil
 	}
 	if st.Type == node.TypeFile {
 		if n.entry == nil {
@@ -298,13 +291,7 @@ func (dir *Node) addDent(dv uint64, name string, child *Node, typ node.Type) {
 	if dir.st.DataVersion != dv {
 		return
 	}
-	if dir.dents == nil {
-		dir.dents = map[string]dirent{}
-	}
-	if _, ok := dir.dents[name]; !ok && dir.complete {
-		dir.order = append(dir.order, name)
-	}
-	dir.dents[name] = dirent{child.fid, typ}
+	dir.addDentLocked(name, child.fid, typ)
 }
 
 // changedDir applies our own change to a cached listing: when the reply's
@@ -313,7 +300,7 @@ func (dir *Node) addDent(dv uint64, name string, child *Node, typ node.Type) {
 func (c *Client) changedDir(t callback.Ticket, dir *Node, ps *pb.Status, patch func(dir *Node)) error {
 	dir.mu.Lock()
 	before := dir.st.DataVersion
-	dents, order, complete := dir.dents, dir.order, dir.complete
+	dents := dir.dents
 	dir.mu.Unlock()
 	if _, err := c.learnPB(t, ps); err != nil {
 		return err
@@ -321,30 +308,23 @@ func (c *Client) changedDir(t callback.Ticket, dir *Node, ps *pb.Status, patch f
 	dir.mu.Lock()
 	defer dir.mu.Unlock()
 	if ps.DataVersion == before+1 && dir.st.DataVersion == ps.DataVersion && dents != nil {
-		dir.dents, dir.order, dir.complete = dents, order, complete
+		dir.dents = dents
 		patch(dir)
 	}
 	return nil
 }
 
 func (dir *Node) delDentLocked(name string) {
-	if _, ok := dir.dents[name]; !ok {
-		return
-	}
-	delete(dir.dents, name)
-	for i, o := range dir.order {
-		if o == name {
-			dir.order = append(dir.order[:i], dir.order[i+1:]...)
-			break
-		}
+	if dir.dents != nil {
+		dir.dents.del(name)
 	}
 }
 
 func (dir *Node) addDentLocked(name string, fid node.FID, typ node.Type) {
-	if _, ok := dir.dents[name]; !ok && dir.complete {
-		dir.order = append(dir.order, name)
+	if dir.dents == nil {
+		dir.dents = &listing{names: map[string]dirent{}}
 	}
-	dir.dents[name] = dirent{fid, typ}
+	dir.dents.add(name, fid, typ)
 }
 
 // lookup finds name in dir, from the cache when dir's promise is valid.
@@ -361,8 +341,8 @@ func (c *Client) lookupAt(dir *Node, name string) (*Node, node.Status, error) {
 	}
 	if c.current(dir) {
 		dir.mu.Lock()
-		d, ok := dir.dents[name]
-		complete := dir.complete
+		d, ok := dir.dents.get(name)
+		complete := dir.dents.isComplete()
 		st := dir.st
 		dir.mu.Unlock()
 		if ok {
@@ -413,12 +393,8 @@ func (c *Client) readDir(dir *Node) ([]DirEntry, uint64, error) {
 	for attempt := 0; ; attempt++ {
 		if c.current(dir) {
 			dir.mu.Lock()
-			if dir.complete {
-				out := make([]DirEntry, 0, len(dir.order))
-				for _, name := range dir.order {
-					d := dir.dents[name]
-					out = append(out, DirEntry{Name: name, Type: d.typ, FID: d.fid})
-				}
+			if dir.dents.isComplete() {
+				out := dir.dents.entries()
 				dv := dir.st.DataVersion
 				dir.mu.Unlock()
 				return out, dv, nil
@@ -437,13 +413,7 @@ func (c *Client) readDir(dir *Node) ([]DirEntry, uint64, error) {
 		} else {
 			dir.mu.Lock()
 			if dir.st.DataVersion == dv {
-				dir.dents = make(map[string]dirent, len(out))
-				dir.order = make([]string, len(out))
-				for i, e := range out {
-					dir.dents[e.Name] = dirent{e.FID, e.Type}
-					dir.order[i] = e.Name
-				}
-				dir.complete = true
+				dir.dents = completeListing(out)
 			}
 			dir.mu.Unlock()
 		}

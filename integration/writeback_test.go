@@ -95,12 +95,13 @@ func TestShortLivedFiles(t *testing.T) {
 	}
 }
 
-// The flusher stores on its own: above (hidirty+lodirty)/2 dirty chunks it
+// The flusher stores on its own: above (hidirty+lodirty)/2 dirty bytes it
 // stores until under lodirty (and no further), and data older than the
 // age bound is stored whatever the count.
 func TestFlusher(t *testing.T) {
 	srv := startServer(t, t.TempDir())
-	// 16 MiB of 256 KiB chunks: hidirty 36, lodirty 18, start at 27.
+	// 16 MiB with 256 KiB chunks: hidirty 4 MiB + 20 chunks (36 chunks),
+	// lodirty 18 chunks, start at 27.
 	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 16 << 20, FlushAge: time.Hour})
 	if err != nil {
 		t.Fatal(err)
