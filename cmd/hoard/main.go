@@ -8,10 +8,12 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // usageError marks errors in how hoard was invoked: exit code 2.
@@ -65,4 +67,27 @@ func describe(err error) string {
 		return fmt.Sprintf("%s %s: %v", pe.Op, pe.Path, pe.Err)
 	}
 	return strings.ReplaceAll(err.Error(), "\n", " ")
+}
+
+// profileFlag adds the hidden --cpuprofile flag of the long-running commands.
+func profileFlag(f *pflag.FlagSet, path *string) {
+	f.StringVar(path, "cpuprofile", "", "write a CPU profile here until the process stops")
+	f.MarkHidden("cpuprofile")
+}
+
+// startProfile starts a CPU profile into path (nothing when empty); stop
+// ends it.
+func startProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, usagef("--cpuprofile %s: %v", path, err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, usagef("--cpuprofile %s: %v", path, err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }

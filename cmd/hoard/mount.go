@@ -26,7 +26,7 @@ const readyFD = 3
 func mountCmd() *cobra.Command {
 	var cf clientFlags
 	var daemon, passthrough, debug bool
-	var pidfile, logfile string
+	var pidfile, logfile, profile string
 	cmd := &cobra.Command{
 		Use:   "mount [flags] MOUNTPOINT",
 		Short: "mount the cell's root volume with FUSE (foreground; --daemon to detach)",
@@ -46,6 +46,11 @@ func mountCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			stop, err := startProfile(profile)
+			if err != nil {
+				return err
+			}
+			defer stop()
 			m := mount.New(mount.Options{Passthrough: passthrough, Logger: slog.Default()})
 			o.RPCTimeout, o.OnInvalidate = cf.timeout, m.Invalidate
 			c, err := client.Dial(o)
@@ -94,6 +99,7 @@ func mountCmd() *cobra.Command {
 	cmd.Flags().StringVar(&logfile, "logfile", "", "with --daemon: log here (default: <cache>/mount.log)")
 	cmd.Flags().BoolVar(&passthrough, "passthrough", true, "let the kernel read wholly cached files straight from the cache (Linux ≥ 6.9, root)")
 	cmd.Flags().BoolVar(&debug, "debug", false, "log every FUSE request")
+	profileFlag(cmd.Flags(), &profile)
 	return cmd
 }
 

@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -42,14 +41,11 @@ func serverCmd() *cobra.Command {
 			if err := checkDataFlags(dataListen, dataAdvertise); err != nil {
 				return err
 			}
-			if profile != "" {
-				f, err := os.Create(profile)
-				if err != nil {
-					return usagef("--cpuprofile %s: %v", profile, err)
-				}
-				pprof.StartCPUProfile(f)
-				defer pprof.StopCPUProfile()
+			stop, err := startProfile(profile)
+			if err != nil {
+				return err
 			}
+			defer stop()
 			store, err := vnode.Open(data)
 			if err != nil {
 				return usageError{err}
@@ -83,8 +79,7 @@ func serverCmd() *cobra.Command {
 	f.DurationVar(&cfg.Lease, "lease", cfg.Lease, "how long a delegation outlives its holder's last request, and how long a recall may go unanswered (0: no delegations)")
 	f.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after a start, how long changes wait for clients of the previous life to reconnect")
 	f.StringVar(&cfg.DirDelegations, "dir-delegations", cfg.DirDelegations, "which directories a client may make files in on its own: private (one no other client has cached), any (breaking others' promises), none")
-	f.StringVar(&profile, "cpuprofile", "", "write a CPU profile here until the server stops")
-	f.MarkHidden("cpuprofile")
+	profileFlag(f, &profile)
 	f.IntVar(&cfg.MaxPromises, "max-promises", cfg.MaxPromises, "promises held across all clients before the oldest are broken")
 	return cmd
 }
