@@ -61,12 +61,18 @@ func (c *Client) current(n *Node) bool {
 }
 
 // openDeleg records an open of file n: locally under a delegation that
-// covers it, otherwise with the server, which may grant one.
+// covers it, or for reading under a callback promise, otherwise with the
+// server, which may grant a delegation. A reader's promise is enough: no
+// other client can hold a write delegation on the file meanwhile (its
+// grant broke the promise and waited for the acknowledgement, and a new
+// promise is given only after such a delegation was recalled), so the
+// reader sees every close before its open, as close-to-open wants. Asking
+// the server would cost every open of a cached file a round trip.
 func (c *Client) openDeleg(n *Node, write bool) error {
 	if !c.delegating() {
 		return nil
 	}
-	if h, ok := c.delegation(n); ok && !h.Recalled && (h.Kind == callback.DelegWrite || !write) {
+	if h, ok := c.delegation(n); ok && !h.Recalled && (h.Kind == callback.DelegWrite || !write) || !write && n.valid.Load() {
 		n.addOpen(write, false)
 		c.counters.localOpens.Add(1)
 		return nil
