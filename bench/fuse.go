@@ -1,13 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 )
@@ -87,7 +87,7 @@ func fuseBench(bin, addr, scratch string) error {
 		if err != nil {
 			return nil, err
 		}
-		warm, err := bestOf(3, func() error { return findCat(filepath.Join(root, "tree")) })
+		warm, err := bestOf(3, func() error { return findCat(context.Background(), filepath.Join(root, "tree")) })
 		if err != nil {
 			return nil, err
 		}
@@ -98,7 +98,7 @@ func fuseBench(bin, addr, scratch string) error {
 		return err
 	}
 	dropCaches()
-	lcold, err := timed(func() error { return findCat(filepath.Join(local, "tree")) })
+	lcold, err := timed(func() error { return findCat(context.Background(), filepath.Join(local, "tree")) })
 	if err != nil {
 		return err
 	}
@@ -129,7 +129,7 @@ func fuseBench(bin, addr, scratch string) error {
 			}
 		}
 		dropCaches()
-		cold, err := timed(func() error { return findCat(filepath.Join(mnt, "tree")) })
+		cold, err := timed(func() error { return findCat(context.Background(), filepath.Join(mnt, "tree")) })
 		if err != nil {
 			stop()
 			return err
@@ -212,14 +212,10 @@ func randomReads(path string, size int64, count int) error {
 	return nil
 }
 
-// findCat is `find DIR -type f | xargs cat > /dev/null`.
-func findCat(dir string) error {
-	cmd := exec.Command("sh", "-c", "find "+dir+" -type f -print0 | xargs -0 cat > /dev/null")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("find|xargs cat: %v: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
+// findCat is `find DIR -type f | xargs cat > /dev/null`, until ctx ends.
+func findCat(ctx context.Context, dir string) error {
+	_, err := runCmd(ctx, "bash", "-o", "pipefail", "-c", `find "$1" -type f -print0 | xargs -0 cat > /dev/null`, "bash", dir)
+	return err
 }
 
 // dropCaches empties the page cache (root only) so a cold run is cold.

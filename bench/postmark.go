@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -194,7 +195,7 @@ func pmRunAll(places []*pmPlace, w pmWorkload) ([]pmRun, error) {
 			return nil, err
 		}
 		syscall.Sync() // no writeback of an earlier run during this one
-		r, err := postmark(dir, w)
+		r, err := postmark(context.Background(), dir, w, pmHigh)
 		if err != nil {
 			return nil, fmt.Errorf("postmark in %s: %w", dir, err)
 		}
@@ -226,12 +227,13 @@ type pmRun struct {
 // its transactions per second), files read.
 type pmReport struct{ total, txRate, reads int }
 
-// postmark runs Debian's postmark on w in dir.
-func postmark(dir string, w pmWorkload) (pmRun, error) {
+// postmark runs Debian's postmark on w in dir, files of pmLow to high
+// bytes, until ctx ends.
+func postmark(ctx context.Context, dir string, w pmWorkload, high int) (pmRun, error) {
 	script := fmt.Sprintf("set location %s\nset number %d\nset transactions %d\nset size %d %d\nset read %d\nset write %d\n"+
 		"set bias read %d\nset bias create %d\nset buffering false\nset seed %d\nrun\nquit\n",
-		dir, w.files, w.tx, pmLow, pmHigh, pmBlock, pmBlock, w.readBias, w.createBias, pmSeed)
-	cmd := exec.Command("postmark")
+		dir, w.files, w.tx, pmLow, high, pmBlock, pmBlock, w.readBias, w.createBias, pmSeed)
+	cmd := exec.CommandContext(ctx, "postmark")
 	cmd.Stdin = strings.NewReader(script)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

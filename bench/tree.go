@@ -1,0 +1,597 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+var (
+	treeFiles   = flag.String("tree-files", "1000,2000,4000,8000", "tree: file counts of the file-count rounds, comma-separated (e.g. 12500,25000,50000,100000)")
+	treeBig     = flag.String("tree-big", "1G", "tree: size of the large file, whole MiB (64M, 1G); 0 skips the large-file rows")
+	treeFS      = flag.String("tree-fs", "local,bindfs,hoard", "tree: file systems to run, comma-separated: local, bindfs, hoard")
+	treeNoDeleg = flag.Bool("tree-nodeleg", true, "tree: also run postmark on a hoard mount with --no-delegations")
+	treeTimeout = flag.Duration("tree-timeout", 10*time.Minute, "tree: longest a round (one file system at one file count, or with the large file) may take")
+)
+
+// treeTimes is one file system's times at one file count.
+type treeTimes struct {
+	cp, flat, pm, pmNoDeleg, stored, cold, warm, tar, rm time.Duration
+}
+
+// bigTimes is one file system's figures for the large file.
+type bigTimes struct {
+	write, cold time.Duration
+	warm        [3]time.Duration
+	iops        float64
+}
+
+// treeBench times the workloads people run first (cp -r, postmark, find |
+// xargs cat, tar, rm -r, dd, fio) on the local file system, through bindfs
+// (what any FUSE file system pays) and on a hoard mount, at doubling file
+// counts so that the growth of each shows.
+func treeBench(bin, scratch string) error {
+	var ns []int
+	for _, s := range strings.Split(*treeFiles, ",") {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("-tree-files %q: want positive counts separated by commas", *treeFiles)
+		}
+		ns = append(ns, n)
+	}
+	big, err := int64(0), error(nil)
+	if *treeBig != "0" {
+		big, err = parseSize(*treeBig)
+	}
+	if err != nil || big%(1<<20) != 0 {
+		return fmt.Errorf("-tree-big %q: want whole MiB, such as 64M or 1G", *treeBig)
+	}
+	fss := strings.Split(*treeFS, ",")
+	tools := []string{"postmark", "fio"}
+	for _, f := range fss {
+		switch f {
+		case "bindfs":
+			tools = append(tools, "bindfs", "fusermount3")
+		case "local", "hoard":
+		default:
+			return fmt.Errorf("-tree-fs %q: want local, bindfs and/or hoard", *treeFS)
+		}
+	}
+	for _, t := range tools {
+		if _, err := exec.LookPath(t); err != nil {
+			return fmt.Errorf("tree: %s not found", t)
+		}
+	}
+	fmt.Printf("\ncommand: HOARD_BIN=%s go run ./bench %s\n", os.Getenv("HOARD_BIN"), strings.Join(os.Args[1:], " "))
+
+	dir := filepath.Join(scratch, "tree")
+	res := map[string]map[int]*treeTimes{}
+	for _, n := range ns {
+		src := filepath.Join(dir, fmt.Sprintf("src%d", n))
+		size, err := makeTrees(src, n)
+		if err != nil {
+			return err
+		}
+		// Room for the tree, the flat directory and postmark's files, twice.
+		cacheSize := 2*(size+int64(n)*(4<<10+16<<10)) + 2<<30
+		for _, f := range fss {
+			t := &treeTimes{}
+			err := inRound(fmt.Sprintf("%s, %d files", f, n), func(ctx context.Context) error {
+				return withTarget(ctx, bin, filepath.Join(dir, fmt.Sprintf("%s-%d", f, n)), f, cacheSize, func(tg *treeTarget) error { return t.run(ctx, tg, src, n, size) })
+			})
+			if err == nil && f == "hoard" && *treeNoDeleg {
+				err = inRound(fmt.Sprintf("hoard --no-delegations, postmark on %d files", n), func(ctx context.Context) error {
+					return withTarget(ctx, bin, filepath.Join(dir, fmt.Sprintf("hoard-nodeleg-%d", n)), f, cacheSize, func(tg *treeTarget) (err error) {
+						t.pmNoDeleg, err = timedPostmark(ctx, tg.root, n)
+						return err
+					}, "--no-delegations")
+				})
+			}
+			if err != nil {
+				return err
+			}
+			if res[f] == nil {
+				res[f] = map[int]*treeTimes{}
+			}
+			res[f][n] = t
+		}
+	}
+	bigs := map[string]*bigTimes{}
+	for _, f := range fss {
+		if big == 0 {
+			break
+		}
+		b := &bigTimes{}
+		err := inRound(fmt.Sprintf("%s, %s file", f, human(big)), func(ctx context.Context) error {
+			return withTarget(ctx, bin, filepath.Join(dir, "big-"+f), f, 2*big+2<<30, func(tg *treeTarget) error { return b.run(ctx, tg, big) })
+		})
+		if err != nil {
+			return err
+		}
+		bigs[f] = b
+	}
+	printTree(ns, res, bigs, big)
+	return nil
+}
+
+// inRound runs a round with a context that ends after -tree-timeout,
+// which kills the round's commands.
+func inRound(what string, round func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), *treeTimeout)
+	defer cancel()
+	start := time.Now()
+	err := round(ctx)
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("tree: %s: longer than -tree-timeout %v: %w", what, *treeTimeout, err)
+	}
+	if err != nil {
+		return fmt.Errorf("tree: %s: %w", what, err)
+	}
+	fmt.Fprintf(os.Stderr, "tree: %s: %v\n", what, time.Since(start).Round(time.Second))
+	return nil
+}
+
+// makeTrees writes a round's sources: src/tree holds n files of 1-16 KiB
+// (sizes and bytes from a fixed seed), 100 to a directory, and src/flat n
+// files of 4 KiB in one directory. It returns the bytes in src/tree.
+func makeTrees(src string, n int) (int64, error) {
+	rng := rand.New(rand.NewSource(7))
+	buf := make([]byte, 16<<10)
+	var size int64
+	for i := range n {
+		d := filepath.Join(src, "tree", fmt.Sprintf("d%04d", i/100))
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return 0, err
+		}
+		b := buf[:1<<10+rng.Intn(15<<10+1)]
+		rng.Read(b)
+		if err := os.WriteFile(filepath.Join(d, fmt.Sprintf("f%06d", i)), b, 0o644); err != nil {
+			return 0, err
+		}
+		size += int64(len(b))
+	}
+	if err := os.MkdirAll(filepath.Join(src, "flat"), 0o755); err != nil {
+		return 0, err
+	}
+	for i := range n {
+		rng.Read(buf[:4<<10])
+		if err := os.WriteFile(filepath.Join(src, "flat", fmt.Sprintf("f%06d", i)), buf[:4<<10], 0o644); err != nil {
+			return 0, err
+		}
+	}
+	return size, nil
+}
+
+// run runs workloads 1-8 with n files in tg; src holds their sources,
+// size bytes in src/tree.
+func (t *treeTimes) run(ctx context.Context, tg *treeTarget, src string, n int, size int64) error {
+	tree := filepath.Join(tg.root, "tree")
+	var err error
+	if t.cp, err = timedCopy(ctx, filepath.Join(src, "tree"), tree, n); err != nil {
+		return err
+	}
+	if t.stored, err = tg.store(); err != nil {
+		return err
+	}
+	if t.flat, err = timedCopy(ctx, filepath.Join(src, "flat"), filepath.Join(tg.root, "flat"), n); err != nil {
+		return err
+	}
+	if t.pm, err = timedPostmark(ctx, tg.root, n); err != nil {
+		return err
+	}
+	if err := tg.cold(); err != nil {
+		return err
+	}
+	if t.cold, err = timed(func() error { return findCat(ctx, tree) }); err != nil {
+		return err
+	}
+	if err := countFiles(tree, n); err != nil {
+		return err
+	}
+	if t.warm, err = bestOf(3, func() error { return findCat(ctx, tree) }); err != nil {
+		return err
+	}
+	t.tar, err = bestOf(3, func() error {
+		out, err := runCmd(ctx, "bash", "-o", "pipefail", "-c", `cd "$1" && tar cf - . | wc -c`, "bash", tree)
+		if got, _ := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64); err == nil && got < size {
+			err = fmt.Errorf("tar of %s: %d bytes, less than the %d in its files", tree, got, size)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	t.rm, err = timed(func() error { _, err := runCmd(ctx, "rm", "-r", tree); return err })
+	return err
+}
+
+// timedCopy times cp -r of src (in the page cache, no writeback under
+// way) to dst and checks that dst then holds n files.
+func timedCopy(ctx context.Context, src, dst string, n int) (time.Duration, error) {
+	if err := findCat(ctx, src); err != nil {
+		return 0, err
+	}
+	syscall.Sync()
+	d, err := timed(func() error { _, err := runCmd(ctx, "cp", "-r", src, dst); return err })
+	if err != nil {
+		return 0, err
+	}
+	return d, countFiles(dst, n)
+}
+
+// timedPostmark times Debian's postmark on n files of 512 B-16 KiB and
+// 4n transactions in a new directory under root.
+func timedPostmark(ctx context.Context, root string, n int) (time.Duration, error) {
+	dir := filepath.Join(root, "pm")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return 0, err
+	}
+	syscall.Sync()
+	return timed(func() error {
+		if _, err := postmark(ctx, dir, pmWorkload{n, 4 * n, 5, 5}, 16<<10); err != nil {
+			return fmt.Errorf("postmark in %s: %w", dir, err)
+		}
+		return nil
+	})
+}
+
+// countFiles checks that dir holds n regular files.
+func countFiles(dir string, n int) error {
+	got := 0
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			got++
+		}
+		return err
+	})
+	if err == nil && got != n {
+		err = fmt.Errorf("%s holds %d files, want %d", dir, got, n)
+	}
+	return err
+}
+
+// run runs workloads 9-11 with a file of size bytes in tg.
+func (b *bigTimes) run(ctx context.Context, tg *treeTarget, size int64) error {
+	f := filepath.Join(tg.root, "big")
+	dd := func(args ...string) error {
+		_, err := runCmd(ctx, "dd", append([]string{"bs=1M", "status=none"}, args...)...)
+		if err == nil {
+			err = checkSize(f, size)
+		}
+		return err
+	}
+	syscall.Sync()
+	var err error
+	if b.write, err = timed(func() error { return dd("if=/dev/zero", "of="+f, fmt.Sprintf("count=%d", size>>20), "conv=fsync") }); err != nil {
+		return err
+	}
+	if err := tg.cold(); err != nil {
+		return err
+	}
+	if b.cold, err = timed(func() error { return dd("if="+f, "of=/dev/null") }); err != nil {
+		return err
+	}
+	for i := range b.warm {
+		if b.warm[i], err = timed(func() error { return dd("if="+f, "of=/dev/null") }); err != nil {
+			return err
+		}
+	}
+	// --invalidate=0: fio would otherwise drop the file's pages first.
+	out, err := runCmd(ctx, "fio", "--name=r", "--filename="+f, "--rw=randread", "--bs=4k", "--ioengine=psync", "--iodepth=1",
+		"--runtime=5", "--time_based", fmt.Sprintf("--size=%d", size), "--invalidate=0", "--output-format=json")
+	if err != nil {
+		return err
+	}
+	var rep struct {
+		Jobs []struct{ Read struct{ IOPS float64 } }
+	}
+	if err := json.Unmarshal(out, &rep); err != nil || len(rep.Jobs) != 1 || rep.Jobs[0].Read.IOPS <= 0 {
+		return fmt.Errorf("fio: no IOPS in its report (%v): %s", err, out)
+	}
+	b.iops = rep.Jobs[0].Read.IOPS
+	return nil
+}
+
+func checkSize(path string, size int64) error {
+	fi, err := os.Stat(path)
+	if err == nil && fi.Size() != size {
+		err = fmt.Errorf("%s holds %d bytes, want %d", path, fi.Size(), size)
+	}
+	return err
+}
+
+// treeTarget is the directory a round runs in: local, through bindfs, or
+// on a hoard mount.
+type treeTarget struct {
+	root string
+	// store makes what was written durable and says how long that took:
+	// sync, or a hoard mount's unmount, which stores what its write-back
+	// still holds (and a new mount, not timed).
+	store func() (time.Duration, error)
+	cold  func() error // forgets cached data: the page cache, and a mount's own cache
+}
+
+// withTarget makes a fresh target of file system fsys under dir (hoard: a
+// new server, and a mount with a cache of cacheSize and flags) and runs fn
+// in it.
+func withTarget(ctx context.Context, bin, dir, fsys string, cacheSize int64, fn func(*treeTarget) error, flags ...string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tg := &treeTarget{
+		root:  filepath.Join(dir, "mnt"),
+		store: func() (time.Duration, error) { return timed(func() error { syscall.Sync(); return nil }) },
+		cold:  func() error { dropCaches(); return nil },
+	}
+	// Unmounts get a minute of their own, from when they start: ctx may
+	// have ended.
+	cleanup := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), time.Minute)
+	}
+	var err error
+	switch fsys {
+	case "local":
+		tg.root = filepath.Join(dir, "local")
+		if err = os.Mkdir(tg.root, 0o755); err == nil {
+			err = fn(tg)
+		}
+	case "bindfs":
+		back := filepath.Join(dir, "back")
+		if err := errors.Join(os.Mkdir(back, 0o755), os.Mkdir(tg.root, 0o755)); err != nil {
+			return err
+		}
+		if _, err := runCmd(ctx, "bindfs", "--no-allow-other", back, tg.root); err != nil {
+			return err
+		}
+		err = fn(tg)
+		cctx, cancel := cleanup()
+		_, uerr := runCmd(cctx, "fusermount3", "-u", tg.root)
+		cancel()
+		err = cmp.Or(err, uerr)
+	case "hoard":
+		addr, _, stop, serr := startServer(bin, filepath.Join(dir, "server"))
+		if serr != nil {
+			return serr
+		}
+		caches := 0
+		cache := filepath.Join(dir, "cache0")
+		flags = append([]string{"--cache-size", fmt.Sprint(cacheSize)}, flags...)
+		// Unmounted by hoardUnmount, which waits for the daemon to exit.
+		mounted := false
+		mount := func() error {
+			_, err := mountCell(bin, addr, tg.root, cache, flags...)
+			mounted = err == nil
+			return err
+		}
+		unmount := func(ctx context.Context) error {
+			mounted = false
+			return hoardUnmount(ctx, bin, tg.root, cache)
+		}
+		tg.store = func() (time.Duration, error) {
+			d, err := timed(func() error { return unmount(ctx) })
+			if err != nil {
+				return 0, err
+			}
+			return d, mount()
+		}
+		tg.cold = func() error {
+			if mounted {
+				if err := unmount(ctx); err != nil {
+					return err
+				}
+			}
+			caches++
+			cache = filepath.Join(dir, fmt.Sprint("cache", caches))
+			if err := mount(); err != nil {
+				return err
+			}
+			dropCaches()
+			return nil
+		}
+		if err = mount(); err == nil {
+			err = fn(tg)
+			if mounted {
+				cctx, cancel := cleanup()
+				err = cmp.Or(err, unmount(cctx))
+				cancel()
+			}
+		}
+		stop()
+	}
+	// What a round made stays until the bench ends: on ext4, creating
+	// files where many were just deleted is slow (it steps over inodes
+	// deleted in the last minute), which would make the next round pay
+	// for this one.
+	return err
+}
+
+// hoardUnmount unmounts a mount daemon and waits for it to exit (it
+// stores the writes it still holds first); what it logged as errors is an
+// error.
+func hoardUnmount(ctx context.Context, bin, mnt, cache string) error {
+	pid, err := os.ReadFile(filepath.Join(cache, "mount.pid"))
+	if err != nil {
+		return err
+	}
+	stat := "/proc/" + strings.TrimSpace(string(pid)) + "/stat"
+	if _, err := runCmd(ctx, bin, "umount", mnt); err != nil {
+		return err
+	}
+	for {
+		// Gone, or a zombie nobody reaps.
+		b, err := os.ReadFile(stat)
+		if err != nil || strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))[0] == "Z" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the mount daemon of %s has not exited: %w", mnt, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	log, err := os.ReadFile(filepath.Join(cache, "mount.log"))
+	if err != nil {
+		return err
+	}
+	var errs []string
+	for _, l := range strings.Split(string(log), "\n") {
+		if strings.Contains(l, "level=ERROR") {
+			errs = append(errs, l)
+		}
+	}
+	if errs != nil {
+		return fmt.Errorf("the mount of %s logged:\n%s", mnt, strings.Join(errs, "\n"))
+	}
+	return nil
+}
+
+// killable is exec.CommandContext for commands with children (a shell's
+// pipeline): ctx's end kills its whole process group.
+func killable(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	return cmd
+}
+
+// runCmd runs a command until ctx ends and returns its standard output;
+// its failure is an error with what it wrote to standard error.
+func runCmd(ctx context.Context, name string, args ...string) ([]byte, error) {
+	cmd := killable(ctx, name, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	return out, nil
+}
+
+// parseSize reads sizes like 4096, 64M or 1G (powers of 1024).
+func parseSize(s string) (int64, error) {
+	mult := int64(1)
+	if i := strings.IndexAny(s, "KMGT"); i >= 0 && i == len(s)-1 {
+		mult, s = 1<<(10*(strings.IndexByte("KMGT", s[i])+1)), s[:i]
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err == nil && n <= 0 {
+		err = errors.New("not positive")
+	}
+	return n * mult, err
+}
+
+func printTree(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*bigTimes, big int64) {
+	fmt.Printf("\n## First workloads: local disk, bindfs, hoard\n\n")
+	fmt.Println("Wall-clock seconds, each file system and file count a fresh round (hoard: a new server, mount and cache).")
+	fmt.Println("× local: hoard's time over local's (lower is better); growth: hoard's time at N over its time at N/2 (2: linear, 4: quadratic).")
+	rows := []struct {
+		title string
+		of    func(*treeTimes) time.Duration
+		pm    bool // with hoard --no-delegations
+	}{
+		{"1. cp -r of N files of 1-16 KiB, 100 to a directory", func(t *treeTimes) time.Duration { return t.cp }, false},
+		{"2. storing what 1 wrote: sync (local, bindfs), unmount (hoard: its write-back stores what it holds)", func(t *treeTimes) time.Duration { return t.stored }, false},
+		{"3. cp -r of N files of 4 KiB in one directory", func(t *treeTimes) time.Duration { return t.flat }, false},
+		{"4. Debian's postmark, N files of 512 B-16 KiB, 4N transactions (read and create bias 5), whole run", func(t *treeTimes) time.Duration { return t.pm }, true},
+		{"5. cold find -type f | xargs cat of 1's tree (hoard: a new mount, empty cache; page cache dropped)", func(t *treeTimes) time.Duration { return t.cold }, false},
+		{"6. warm find -type f | xargs cat, best of 3", func(t *treeTimes) time.Duration { return t.warm }, false},
+		{"7. warm tar cf - . | wc -c, best of 3", func(t *treeTimes) time.Duration { return t.tar }, false},
+		{"8. rm -r of 1's tree", func(t *treeTimes) time.Duration { return t.rm }, false},
+	}
+	// at is of's time on fsys at n files, 0 if not run.
+	at := func(fsys string, n int, of func(*treeTimes) time.Duration) time.Duration {
+		if t := res[fsys][n]; t != nil {
+			return of(t)
+		}
+		return 0
+	}
+	for _, r := range rows {
+		fmt.Printf("\n### %s\n\n", r.title)
+		head, line := "| N | local s | bindfs s | hoard s | hoard × local | growth |", "|---|---|---|---|---|---|"
+		if r.pm {
+			head, line = head+" hoard --no-delegations s | --no-delegations ÷ delegations |", line+"---|---|"
+		}
+		fmt.Println(head)
+		fmt.Println(line)
+		for j, n := range ns {
+			h := at("hoard", n, r.of)
+			growth := "–"
+			if j > 0 && ns[j-1]*2 == n {
+				growth = ratio(h, at("hoard", ns[j-1], r.of))
+			}
+			fmt.Printf("| %d | %s | %s | %s | %s | %s |", n, secs(at("local", n, r.of)), secs(at("bindfs", n, r.of)), secs(h),
+				ratio(h, at("local", n, r.of)), growth)
+			if r.pm {
+				nd := at("hoard", n, func(t *treeTimes) time.Duration { return t.pmNoDeleg })
+				fmt.Printf(" %s | %s |", secs(nd), ratio(nd, h))
+			}
+			fmt.Println()
+		}
+	}
+
+	if big == 0 {
+		return
+	}
+	fmt.Printf("\n### 9-11. A file of %s\n\n", human(big))
+	fmt.Println("Rates; × local: hoard's rate over local's (higher is better). Cold: page cache dropped (hoard: a new mount, empty cache).")
+	fmt.Println()
+	fmt.Println("| measurement | local | bindfs | hoard | hoard × local |")
+	fmt.Println("|---|---|---|---|---|")
+	mb := func(d time.Duration) float64 { return mbps(big, d) }
+	bigRow := func(name string, of func(*bigTimes) []float64) {
+		cells := []string{"–", "–", "–", "–"}
+		for k, f := range []string{"local", "bindfs", "hoard"} {
+			if b := bigs[f]; b != nil {
+				cells[k] = join(of(b), "%.0f")
+			}
+		}
+		if bigs["local"] != nil && bigs["hoard"] != nil {
+			h, l := of(bigs["hoard"]), of(bigs["local"])
+			for k := range h {
+				h[k] /= l[k]
+			}
+			cells[3] = join(h, "%.2f×")
+		}
+		fmt.Printf("| %s | %s |\n", name, strings.Join(cells, " | "))
+	}
+	bigRow("sequential write, dd bs=1M conv=fsync (MB/s)", func(b *bigTimes) []float64 { return []float64{mb(b.write)} })
+	bigRow("cold sequential read, dd bs=1M (MB/s)", func(b *bigTimes) []float64 { return []float64{mb(b.cold)} })
+	bigRow("the next three reads (MB/s)", func(b *bigTimes) []float64 { return []float64{mb(b.warm[0]), mb(b.warm[1]), mb(b.warm[2])} })
+	bigRow("warm 4 KiB random reads, fio psync, queue depth 1, 5 s (IOPS)", func(b *bigTimes) []float64 { return []float64{b.iops} })
+}
+
+func secs(d time.Duration) string {
+	if d == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.3f", d.Seconds())
+}
+
+// ratio is a/b, or a dash if either was not measured.
+func ratio(a, b time.Duration) string {
+	if a == 0 || b == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", a.Seconds()/b.Seconds())
+}
+
+func join(v []float64, format string) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprintf(format, x)
+	}
+	return strings.Join(s, ", ")
+}
