@@ -235,6 +235,7 @@ func (u *Update) Commit(sync bool, mtime time.Time, op Op) (node.Status, error) 
 	var st node.Status
 	made := false
 	err = s.mutate(f.Volume, func(v *vtx) error {
+		made = false // a run may be repeated (group)
 		if d, ok := v.findOp(op); ok {
 			st, made = v.statusNow(d.vnodes[0]), true
 			return nil

@@ -250,6 +250,7 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target st
 		return st, d, false, fmt.Errorf("create %s: type %v: %w", name, t, syscall.EINVAL)
 	}
 	err = s.mutate(dir.Volume, func(v *vtx) error {
+		created = false // a run may be repeated (group)
 		dr, err := v.getDir(dir)
 		if err != nil {
 			return err
@@ -425,6 +426,7 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, o
 		return res, fmt.Errorf("rename %s: across volumes: %w", sname, syscall.EXDEV)
 	}
 	err = s.mutate(src.Volume, func(v *vtx) error {
+		res = RenameResult{} // a run may be repeated (group)
 		sd, err := v.getDir(src)
 		if err != nil {
 			return err

@@ -23,6 +23,7 @@ func (s *Store) Reserve(vol uint64, n int) ([]node.FID, error) {
 	}
 	var fids []node.FID
 	err := s.mutate(vol, func(v *vtx) error {
+		fids = nil // a run may be repeated (group)
 		vn := getU64(v.meta.Get(keyNextVnode))
 		uq := getU64(v.meta.Get(keyUnique))
 		res := v.tx.Bucket(bktReserved)
@@ -67,6 +68,7 @@ func (s *Store) CreateReserved(dir node.FID, fs []Reserved, op Op) (sts []node.S
 		}
 	}
 	err = s.mutate(dir.Volume, func(v *vtx) error {
+		sts = nil // a run may be repeated (group)
 		dr, err := v.getDir(dir)
 		if err != nil {
 			return err

@@ -76,6 +76,9 @@ type Store struct {
 	// (an I/O error); they fail with EIO until a restart replays the redo.
 	stuckMu sync.Mutex
 	stuck   map[node.FID]bool
+	// group commits the read-write transactions of concurrent requests
+	// together (update).
+	group group
 }
 
 // Open opens (creating on first use) the store in dir, replays interrupted
@@ -96,7 +99,7 @@ func Open(dir string) (*Store, error) {
 		}
 		return nil, fmt.Errorf("data directory %s: %w", dir, err)
 	}
-	s := &Store{dir: dir, db: db, seed: maphash.MakeSeed()}
+	s := &Store{dir: dir, db: db, seed: maphash.MakeSeed(), group: group{db: db}}
 	if err := s.init(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("data directory %s: %w", dir, err)
@@ -292,9 +295,10 @@ func (s *Store) Volumes() ([]Volume, error) {
 	return vs, err
 }
 
-// update runs one read-write transaction, turning a full disk into ENOSPC.
+// update runs one read-write transaction, committed together with those of
+// concurrent calls (group), turning a full disk into ENOSPC.
 func (s *Store) update(fn func(tx *bolt.Tx) error) error {
-	err := s.db.Update(fn)
+	err := s.group.update(fn)
 	if err != nil && errors.Is(err, syscall.ENOSPC) {
 		return fmt.Errorf("metadata: %w", syscall.ENOSPC)
 	}
