@@ -773,10 +773,13 @@ func (e *Entry) Cleaned(stored []Range, st node.Status) error {
 	e.resizeLocked(st.Size)
 	e.st, e.hasSt = st, true
 	cs := e.c.cs
-	buf := make([]byte, cs)
+	var buf []byte // as long as the longest chunk to checksum: a small file's store allocates little
 	for idx, ch := range e.chunks {
 		if !ch.dirty || overlaps(e.dirty, Range{idx * cs, cs}) {
 			continue
+		}
+		if int64(len(buf)) < ch.n {
+			buf = make([]byte, ch.n)
 		}
 		n, err := e.readLocked(buf[:ch.n], idx*cs)
 		if err != nil {
