@@ -77,6 +77,8 @@ type Node struct {
 	madeState  uint64
 	madeBase   uint64
 	recalledAt time.Time
+	// ahead is a directory's read-ahead over its files (dirAhead).
+	ahead dirAhead
 	// bypassing counts the opens of the file that bypass the cache: its
 	// data is then at the server, where a truncation must go too.
 	bypassing int
@@ -246,6 +248,49 @@ func (c *Client) fresh(n *Node) (node.Status, error) {
 		return node.Status{}, err
 	}
 	return n.status(), nil
+}
+
+// bulkStatus is how many statuses one GetStatus asks for (the server
+// takes up to 4096).
+const bulkStatus = 1024
+
+// statusAll learns, in bulk, the status (and promise) of each of ents that
+// is not current, as AFS's InlineBulkStatus does: a kernel that lists a
+// directory with attributes looks up every entry, a round trip each
+// otherwise. Entries gone meanwhile are skipped: a lookup finds out.
+func (c *Client) statusAll(ents []DirEntry) error {
+	var todo []*pb.FID
+	for _, e := range ents {
+		c.nodesMu.Lock()
+		n := c.nodes[e.FID]
+		c.nodesMu.Unlock()
+		if n == nil || !c.current(n) {
+			todo = append(todo, pb.FromFID(e.FID))
+		}
+	}
+	for len(todo) > 0 {
+		batch := todo[:min(len(todo), bulkStatus)]
+		todo = todo[len(batch):]
+		t := c.begin()
+		var reply *pb.GetStatusReply
+		err := c.call(func(ctx context.Context) (err error) {
+			reply, err = c.rpc.GetStatus(ctx, &pb.GetStatusRequest{Fids: batch})
+			return err
+		})
+		if err == nil && len(reply.Results) != len(batch) {
+			err = fmt.Errorf("protocol: %d status results for %d fids", len(reply.Results), len(batch))
+		}
+		for i := 0; err == nil && i < len(batch); i++ {
+			if r := reply.Results[i]; r.Errno == 0 {
+				_, err = c.learnPB(t, r.Status)
+			}
+		}
+		c.end(t)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // forget drops a node that no longer exists on the server, with its cached

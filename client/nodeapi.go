@@ -47,10 +47,14 @@ func (c *Client) Lookup(dir *Node, name string) (*Node, node.Status, error) {
 	return n, st, nil
 }
 
-// ReadDirNode lists dir; mount points are listed as directories.
+// ReadDirNode lists dir, with the status of every entry learnt (a kernel
+// asks for them all: READDIRPLUS); mount points are listed as directories.
 func (c *Client) ReadDirNode(dir *Node) ([]DirEntry, error) {
 	ents, _, err := c.readDir(dir)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.statusAll(ents); err != nil {
 		return nil, err
 	}
 	out := make([]DirEntry, len(ents))

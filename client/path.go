@@ -311,6 +311,9 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 			return nil, errOf("open", name, err)
 		}
 	}
+	if !f.decision.Bypass && f.readable() && parent != nil {
+		c.readAheadIn(parent, base)
+	}
 	if f.writable() && flag&os.O_TRUNC != 0 {
 		err := f.Truncate(0)
 		if err != nil && !gone(err) {

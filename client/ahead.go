@@ -1,0 +1,72 @@
+package client
+
+import "github.com/hoardfs/hoard/node"
+
+// Read-ahead across a directory's files. A program that reads a tree
+// (find | xargs cat, tar, cp -r, grep -r) opens a directory's files in the
+// order of its listing; when it does, the small files after the one it
+// opens are fetched ahead, in the background, in a window that doubles
+// with each open that keeps to the order, as a sequential reader of one
+// file gets the chunks after the ones it reads. A cold tree of small
+// files then costs a round trip per window rather than per file.
+
+// dirAhead is a directory's read-ahead state (Node.mu).
+type dirAhead struct {
+	last   int // listing position of the last file opened for reading
+	window int // files fetched ahead of it; 0 until an open keeps order
+}
+
+// maxAhead bounds the window, in files.
+const maxAhead = 64
+
+// readAheadIn notes an open for reading of the file named base in dir and
+// fetches ahead the small files after it, if the opens keep to the
+// listing's order.
+func (c *Client) readAheadIn(dir *Node, base string) {
+	if !c.listed(dir) {
+		return
+	}
+	dir.mu.Lock()
+	d, ok := dir.dents.get(base)
+	if !ok || !dir.dents.isComplete() {
+		dir.mu.Unlock()
+		return
+	}
+	a := &dir.ahead
+	switch {
+	case d.at > a.last && d.at <= a.last+max(a.window, 1)+1:
+		// In order, or a step past an entry that is not a file.
+		a.window = min(max(2*a.window, 4), maxAhead)
+	default:
+		a.window = 0
+	}
+	a.last = d.at
+	var next []node.FID
+	if a.window > 0 {
+		after := dir.dents.order[min(d.at+1, len(dir.dents.order)):]
+		for _, name := range after[:min(len(after), 4*a.window)] {
+			if len(next) == a.window {
+				break
+			}
+			if e, ok := dir.dents.get(name); ok && e.typ == node.TypeFile {
+				next = append(next, e.fid)
+			}
+		}
+	}
+	dir.mu.Unlock()
+	cs := c.cache.ChunkSize()
+	for _, f := range next {
+		c.nodesMu.Lock()
+		n := c.nodes[f]
+		c.nodesMu.Unlock()
+		// Files whose status is known and current, of one chunk: the
+		// next opens find them whole.
+		if n == nil || !n.valid.Load() || n.entry == nil {
+			continue
+		}
+		if st := n.status(); st.Size == 0 || int64(st.Size) > cs || n.entry.Present(0) {
+			continue
+		}
+		n.fetch([]int64{0}, false)
+	}
+}
