@@ -20,8 +20,9 @@ import (
 //  2. the name: "++name" is cached, "__name" bypassed;
 //  3. the volume: one named "__something" bypasses;
 //  4. the size threshold (Options.BypassThreshold), when set;
-//  5. auto: behaviour. A large file read once, sequentially, end to end is
-//     not admitted until it is opened again within the ghost window; a
+//  5. auto: behaviour. A large file that fits in the cache's free space is
+//     cached; otherwise one read once, sequentially, end to end is not
+//     admitted until it is opened again within the ghost window, and a
 //     random read admits it at once.
 
 // Policy values of an override.
@@ -115,6 +116,12 @@ func (c *Client) decide(n *Node, parent *Node, base string, record bool) Decisio
 	}
 	if int64(st.Size) < c.opts.AutoMin {
 		return Decision{Why: "auto: small file"}
+	}
+	if c.cache.Size()-c.cache.Used() >= int64(st.Size) {
+		// Admission control is for what admitting would evict: with
+		// room to spare, the first read caches the file, and the next
+		// one need not fetch it again.
+		return Decision{Why: "auto: fits without evicting"}
 	}
 	if c.ghosts.use(n.fid, time.Now(), record) {
 		return Decision{Why: "auto: used again within the window"}

@@ -113,21 +113,38 @@ func TestPolicyRules(t *testing.T) {
 	}
 }
 
-// auto: a large file read once, sequentially, is not admitted; a second
-// use is; a random read admits at once.
+// auto: a large file that fits in the cache's free space is cached on its
+// first read. One that would evict: read once, sequentially, it is not
+// admitted; a second use is; a random read admits at once.
 func TestPolicyAuto(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	w := dial(t, srv.addr, "mem", 64<<20)
 	big := pattern(3<<20, 2)
+	filler := pattern(6<<20, 3)
 	writeFile(t, w, "/big", big)
 	writeFile(t, w, "/big2", big)
-	c := dialOpts(t, client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 64 << 20, AutoMin: 1 << 20})
+	writeFile(t, w, "/filler", filler)
 
+	roomy := dialOpts(t, client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 64 << 20, AutoMin: 1 << 20})
+	for range 2 {
+		if got := readSeq(t, roomy, "/big"); !bytes.Equal(got, big) {
+			t.Fatal("read wrong")
+		}
+	}
+	if st := roomy.Stats(); st.BytesCached != int64(len(big)) || st.BytesFetched != int64(len(big)) {
+		t.Fatalf("two reads of a file with room to spare: %d bytes cached, %d fetched; want it cached once", st.BytesCached, st.BytesFetched)
+	}
+
+	// 8 MiB, 6 of them taken: the 3 MiB file would evict.
+	c := dialOpts(t, client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 8 << 20, AutoMin: 1 << 20})
+	if got := readSeq(t, c, "/filler"); !bytes.Equal(got, filler) {
+		t.Fatal("filler read wrong")
+	}
 	if got := readSeq(t, c, "/big"); !bytes.Equal(got, big) {
 		t.Fatal("first read wrong")
 	}
-	if cached := c.Stats().BytesCached; cached != 0 {
-		t.Fatalf("a first sequential read cached %d bytes", cached)
+	if cached := c.Stats().BytesCached; cached != int64(len(filler)) {
+		t.Fatalf("a first sequential read that would evict cached %d bytes", cached-int64(len(filler)))
 	}
 	fetched := c.Stats().BytesFetched
 	if got := readSeq(t, c, "/big"); !bytes.Equal(got, big) {
