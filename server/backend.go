@@ -71,7 +71,7 @@ type Update interface {
 // dataFiles is a Backend whose file bytes sit in local files: only such a
 // backend serves the bulk-data channel, which sends them by sendfile.
 type dataFiles interface {
-	WithData(f node.FID, fn func(st node.Status, data *os.File) error) error
+	WithData(f node.FID, fn func(st node.Status, file *os.File, mem []byte) error) error
 }
 
 // Local is the Backend of a file server: its own vnode store.

@@ -113,7 +113,7 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 		}
 		return nil
 	}
-	err = files.WithData(req.FID, func(st node.Status, file *os.File) error {
+	err = files.WithData(req.FID, func(st node.Status, file *os.File, mem []byte) error {
 		dv = st.DataVersion
 		status, err := proto.Marshal(o.status(st))
 		if err != nil {
@@ -122,6 +122,15 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 		var n uint64
 		if req.Offset < st.Size {
 			n = min(req.Length, st.Size-req.Offset)
+		}
+		if mem != nil {
+			// A small file's bytes, from the metadata store (inline): one
+			// write, header, bytes and checksum.
+			b := mem[req.Offset : req.Offset+n]
+			reply := datapath.AppendOK(nil, status, n)
+			reply = append(reply, b...)
+			_, werr = conn.Write(datapath.AppendCRC(reply, datapath.Checksum(0, b)))
+			return nil
 		}
 		// The checksum costs a read of the range from the page cache
 		// (11 GB/s here); the bytes still go out by sendfile.

@@ -35,7 +35,7 @@ func (s *Store) ReadAt(f node.FID, p []byte, off int64) (n int, st node.Status, 
 	if off < 0 {
 		return 0, st, fmt.Errorf("read %v: negative offset: %w", f, syscall.EINVAL)
 	}
-	err = s.WithData(f, func(fst node.Status, data *os.File) error {
+	err = s.WithData(f, func(fst node.Status, data *os.File, mem []byte) error {
 		st = fst
 		if uint64(off) >= st.Size {
 			return io.EOF
@@ -43,8 +43,11 @@ func (s *Store) ReadAt(f node.FID, p []byte, off int64) (n int, st node.Status, 
 		if rem := st.Size - uint64(off); uint64(len(p)) > rem {
 			p = p[:rem]
 		}
-		if data != nil {
+		switch {
+		case data != nil:
 			n, err = data.ReadAt(p, off)
+		case off < int64(len(mem)):
+			n = copy(p, mem[off:])
 		}
 		if data == nil || err == io.EOF {
 			// No data file, or one shorter than the size after an
@@ -57,11 +60,14 @@ func (s *Store) ReadAt(f node.FID, p []byte, off int64) (n int, st node.Status, 
 	return n, st, err
 }
 
-// Update is one staged data change to a file.
+// Update is one staged data change to a file. Writes are staged in
+// memory while they stay below inlineMax, and in a staging file past it
+// (spill).
 type Update struct {
 	s       *Store
 	fid     node.FID
-	staging *os.File
+	mem     []byte   // staged bytes from 0, while no staging file is needed
+	staging *os.File // nil until spill
 	name    string
 	ranges  []extent
 	cut     uint64
@@ -86,11 +92,25 @@ func (s *Store) BeginUpdate(f node.FID) (*Update, error) {
 	if r.Type != node.TypeFile {
 		return nil, fmt.Errorf("write %v: %w", f, syscall.EISDIR)
 	}
-	tmp, err := os.CreateTemp(filepath.Join(s.dir, "staging"), "s-*")
-	if err != nil {
-		return nil, err
+	return &Update{s: s, fid: f}, nil
+}
+
+// spill moves the staged bytes to a staging file, from which the commit of
+// a file past inlineMax takes them.
+func (u *Update) spill() error {
+	if u.staging != nil {
+		return nil
 	}
-	return &Update{s: s, fid: f, staging: tmp, name: filepath.Base(tmp.Name())}, nil
+	tmp, err := os.CreateTemp(filepath.Join(u.s.dir, "staging"), "s-*")
+	if err != nil {
+		return fmt.Errorf("write %v: %w", u.fid, errnoOf(err))
+	}
+	u.staging, u.name = tmp, filepath.Base(tmp.Name())
+	if _, err := tmp.WriteAt(u.mem, 0); err != nil {
+		return fmt.Errorf("write %v: %w", u.fid, errnoOf(err))
+	}
+	u.mem = nil
+	return nil
 }
 
 // WriteAt stages p at off.
@@ -101,10 +121,21 @@ func (u *Update) WriteAt(p []byte, off int64) error {
 	if len(p) == 0 {
 		return nil
 	}
-	if _, err := u.staging.WriteAt(p, off); err != nil {
-		return fmt.Errorf("write %v: %w", u.fid, errnoOf(err))
+	end := off + int64(len(p))
+	if u.staging == nil && end <= inlineMax {
+		if int64(len(u.mem)) < end {
+			u.mem = append(u.mem, make([]byte, end-int64(len(u.mem)))...)
+		}
+		copy(u.mem[off:], p)
+	} else {
+		if err := u.spill(); err != nil {
+			return err
+		}
+		if _, err := u.staging.WriteAt(p, off); err != nil {
+			return fmt.Errorf("write %v: %w", u.fid, errnoOf(err))
+		}
 	}
-	u.ranges = append(u.ranges, extent{off, off + int64(len(p))})
+	u.ranges = append(u.ranges, extent{off, end})
 	return nil
 }
 
@@ -128,8 +159,10 @@ func (u *Update) Abort() {
 		return
 	}
 	u.done = true
-	u.staging.Close()
-	os.Remove(u.staging.Name())
+	if u.staging != nil {
+		u.staging.Close()
+		os.Remove(u.staging.Name())
+	}
 }
 
 // pending is the redo record of a commit in flight.
@@ -184,8 +217,10 @@ func (u *Update) Commit(sync bool, mtime time.Time, op Op) (node.Status, error) 
 		return node.Status{}, err
 	}
 	var r record
+	var oldInline []byte
 	err := s.view(f.Volume, func(v *vtx) (err error) {
 		r, err = v.get(f)
+		oldInline = v.inlineData(f.Vnode, &r)
 		return err
 	})
 	if err != nil {
@@ -206,19 +241,35 @@ func (u *Update) Commit(sync bool, mtime time.Time, op Op) (node.Status, error) 
 		cut = min(cut, u.size)
 		ranges = clipExtents(ranges, int64(u.size))
 	}
+	if p.size <= inlineMax {
+		data, err := u.content(r, oldInline, cut, p.size, ranges)
+		if err != nil {
+			return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
+		}
+		return u.commitInline(r, data, mtime, op)
+	}
+	if err := u.spill(); err != nil {
+		return node.Status{}, err
+	}
 	old := filepath.Join(s.dir, dataRel(f.Volume, f.Vnode, r.DataGen))
 	// Copy whichever is smaller: the staged bytes into the data file, or the
 	// old bytes the store did not overwrite into the staging file. A file
 	// with no data file yet is all zeros, as are the staging file's holes.
 	gaps := gapsIn(ranges, int64(cut))
-	if r.DataGen == 0 || len(ranges) > 0 && (cut < r.Size || extentBytes(gaps) <= extentBytes(ranges)) {
+	switch {
+	case r.DataGen == genInline:
+		if err := fillGapsFrom(u.staging, oldInline, gaps); err != nil {
+			return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
+		}
+		p.newGen = s.newGen()
+	case r.DataGen == 0 || len(ranges) > 0 && (cut < r.Size || extentBytes(gaps) <= extentBytes(ranges)):
 		if r.DataGen != 0 {
 			if err := fillGaps(u.staging, old, gaps); err != nil {
 				return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
 			}
 		}
 		p.oldGen, p.newGen = r.DataGen, s.newGen()
-	} else {
+	default:
 		p.ranges = ranges
 		// Reserve the blocks first so that the in-place copy cannot run out
 		// of space half way: a full disk fails here, before anything is
@@ -244,6 +295,11 @@ func (u *Update) Commit(sync bool, mtime time.Time, op Op) (node.Status, error) 
 		if err != nil {
 			return err
 		}
+		if r.DataGen == genInline {
+			if err := v.inline.Delete(u64(f.Vnode)); err != nil {
+				return err
+			}
+		}
 		if p.newGen != 0 {
 			r.DataGen = p.newGen
 			if p.oldGen != 0 {
@@ -252,18 +308,10 @@ func (u *Update) Commit(sync bool, mtime time.Time, op Op) (node.Status, error) 
 				}
 			}
 		}
-		r.Size = p.size
-		r.DV++
-		if mtime.IsZero() {
-			r.Mtime = v.now
-		} else {
-			r.Mtime = mtime.UnixNano()
-		}
-		r.Ctime = v.now
+		st = v.stored(f.Vnode, &r, p.size, mtime)
 		if err := v.put(f.Vnode, &r); err != nil {
 			return err
 		}
-		st = r.status(v.id, f.Vnode)
 		if err := v.recordOp(op, done{vnodes: []named{namedBy(st)}}); err != nil {
 			return err
 		}
@@ -279,6 +327,20 @@ func (u *Update) Commit(sync bool, mtime time.Time, op Op) (node.Status, error) 
 		return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
 	}
 	return st, nil
+}
+
+// stored makes r the record of a store's new version of size bytes (mtime,
+// if not zero, is the writer's) and returns its status.
+func (v *vtx) stored(vnode uint64, r *record, size uint64, mtime time.Time) node.Status {
+	r.Size = size
+	r.DV++
+	if mtime.IsZero() {
+		r.Mtime = v.now
+	} else {
+		r.Mtime = mtime.UnixNano()
+	}
+	r.Ctime = v.now
+	return r.status(v.id, vnode)
 }
 
 // finish carries out a published commit; recovery calls it again for any
@@ -334,7 +396,7 @@ func (s *Store) apply(staging string, p pending, sync bool) error {
 		gen = r.DataGen
 		return err
 	})
-	if err != nil || gen == 0 {
+	if err != nil || gen == 0 || gen == genInline {
 		os.Remove(staging)
 		return err
 	}
@@ -570,11 +632,12 @@ func (s *Store) collectGarbage() {
 	})
 }
 
-// WithData calls fn with f's status and its open data file (nil while the
-// file has no data file: all zeros), under the file's shared lock, so the
-// bytes fn reads belong to that status's data version. fn should be quick:
-// a store of f waits for it.
-func (s *Store) WithData(f node.FID, fn func(st node.Status, data *os.File) error) error {
+// WithData calls fn with f's status and its bytes: its open data file, or
+// a copy of them when they are inline (mem), or neither while the file
+// has no data (all zeros). It runs under the file's shared lock, so the
+// bytes fn reads belong to that status's data version. fn should be
+// quick: a store of f waits for it.
+func (s *Store) WithData(f node.FID, fn func(st node.Status, file *os.File, mem []byte) error) error {
 	l := s.lock(f)
 	l.RLock()
 	defer l.RUnlock()
@@ -582,8 +645,10 @@ func (s *Store) WithData(f node.FID, fn func(st node.Status, data *os.File) erro
 		return err
 	}
 	var r record
+	var mem []byte
 	err := s.view(f.Volume, func(v *vtx) (err error) {
 		r, err = v.get(f)
+		mem = v.inlineData(f.Vnode, &r)
 		return err
 	})
 	if err != nil {
@@ -593,13 +658,16 @@ func (s *Store) WithData(f node.FID, fn func(st node.Status, data *os.File) erro
 	if r.Type != node.TypeFile {
 		return fmt.Errorf("read %v: %w", f, syscall.EISDIR)
 	}
-	if r.DataGen == 0 {
-		return fn(st, nil)
+	if r.DataGen == genInline && uint64(len(mem)) != r.Size {
+		return fmt.Errorf("read %v: %d bytes inline for a size of %d: %w", f, len(mem), r.Size, syscall.EIO)
+	}
+	if r.DataGen == 0 || r.DataGen == genInline {
+		return fn(st, nil, mem)
 	}
 	fd, err := os.Open(filepath.Join(s.dir, dataRel(f.Volume, f.Vnode, r.DataGen)))
 	if err != nil {
 		return err
 	}
 	defer fd.Close()
-	return fn(st, fd)
+	return fn(st, fd, nil)
 }

@@ -21,6 +21,7 @@ type vtx struct {
 	names   *bolt.Bucket
 	cookies *bolt.Bucket
 	meta    *bolt.Bucket
+	inline  *bolt.Bucket // small files' bytes (inline.go)
 	now     int64
 	garbage bool // a data file was queued for deletion
 }
@@ -31,7 +32,7 @@ func openVol(tx *bolt.Tx, id uint64) (*vtx, error) {
 		return nil, fmt.Errorf("volume %d: %w", id, syscall.ENOENT)
 	}
 	return &vtx{tx: tx, id: id, vnodes: vb.Bucket(bktVnodes), names: vb.Bucket(bktNames),
-		cookies: vb.Bucket(bktCookies), meta: vb.Bucket(bktVolMeta), now: time.Now().UnixNano()}, nil
+		cookies: vb.Bucket(bktCookies), meta: vb.Bucket(bktVolMeta), inline: vb.Bucket(bktInline), now: time.Now().UnixNano()}, nil
 }
 
 // get loads the vnode f names. A FID whose vnode is gone or whose uniquifier
@@ -130,6 +131,9 @@ func (v *vtx) unlinkVnode(vnode uint64, r *record) error {
 	}
 	if err := v.vnodes.Delete(u64(vnode)); err != nil {
 		return err
+	}
+	if r.DataGen == genInline {
+		return v.inline.Delete(u64(vnode))
 	}
 	if r.DataGen != 0 {
 		v.garbage = true

@@ -1,8 +1,9 @@
 // Package vnode is the file server's store: volumes of vnodes whose metadata
 // (status, directory entries) lives in one bbolt database and whose data lives
-// in one file per vnode. Every change is one bbolt transaction, so a crash
-// leaves either the old or the new state; data stores are staged and then
-// committed under a redo record (see data.go).
+// in one file per vnode, or, for a small file, in the database too
+// (inline.go). Every change is one bbolt transaction, so a crash leaves
+// either the old or the new state; data stores to files are staged and
+// then committed under a redo record (see data.go).
 //
 // bbolt was chosen over pebble and SQLite: it is a pure-Go, single-file B+tree
 // with serialisable transactions and durable commits (etcd's store), readers
@@ -40,6 +41,7 @@ var (
 	bktNames   = []byte("names")
 	bktCookies = []byte("cookies")
 	bktVolMeta = []byte("vmeta")
+	bktInline  = []byte("inline") // vnode → a small file's bytes (inline.go)
 
 	keyEpoch     = []byte("epoch")
 	keyNextVol   = []byte("nextvol")
@@ -48,7 +50,9 @@ var (
 	keyFormat    = []byte("format")
 )
 
-const formatVersion = 2
+// formatVersion 3 added the volumes' inline buckets; a store of format 2
+// is upgraded when opened.
+const formatVersion = 3
 
 // RootVolume is the volume a new server creates and clients mount.
 const RootVolume = "root"
@@ -92,7 +96,11 @@ func Open(dir string) (*Store, error) {
 			return nil, fmt.Errorf("data directory %s: %w", dir, err)
 		}
 	}
-	db, err := bolt.Open(filepath.Join(dir, "hoard.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	// Small files' bytes live in the database (inline.go), so pages are
+	// freed and reused at their pace: as etcd does, the freelist is a map
+	// and is not written at every commit (it is rebuilt when opening).
+	db, err := bolt.Open(filepath.Join(dir, "hoard.db"), 0o600, &bolt.Options{Timeout: time.Second,
+		NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("data directory %s is in use by another server", dir)
@@ -120,8 +128,15 @@ func (s *Store) init() error {
 			}
 		}
 		meta := tx.Bucket(bktMeta)
-		if f := meta.Get(keyFormat); f != nil && getU64(f) != formatVersion {
+		f := meta.Get(keyFormat)
+		if f != nil && getU64(f) != formatVersion && getU64(f) != 2 {
 			return fmt.Errorf("format version %d, this hoard reads %d", getU64(f), formatVersion)
+		}
+		if err := tx.Bucket(bktVolumes).ForEachBucket(func(k []byte) error {
+			_, err := tx.Bucket(bktVolumes).Bucket(k).CreateBucketIfNotExists(bktInline)
+			return err
+		}); err != nil {
+			return err
 		}
 		if err := meta.Put(keyFormat, u64(formatVersion)); err != nil {
 			return err
@@ -209,7 +224,7 @@ func createVolume(tx *bolt.Tx, name string) (Volume, error) {
 	if err != nil {
 		return Volume{}, err
 	}
-	for _, b := range [][]byte{bktVnodes, bktNames, bktCookies, bktVolMeta} {
+	for _, b := range [][]byte{bktVnodes, bktNames, bktCookies, bktVolMeta, bktInline} {
 		if _, err := vb.CreateBucket(b); err != nil {
 			return Volume{}, err
 		}

@@ -529,6 +529,7 @@ func TestRedoAfterCrash(t *testing.T) {
 			// Stage and publish by hand, skipping finish.
 			u, _ := s.BeginUpdate(f)
 			u.WriteAt(data, off)
+			u.spill() // as a commit of a file past inlineMax does
 			u.staging.Sync()
 			var rec record
 			s.view(f.Volume, func(v *vtx) (err error) { rec, err = v.get(f); return })
@@ -693,7 +694,7 @@ func TestRemoveWaitsForCommitInFlight(t *testing.T) {
 	s := open(t, t.TempDir())
 	r := root(t, s)
 	f := mustCreate(t, s, r, "f", node.TypeFile).FID
-	write(t, s, f, 0, []byte("data"))
+	write(t, s, f, 0, make([]byte, inlineMax+1)) // in a data file
 	files := func() []string {
 		m, _ := filepath.Glob(filepath.Join(s.Dir(), "data", "*", "*", fmt.Sprintf("%d.*", f.Vnode)))
 		return m
