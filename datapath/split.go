@@ -261,17 +261,30 @@ func (dc *dataConn) fetch(ctx context.Context, session string, fid node.FID, off
 	})
 }
 
+// smallStore is the largest store sent in one write.
+const smallStore = 64 << 10
+
 func (dc *dataConn) store(ctx context.Context, session string, a StoreArgs) (node.Status, time.Duration, error) {
 	hdr, err := proto.Marshal(storeHeader(a))
 	if err != nil {
 		return node.Status{}, 0, &final{err}
 	}
-	req := AppendRequest(nil, Request{Op: OpStore, Session: session, FID: a.FID, Length: uint64(len(hdr))})
+	out := append(AppendRequest(nil, Request{Op: OpStore, Session: session, FID: a.FID, Length: uint64(len(hdr))}), hdr...)
+	// A small store goes out in one write, its end included: each write is
+	// a system call, and often a packet of its own.
+	whole := a.bytes() <= smallStore
 	dc.deadline(ctx)
-	if _, err := dc.conn.Write(append(req, hdr...)); err != nil {
-		return node.Status{}, 0, err
+	if !whole {
+		if _, err := dc.conn.Write(out); err != nil {
+			return node.Status{}, 0, err
+		}
+		out = out[:0]
 	}
 	err = a.eachPiece(func(off int64, p []byte) error {
+		if whole {
+			out = AppendCRC(append(AppendPiece(out, off, len(p)), p...), Checksum(0, p))
+			return nil
+		}
 		dc.deadline(ctx)
 		v := net.Buffers{AppendPiece(nil, off, len(p)), p, AppendCRC(nil, Checksum(0, p))}
 		_, err := v.WriteTo(dc.conn)
@@ -284,7 +297,7 @@ func (dc *dataConn) store(ctx context.Context, session string, a StoreArgs) (nod
 	if err != nil {
 		return node.Status{}, 0, err
 	}
-	if _, err := dc.conn.Write(AppendPiece(nil, 0, 0)); err != nil {
+	if _, err := dc.conn.Write(AppendPiece(out, 0, 0)); err != nil {
 		return node.Status{}, 0, err
 	}
 	// The server commits before it answers: a synchronous commit of a big
