@@ -13,10 +13,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -78,6 +81,10 @@ func treeBench(bin, scratch string) error {
 	fmt.Printf("\ncommand: HOARD_BIN=%s go run ./bench %s\n", os.Getenv("HOARD_BIN"), strings.Join(os.Args[1:], " "))
 
 	dir := filepath.Join(scratch, "tree")
+	trips, err := roundTrips(bin, dir, fss)
+	if err != nil {
+		return err
+	}
 	res := map[string]map[int]*treeTimes{}
 	for _, n := range ns {
 		src := filepath.Join(dir, fmt.Sprintf("src%d", n))
@@ -124,6 +131,7 @@ func treeBench(bin, scratch string) error {
 		bigs[f] = b
 	}
 	printTree(ns, res, bigs, big)
+	printTrips(trips)
 	return nil
 }
 
@@ -594,4 +602,96 @@ func join(v []float64, format string) string {
 		s[i] = fmt.Sprintf(format, x)
 	}
 	return strings.Join(s, ", ")
+}
+
+// tripTimes is one FUSE file system's request round trip: the caller on
+// the CPU its daemon runs on, and on another.
+type tripTimes struct{ same, other time.Duration }
+
+// roundTrips measures, on a fresh target of each FUSE file system of fss,
+// what one request costs: the mean of getxattr calls the daemon answers
+// (ENODATA), with the daemon's threads held to CPU 0 and the caller on
+// CPU 0, then on CPU 1. A machine where waking a thread on another CPU is
+// dear (a virtual machine's inter-processor interrupts) shows it here.
+func roundTrips(bin, dir string, fss []string) (map[string]tripTimes, error) {
+	out := map[string]tripTimes{}
+	if runtime.NumCPU() < 2 {
+		return out, nil
+	}
+	for _, f := range fss {
+		if f == "local" {
+			continue
+		}
+		err := inRound(f+", round trips", func(ctx context.Context) error {
+			return withTarget(ctx, bin, filepath.Join(dir, "trip-"+f), f, 1<<30, func(tg *treeTarget) error {
+				path := filepath.Join(tg.root, "f")
+				if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
+					return err
+				}
+				pid, err := daemonOf(tg.root)
+				if err != nil {
+					return err
+				}
+				if _, err := runCmd(ctx, "taskset", "-a", "-p", "-c", "0", strconv.Itoa(pid)); err != nil {
+					return err
+				}
+				defer runCmd(ctx, "taskset", "-a", "-p", "-c", fmt.Sprintf("0-%d", runtime.NumCPU()-1), strconv.Itoa(pid))
+				t := tripTimes{same: tripOn(0, path), other: tripOn(1, path)}
+				out[f] = t
+				return nil
+			})
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// tripOn is the mean time of a getxattr of path from a thread held to cpu.
+func tripOn(cpu int, path string) time.Duration {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var was, one unix.CPUSet
+	unix.SchedGetaffinity(0, &was)
+	one.Set(cpu)
+	unix.SchedSetaffinity(0, &one)
+	defer unix.SchedSetaffinity(0, &was)
+	const n = 20000
+	buf := make([]byte, 64)
+	start := time.Now()
+	for range n {
+		unix.Getxattr(path, "user.hoard-bench", buf)
+	}
+	return time.Since(start) / n
+}
+
+// daemonOf is the process serving the FUSE mount at mnt: the one whose
+// command line ends with it.
+func daemonOf(mnt string) (int, error) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if err == nil && args[len(args)-1] == mnt {
+			return strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		}
+	}
+	return 0, fmt.Errorf("no process serves %s", mnt)
+}
+
+func printTrips(trips map[string]tripTimes) {
+	if len(trips) == 0 {
+		return
+	}
+	fmt.Printf("\n### A FUSE request's round trip\n\n")
+	fmt.Println("Mean of 20,000 getxattr calls the daemon answers, its threads held to CPU 0; µs.")
+	fmt.Println()
+	fmt.Println("| file system | caller on the daemon's CPU | caller on another CPU |")
+	fmt.Println("|---|---|---|")
+	for _, f := range []string{"bindfs", "hoard"} {
+		if t, ok := trips[f]; ok {
+			fmt.Printf("| %s | %.1f | %.1f |\n", f, us(t.same), us(t.other))
+		}
+	}
 }
