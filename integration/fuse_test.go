@@ -844,3 +844,38 @@ func reached(t *testing.T, c *client.Client, name string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// hoard umount returns once the mount's daemon has stored what its
+// write-back held and exited: a script that unmounts and then stops the
+// server (make run does) loses nothing; the files are at the server, and
+// survive its kill -9, when umount returns.
+func TestFuseUmountStoresFirst(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	m := startMount(t, srv, t.TempDir())
+	if err := os.Mkdir(m.path("d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	for i := range n {
+		if err := os.WriteFile(m.path(fmt.Sprintf("d/f%d", i)), pattern(5000, byte(i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, code := run(t, "umount", m.dir); code != 0 {
+		t.Fatalf("umount: %d %s", code, out)
+	}
+	if mounted, _ := mount.IsMounted(m.dir); mounted {
+		t.Fatal("still mounted")
+	}
+	if state, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", m.cmd.Process.Pid)); err == nil && !bytes.Contains(state, []byte(") Z ")) {
+		t.Fatalf("umount returned with the daemon still running: %s", state)
+	}
+	srv.kill9()
+	srv.restart()
+	c := dial(t, srv.addr, "mem", 64<<20)
+	for i := range n {
+		if got := readFile(t, c, fmt.Sprintf("/d/f%d", i)); !bytes.Equal(got, pattern(5000, byte(i))) {
+			t.Fatalf("/d/f%d after umount and the server's kill -9: %d bytes", i, len(got))
+		}
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"log/slog"
 	"os"
@@ -176,15 +177,124 @@ func daemonize(pidfile, logfile string) error {
 }
 
 func umountCmd() *cobra.Command {
-	return &cobra.Command{
+	var wait time.Duration
+	cmd := &cobra.Command{
 		Use:   "umount MOUNTPOINT",
-		Short: "unmount a hoard mount, also one whose daemon died",
+		Short: "unmount a hoard mount, once its daemon stored what it held; also one whose daemon died",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			d, found := findDaemon(args[0])
+			lost := d.lost()
 			if err := mount.Unmount(args[0]); err != nil {
 				return usageError{err}
+			}
+			if !found || wait == 0 {
+				return nil
+			}
+			if !d.waitExit(wait) {
+				return fmt.Errorf("unmounted; the mount daemon (pid %d) is still storing what it held after %v, and goes on in the background", d.pid, wait)
+			}
+			if n := d.lost() - lost; n > 0 {
+				return fmt.Errorf("unmounted; %d writes could not be stored at the server and were kept: hoard cache lost --cache %s", n, d.cache)
 			}
 			return nil
 		},
 	}
+	cmd.Flags().DurationVar(&wait, "wait", 10*time.Minute, "how long to wait for the mount's daemon to store the writes it holds and exit (0: do not wait)")
+	return cmd
+}
+
+// daemon is the process serving a mount, and its cache directory.
+type daemon struct {
+	pid   int
+	cache string
+}
+
+// findDaemon finds the hoard mount process serving dir: one whose
+// arguments are "mount" and, among the rest, dir (as it named it, from
+// its working directory).
+func findDaemon(dir string) (daemon, bool) {
+	want, err := filepath.Abs(dir)
+	if err != nil {
+		return daemon{}, false
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if err != nil || len(args) < 3 || args[1] != "mount" {
+			continue
+		}
+		proc := filepath.Dir(p)
+		cwd, err := os.Readlink(filepath.Join(proc, "cwd"))
+		if err != nil {
+			continue
+		}
+		for _, a := range args[2:] {
+			if !filepath.IsAbs(a) {
+				a = filepath.Join(cwd, a)
+			}
+			if filepath.Clean(a) == want {
+				pid, _ := strconv.Atoi(filepath.Base(proc))
+				return daemon{pid: pid, cache: cacheArg(args, cwd)}, true
+			}
+		}
+	}
+	return daemon{}, false
+}
+
+// cacheArg is the cache directory a mount's arguments name ("" for the
+// default or a memory cache: not looked at).
+func cacheArg(args []string, cwd string) string {
+	for i, a := range args {
+		v, ok := strings.CutPrefix(a, "--cache=")
+		if a == "--cache" && i+1 < len(args) {
+			v, ok = args[i+1], true
+		}
+		if ok && v != "" {
+			if !filepath.IsAbs(v) {
+				v = filepath.Join(cwd, v)
+			}
+			return v
+		}
+	}
+	return ""
+}
+
+// lost counts the writes kept in the daemon's cache's lost/.
+func (d daemon) lost() int {
+	if d.cache == "" {
+		return 0
+	}
+	l, _ := client.ListLost(d.cache)
+	return len(l)
+}
+
+// waitExit waits up to max for the daemon to exit, saying once that it
+// is at work if that takes more than a second.
+func (d daemon) waitExit(max time.Duration) bool {
+	start := time.Now()
+	said := false
+	for time.Since(start) < max {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.pid))
+		if err != nil || procState(b) == "Z" {
+			return true
+		}
+		if !said && time.Since(start) > time.Second {
+			fmt.Fprintf(os.Stderr, "hoard: waiting for the mount daemon (pid %d) to store what it holds\n", d.pid)
+			said = true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return false
+}
+
+// procState is the state field of a /proc/PID/stat line (after the
+// command name, which may hold spaces and parentheses).
+func procState(stat []byte) string {
+	i := bytes.LastIndexByte(stat, ')')
+	if f := strings.Fields(string(stat[i+1:])); i >= 0 && len(f) > 0 {
+		return f[0]
+	}
+	return ""
 }
