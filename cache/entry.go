@@ -781,6 +781,12 @@ func (e *Entry) Cleaned(stored []Range, st node.Status) error {
 		if int64(len(buf)) < ch.n {
 			buf = make([]byte, ch.n)
 		}
+		// The bound on open cache files may have closed this one since
+		// it was written (maxOpen): thousands of files wait for the
+		// write-back at once.
+		if err := e.openFileLocked(); err != nil {
+			return err
+		}
 		n, err := e.readLocked(buf[:ch.n], idx*cs)
 		if err != nil {
 			return err

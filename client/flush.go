@@ -27,13 +27,18 @@ const (
 type flusher struct {
 	c    *Client
 	kick chan struct{}
+	// halted stops the background passes (halt); stopped closes when the
+	// loop has returned.
+	halted   chan struct{}
+	haltOnce sync.Once
+	stopped  chan struct{}
 
 	mu    sync.Mutex
 	dirty map[*Node]bool // true while being stored
 }
 
 func newFlusher(c *Client) *flusher {
-	return &flusher{c: c, kick: make(chan struct{}, 1), dirty: map[*Node]bool{}}
+	return &flusher{c: c, kick: make(chan struct{}, 1), halted: make(chan struct{}), stopped: make(chan struct{}), dirty: map[*Node]bool{}}
 }
 
 // add puts n on the dirty list and wakes the flusher when it has work.
@@ -102,11 +107,14 @@ func (f *flusher) all() []*Node {
 // run is the flusher's loop: a pass at every wake-up and once a second.
 func (f *flusher) run() {
 	defer f.c.wg.Done()
+	defer close(f.stopped)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		select {
 		case <-f.c.ctx.Done():
+			return
+		case <-f.halted:
 			return
 		case <-f.kick:
 		case <-t.C:
@@ -222,9 +230,19 @@ func (f *flusher) drain(skip *Node) bool {
 
 var errBusy = errors.New("file busy")
 
+// halt stops the background passes and waits for the one under way to
+// end: a file that pass is storing is skipped by a drain, and would
+// otherwise be left on the list, and taken for one that could not be
+// stored, by Close.
+func (f *flusher) halt() {
+	f.haltOnce.Do(func() { close(f.halted) })
+	<-f.stopped
+}
+
 // flushAll stores every dirty file, at Close; what could not be stored is
 // kept in lost/ and reported.
 func (c *Client) flushAll() error {
+	c.flusher.halt()
 	c.flusher.drain(nil)
 	var errs []error
 	for _, n := range c.flusher.all() {
