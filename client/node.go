@@ -372,6 +372,32 @@ func (dir *Node) addDentLocked(name string, fid node.FID, typ node.Type) {
 	dir.dents.add(name, fid, typ)
 }
 
+// lockNamed holds, until unlock, the writers' lock of the file that name
+// names in dir, if the listing knows it: a remove, or a rename over it,
+// waits for a store of its writes under way, and a store waits for it.
+// Otherwise the store could reach the server after the remove and fail
+// (ESTALE) before this client heard of its own remove, and keep the
+// writes as lost instead of dropping them. (Lock order: a file's wmu
+// before its directory's nsmu, as a store that settles takes them.)
+func (c *Client) lockNamed(dir *Node, name string) (unlock func()) {
+	dir.mu.Lock()
+	d, ok := dir.dents.get(name)
+	dir.mu.Unlock()
+	if !ok || d.typ != node.TypeFile {
+		return func() {}
+	}
+	c.nodesMu.Lock()
+	n := c.nodes[d.fid]
+	c.nodesMu.Unlock()
+	if n == nil || n.made() != nil {
+		// A file made here is stored only after its settle, which the
+		// request's hold makes first (and which takes this lock).
+		return func() {}
+	}
+	n.wmu.Lock()
+	return n.wmu.Unlock
+}
+
 // lookup finds name in dir, from the cache when dir's promise is valid.
 func (c *Client) lookup(dir *Node, name string) (*Node, error) {
 	n, _, err := c.lookupAt(dir, name)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"strings"
@@ -430,5 +431,54 @@ func TestRemovedWhileDirty(t *testing.T) {
 	}
 	if lost, err := client.ListLost(cacheDir); err != nil || len(lost) != 0 {
 		t.Fatalf("lost: %+v %v", lost, err)
+	}
+}
+
+// A client that removes a file whose writes it is storing at that moment
+// drops those writes: the store that would reach the server after the
+// remove (the data channel is slower here, held by a relay) would fail
+// with ESTALE, and must not be taken for a loss. The remove waits for the
+// store instead.
+func TestRemoveWhileStoring(t *testing.T) {
+	dataAddr := freeAddr(t)
+	rl := startRelay(t, dataAddr, "")
+	srv := startServer(t, t.TempDir(), "--data-listen", dataAddr, "--data-advertise", rl.addr())
+	cache := t.TempDir()
+	c, err := client.Dial(client.Options{Server: srv.addr, CacheDir: cache, CacheSize: 64 << 20, NoDirDelegations: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f, err := c.Create("/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(pattern(3000, 1)); err != nil {
+		t.Fatal(err)
+	}
+	rl.pause(true)
+	stores := c.Stats().Stores
+	synced := make(chan error, 1)
+	go func() { synced <- f.Sync() }()
+	for c.Stats().Stores == stores {
+		time.Sleep(time.Millisecond) // until the store is on its way
+	}
+	removed := make(chan error, 1)
+	go func() { removed <- c.Remove("/f") }()
+	select {
+	case err := <-removed:
+		t.Errorf("the remove returned (%v) while a store of the file was under way", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	rl.pause(false)
+	if err := <-synced; err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	if err := <-removed; err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+	f.Close()
+	if lost, err := client.ListLost(cache); err != nil || len(lost) != 0 {
+		t.Fatalf("%d writes kept as lost (%v) for a file this client removed", len(lost), err)
 	}
 }
