@@ -283,18 +283,7 @@ func (u *Update) Commit(sync bool, mtime time.Time, op Op) (node.Status, error) 
 			return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
 		}
 	}
-	var st node.Status
-	made := false
-	err = s.mutate(f.Volume, func(v *vtx) error {
-		made = false // a run may be repeated (group)
-		if d, ok := v.findOp(op); ok {
-			st, made = v.statusNow(d.vnodes[0]), true
-			return nil
-		}
-		r, err := v.get(f)
-		if err != nil {
-			return err
-		}
+	st, made, err := s.publish(f, op, p.size, mtime, func(v *vtx, r *record) error {
 		if r.DataGen == genInline {
 			if err := v.inline.Delete(u64(f.Vnode)); err != nil {
 				return err
@@ -307,13 +296,6 @@ func (u *Update) Commit(sync bool, mtime time.Time, op Op) (node.Status, error) 
 					return err
 				}
 			}
-		}
-		st = v.stored(f.Vnode, &r, p.size, mtime)
-		if err := v.put(f.Vnode, &r); err != nil {
-			return err
-		}
-		if err := v.recordOp(op, done{vnodes: []named{namedBy(st)}}); err != nil {
-			return err
 		}
 		return v.tx.Bucket(bktPending).Put([]byte(u.name), p.encode())
 	})
@@ -329,18 +311,40 @@ func (u *Update) Commit(sync bool, mtime time.Time, op Op) (node.Status, error) 
 	return st, nil
 }
 
-// stored makes r the record of a store's new version of size bytes (mtime,
-// if not zero, is the writer's) and returns its status.
-func (v *vtx) stored(vnode uint64, r *record, size uint64, mtime time.Time) node.Status {
-	r.Size = size
-	r.DV++
-	if mtime.IsZero() {
-		r.Mtime = v.now
-	} else {
-		r.Mtime = mtime.UnixNano()
-	}
-	r.Ctime = v.now
-	return r.status(v.id, vnode)
+// publish runs the transaction that makes a store's new version of file
+// f, of size bytes (mtime, if not zero, is the writer's): apply changes the
+// record, read afresh, and the buckets that hold the bytes. A store
+// already made under op (its reply was lost) is answered with the status
+// it made instead (made).
+func (s *Store) publish(f node.FID, op Op, size uint64, mtime time.Time, apply func(v *vtx, r *record) error) (st node.Status, made bool, err error) {
+	err = s.mutate(f.Volume, func(v *vtx) error {
+		made = false // a run may be repeated (group)
+		if d, ok := v.findOp(op); ok {
+			st, made = v.statusNow(d.vnodes[0]), true
+			return nil
+		}
+		r, err := v.get(f)
+		if err != nil {
+			return err
+		}
+		if err := apply(v, &r); err != nil {
+			return err
+		}
+		r.Size = size
+		r.DV++
+		if mtime.IsZero() {
+			r.Mtime = v.now
+		} else {
+			r.Mtime = mtime.UnixNano()
+		}
+		r.Ctime = v.now
+		st = r.status(v.id, f.Vnode)
+		if err := v.put(f.Vnode, &r); err != nil {
+			return err
+		}
+		return v.recordOp(op, done{vnodes: []named{namedBy(st)}})
+	})
+	return st, made, err
 }
 
 // finish carries out a published commit; recovery calls it again for any

@@ -68,20 +68,9 @@ func (u *Update) content(r record, oldInline []byte, cut, size uint64, ranges []
 
 // commitInline publishes data as the file's new version, inline: one
 // transaction, no redo record. A data file the file had is deleted after.
-func (u *Update) commitInline(r record, data []byte, mtime time.Time, op Op) (node.Status, error) {
+func (u *Update) commitInline(old record, data []byte, mtime time.Time, op Op) (node.Status, error) {
 	s, f := u.s, u.fid
-	var st node.Status
-	made := false
-	err := s.mutate(f.Volume, func(v *vtx) error {
-		made = false // a run may be repeated (group)
-		if d, ok := v.findOp(op); ok {
-			st, made = v.statusNow(d.vnodes[0]), true
-			return nil
-		}
-		r, err := v.get(f)
-		if err != nil {
-			return err
-		}
+	st, made, err := s.publish(f, op, uint64(len(data)), mtime, func(v *vtx, r *record) error {
 		if r.DataGen != 0 && r.DataGen != genInline {
 			if err := v.tx.Bucket(bktGarbage).Put([]byte(dataRel(f.Volume, f.Vnode, r.DataGen)), nil); err != nil {
 				return err
@@ -89,26 +78,17 @@ func (u *Update) commitInline(r record, data []byte, mtime time.Time, op Op) (no
 		}
 		if len(data) == 0 {
 			r.DataGen = 0
-			err = v.inline.Delete(u64(f.Vnode))
-		} else {
-			r.DataGen = genInline
-			err = v.inline.Put(u64(f.Vnode), data)
+			return v.inline.Delete(u64(f.Vnode))
 		}
-		if err != nil {
-			return err
-		}
-		st = v.stored(f.Vnode, &r, uint64(len(data)), mtime)
-		if err := v.put(f.Vnode, &r); err != nil {
-			return err
-		}
-		return v.recordOp(op, done{vnodes: []named{namedBy(st)}})
+		r.DataGen = genInline
+		return v.inline.Put(u64(f.Vnode), data)
 	})
-	if err != nil || made || r.DataGen == 0 || r.DataGen == genInline {
+	if err != nil || made || old.DataGen == 0 || old.DataGen == genInline {
 		return st, err
 	}
 	// The data file the file had: gone now (the file's lock is held, so
 	// not collectGarbage, which takes it), or at the next start.
-	garbage := dataRel(f.Volume, f.Vnode, r.DataGen)
+	garbage := dataRel(f.Volume, f.Vnode, old.DataGen)
 	if err := os.Remove(filepath.Join(s.dir, garbage)); err == nil || errors.Is(err, os.ErrNotExist) {
 		s.update(func(tx *bolt.Tx) error { return tx.Bucket(bktGarbage).Delete([]byte(garbage)) })
 	}
