@@ -85,15 +85,6 @@ func (f *flusher) nodes() []*Node {
 	return out
 }
 
-// dirtyBytes counts the bytes of unstored writes on the list.
-func (f *flusher) dirtyBytes() int64 {
-	var total int64
-	for _, n := range f.all() {
-		total += n.entry.DirtyBytes()
-	}
-	return total
-}
-
 func (f *flusher) all() []*Node {
 	f.mu.Lock()
 	defer f.mu.Unlock()

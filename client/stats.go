@@ -51,7 +51,7 @@ func (c *Client) Stats() Stats {
 		ReadDelegations: r, WriteDelegations: w,
 		LocalOpens: c.counters.localOpens.Load(), LocalCloses: c.counters.localCloses.Load(),
 		Recalls: c.counters.recalls.Load(), Revoked: c.counters.revoked.Load(), Reclaimed: c.counters.reclaims.Load(),
-		DirtyBytes: c.flusher.dirtyBytes(), Flushed: c.counters.flushed.Load(),
+		DirtyBytes: c.cache.DirtyBytes(), Flushed: c.counters.flushed.Load(),
 		MadeHere: c.counters.madeHere.Load(), MadeDropped: c.counters.madeDropped.Load(), Settled: c.counters.settled.Load(),
 		Nodes: c.nodeCount(),
 	}
