@@ -211,6 +211,7 @@ func (s *Server) grantDeleg(id ClientID, fid node.FID, kind DelegKind) *deleg {
 func (s *Server) dropDeleg(d *deleg) {
 	c := s.clients[d.client]
 	delete(c.delegs, d.fid)
+	delete(c.recalled, d.fid)
 	if c.gone && len(c.delegs) == 0 {
 		delete(s.clients, d.client)
 	}
@@ -292,6 +293,7 @@ func (s *Server) recallAll(ds []*deleg, now time.Time) (Round, []Msg) {
 			continue
 		}
 		d.recalled = now
+		s.clients[d.client].recalled[d.fid] = d
 		m := byClient[d.client]
 		if m == nil {
 			m = &Msg{Kind: MsgRecall, Client: d.client}
@@ -388,9 +390,13 @@ func (s *Server) revokeExpired(now time.Time) []Msg {
 	for _, id := range ids {
 		c := s.clients[id]
 		silent := !c.leaseEnd.After(now)
+		candidates := c.recalled
+		if silent {
+			candidates = c.delegs
+		}
 		var gone []*deleg
-		for _, d := range c.delegs {
-			if silent || !d.recalled.IsZero() && !d.recalled.Add(s.cfg.Lease).After(now) {
+		for _, d := range candidates {
+			if silent || !d.recalled.Add(s.cfg.Lease).After(now) {
 				gone = append(gone, d)
 			}
 		}
@@ -434,15 +440,22 @@ func (s *Server) Reclaim(id ClientID, fid node.FID, state uint64, now time.Time)
 	}
 	old := s.clients[d.client]
 	delete(old.delegs, fid)
+	delete(old.recalled, fid)
 	delete(s.delegsByFID[fid], d.client)
 	if len(old.delegs) == 0 {
 		delete(s.clients, d.client)
 	}
 	if own := c.delegs[fid]; own != nil {
-		s.dropDeleg(own)
+		s.dropDeleg(own) // may take the file's last entry, and its map
 	}
 	d.client = id
 	c.delegs[fid] = d
+	if !d.recalled.IsZero() {
+		c.recalled[fid] = d
+	}
+	if s.delegsByFID[fid] == nil {
+		s.delegsByFID[fid] = map[ClientID]*deleg{}
+	}
 	s.delegsByFID[fid][id] = d
 	h := Held{FID: fid, Kind: d.kind, State: d.state, Recalled: !d.recalled.IsZero()}
 	var msgs []Msg
@@ -460,8 +473,8 @@ func (s *Server) readRecallOverdue(c *clientState, now time.Time) bool {
 	if s.cfg.BreakTimeout <= 0 {
 		return false
 	}
-	for _, d := range c.delegs {
-		if d.kind == DelegRead && !d.recalled.IsZero() && !d.recalled.Add(s.cfg.BreakTimeout).After(now) {
+	for _, d := range c.recalled {
+		if d.kind == DelegRead && !d.recalled.Add(s.cfg.BreakTimeout).After(now) {
 			return true
 		}
 	}
@@ -481,13 +494,11 @@ func (s *Server) delegDeadline() time.Time {
 			continue
 		}
 		earlier(c.leaseEnd)
-		for _, d := range c.delegs {
-			if !d.recalled.IsZero() {
-				if d.kind == DelegRead && s.cfg.BreakTimeout > 0 {
-					earlier(d.recalled.Add(s.cfg.BreakTimeout))
-				} else {
-					earlier(d.recalled.Add(s.cfg.Lease))
-				}
+		for _, d := range c.recalled {
+			if d.kind == DelegRead && s.cfg.BreakTimeout > 0 {
+				earlier(d.recalled.Add(s.cfg.BreakTimeout))
+			} else {
+				earlier(d.recalled.Add(s.cfg.Lease))
 			}
 		}
 	}

@@ -446,6 +446,16 @@ func TestDelegationsRandom(t *testing.T) {
 					}
 				}
 			}
+			for id, c := range s.clients {
+				for f, d := range c.delegs {
+					if under := c.recalled[f] == d; under != !d.recalled.IsZero() {
+						t.Fatalf("seed %d step %d: client %d's delegation on %v recalled at %v, in the recalled set: %v", seed, step, id, f, d.recalled, under)
+					}
+				}
+				if len(c.recalled) > len(c.delegs) {
+					t.Fatalf("seed %d step %d: client %d has %d recalled of %d delegations", seed, step, id, len(c.recalled), len(c.delegs))
+				}
+			}
 			for r, held := range waiting {
 				if !s.Done(r) {
 					continue
@@ -588,5 +598,26 @@ func TestDelegable(t *testing.T) {
 	}
 	if nolease := NewServer(1, cfg()); nolease.Delegable(nolease.Connect("", t0), fid(1), false) {
 		t.Fatal("no lease, no delegations")
+	}
+}
+
+// A session that reclaims an earlier session's delegation on a file it
+// holds one of its own on gets the reclaimed one in its place; the file's
+// table of holders, emptied on the way, is made again (it was a panic).
+func TestReclaimOverOwn(t *testing.T) {
+	s := NewServer(1, dcfg())
+	old := s.Connect("a", t0)
+	r1 := open(t, s, old, fid(1), false, t0)
+	a2 := s.Connect("a", t0)
+	r2 := open(t, s, a2, fid(1), false, t0)
+	if r1.Kind != DelegRead || r2.Kind != DelegRead {
+		t.Fatalf("opens got %v and %v, want read delegations", r1.Kind, r2.Kind)
+	}
+	h, _, ok := s.Reclaim(a2, fid(1), r1.State, t0)
+	if !ok || h.State != r1.State || !s.Valid(a2, fid(1), r1.State) || s.Valid(a2, fid(1), r2.State) {
+		t.Fatalf("reclaim over its own: %+v %v", h, ok)
+	}
+	if s.Delegations() != 1 {
+		t.Fatalf("%d delegations held, want the reclaimed one", s.Delegations())
 	}
 }

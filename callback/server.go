@@ -126,6 +126,9 @@ type clientState struct {
 	nextSeq  uint64
 	pending  []outstanding // in seq order
 	delegs   map[node.FID]*deleg
+	// recalled are the delegs under recall: the timer looks at these
+	// alone, not at every delegation a client holds.
+	recalled map[node.FID]*deleg
 	opens    map[node.FID]*openCount
 	leaseEnd time.Time
 	// gone: the back channel ended while delegations were out; they are
@@ -191,7 +194,7 @@ func (s *Server) Name(id ClientID) string {
 func (s *Server) Connect(name string, now time.Time) ClientID {
 	s.nextID++
 	s.clients[s.nextID] = &clientState{name: name, promises: map[node.FID]*promise{},
-		delegs: map[node.FID]*deleg{}, opens: map[node.FID]*openCount{}, leaseEnd: now.Add(s.cfg.Lease)}
+		delegs: map[node.FID]*deleg{}, recalled: map[node.FID]*deleg{}, opens: map[node.FID]*openCount{}, leaseEnd: now.Add(s.cfg.Lease)}
 	return s.nextID
 }
 
