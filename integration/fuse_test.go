@@ -792,17 +792,40 @@ func TestFuseRenamedOnDuringRename(t *testing.T) {
 	}
 }
 
+// A break whose invalidation the kernel cannot take in time (its
+// directory's lock is held) leaves the kernel's names in place, and the
+// files they lead to distrusted. Finding such a file under its new name,
+// in another directory, must not let the old name lead to it: FUSE's
+// OPEN does not say which name it came through.
+func TestFuseStaleNameAfterLookupElsewhere(t *testing.T) {
+	_, lib, a, renamed := heldRename(t, "3s", map[string]string{"x": "x", "f1": "one"})
+	// a's kernel holds d's lock until its rename returns.
+	if err := lib.Rename("/d/f1", "/g/f0"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(a.path("g/f0")); err != nil || string(got) != "one" {
+		t.Fatalf("a read g/f0 as %q (%v)", got, err)
+	}
+	if got, err := os.ReadFile(a.path("d/f1")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a read d/f1 as %q (%v) after another client renamed it to g/f0", got, err)
+	}
+	if err := <-renamed; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // heldRename sets up mount a's rename of d/x to e/x, applied at the
 // server at once while its reply waits for a stopped mount that has e
 // cached: meanwhile a's kernel holds the locks of d and e. files (x
-// among them) are made in d and read through a first. It returns once
+// among them) are made in d and read through a first; g is another
+// directory, not held. It returns once
 // the rename reached the server, with a library client and the rename's
 // outcome to come.
 func heldRename(t *testing.T, breakTimeout string, files map[string]string) (srv *serverProc, lib *client.Client, a *mountProc, renamed <-chan error) {
 	t.Helper()
 	srv = startServer(t, t.TempDir(), "--break-timeout", breakTimeout)
 	lib = dialCons(t, srv, t.Name()+"-lib", true)
-	for _, d := range []string{"/d", "/e"} {
+	for _, d := range []string{"/d", "/e", "/g"} {
 		if err := lib.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}

@@ -46,6 +46,9 @@ func (fh *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRe
 
 func (fh *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	n, err := fh.f.WriteAt(data, off)
+	if n > 0 {
+		fh.h.m.wrote(fh.h)
+	}
 	return uint32(n), errno(err)
 }
 

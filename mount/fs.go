@@ -12,6 +12,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,6 +29,12 @@ type hnode struct {
 	fs.Inode
 	m *Mount
 	n *client.Node
+	// gen tells this kernel inode from others of the same file
+	// (Mount.kernelGen).
+	gen uint64
+	// lateTicket, when not 0, distrusts this inode until the invalidation
+	// queue sent that ticket (Mount.distrust).
+	lateTicket atomic.Uint64
 
 	mu sync.Mutex
 	// Open modes, as the kernel requires them not to mix on one inode:
@@ -102,20 +109,47 @@ func (h *hnode) child(ctx context.Context, name string, n *client.Node, st node.
 	fillAttr(st, &out.Attr)
 	out.SetEntryTimeout(h.m.c.PromiseLeft(h.n))
 	out.SetAttrTimeout(h.m.c.PromiseLeft(n))
-	return h.NewInode(ctx, &hnode{m: h.m, n: n}, fs.StableAttr{Mode: typeBits(st.Type), Ino: ino(st.FID), Gen: st.FID.Unique})
+	gen := h.m.kernelGen(n.FID(), st.Type == node.TypeDir || st.Type == node.TypeMountPoint)
+	return h.NewInode(ctx, &hnode{m: h.m, n: n, gen: gen}, stableAttr(st, gen))
 }
 
 // stale refuses, with ESTALE, a request on h that may have come through a
 // name the kernel should have dropped already (Mount.distrust). The
 // kernel then walks the path again asking the mount for every name
-// (LOOKUP_REVAL), and a lookup that finds h clears the mark.
+// (LOOKUP_REVAL), and finds the file, if it is still there, through
+// another inode (Mount.kernelGen).
 func (h *hnode) stale() syscall.Errno {
-	if h.m.late(h.n.FID()) {
-		h.m.log.Debug("distrusted: ESTALE", "fid", h.n.FID())
+	if h.late() {
+		h.m.log.Debug("distrusted: ESTALE", "fid", h.n.FID(), "gen", h.gen)
 		return syscall.ESTALE
 	}
 	return 0
 }
+
+// late reports whether h is distrusted.
+func (h *hnode) late() bool {
+	seq := h.lateTicket.Load()
+	if seq == 0 {
+		return false
+	}
+	if h.m.queue.sent() < seq {
+		return true
+	}
+	h.lateTicket.CompareAndSwap(seq, 0) // through since
+	return false
+}
+
+// distrustUntil distrusts h until the invalidation queue sent ticket seq.
+func (h *hnode) distrustUntil(seq uint64) {
+	for {
+		old := h.lateTicket.Load()
+		if old >= seq || h.lateTicket.CompareAndSwap(old, seq) {
+			return
+		}
+	}
+}
+
+func (h *hnode) trust() { h.lateTicket.Store(0) }
 
 // staleAny is the first of hs's stale answers.
 func staleAny(hs ...*hnode) syscall.Errno {
@@ -146,7 +180,6 @@ func (h *hnode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*f
 	if err != nil {
 		return nil, errno(err)
 	}
-	h.m.trusted(n.FID()) // the kernel has it by this name from now on
 	return h.child(ctx, name, n, st, out), 0
 }
 
@@ -407,13 +440,11 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 	// queued, which is meant to wait for the kernel's lock and so come after
 	// the move.
 	np.issue(newName)
-	kernel := moved // the file the kernel files under newName
+	var kernel *hnode // the inode the kernel files under newName
 	if c := h.GetChild(name); c != nil {
-		if ch, ok := c.Operations().(*hnode); ok {
-			kernel = ch.n.FID()
-		}
+		kernel, _ = c.Operations().(*hnode)
 	}
-	late := kernel != moved
+	late := kernel != nil && kernel.n.FID() != moved
 	if late {
 		// The kernel's entry was stale (another client had put
 		// another file under name): it files the wrong file under
@@ -427,12 +458,18 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 		}
 	}
 	if late {
-		// Until the kernel looks newName up again, the file under it is
-		// distrusted: another client may have moved it on meanwhile, and
-		// neither the break's invalidation, sent before the kernel filed
-		// it there, nor the one just queued is seen to drop newName
-		// every time (TestFuseRenamedOnDuringRename).
-		h.m.lateUntil(kernel, untilLookup)
+		// The inode the kernel files under newName is distrusted until
+		// the kernel looks newName up again, which finds the file through
+		// another inode (kernelGen): another client may have moved it on
+		// meanwhile, and neither the break's invalidation, sent before
+		// the kernel filed it there, nor the one just queued is seen to
+		// drop newName every time (TestFuseRenamedOnDuringRename).
+		if kernel == nil {
+			kernel = h.m.current(moved)
+		}
+		if kernel != nil {
+			kernel.distrustUntil(untilLookup)
+		}
 	}
 	return 0
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,14 +45,20 @@ type Mount struct {
 	passthrough bool
 	ptCount     atomic.Int64
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// inodes is each FID's current kernel inode, the one a lookup hands
+	// out; older are the ones it replaced (kernelGen) that the kernel
+	// still holds. Invalidations go to all of them.
 	inodes map[node.FID]*hnode
+	older  map[node.FID][]*hnode
+	// withOlder is len(older), read without mu on every write.
+	withOlder atomic.Int64
+	// gens is the generation of each FID's current kernel inode, for
+	// FIDs past the first.
+	gens map[node.FID]uint64
 	// refs counts the kernel inodes built on each Node: the Node is
 	// released only when the last of them is forgotten.
 	refs map[*client.Node]int
-	// lateNames: files the kernel may reach through names a break voided,
-	// until the invalidation queue sent the ticket (distrust).
-	lateNames map[node.FID]uint64
 }
 
 // InvalidateWait bounds how long a break waits for the kernel to drop its
@@ -68,7 +75,7 @@ func New(o Options) *Mount {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	m := &Mount{log: o.Logger, inodes: map[node.FID]*hnode{}, refs: map[*client.Node]int{}, lateNames: map[node.FID]uint64{}, passthrough: o.Passthrough}
+	m := &Mount{log: o.Logger, inodes: map[node.FID]*hnode{}, older: map[node.FID][]*hnode{}, gens: map[node.FID]uint64{}, refs: map[*client.Node]int{}, passthrough: o.Passthrough}
 	m.queue = newInvalQueue(m.notify)
 	return m
 }
@@ -84,111 +91,157 @@ func (m *Mount) Invalidate(fids []node.FID) {
 	}
 }
 
-// distrust marks the files named in the directories among fids as
-// reachable through names the kernel has not dropped yet, until the queue
-// sent ticket seq: a request that may have come through one is answered
-// ESTALE (hnode.stale), and the kernel looks the path up afresh.
+// distrust marks the kernel inodes named in the directories among fids
+// as reachable through names the kernel has not dropped yet, until the
+// queue sent ticket seq: a request on one is answered ESTALE
+// (hnode.stale), and the kernel looks the path up afresh.
 func (m *Mount) distrust(fids []node.FID, seq uint64) {
 	var dirs []*hnode
 	m.mu.Lock()
 	for _, f := range fids {
-		if h := m.inodes[f]; h != nil && h.IsDir() {
-			dirs = append(dirs, h)
-		}
-	}
-	m.mu.Unlock()
-	var named []node.FID
-	for _, d := range dirs {
-		for _, c := range d.Children() {
-			if ch, ok := c.Operations().(*hnode); ok {
-				named = append(named, ch.n.FID())
+		for _, h := range m.kernelInodesLocked(f) {
+			if h.IsDir() {
+				dirs = append(dirs, h)
 			}
 		}
 	}
-	sent := m.queue.sent()
-	m.mu.Lock()
-	for f, s := range m.lateNames {
-		if s <= sent {
-			delete(m.lateNames, f) // through since
+	m.mu.Unlock()
+	n := 0
+	for _, d := range dirs {
+		for _, c := range d.Children() {
+			if ch, ok := c.Operations().(*hnode); ok {
+				ch.distrustUntil(seq)
+				n++
+			}
 		}
 	}
-	m.mu.Unlock()
-	for _, f := range named {
-		m.lateUntil(f, seq)
-	}
-	m.log.Debug("break acknowledged before the kernel dropped its names", "dirs", len(dirs), "files", len(named), "ticket", seq)
+	m.log.Debug("break acknowledged before the kernel dropped its names", "dirs", len(dirs), "inodes", n, "ticket", seq)
 }
 
-// untilLookup, as lateUntil's ticket, distrusts a file until a lookup
-// finds it by name (trusted): no invalidation is known to drop the name.
+// untilLookup, as a distrust's ticket, is never sent: a file's inode so
+// marked stays distrusted, a directory's until a lookup finds it by name
+// (kernelGen). No invalidation is known to drop the name.
 const untilLookup = math.MaxUint64
 
-// lateUntil distrusts f until the invalidation queue sent ticket seq.
-func (m *Mount) lateUntil(f node.FID, seq uint64) {
+// kernelGen is the generation of f's kernel inode that the kernel is to
+// be given by name now. Distrust is kept per kernel inode, since FUSE's
+// OPEN does not say which name it came through: a file whose current
+// inode is distrusted gets a new inode, so the name looked up leads to a
+// trusted one while the names a break voided still lead to the old one
+// until the kernel drops them. A directory keeps its inode (the kernel
+// gives a directory one name, and working directories hold it), and the
+// lookup ends its distrust.
+func (m *Mount) kernelGen(f node.FID, dir bool) uint64 {
 	m.mu.Lock()
-	m.lateNames[f] = max(m.lateNames[f], seq)
-	m.mu.Unlock()
+	defer m.mu.Unlock()
+	g := m.gens[f]
+	cur := m.inodes[f]
+	if cur == nil || cur.gen != g || !cur.late() {
+		return g
+	}
+	if dir {
+		cur.trust()
+		return g
+	}
+	g++
+	m.gens[f] = g
+	return g
 }
 
-// late reports whether the kernel may reach f through a name a break
-// voided (distrust).
-func (m *Mount) late(f node.FID) bool {
-	m.mu.Lock()
-	seq, ok := m.lateNames[f]
-	m.mu.Unlock()
-	if !ok {
-		return false
-	}
-	if m.queue.sent() < seq {
-		return true
-	}
-	m.trusted(f)
-	return false
+// stableAttr is go-fuse's identity of f's kernel inode of generation
+// gen: another generation is another kernel inode (another node id) with
+// the same inode number. Generations go above FID.Unique's bits, which a
+// volume's counter of made files does not reach.
+func stableAttr(st node.Status, gen uint64) fs.StableAttr {
+	return fs.StableAttr{Mode: typeBits(st.Type), Ino: ino(st.FID), Gen: st.FID.Unique + gen<<48}
 }
 
-// trusted ends the distrust of f: the kernel was just given it by name.
-func (m *Mount) trusted(f node.FID) {
+// wrote keeps the kernel's other inodes of h's file from serving pages
+// from before a write through h: they share no page cache.
+func (m *Mount) wrote(h *hnode) {
+	if m.withOlder.Load() == 0 {
+		return
+	}
+	f := h.n.FID()
 	m.mu.Lock()
-	delete(m.lateNames, f)
+	other := len(m.older[f]) > 0
 	m.mu.Unlock()
+	if other {
+		m.queue.add([]node.FID{f})
+	}
+}
+
+// current is f's current kernel inode, or nil.
+func (m *Mount) current(f node.FID) *hnode {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.inodes[f]
+}
+
+// kernelInodesLocked is f's current kernel inode and the older ones the
+// kernel still holds.
+func (m *Mount) kernelInodesLocked(f node.FID) []*hnode {
+	hs := append([]*hnode(nil), m.older[f]...)
+	if h := m.inodes[f]; h != nil {
+		hs = append(hs, h)
+	}
+	return hs
 }
 
 // notify runs on the queue's worker.
 func (m *Mount) notify(f node.FID) {
 	m.mu.Lock()
-	h := m.inodes[f]
+	hs := m.kernelInodesLocked(f)
 	m.mu.Unlock()
-	if h != nil {
+	for _, h := range hs {
 		h.invalidate()
 	}
 }
 
-// track records h as the kernel's inode for its FID, where invalidations
-// go. go-fuse calls OnAdd for every inode a lookup builds, also for one it
-// then drops because it knows an inode of that number already (another
-// name of the file, or a racing lookup of the same one): an inode the
-// kernel still holds is kept then, unless live says the kernel just used
-// h, which makes h the one.
+// track records h as the kernel's current inode for its FID. go-fuse
+// calls OnAdd for every inode a lookup builds, also for one it then drops
+// because it knows an inode of that identity already (another name of
+// the file, or a racing lookup of the same one): an inode the kernel
+// still holds is kept then, unless live says the kernel just used h,
+// which makes h the one. An inode of a later generation replaces the
+// current one, which is kept among the older while the kernel holds it.
 func (m *Mount) track(h *hnode, live bool) {
 	f := h.n.FID()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if old := m.inodes[f]; old != nil && old != h && !live && !old.Forgotten() {
+	old := m.inodes[f]
+	switch {
+	case old == nil || old == h:
+	case h.gen < old.gen:
+		return
+	case h.gen > old.gen:
+		if !old.Forgotten() {
+			m.older[f] = append(m.older[f], old)
+			m.withOlder.Store(int64(len(m.older)))
+		}
+	case !live && !old.Forgotten():
 		return
 	}
 	m.inodes[f] = h
 }
 
 func (m *Mount) untrack(h *hnode) {
+	f := h.n.FID()
 	m.mu.Lock()
-	if m.inodes[h.n.FID()] == h {
-		delete(m.inodes, h.n.FID())
+	if m.inodes[f] == h {
+		delete(m.inodes, f)
 	}
+	if old := slices.DeleteFunc(m.older[f], func(o *hnode) bool { return o == h }); len(old) > 0 {
+		m.older[f] = old
+	} else {
+		delete(m.older, f)
+	}
+	m.withOlder.Store(int64(len(m.older)))
 	m.refs[h.n]--
 	last := m.refs[h.n] <= 0
 	if last {
 		delete(m.refs, h.n)
-		delete(m.lateNames, h.n.FID()) // no name of the kernel's leads to it
+		delete(m.gens, f) // no inode of the kernel's is left to tell apart
 	}
 	m.mu.Unlock()
 	if last {
