@@ -27,12 +27,20 @@ var (
 	treeBig     = flag.String("tree-big", "1G", "tree: size of the large file, whole MiB (64M, 1G); 0 skips the large-file rows")
 	treeFS      = flag.String("tree-fs", "local,bindfs,hoard", "tree: file systems to run, comma-separated: local, bindfs, hoard")
 	treeNoDeleg = flag.Bool("tree-nodeleg", true, "tree: also run postmark on a hoard mount with --no-delegations")
+	treePM      = flag.Bool("tree-postmark", true, "tree: run postmark (false: the other rows only, for runs at large N)")
 	treeTimeout = flag.Duration("tree-timeout", 10*time.Minute, "tree: longest a round (one file system at one file count, or with the large file) may take")
 )
 
 // treeTimes is one file system's times at one file count.
 type treeTimes struct {
 	cp, flat, pm, pmNoDeleg, stored, cold, warm, tar, rm time.Duration
+}
+
+// String is t's times in seconds, as a round ends: a long run that
+// stops later keeps them.
+func (t *treeTimes) String() string {
+	return fmt.Sprintf("cp %s, stored %s, flat %s, postmark %s, cold %s, warm %s, tar %s, rm %s",
+		secs(t.cp), secs(t.stored), secs(t.flat), secs(t.pm), secs(t.cold), secs(t.warm), secs(t.tar), secs(t.rm))
 }
 
 // bigTimes is one file system's figures for the large file.
@@ -99,7 +107,10 @@ func treeBench(bin, scratch string) error {
 			err := inRound(fmt.Sprintf("%s, %d files", f, n), func(ctx context.Context) error {
 				return withTarget(ctx, bin, filepath.Join(dir, fmt.Sprintf("%s-%d", f, n)), f, cacheSize, func(tg *treeTarget) error { return t.run(ctx, tg, src, n, size) })
 			})
-			if err == nil && f == "hoard" && *treeNoDeleg {
+			if err == nil {
+				fmt.Fprintf(os.Stderr, "tree: %s, %d files: %s\n", f, n, t)
+			}
+			if err == nil && f == "hoard" && *treeNoDeleg && *treePM {
 				err = inRound(fmt.Sprintf("hoard --no-delegations, postmark on %d files", n), func(ctx context.Context) error {
 					return withTarget(ctx, bin, filepath.Join(dir, fmt.Sprintf("hoard-nodeleg-%d", n)), f, cacheSize, func(tg *treeTarget) (err error) {
 						t.pmNoDeleg, err = timedPostmark(ctx, tg.root, n)
@@ -197,8 +208,10 @@ func (t *treeTimes) run(ctx context.Context, tg *treeTarget, src string, n int, 
 	if t.flat, err = timedCopy(ctx, filepath.Join(src, "flat"), filepath.Join(tg.root, "flat"), n); err != nil {
 		return err
 	}
-	if t.pm, err = timedPostmark(ctx, tg.root, n); err != nil {
-		return err
+	if *treePM {
+		if t.pm, err = timedPostmark(ctx, tg.root, n); err != nil {
+			return err
+		}
 	}
 	if err := tg.cold(); err != nil {
 		return err
