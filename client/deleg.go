@@ -422,13 +422,14 @@ func (c *Client) storeBack(n *Node, background bool) error {
 }
 
 // goneHere reports a store that failed because this client removed the
-// file's last name meanwhile: nobody can read the data any more, and it is
-// dropped, as writes to a local file unlinked before its last close are.
+// file's last name meanwhile, or is removing it: nobody can read the data
+// any more, and it is dropped, as writes to a local file unlinked before
+// its last close are.
 func (n *Node) goneHere(err error) bool {
 	n.mu.Lock()
-	unlinked := n.unlinked
+	gone := n.unlinked || n.replacing > 0
 	n.mu.Unlock()
-	if err == nil || !unlinked || pb.Errno(err) != syscall.ESTALE {
+	if err == nil || !gone || pb.Errno(err) != syscall.ESTALE {
 		return false
 	}
 	n.c.log.Debug("dirty data of a file removed here dropped", "fid", n.fid)

@@ -60,8 +60,10 @@ type Node struct {
 	losses   uint64
 	lastLoss error
 	// unlinked: this client removed the file's last name (or renamed
-	// another file over it).
-	unlinked bool
+	// another file over it). replacing counts this client's removes and
+	// renames over the file under way (replaceNamed).
+	unlinked  bool
+	replacing int
 	// Directory delegations (dirdeleg.go). madeIn: the directory this
 	// file was made in, not yet created at the server. madeLost: the
 	// server refused that create; the file's writes go to lost/.
@@ -372,14 +374,16 @@ func (dir *Node) addDentLocked(name string, fid node.FID, typ node.Type) {
 	dir.dents.add(name, fid, typ)
 }
 
-// lockNamed holds, until unlock, the writers' lock of the file that name
-// names in dir, if the listing knows it: a remove, or a rename over it,
-// waits for a store of its writes under way, and a store waits for it.
-// Otherwise the store could reach the server after the remove and fail
-// (ESTALE) before this client heard of its own remove, and keep the
-// writes as lost instead of dropping them. (Lock order: a file's wmu
-// before its directory's nsmu, as a store that settles takes them.)
-func (c *Client) lockNamed(dir *Node, name string) (unlock func()) {
+// replaceNamed readies a remove of name in dir, or a rename over it, for
+// the file the listing knows there: the request waits for a store of its
+// writes under way, and a store that fails with ESTALE while the request
+// is under way is one of a file this client is removing, whose writes are
+// dropped (goneHere), not kept as lost. The file's writers' lock is not
+// held across the request: a recall's store must still go out meanwhile,
+// since until the request lands another client may open the file and must
+// read those writes. (Lock order: a file's wmu before its directory's
+// nsmu, as a store that settles takes them.)
+func (c *Client) replaceNamed(dir *Node, name string) (done func()) {
 	dir.mu.Lock()
 	d, ok := dir.dents.get(name)
 	dir.mu.Unlock()
@@ -395,7 +399,15 @@ func (c *Client) lockNamed(dir *Node, name string) (unlock func()) {
 		return func() {}
 	}
 	n.wmu.Lock()
-	return n.wmu.Unlock
+	n.mu.Lock()
+	n.replacing++
+	n.mu.Unlock()
+	n.wmu.Unlock()
+	return func() {
+		n.mu.Lock()
+		n.replacing--
+		n.mu.Unlock()
+	}
 }
 
 // lookup finds name in dir, from the cache when dir's promise is valid.

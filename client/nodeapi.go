@@ -148,7 +148,7 @@ func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.
 	if err := c.settleNamed(dir, name); err != nil {
 		return nil, err
 	}
-	defer c.lockNamed(dir, name)()
+	defer c.replaceNamed(dir, name)()
 	release, herr := c.hold(dir)
 	if herr != nil {
 		return nil, herr

@@ -516,7 +516,7 @@ func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op
 	if err := c.settleNamed(ddir, dbase); err != nil {
 		return nil, err
 	}
-	defer c.lockNamed(ddir, dbase)()
+	defer c.replaceNamed(ddir, dbase)()
 	release, herr := c.hold(sdir, ddir)
 	if herr != nil {
 		return nil, herr

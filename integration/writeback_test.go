@@ -283,6 +283,40 @@ func TestServerRestartWithDelegations(t *testing.T) {
 	}
 }
 
+// A holder's own rename over its delegated, unstored file does not keep
+// the delegation from being reclaimed after a server restart: until the
+// rename lands, which the grace period holds back, another client may
+// open the file and must read those writes.
+func TestReclaimDuringOwnRenameOver(t *testing.T) {
+	srv := startServer(t, t.TempDir(), "--grace", "2s")
+	a := dial(t, srv.addr, t.TempDir(), 64<<20)
+	writeFile(t, dialCons(t, srv, t.Name()+"-stored", true), "/f3", []byte("three"))
+	writeFile(t, a, "/f1", []byte("one"))
+	srv.kill9()
+	renamed := make(chan error, 1)
+	go func() { renamed <- a.Rename("/f3", "/f1") }()
+	srv.restart()
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Stats().Reclaimed == 0 {
+		select {
+		case err := <-renamed:
+			t.Fatalf("the rename returned (%v) before the delegation on the file it replaces was reclaimed", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no delegation was reclaimed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := <-renamed; err != nil {
+		t.Fatal(err)
+	}
+	b := dial(t, srv.addr, "mem", 64<<20)
+	if got := readFile(t, b, "/f1"); string(got) != "three" {
+		t.Fatalf("f1 after the rename: %q", got)
+	}
+}
+
 // A recall that arrives while the holder is storing waits for that store
 // and returns the delegation after; the opener sees every byte.
 func TestRecallDuringFlush(t *testing.T) {
