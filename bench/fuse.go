@@ -13,7 +13,7 @@ import (
 )
 
 // fuseBench measures the FUSE mount against the local file system on the
-// same disk, with passthrough on and off (issue 3's table).
+// same disk, with passthrough on and off (the passthrough table in docs/benchmarks.md).
 func fuseBench(bin, addr, scratch string) error {
 	n, size := *filesFlag, *smallFlag
 	big := *sizeFlag

@@ -219,7 +219,7 @@ func hadesWrite(o *origin, loads []hadesLoad, c content) error {
 }
 
 // blockTimes is a 4 KiB block's time at the proxy, in µs, broken down
-// as seed 004's figure 6.2 does.
+// as the Hades thesis's figure 6.2 does.
 type blockTimes struct{ mapping, read, fetch float64 }
 
 // blockTimesOf is the average block's time between two of the proxy's

@@ -23,16 +23,16 @@ import (
 )
 
 var (
-	pmFiles    = flag.Int("pm-files", 500, "postmark: initial files of the read/write-ratio sweep and the Go port (seed 002: 10,000)")
-	pmTx       = flag.Int("pm-tx", 2000, "postmark: transactions per run (seed 002: 30,000)")
+	pmFiles    = flag.Int("pm-files", 500, "postmark: initial files of the read/write-ratio sweep and the Go port (cacheDAFS thesis: 10,000)")
+	pmTx       = flag.Int("pm-tx", 2000, "postmark: transactions per run (cacheDAFS thesis: 30,000)")
 	pmCache    = flag.Int64("pm-cache", 1<<30, "postmark: cache size of the mounts and library clients in the read/write-ratio sweep and the Go port")
 	pmSetCache = flag.Int64("pm-set-cache", 16<<20, "postmark: cache size of the mounts in the file-set sweep, which runs 0.5-4× it")
 )
 
 const (
-	pmLow, pmHigh = 512, 32 << 10 // seed 002's file sizes
+	pmLow, pmHigh = 512, 32 << 10 // the cacheDAFS thesis's file sizes
 	pmAvg         = (pmLow + pmHigh) / 2
-	// Larger than any file, so one call reads or writes a file, as in seed 002.
+	// Larger than any file, so one call reads or writes a file, as in the cacheDAFS thesis.
 	pmBlock = 64 << 10
 	pmSeed  = 42
 )
@@ -44,11 +44,11 @@ type pmWorkload struct {
 	readBias, createBias int
 }
 
-// postmarkBench is issue 4's benchmark, after seed 002 §4.2: Debian's
+// postmarkBench is the delegations benchmark, after the cacheDAFS thesis §4.2: Debian's
 // postmark through a mount with delegations, one without, and on the
 // local file system (a read/write-ratio sweep and a file-set sweep), then
 // Postmark's loop in Go through the library and the mounts, with the cost
-// of each operation (seed 002 Appendix B).
+// of each operation (the cacheDAFS thesis Appendix B).
 func postmarkBench(bin, addr, scratch string) error {
 	if _, err := exec.LookPath("postmark"); err != nil {
 		return fmt.Errorf("postmark not found: install Debian's postmark package (apt-get install postmark)")
@@ -64,7 +64,7 @@ func postmarkBench(bin, addr, scratch string) error {
 	}
 	defer pmUnmount(setPlaces)
 
-	fmt.Printf("\n## Postmark through the mount: read/write ratio (seed 002 §4.2.1)\n\n")
+	fmt.Printf("\n## Postmark through the mount: read/write ratio (the cacheDAFS thesis §4.2.1)\n\n")
 	fmt.Printf("Debian's postmark, %d files of %s-%s (%s, the mounts' caches are %s), %d transactions, create bias 5, %s blocks.\n",
 		*pmFiles, human(pmLow), human(pmHigh), mib(int64(*pmFiles)*pmAvg), human(*pmCache), *pmTx, human(pmBlock))
 	fmt.Println("Transactions/s timed from postmark's progress output; its own report (whole seconds) is in the last column.")
@@ -90,7 +90,7 @@ func postmarkBench(bin, addr, scratch string) error {
 	fmt.Printf("\n(with delegations the mount wrote %s into its cache and stored %s of it: the rest was deleted before the flusher got to it)\n",
 		mib(after[0].BytesWritten-before[0].BytesWritten), mib(after[0].Gauges["flushed_bytes"]-before[0].Gauges["flushed_bytes"]))
 
-	fmt.Printf("\n## Postmark through the mount: file set against a %s cache (seed 002 §4.2.2)\n\n", human(*pmSetCache))
+	fmt.Printf("\n## Postmark through the mount: file set against a %s cache (the cacheDAFS thesis §4.2.2)\n\n", human(*pmSetCache))
 	fmt.Printf("%d transactions, read bias 10, no creates or deletes among them. Reads fetched: the share of files read\n", *pmTx)
 	fmt.Println("that the mount had to fetch (its cache misses over postmark's reads).")
 	fmt.Println()
@@ -367,7 +367,7 @@ func postmarkPorts(addr, scratch, mntDeleg, mntNoDeleg string) error {
 	}
 	fmt.Printf("\n(%s)\n", strings.Join(notes, "; "))
 
-	fmt.Printf("\n## Cost of each operation in the runs above, mean µs (seed 002 Appendix B)\n\n")
+	fmt.Printf("\n## Cost of each operation in the runs above, mean µs (the cacheDAFS thesis Appendix B)\n\n")
 	fmt.Printf("| operation | %s | library/local | mount/local |\n", strings.Join(names, " | "))
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	row := func(name string, mean func(r *pmPort) float64) {
@@ -418,7 +418,7 @@ func (l libDir) open(name string, flag int) (io.ReadWriteCloser, error) {
 
 func (l libDir) remove(name string) error { return l.c.Remove(l.dir + "/" + name) }
 
-// pmOp is an operation the port times: seed 002 Appendix B's, finer.
+// pmOp is an operation the port times: the cacheDAFS thesis Appendix B's, finer.
 type pmOp int
 
 const (

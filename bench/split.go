@@ -18,7 +18,7 @@ import (
 	"github.com/hoardfs/hoard/client"
 )
 
-// splitBench reproduces seed 000's Tables 3 and 4 through the FUSE mount:
+// splitBench reproduces Selective Caching's Tables 3 and 4 through the FUSE mount:
 // cold reads of 1 MiB to 1 GiB files (a fresh mount and an empty cache
 // each run, the server's page cache warm), caching vs bypass, over the
 // control connection vs the split data channel, next to a raw loopback
@@ -121,7 +121,7 @@ func splitBench(bin, addr, scratch string) error {
 		}
 	}
 
-	fmt.Printf("\n## Seed 000 Tables 3 and 4: cold reads through the FUSE mount\n\n")
+	fmt.Printf("\n## Selective Caching's Tables 3 and 4: cold reads through the FUSE mount\n\n")
 	fmt.Println("Best of 3 runs, each on a fresh mount with an empty disk cache, the server's page cache warm.")
 	fmt.Println("User and system seconds are the mount process's plus the reader's (dd, 1 MiB blocks).")
 	fmt.Println()

@@ -152,7 +152,7 @@ func (e *Entry) ReadAt(p []byte, off int64) (int, error) {
 
 // stale reports whether a read of ch should move it to the LRU's front:
 // a chunk already in the front eighth stays put, so a hot chunk costs one
-// atomic load per read, not a lock (the spirit of seed 001's hint).
+// atomic load per read, not a lock (the spirit of Faster AFS's hint).
 func (c *Cache) stale(ch *chunk) bool {
 	return c.lruGen.Load()-ch.gen.Load() >= c.lruLen.Load()/8
 }

@@ -7,7 +7,7 @@ import (
 	"github.com/hoardfs/hoard/node"
 )
 
-// Delegations (seed 002, after NFSv4): a client that opens a file nobody
+// Delegations (the cacheDAFS thesis, after NFSv4): a client that opens a file nobody
 // else has open in a conflicting way is given a read delegation (any
 // number of clients) or a write delegation (one client, nobody else has
 // the file open). Under it the client serves opens, closes and attributes

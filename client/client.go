@@ -1,5 +1,5 @@
 // Package client is hoard's cache manager as a Go library: a POSIX-like
-// file API (seed 002's cacheDAFS API, in Go) over a persistent chunk cache
+// file API (the cacheDAFS thesis's API, in Go) over a persistent chunk cache
 // kept coherent by callback promises. The FUSE mount is a thin adapter on
 // top of it.
 //
@@ -476,7 +476,7 @@ func (c *Client) setSession(s string) {
 	close(old)
 }
 
-// expirer examines the promise list once a second (seed 001 §3.1.1) so
+// expirer examines the promise list once a second (Faster AFS §3.1.1) so
 // that the read path only ever checks a flag.
 func (c *Client) expirer() {
 	defer c.wg.Done()

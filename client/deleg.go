@@ -14,7 +14,7 @@ import (
 	"github.com/hoardfs/hoard/node"
 )
 
-// Delegations on the client (seed 002, chapter 3). Under a delegation,
+// Delegations on the client (the cacheDAFS thesis, chapter 3). Under a delegation,
 // opens, closes and the file's status are served from the cache; under a
 // write delegation, writes stay in the cache as dirty data after Close and
 // the flusher (flush.go) stores them later, naming the delegation, so the

@@ -9,7 +9,7 @@ import (
 
 // The write-back flusher: dirty data made under write delegations is
 // stored in the background, not on the application's Close. Like
-// FreeBSD's buffer daemon (seed 002 §3.4.2) it starts when the dirty
+// FreeBSD's buffer daemon (the cacheDAFS thesis §3.4.2) it starts when the dirty
 // bytes pass the midpoint of lodirty and hidirty (hidirty = a quarter of
 // the cache + 20 chunks, lodirty = hidirty/2) and stores until they are
 // under lodirty, files not open for writing first; independently, data

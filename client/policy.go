@@ -10,7 +10,7 @@ import (
 	"github.com/hoardfs/hoard/node"
 )
 
-// Selective caching (seed 000): a file's contents go through the chunk
+// Selective caching (Improving AFS Performance via Selective Caching): a file's contents go through the chunk
 // cache, or bypass it, straight from the network to the reader. Decided
 // per file when it is opened, first rule that speaks wins:
 //

@@ -23,7 +23,7 @@ import (
 	"github.com/hoardfs/hoard/client"
 )
 
-// The consistency checker (issue 4): clients run random file sessions on a
+// The consistency checker: clients run random file sessions on a
 // few shared names across a server crash, every operation is recorded with
 // its invocation and response times, and porcupine decides whether some
 // order of them explains what each one saw. The model is explained in

@@ -12,7 +12,7 @@ import (
 // on one file costs one notification) and a worker goroutine, holding no
 // lock a FUSE handler could need, talks to the kernel. Synchronous
 // invalidation from request handlers has deadlocked libfuse and go-fuse
-// file systems (libfuse issue 341); here a handler never sends one.
+// file systems (libfuse's GitHub #341); here a handler never sends one.
 type invalQueue struct {
 	mu      sync.Mutex
 	cond    *sync.Cond

@@ -1,4 +1,4 @@
-// Package proxy is hoard's caching proxy (Hades, seed 004): it sits near
+// Package proxy is hoard's caching proxy (after the Hades thesis): it sits near
 // many clients and far from a file server, the origin, and speaks hoard's
 // protocol both ways. Towards its clients it is a server.Backend, served by
 // the ordinary server code (sessions, promises, the wire); towards the

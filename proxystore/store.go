@@ -1,5 +1,5 @@
 // Package proxystore is the caching proxy's disk store of the origin's file
-// data (seed 004, Hades, chapter 5): chunks of remote files, each of one
+// data (the Hades thesis, chapter 5): chunks of remote files, each of one
 // data version, kept in a fixed amount of local disk.
 //
 // Two layouts share the index and the replacement policy:
@@ -111,7 +111,7 @@ type Store struct {
 	// Time spent, summed over concurrent callers: finding and placing
 	// chunks (map), reading them from the store's files (read), and
 	// serving client reads in all (serve; what neither of the others
-	// took is the fetch from the origin and the rest). Seed 004's
+	// took is the fetch from the origin and the rest). The Hades thesis's
 	// figure 6.2 breaks a block's read down the same way.
 	mapNanos, readNanos, serveNanos atomic.Int64
 
