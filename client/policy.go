@@ -10,7 +10,8 @@ import (
 	"github.com/hoardfs/hoard/node"
 )
 
-// Selective caching (Improving AFS Performance via Selective Caching): a file's contents go through the chunk
+// Selective caching (after Improving AFS Performance via Selective
+// Caching): a file's contents go through the chunk
 // cache, or bypass it, straight from the network to the reader. Decided
 // per file when it is opened, first rule that speaks wins:
 //

@@ -20,7 +20,8 @@ import (
 )
 
 // Split moves data over the server's bulk-data channel: several TCP
-// connections of their own ("connection clones" of the Cache-Bypassing AFS Client), each carrying
+// connections of their own (the "connection clones" of Cache-Bypassing
+// AFS Client), each carrying
 // one fetch or store at a time, the server sending with sendfile and the
 // client reading straight into the chunk's buffer. Calls go to the
 // fallback (the gRPC streams) when the channel fails.

@@ -48,7 +48,8 @@ func CheckTarget(target string) error {
 }
 
 // CheckVolumeName accepts a volume name: 1-64 bytes of [A-Za-z0-9._+-],
-// not starting with '.'. A leading "__" marks a bypass volume (Improving AFS Performance via Selective Caching).
+// not starting with '.'. A leading "__" marks a bypass volume (as in
+// Improving AFS Performance via Selective Caching).
 func CheckVolumeName(name string) error {
 	if name == "" || len(name) > 64 {
 		return &NameError{name, syscall.EINVAL, "volume names are 1-64 bytes"}
