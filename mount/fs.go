@@ -109,7 +109,7 @@ func (h *hnode) child(ctx context.Context, name string, n *client.Node, st node.
 	fillAttr(st, &out.Attr)
 	out.SetEntryTimeout(h.m.c.PromiseLeft(h.n))
 	out.SetAttrTimeout(h.m.c.PromiseLeft(n))
-	gen := h.m.kernelGen(n.FID(), st.Type == node.TypeDir || st.Type == node.TypeMountPoint)
+	gen := h.m.kernelGen(n.FID(), typeBits(st.Type) == syscall.S_IFDIR)
 	return h.NewInode(ctx, &hnode{m: h.m, n: n, gen: gen}, stableAttr(st, gen))
 }
 
