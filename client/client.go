@@ -183,8 +183,9 @@ type counters struct {
 	localOpens, localCloses, recalls, revoked, reclaims, flushed atomic.Int64
 	stores                                                       atomic.Int64
 	// Directory delegations: files made here, removed before the server
-	// knew them, and created there later.
-	madeHere, madeDropped, settled atomic.Int64
+	// knew them, and created there later; files removed here, and there
+	// later.
+	madeHere, madeDropped, settled, removedHere atomic.Int64
 }
 
 // Dial connects to opts.Server and opens the cache. It fails within

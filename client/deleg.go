@@ -393,8 +393,16 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 // good (its delegation is gone, no space, not allowed) goes to lost/: the
 // error says so and, if the store was the flusher's or a recall's, the
 // next Sync or Close of the file reports it. Other errors (server
-// unreachable) leave the data dirty, to be stored later.
+// unreachable) leave the data dirty, to be stored later. A file removed
+// here under its directory's delegation has nothing to store: its remove
+// goes to the server instead (settle), before anybody else gets at it.
 func (c *Client) storeBack(n *Node, background bool) error {
+	if dir := n.removedIn.Load(); dir != nil {
+		if err := c.settle(dir); err != nil && !refusedCreate(err) {
+			return err
+		}
+		return nil // refused: the file is back (loseMade)
+	}
 	err := n.storeLocked(true)
 	n.mu.Lock()
 	cached := n.entry != nil

@@ -130,7 +130,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	dir.mu.Lock()
 	dir.changedHere(now)
 	dir.addDentLocked(name, fid, node.TypeFile)
-	dir.madeFiles.push(name, n)
+	dir.madeFiles.push(name, n, false)
 	if dir.madeState == 0 {
 		dir.madeState, dir.madeBase = h.State, dir.st.DataVersion
 	}
@@ -180,19 +180,26 @@ func (c *Client) unreserve(f node.FID) {
 	c.resMu.Unlock()
 }
 
-// removeHere removes name from dir without asking the server if it names
-// a file made here and not yet created there (done): it never will be.
+// removeHere removes name from dir without asking the server, under a
+// delegation on dir (done). A file made here and not yet created there
+// never will be; one created there is removed there at the settle
+// (removeLater).
 func (c *Client) removeHere(dir *Node, name string) (done bool) {
 	dir.mu.Lock()
 	d, ok := dir.dents.get(name)
 	dir.mu.Unlock()
-	if !ok {
+	if !ok || d.typ != node.TypeFile {
 		return false
 	}
 	c.nodesMu.Lock()
 	n := c.nodes[d.fid]
 	c.nodesMu.Unlock()
-	if n == nil || n.made() != dir {
+	switch {
+	case n == nil:
+		return false
+	case n.made() == nil:
+		return c.removeLater(dir, name, n)
+	case n.made() != dir:
 		return false
 	}
 	dir.nsmu.Lock()
@@ -215,6 +222,59 @@ func (c *Client) removeHere(dir *Node, name string) (done bool) {
 	n.mu.Unlock()
 	c.forget(n)
 	c.counters.madeDropped.Add(1)
+	return true
+}
+
+// removeLater removes file n, named name in dir and known to the server,
+// without asking the server, if a delegation on dir allows (done): the
+// next settle removes it there, with the files made meanwhile, in one
+// request (Postmark's churn past the write-back window was one
+// synchronous commit per remove). It must be a file with no other name,
+// not open here, and under a write delegation of this client's: then
+// nobody else has a promise on it, and a recall of that delegation
+// settles first (its store is the settle: storeBack), so nobody else
+// finds it after the remove returned. Its cached data, unstored writes
+// included, goes at once; the flusher's age bound settles the remove as
+// it stores writes.
+func (c *Client) removeLater(dir *Node, name string, n *Node) bool {
+	if h, ok := c.delegation(dir); !ok || h.Kind != callback.DelegWrite || h.Recalled || !c.writeHere(n) {
+		return false
+	}
+	n.wmu.Lock() // no store of n under way
+	defer n.wmu.Unlock()
+	dir.nsmu.Lock()
+	defer dir.nsmu.Unlock()
+	h, held := c.delegation(dir)
+	if !held || h.Kind != callback.DelegWrite || h.Recalled || !c.writeHere(n) {
+		return false
+	}
+	n.mu.Lock()
+	alone := n.st.Type == node.TypeFile && n.st.Nlink == 1 && !n.unlinked && n.files == 0 && n.bypassing == 0 && n.madeLost == nil
+	n.mu.Unlock()
+	now := time.Now()
+	dir.mu.Lock()
+	d, ok := dir.dents.get(name)
+	if !alone || !ok || d.fid != n.fid || !dir.dents.isComplete() || dir.madeState != 0 && dir.madeState != h.State {
+		dir.mu.Unlock()
+		return false
+	}
+	dir.changedHere(now)
+	dir.delDentLocked(name)
+	dir.madeFiles.push(name, n, true)
+	if dir.madeState == 0 {
+		dir.madeState, dir.madeBase = h.State, dir.st.DataVersion
+	}
+	dir.mu.Unlock()
+	n.removedIn.Store(dir)
+	n.valid.Store(false)
+	n.mu.Lock()
+	n.unlinked = true
+	n.st.Nlink, n.st.Ctime = 0, now
+	n.dirtyState, n.dirtySince = 0, now // the flusher's age bound covers the remove
+	n.mu.Unlock()
+	c.dropUnread(n)
+	c.flusher.add(n)
+	c.counters.removedHere.Add(1)
 	return true
 }
 
@@ -427,12 +487,19 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 	if len(made) == 0 {
 		return false, nil, nil
 	}
-	req := &pb.CreateReservedRequest{Dir: pb.FromFID(dir.fid), State: state, BaseVersion: base, Files: make([]*pb.ReservedFile, len(made))}
-	for i, m := range made {
+	req := &pb.CreateReservedRequest{Dir: pb.FromFID(dir.fid), State: state, BaseVersion: base}
+	var created, removed []madeFile
+	for _, m := range made {
+		if m.removed {
+			removed = append(removed, m)
+			req.Removed = append(req.Removed, &pb.RemovedFile{Name: m.name, Fid: pb.FromFID(m.n.fid)})
+			continue
+		}
 		m.n.mu.Lock()
 		st := m.n.st
 		m.n.mu.Unlock()
-		req.Files[i] = &pb.ReservedFile{Name: m.name, Fid: pb.FromFID(m.n.fid), Mode: st.Mode, Uid: st.UID, Gid: st.GID, MtimeNs: st.Mtime.UnixNano()}
+		created = append(created, m)
+		req.Files = append(req.Files, &pb.ReservedFile{Name: m.name, Fid: pb.FromFID(m.n.fid), Mode: st.Mode, Uid: st.UID, Gid: st.GID, MtimeNs: st.Mtime.UnixNano()})
 	}
 	t := c.begin()
 	defer c.end(t)
@@ -441,8 +508,8 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 		reply, err = c.rpc.CreateReserved(ctx, req)
 		return err
 	})
-	if err == nil && (len(reply.Files) != len(made) || len(reply.States) != len(made)) {
-		err = fmt.Errorf("protocol: %d files created for %d", len(reply.Files), len(made))
+	if err == nil && (len(reply.Files) != len(created) || len(reply.States) != len(created) || len(reply.Removed) != len(removed)) {
+		err = fmt.Errorf("protocol: %d files created for %d, %d removed for %d", len(reply.Files), len(created), len(reply.Removed), len(removed))
 	}
 	if err != nil {
 		if refusedCreate(err) {
@@ -450,7 +517,11 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 		}
 		return false, nil, err
 	}
-	for i, m := range made {
+	for _, m := range removed {
+		m.n.removedIn.Store(nil)
+		c.forget(m.n)
+	}
+	for i, m := range created {
 		if _, err := c.learnPB(t, reply.Files[i]); err != nil {
 			return false, bare, err
 		}
@@ -485,7 +556,7 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 		dir.madeState, dir.madeBase = 0, 0
 	}
 	dir.mu.Unlock()
-	c.counters.settled.Add(int64(len(made)))
+	c.counters.settled.Add(int64(len(created)))
 	return more, bare, nil
 }
 
@@ -504,26 +575,37 @@ func refusedCreate(err error) bool {
 // loseMade gives up on files made in dir that the server refused: their
 // names go from the listing, and each keeps the error until its writes
 // are kept in lost/ (storeBack) and its next fsync or close reports it.
+// Files removed here stay at the server, and the listing, which lacks
+// them, goes.
 func (c *Client) loseMade(dir *Node, made []madeFile, cause error) {
-	c.log.Error("files made under a directory delegation were refused", "dir", dir.fid, "files", len(made), "err", cause)
+	c.log.Error("files made or removed under a directory delegation were refused", "dir", dir.fid, "files", len(made), "err", cause)
 	dir.mu.Lock()
 	for _, m := range made {
-		dir.delDentLocked(m.name)
+		if m.removed {
+			dir.dents = nil
+		} else {
+			dir.delDentLocked(m.name)
+		}
 	}
 	dir.madeFiles.dropFirst(len(made))
 	if dir.madeFiles.len() == 0 {
 		dir.madeState, dir.madeBase = 0, 0
 	}
 	dir.mu.Unlock()
-	lost := make([]*Node, len(made))
-	for i, m := range made {
+	var lost []*Node
+	for _, m := range made {
+		if m.removed {
+			m.n.removedIn.Store(nil)
+			c.forget(m.n)
+			continue
+		}
 		m.n.mu.Lock()
 		m.n.madeLost = fmt.Errorf("%w: created under a directory delegation the server refused: %v", syscall.EKEYEXPIRED, cause)
 		m.n.mu.Unlock()
 		m.n.madeIn.Store(nil)
 		c.flusher.add(m.n) // to be kept in lost/
 		c.flusher.wake()
-		lost[i] = m.n
+		lost = append(lost, m.n)
 	}
 	go c.uncovered(lost) // nsmu is held; the files are gone anyway
 }

@@ -103,26 +103,29 @@ func (l *listing) entries() []DirEntry {
 }
 
 // madeList is the files made in a directory and not yet created at the
-// server, in the order they were made, which the settle keeps. Adding,
-// finding and removing one is O(1).
+// server, and those removed from it here and not yet there, in the order
+// it happened, which the settle keeps. Adding, finding and removing one
+// is O(1).
 type madeList struct {
 	files list.List // of *madeFile
 	at    map[node.FID]*list.Element
 }
 
-// madeFile is a file made in a directory and not yet created at the server.
+// madeFile is a file made in a directory and not yet created at the
+// server, or (removed) one removed from it here and not yet there.
 type madeFile struct {
-	name string
-	n    *Node
+	name    string
+	n       *Node
+	removed bool
 }
 
 func (m *madeList) len() int { return m.files.Len() }
 
-func (m *madeList) push(name string, n *Node) {
+func (m *madeList) push(name string, n *Node, removed bool) {
 	if m.at == nil {
 		m.at = map[node.FID]*list.Element{}
 	}
-	m.at[n.fid] = m.files.PushBack(&madeFile{name: name, n: n})
+	m.at[n.fid] = m.files.PushBack(&madeFile{name: name, n: n, removed: removed})
 }
 
 // find is the made file fid, nil if there is none.

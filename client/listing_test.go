@@ -69,7 +69,7 @@ func TestMadeListOrder(t *testing.T) {
 	ns := make([]*Node, 10)
 	for i := range ns {
 		ns[i] = &Node{fid: node.FID{Volume: 1, Vnode: uint64(i + 2), Unique: 1}}
-		m.push(fmt.Sprint("f", i), ns[i])
+		m.push(fmt.Sprint("f", i), ns[i], i == 7)
 	}
 	m.remove(ns[3].fid)
 	m.find(ns[5].fid).name = "renamed"
@@ -81,7 +81,7 @@ func TestMadeListOrder(t *testing.T) {
 		t.Fatalf("first 3: %v", got)
 	}
 	m.dropFirst(4)
-	if got := m.first(100); m.len() != 5 || got[0].name != "renamed" || got[4].n != ns[9] {
+	if got := m.first(100); m.len() != 5 || got[0].name != "renamed" || got[4].n != ns[9] || !got[2].removed || got[1].removed {
 		t.Fatalf("after dropping 4: %d left, %v", m.len(), got)
 	}
 }

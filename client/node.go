@@ -67,12 +67,15 @@ type Node struct {
 	// Directory delegations (dirdeleg.go). madeIn: the directory this
 	// file was made in, not yet created at the server. madeLost: the
 	// server refused that create; the file's writes go to lost/.
-	madeIn   atomic.Pointer[Node]
-	madeLost error
+	// removedIn: the directory this file was removed from here, not yet
+	// at the server.
+	madeIn    atomic.Pointer[Node]
+	madeLost  error
+	removedIn atomic.Pointer[Node]
 	// Directories: nsmu orders files made here, removed here and settled
 	// (alone) with the client's requests that change the directory (hold);
-	// madeFiles waits to be created at the server, made under delegation
-	// madeState on the directory at version madeBase. recalledAt: the
+	// madeFiles waits to be created (or removed) at the server, made under
+	// delegation madeState on the directory at version madeBase. recalledAt: the
 	// last recall of this client's delegation on it.
 	nsmu       sync.RWMutex
 	madeFiles  madeList

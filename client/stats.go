@@ -28,8 +28,10 @@ type Stats struct {
 	Recalls, Revoked, Reclaimed       int64
 	DirtyBytes, Flushed               int64
 	// Files made here under directory delegations; removed before the
-	// server knew them; created at the server later.
+	// server knew them; created at the server later. Files the server
+	// knew, removed here under a directory delegation and there later.
 	MadeHere, MadeDropped, Settled int64
+	RemovedHere                    int64
 	// Nodes is the number of files and directories held in memory.
 	Nodes int
 }
@@ -53,7 +55,8 @@ func (c *Client) Stats() Stats {
 		Recalls: c.counters.recalls.Load(), Revoked: c.counters.revoked.Load(), Reclaimed: c.counters.reclaims.Load(),
 		DirtyBytes: c.cache.DirtyBytes(), Flushed: c.counters.flushed.Load(),
 		MadeHere: c.counters.madeHere.Load(), MadeDropped: c.counters.madeDropped.Load(), Settled: c.counters.settled.Load(),
-		Nodes: c.nodeCount(),
+		RemovedHere: c.counters.removedHere.Load(),
+		Nodes:       c.nodeCount(),
 	}
 }
 

@@ -3091,23 +3091,80 @@ func (x *ReservedFile) GetMtimeNs() int64 {
 	return 0
 }
 
-// CreateReservedRequest: files made under the delegation state on dir
-// (or, after a restart, in its grace period, on dir at base_version: a
-// reclaim), all created or none. Each new file comes with a write
-// delegation for the creator, which may hold its data.
+// RemovedFile: a file a client removed under its delegation on the
+// directory: name, which named fid when the delegation was granted.
+type RemovedFile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Fid           *FID                   `protobuf:"bytes,2,opt,name=fid,proto3" json:"fid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemovedFile) Reset() {
+	*x = RemovedFile{}
+	mi := &file_hoard_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemovedFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemovedFile) ProtoMessage() {}
+
+func (x *RemovedFile) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemovedFile.ProtoReflect.Descriptor instead.
+func (*RemovedFile) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *RemovedFile) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RemovedFile) GetFid() *FID {
+	if x != nil {
+		return x.Fid
+	}
+	return nil
+}
+
+// CreateReservedRequest: the files made (files) and removed (removed)
+// under the delegation state on dir (or, after a restart, in its grace
+// period, on dir at base_version: a reclaim), all applied or none; the
+// removes first, as a name a client removed it may have made again. Each
+// new file comes with a write delegation for the creator, which may hold
+// its data.
 type CreateReservedRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Dir           *FID                   `protobuf:"bytes,1,opt,name=dir,proto3" json:"dir,omitempty"`
 	State         uint64                 `protobuf:"varint,2,opt,name=state,proto3" json:"state,omitempty"`
 	BaseVersion   uint64                 `protobuf:"varint,3,opt,name=base_version,json=baseVersion,proto3" json:"base_version,omitempty"`
 	Files         []*ReservedFile        `protobuf:"bytes,4,rep,name=files,proto3" json:"files,omitempty"`
+	Removed       []*RemovedFile         `protobuf:"bytes,5,rep,name=removed,proto3" json:"removed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateReservedRequest) Reset() {
 	*x = CreateReservedRequest{}
-	mi := &file_hoard_proto_msgTypes[45]
+	mi := &file_hoard_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3119,7 +3176,7 @@ func (x *CreateReservedRequest) String() string {
 func (*CreateReservedRequest) ProtoMessage() {}
 
 func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[45]
+	mi := &file_hoard_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3132,7 +3189,7 @@ func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedRequest.ProtoReflect.Descriptor instead.
 func (*CreateReservedRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{45}
+	return file_hoard_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateReservedRequest) GetDir() *FID {
@@ -3163,19 +3220,28 @@ func (x *CreateReservedRequest) GetFiles() []*ReservedFile {
 	return nil
 }
 
+func (x *CreateReservedRequest) GetRemoved() []*RemovedFile {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
 type CreateReservedReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Dir   *Status                `protobuf:"bytes,1,opt,name=dir,proto3" json:"dir,omitempty"`
 	Files []*Status              `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
 	// The write delegations on files, in order (0: none granted).
-	States        []uint64 `protobuf:"varint,3,rep,packed,name=states,proto3" json:"states,omitempty"`
+	States []uint64 `protobuf:"varint,3,rep,packed,name=states,proto3" json:"states,omitempty"`
+	// The removed files' statuses (Nlink 0 once gone), in order.
+	Removed       []*Status `protobuf:"bytes,4,rep,name=removed,proto3" json:"removed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateReservedReply) Reset() {
 	*x = CreateReservedReply{}
-	mi := &file_hoard_proto_msgTypes[46]
+	mi := &file_hoard_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3187,7 +3253,7 @@ func (x *CreateReservedReply) String() string {
 func (*CreateReservedReply) ProtoMessage() {}
 
 func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[46]
+	mi := &file_hoard_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3200,7 +3266,7 @@ func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedReply.ProtoReflect.Descriptor instead.
 func (*CreateReservedReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{46}
+	return file_hoard_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CreateReservedReply) GetDir() *Status {
@@ -3220,6 +3286,13 @@ func (x *CreateReservedReply) GetFiles() []*Status {
 func (x *CreateReservedReply) GetStates() []uint64 {
 	if x != nil {
 		return x.States
+	}
+	return nil
+}
+
+func (x *CreateReservedReply) GetRemoved() []*Status {
+	if x != nil {
+		return x.Removed
 	}
 	return nil
 }
@@ -3248,7 +3321,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3260,7 +3333,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3273,7 +3346,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{47}
+	return file_hoard_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *OpenRequest) GetFid() *FID {
@@ -3325,7 +3398,7 @@ type OpenReply struct {
 
 func (x *OpenReply) Reset() {
 	*x = OpenReply{}
-	mi := &file_hoard_proto_msgTypes[48]
+	mi := &file_hoard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3337,7 +3410,7 @@ func (x *OpenReply) String() string {
 func (*OpenReply) ProtoMessage() {}
 
 func (x *OpenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[48]
+	mi := &file_hoard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3350,7 +3423,7 @@ func (x *OpenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenReply.ProtoReflect.Descriptor instead.
 func (*OpenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{48}
+	return file_hoard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *OpenReply) GetStatus() *Status {
@@ -3391,7 +3464,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_hoard_proto_msgTypes[49]
+	mi := &file_hoard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3403,7 +3476,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[49]
+	mi := &file_hoard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3416,7 +3489,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{49}
+	return file_hoard_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CloseRequest) GetFid() *FID {
@@ -3441,7 +3514,7 @@ type CloseReply struct {
 
 func (x *CloseReply) Reset() {
 	*x = CloseReply{}
-	mi := &file_hoard_proto_msgTypes[50]
+	mi := &file_hoard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3453,7 +3526,7 @@ func (x *CloseReply) String() string {
 func (*CloseReply) ProtoMessage() {}
 
 func (x *CloseReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[50]
+	mi := &file_hoard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3466,7 +3539,7 @@ func (x *CloseReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseReply.ProtoReflect.Descriptor instead.
 func (*CloseReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{50}
+	return file_hoard_proto_rawDescGZIP(), []int{51}
 }
 
 // Return gives a delegation back after its dirty data was stored; readers
@@ -3484,7 +3557,7 @@ type ReturnRequest struct {
 
 func (x *ReturnRequest) Reset() {
 	*x = ReturnRequest{}
-	mi := &file_hoard_proto_msgTypes[51]
+	mi := &file_hoard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3496,7 +3569,7 @@ func (x *ReturnRequest) String() string {
 func (*ReturnRequest) ProtoMessage() {}
 
 func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[51]
+	mi := &file_hoard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3509,7 +3582,7 @@ func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{51}
+	return file_hoard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ReturnRequest) GetFid() *FID {
@@ -3548,7 +3621,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_hoard_proto_msgTypes[52]
+	mi := &file_hoard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3560,7 +3633,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[52]
+	mi := &file_hoard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3573,7 +3646,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{52}
+	return file_hoard_proto_rawDescGZIP(), []int{53}
 }
 
 type RenewReply struct {
@@ -3584,7 +3657,7 @@ type RenewReply struct {
 
 func (x *RenewReply) Reset() {
 	*x = RenewReply{}
-	mi := &file_hoard_proto_msgTypes[53]
+	mi := &file_hoard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3596,7 +3669,7 @@ func (x *RenewReply) String() string {
 func (*RenewReply) ProtoMessage() {}
 
 func (x *RenewReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[53]
+	mi := &file_hoard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3609,7 +3682,7 @@ func (x *RenewReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewReply.ProtoReflect.Descriptor instead.
 func (*RenewReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{53}
+	return file_hoard_proto_rawDescGZIP(), []int{54}
 }
 
 type ReturnReply struct {
@@ -3622,7 +3695,7 @@ type ReturnReply struct {
 
 func (x *ReturnReply) Reset() {
 	*x = ReturnReply{}
-	mi := &file_hoard_proto_msgTypes[54]
+	mi := &file_hoard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3634,7 +3707,7 @@ func (x *ReturnReply) String() string {
 func (*ReturnReply) ProtoMessage() {}
 
 func (x *ReturnReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[54]
+	mi := &file_hoard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3647,7 +3720,7 @@ func (x *ReturnReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnReply.ProtoReflect.Descriptor instead.
 func (*ReturnReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{54}
+	return file_hoard_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ReturnReply) GetAccepted() bool {
@@ -3665,7 +3738,7 @@ type ProxyStatsRequest struct {
 
 func (x *ProxyStatsRequest) Reset() {
 	*x = ProxyStatsRequest{}
-	mi := &file_hoard_proto_msgTypes[55]
+	mi := &file_hoard_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3677,7 +3750,7 @@ func (x *ProxyStatsRequest) String() string {
 func (*ProxyStatsRequest) ProtoMessage() {}
 
 func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[55]
+	mi := &file_hoard_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3690,7 +3763,7 @@ func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsRequest.ProtoReflect.Descriptor instead.
 func (*ProxyStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{55}
+	return file_hoard_proto_rawDescGZIP(), []int{56}
 }
 
 // ProxyStatsReply: the proxy's disk store. Hits and misses count chunk
@@ -3740,7 +3813,7 @@ type ProxyStatsReply struct {
 
 func (x *ProxyStatsReply) Reset() {
 	*x = ProxyStatsReply{}
-	mi := &file_hoard_proto_msgTypes[56]
+	mi := &file_hoard_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3752,7 +3825,7 @@ func (x *ProxyStatsReply) String() string {
 func (*ProxyStatsReply) ProtoMessage() {}
 
 func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[56]
+	mi := &file_hoard_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3765,7 +3838,7 @@ func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsReply.ProtoReflect.Descriptor instead.
 func (*ProxyStatsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{56}
+	return file_hoard_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ProxyStatsReply) GetOrigin() string {
@@ -4146,16 +4219,21 @@ const file_hoard_proto_rawDesc = "" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x10\n" +
 	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x05 \x01(\rR\x03gid\x12\x19\n" +
-	"\bmtime_ns\x18\x06 \x01(\x03R\amtimeNs\"\x9f\x01\n" +
+	"\bmtime_ns\x18\x06 \x01(\x03R\amtimeNs\"B\n" +
+	"\vRemovedFile\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
+	"\x03fid\x18\x02 \x01(\v2\r.hoard.v1.FIDR\x03fid\"\xd0\x01\n" +
 	"\x15CreateReservedRequest\x12\x1f\n" +
 	"\x03dir\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03dir\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\x04R\x05state\x12!\n" +
 	"\fbase_version\x18\x03 \x01(\x04R\vbaseVersion\x12,\n" +
-	"\x05files\x18\x04 \x03(\v2\x16.hoard.v1.ReservedFileR\x05files\"y\n" +
+	"\x05files\x18\x04 \x03(\v2\x16.hoard.v1.ReservedFileR\x05files\x12/\n" +
+	"\aremoved\x18\x05 \x03(\v2\x15.hoard.v1.RemovedFileR\aremoved\"\xa5\x01\n" +
 	"\x13CreateReservedReply\x12\"\n" +
 	"\x03dir\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x03dir\x12&\n" +
 	"\x05files\x18\x02 \x03(\v2\x10.hoard.v1.StatusR\x05files\x12\x16\n" +
-	"\x06states\x18\x03 \x03(\x04R\x06states\"\xaa\x01\n" +
+	"\x06states\x18\x03 \x03(\x04R\x06states\x12*\n" +
+	"\aremoved\x18\x04 \x03(\v2\x10.hoard.v1.StatusR\aremoved\"\xaa\x01\n" +
 	"\vOpenRequest\x12\x1f\n" +
 	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12\x14\n" +
 	"\x05write\x18\x02 \x01(\bR\x05write\x12\x18\n" +
@@ -4268,7 +4346,7 @@ func file_hoard_proto_rawDescGZIP() []byte {
 }
 
 var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_hoard_proto_goTypes = []any{
 	(FileType)(0),                 // 0: hoard.v1.FileType
 	(DelegKind)(0),                // 1: hoard.v1.DelegKind
@@ -4317,18 +4395,19 @@ var file_hoard_proto_goTypes = []any{
 	(*ReserveRequest)(nil),        // 44: hoard.v1.ReserveRequest
 	(*ReserveReply)(nil),          // 45: hoard.v1.ReserveReply
 	(*ReservedFile)(nil),          // 46: hoard.v1.ReservedFile
-	(*CreateReservedRequest)(nil), // 47: hoard.v1.CreateReservedRequest
-	(*CreateReservedReply)(nil),   // 48: hoard.v1.CreateReservedReply
-	(*OpenRequest)(nil),           // 49: hoard.v1.OpenRequest
-	(*OpenReply)(nil),             // 50: hoard.v1.OpenReply
-	(*CloseRequest)(nil),          // 51: hoard.v1.CloseRequest
-	(*CloseReply)(nil),            // 52: hoard.v1.CloseReply
-	(*ReturnRequest)(nil),         // 53: hoard.v1.ReturnRequest
-	(*RenewRequest)(nil),          // 54: hoard.v1.RenewRequest
-	(*RenewReply)(nil),            // 55: hoard.v1.RenewReply
-	(*ReturnReply)(nil),           // 56: hoard.v1.ReturnReply
-	(*ProxyStatsRequest)(nil),     // 57: hoard.v1.ProxyStatsRequest
-	(*ProxyStatsReply)(nil),       // 58: hoard.v1.ProxyStatsReply
+	(*RemovedFile)(nil),           // 47: hoard.v1.RemovedFile
+	(*CreateReservedRequest)(nil), // 48: hoard.v1.CreateReservedRequest
+	(*CreateReservedReply)(nil),   // 49: hoard.v1.CreateReservedReply
+	(*OpenRequest)(nil),           // 50: hoard.v1.OpenRequest
+	(*OpenReply)(nil),             // 51: hoard.v1.OpenReply
+	(*CloseRequest)(nil),          // 52: hoard.v1.CloseRequest
+	(*CloseReply)(nil),            // 53: hoard.v1.CloseReply
+	(*ReturnRequest)(nil),         // 54: hoard.v1.ReturnRequest
+	(*RenewRequest)(nil),          // 55: hoard.v1.RenewRequest
+	(*RenewReply)(nil),            // 56: hoard.v1.RenewReply
+	(*ReturnReply)(nil),           // 57: hoard.v1.ReturnReply
+	(*ProxyStatsRequest)(nil),     // 58: hoard.v1.ProxyStatsRequest
+	(*ProxyStatsReply)(nil),       // 59: hoard.v1.ProxyStatsReply
 }
 var file_hoard_proto_depIdxs = []int32{
 	2,  // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
@@ -4383,64 +4462,67 @@ var file_hoard_proto_depIdxs = []int32{
 	3,  // 49: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
 	2,  // 50: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
 	2,  // 51: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
-	2,  // 52: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
-	46, // 53: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
-	3,  // 54: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
-	3,  // 55: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
-	2,  // 56: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
-	3,  // 57: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
-	1,  // 58: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
-	2,  // 59: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
-	2,  // 60: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
-	5,  // 61: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
-	16, // 62: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
-	17, // 63: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
-	19, // 64: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
-	20, // 65: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
-	22, // 66: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
-	25, // 67: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
-	28, // 68: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
-	30, // 69: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
-	32, // 70: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
-	34, // 71: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
-	36, // 72: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
-	38, // 73: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
-	40, // 74: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
-	42, // 75: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
-	49, // 76: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
-	51, // 77: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
-	53, // 78: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
-	54, // 79: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
-	44, // 80: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
-	47, // 81: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
-	57, // 82: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
-	8,  // 83: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
-	15, // 84: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
-	18, // 85: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
-	15, // 86: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
-	21, // 87: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
-	24, // 88: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
-	27, // 89: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
-	29, // 90: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
-	31, // 91: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
-	33, // 92: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
-	35, // 93: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
-	37, // 94: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
-	39, // 95: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
-	41, // 96: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
-	43, // 97: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
-	50, // 98: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
-	52, // 99: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
-	56, // 100: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
-	55, // 101: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
-	45, // 102: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
-	48, // 103: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
-	58, // 104: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
-	83, // [83:105] is the sub-list for method output_type
-	61, // [61:83] is the sub-list for method input_type
-	61, // [61:61] is the sub-list for extension type_name
-	61, // [61:61] is the sub-list for extension extendee
-	0,  // [0:61] is the sub-list for field type_name
+	2,  // 52: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
+	2,  // 53: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
+	46, // 54: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
+	47, // 55: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
+	3,  // 56: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
+	3,  // 57: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
+	3,  // 58: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
+	2,  // 59: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
+	3,  // 60: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
+	1,  // 61: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
+	2,  // 62: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
+	2,  // 63: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
+	5,  // 64: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
+	16, // 65: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
+	17, // 66: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
+	19, // 67: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
+	20, // 68: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
+	22, // 69: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
+	25, // 70: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
+	28, // 71: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
+	30, // 72: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
+	32, // 73: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
+	34, // 74: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
+	36, // 75: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
+	38, // 76: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
+	40, // 77: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
+	42, // 78: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
+	50, // 79: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
+	52, // 80: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
+	54, // 81: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
+	55, // 82: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
+	44, // 83: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
+	48, // 84: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
+	58, // 85: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
+	8,  // 86: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
+	15, // 87: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
+	18, // 88: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
+	15, // 89: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
+	21, // 90: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
+	24, // 91: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
+	27, // 92: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
+	29, // 93: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
+	31, // 94: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
+	33, // 95: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
+	35, // 96: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
+	37, // 97: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
+	39, // 98: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
+	41, // 99: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
+	43, // 100: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
+	51, // 101: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
+	53, // 102: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
+	57, // 103: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
+	56, // 104: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
+	45, // 105: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
+	49, // 106: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
+	59, // 107: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
+	86, // [86:108] is the sub-list for method output_type
+	64, // [64:86] is the sub-list for method input_type
+	64, // [64:64] is the sub-list for extension type_name
+	64, // [64:64] is the sub-list for extension extendee
+	0,  // [0:64] is the sub-list for field type_name
 }
 
 func init() { file_hoard_proto_init() }
@@ -4466,7 +4548,7 @@ func file_hoard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoard_proto_rawDesc), len(file_hoard_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   57,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -83,8 +83,8 @@ type FileServerClient interface {
 	// Directory delegations: a client holding a write delegation on a
 	// directory (an Open of it, write and delegation_only) makes files in
 	// it on its own, named with FIDs it reserved, and makes them known
-	// later with CreateReserved, many at once, before it returns the
-	// delegation.
+	// later with CreateReserved, many at once, with the files it removed
+	// there meanwhile, before it returns the delegation.
 	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveReply, error)
 	CreateReserved(ctx context.Context, in *CreateReservedRequest, opts ...grpc.CallOption) (*CreateReservedReply, error)
 }
@@ -354,8 +354,8 @@ type FileServerServer interface {
 	// Directory delegations: a client holding a write delegation on a
 	// directory (an Open of it, write and delegation_only) makes files in
 	// it on its own, named with FIDs it reserved, and makes them known
-	// later with CreateReserved, many at once, before it returns the
-	// delegation.
+	// later with CreateReserved, many at once, with the files it removed
+	// there meanwhile, before it returns the delegation.
 	Reserve(context.Context, *ReserveRequest) (*ReserveReply, error)
 	CreateReserved(context.Context, *CreateReservedRequest) (*CreateReservedReply, error)
 	mustEmbedUnimplementedFileServerServer()

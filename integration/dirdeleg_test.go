@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/node"
 )
 
 // Under a delegation on a directory a client makes (and renames) files
@@ -367,4 +368,136 @@ func madeHere(t *testing.T) (*serverProc, *client.Client) {
 		t.Fatalf("made %d, settled %d: the test wants the file made here, unsent", st.MadeHere, st.Settled)
 	}
 	return srv, a
+}
+
+// A file the server knows, removed under a directory delegation, goes
+// there at the next settle, with the files made meanwhile, in one request:
+// no Remove of its own. Nobody finds it after the remove returned: not
+// another client listing the directory (which recalls the directory's
+// delegation), nor one asking for the file by FID (which recalls the
+// file's, and that settles first).
+func TestDirDelegationRemoveLater(t *testing.T) {
+	tmp := t.TempDir()
+	srv := startServer(t, filepath.Join(tmp, "srv"))
+	a := dial(t, srv.addr, filepath.Join(tmp, "a"), 64<<20)
+	b := dial(t, srv.addr, "mem", 64<<20)
+	if err := a.Mkdir("/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fids := map[string]node.FID{}
+	for i := range 6 {
+		name := fmt.Sprintf("/d/f%d", i)
+		f, err := a.Create(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Write(pattern(3000, byte(i)))
+		if err := f.Sync(); err != nil { // created and stored at the server
+			t.Fatal(err)
+		}
+		fids[name] = f.FID()
+		f.Close()
+	}
+	before := a.Stats()
+	if before.Settled != 6 {
+		t.Fatalf("%d files created at the server by their fsyncs, want 6", before.Settled)
+	}
+	for i := range 4 {
+		if err := a.Remove(fmt.Sprintf("/d/f%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, a, "/d/f0", []byte("again")) // a name removed here, made again
+	if _, err := a.Stat("/d/f1"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("stat of a file removed here: %v", err)
+	}
+	st := a.Stats()
+	if removed, rpcs := st.RemovedHere-before.RemovedHere, st.RPCs-before.RPCs; removed != 4 || rpcs != 0 {
+		t.Fatalf("%d files removed here with %d RPCs, want 4 with none", removed, rpcs)
+	}
+	if _, err := b.StatusOf(b.NodeOf(fids["/d/f1"])); !errors.Is(err, syscall.ESTALE) && !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("another client asking for a file removed here by FID: %v, want it gone", err)
+	}
+	// That settle also made f0 again and removed the others.
+	ents, err := b.ReadDir("/d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range ents {
+		got = append(got, e.Name)
+	}
+	sort.Strings(got)
+	if fmt.Sprint(got) != "[f0 f4 f5]" {
+		t.Fatalf("another client lists %v, want [f0 f4 f5]", got)
+	}
+	if data := string(readFile(t, b, "/d/f0")); data != "again" {
+		t.Fatalf("f0 made again reads %q", data)
+	}
+	if data := readFile(t, b, "/d/f4"); !bytes.Equal(data, pattern(3000, 4)) {
+		t.Fatal("f4 lost its data")
+	}
+	if st := a.Stats(); st.Settled-before.Settled != 1 || st.Files > before.Files-3 {
+		t.Fatalf("%d created at the server, %d files cached (from %d): want 1, and the removed ones gone from the cache",
+			st.Settled-before.Settled, st.Files, before.Files)
+	}
+}
+
+// A file removed under a directory delegation that the server revoked
+// before it heard of the remove (its holder cut off past the lease) stays
+// at the server, whole: another client reads it, the holder finds it
+// again once it hears of the revocation, and nothing of it is kept as
+// lost.
+func TestDirDelegationRemoveLaterLost(t *testing.T) {
+	const lease = 2 * time.Second
+	tmp := t.TempDir()
+	srv := startServer(t, filepath.Join(tmp, "srv"), "--lease", lease.String())
+	link := startRelay(t, srv.addr, "")
+	cacheDir := filepath.Join(tmp, "a")
+	a, err := client.Dial(client.Options{Server: link.addr(), CacheDir: cacheDir, CacheSize: 64 << 20, NoDataChannel: true, RPCTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b := dial(t, srv.addr, "mem", 64<<20)
+	if err := a.Mkdir("/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := a.Create("/d/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write(pattern(5000, 1))
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := a.Remove("/d/x"); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st.RemovedHere != 1 {
+		t.Fatalf("%d files removed here, want 1", st.RemovedHere)
+	}
+	link.pause(true)
+	if data := readFile(t, b, "/d/x"); !bytes.Equal(data, pattern(5000, 1)) {
+		t.Fatalf("another client read %d bytes of a file whose remove never reached the server", len(data))
+	}
+	link.pause(false)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := a.Stat("/d/x")
+		if err == nil && st.Size == 5000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the holder does not find the file again after the revocation: %+v %v", st, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if data := readFile(t, a, "/d/x"); !bytes.Equal(data, pattern(5000, 1)) {
+		t.Fatalf("the holder reads %d bytes of the file back at the server", len(data))
+	}
+	if lost, err := client.ListLost(cacheDir); err != nil || len(lost) != 0 {
+		t.Fatalf("lost data: %+v %v", lost, err)
+	}
 }

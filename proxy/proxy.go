@@ -427,8 +427,8 @@ func (p *Proxy) Reserve(uint64, int) ([]node.FID, error) {
 }
 
 // CreateReserved is refused, as Reserve is.
-func (p *Proxy) CreateReserved(node.FID, []vnode.Reserved, vnode.Op) ([]node.Status, node.Status, error) {
-	return nil, node.Status{}, fmt.Errorf("create reserved: not through a proxy: %w", syscall.EOPNOTSUPP)
+func (p *Proxy) CreateReserved(node.FID, []vnode.Reserved, []vnode.Removed, vnode.Op) (made, removed []node.Status, d node.Status, err error) {
+	return nil, nil, d, fmt.Errorf("create reserved: not through a proxy: %w", syscall.EOPNOTSUPP)
 }
 
 func (p *Proxy) Link(dir node.FID, name string, target node.FID, op vnode.Op) (st, d node.Status, err error) {

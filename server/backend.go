@@ -34,7 +34,7 @@ type Backend interface {
 	// (dirdeleg.go); a backend without them fails both with EOPNOTSUPP,
 	// and its Delegation grants none on directories.
 	Reserve(volume uint64, n int) ([]node.FID, error)
-	CreateReserved(dir node.FID, fs []vnode.Reserved, op vnode.Op) ([]node.Status, node.Status, error)
+	CreateReserved(dir node.FID, fs []vnode.Reserved, rm []vnode.Removed, op vnode.Op) (made, removed []node.Status, d node.Status, err error)
 	StatFS(volume uint64) (vnode.FSStat, error)
 
 	// ReadAt reads file bytes for user (the client's name until there

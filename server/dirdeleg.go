@@ -44,13 +44,18 @@ func (s *Server) changing(dirs ...node.FID) func() {
 	}
 }
 
-// madeAlready reports whether every file of fs is in dir under its FID:
-// an earlier attempt made them, and its reply was lost (a restart in
-// between: the delegation it named is gone, and the directory's version
-// is past the base the retry names).
-func (s *Server) madeAlready(dir node.FID, fs []vnode.Reserved) bool {
+// settledAlready reports whether every file of fs is in dir under its FID
+// and no name of rm names its FID: an earlier attempt settled them, and
+// its reply was lost (a restart in between: the delegation it named is
+// gone, and the directory's version is past the base the retry names).
+func (s *Server) settledAlready(dir node.FID, fs []vnode.Reserved, rm []vnode.Removed) bool {
 	for _, f := range fs {
 		if st, _, err := s.store.Lookup(dir, f.Name); err != nil || st.FID != f.FID {
+			return false
+		}
+	}
+	for _, f := range rm {
+		if st, _, err := s.store.Lookup(dir, f.Name); err == nil && st.FID == f.FID {
 			return false
 		}
 	}
@@ -93,17 +98,18 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 }
 
 // CreateReserved makes the files a client made under its delegation on a
-// directory, all or none, and gives it a write delegation on each: their
-// data is still in its cache. Made after the delegation was lost, they
-// are refused (EKEYEXPIRED), unless this is the reclaim after a restart,
-// in the grace period, with the directory unchanged since.
+// directory, and removes those it removed there, all or none, and gives
+// it a write delegation on each file made: their data is still in its
+// cache. Made after the delegation was lost, they are refused
+// (EKEYEXPIRED), unless this is the reclaim after a restart, in the grace
+// period, with the directory unchanged since.
 func (s *Server) CreateReserved(ctx context.Context, req *pb.CreateReservedRequest) (*pb.CreateReservedReply, error) {
 	dir, err := checkFID("create reserved", req.Dir)
 	if err != nil {
 		return nil, s.fail("CreateReserved", err)
 	}
-	if len(req.Files) == 0 || len(req.Files) > vnode.MaxReserve {
-		return nil, s.fail("CreateReserved", fmt.Errorf("create %d reserved files, want 1..%d: %w", len(req.Files), vnode.MaxReserve, syscall.EINVAL))
+	if n := len(req.Files) + len(req.Removed); n == 0 || n > vnode.MaxReserve {
+		return nil, s.fail("CreateReserved", fmt.Errorf("settle %d files, want 1..%d: %w", n, vnode.MaxReserve, syscall.EINVAL))
 	}
 	fs := make([]vnode.Reserved, len(req.Files))
 	for i, f := range req.Files {
@@ -112,6 +118,15 @@ func (s *Server) CreateReserved(ctx context.Context, req *pb.CreateReservedReque
 			return nil, s.fail("CreateReserved", err)
 		}
 		fs[i] = vnode.Reserved{Name: f.Name, FID: fid, Attr: vnode.Attr{Mode: f.Mode, UID: f.Uid, GID: f.Gid}, Mtime: time.Unix(0, f.MtimeNs)}
+	}
+	rm := make([]vnode.Removed, len(req.Removed))
+	gone := make([]node.FID, len(req.Removed))
+	for i, f := range req.Removed {
+		fid, err := checkFID("remove reserved", f.Fid)
+		if err != nil {
+			return nil, s.fail("CreateReserved", err)
+		}
+		rm[i], gone[i] = vnode.Removed{Name: f.Name, FID: fid}, fid
 	}
 	once, err := opOf(ctx)
 	if err != nil {
@@ -126,17 +141,26 @@ func (s *Server) CreateReserved(ctx context.Context, req *pb.CreateReservedReque
 		return nil, s.fail("CreateReserved", fmt.Errorf("create reserved in %v: no delegation named: %w", dir, syscall.EINVAL))
 	}
 	took, err := s.checkDelegation(o, dir, req.State, req.BaseVersion)
-	if err != nil && !s.madeAlready(dir, fs) {
+	if err != nil && !s.settledAlready(dir, fs, rm) {
 		return nil, s.fail("CreateReserved", err)
 	}
 	if took {
 		defer s.giveBackFor(o, dir, req.State)
 	}
-	sts, d, err := s.store.CreateReserved(dir, fs, o.once)
+	if len(gone) > 0 {
+		// As for Remove: other clients' delegations on the files first
+		// (the remover held a write delegation on each when it removed
+		// it; one recalled since may have let another client in).
+		defer s.changing(gone...)()
+		if _, err := s.recallFor(ctx, o, true, gone...); err != nil {
+			return nil, err
+		}
+	}
+	sts, rsts, d, err := s.store.CreateReserved(dir, fs, rm, o.once)
 	if err != nil {
 		return nil, s.fail("CreateReserved", err)
 	}
-	out := &pb.CreateReservedReply{Files: make([]*pb.Status, len(sts)), States: make([]uint64, len(sts))}
+	out := &pb.CreateReservedReply{Files: make([]*pb.Status, len(sts)), States: make([]uint64, len(sts)), Removed: make([]*pb.Status, len(rsts))}
 	now := time.Now()
 	s.mu.Lock()
 	for i, st := range sts {
@@ -151,7 +175,11 @@ func (s *Server) CreateReserved(ctx context.Context, req *pb.CreateReservedReque
 	for i, st := range sts {
 		out.Files[i] = o.status(st)
 	}
-	o.changed(ctx, dir)
+	for i, st := range rsts {
+		s.gone(st)
+		out.Removed[i] = pb.FromStatus(st, 0)
+	}
+	o.changed(ctx, append(gone, dir)...)
 	out.Dir = o.status(d)
 	return out, nil
 }

@@ -53,32 +53,59 @@ type Reserved struct {
 	Mtime time.Time
 }
 
-// CreateReserved makes the regular files fs in dir, in one transaction:
-// all or none. Each FID must be reserved and each name free (the client
-// held the directory's delegation: nobody else could take it), or already
-// name that FID: an earlier attempt made it, and its reply was lost. dir's
-// version goes up once per file made, as by one Create each.
-func (s *Store) CreateReserved(dir node.FID, fs []Reserved, op Op) (sts []node.Status, d node.Status, err error) {
+// Removed is a file removed under a directory delegation: Name named FID.
+type Removed struct {
+	Name string
+	FID  node.FID
+}
+
+// CreateReserved removes the files rm from dir and makes the regular
+// files fs in it, in one transaction: all or none. Each FID of fs must be
+// reserved and each name free once rm are gone (the client held the
+// directory's delegation: nobody else could take it), or already name
+// that FID: an earlier attempt made it, and its reply was lost. A name of
+// rm that no longer names its FID was removed by such an attempt. dir's
+// version goes up once per file made or removed, as by one Create or
+// Remove each. It returns the statuses of fs, then those of rm (Nlink 0
+// once gone).
+func (s *Store) CreateReserved(dir node.FID, fs []Reserved, rm []Removed, op Op) (sts, gone []node.Status, d node.Status, err error) {
 	for _, f := range fs {
 		if err := node.CheckName(f.Name); err != nil {
-			return nil, d, err
+			return nil, nil, d, err
 		}
 		if f.FID.Volume != dir.Volume {
-			return nil, d, fmt.Errorf("create %s: fid %v not in volume %d: %w", f.Name, f.FID, dir.Volume, syscall.EXDEV)
+			return nil, nil, d, fmt.Errorf("create %s: fid %v not in volume %d: %w", f.Name, f.FID, dir.Volume, syscall.EXDEV)
+		}
+	}
+	for _, f := range rm {
+		if err := node.CheckName(f.Name); err != nil {
+			return nil, nil, d, err
 		}
 	}
 	err = s.mutate(dir.Volume, func(v *vtx) error {
-		sts = nil // a run may be repeated (group)
+		sts, gone = nil, nil // a run may be repeated (group)
 		dr, err := v.getDir(dir)
 		if err != nil {
 			return err
 		}
-		if o, ok := v.findOp(op); ok && len(o.vnodes) == len(fs) {
-			for _, n := range o.vnodes {
+		if o, ok := v.findOp(op); ok && len(o.vnodes) == len(fs)+len(rm) {
+			for _, n := range o.vnodes[:len(fs)] {
 				sts = append(sts, v.statusNow(n))
+			}
+			for _, n := range o.vnodes[len(fs):] {
+				gone = append(gone, v.statusNow(n))
 			}
 			d = dr.status(v.id, dir.Vnode)
 			return nil
+		}
+		var removed []named
+		for _, f := range rm {
+			st, err := v.removeReserved(&dr, dir, f)
+			if err != nil {
+				return err
+			}
+			gone = append(gone, st)
+			removed = append(removed, namedBy(st))
 		}
 		res := v.tx.Bucket(bktReserved)
 		var made []named
@@ -121,10 +148,42 @@ func (s *Store) CreateReserved(dir node.FID, fs []Reserved, op Op) (sts []node.S
 			return err
 		}
 		d = dr.status(v.id, dir.Vnode)
-		return v.recordOp(op, done{vnodes: made})
+		return v.recordOp(op, done{vnodes: append(made, removed...)})
 	})
 	if err != nil {
-		return nil, d, err
+		return nil, nil, d, err
 	}
-	return sts, d, nil
+	return sts, gone, d, nil
+}
+
+// removeReserved removes f from dir (record dr) for CreateReserved: a
+// regular file, or a symbolic link or special file, never a directory.
+func (v *vtx) removeReserved(dr *record, dir node.FID, f Removed) (node.Status, error) {
+	e, ok, err := v.lookup(dir.Vnode, f.Name)
+	if err != nil {
+		return node.Status{}, err
+	}
+	if !ok || e.Vnode != f.FID.Vnode {
+		// Removed by an earlier attempt whose reply was lost (and
+		// perhaps made again, by the same batch).
+		return v.statusNow(named{f.FID, node.TypeFile}), nil
+	}
+	r, err := decodeRecord(v.vnodes.Get(u64(e.Vnode)))
+	if err != nil {
+		return node.Status{}, err
+	}
+	if r.Unique != f.FID.Unique {
+		return node.Status{}, fmt.Errorf("remove %s: fid %v: %w", f.Name, f.FID, syscall.ESTALE)
+	}
+	if r.Type == node.TypeDir {
+		return node.Status{}, fmt.Errorf("%s: %w", f.Name, syscall.EISDIR)
+	}
+	if err := v.delEntry(dir.Vnode, f.Name, e); err != nil {
+		return node.Status{}, err
+	}
+	v.touchDir(dr)
+	if err := v.unlinkVnode(e.Vnode, &r); err != nil {
+		return node.Status{}, err
+	}
+	return r.status(v.id, e.Vnode), nil
 }
