@@ -678,5 +678,6 @@ func (c *Client) setGauges() {
 	c.cache.SetGauge("made_here", st.MadeHere)
 	c.cache.SetGauge("made_dropped", st.MadeDropped)
 	c.cache.SetGauge("made_settled", st.Settled)
+	c.cache.SetGauge("removed_here", st.RemovedHere)
 	c.cache.SetGauge("nodes", int64(st.Nodes))
 }

@@ -275,6 +275,7 @@ func (c *Client) removeLater(dir *Node, name string, n *Node) bool {
 	c.dropUnread(n)
 	c.flusher.add(n)
 	c.counters.removedHere.Add(1)
+	c.log.Debug("removed here", "dir", dir.fid, "name", name, "fid", n.fid)
 	return true
 }
 

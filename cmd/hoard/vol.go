@@ -103,6 +103,7 @@ func printCacheStats(s cache.Stats) {
 	fmt.Printf("flushed:       %d bytes, %d bytes/s now\n", s.Gauges["flushed_bytes"], s.Gauges["flush_rate"])
 	fmt.Printf("files made:    %d here (directory delegations), %d removed before the server knew them, %d created there since\n",
 		s.Gauges["made_here"], s.Gauges["made_dropped"], s.Gauges["made_settled"])
+	fmt.Printf("files removed: %d here (directory delegations), at the server later\n", s.Gauges["removed_here"])
 }
 
 func policyCmd() *cobra.Command {
