@@ -255,6 +255,10 @@ func Dial(opts Options) (*Client, error) {
 	}
 	if err != nil {
 		c.Close()
+		switch status.Code(err) {
+		case codes.ResourceExhausted, codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied:
+			return nil, fmt.Errorf("server %s refused this client: %s", opts.Server, status.Convert(err).Message())
+		}
 		return nil, fmt.Errorf("server %s unreachable: %w", opts.Server, err)
 	}
 	return c, nil

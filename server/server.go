@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"path"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/hoardfs/hoard/callback"
@@ -53,7 +55,11 @@ type Config struct {
 	// DataStreams is how many bulk-data connections clients are asked to
 	// use (0: their own choice).
 	DataStreams int
-	Logger      *slog.Logger
+	// MaxSessions and MaxSessionsPerPeer bound the clients connected at
+	// once, in all and from one IP address (0: no bound): each holds a
+	// back channel's queue and its state in the callback machine.
+	MaxSessions, MaxSessionsPerPeer int
+	Logger                          *slog.Logger
 }
 
 // Directory delegation policies.
@@ -68,7 +74,8 @@ const (
 
 // DefaultConfig is what `hoard server` uses unless told otherwise.
 func DefaultConfig() Config {
-	return Config{PromiseTTL: 10 * time.Minute, BreakTimeout: 2 * time.Second, Ping: 5 * time.Second, MaxPromises: 1 << 20, Grace: 3 * time.Second, Lease: 30 * time.Second, DirDelegations: DirPrivate}
+	return Config{PromiseTTL: 10 * time.Minute, BreakTimeout: 2 * time.Second, Ping: 5 * time.Second, MaxPromises: 1 << 20, Grace: 3 * time.Second, Lease: 30 * time.Second, DirDelegations: DirPrivate,
+		MaxSessions: 16384, MaxSessionsPerPeer: 1024}
 }
 
 // Server implements hoardpb.FileServerServer.
@@ -81,6 +88,7 @@ type Server struct {
 	mu      sync.Mutex
 	cb      *callback.Server
 	conns   map[callback.ClientID]*conn
+	peers   map[string]int // sessions by client IP address
 	waiters map[callback.Round]chan struct{}
 	// busy counts the namespace changes under way in each directory
 	// (dirdeleg.go).
@@ -109,6 +117,7 @@ func New(store Backend, cfg Config) *Server {
 		log:     cfg.Logger,
 		cb:      callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises, Lease: cfg.Lease}),
 		conns:   map[callback.ClientID]*conn{},
+		peers:   map[string]int{},
 		waiters: map[callback.Round]chan struct{}{},
 		busy:    map[node.FID]int{},
 		wake:    make(chan struct{}, 1),
@@ -223,6 +232,34 @@ func (s *Server) sendLocked(msgs []callback.Msg) {
 	}
 }
 
+// MaxClientName bounds the name a client gives in its Hello (a host name
+// and a little more; NFSv4 bounds its client owner at 1 KiB too).
+const MaxClientName = 1024
+
+// peerHost is the IP address a request came from ("" when unknown).
+func peerHost(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(p.Addr.String())
+	if err != nil {
+		return p.Addr.String()
+	}
+	return host
+}
+
+// admitLocked refuses a session past the bounds on sessions (mu held).
+func (s *Server) admitLocked(from string) error {
+	if n := s.cfg.MaxSessions; n > 0 && len(s.conns) >= n {
+		return status.Errorf(codes.ResourceExhausted, "connect: %d clients connected, the most this server takes (--max-sessions)", len(s.conns))
+	}
+	if n := s.cfg.MaxSessionsPerPeer; n > 0 && s.peers[from] >= n {
+		return status.Errorf(codes.ResourceExhausted, "connect: %d clients connected from %s, the most this server takes from one address (--max-sessions-per-peer)", s.peers[from], from)
+	}
+	return nil
+}
+
 // Connect is a client's back channel: Welcome, then breaks, resets and
 // pings from the server, acknowledgements from the client.
 func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
@@ -237,16 +274,29 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 	if hello.Version != pb.Version {
 		return status.Errorf(codes.FailedPrecondition, "connect: protocol version %d, server speaks %d", hello.Version, pb.Version)
 	}
+	if len(hello.Name) > MaxClientName {
+		return status.Errorf(codes.InvalidArgument, "connect: a client name of %d bytes, more than %d", len(hello.Name), MaxClientName)
+	}
+	from := peerHost(stream.Context())
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 	c := &conn{out: make(chan *pb.ServerMsg, 4096), cancel: cancel}
 	s.mu.Lock()
+	if err := s.admitLocked(from); err != nil {
+		s.mu.Unlock()
+		s.log.Warn("client refused", "from", from, "err", err)
+		return err
+	}
+	s.peers[from]++
 	id := s.cb.Connect(hello.Name, time.Now())
 	s.conns[id] = c
 	s.mu.Unlock()
 	s.log.Debug("client connected", "client", id, "name", hello.Name)
 	defer func() {
 		s.mu.Lock()
+		if s.peers[from]--; s.peers[from] <= 0 {
+			delete(s.peers, from)
+		}
 		if s.conns[id] == c {
 			delete(s.conns, id)
 			s.cb.Disconnect(id, time.Now())

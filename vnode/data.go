@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -115,7 +116,7 @@ func (u *Update) spill() error {
 
 // WriteAt stages p at off.
 func (u *Update) WriteAt(p []byte, off int64) error {
-	if off < 0 || off+int64(len(p)) < off || off+int64(len(p)) > maxFileSize {
+	if off < 0 || off+int64(len(p)) < off || off+int64(len(p)) > u.s.maxSize {
 		return fmt.Errorf("write %v at %d: %w", u.fid, off, syscall.EFBIG)
 	}
 	if len(p) == 0 {
@@ -139,8 +140,29 @@ func (u *Update) WriteAt(p []byte, off int64) error {
 	return nil
 }
 
-// maxFileSize bounds offsets from the wire (ext4's own limit is 16 TiB).
-const maxFileSize = 1 << 44
+// probeMaxSize finds the largest size the file system under dir gives a
+// file (ext4: 16 TiB less a block; XFS and tmpfs: far more), by growing a
+// sparse scratch file: every size from the wire is checked against it
+// before a change is published, since one the data file could not take
+// would be published and then fail at every replay of its redo record.
+func probeMaxSize(dir string) (int64, error) {
+	f, err := os.CreateTemp(dir, "probe-*")
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	lo, hi := int64(0), int64(math.MaxInt64) // lo fits; hi+1 does not
+	for lo < hi {
+		mid := lo + (hi-lo)/2 + 1
+		if f.Truncate(mid) == nil {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo, f.Truncate(0)
+}
 
 // Truncate cuts the file to n before the staged writes land.
 func (u *Update) Truncate(n uint64) {
@@ -240,6 +262,9 @@ func (u *Update) Commit(sync bool, mtime time.Time, op Op) (node.Status, error) 
 		p.size = u.size
 		cut = min(cut, u.size)
 		ranges = clipExtents(ranges, int64(u.size))
+	}
+	if p.size > uint64(s.maxSize) {
+		return node.Status{}, fmt.Errorf("store %v: size %d: %w", f, p.size, syscall.EFBIG)
 	}
 	if p.size <= inlineMax {
 		data, err := u.content(r, oldInline, cut, p.size, ranges)
@@ -581,7 +606,11 @@ func (s *Store) recover() error {
 	}
 	for _, it := range todo {
 		if err := s.finish(it.name, it.p, true); err != nil {
-			return fmt.Errorf("redo %s: %w", it.name, err)
+			// One file must not keep the server from starting: it
+			// is refused (EIO) until a later start can carry the
+			// commit out, and the others are served.
+			f := node.FID{Volume: it.p.vol, Vnode: it.p.vnode}
+			s.quarantine(f, fmt.Errorf("redo %s: %w", it.name, err))
 		}
 	}
 	s.collectGarbage()

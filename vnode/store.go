@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -78,11 +79,16 @@ type Store struct {
 	gen   uint64
 	// stuck holds files whose published commit could not be carried out
 	// (an I/O error); they fail with EIO until a restart replays the redo.
-	stuckMu sync.Mutex
-	stuck   map[node.FID]bool
+	// quarantined holds those whose redo failed at this start too, with
+	// why (Quarantined).
+	stuckMu     sync.Mutex
+	stuck       map[node.FID]bool
+	quarantined map[node.FID]error
 	// group commits the read-write transactions of concurrent requests
 	// together (update).
 	group group
+	// maxSize is the largest file the data file system takes.
+	maxSize int64
 }
 
 // Open opens (creating on first use) the store in dir, replays interrupted
@@ -113,6 +119,10 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("data directory %s: %w", dir, err)
 	}
 	s.gen = s.epoch << 32
+	if s.maxSize, err = probeMaxSize(filepath.Join(dir, "staging")); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("data directory %s: %w", dir, err)
+	}
 	if err := s.recover(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("data directory %s: recovery: %w", dir, err)
@@ -181,9 +191,33 @@ func (s *Store) setStuck(f node.FID) {
 	s.stuck[f] = true
 }
 
+// quarantine refuses file f (its vnode: a redo record carries no
+// uniquifier) for this server's life: its last commit could not be
+// carried out at the start, for why.
+func (s *Store) quarantine(f node.FID, why error) {
+	s.stuckMu.Lock()
+	defer s.stuckMu.Unlock()
+	if s.quarantined == nil {
+		s.quarantined = map[node.FID]error{}
+	}
+	s.quarantined[f] = why
+}
+
+// Quarantined lists the files whose last commit could not be carried out
+// when the store was opened, with why: they fail with EIO, and a later
+// start tries again.
+func (s *Store) Quarantined() map[node.FID]error {
+	s.stuckMu.Lock()
+	defer s.stuckMu.Unlock()
+	return maps.Clone(s.quarantined)
+}
+
 func (s *Store) checkStuck(f node.FID) error {
 	s.stuckMu.Lock()
 	defer s.stuckMu.Unlock()
+	if why, ok := s.quarantined[node.FID{Volume: f.Volume, Vnode: f.Vnode}]; ok {
+		return fmt.Errorf("fid %v: quarantined at the server's start (%v): %w", f, why, syscall.EIO)
+	}
 	if s.stuck[f] {
 		return fmt.Errorf("fid %v: an earlier commit failed, restart the server to repair: %w", f, syscall.EIO)
 	}

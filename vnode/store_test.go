@@ -582,7 +582,7 @@ func TestWriteBounds(t *testing.T) {
 	u, _ := s.BeginUpdate(f)
 	defer u.Abort()
 	wantErrno(t, u.WriteAt([]byte("x"), -1), syscall.EFBIG)
-	wantErrno(t, u.WriteAt([]byte("x"), maxFileSize), syscall.EFBIG)
+	wantErrno(t, u.WriteAt([]byte("x"), s.maxSize), syscall.EFBIG)
 	if _, _, err := s.ReadAt(f, make([]byte, 1), -5); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("negative read offset: %v", err)
 	}

@@ -51,6 +51,9 @@ func serverCmd() *cobra.Command {
 				return usageError{err}
 			}
 			defer store.Close()
+			for f, why := range store.Quarantined() {
+				slog.Error("file quarantined: its last store could not be carried out; it answers EIO until a start that can", "fid", f, "err", why)
+			}
 			lis, err := net.Listen("tcp", listen)
 			if err != nil {
 				return usagef("--listen %s: %v", listen, err)
@@ -81,11 +84,11 @@ func serverCmd() *cobra.Command {
 	f.StringVar(&cfg.DirDelegations, "dir-delegations", cfg.DirDelegations, "which directories a client may make files in on its own: private (one no other client has cached), any (breaking others' promises), none")
 	profileFlag(f, &profile)
 	f.IntVar(&cfg.MaxPromises, "max-promises", cfg.MaxPromises, "promises held across all clients before the oldest are broken")
+	f.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "clients connected at once; past it a client is refused (RESOURCE_EXHAUSTED), 0: no bound")
+	f.IntVar(&cfg.MaxSessionsPerPeer, "max-sessions-per-peer", cfg.MaxSessionsPerPeer, "clients connected at once from one IP address, 0: no bound")
 	return cmd
 }
 
-// serve answers srv's RPCs on lis until SIGTERM or SIGINT, announcing
-// itself (`hoard NAME: banner`) once it listens.
 // dataFlags adds the bulk-data channel's flags; def is --data-listen's
 // default and says what it means.
 func dataFlags(f *pflag.FlagSet, listen, advertise *string, def, means string) {
@@ -136,10 +139,20 @@ func serveData(srv *server.Server, l net.Listener, advertise string) string {
 	return note
 }
 
+// maxStreams bounds one connection's requests under way: a proxy sends all
+// its clients' through one.
+const maxStreams = 1024
+
+// serve answers srv's RPCs on lis until SIGTERM or SIGINT, announcing
+// itself (`hoard NAME: banner`) once it listens.
 func serve(name string, srv *server.Server, lis net.Listener, banner string, register ...func(*grpc.Server)) error {
 	g := grpc.NewServer(
 		grpc.UnaryInterceptor(srv.Trace), grpc.StreamInterceptor(srv.TraceStream),
 		grpc.MaxRecvMsgSize(16<<20),
+		// A connection's concurrent requests, and the time it has to say
+		// who it is: a client that opens more waits, one that says
+		// nothing is closed.
+		grpc.MaxConcurrentStreams(maxStreams), grpc.ConnectionTimeout(10*time.Second),
 		grpc.InitialWindowSize(8<<20), grpc.InitialConnWindowSize(64<<20),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),

@@ -1,0 +1,164 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/hoardfs/hoard/client"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/vnode"
+)
+
+// anonRPC is a protocol-level client with no session.
+func anonRPC(t *testing.T, addr string) pb.FileServerClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return pb.NewFileServerClient(conn)
+}
+
+// Sizes the server's disk cannot give a file are refused (EFBIG) before
+// anything is published: one such request used to leave a commit that
+// failed at every replay, and the server could not start again.
+func TestServerRefusesSizesPastItsDisk(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a := dial(t, srv.addr, "mem", 16<<20)
+	writeFile(t, a, "/keep", []byte("kept"))
+	writeFile(t, a, "/f", []byte("f"))
+	// Another client's lookup: the server knows /f (a made it under a
+	// directory delegation).
+	st, err := dial(t, srv.addr, "mem", 16<<20).Stat("/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fid := pb.FromFID(st.FID)
+	rpc := anonRPC(t, srv.addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, size := range []uint64{1 << 44, 1 << 62, 1 << 63, 1<<64 - 1} {
+		_, err := rpc.SetAttr(ctx, &pb.SetAttrRequest{Fid: fid, Mask: vnode.SetSize, Size: size})
+		if pb.Errno(err) != syscall.EFBIG {
+			t.Errorf("setattr to %d bytes: %v, want EFBIG", size, err)
+		}
+	}
+	stores := []*pb.StoreRequest{
+		{Fid: fid, HasSize: true, Size: 1 << 44, Sync: true},
+		{Fid: fid, HasTruncate: true, Truncate: 1 << 44, HasSize: true, Size: 1 << 44},
+		{Fid: fid, Offset: 1<<44 - 1, Data: []byte("x"), Sync: true},
+	}
+	for _, req := range stores {
+		stream, err := rpc.Store(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stream.Send(req)
+		if _, err := stream.CloseAndRecv(); pb.Errno(err) != syscall.EFBIG {
+			t.Errorf("store %v: %v, want EFBIG", req, err)
+		}
+	}
+	a.Close()
+	srv.kill9()
+	srv.restart()
+	b := dial(t, srv.addr, "mem", 16<<20)
+	if got := string(readFile(t, b, "/keep")); got != "kept" {
+		t.Fatalf("after a restart /keep reads %q", got)
+	}
+	if got := string(readFile(t, b, "/f")); got != "f" {
+		t.Fatalf("after a restart /f reads %q", got)
+	}
+	writeFile(t, b, "/f", []byte("written after"))
+	if got := string(readFile(t, b, "/f")); got != "written after" {
+		t.Fatalf("/f reads %q", got)
+	}
+}
+
+// Sessions are bounded, in all and from one address, and so is the name
+// a client gives: past a bound a client is refused, saying which, and
+// the server serves the others; refused, a thousand names of 1 MiB cost
+// it nothing it keeps.
+func TestServerBoundsSessions(t *testing.T) {
+	srv := startServer(t, t.TempDir(), "--max-sessions-per-peer", "3")
+	var cs []*client.Client
+	for range 3 {
+		c, err := client.Dial(client.Options{Server: srv.addr, CacheSize: 16 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	if _, err := client.Dial(client.Options{Server: srv.addr, CacheSize: 16 << 20}); err == nil ||
+		!strings.Contains(err.Error(), "refused") || !strings.Contains(err.Error(), "--max-sessions-per-peer") {
+		t.Fatalf("a fourth client from one address: %v", err)
+	}
+	writeFile(t, cs[1], "/x", []byte("still served"))
+	cs[0].Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := client.Dial(client.Options{Server: srv.addr, CacheSize: 16 << 20})
+		if err == nil {
+			defer c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no client gets in after one of three left: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cs[1].Close()
+	cs[2].Close()
+
+	rpc := anonRPC(t, srv.addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	name := strings.Repeat("n", 1<<20)
+	for i := range 1000 {
+		stream, err := rpc.Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stream.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Hello{Hello: &pb.Hello{Version: pb.Version, Name: name}}})
+		if _, err := stream.Recv(); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("connect %d with a name of 1 MiB: %v, want InvalidArgument", i, err)
+		}
+	}
+	if rss := rssKiB(t, srv.cmd.Process.Pid); rss > 200<<10 {
+		t.Fatalf("server RSS %d KiB after refusing 1,000 long names", rss)
+	}
+	if got := string(readFile(t, dial(t, srv.addr, "mem", 16<<20), "/x")); got != "still served" {
+		t.Fatalf("read %q", got)
+	}
+}
+
+// rssKiB is process pid's resident set.
+func rssKiB(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
