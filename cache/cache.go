@@ -120,7 +120,7 @@ type Cache struct {
 }
 
 type counters struct {
-	hits, misses, fetched, written, evictions, bypassed, recovered, chunks atomic.Int64
+	hits, misses, fetched, written, evictions, bypassed, recovered, corrupt, chunks atomic.Int64
 }
 
 // Stats are the cache's counters. The cumulative ones survive restarts.
@@ -131,16 +131,19 @@ type Stats struct {
 	BytesCached  int64 `json:"bytes_cached"`
 	// BytesWritten counts bytes written into the cache's store (fetched
 	// chunks and local writes): what caching costs the cache disk.
-	BytesWritten int64            `json:"bytes_written"`
-	Limit        int64            `json:"limit"`
-	Chunks       int64            `json:"chunks"`
-	Files        int64            `json:"files"`
-	Evictions    int64            `json:"evictions"`
-	Bypassed     int64            `json:"bypassed"`
-	Recovered    int64            `json:"recovered"`
-	ChunkSize    int64            `json:"chunk_size"`
-	Gauges       map[string]int64 `json:"gauges,omitempty"`
-	Updated      time.Time        `json:"updated"`
+	BytesWritten int64 `json:"bytes_written"`
+	Limit        int64 `json:"limit"`
+	Chunks       int64 `json:"chunks"`
+	Files        int64 `json:"files"`
+	Evictions    int64 `json:"evictions"`
+	Bypassed     int64 `json:"bypassed"`
+	Recovered    int64 `json:"recovered"`
+	// Corrupt counts chunks that failed their checksum when first read
+	// after a start, and were fetched again.
+	Corrupt   int64            `json:"corrupt"`
+	ChunkSize int64            `json:"chunk_size"`
+	Gauges    map[string]int64 `json:"gauges,omitempty"`
+	Updated   time.Time        `json:"updated"`
 }
 
 // Open opens or creates a cache.
@@ -258,6 +261,7 @@ func (c *Cache) openIndex() (clean bool, err error) {
 				c.stats.evictions.Store(s.Evictions)
 				c.stats.bypassed.Store(s.Bypassed)
 				c.stats.recovered.Store(s.Recovered)
+				c.stats.corrupt.Store(s.Corrupt)
 			}
 		}
 		return files.ForEach(func(k, v []byte) error {
@@ -283,6 +287,7 @@ func (c *Cache) load(fid node.FID, r record) {
 	e.setDirtyLocked(r.dirty)
 	for _, cr := range r.chunks {
 		ch := &chunk{e: e, idx: cr.idx, n: cr.n, crc: cr.crc, dirty: cr.dirty}
+		ch.unchecked.Store(!cr.dirty)
 		e.chunks[cr.idx] = ch
 		c.used += charge(cr.n)
 		c.stats.chunks.Add(1)
@@ -310,6 +315,7 @@ func (c *Cache) verify() {
 				ok = int64(n) == ch.n && crc(buf[:ch.n]) == ch.crc
 				f.Close()
 			}
+			ch.unchecked.Store(!ok)
 			if !ok {
 				c.dropChunkLocked(e, ch)
 				bad++
@@ -644,7 +650,7 @@ func (c *Cache) Stats() Stats {
 		Hits: c.stats.hits.Load(), Misses: c.stats.misses.Load(), BytesFetched: c.stats.fetched.Load(), BytesWritten: c.stats.written.Load(),
 		BytesCached: used, Limit: c.size, Chunks: c.stats.chunks.Load(), Files: files,
 		Evictions: c.stats.evictions.Load(), Bypassed: c.stats.bypassed.Load(), Recovered: c.stats.recovered.Load(),
-		ChunkSize: c.cs, Gauges: g, Updated: time.Now(),
+		Corrupt: c.stats.corrupt.Load(), ChunkSize: c.cs, Gauges: g, Updated: time.Now(),
 	}
 }
 

@@ -731,3 +731,55 @@ func TestCleanedPastOpenFileBound(t *testing.T) {
 		}
 	}
 }
+
+// After a clean stop, chunks are not read in bulk at the start, but each
+// is checked against its checksum the first time it is served, and before
+// the file is offered whole (passthrough): a byte flipped while no
+// process held the cache is a miss, fetched again, never served.
+func TestCleanReopenChecksOnFirstRead(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Open(Options{Dir: dir, Size: 10 << 20, ChunkSize: cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	content := data(3*cs, 9)
+	fill(t, c, fid(1), content, 1)
+	other := data(2*cs, 4)
+	path2 := fill(t, c, fid(2), other, 1).Path()
+	path := c.Entry(fid(1)).Path()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	flip := func(path string, off int64, was byte) {
+		fd, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd.WriteAt([]byte{was ^ 0x01}, off)
+		fd.Close()
+	}
+	flip(path, cs+5, content[cs+5])
+	flip(path2, 7, other[7])
+	c2 := open(t, dir, 10<<20)
+	e, _ := c2.Lookup(fid(1))
+	p := make([]byte, cs)
+	if _, err := e.ReadAt(p, 0); err != nil || !bytes.Equal(p, content[:cs]) {
+		t.Fatalf("an intact chunk: %v", err)
+	}
+	if _, err := e.ReadAt(p, cs); err != ErrMiss {
+		t.Fatalf("a read of the flipped chunk: %v, want a miss", err)
+	}
+	if e.Present(1) || c2.Stats().Corrupt != 1 {
+		t.Fatalf("flipped chunk present %v, corrupt %d", e.Present(1), c2.Stats().Corrupt)
+	}
+	if err := e.Admit(1, 1, content[cs:2*cs]); err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, e); !bytes.Equal(got, content) {
+		t.Fatal("the file after the chunk was fetched again")
+	}
+	e2, _ := c2.Lookup(fid(2))
+	if e2.Complete() || e2.Present(0) || c2.Stats().Corrupt != 2 {
+		t.Fatalf("a file with a flipped chunk offered whole: present %v, corrupt %d", e2.Present(0), c2.Stats().Corrupt)
+	}
+}

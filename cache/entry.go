@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -32,6 +33,10 @@ type chunk struct {
 	elem  *list.Element // in the cache's LRU while clean (Cache.mu)
 	// gen is the LRU generation of the chunk's last move to the front.
 	gen atomic.Int64
+	// unchecked: a clean chunk an earlier process recorded, not yet read
+	// against its checksum by this one (checked). Anything may have
+	// changed the cache file while no process held it.
+	unchecked atomic.Bool
 }
 
 // Entry is one cached file. Its methods are safe for concurrent use.
@@ -121,14 +126,23 @@ func (e *Entry) ReadAt(p []byte, off int64) (int, error) {
 		first, last := off/cs, (end-1)/cs
 		var few [8]*chunk
 		touched := few[:0]
-		for idx := first; idx <= last; idx++ {
+		var bad *chunk
+		for idx := first; idx <= last && bad == nil; idx++ {
 			if !e.readableLocked(idx) {
 				e.mu.RUnlock()
 				return 0, ErrMiss
 			}
-			if ch := e.chunks[idx]; ch != nil && e.c.stale(ch) {
+			ch := e.chunks[idx]
+			if ch != nil && !e.checkedLocked(ch) {
+				bad = ch
+			} else if ch != nil && e.c.stale(ch) {
 				touched = append(touched, ch)
 			}
+		}
+		if bad != nil {
+			e.mu.RUnlock()
+			e.dropCorrupt(bad)
+			return 0, ErrMiss // fetched again
 		}
 		if e.mem == nil && e.file == nil {
 			e.mu.RUnlock()
@@ -333,19 +347,70 @@ func (e *Entry) Present(idx int64) bool {
 	return e.chunks[idx] != nil
 }
 
-// Complete reports whether every byte of the file can be read from the cache.
+// Complete reports whether every byte of the file can be read from the
+// cache: then the kernel may read the cache file itself (passthrough),
+// so every chunk is checked first.
 func (e *Entry) Complete() bool {
 	e.mu.RLock()
-	defer e.mu.RUnlock()
 	if !e.hasSt {
+		e.mu.RUnlock()
 		return false
 	}
 	for idx := int64(0); idx*e.c.cs < int64(e.st.Size); idx++ {
 		if !e.readableLocked(idx) {
+			e.mu.RUnlock()
+			return false
+		}
+		if ch := e.chunks[idx]; ch != nil && !e.checkedLocked(ch) {
+			e.mu.RUnlock()
+			e.dropCorrupt(ch)
 			return false
 		}
 	}
+	e.mu.RUnlock()
 	return true
+}
+
+// checkedLocked reports whether chunk ch may be served (mu held, shared
+// or not): it was written or fetched by this process, or it matches its
+// checksum, read once in this process's life; a flipped bit in a cache
+// file that no process held open would otherwise be served for good.
+func (e *Entry) checkedLocked(ch *chunk) bool {
+	if !ch.unchecked.Load() {
+		return true
+	}
+	buf := make([]byte, ch.n)
+	var n int
+	var err error
+	switch {
+	case e.file != nil:
+		n, err = e.file.ReadAt(buf, ch.idx*e.c.cs)
+	default:
+		var f *os.File
+		if f, err = os.Open(e.path()); err == nil {
+			n, err = f.ReadAt(buf, ch.idx*e.c.cs)
+			f.Close()
+		}
+	}
+	if (err == nil || err == io.EOF) && int64(n) == ch.n && crc(buf) == ch.crc {
+		ch.unchecked.Store(false)
+		return true
+	}
+	return false
+}
+
+// dropCorrupt drops chunk ch, which failed its checksum, so that it is
+// fetched again; the first of a process's is logged, all are counted.
+func (e *Entry) dropCorrupt(ch *chunk) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.chunks[ch.idx] != ch || !ch.unchecked.Load() {
+		return // dropped or checked meanwhile
+	}
+	e.dropLocked(ch)
+	if e.c.stats.corrupt.Add(1) == 1 {
+		slog.Warn("cache: a chunk failed its checksum and is fetched again; more are counted in hoard cache stats", "dir", e.c.dir, "fid", e.fid, "chunk", ch.idx)
+	}
 }
 
 // chunkLen is the valid length of chunk idx in a file of size bytes.

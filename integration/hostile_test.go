@@ -1,9 +1,13 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/vnode"
@@ -161,4 +166,47 @@ func rssKiB(t *testing.T, pid int) int {
 	}
 	t.Fatal("no VmRSS")
 	return 0
+}
+
+// A byte flipped in a cache file while no client held the cache is not
+// served: the chunk fails its checksum at its first read, is fetched
+// again, and counted.
+func TestFlippedCacheByteNotServed(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	cacheDir := t.TempDir()
+	content := pattern(3<<20+100, 5)
+	local := filepath.Join(t.TempDir(), "in")
+	if err := os.WriteFile(local, content, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := func(args ...string) (string, int) {
+		return run(t, append(args, "--server", srv.addr, "--cache", cacheDir)...)
+	}
+	if out, code := h("put", local, "/f"); code != 0 {
+		t.Fatalf("put: exit %d: %s", code, out)
+	}
+	var cached string
+	filepath.WalkDir(filepath.Join(cacheDir, "files"), func(p string, d fs.DirEntry, err error) error {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Size() == int64(len(content)) {
+			cached = p
+		}
+		return nil
+	})
+	if cached == "" {
+		t.Fatal("no cache file holds the file put")
+	}
+	fd, err := os.OpenFile(cached, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd.WriteAt([]byte{content[2<<20+3] ^ 0x10}, 2<<20+3)
+	fd.Close()
+	cmd := exec.Command(hoardBin, "cat", "/f", "--server", srv.addr, "--cache", cacheDir)
+	out, err := cmd.Output()
+	if err != nil || !bytes.Equal(out, content) {
+		t.Fatalf("cat after a byte of the cache file flipped: %v, %d bytes, same: %v", err, len(out), bytes.Equal(out, content))
+	}
+	if st, err := cache.ReadStats(cacheDir); err != nil || st.Corrupt != 1 {
+		t.Fatalf("cache stats: %+v %v, want one corrupt chunk", st, err)
+	}
 }
