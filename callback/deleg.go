@@ -100,7 +100,7 @@ func (s *Server) OpenUpTo(id ClientID, fid node.FID, write bool, limit DelegKind
 	if write {
 		kind = DelegWrite
 	}
-	if kind <= limit && s.delegable(id, fid, write) {
+	if kind <= limit && s.delegable(id, fid, write, now) {
 		if own != nil {
 			s.dropDeleg(own)
 		}
@@ -122,7 +122,7 @@ func (s *Server) OpenUpTo(id ClientID, fid node.FID, write bool, limit DelegKind
 
 // Delegable reports whether an open of fid by id would be given a new
 // delegation now, limits aside: a proxy asks its origin for one only then.
-func (s *Server) Delegable(id ClientID, fid node.FID, write bool) bool {
+func (s *Server) Delegable(id ClientID, fid node.FID, write bool, now time.Time) bool {
 	c := s.clients[id]
 	if c == nil {
 		return false
@@ -130,11 +130,11 @@ func (s *Server) Delegable(id ClientID, fid node.FID, write bool) bool {
 	if own := c.delegs[fid]; own != nil && own.recalled.IsZero() && (own.kind == DelegWrite || !write) {
 		return false // it has one
 	}
-	return s.delegable(id, fid, write)
+	return s.delegable(id, fid, write, now)
 }
 
-func (s *Server) delegable(id ClientID, fid node.FID, write bool) bool {
-	return s.cfg.Lease > 0 && !s.othersOpen(id, fid, write) && !s.recalling(fid)
+func (s *Server) delegable(id ClientID, fid node.FID, write bool, now time.Time) bool {
+	return s.cfg.Lease > 0 && !s.othersOpen(id, fid, write) && !s.recalling(fid) && !now.Before(s.clients[id].noDelegUntil)
 }
 
 // recalling reports whether a recall of a delegation on fid is under way.
@@ -406,6 +406,9 @@ func (s *Server) revokeExpired(now time.Time) []Msg {
 		sort.Slice(gone, func(i, j int) bool { return gone[i].state < gone[j].state })
 		m := Msg{Kind: MsgRevoke, Client: id}
 		for _, d := range gone {
+			if !d.recalled.IsZero() {
+				c.noDelegUntil = now.Add(s.cfg.RecallBackoff)
+			}
 			s.dropDeleg(d)
 			m.FIDs = append(m.FIDs, d.fid)
 			m.States = append(m.States, d.state)

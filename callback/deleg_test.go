@@ -586,17 +586,17 @@ func TestOpenUpToLimit(t *testing.T) {
 func TestDelegable(t *testing.T) {
 	s := NewServer(1, dcfg())
 	a, b := s.Connect("", t0), s.Connect("", t0)
-	if !s.Delegable(a, fid(1), true) || s.Delegable(99, fid(1), false) {
+	if !s.Delegable(a, fid(1), true, t0) || s.Delegable(99, fid(1), false, t0) {
 		t.Fatal("a lone opener should be delegable, an unknown client not")
 	}
 	open(t, s, a, fid(1), false, t0)
-	if s.Delegable(a, fid(1), false) || !s.Delegable(a, fid(1), true) {
+	if s.Delegable(a, fid(1), false, t0) || !s.Delegable(a, fid(1), true, t0) {
 		t.Fatal("a read delegation covers a read open, not a write open (an upgrade)")
 	}
-	if !s.Delegable(b, fid(1), false) || s.Delegable(b, fid(1), true) {
+	if !s.Delegable(b, fid(1), false, t0) || s.Delegable(b, fid(1), true, t0) {
 		t.Fatal("another reader shares the read delegation; a writer must wait for its recall")
 	}
-	if nolease := NewServer(1, cfg()); nolease.Delegable(nolease.Connect("", t0), fid(1), false) {
+	if nolease := NewServer(1, cfg()); nolease.Delegable(nolease.Connect("", t0), fid(1), false, t0) {
 		t.Fatal("no lease, no delegations")
 	}
 }
@@ -619,5 +619,40 @@ func TestReclaimOverOwn(t *testing.T) {
 	}
 	if s.Delegations() != 1 {
 		t.Fatalf("%d delegations held, want the reclaimed one", s.Delegations())
+	}
+}
+
+// A client that left a recall unanswered until it was revoked gets no new
+// delegation for RecallBackoff, on any file (in that session: a name is
+// not an identity, and another client may go by the same one):
+// taking one again at once, it made the next waiter wait out a lease
+// again, round after round. The waiter's next open does not wait.
+func TestUnansweredRecallBacksOff(t *testing.T) {
+	c := dcfg()
+	c.RecallBackoff = time.Minute
+	s := NewServer(1, c)
+	a, b := s.Connect("a", t0), s.Connect("b", t0)
+	open(t, s, a, fid(1), true, t0)
+	res, _ := s.Open(b, fid(1), false, t0.Add(time.Second))
+	if res.Wait == 0 {
+		t.Fatal("no recall")
+	}
+	at := t0.Add(11 * time.Second)
+	s.Renew(a, at)
+	if msgs := s.Tick(at); len(msgs) != 1 || msgs[0].Kind != MsgRevoke || !s.Done(res.Wait) {
+		t.Fatalf("unanswered recall: %+v", msgs)
+	}
+	for _, f := range []node.FID{fid(1), fid(2)} {
+		if r := open(t, s, a, f, true, at.Add(time.Second)); r.Kind != DelegNone || !r.Recorded {
+			t.Fatalf("open of %v right after the revocation: %+v, want no delegation", f, r)
+		}
+	}
+	// Nothing to recall: b's open goes on at once.
+	open(t, s, b, fid(1), false, at.Add(2*time.Second))
+	if r := open(t, s, s.Connect("a", at), fid(3), true, at.Add(3*time.Second)); r.Kind != DelegWrite {
+		t.Fatalf("another session by the same name: %+v, want a write delegation", r)
+	}
+	if r := open(t, s, a, fid(4), true, at.Add(time.Minute)); r.Kind != DelegWrite {
+		t.Fatalf("after the back-off: %+v, want a write delegation", r)
 	}
 }

@@ -33,6 +33,12 @@ type Config struct {
 	// Lease is how long a delegation outlives its holder's last request,
 	// and how long a recall may go unanswered; 0: no delegations.
 	Lease time.Duration
+	// RecallBackoff is how long a client that left a recall unanswered
+	// until it was revoked gets no new delegation (default ten leases):
+	// taking one again at once, it would make the next waiter wait out
+	// a lease again, and the next (NFSv4 servers stop delegating to a
+	// client whose callbacks fail, too).
+	RecallBackoff time.Duration
 }
 
 // MsgKind says what a Msg asks the caller to send.
@@ -131,6 +137,9 @@ type clientState struct {
 	recalled map[node.FID]*deleg
 	opens    map[node.FID]*openCount
 	leaseEnd time.Time
+	// noDelegUntil: this session left a recall unanswered until it was
+	// revoked, and gets no new delegation until then (RecallBackoff).
+	noDelegUntil time.Time
 	// gone: the back channel ended while delegations were out; they are
 	// kept until the lease runs out, for a new session to reclaim.
 	gone bool
@@ -168,6 +177,9 @@ type breakRecord struct {
 func NewServer(epoch uint64, cfg Config) *Server {
 	if cfg.BreakLog <= 0 {
 		cfg.BreakLog = 1 << 16
+	}
+	if cfg.RecallBackoff <= 0 {
+		cfg.RecallBackoff = 10 * cfg.Lease
 	}
 	// Delegation states count on from epoch<<32: a client remembers what
 	// became of states it was granted (returned, recalled), and a state

@@ -191,3 +191,57 @@ func TestDelegationProtocol(t *testing.T) {
 }
 
 func fmtSession(epoch, id uint64) string { return fmt.Sprintf("%d.%d", epoch, id) }
+
+// A holder that ignores recalls while it goes on talking: its first
+// unanswered recall is revoked after the lease, and then it gets no new
+// delegation for a while (ten leases), so another client's requests wait
+// out the lease once, not round after round.
+func TestIgnoredRecallsBackOff(t *testing.T) {
+	const lease = 2 * time.Second
+	srv := startServer(t, t.TempDir(), "--lease", lease.String())
+	a, b := dialRaw(t, srv.addr), dialRaw(t, srv.addr)
+	vol, err := a.rpc.GetVolume(a.ctx, &pb.GetVolumeRequest{Name: "root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr, err := a.rpc.Create(a.ctx, &pb.CreateRequest{Dir: vol.Root, Name: "f", Type: pb.FileType_FILE_TYPE_FILE, Mode: 0o644})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fid := cr.Status.Fid
+	for round := range 3 {
+		wa, err := a.rpc.Open(a.ctx, &pb.OpenRequest{Fid: fid, Write: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := round == 0; (wa.Kind == pb.DelegKind_DELEG_WRITE) != want {
+			t.Fatalf("round %d: the holder's open got %v", round, wa.Kind)
+		}
+		// a keeps its lease (and its session) alive, and answers nothing.
+		stop := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(lease / 4):
+					a.rpc.Renew(a.ctx, &pb.RenewRequest{})
+				}
+			}
+		}()
+		start := time.Now()
+		_, err = b.rpc.GetStatus(b.ctx, &pb.GetStatusRequest{Fids: []*pb.FID{fid}})
+		took := time.Since(start)
+		close(stop)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("round %d: another client's status took %v", round, took)
+		if round > 0 && took > lease/2 {
+			t.Fatalf("round %d: another client waited %v for a holder that ignored a recall before", round, took)
+		}
+		if wa.Recorded {
+			a.rpc.Close(a.ctx, &pb.CloseRequest{Fid: fid, Write: true})
+		}
+	}
+}

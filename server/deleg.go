@@ -70,7 +70,7 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 		// promise, and a kernel its names).
 		s.mu.Lock()
 		kind, _ := s.cb.Delegation(o.id, f)
-		ok := s.busy[f] == 0 && (kind == callback.DelegWrite || s.cb.Delegable(o.id, f, true) &&
+		ok := s.busy[f] == 0 && (kind == callback.DelegWrite || s.cb.Delegable(o.id, f, true, time.Now()) &&
 			(s.cfg.DirDelegations == DirAny || s.cfg.DirDelegations == DirPrivate && !s.othersCache(o.id, f)))
 		s.mu.Unlock()
 		if !ok {
@@ -84,7 +84,7 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 		var still func() bool
 		if s.cfg.Lease > 0 {
 			s.mu.Lock()
-			want := s.cb.Delegable(o.id, f, write)
+			want := s.cb.Delegable(o.id, f, write, time.Now())
 			s.mu.Unlock()
 			if want {
 				limit, still = s.store.Delegation(f, write)
