@@ -208,7 +208,7 @@ func (c *Client) createAt(dir *Node, name string, t node.Type, mode uint32, who 
 
 // Open opens a file as os.OpenFile does: O_CREATE, O_EXCL, O_TRUNC and
 // O_APPEND are honoured. A file is fetched lazily, chunk by chunk, as it
-// is read.
+// is read. A directory is not a file: opening one fails with EISDIR.
 func (c *Client) Open(name string, flag int, perm os.FileMode) (*File, error) {
 	n, how, err := c.openNode(name, flag, perm)
 	if err != nil {
@@ -280,10 +280,9 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 	switch st.Type {
 	case node.TypeFile:
 	case node.TypeDir:
-		if f.writable() {
-			return nil, errOf("open", name, syscall.EISDIR)
-		}
-		return f, nil
+		// A directory has no file data to read or write (list it with
+		// ReadDir): a File on one would read a cache entry it has not.
+		return nil, errOf("open", name, syscall.EISDIR)
 	default:
 		return nil, errOf("open", name, syscall.EINVAL)
 	}
@@ -374,12 +373,6 @@ func (c *Client) ReadDir(name string) ([]DirEntry, error) {
 	}
 	ents, _, err := c.readDir(n)
 	return ents, errOf("readdir", name, err)
-}
-
-// ReadDir lists the directory f was opened on.
-func (f *File) ReadDir() ([]DirEntry, error) {
-	ents, _, err := f.c.readDir(f.n)
-	return ents, f.pathErr("readdir", err)
 }
 
 // Mkdir makes a directory.

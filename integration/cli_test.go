@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/hoardfs/hoard/node"
 )
 
 // The short-lived client commands, end to end, sharing one cache directory
@@ -103,6 +105,14 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"proxy", "--origin", "127.0.0.1:9", "--cache", filepath.Join(tmp, "fresh4"), "--layout", "striped"}, "striped"},
 		{[]string{"proxy", "--origin", "127.0.0.1:9", "--cache", filepath.Join(tmp, "fresh5"), "--fast-fetch", "0s"}, "--fast-fetch"},
 		{[]string{"proxy", "stats", "--proxy", "noport"}, "noport"},
+		// An unknown subcommand at any level, and an empty argument.
+		{[]string{"cache", "stat"}, `unknown command "stat" for "hoard cache"`},
+		{[]string{"vol", "frob"}, `unknown command "frob" for "hoard vol"`},
+		{[]string{"completion", "frob"}, `unknown command "frob" for "hoard completion"`},
+		{[]string{"help", "cache", "stat"}, `unknown command "stat" for "hoard cache"`},
+		{[]string{"cat", ""}, "argument 1 is empty"},
+		{[]string{"vol", "mount", "v", ""}, "argument 2 is empty"},
+		{[]string{"cache", "policy", ""}, "argument 1 is empty"},
 	}
 	if os.Getuid() != 0 {
 		cases = append(cases, struct {
@@ -183,5 +193,149 @@ func TestBadNames(t *testing.T) {
 	writeFile(t, a, "/../../escaped", []byte("x"))
 	if _, err := a.Stat("/escaped"); err != nil {
 		t.Fatalf("/../../escaped should resolve to /escaped: %v", err)
+	}
+}
+
+// Every command that takes a remote path, given each kind of path a user
+// can get wrong: no panic, one line unless it succeeds, the exit code it
+// should have, and nothing removed but what the command was asked to
+// remove. The root and mount points are never removed or moved.
+func TestCLINoPanic(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a := dial(t, srv.addr, "mem", 16<<20)
+	if _, err := a.CreateVolume("proj"); err != nil {
+		t.Fatal(err)
+	}
+	// A local file that a failing get must leave alone.
+	local := filepath.Join(t.TempDir(), "local")
+	os.WriteFile(local, []byte("kept"), 0o644)
+
+	tree := []struct {
+		name   string
+		typ    node.Type
+		target string
+	}{
+		{"/d", node.TypeDir, ""},
+		{"/d/f", node.TypeFile, ""},
+		{"/d/sub", node.TypeDir, ""},
+		{"/d/proj", node.TypeFile, ""},
+		{"/sl", node.TypeSymlink, "d"},
+		{"/vols", node.TypeDir, ""},
+		{"/vols/proj", node.TypeMountPoint, "proj"},
+		{"/vols/proj/inner", node.TypeFile, ""},
+	}
+	// restore puts back what a case removed as asked.
+	restore := func() {
+		for _, e := range tree {
+			if _, err := a.Lstat(e.name); err == nil {
+				continue
+			}
+			var err error
+			switch e.typ {
+			case node.TypeDir:
+				err = a.Mkdir(e.name, 0o755)
+			case node.TypeFile:
+				writeFile(t, a, e.name, []byte(e.name))
+			case node.TypeSymlink:
+				err = a.Symlink(e.target, e.name)
+			case node.TypeMountPoint:
+				err = a.MountVolume(e.name, e.target)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// check reports what is missing or changed, but what is under gone.
+	check := func(what []string, gone string) {
+		t.Helper()
+		for _, e := range tree {
+			if gone != "" && (e.name == gone || strings.HasPrefix(e.name, gone+"/")) {
+				continue
+			}
+			st, err := a.Lstat(e.name)
+			if err != nil || st.Type != e.typ || st.Target != e.target {
+				t.Errorf("after hoard %q: %s is %v %q (%v), want %v %q", what, e.name, st.Type, st.Target, err, e.typ, e.target)
+			} else if e.typ == node.TypeFile {
+				if got, err := tryRead(a, e.name); string(got) != e.name {
+					t.Errorf("after hoard %q: %s reads %q (%v)", what, e.name, got, err)
+				}
+			}
+		}
+		if got, _ := os.ReadFile(local); string(got) != "kept" {
+			t.Errorf("after hoard %q: the local file reads %q", what, got)
+		}
+	}
+	restore()
+
+	// The library refuses to open a directory, however it is reached.
+	for _, p := range []string{"/d", "/sl", "/", "/vols/proj"} {
+		if _, err := a.Open(p, os.O_RDONLY, 0); !errors.Is(err, syscall.EISDIR) {
+			t.Errorf("open %s for reading: %v, want EISDIR", p, err)
+		}
+	}
+
+	kinds := []string{"/d", "/no/such", "/sl", "/", "", "/vols/proj"}
+	type cmd struct {
+		args    func(p string) []string
+		codes   []int // per kind, in the order of kinds
+		removes bool  // a success may remove the path (and what is under it)
+	}
+	one := func(args ...string) func(string) []string {
+		return func(p string) []string { return append(args, p) }
+	}
+	cmds := []cmd{
+		{one("ls"), []int{0, 1, 0, 0, 2, 0}, false},
+		{one("ls", "-l"), []int{0, 1, 0, 0, 2, 0}, false},
+		{one("stat"), []int{0, 1, 0, 0, 2, 0}, false},
+		{one("cat"), []int{1, 1, 1, 1, 2, 1}, false},
+		{func(p string) []string { return []string{"get", p, local} }, []int{1, 1, 1, 1, 2, 1}, false},
+		{one("put", local), []int{0, 1, 0, 0, 2, 0}, false},
+		{one("mkdir"), []int{1, 1, 1, 1, 2, 1}, false},
+		{one("rm"), []int{1, 1, 0, 1, 2, 1}, true},
+		{one("rm", "-r"), []int{0, 1, 0, 1, 2, 1}, true},
+		{func(p string) []string { return []string{"mv", p, "/d/sub/moved"} }, []int{1, 1, 0, 1, 2, 1}, true},
+		{one("vol", "mount", "proj"), []int{1, 1, 1, 1, 2, 1}, false},
+		{one("cache", "policy"), []int{0, 1, 0, 0, 2, 0}, false},
+		// Last: it makes the missing path.
+		{one("mkdir", "-p"), []int{0, 0, 0, 0, 2, 0}, false},
+	}
+	type tcase struct {
+		args []string
+		code int
+		gone string
+	}
+	var cases []tcase
+	for _, c := range cmds {
+		for i, p := range kinds {
+			tc := tcase{args: c.args(p), code: c.codes[i]}
+			if c.removes && tc.code == 0 {
+				tc.gone = p
+			}
+			cases = append(cases, tc)
+		}
+	}
+	cases = append(cases,
+		tcase{args: []string{"rm", "/d/f", "/"}, code: 1},              // refused before the first is removed
+		tcase{args: []string{"rm", "-r", "/vols"}, code: 1},            // a mount point inside
+		tcase{args: []string{"rm", "-r", "/sl/sub", "/vols"}, code: 1}, // the same, after a good one
+		tcase{args: []string{"mv", "/d/proj", "/vols"}, code: 1},       // onto the mount point /vols/proj
+	)
+	for _, c := range cases {
+		out, code := run(t, append(c.args, "--server", srv.addr, "--cache", "")...)
+		lines := strings.Count(strings.TrimSpace(out), "\n") + 1
+		switch {
+		case strings.Contains(out, "panic") || strings.Contains(out, "goroutine "):
+			t.Errorf("hoard %q panicked: %s", c.args, out)
+		case code != c.code:
+			t.Errorf("hoard %q: exit %d, want %d: %s", c.args, code, c.code, out)
+		case code != 0 && (lines != 1 || !strings.HasPrefix(out, "hoard: ")):
+			t.Errorf("hoard %q: exit %d with %q, want one line", c.args, code, out)
+		}
+		check(c.args, c.gone)
+		restore()
+	}
+	if out, _ := run(t, "cat", "/d", "--server", srv.addr, "--cache", ""); out != "hoard: is a directory: /d\n" {
+		t.Errorf("cat of a directory: %q", out)
 	}
 }

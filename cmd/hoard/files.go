@@ -130,10 +130,21 @@ func parseSize(s string) (int64, error) {
 	return v * mult, nil
 }
 
+// nonEmpty refuses an empty argument: as a path "" would name the root,
+// which nobody means by it.
+func nonEmpty(cmd *cobra.Command, args []string) error {
+	for i, a := range args {
+		if a == "" {
+			return usagef("%s: argument %d is empty", strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" "), i+1)
+		}
+	}
+	return nil
+}
+
 // withClient builds a command that dials, runs fn, and closes.
 func withClient(use, short string, args cobra.PositionalArgs, setup func(*pflag.FlagSet), fn func(c *client.Client, args []string) error) *cobra.Command {
 	var cf clientFlags
-	cmd := &cobra.Command{Use: use, Short: short, Args: args,
+	cmd := &cobra.Command{Use: use, Short: short, Args: cobra.MatchAll(args, nonEmpty),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cf.cacheGiven = cmd.Flags().Changed("cache")
 			// A short-lived command has nothing to gain from write-back
@@ -184,9 +195,13 @@ func fileCmds() []*cobra.Command {
 				f.BoolVarP(&recursive, "recursive", "r", false, "remove directories and their contents")
 			},
 			func(c *client.Client, args []string) error {
-				for _, a := range args {
-					if err := rm(c, a, recursive); err != nil {
-						return err
+				// First only check, so that a refusal anywhere leaves
+				// everything in place.
+				for _, dry := range []bool{true, false} {
+					for _, a := range args {
+						if err := rm(c, a, recursive, dry); err != nil {
+							return err
+						}
 					}
 				}
 				return nil
@@ -203,13 +218,7 @@ func fileCmds() []*cobra.Command {
 				}
 				return nil
 			}),
-		withClient("mv SRC DST", "rename (DST may be an existing directory)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
-			dst := args[1]
-			if st, err := c.Stat(dst); err == nil && st.Type == node.TypeDir {
-				dst = path.Join(dst, path.Base(args[0]))
-			}
-			return c.Rename(args[0], dst)
-		}),
+		withClient("mv SRC DST", "rename (DST may be an existing directory)", cobra.ExactArgs(2), nil, mv),
 	}
 }
 
@@ -247,18 +256,25 @@ type writerOnly struct{ io.Writer }
 
 func get(c *client.Client, args []string) error {
 	remote, local := args[0], args[1]
-	if fi, err := os.Stat(local); err == nil && fi.IsDir() {
-		local = filepath.Join(local, path.Base(remote))
-	}
-	st, err := c.Stat(remote)
+	// The remote file is opened first: a get that cannot read it (missing,
+	// a directory) must not have made or truncated the local one.
+	f, err := c.Open(remote, os.O_RDONLY, 0)
 	if err != nil {
 		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi, err := os.Stat(local); err == nil && fi.IsDir() {
+		local = filepath.Join(local, path.Base(remote))
 	}
 	out, err := os.OpenFile(local, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, os.FileMode(st.Mode&0o777))
 	if err != nil {
 		return err
 	}
-	if err := copyOut(c, remote, out); err != nil {
+	if err := copyFile(out, f); err != nil {
 		out.Close()
 		return err
 	}
@@ -271,7 +287,11 @@ func copyOut(c *client.Client, remote string, w io.Writer) error {
 		return err
 	}
 	defer f.Close()
-	_, err = io.CopyBuffer(writerOnly{w}, readerOnly{f}, make([]byte, 1<<20))
+	return copyFile(w, f)
+}
+
+func copyFile(w io.Writer, f *client.File) error {
+	_, err := io.CopyBuffer(writerOnly{w}, readerOnly{f}, make([]byte, 1<<20))
 	return err
 }
 
@@ -349,9 +369,14 @@ func printStatus(name string, st node.Status) {
 	}
 }
 
-func rm(c *client.Client, name string, recursive bool) error {
+// rm removes name, and with recursive all under it, children first; dry
+// only checks that it may, walking the same way.
+func rm(c *client.Client, name string, recursive, dry bool) error {
 	st, err := c.Lstat(name)
 	if err != nil {
+		return err
+	}
+	if err := volumeTop("rm", name, st); err != nil {
 		return err
 	}
 	if st.Type == node.TypeDir && recursive {
@@ -360,19 +385,61 @@ func rm(c *client.Client, name string, recursive bool) error {
 			return err
 		}
 		for _, e := range ents {
-			if err := rm(c, path.Join(name, e.Name), true); err != nil {
+			if err := rm(c, path.Join(name, e.Name), true, dry); err != nil {
 				return err
 			}
 		}
 	}
+	if dry {
+		return nil
+	}
 	return c.Remove(name)
+}
+
+func mv(c *client.Client, args []string) error {
+	src, dst := args[0], args[1]
+	st, err := c.Lstat(src)
+	if err != nil {
+		return err
+	}
+	if err := volumeTop("mv", src, st); err != nil {
+		return err
+	}
+	if st, err := c.Stat(dst); err == nil && st.Type == node.TypeDir {
+		dst = path.Join(dst, path.Base(src))
+	}
+	if st, err := c.Lstat(dst); err == nil {
+		// Renaming onto a mount point would replace it.
+		if err := volumeTop("mv", dst, st); err != nil {
+			return err
+		}
+	}
+	return c.Rename(src, dst)
+}
+
+// volumeTop refuses to remove or move what holds a volume in the tree:
+// the root, and a mount point (it takes its whole volume out of sight).
+// Only a name that cleans to "/" is a volume's root: other volumes' roots
+// are reached through their mount points, which Lstat does not follow.
+func volumeTop(op, name string, st node.Status) error {
+	switch {
+	case path.Clean("/"+name) == "/":
+		return fmt.Errorf("%s %s: refused: it is the root", op, name)
+	case st.Type == node.TypeMountPoint:
+		return fmt.Errorf("%s %s: refused: it is the mount point of volume %s", op, name, st.Target)
+	}
+	return nil
 }
 
 func mkdir(c *client.Client, name string, parents bool) error {
 	if !parents {
 		return c.Mkdir(name, 0o755)
 	}
-	comps := strings.Split(strings.Trim(path.Clean("/"+name), "/"), "/")
+	clean := path.Clean("/" + name)
+	if clean == "/" {
+		return nil // the root is always there
+	}
+	comps := strings.Split(clean[1:], "/")
 	for i := range comps {
 		p := "/" + strings.Join(comps[:i+1], "/")
 		err := c.Mkdir(p, 0o755)

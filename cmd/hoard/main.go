@@ -41,10 +41,47 @@ func main() {
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(serverCmd(), proxyCmd(), volCmd(), cacheCmd(), mountCmd(), umountCmd())
 	root.AddCommand(fileCmds()...)
+	root.SetHelpCommand(&cobra.Command{Use: "help [command]", Short: "help about any command",
+		RunE: func(_ *cobra.Command, args []string) error {
+			cmd, rest, err := root.Find(args)
+			if err != nil {
+				return err
+			}
+			if err := unknownCommand(cmd, rest); err != nil {
+				return err
+			}
+			return cmd.Help()
+		}})
+	root.InitDefaultCompletionCmd() // now, to be made a group below
+	groups(root)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "hoard: "+describe(err))
 		os.Exit(exitCode(err))
 	}
+}
+
+// groups makes every command under cmd that only groups subcommands fail
+// on a name that is none of them, as a usage error, where cobra would show
+// its help and succeed.
+func groups(cmd *cobra.Command) {
+	if cmd.HasSubCommands() && !cmd.Runnable() {
+		cmd.Args = unknownCommand
+		cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	}
+	for _, c := range cmd.Commands() {
+		groups(c)
+	}
+}
+
+func unknownCommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "; did you mean " + strings.Join(s, " or ") + "?"
+	}
+	return usageError{errors.New(msg)}
 }
 
 func exitCode(err error) int {

@@ -95,6 +95,7 @@ func printCacheStats(s cache.Stats) {
 	fmt.Printf("evictions:     %d\n", s.Evictions)
 	fmt.Printf("bypassed:      %d\n", s.Bypassed)
 	fmt.Printf("recovered:     %d\n", s.Recovered)
+	fmt.Printf("corrupt:       %d chunks failed their checksum when first read, and were fetched again\n", s.Corrupt)
 	fmt.Printf("callbacks:     %d\n", s.Gauges["callbacks"])
 	fmt.Printf("passthrough opens: %d\n", s.Gauges["passthrough_opens"])
 	fmt.Printf("delegations:   %d read, %d write\n", s.Gauges["delegations_read"], s.Gauges["delegations_write"])
@@ -112,7 +113,7 @@ func policyCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "policy PATH [cache|bypass|auto] [--recursive]",
 		Short: "show or set a file's or directory's caching policy (PATH on a mount, or remote with --server)",
-		Args:  cobra.RangeArgs(1, 2),
+		Args:  cobra.MatchAll(cobra.RangeArgs(1, 2), nonEmpty),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			target := args[0]
 			if len(args) == 2 {
