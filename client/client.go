@@ -173,6 +173,9 @@ type Client struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// giveUp, once set (Unix ns), is when requests stop waiting for an
+	// unreachable server: closeWait after Close began.
+	giveUp atomic.Int64
 }
 
 // counters are protocol counters beyond what the cache keeps.
@@ -266,8 +269,11 @@ func Dial(opts Options) (*Client, error) {
 
 // Close stores what the flusher still holds, gives delegations back, stops
 // the back channel and closes the cache cleanly. Writes it could not store
-// are kept in lost/, and the error says so.
+// are kept in lost/, and the error says so. An unreachable server is
+// waited for until closeWait after Close began, not an RPC timeout per
+// request: a client whose server is gone stops in seconds.
 func (c *Client) Close() error {
+	c.giveUp.Store(time.Now().Add(closeWait).UnixNano())
 	lost := c.flushAll()
 	c.returnAll()
 	c.cancel()
@@ -276,6 +282,9 @@ func (c *Client) Close() error {
 	c.conn.Close()
 	return errors.Join(lost, c.cache.Close())
 }
+
+// closeWait is how long Close waits for an unreachable server.
+const closeWait = 2 * time.Second
 
 // backChannel keeps a Connect stream open, reconnecting with backoff. While
 // the server is unreachable, promises are kept until they expire, so cached
@@ -614,6 +623,9 @@ func (c *Client) callTimeout(timeout time.Duration, fn func(ctx context.Context)
 	// may come after the request reached the server (the connection broke
 	// before the reply): requests that would do harm twice go by callOnce.
 	give := time.Now().Add(c.opts.RPCTimeout)
+	if g := c.giveUp.Load(); g != 0 && g < give.UnixNano() {
+		give = time.Unix(0, g)
+	}
 	reauth := false
 	for {
 		if err := c.awaitReady(give); err != nil {

@@ -648,6 +648,12 @@ func (c *Client) returnAll() {
 	c.cbMu.Lock()
 	held := c.cb.DropDelegations()
 	c.cbMu.Unlock()
+	if len(held) > 0 && c.awaitReady(time.Unix(0, c.giveUp.Load())) != nil {
+		// Closing with the server gone: what they covered was kept in
+		// lost/ (flushAll), and the server revokes them after the lease.
+		c.log.Warn("delegations not returned: the server is unreachable", "server", c.opts.Server, "delegations", len(held))
+		return
+	}
 	var wg sync.WaitGroup
 	for _, h := range held {
 		wg.Add(1)

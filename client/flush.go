@@ -236,7 +236,12 @@ func (c *Client) flushAll() error {
 	c.flusher.halt()
 	c.flusher.drain(nil)
 	var errs []error
+	removes := 0
 	for _, n := range c.flusher.all() {
+		if n.removedIn.Load() != nil {
+			removes++ // no data: the file stays at the server
+			continue
+		}
 		n.wmu.Lock()
 		name := n.entry.Policy("path")
 		if name == "" {
@@ -244,6 +249,9 @@ func (c *Client) flushAll() error {
 		}
 		errs = append(errs, c.keepLost(n, name, errors.New("not stored when the client closed (server unreachable)")))
 		n.wmu.Unlock()
+	}
+	if removes > 0 {
+		c.log.Warn("files removed here are still at the server: it was unreachable when the client closed", "server", c.opts.Server, "files", removes)
 	}
 	return errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/lograte"
 	"github.com/hoardfs/hoard/vnode"
 )
 
@@ -208,5 +210,61 @@ func TestFlippedCacheByteNotServed(t *testing.T) {
 	}
 	if st, err := cache.ReadStats(cacheDir); err != nil || st.Corrupt != 1 {
 		t.Fatalf("cache stats: %+v %v, want one corrupt chunk", st, err)
+	}
+}
+
+// A client whose server is gone for good stops within a few seconds, not
+// an RPC timeout per file or delegation: what it held unstored is kept in
+// lost/, the files it removed here stay at the server, and its log says
+// so in a few lines.
+func TestCloseWithServerGone(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	cacheDir := t.TempDir()
+	var logs bytes.Buffer
+	lh := lograte.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}), 10*time.Second, 5) // as hoard's commands log
+	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: cacheDir, CacheSize: 64 << 20, RPCTimeout: 10 * time.Second, Logger: slog.New(lh)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Mkdir("/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Stored files under their write delegations, one removed here.
+	for i := range 20 {
+		f, err := a.Create(fmt.Sprintf("/d/s%02d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Write([]byte("stored"))
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	if err := a.Remove("/d/s00"); err != nil {
+		t.Fatal(err)
+	}
+	// Files written under delegations and not stored yet.
+	const unstored = 50
+	for i := range unstored {
+		writeFile(t, a, fmt.Sprintf("/d/u%02d", i), []byte(fmt.Sprintf("unstored %d", i)))
+	}
+	srv.kill9()
+	start := time.Now()
+	err = a.Close()
+	took := time.Since(start)
+	if took > 5*time.Second {
+		t.Fatalf("close with the server gone took %v", took)
+	}
+	if err == nil {
+		t.Fatal("close with unstored writes and the server gone said nothing")
+	}
+	lost, lerr := client.ListLost(cacheDir)
+	if lerr != nil || len(lost) != unstored {
+		t.Fatalf("%d files kept in lost/, want %d: %v", len(lost), unstored, lerr)
+	}
+	lh.Flush()
+	if n := strings.Count(logs.String(), "\n"); n > 10 {
+		t.Fatalf("%d log lines for one close:\n%s", n, logs.String())
 	}
 }

@@ -11,15 +11,24 @@ import (
 	"runtime/pprof"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/hoardfs/hoard/lograte"
 )
 
 // usageError marks errors in how hoard was invoked: exit code 2.
 type usageError struct{ error }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// logs is the process's log: a warning or error repeated more than five
+// times in ten seconds is counted, and told of once, not written again.
+var logs *lograte.Handler
+
+const logInterval = 10 * time.Second
 
 func main() {
 	root := &cobra.Command{
@@ -35,7 +44,13 @@ func main() {
 		if err := l.UnmarshalText([]byte(lvl)); err != nil {
 			return usagef("--log-level %q: want debug, info, warn or error", lvl)
 		}
-		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})))
+		logs = lograte.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}), logInterval, 5)
+		slog.SetDefault(slog.New(logs))
+		go func() {
+			for range time.Tick(logInterval) {
+				logs.Tick()
+			}
+		}()
 		return nil
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err} })
@@ -54,7 +69,11 @@ func main() {
 		}})
 	root.InitDefaultCompletionCmd() // now, to be made a group below
 	groups(root)
-	if err := root.Execute(); err != nil {
+	err := root.Execute()
+	if logs != nil {
+		logs.Flush()
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "hoard: "+describe(err))
 		os.Exit(exitCode(err))
 	}
