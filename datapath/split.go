@@ -37,8 +37,9 @@ type Split struct {
 }
 
 type dataConn struct {
-	conn net.Conn
-	br   *bufio.Reader
+	conn   net.Conn
+	br     *bufio.Reader
+	pooled bool // taken from the pool: it may have idled past the server's timeout
 }
 
 // NewSplit uses up to streams connections to addr; session gives the
@@ -65,22 +66,29 @@ func (s *Split) Close() {
 	}
 }
 
-// get returns an idle connection, or dials one if a slot is free.
+// get returns an idle connection, or dials one if none is idle and a slot
+// is free (a dial costs a round trip).
 func (s *Split) get(ctx context.Context) (*dataConn, error) {
+	var dc *dataConn
 	select {
-	case dc := <-s.conns:
-		return dc, nil
-	case <-s.slots:
-		d := net.Dialer{Timeout: 5 * time.Second}
-		conn, err := d.DialContext(ctx, "tcp", s.addr)
-		if err != nil {
-			s.slots <- struct{}{}
-			return nil, err
+	case dc = <-s.conns:
+	default:
+		select {
+		case dc = <-s.conns:
+		case <-s.slots:
+			d := net.Dialer{Timeout: 5 * time.Second}
+			conn, err := d.DialContext(ctx, "tcp", s.addr)
+			if err != nil {
+				s.slots <- struct{}{}
+				return nil, err
+			}
+			return &dataConn{conn: conn, br: bufio.NewReaderSize(conn, 64<<10)}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
-		return &dataConn{conn: conn, br: bufio.NewReaderSize(conn, 64<<10)}, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
 	}
+	dc.pooled = true
+	return dc, nil
 }
 
 func (s *Split) put(dc *dataConn, broken bool) {
@@ -149,14 +157,16 @@ var errChannelDown = errors.New("data channel down")
 // twice in a row, so that a server refusing it costs no more dials.
 const channelRest = 10 * time.Second
 
-// try runs once up to twice on the channel. It returns errChannelDown when
-// the call should go to the fallback instead.
+// try runs once until it fails twice on the channel; a pooled connection
+// the server had closed is no failure of the channel, and costs a try
+// more (as many as the pool holds). It returns errChannelDown when the call
+// should go to the fallback instead.
 func (s *Split) try(ctx context.Context, once func() error) error {
 	if time.Now().UnixNano() < s.restUntil.Load() && s.fallback != nil {
 		return errChannelDown
 	}
 	var err error
-	for attempt := 0; attempt < 2; attempt++ {
+	for failures, stale := 0, 0; failures < 2; {
 		err = once()
 		var f *final
 		if err == nil || errors.As(err, &f) {
@@ -167,6 +177,12 @@ func (s *Split) try(ctx context.Context, once func() error) error {
 		}
 		if ctx.Err() != nil {
 			return err
+		}
+		var sc *staleConn
+		if errors.As(err, &sc) && stale < cap(s.conns) {
+			stale++
+		} else {
+			failures++
 		}
 	}
 	if s.fallback == nil {
@@ -244,10 +260,28 @@ func (s *Split) withConn(ctx context.Context, call func(dc *dataConn) error) err
 	if err != nil {
 		return err
 	}
+	pooled := dc.pooled
 	err = call(dc)
 	var f *final
-	s.put(dc, err != nil && !errors.As(err, &f))
+	broken := err != nil && !errors.As(err, &f)
+	s.put(dc, broken)
+	if broken && pooled && closedByPeer(err) {
+		return &staleConn{err}
+	}
 	return err
+}
+
+// staleConn is the failure of a pooled connection the server had closed,
+// as it does those that idle past its timeout.
+type staleConn struct{ err error }
+
+func (e *staleConn) Error() string { return e.err.Error() }
+func (e *staleConn) Unwrap() error { return e.err }
+
+// closedByPeer says err is the other end's close (an end of stream or a
+// reset), not a timeout or a garbled reply.
+func closedByPeer(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 func (dc *dataConn) fetch(ctx context.Context, session string, fid node.FID, off, n int64) (node.Status, time.Duration, []byte, error) {

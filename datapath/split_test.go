@@ -23,10 +23,11 @@ var testFID = node.FID{Volume: 1, Vnode: 2, Unique: 3}
 // fakeServer answers fetches of a fixed file. Its first connection can be
 // made to misbehave once.
 type fakeServer struct {
-	l     net.Listener
-	data  []byte
-	fault fault
-	conns atomic.Int32
+	l      net.Listener
+	data   []byte
+	fault  fault
+	conns  atomic.Int32
+	closed atomic.Int32
 }
 
 type fault int
@@ -39,6 +40,7 @@ const (
 	badCRC          // send a wrong checksum
 	refuse          // answer as a server that does not speak the protocol
 	corruptIn       // (store) corrupt a byte of the piece on its way in
+	idleClose       // close a connection that waits 50 ms for a request
 )
 
 func newFakeServer(t *testing.T, data []byte, fault fault) *fakeServer {
@@ -62,9 +64,13 @@ func newFakeServer(t *testing.T, data []byte, fault fault) *fakeServer {
 }
 
 func (f *fakeServer) serve(conn net.Conn, first bool) {
+	defer f.closed.Add(1)
 	defer conn.Close()
 	br := bufio.NewReader(conn)
 	for {
+		if f.fault == idleClose {
+			conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		}
 		req, err := ReadRequest(br)
 		if err != nil {
 			if errors.Is(err, ErrBadRequest) {
@@ -238,6 +244,38 @@ func TestSplitFallsBack(t *testing.T) {
 	}
 	if n := refusing.conns.Load(); n != 2 {
 		t.Fatalf("refusing server dialled %d times, want 2 (then left alone)", n)
+	}
+}
+
+// Pooled connections the server closed while they idled (its idle
+// timeout): the call is made again on a fresh connection, not sent to the
+// fallback nor failed, however many of them the pool holds.
+func TestSplitRedialsClosedIdle(t *testing.T) {
+	srv := newFakeServer(t, []byte("fresh"), idleClose)
+	fb := &fallbackPath{}
+	s := NewSplit(srv.l.Addr().String(), 2, fb, func() string { return "" })
+	defer s.Close()
+	ctx := context.Background()
+	a, err := s.get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.put(a, false)
+	s.put(b, false)
+	for deadline := time.Now().Add(5 * time.Second); srv.closed.Load() < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the server did not close the idle connections")
+		}
+	}
+	if _, got, err := fetch(t, s, testFID, 0, 10); err != nil || string(got) != "fresh" {
+		t.Fatalf("fetch after the pool went stale: %q %v", got, err)
+	}
+	if fb.used.Load() != 0 || srv.conns.Load() != 3 {
+		t.Fatalf("fallback used %d times, %d connections, want 0 and 3", fb.used.Load(), srv.conns.Load())
 	}
 }
 

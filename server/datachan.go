@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hoardfs/hoard/callback"
+	"github.com/hoardfs/hoard/connlimit"
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
@@ -33,25 +34,44 @@ func (s *Server) ServeData(l net.Listener, advertise string) {
 		advertise = l.Addr().String()
 	}
 	s.dataAddr.Store(&advertise)
-	go func() {
-		for {
-			conn, err := l.Accept()
-			if err != nil {
-				if !errors.Is(err, net.ErrClosed) {
-					s.log.Error("data channel stopped", "err", err)
-				}
+	// A flood's lines are thinned by the process's log (lograte).
+	lim := connlimit.New(l, s.cfg.MaxDataConns, s.cfg.MaxDataConnsPerPeer, func(conn net.Conn, why error) {
+		// A client reads this as a channel it cannot use, and moves the
+		// transfer to gRPC.
+		conn.Write(datapath.AppendError(nil, datapath.ErrProtocol, "data connection refused: "+why.Error()))
+		s.log.Warn("data connection refused", "from", conn.RemoteAddr(), "why", why)
+	})
+	go s.acceptData(lim)
+}
+
+// acceptData serves l's connections until l is closed. A failed accept
+// (out of descriptors, most often, in a flood) is retried after a pause
+// that grows from 5 ms to 1 s, as net/http's Server does: the channel
+// must outlive the flood.
+func (s *Server) acceptData(l net.Listener) {
+	var delay time.Duration
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			go s.dataConn(conn)
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			s.log.Error("data channel: accept failed, retrying", "err", err, "retry_in", delay)
+			time.Sleep(delay)
+			continue
 		}
-	}()
+		delay = 0
+		go s.dataConn(conn)
+	}
 }
 
 func (s *Server) dataConn(conn net.Conn) {
 	defer conn.Close()
 	br := bufio.NewReaderSize(conn, 64<<10)
+	// A new connection's first request is due whole soon after it opens.
+	conn.SetReadDeadline(time.Now().Add(s.cfg.DataRequestTimeout))
 	for {
-		conn.SetReadDeadline(time.Time{}) // an idle connection waits for the client
 		req, err := datapath.ReadRequest(br)
 		if err != nil {
 			if errors.Is(err, datapath.ErrBadRequest) {
@@ -67,6 +87,14 @@ func (s *Server) dataConn(conn net.Conn) {
 		if err != nil {
 			return // the connection is unusable (a write failed mid-reply)
 		}
+		// Between requests the connection waits in its client's pool, for
+		// a while; a request begun must then arrive whole in time, however
+		// slowly it trickles in.
+		conn.SetReadDeadline(time.Now().Add(s.cfg.DataIdleTimeout))
+		if _, err := br.Peek(1); err != nil {
+			return
+		}
+		conn.SetReadDeadline(time.Now().Add(s.cfg.DataRequestTimeout))
 	}
 }
 
@@ -197,8 +225,7 @@ func (s *Server) sendRead(conn net.Conn, o *op, req datapath.Request) (dv uint64
 // even when the store fails early, so that the connection stays in step;
 // an error means the connection broke or fell out of step.
 func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Request) error {
-	conn.SetReadDeadline(time.Now().Add(dataWriteTimeout))
-	hb := make([]byte, req.Length)
+	hb := make([]byte, req.Length) // part of the request, due with it
 	if _, err := io.ReadFull(br, hb); err != nil {
 		return err
 	}
@@ -226,8 +253,19 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 		defer u.Abort()
 	}
 	badCRC := false
+	// The pieces have a request's time, and more for each byte announced
+	// at minStoreRate: a store may be big, but one trickling in must not
+	// hold its connection, and its staged update, for ever.
+	due := time.Now().Add(s.cfg.DataRequestTimeout)
+	deadline := func() {
+		dl := time.Now().Add(dataWriteTimeout)
+		if due.Before(dl) {
+			dl = due
+		}
+		conn.SetReadDeadline(dl)
+	}
 	for {
-		conn.SetReadDeadline(time.Now().Add(dataWriteTimeout))
+		deadline()
 		off, n, err := datapath.ReadPiece(br)
 		if err != nil {
 			if errors.Is(err, datapath.ErrBadRequest) {
@@ -238,6 +276,8 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 		if n == 0 {
 			break
 		}
+		due = due.Add(time.Duration(n) * time.Second / minStoreRate)
+		deadline()
 		if err := receivePiece(br, n, func(p []byte, crc uint32) {
 			switch {
 			case failed != nil || badCRC:
@@ -316,8 +356,13 @@ func checksum(file *os.File, off, n int64) (uint32, error) {
 	return crc, nil
 }
 
-// dataWriteTimeout bounds one data-channel reply.
+// dataWriteTimeout bounds one data-channel reply, and one store piece's
+// arrival.
 const dataWriteTimeout = 30 * time.Second
+
+// minStoreRate (bytes/s) is the slowest a store's pieces may come in, past
+// the request's own time (DataRequestTimeout): a link slower than 64 kbit/s.
+const minStoreRate = 8 << 10
 
 // session identifies the client of a data-channel request ("" is
 // anonymous: served, no promises).

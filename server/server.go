@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hoardfs/hoard/callback"
+	"github.com/hoardfs/hoard/connlimit"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/vnode"
@@ -59,7 +60,15 @@ type Config struct {
 	// once, in all and from one IP address (0: no bound): each holds a
 	// back channel's queue and its state in the callback machine.
 	MaxSessions, MaxSessionsPerPeer int
-	Logger                          *slog.Logger
+	// MaxDataConns and MaxDataConnsPerPeer bound the bulk-data channel's
+	// connections open at once, in all and from one IP address (0: no
+	// bound); a client refused one moves its data over gRPC instead.
+	MaxDataConns, MaxDataConnsPerPeer int
+	// DataRequestTimeout is how long a data connection has to send a whole
+	// request once it begins one, and its first once it opens;
+	// DataIdleTimeout how long it may wait between requests.
+	DataRequestTimeout, DataIdleTimeout time.Duration
+	Logger                              *slog.Logger
 }
 
 // Directory delegation policies.
@@ -75,7 +84,8 @@ const (
 // DefaultConfig is what `hoard server` uses unless told otherwise.
 func DefaultConfig() Config {
 	return Config{PromiseTTL: 10 * time.Minute, BreakTimeout: 2 * time.Second, Ping: 5 * time.Second, MaxPromises: 1 << 20, Grace: 3 * time.Second, Lease: 30 * time.Second, DirDelegations: DirPrivate,
-		MaxSessions: 16384, MaxSessionsPerPeer: 1024}
+		MaxSessions: 16384, MaxSessionsPerPeer: 1024,
+		MaxDataConns: 4096, MaxDataConnsPerPeer: 256, DataRequestTimeout: 10 * time.Second, DataIdleTimeout: 5 * time.Minute}
 }
 
 // Server implements hoardpb.FileServerServer.
@@ -247,6 +257,17 @@ func peerHost(ctx context.Context) string {
 		return p.Addr.String()
 	}
 	return host
+}
+
+// Bound bounds the control connections l accepts, in all and from one
+// address, at twice the sessions: a connection that never says Hello
+// costs a descriptor and gRPC's buffers too. (A client past the bound on
+// sessions is told so by Connect; one past this one only sees its
+// connection closed.)
+func (s *Server) Bound(l net.Listener) net.Listener {
+	return connlimit.New(l, 2*s.cfg.MaxSessions, 2*s.cfg.MaxSessionsPerPeer, func(_ net.Conn, why error) {
+		s.log.Warn("control connection refused", "why", why)
+	})
 }
 
 // admitLocked refuses a session past the bounds on sessions (mu held).

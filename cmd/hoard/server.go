@@ -38,6 +38,9 @@ func serverCmd() *cobra.Command {
 			default:
 				return usagef("--dir-delegations %q: want %s, %s or %s", cfg.DirDelegations, server.DirPrivate, server.DirAny, server.DirNone)
 			}
+			if cfg.MaxDataConns < 0 || cfg.MaxDataConnsPerPeer < 0 || cfg.DataRequestTimeout <= 0 || cfg.DataIdleTimeout <= 0 {
+				return usagef("--max-data-conns and --max-data-conns-per-peer must not be negative, --data-request-timeout and --data-idle-timeout must be positive")
+			}
 			if err := checkDataFlags(dataListen, dataAdvertise); err != nil {
 				return err
 			}
@@ -86,6 +89,10 @@ func serverCmd() *cobra.Command {
 	f.IntVar(&cfg.MaxPromises, "max-promises", cfg.MaxPromises, "promises held across all clients before the oldest are broken")
 	f.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "clients connected at once; past it a client is refused (RESOURCE_EXHAUSTED), 0: no bound")
 	f.IntVar(&cfg.MaxSessionsPerPeer, "max-sessions-per-peer", cfg.MaxSessionsPerPeer, "clients connected at once from one IP address, 0: no bound")
+	f.IntVar(&cfg.MaxDataConns, "max-data-conns", cfg.MaxDataConns, "bulk-data connections open at once; past it a new one is refused, and its client moves that data over gRPC, 0: no bound")
+	f.IntVar(&cfg.MaxDataConnsPerPeer, "max-data-conns-per-peer", cfg.MaxDataConnsPerPeer, "bulk-data connections open at once from one IP address (IPv6: one /64), 0: no bound")
+	f.DurationVar(&cfg.DataRequestTimeout, "data-request-timeout", cfg.DataRequestTimeout, "how long a bulk-data connection has to send a whole request once it begins one, and its first once it opens, before it is closed")
+	f.DurationVar(&cfg.DataIdleTimeout, "data-idle-timeout", cfg.DataIdleTimeout, "how long a bulk-data connection may wait between requests before it is closed (a client dials again when it needs one)")
 	return cmd
 }
 
@@ -164,7 +171,7 @@ func serve(name string, srv *server.Server, lis net.Listener, banner string, reg
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	errc := make(chan error, 1)
-	go func() { errc <- g.Serve(lis) }()
+	go func() { errc <- g.Serve(srv.Bound(lis)) }()
 	fmt.Fprintf(os.Stderr, "hoard %s: %s\n", name, banner)
 	select {
 	case err := <-errc:
