@@ -176,6 +176,12 @@ type Client struct {
 	// giveUp, once set (Unix ns), is when requests stop waiting for an
 	// unreachable server: closeWait after Close began.
 	giveUp atomic.Int64
+	// bg counts the protocol work started in the background (spawn):
+	// gives back, reclaims, settles; Close waits for it. closing (under
+	// bgMu) refuses more.
+	bgMu    sync.Mutex
+	bg      sync.WaitGroup
+	closing bool
 }
 
 // counters are protocol counters beyond what the cache keeps.
@@ -278,6 +284,10 @@ func (c *Client) Close() error {
 	c.returnAll()
 	c.cancel()
 	c.wg.Wait()
+	c.bgMu.Lock()
+	c.closing = true
+	c.bgMu.Unlock()
+	c.bg.Wait()
 	c.setGauges()
 	c.conn.Close()
 	return errors.Join(lost, c.cache.Close())
@@ -285,6 +295,23 @@ func (c *Client) Close() error {
 
 // closeWait is how long Close waits for an unreachable server.
 const closeWait = 2 * time.Second
+
+// spawn runs fn in the background, for Close to wait for; once Close has
+// stopped the back channel, not at all (the server revokes what a give
+// back would have returned).
+func (c *Client) spawn(fn func()) {
+	c.bgMu.Lock()
+	if c.closing {
+		c.bgMu.Unlock()
+		return
+	}
+	c.bg.Add(1)
+	c.bgMu.Unlock()
+	go func() {
+		defer c.bg.Done()
+		fn()
+	}()
+}
 
 // backChannel keeps a Connect stream open, reconnecting with backoff. While
 // the server is unreachable, promises are kept until they expire, so cached

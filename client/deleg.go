@@ -171,15 +171,17 @@ func (c *Client) delegated(t callback.Ticket, n *Node, kind pb.DelegKind, state 
 	c.cbMu.Unlock()
 	c.log.Debug("delegated", "fid", n.fid, "kind", kind, "state", state, "installed", ok, "recalled", h.Recalled)
 	if ok && h.Recalled {
-		go c.giveBack(n.fid, h.State)
+		c.spawn(func() { c.giveBack(n.fid, h.State) })
 	}
 	if voided {
 		// Granted while this client's session changed (a reset, a
 		// reconnection): it is not used, but the server holds it for
 		// this client, and would make others wait a lease for it.
-		go c.call(func(ctx context.Context) error {
-			_, err := c.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(n.fid), State: state})
-			return err
+		c.spawn(func() {
+			c.call(func(ctx context.Context) error {
+				_, err := c.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(n.fid), State: state})
+				return err
+			})
 		})
 	}
 	return h, ok
@@ -539,13 +541,13 @@ func (c *Client) dropDelegations(reclaim bool) {
 			continue
 		}
 		if reclaim {
-			go c.reclaim(n, state)
+			c.spawn(func() { c.reclaim(n, state) })
 		} else {
-			go func() {
+			c.spawn(func() {
 				n.wmu.Lock()
 				defer n.wmu.Unlock()
 				c.storeBack(n, true)
-			}()
+			})
 		}
 	}
 	c.settleAll()
@@ -564,7 +566,8 @@ func (c *Client) onRecall(m *pb.Recall) {
 		c.log.Debug("recall", "fid", fid, "state", m.States[i], "held", ok)
 		c.counters.recalls.Add(1)
 		if ok {
-			go c.giveBack(fid, m.States[i])
+			state := m.States[i]
+			c.spawn(func() { c.giveBack(fid, state) })
 		}
 	}
 }
@@ -582,7 +585,8 @@ func (c *Client) onRevoke(m *pb.Revoke) {
 		c.cbMu.Unlock()
 		if held {
 			c.counters.revoked.Add(1)
-			go c.giveBack(fid, m.States[i])
+			state := m.States[i]
+			c.spawn(func() { c.giveBack(fid, state) })
 		}
 	}
 }
@@ -613,7 +617,7 @@ func (c *Client) lapsedLocked(now time.Time) []callback.Held {
 // dirty data is stored if the server still holds them, kept in lost/ if not.
 func (c *Client) giveBackAll(hs []callback.Held) {
 	for _, h := range hs {
-		go c.giveBack(h.FID, h.State)
+		c.spawn(func() { c.giveBack(h.FID, h.State) })
 	}
 }
 

@@ -608,7 +608,7 @@ func (c *Client) loseMade(dir *Node, made []madeFile, cause error) {
 		c.flusher.wake()
 		lost = append(lost, m.n)
 	}
-	go c.uncovered(lost) // nsmu is held; the files are gone anyway
+	c.spawn(func() { c.uncovered(lost) }) // nsmu is held; the files are gone anyway
 }
 
 // settleAll settles every directory with files made in it: after a new
@@ -616,10 +616,10 @@ func (c *Client) loseMade(dir *Node, made []madeFile, cause error) {
 // are still taken (or, after a reset, refused and kept in lost/).
 func (c *Client) settleAll() {
 	for _, d := range c.madeDirs() {
-		go func() {
+		c.spawn(func() {
 			if err := c.settle(d); err != nil {
 				c.log.Warn("files made in a directory not created at the server yet", "dir", d.fid, "err", err)
 			}
-		}()
+		})
 	}
 }
