@@ -72,6 +72,20 @@ func (rc *rawClient) next(t *testing.T, d time.Duration) *pb.ServerMsg {
 	}
 }
 
+// create makes a regular file in the root volume's root directory.
+func (rc *rawClient) create(t *testing.T, name string) *pb.FID {
+	t.Helper()
+	vol, err := rc.rpc.GetVolume(rc.ctx, &pb.GetVolumeRequest{Name: "root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr, err := rc.rpc.Create(rc.ctx, &pb.CreateRequest{Dir: vol.Root, Name: name, Type: pb.FileType_FILE_TYPE_FILE, Mode: 0o644})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cr.Status.Fid
+}
+
 func (rc *rawClient) store(fid *pb.FID, data []byte, state uint64) (*pb.StoreReply, error) {
 	s, err := rc.rpc.Store(rc.ctx)
 	if err != nil {
@@ -93,15 +107,7 @@ func TestDelegationProtocol(t *testing.T) {
 	if a.lease != 2*time.Second {
 		t.Fatalf("lease in the welcome: %v", a.lease)
 	}
-	vol, err := a.rpc.GetVolume(a.ctx, &pb.GetVolumeRequest{Name: "root"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cr, err := a.rpc.Create(a.ctx, &pb.CreateRequest{Dir: vol.Root, Name: "f", Type: pb.FileType_FILE_TYPE_FILE, Mode: 0o644})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fid := cr.Status.Fid
+	fid := a.create(t, "f")
 	wa, err := a.rpc.Open(a.ctx, &pb.OpenRequest{Fid: fid, Write: true})
 	if err != nil || wa.Kind != pb.DelegKind_DELEG_WRITE || wa.State == 0 {
 		t.Fatalf("lone writer's open: %v %v", wa, err)
@@ -145,7 +151,7 @@ func TestDelegationProtocol(t *testing.T) {
 		t.Fatalf("reader's return: %v %v", rr, err)
 	}
 	// A holder that keeps renewing keeps its delegation past the lease.
-	wa2, err := a.rpc.Open(a.ctx, &pb.OpenRequest{Fid: cr.Status.Fid, Write: true})
+	wa2, err := a.rpc.Open(a.ctx, &pb.OpenRequest{Fid: fid, Write: true})
 	if err != nil || wa2.Kind != pb.DelegKind_DELEG_WRITE {
 		t.Fatalf("writer's second open: %v %v", wa2, err)
 	}
@@ -162,13 +168,13 @@ func TestDelegationProtocol(t *testing.T) {
 	// A holder that goes silent: c takes a write delegation on g, and
 	// says nothing more.
 	c := dialRaw(t, srv.addr)
-	cg, _ := c.rpc.Create(c.ctx, &pb.CreateRequest{Dir: vol.Root, Name: "g", Type: pb.FileType_FILE_TYPE_FILE, Mode: 0o644})
-	wc, err := c.rpc.Open(c.ctx, &pb.OpenRequest{Fid: cg.Status.Fid, Write: true})
+	g := c.create(t, "g")
+	wc, err := c.rpc.Open(c.ctx, &pb.OpenRequest{Fid: g, Write: true})
 	if err != nil || wc.Kind != pb.DelegKind_DELEG_WRITE {
 		t.Fatalf("silent holder's open: %v %v", wc, err)
 	}
 	start := time.Now()
-	rb, err := b.rpc.Open(b.ctx, &pb.OpenRequest{Fid: cg.Status.Fid, Write: true})
+	rb, err := b.rpc.Open(b.ctx, &pb.OpenRequest{Fid: g, Write: true})
 	took := time.Since(start)
 	if err != nil || rb.Kind != pb.DelegKind_DELEG_WRITE {
 		t.Fatalf("open against a silent holder: %v %v", rb, err)
@@ -176,7 +182,7 @@ func TestDelegationProtocol(t *testing.T) {
 	if took < time.Second || took > 5*time.Second {
 		t.Fatalf("open against a silent holder took %v with a 2 s lease", took)
 	}
-	if _, err := c.store(cg.Status.Fid, []byte("too late"), wc.State); pb.Errno(err) != syscall.EKEYEXPIRED {
+	if _, err := c.store(g, []byte("too late"), wc.State); pb.Errno(err) != syscall.EKEYEXPIRED {
 		t.Fatalf("late store under a revoked delegation: %v", err)
 	}
 	for m := range c.msgs {
@@ -200,15 +206,7 @@ func TestIgnoredRecallsBackOff(t *testing.T) {
 	const lease = 2 * time.Second
 	srv := startServer(t, t.TempDir(), "--lease", lease.String())
 	a, b := dialRaw(t, srv.addr), dialRaw(t, srv.addr)
-	vol, err := a.rpc.GetVolume(a.ctx, &pb.GetVolumeRequest{Name: "root"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cr, err := a.rpc.Create(a.ctx, &pb.CreateRequest{Dir: vol.Root, Name: "f", Type: pb.FileType_FILE_TYPE_FILE, Mode: 0o644})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fid := cr.Status.Fid
+	fid := a.create(t, "f")
 	for round := range 3 {
 		wa, err := a.rpc.Open(a.ctx, &pb.OpenRequest{Fid: fid, Write: true})
 		if err != nil {

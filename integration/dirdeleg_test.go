@@ -142,25 +142,9 @@ func TestDirDelegationRestart(t *testing.T) {
 // writes are kept in lost/ with their paths, fsync saying EIO.
 func TestDirDelegationLost(t *testing.T) {
 	const lease = 2 * time.Second
-	tmp := t.TempDir()
-	srv := startServer(t, filepath.Join(tmp, "srv"), "--lease", lease.String())
-	link := startRelay(t, srv.addr, "")
-	cacheDir := filepath.Join(tmp, "a")
-	a, err := client.Dial(client.Options{Server: link.addr(), CacheDir: cacheDir, CacheSize: 64 << 20, NoDataChannel: true, RPCTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b := dial(t, srv.addr, "mem", 64<<20)
-	if err := a.Mkdir("/d", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	f, err := a.Create("/d/x")
-	if err != nil {
-		t.Fatal(err)
-	}
+	hc := cutOffHolder(t, lease)
+	a, b, link, cacheDir, f := hc.a, hc.b, hc.link, hc.cacheDir, hc.f
 	defer f.Close()
-	f.Write(pattern(5000, 1))
 	if st := a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d", st.MadeHere, st.Settled)
 	}
@@ -449,25 +433,8 @@ func TestDirDelegationRemoveLater(t *testing.T) {
 // again once it hears of the revocation, and nothing of it is kept as
 // lost.
 func TestDirDelegationRemoveLaterLost(t *testing.T) {
-	const lease = 2 * time.Second
-	tmp := t.TempDir()
-	srv := startServer(t, filepath.Join(tmp, "srv"), "--lease", lease.String())
-	link := startRelay(t, srv.addr, "")
-	cacheDir := filepath.Join(tmp, "a")
-	a, err := client.Dial(client.Options{Server: link.addr(), CacheDir: cacheDir, CacheSize: 64 << 20, NoDataChannel: true, RPCTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b := dial(t, srv.addr, "mem", 64<<20)
-	if err := a.Mkdir("/d", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	f, err := a.Create("/d/x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Write(pattern(5000, 1))
+	hc := cutOffHolder(t, 2*time.Second)
+	a, b, link, cacheDir, f := hc.a, hc.b, hc.link, hc.cacheDir, hc.f
 	if err := f.Sync(); err != nil {
 		t.Fatal(err)
 	}
@@ -500,4 +467,35 @@ func TestDirDelegationRemoveLaterLost(t *testing.T) {
 	if lost, err := client.ListLost(cacheDir); err != nil || len(lost) != 0 {
 		t.Fatalf("lost data: %+v %v", lost, err)
 	}
+}
+
+// holderCase is a client (a) that reaches the server through a relay
+// (link) the test can cut, with /d/x made and 5,000 bytes written to it
+// under a directory delegation (f, open), and another client (b).
+type holderCase struct {
+	a, b     *client.Client
+	link     *relay
+	cacheDir string
+	f        *client.File
+}
+
+func cutOffHolder(t *testing.T, lease time.Duration) holderCase {
+	t.Helper()
+	tmp := t.TempDir()
+	srv := startServer(t, filepath.Join(tmp, "srv"), "--lease", lease.String())
+	hc := holderCase{link: startRelay(t, srv.addr, ""), cacheDir: filepath.Join(tmp, "a")}
+	a, err := client.Dial(client.Options{Server: hc.link.addr(), CacheDir: hc.cacheDir, CacheSize: 64 << 20, NoDataChannel: true, RPCTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	hc.a, hc.b = a, dial(t, srv.addr, "mem", 64<<20)
+	if err := a.Mkdir("/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if hc.f, err = a.Create("/d/x"); err != nil {
+		t.Fatal(err)
+	}
+	hc.f.Write(pattern(5000, 1))
+	return hc
 }
