@@ -902,3 +902,44 @@ func TestFuseUmountStoresFirst(t *testing.T) {
 		}
 	}
 }
+
+// A file unlinked while open is hidden under a .hoard-unlinked name until
+// its last close; rm -rf of its directory meanwhile removes that name too,
+// and then the directory: it used to find it not empty (the second unlink
+// hid the file again), and left it behind. The open file then answers
+// ESTALE, as an NFS client's does once its .nfs file is removed.
+func TestFuseRmdirAfterHiddenNameRemoved(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	m := startMount(t, srv, t.TempDir())
+	d := m.path("d")
+	if err := os.Mkdir(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d, "f"), []byte("still readable"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(filepath.Join(d, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := os.Remove(filepath.Join(d, "f")); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(d)
+	if err != nil || len(ents) != 1 || !strings.HasPrefix(ents[0].Name(), ".hoard-unlinked-") {
+		t.Fatalf("after unlinking an open file: %v %v", ents, err)
+	}
+	if err := os.RemoveAll(d); err != nil {
+		t.Fatalf("rm -rf of the directory: %v", err)
+	}
+	if _, err := os.Stat(d); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the directory is still there: %v", err)
+	}
+	if _, err := f.ReadAt(make([]byte, 64), 0); !errors.Is(err, syscall.ESTALE) {
+		t.Fatalf("a read of the open file whose last name went: %v, want ESTALE", err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+}

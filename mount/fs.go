@@ -377,12 +377,22 @@ func (h *hnode) Link(ctx context.Context, target fs.InodeEmbedder, name string, 
 // hidden name instead and removed at its last close, as NFS clients do
 // ("silly rename"): POSIX lets an unlinked open file be read and written
 // until it is closed, and the server would otherwise forget its data.
+// An unlink of that hidden name (rm -rf of the directory) removes it at
+// once, as an NFS client removes its .nfs files: the directory can then be
+// removed, and the open file answers ESTALE, as NFS's does.
 func (h *hnode) Unlink(ctx context.Context, name string) syscall.Errno {
 	if e := h.stale(); e != 0 {
 		return e
 	}
 	if c := h.GetChild(name); c != nil {
 		if ch, ok := c.Operations().(*hnode); ok && ch.isOpen() {
+			if ch.hiddenAs(h, name) {
+				if err := h.m.c.RemoveAt(h.n, name, false); err != nil {
+					return errno(err)
+				}
+				ch.unhide(h, name)
+				return 0
+			}
 			silly := fmt.Sprintf(".hoard-unlinked-%x-%x", ino(ch.n.FID()), time.Now().UnixNano())
 			if _, err := h.m.c.RenameAt(h.n, name, h.n, silly); err != nil {
 				return errno(err)
@@ -604,6 +614,23 @@ func ourHandle(f fs.FileHandle) *handle {
 		return fh.handle
 	}
 	return nil
+}
+
+// hiddenAs reports whether name in dir is the hidden name this open file
+// was renamed to when it was unlinked.
+func (h *hnode) hiddenAs(dir *hnode, name string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.sillyDir == dir && h.sillyName == name
+}
+
+// unhide forgets the hidden name, removed before the last close.
+func (h *hnode) unhide(dir *hnode, name string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.sillyDir == dir && h.sillyName == name {
+		h.sillyDir, h.sillyName = nil, ""
+	}
 }
 
 // released ends an open of the given mode.

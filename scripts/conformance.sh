@@ -33,7 +33,7 @@ trap cleanup EXIT
 mkdir -p "$work/mnt"
 "$bin" server --data "$work/data" --listen 127.0.0.1:0 2> "$work/server.log" &
 server=$!
-for _ in $(seq 50); do grep -q serving "$work/server.log" && break; sleep 0.1; done
+for _ in $(seq 50); do grep -qs serving "$work/server.log" && break; sleep 0.1; done
 addr=$(sed -n 's/.* on \(127\.0\.0\.1:[0-9]*\) .*/\1/p' "$work/server.log" | head -1)
 "$bin" mount --server "$addr" --cache "$work/cache" --daemon "$work/mnt" 2>/dev/null
 mkdir -m 755 "$work/mnt/pjd"
