@@ -24,6 +24,7 @@ import (
 	"github.com/hoardfs/hoard/client"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/lograte"
+	"github.com/hoardfs/hoard/server"
 	"github.com/hoardfs/hoard/vnode"
 )
 
@@ -266,5 +267,33 @@ func TestCloseWithServerGone(t *testing.T) {
 	lh.Flush()
 	if n := strings.Count(logs.String(), "\n"); n > 10 {
 		t.Fatalf("%d log lines for one close:\n%s", n, logs.String())
+	}
+}
+
+// The FIDs one session holds reserved and unused are bounded: past the
+// bound Reserve says RESOURCE_EXHAUSTED (the client then creates at the
+// server).
+func TestReserveBounded(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	rc := dialRaw(t, srv.addr)
+	vol, err := rc.rpc.GetVolume(rc.ctx, &pb.GetVolumeRequest{Name: "root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	for {
+		r, err := rc.rpc.Reserve(rc.ctx, &pb.ReserveRequest{Volume: vol.Root.Volume, Count: vnode.MaxReserve})
+		if status.Code(err) == codes.ResourceExhausted {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got += len(r.Fids); got > server.MaxReservedPerSession {
+			t.Fatalf("%d fids reserved by one session, past the bound of %d", got, server.MaxReservedPerSession)
+		}
+	}
+	if got != server.MaxReservedPerSession {
+		t.Fatalf("%d fids reserved before the refusal, want %d", got, server.MaxReservedPerSession)
 	}
 }

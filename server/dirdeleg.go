@@ -6,6 +6,9 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
@@ -73,6 +76,21 @@ func (s *Server) othersCache(id callback.ClientID, f node.FID) bool {
 	return false
 }
 
+// MaxReservedPerSession bounds the FIDs one session holds reserved and not
+// yet used: a client making files faster than it settles them (a copy of
+// a large flat directory within the write-back window) holds many; past
+// the bound it creates them at the server.
+const MaxReservedPerSession = 1 << 18
+
+// unreserved counts n reserved FIDs of id's as used (or never given).
+func (s *Server) unreserved(id callback.ClientID, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reserved[id] -= n; s.reserved[id] <= 0 {
+		delete(s.reserved, id)
+	}
+}
+
 // Reserve sets FIDs aside for files the caller will make under a
 // directory delegation.
 func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.ReserveReply, error) {
@@ -86,8 +104,16 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 	if o.id == 0 {
 		return nil, s.fail("Reserve", fmt.Errorf("reserve: only for a connected client: %w", syscall.EINVAL))
 	}
+	s.mu.Lock()
+	if s.reserved[o.id]+int(req.Count) > MaxReservedPerSession {
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.ResourceExhausted, "reserve: %d fids reserved and not used by this client, the most it may hold", s.reserved[o.id])
+	}
+	s.reserved[o.id] += int(req.Count)
+	s.mu.Unlock()
 	fids, err := s.store.Reserve(req.Volume, int(req.Count))
 	if err != nil {
+		s.unreserved(o.id, int(req.Count))
 		return nil, s.fail("Reserve", err)
 	}
 	out := &pb.ReserveReply{Fids: make([]*pb.FID, len(fids))}
@@ -160,6 +186,7 @@ func (s *Server) CreateReserved(ctx context.Context, req *pb.CreateReservedReque
 	if err != nil {
 		return nil, s.fail("CreateReserved", err)
 	}
+	s.unreserved(o.id, len(fs))
 	out := &pb.CreateReservedReply{Files: make([]*pb.Status, len(sts)), States: make([]uint64, len(sts)), Removed: make([]*pb.Status, len(rsts))}
 	now := time.Now()
 	s.mu.Lock()

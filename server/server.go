@@ -95,11 +95,13 @@ type Server struct {
 	cfg   Config
 	log   *slog.Logger
 
-	mu      sync.Mutex
-	cb      *callback.Server
-	conns   map[callback.ClientID]*conn
-	peers   map[string]int // sessions by client IP address
-	waiters map[callback.Round]chan struct{}
+	mu    sync.Mutex
+	cb    *callback.Server
+	conns map[callback.ClientID]*conn
+	peers map[string]int // sessions by client IP address
+	// reserved counts the FIDs each session reserved and has not used.
+	reserved map[callback.ClientID]int
+	waiters  map[callback.Round]chan struct{}
 	// busy counts the namespace changes under way in each directory
 	// (dirdeleg.go).
 	busy      map[node.FID]int
@@ -122,16 +124,17 @@ func New(store Backend, cfg Config) *Server {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{
-		store:   store,
-		cfg:     cfg,
-		log:     cfg.Logger,
-		cb:      callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises, Lease: cfg.Lease}),
-		conns:   map[callback.ClientID]*conn{},
-		peers:   map[string]int{},
-		waiters: map[callback.Round]chan struct{}{},
-		busy:    map[node.FID]int{},
-		wake:    make(chan struct{}, 1),
-		stop:    make(chan struct{}),
+		store:    store,
+		cfg:      cfg,
+		log:      cfg.Logger,
+		cb:       callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises, Lease: cfg.Lease}),
+		conns:    map[callback.ClientID]*conn{},
+		peers:    map[string]int{},
+		reserved: map[callback.ClientID]int{},
+		waiters:  map[callback.Round]chan struct{}{},
+		busy:     map[node.FID]int{},
+		wake:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
 	}
 	if store.Epoch() > 1 { // a first start has no clients from before
 		s.graceEnd = time.Now().Add(cfg.Grace)
@@ -318,6 +321,7 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 		if s.peers[from]--; s.peers[from] <= 0 {
 			delete(s.peers, from)
 		}
+		delete(s.reserved, id)
 		if s.conns[id] == c {
 			delete(s.conns, id)
 			s.cb.Disconnect(id, time.Now())

@@ -1,9 +1,12 @@
 package vnode
 
 import (
+	"bytes"
 	"fmt"
 	"syscall"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/hoardfs/hoard/node"
 )
@@ -29,7 +32,7 @@ func (s *Store) Reserve(vol uint64, n int) ([]node.FID, error) {
 		res := v.tx.Bucket(bktReserved)
 		for i := range uint64(n) {
 			f := node.FID{Volume: vol, Vnode: vn + 1 + i, Unique: uq + 1 + i}
-			if err := res.Put(reservedKey(f), u64(f.Unique)); err != nil {
+			if err := res.Put(reservedKey(f), reservation(f.Unique, s.epoch)); err != nil {
 				return err
 			}
 			fids = append(fids, f)
@@ -43,6 +46,58 @@ func (s *Store) Reserve(vol uint64, n int) ([]node.FID, error) {
 }
 
 func reservedKey(f node.FID) []byte { return append(u64(f.Volume), u64(f.Vnode)...) }
+
+// A reservation records the FID's uniquifier and the epoch it was made in:
+// one made two starts ago or more is dropped when the store opens
+// (pruneReserved). Its files were to be settled before the grace period
+// after the restart since ended, and a client that reserves and never
+// creates would otherwise fill the store.
+func reservation(unique, epoch uint64) []byte { return append(u64(unique), u64(epoch)...) }
+
+// parseReservation reads a reservation; one written before they carried
+// their epoch counts as made in the previous life.
+func parseReservation(b []byte, current uint64) (unique, epoch uint64) {
+	switch len(b) {
+	case 16:
+		return getU64(b[:8]), getU64(b[8:])
+	case 8:
+		return getU64(b), current - 1
+	}
+	return 0, 0
+}
+
+// pruneReserved drops the reservations made two starts ago or more, and
+// stamps those without an epoch with the previous one.
+func pruneReserved(tx *bolt.Tx, current uint64) error {
+	res := tx.Bucket(bktReserved)
+	var drop, stamp [][]byte
+	var uniques []uint64
+	err := res.ForEach(func(k, v []byte) error {
+		uq, e := parseReservation(v, current)
+		switch {
+		case e+1 < current:
+			drop = append(drop, bytes.Clone(k))
+		case len(v) != 16:
+			stamp = append(stamp, bytes.Clone(k))
+			uniques = append(uniques, uq)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range drop {
+		if err := res.Delete(k); err != nil {
+			return err
+		}
+	}
+	for i, k := range stamp {
+		if err := res.Put(k, reservation(uniques[i], current-1)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // Reserved is a file made under a directory delegation, to be created
 // with the FID it was given.
@@ -124,7 +179,7 @@ func (s *Store) CreateReserved(dir node.FID, fs []Reserved, rm []Removed, op Op)
 				return fmt.Errorf("%s: %w", f.Name, syscall.EEXIST)
 			}
 			key := reservedKey(f.FID)
-			if uq := res.Get(key); uq == nil || getU64(uq) != f.FID.Unique {
+			if uq, _ := parseReservation(res.Get(key), s.epoch); uq == 0 || uq != f.FID.Unique {
 				return fmt.Errorf("create %s: fid %v was not reserved: %w", f.Name, f.FID, syscall.EINVAL)
 			}
 			mt := f.Mtime.UnixNano()

@@ -3,9 +3,12 @@ package vnode
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"syscall"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/hoardfs/hoard/node"
 )
@@ -144,5 +147,44 @@ func TestCreateReservedRemoves(t *testing.T) {
 	}
 	if _, _, err := s.Lookup(d.FID, "b"); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("b after a restart: %v", err)
+	}
+}
+
+// A reservation lives through one restart, when the files made with it
+// are settled in the grace period, and is dropped at the next: a client
+// that reserves and never creates does not fill the store. One written
+// before reservations carried their epoch counts as the previous life's.
+func TestReservationsPrunedAfterTwoStarts(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	d := mustCreate(t, s, root(t, s), "d", node.TypeDir)
+	fids, err := s.Reserve(d.FID.Volume, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// fids[2] as an older server wrote it: the uniquifier alone.
+	if err := s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bktReserved).Put(reservedKey(fids[2]), u64(fids[2].Unique))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s = open(t, dir)
+	if _, _, _, err := s.CreateReserved(d.FID, []Reserved{{Name: "a", FID: fids[0]}}, nil, "op1"); err != nil {
+		t.Fatalf("a reservation after one restart: %v", err)
+	}
+	s.Close()
+	s = open(t, dir)
+	for i, f := range fids[1:] {
+		_, _, _, err := s.CreateReserved(d.FID, []Reserved{{Name: fmt.Sprint("b", i), FID: f}}, nil, Op(fmt.Sprint("op2", i)))
+		wantErrno(t, err, syscall.EINVAL)
+	}
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		if n := tx.Bucket(bktReserved).Stats().KeyN; n != 0 {
+			t.Fatalf("%d reservations left after two restarts", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

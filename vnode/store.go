@@ -155,6 +155,9 @@ func (s *Store) init() error {
 		if err := meta.Put(keyEpoch, u64(s.epoch)); err != nil {
 			return err
 		}
+		if err := pruneReserved(tx, s.epoch); err != nil {
+			return err
+		}
 		if tx.Bucket(bktVolNames).Get([]byte(RootVolume)) == nil {
 			_, err := createVolume(tx, RootVolume)
 			return err
