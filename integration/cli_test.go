@@ -93,6 +93,8 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"server", "--data", filepath.Join(tmp, "fresh1"), "--data-advertise", "noport"}, "noport"},
 		{[]string{"server", "--data", filepath.Join(tmp, "fresh2"), "--data-listen", "none", "--data-advertise", "127.0.0.1:9"}, "--data-listen none"},
 		{[]string{"server", "--data", filepath.Join(tmp, "fresh6"), "--dir-delegations", "some"}, "some"},
+		{[]string{"server", "--data", filepath.Join(tmp, "fresh7"), "--max-sessions", "-1"}, "--max-sessions"},
+		{[]string{"proxy", "--origin", "127.0.0.1:9", "--cache", filepath.Join(tmp, "fresh8"), "--data-idle-timeout", "0s"}, "--data-idle-timeout"},
 		{[]string{"ls", "/", "--cache", file}, file},
 		{[]string{"ls", "/", "--cache-size", "lots"}, "--cache-size"},
 		{[]string{"frobnicate"}, "unknown command"},
@@ -126,7 +128,7 @@ func TestCLIBadInput(t *testing.T) {
 			t.Errorf("hoard %v: exit %d, output %q; want exit 2 and one line mentioning %q", c.args, code, out, c.want)
 		}
 	}
-	for _, d := range []string{"missing", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6"} {
+	for _, d := range []string{"missing", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7", "fresh8"} {
 		if _, err := os.Stat(filepath.Join(tmp, d)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("a refused server or proxy invocation left %s behind", d)
 		}

@@ -50,6 +50,9 @@ func proxyCmd() *cobra.Command {
 			if layout != proxystore.Pooled && layout != proxystore.PerChunk {
 				return usagef("--layout %q: want %s or %s", layout, proxystore.Pooled, proxystore.PerChunk)
 			}
+			if err := checkBounds(cfg); err != nil {
+				return err
+			}
 			if err := checkDataFlags(dataListen, dataAdvertise); err != nil {
 				return err
 			}
@@ -94,6 +97,7 @@ func proxyCmd() *cobra.Command {
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break (keep it below the origin's)")
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")
 	f.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after a start, how long changes wait for clients of the previous life to reconnect")
+	boundFlags(f, &cfg)
 	dataFlags(f, &dataListen, &dataAdvertise, "none", "; off by default (docs/architecture.md, \"Caching proxy\"); with it, clients are asked for 16 connections, each carrying one fetch at a time, which waits for the origin on a cold proxy")
 	f.BoolVar(&noDeleg, "no-delegations", false, "take no delegations from the origin, and give clients none: their opens go to the proxy, as with a server run with --lease 0 (by default the proxy gives them delegations under those it holds from the origin)")
 	cmd.AddCommand(proxyStatsCmd())

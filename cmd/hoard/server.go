@@ -38,8 +38,8 @@ func serverCmd() *cobra.Command {
 			default:
 				return usagef("--dir-delegations %q: want %s, %s or %s", cfg.DirDelegations, server.DirPrivate, server.DirAny, server.DirNone)
 			}
-			if cfg.MaxDataConns < 0 || cfg.MaxDataConnsPerPeer < 0 || cfg.DataRequestTimeout <= 0 || cfg.DataIdleTimeout <= 0 {
-				return usagef("--max-data-conns and --max-data-conns-per-peer must not be negative, --data-request-timeout and --data-idle-timeout must be positive")
+			if err := checkBounds(cfg); err != nil {
+				return err
 			}
 			if err := checkDataFlags(dataListen, dataAdvertise); err != nil {
 				return err
@@ -87,13 +87,26 @@ func serverCmd() *cobra.Command {
 	f.StringVar(&cfg.DirDelegations, "dir-delegations", cfg.DirDelegations, "which directories a client may make files in on its own: private (one no other client has cached), any (breaking others' promises), none")
 	profileFlag(f, &profile)
 	f.IntVar(&cfg.MaxPromises, "max-promises", cfg.MaxPromises, "promises held across all clients before the oldest are broken")
+	boundFlags(f, &cfg)
+	return cmd
+}
+
+// boundFlags adds the flags of the bounds a server or proxy keeps on
+// what its clients hold (docs/reliability.md).
+func boundFlags(f *pflag.FlagSet, cfg *server.Config) {
 	f.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "clients connected at once; past it a client is refused (RESOURCE_EXHAUSTED), 0: no bound")
 	f.IntVar(&cfg.MaxSessionsPerPeer, "max-sessions-per-peer", cfg.MaxSessionsPerPeer, "clients connected at once from one IP address, 0: no bound")
 	f.IntVar(&cfg.MaxDataConns, "max-data-conns", cfg.MaxDataConns, "bulk-data connections open at once; past it a new one is refused, and its client moves that data over gRPC, 0: no bound")
 	f.IntVar(&cfg.MaxDataConnsPerPeer, "max-data-conns-per-peer", cfg.MaxDataConnsPerPeer, "bulk-data connections open at once from one IP address (IPv6: one /64), 0: no bound")
 	f.DurationVar(&cfg.DataRequestTimeout, "data-request-timeout", cfg.DataRequestTimeout, "how long a bulk-data connection has to send a whole request once it begins one, and its first once it opens, before it is closed")
 	f.DurationVar(&cfg.DataIdleTimeout, "data-idle-timeout", cfg.DataIdleTimeout, "how long a bulk-data connection may wait between requests before it is closed (a client dials again when it needs one)")
-	return cmd
+}
+
+func checkBounds(cfg server.Config) error {
+	if cfg.MaxSessions < 0 || cfg.MaxSessionsPerPeer < 0 || cfg.MaxDataConns < 0 || cfg.MaxDataConnsPerPeer < 0 || cfg.DataRequestTimeout <= 0 || cfg.DataIdleTimeout <= 0 {
+		return usagef("--max-sessions, --max-sessions-per-peer, --max-data-conns and --max-data-conns-per-peer must not be negative, --data-request-timeout and --data-idle-timeout must be positive")
+	}
+	return nil
 }
 
 // dataFlags adds the bulk-data channel's flags; def is --data-listen's
