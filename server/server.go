@@ -249,17 +249,14 @@ func (s *Server) sendLocked(msgs []callback.Msg) {
 // and a little more; NFSv4 bounds its client owner at 1 KiB too).
 const MaxClientName = 1024
 
-// peerHost is the IP address a request came from ("" when unknown).
+// peerHost is the address a request came from, as connections are
+// counted by it ("" when unknown).
 func peerHost(ctx context.Context) string {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
 		return ""
 	}
-	host, _, err := net.SplitHostPort(p.Addr.String())
-	if err != nil {
-		return p.Addr.String()
-	}
-	return host
+	return connlimit.Peer(p.Addr)
 }
 
 // Bound bounds the control connections l accepts, in all and from one
