@@ -69,7 +69,7 @@ func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
 	s := h.state
 	now := s.now()
 	s.mu.Lock()
-	ended := s.endedLocked(now)
+	ended := s.endedLocked(now, false)
 	k := key{r.Level, r.Message}
 	w := s.keys[k]
 	if w == nil {
@@ -94,32 +94,20 @@ func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
 
 // Tick says how many records were held back in the windows that ended:
 // call it every interval, so that a burst followed by silence is told of.
-func (h *Handler) Tick() {
-	s := h.state
-	now := s.now()
-	s.mu.Lock()
-	ended := s.endedLocked(now)
-	s.mu.Unlock()
-	for _, e := range ended {
-		e.emit(context.Background(), now)
-	}
-}
+func (h *Handler) Tick() { h.sweep(false) }
 
 // Flush says how many records are held back now, for a process about to
 // end.
-func (h *Handler) Flush() {
+func (h *Handler) Flush() { h.sweep(true) }
+
+func (h *Handler) sweep(all bool) {
 	s := h.state
+	now := s.now()
 	s.mu.Lock()
-	var out []summary
-	for k, w := range s.keys {
-		if w.held > 0 {
-			out = append(out, summary{k, w.held, w.next})
-		}
-		delete(s.keys, k)
-	}
+	ended := s.endedLocked(now, all)
 	s.mu.Unlock()
-	for _, e := range out {
-		e.emit(context.Background(), s.now())
+	for _, e := range ended {
+		e.emit(context.Background(), now)
 	}
 }
 
@@ -135,12 +123,12 @@ func (e summary) emit(ctx context.Context, now time.Time) {
 	e.next.Handle(ctx, r)
 }
 
-// endedLocked drops the windows that ended, returning those that held
-// records back.
-func (s *state) endedLocked(now time.Time) []summary {
+// endedLocked drops the windows that ended (all: every one), returning
+// those that held records back.
+func (s *state) endedLocked(now time.Time, all bool) []summary {
 	var out []summary
 	for k, w := range s.keys {
-		if now.Sub(w.start) < s.every {
+		if !all && now.Sub(w.start) < s.every {
 			continue
 		}
 		if w.held > 0 {
