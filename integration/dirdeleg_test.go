@@ -58,16 +58,7 @@ func TestDirDelegation(t *testing.T) {
 	if rpcs := st.RPCs - before.RPCs; rpcs > 10 {
 		t.Fatalf("%d RPCs for 20 creates, 10 removes and a rename under a directory delegation", rpcs)
 	}
-	ents, err := b.ReadDir("/d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, e := range ents {
-		got = append(got, e.Name)
-	}
-	sort.Strings(got)
-	if fmt.Sprint(got) != fmt.Sprint(want) {
+	if got := names(t, b, "/d"); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("another client lists %v, want %v", got, want)
 	}
 	for _, name := range want {
@@ -403,16 +394,7 @@ func TestDirDelegationRemoveLater(t *testing.T) {
 		t.Fatalf("another client asking for a file removed here by FID: %v, want it gone", err)
 	}
 	// That settle also made f0 again and removed the others.
-	ents, err := b.ReadDir("/d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, e := range ents {
-		got = append(got, e.Name)
-	}
-	sort.Strings(got)
-	if fmt.Sprint(got) != "[f0 f4 f5]" {
+	if got := names(t, b, "/d"); fmt.Sprint(got) != "[f0 f4 f5]" {
 		t.Fatalf("another client lists %v, want [f0 f4 f5]", got)
 	}
 	if data := string(readFile(t, b, "/d/f0")); data != "again" {
@@ -498,4 +480,19 @@ func cutOffHolder(t *testing.T, lease time.Duration) holderCase {
 	}
 	hc.f.Write(pattern(5000, 1))
 	return hc
+}
+
+// names lists dir through c, sorted.
+func names(t *testing.T, c *client.Client, dir string) []string {
+	t.Helper()
+	ents, err := c.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range ents {
+		got = append(got, e.Name)
+	}
+	sort.Strings(got)
+	return got
 }
