@@ -66,6 +66,23 @@ func newFuzzServer(t testing.TB) (*Server, node.FID) {
 	return s, st.FID
 }
 
+// A fetch cannot make the server send a reply per few bytes: pieces
+// smaller than minPiece are taken as minPiece (a fetch of a large sparse
+// file in pieces of 7 bytes hung the fuzzer).
+func TestFetchPieceFloor(t *testing.T) {
+	s, f := newFuzzServer(t)
+	if _, err := s.SetAttr(context.Background(), &pb.SetAttrRequest{Fid: pb.FromFID(f), Mask: vnode.SetSize, Size: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	stream := &fakeStream{}
+	if err := s.Fetch(&pb.FetchRequest{Fid: pb.FromFID(f), Length: 1 << 30, Piece: 7}, stream); err != nil {
+		t.Fatal(err)
+	}
+	if want := (1 << 20) / minPiece; stream.sent != want {
+		t.Fatalf("%d replies for 1 MiB in pieces of 7 bytes, want %d", stream.sent, want)
+	}
+}
+
 // FuzzRequests feeds arbitrary bytes, decoded as each request type, to the
 // handlers: malformed or out-of-range requests must give errors, never a
 // panic, and never a path outside the data directory (paths are built from

@@ -19,6 +19,9 @@ const (
 	maxBulkStatus = 4096
 	maxPiece      = 1 << 20
 	defaultPiece  = 256 << 10
+	// minPiece: a fetch asking for pieces of a few bytes would cost the
+	// server a reply per few bytes of a large file.
+	minPiece = 4 << 10
 )
 
 func fromVolume(v vnode.Volume) *pb.Volume {
@@ -354,7 +357,7 @@ func (s *Server) Fetch(req *pb.FetchRequest, stream pb.FileServer_FetchServer) e
 	if piece <= 0 {
 		piece = defaultPiece
 	}
-	piece = min(piece, maxPiece)
+	piece = min(max(piece, minPiece), maxPiece)
 	o, err := s.begin(stream.Context())
 	if err != nil {
 		return err
