@@ -421,7 +421,7 @@ func (s *Server) revokeExpired(now time.Time) []Msg {
 }
 
 // Reclaim hands id, on a new session, the delegation state on fid that
-// another session of the same client (the same name) left behind: gone
+// another session of the same client (the same line) left behind: gone
 // (Disconnect), or not yet noticed gone. It fails if that delegation is
 // gone: revoked after the lease, so another client may have opened the
 // file since. A recalled one stays recalled, and the recall is sent again
@@ -434,7 +434,7 @@ func (s *Server) Reclaim(id ClientID, fid node.FID, state uint64, now time.Time)
 	s.Renew(id, now)
 	var d *deleg
 	for _, o := range s.delegsByFID[fid] {
-		if o.state == state && o.client != id && c.name != "" && s.clients[o.client].name == c.name {
+		if o.state == state && o.client != id && s.clients[o.client].line == c.line {
 			d = o
 		}
 	}

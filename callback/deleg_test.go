@@ -22,7 +22,7 @@ func open(t *testing.T, s *Server, id ClientID, f node.FID, write bool, now time
 
 func TestReadDelegationsShared(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect("", t0), s.Connect("", t0)
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
 	ra := open(t, s, a, fid(1), false, t0)
 	rb := open(t, s, b, fid(1), false, t0)
 	if ra.Kind != DelegRead || rb.Kind != DelegRead || ra.State == rb.State || ra.Recorded || rb.Recorded {
@@ -42,7 +42,7 @@ func TestReadDelegationsShared(t *testing.T) {
 // then opens without a delegation (a writer has the file open).
 func TestWriteDelegationRecalledByReader(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect("", t0), s.Connect("", t0)
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
 	wa := open(t, s, a, fid(1), true, t0)
 	if wa.Kind != DelegWrite {
 		t.Fatalf("lone writer: %+v", wa)
@@ -84,7 +84,7 @@ func TestWriteDelegationRecalledByReader(t *testing.T) {
 
 func TestWriteOpenRecallsReadDelegations(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b, c := s.Connect("", t0), s.Connect("", t0), s.Connect("", t0)
+	a, b, c := s.Connect("", 0, t0), s.Connect("", 0, t0), s.Connect("", 0, t0)
 	ra := open(t, s, a, fid(1), false, t0)
 	rb := open(t, s, b, fid(1), false, t0)
 	res, msgs := s.Open(c, fid(1), true, t0)
@@ -108,7 +108,7 @@ func TestWriteOpenRecallsReadDelegations(t *testing.T) {
 // arriving meanwhile cannot starve the waiting writer.
 func TestNoGrantsDuringRecall(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b, c := s.Connect("", t0), s.Connect("", t0), s.Connect("", t0)
+	a, b, c := s.Connect("", 0, t0), s.Connect("", 0, t0), s.Connect("", 0, t0)
 	ra := open(t, s, a, fid(1), false, t0)
 	res, _ := s.Open(b, fid(1), true, t0)
 	rc := open(t, s, c, fid(1), false, t0) // read/read: no conflict, but no delegation
@@ -127,7 +127,7 @@ func TestNoGrantsDuringRecall(t *testing.T) {
 
 func TestUpgradeReadToWrite(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect("", t0), s.Connect("", t0)
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
 	ra := open(t, s, a, fid(1), false, t0)
 	wa := open(t, s, a, fid(1), true, t0)
 	if wa.Kind != DelegWrite || wa.State == ra.State || s.Valid(a, fid(1), ra.State) || !s.Valid(a, fid(1), wa.State) {
@@ -150,7 +150,7 @@ func TestUpgradeReadToWrite(t *testing.T) {
 // write open.
 func TestUpgradeRefusedBesideOpenReader(t *testing.T) {
 	s := NewServer(1, cfg()) // no lease: b's open is recorded
-	a, b := s.Connect("", t0), s.Connect("", t0)
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
 	open(t, s, b, fid(1), false, t0)
 	s.cfg.Lease = 10 * time.Second
 	ra := open(t, s, a, fid(1), false, t0)
@@ -165,7 +165,7 @@ func TestUpgradeRefusedBesideOpenReader(t *testing.T) {
 
 func TestLeaseExpiryRevokes(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect("", t0), s.Connect("", t0)
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
 	wa := open(t, s, a, fid(1), true, t0)
 	open(t, s, a, fid(2), false, t0)
 	// Renewed by a request at 5 s: alive until 15 s.
@@ -195,7 +195,7 @@ func TestLeaseExpiryRevokes(t *testing.T) {
 // loses it Lease after the recall, and the waiter goes on.
 func TestUnansweredRecallRevokes(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect("", t0), s.Connect("", t0)
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
 	wa := open(t, s, a, fid(1), true, t0)
 	res, _ := s.Open(b, fid(1), false, t0.Add(time.Second))
 	for i := 2; i <= 10; i++ {
@@ -212,7 +212,7 @@ func TestUnansweredRecallRevokes(t *testing.T) {
 
 func TestRecallForChange(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b, c := s.Connect("", t0), s.Connect("", t0), s.Connect("", t0)
+	a, b, c := s.Connect("", 0, t0), s.Connect("", 0, t0), s.Connect("", 0, t0)
 	ra := open(t, s, a, fid(1), false, t0)
 	open(t, s, b, fid(1), false, t0)
 	wc := open(t, s, c, fid(2), true, t0)
@@ -235,7 +235,7 @@ func TestRecallForChange(t *testing.T) {
 
 func TestReclaim(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect("a", t0), s.Connect("b", t0)
+	a, b := s.Connect("a", 0, t0), s.Connect("b", 0, t0)
 	wa := open(t, s, a, fid(1), true, t0)
 	ra := open(t, s, a, fid(2), true, t0)
 	rd := open(t, s, a, fid(4), false, t0)
@@ -243,7 +243,7 @@ func TestReclaim(t *testing.T) {
 	if k, _ := s.Delegation(a, fid(4)); k != DelegNone {
 		t.Fatal("a read delegation outlived its holder's session")
 	}
-	if _, _, ok := s.Reclaim(s.Connect("a", t0), fid(4), rd.State, t0); ok {
+	if _, _, ok := s.Reclaim(s.Connect("a", a, t0), fid(4), rd.State, t0); ok {
 		t.Fatal("reclaimed a read delegation of a gone session")
 	}
 	res, msgs := s.Open(b, fid(2), true, t0.Add(time.Second))
@@ -257,7 +257,12 @@ func TestReclaim(t *testing.T) {
 	if _, _, ok := s.Reclaim(b, fid(1), wa.State, t0); ok {
 		t.Fatal("b reclaimed a's delegation")
 	}
-	a2 := s.Connect("a", t0.Add(2*time.Second))
+	// A name is not an identity: a session calling itself "a" that does
+	// not continue a's line cannot take its delegation either.
+	if _, _, ok := s.Reclaim(s.Connect("a", 0, t0), fid(1), wa.State, t0); ok {
+		t.Fatal("a session by the same name reclaimed a's delegation")
+	}
+	a2 := s.Connect("a", s.Line(a), t0.Add(2*time.Second))
 	if _, _, ok := s.Reclaim(a2, fid(1), wa.State+100, t0); ok {
 		t.Fatal("reclaimed a state never granted")
 	}
@@ -278,11 +283,11 @@ func TestReclaim(t *testing.T) {
 		t.Fatal("the waiting open was not released by the return")
 	}
 	// After the lease, a gone session's delegations cannot be reclaimed.
-	a3 := s.Connect("a3", t0)
+	a3 := s.Connect("a3", 0, t0)
 	w3 := open(t, s, a3, fid(3), true, t0)
 	s.Disconnect(a3, t0)
 	s.Tick(t0.Add(11 * time.Second))
-	a4 := s.Connect("a3", t0.Add(11*time.Second))
+	a4 := s.Connect("a3", a3, t0.Add(11*time.Second))
 	if _, _, ok := s.Reclaim(a4, fid(3), w3.State, t0.Add(11*time.Second)); ok {
 		t.Fatal("reclaimed a delegation revoked after the lease")
 	}
@@ -290,7 +295,7 @@ func TestReclaim(t *testing.T) {
 
 func TestDisconnectAndResetDropDelegations(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect("a", t0), s.Connect("b", t0)
+	a, b := s.Connect("a", 0, t0), s.Connect("b", 0, t0)
 	open(t, s, a, fid(1), true, t0)
 	res, _ := s.Open(b, fid(1), false, t0)
 	s.Disconnect(a, t0)
@@ -307,7 +312,7 @@ func TestDisconnectAndResetDropDelegations(t *testing.T) {
 		t.Fatalf("after the holder left: %+v", r)
 	}
 	// A client lost over an unacknowledged break loses its delegations.
-	c := s.Connect("", t0)
+	c := s.Connect("", 0, t0)
 	grant(t, s, c, fid(5), t0)
 	open(t, s, c, fid(6), false, t0)
 	s.Break(b, []node.FID{fid(5)}, t0)
@@ -323,7 +328,7 @@ func TestDisconnectAndResetDropDelegations(t *testing.T) {
 
 func TestNoLeaseNoDelegations(t *testing.T) {
 	s := NewServer(1, cfg())
-	a := s.Connect("", t0)
+	a := s.Connect("", 0, t0)
 	if r := open(t, s, a, fid(1), true, t0); r.Kind != DelegNone || !r.Recorded {
 		t.Fatalf("without a lease: %+v", r)
 	}
@@ -347,7 +352,7 @@ func TestDelegationsRandom(t *testing.T) {
 		now := t0
 		var ids []ClientID
 		for i := 0; i < 4; i++ {
-			ids = append(ids, s.Connect("", now))
+			ids = append(ids, s.Connect("", 0, now))
 		}
 		type key struct {
 			id  ClientID
@@ -474,7 +479,7 @@ func TestDelegationsRandom(t *testing.T) {
 // Reading a file for another client recalls only write delegations.
 func TestRecallWriters(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b, c := s.Connect("", t0), s.Connect("", t0), s.Connect("", t0)
+	a, b, c := s.Connect("", 0, t0), s.Connect("", 0, t0), s.Connect("", 0, t0)
 	open(t, s, a, fid(1), false, t0)
 	wb := open(t, s, b, fid(2), true, t0)
 	if r, msgs := s.RecallWriters(c, []node.FID{fid(1)}, t0); r != 0 || msgs != nil {
@@ -494,7 +499,7 @@ func TestRecallWriters(t *testing.T) {
 // a write delegation is given a lease.
 func TestUnansweredRecalls(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b, c := s.Connect("a", t0), s.Connect("b", t0), s.Connect("c", t0)
+	a, b, c := s.Connect("a", 0, t0), s.Connect("b", 0, t0), s.Connect("c", 0, t0)
 	open(t, s, a, fid(1), false, t0)
 	open(t, s, c, fid(2), true, t0)
 	r1, _ := s.Open(b, fid(1), true, t0)
@@ -522,7 +527,7 @@ func TestUnansweredRecalls(t *testing.T) {
 // waiting for them; a gone session goes with its last delegation.
 func TestFileGone(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect("a", t0), s.Connect("b", t0)
+	a, b := s.Connect("a", 0, t0), s.Connect("b", 0, t0)
 	open(t, s, a, fid(1), true, t0)
 	res, _ := s.Open(b, fid(1), false, t0)
 	s.Disconnect(a, t0)
@@ -546,12 +551,12 @@ func TestFileGone(t *testing.T) {
 func TestStatesUniqueAcrossEpochs(t *testing.T) {
 	before := map[uint64]bool{}
 	s := NewServer(1, dcfg())
-	a := s.Connect("", t0)
+	a := s.Connect("", 0, t0)
 	for i := range 100 {
 		before[open(t, s, a, fid(uint64(i+1)), true, t0).State] = true
 	}
 	s = NewServer(2, dcfg())
-	a = s.Connect("", t0)
+	a = s.Connect("", 0, t0)
 	for i := range 100 {
 		if st := open(t, s, a, fid(uint64(i+1)), true, t0).State; before[st] {
 			t.Fatalf("epoch 2 granted state %d, which epoch 1 granted too", st)
@@ -564,7 +569,7 @@ func TestStatesUniqueAcrossEpochs(t *testing.T) {
 // still is.
 func TestOpenUpToLimit(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect("", t0), s.Connect("", t0)
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
 	if res, _ := s.OpenUpTo(a, fid(1), true, DelegRead, t0); res.Kind != DelegNone || !res.Recorded || res.Wait != 0 {
 		t.Fatalf("write open under a read limit: %+v", res)
 	}
@@ -585,7 +590,7 @@ func TestOpenUpToLimit(t *testing.T) {
 
 func TestDelegable(t *testing.T) {
 	s := NewServer(1, dcfg())
-	a, b := s.Connect("", t0), s.Connect("", t0)
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
 	if !s.Delegable(a, fid(1), true, t0) || s.Delegable(99, fid(1), false, t0) {
 		t.Fatal("a lone opener should be delegable, an unknown client not")
 	}
@@ -596,7 +601,7 @@ func TestDelegable(t *testing.T) {
 	if !s.Delegable(b, fid(1), false, t0) || s.Delegable(b, fid(1), true, t0) {
 		t.Fatal("another reader shares the read delegation; a writer must wait for its recall")
 	}
-	if nolease := NewServer(1, cfg()); nolease.Delegable(nolease.Connect("", t0), fid(1), false, t0) {
+	if nolease := NewServer(1, cfg()); nolease.Delegable(nolease.Connect("", 0, t0), fid(1), false, t0) {
 		t.Fatal("no lease, no delegations")
 	}
 }
@@ -606,9 +611,9 @@ func TestDelegable(t *testing.T) {
 // table of holders, emptied on the way, is made again (it was a panic).
 func TestReclaimOverOwn(t *testing.T) {
 	s := NewServer(1, dcfg())
-	old := s.Connect("a", t0)
+	old := s.Connect("a", 0, t0)
 	r1 := open(t, s, old, fid(1), false, t0)
-	a2 := s.Connect("a", t0)
+	a2 := s.Connect("a", s.Line(old), t0)
 	r2 := open(t, s, a2, fid(1), false, t0)
 	if r1.Kind != DelegRead || r2.Kind != DelegRead {
 		t.Fatalf("opens got %v and %v, want read delegations", r1.Kind, r2.Kind)
@@ -631,7 +636,7 @@ func TestUnansweredRecallBacksOff(t *testing.T) {
 	c := dcfg()
 	c.RecallBackoff = time.Minute
 	s := NewServer(1, c)
-	a, b := s.Connect("a", t0), s.Connect("b", t0)
+	a, b := s.Connect("a", 0, t0), s.Connect("b", 0, t0)
 	open(t, s, a, fid(1), true, t0)
 	res, _ := s.Open(b, fid(1), false, t0.Add(time.Second))
 	if res.Wait == 0 {
@@ -649,7 +654,7 @@ func TestUnansweredRecallBacksOff(t *testing.T) {
 	}
 	// Nothing to recall: b's open goes on at once.
 	open(t, s, b, fid(1), false, at.Add(2*time.Second))
-	if r := open(t, s, s.Connect("a", at), fid(3), true, at.Add(3*time.Second)); r.Kind != DelegWrite {
+	if r := open(t, s, s.Connect("a", 0, at), fid(3), true, at.Add(3*time.Second)); r.Kind != DelegWrite {
 		t.Fatalf("another session by the same name: %+v, want a write delegation", r)
 	}
 	if r := open(t, s, a, fid(4), true, at.Add(time.Minute)); r.Kind != DelegWrite {

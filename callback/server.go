@@ -127,7 +127,11 @@ type outstanding struct {
 }
 
 type clientState struct {
-	name     string
+	name string
+	// line is the first session of the client this one continues (its
+	// own id if none): sessions of one line may reclaim each other's
+	// delegations. The server vouches for it; a name proves nothing.
+	line     ClientID
 	promises map[node.FID]*promise
 	nextSeq  uint64
 	pending  []outstanding // in seq order
@@ -202,12 +206,24 @@ func (s *Server) Name(id ClientID) string {
 }
 
 // Connect registers a new back channel of the client called name (what
-// its Hello said) and returns its id.
-func (s *Server) Connect(name string, now time.Time) ClientID {
+// its Hello said) and returns its id. line is the line of sessions it
+// continues (Line of its previous session), 0 for a new client.
+func (s *Server) Connect(name string, line ClientID, now time.Time) ClientID {
 	s.nextID++
-	s.clients[s.nextID] = &clientState{name: name, promises: map[node.FID]*promise{},
+	if line == 0 {
+		line = s.nextID
+	}
+	s.clients[s.nextID] = &clientState{name: name, line: line, promises: map[node.FID]*promise{},
 		delegs: map[node.FID]*deleg{}, recalled: map[node.FID]*deleg{}, opens: map[node.FID]*openCount{}, leaseEnd: now.Add(s.cfg.Lease)}
 	return s.nextID
+}
+
+// Line is the line of sessions id belongs to (Connect), 0 if unknown.
+func (s *Server) Line(id ClientID) ClientID {
+	if c := s.clients[id]; c != nil {
+		return c.line
+	}
+	return 0
 }
 
 // Known reports whether id is connected.

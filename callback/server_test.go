@@ -28,19 +28,19 @@ func TestConnectIDsAndKnown(t *testing.T) {
 	if s.Epoch() != 7 {
 		t.Fatalf("epoch %d", s.Epoch())
 	}
-	a, b := s.Connect("", t0), s.Connect("", t0)
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
 	if a != 1 || b != 2 || !s.Known(a) || !s.Known(b) || s.Known(3) {
 		t.Fatalf("ids %d %d", a, b)
 	}
 	s.Disconnect(a, t0)
-	if s.Known(a) || s.Connect("", t0) == a {
+	if s.Known(a) || s.Connect("", 0, t0) == a {
 		t.Fatal("ids must not be reused")
 	}
 }
 
 func TestGrant(t *testing.T) {
 	s := NewServer(1, cfg())
-	a := s.Connect("", t0)
+	a := s.Connect("", 0, t0)
 	ttl, msgs, ok := s.Grant(a, fid(1), s.Seq(), t0)
 	if !ok || ttl != time.Minute || msgs != nil {
 		t.Fatalf("grant: %v %v %v", ttl, msgs, ok)
@@ -67,7 +67,7 @@ func TestGrant(t *testing.T) {
 
 func TestExpiry(t *testing.T) {
 	s := NewServer(1, cfg())
-	a := s.Connect("", t0)
+	a := s.Connect("", 0, t0)
 	grant(t, s, a, fid(1), t0)
 	grant(t, s, a, fid(2), t0.Add(time.Second))
 	s.Tick(t0.Add(time.Minute - time.Nanosecond))
@@ -88,7 +88,7 @@ func TestExpiry(t *testing.T) {
 
 func TestBreakExcludesOriginAndGroupsByClient(t *testing.T) {
 	s := NewServer(1, cfg())
-	a, b, c := s.Connect("", t0), s.Connect("", t0), s.Connect("", t0)
+	a, b, c := s.Connect("", 0, t0), s.Connect("", 0, t0), s.Connect("", 0, t0)
 	for _, id := range []ClientID{a, b, c} {
 		grant(t, s, id, fid(1), t0)
 	}
@@ -123,7 +123,7 @@ func TestBreakExcludesOriginAndGroupsByClient(t *testing.T) {
 
 func TestRoundCompletion(t *testing.T) {
 	s := NewServer(1, cfg())
-	a, b, c := s.Connect("", t0), s.Connect("", t0), s.Connect("", t0)
+	a, b, c := s.Connect("", 0, t0), s.Connect("", 0, t0), s.Connect("", 0, t0)
 	grant(t, s, b, fid(1), t0)
 	grant(t, s, c, fid(1), t0)
 	r, _ := s.Break(a, []node.FID{fid(1)}, t0)
@@ -153,7 +153,7 @@ func TestRoundCompletion(t *testing.T) {
 // holder may answer from the state both changes replaced.
 func TestBreakWaitsForEarlierUnacked(t *testing.T) {
 	s := NewServer(1, cfg())
-	a, b, c := s.Connect("", t0), s.Connect("", t0), s.Connect("", t0)
+	a, b, c := s.Connect("", 0, t0), s.Connect("", 0, t0), s.Connect("", 0, t0)
 	d := fid(1)
 	grant(t, s, b, d, t0)
 	grant(t, s, c, d, t0)
@@ -199,7 +199,7 @@ func TestBreakWaitsForEarlierUnacked(t *testing.T) {
 
 func TestAckCoversLowerSeqs(t *testing.T) {
 	s := NewServer(1, cfg())
-	a, b := s.Connect("", t0), s.Connect("", t0)
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
 	var rounds []Round
 	for i := uint64(1); i <= 3; i++ {
 		grant(t, s, b, fid(i), t0)
@@ -218,7 +218,7 @@ func TestAckCoversLowerSeqs(t *testing.T) {
 
 func TestDisconnectCompletesRounds(t *testing.T) {
 	s := NewServer(1, cfg())
-	a, b := s.Connect("", t0), s.Connect("", t0)
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
 	grant(t, s, b, fid(1), t0)
 	grant(t, s, b, fid(2), t0)
 	r, _ := s.Break(a, []node.FID{fid(1)}, t0)
@@ -232,7 +232,7 @@ func TestDisconnectCompletesRounds(t *testing.T) {
 
 func TestBreakTimeoutLosesClient(t *testing.T) {
 	s := NewServer(1, cfg())
-	a, b, c := s.Connect("", t0), s.Connect("", t0), s.Connect("", t0)
+	a, b, c := s.Connect("", 0, t0), s.Connect("", 0, t0), s.Connect("", 0, t0)
 	grant(t, s, b, fid(1), t0)
 	grant(t, s, b, fid(2), t0)
 	grant(t, s, c, fid(1), t0)
@@ -263,7 +263,7 @@ func TestBreakTimeoutLosesClient(t *testing.T) {
 
 func TestGrantAfterBreakRefused(t *testing.T) {
 	s := NewServer(1, cfg())
-	a, b := s.Connect("", t0), s.Connect("", t0)
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
 	since := s.Seq()                   // b's RPC starts and reads the status
 	s.Break(a, []node.FID{fid(1)}, t0) // a's change lands meanwhile (b held nothing yet)
 	if _, _, ok := s.Grant(b, fid(1), since, t0); ok {
@@ -281,7 +281,7 @@ func TestBreakLogBound(t *testing.T) {
 	c := cfg()
 	c.BreakLog = 4
 	s := NewServer(1, c)
-	a := s.Connect("", t0)
+	a := s.Connect("", 0, t0)
 	since := s.Seq()
 	for i := uint64(10); i < 20; i++ {
 		s.Break(0, []node.FID{fid(i)}, t0)
@@ -303,7 +303,7 @@ func TestMaxPromisesEvictsSoonest(t *testing.T) {
 	c := cfg()
 	c.MaxPromises = 2
 	s := NewServer(1, c)
-	a, b := s.Connect("", t0), s.Connect("", t0)
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
 	grant(t, s, a, fid(1), t0)
 	grant(t, s, b, fid(2), t0.Add(time.Second))
 	_, msgs, ok := s.Grant(a, fid(3), s.Seq(), t0.Add(2*time.Second))
@@ -345,7 +345,7 @@ func TestRandomAgainstModel(t *testing.T) {
 		now = now.Add(time.Duration(rng.Intn(300)) * time.Millisecond)
 		switch op := rng.Intn(10); {
 		case op == 0 || len(clients) == 0:
-			clients = append(clients, s.Connect("", now))
+			clients = append(clients, s.Connect("", 0, now))
 		case op == 1 && len(clients) > 1:
 			i := rng.Intn(len(clients))
 			s.Disconnect(clients[i], now)

@@ -134,9 +134,12 @@ type Client struct {
 	data  atomic.Pointer[dataPath] // the path file contents take now
 	cache *cache.Cache
 
-	// session is the current back-channel identity, "<epoch>.<id>"; empty
-	// while disconnected.
+	// session is the current back-channel identity, the token the
+	// server's Welcome gave; empty while disconnected. last is the last
+	// one (backChannel's), which a new session's Hello names so the
+	// server lets it reclaim that session's delegations.
 	session  atomic.Pointer[string]
+	last     string
 	sessionC chan struct{} // closed and replaced whenever session changes
 
 	cbMu sync.Mutex
@@ -357,7 +360,7 @@ func (c *Client) runSession(first chan<- error) error {
 	if err != nil {
 		return err
 	}
-	if err := stream.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Hello{Hello: &pb.Hello{Version: pb.Version, Name: c.opts.Name}}}); err != nil {
+	if err := stream.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Hello{Hello: &pb.Hello{Version: pb.Version, Name: c.opts.Name, Previous: c.last}}}); err != nil {
 		return err
 	}
 	m, err := stream.Recv()
@@ -365,7 +368,7 @@ func (c *Client) runSession(first chan<- error) error {
 		return err
 	}
 	w := m.GetWelcome()
-	if w == nil {
+	if w == nil || w.Session == "" {
 		return errors.New("protocol: server did not welcome")
 	}
 	c.cbMu.Lock()
@@ -377,7 +380,8 @@ func (c *Client) runSession(first chan<- error) error {
 		c.log.Info("server restarted; cached files will be revalidated", "server", c.opts.Server, "epoch", w.Epoch)
 	}
 	c.useDataChannel(w.DataAddr, max(c.opts.DataStreams, int(w.DataStreams)))
-	c.setSession(fmt.Sprintf("%d.%d", w.Epoch, w.ClientId))
+	c.last = w.Session
+	c.setSession(w.Session)
 	if first == nil {
 		// The old session's promises may have missed breaks. Its
 		// delegations are held for us until their lease runs out (after a

@@ -2,13 +2,10 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"syscall"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/hoardfs/hoard/hoardpb"
 )
@@ -16,35 +13,40 @@ import (
 // rawClient is a protocol-level client: a back channel and its session,
 // for driving the server's delegation RPCs directly.
 type rawClient struct {
-	rpc  pb.FileServerClient
-	ctx  context.Context // carries the session
-	msgs chan *pb.ServerMsg
-	back pb.FileServer_ConnectClient
+	rpc     pb.FileServerClient
+	ctx     context.Context // carries the session
+	welcome *pb.Welcome
+	cancel  context.CancelFunc // ends the back channel
+	msgs    chan *pb.ServerMsg
+	back    pb.FileServer_ConnectClient
 	// lease from the Welcome
 	lease time.Duration
 }
 
 func dialRaw(t *testing.T, addr string) *rawClient {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	return connectRaw(t, anonRPC(t, addr), t.Name(), "")
+}
+
+// connectRaw says Hello on rpc's connection, as name, continuing the
+// session whose token is previous (if any).
+func connectRaw(t *testing.T, rpc pb.FileServerClient, name, previous string) *rawClient {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	rc := &rawClient{rpc: pb.NewFileServerClient(conn), msgs: make(chan *pb.ServerMsg, 100)}
+	rc := &rawClient{rpc: rpc, cancel: cancel, msgs: make(chan *pb.ServerMsg, 100)}
+	var err error
 	if rc.back, err = rc.rpc.Connect(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rc.back.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Hello{Hello: &pb.Hello{Version: pb.Version, Name: t.Name()}}})
+	rc.back.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Hello{Hello: &pb.Hello{Version: pb.Version, Name: name, Previous: previous}}})
 	first, err := rc.back.Recv()
-	if err != nil || first.GetWelcome() == nil {
+	if err != nil || first.GetWelcome().GetSession() == "" {
 		t.Fatalf("welcome: %v %v", first, err)
 	}
-	w := first.GetWelcome()
-	rc.lease = time.Duration(w.LeaseMs) * time.Millisecond
-	rc.ctx = metadataCtx(ctx, fmtSession(w.Epoch, w.ClientId))
+	rc.welcome = first.GetWelcome()
+	rc.lease = time.Duration(rc.welcome.LeaseMs) * time.Millisecond
+	rc.ctx = metadataCtx(ctx, rc.welcome.Session)
 	go func() {
 		for {
 			m, err := rc.back.Recv()
@@ -195,8 +197,6 @@ func TestDelegationProtocol(t *testing.T) {
 	}
 	t.Fatal("the silent holder was never told of the revocation")
 }
-
-func fmtSession(epoch, id uint64) string { return fmt.Sprintf("%d.%d", epoch, id) }
 
 // A holder that ignores recalls while it goes on talking: its first
 // unanswered recall is revoked after the lease, and then it gets no new

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -67,17 +66,20 @@ func TestNoDelegationOnAFileBeingReplaced(t *testing.T) {
 
 // twoClients starts a server on backend, with two clients connected to
 // its callback machine, and as, which makes a request's context for one.
-func twoClients(t *testing.T, backend Backend, epoch uint64) (s *Server, as func(any) context.Context, a, b callback.ClientID) {
+func twoClients(t *testing.T, backend Backend, epoch uint64) (s *Server, as func(callback.ClientID) context.Context, a, b callback.ClientID) {
 	cfg := DefaultConfig()
 	cfg.Grace, cfg.BreakTimeout = 0, 50*time.Millisecond
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	s = New(backend, cfg)
 	t.Cleanup(s.Shutdown)
 	s.mu.Lock()
-	a, b = s.cb.Connect("a", time.Now()), s.cb.Connect("b", time.Now())
+	a, b = s.cb.Connect("a", 0, time.Now()), s.cb.Connect("b", 0, time.Now())
+	for _, id := range []callback.ClientID{a, b} {
+		s.conns[id] = &conn{out: make(chan *pb.ServerMsg, 64), cancel: func() {}}
+	}
 	s.mu.Unlock()
-	as = func(id any) context.Context {
-		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(pb.ClientMetadata, fmt.Sprintf("%d.%d", epoch, id)))
+	as = func(id callback.ClientID) context.Context {
+		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(pb.ClientMetadata, s.token(epoch, id, id)))
 	}
 	return s, as, a, b
 }

@@ -107,7 +107,7 @@ func replyError(conn net.Conn, err error) error {
 
 // serveFetch answers one fetch; an error means the connection broke.
 func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
-	id, err := s.session(req.Session)
+	id, err := s.session(req.Session, conn.RemoteAddr())
 	if err != nil {
 		_, werr := conn.Write(datapath.AppendError(nil, datapath.ErrSession, err.Error()))
 		return werr
@@ -238,7 +238,7 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 	var o *op
 	var f node.FID
 	var u Update
-	id, sessErr := s.session(req.Session)
+	id, sessErr := s.session(req.Session, conn.RemoteAddr())
 	failed := sessErr
 	if failed == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), dataWriteTimeout)
@@ -364,13 +364,14 @@ const dataWriteTimeout = 30 * time.Second
 // the request's own time (DataRequestTimeout): a link slower than 64 kbit/s.
 const minStoreRate = 8 << 10
 
-// session identifies the client of a data-channel request ("" is
-// anonymous: served, no promises).
-func (s *Server) session(sess string) (callback.ClientID, error) {
+// session identifies the client of a data-channel request: a live
+// session, used from its own host. A request without one is refused:
+// file contents go only to clients the server knows.
+func (s *Server) session(sess string, from net.Addr) (callback.ClientID, error) {
 	if sess == "" {
-		return 0, nil
+		return 0, errors.New("data channel: no session: say Hello first")
 	}
-	return s.parseSession(sess)
+	return s.live(sess, from, false)
 }
 
 // sendData writes n bytes of file from off to conn: by sendfile, and zeros

@@ -55,6 +55,9 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 		if !time.Now().Before(s.graceEnd) {
 			return nil, s.fail("Open", fmt.Errorf("reclaim %v: delegation %d is gone, and the grace period is over: %w", f, req.Reclaim, ErrRevoked))
 		}
+		if !s.restarted(o.id) {
+			return nil, s.fail("Open", fmt.Errorf("reclaim %v: delegation %d is gone, and this session continues none of the server's last life: %w", f, req.Reclaim, ErrRevoked))
+		}
 		if st.DataVersion != req.BaseVersion {
 			return nil, s.fail("Open", fmt.Errorf("reclaim %v: delegation %d is gone, and the file changed (version %d, not %d): %w", f, req.Reclaim, st.DataVersion, req.BaseVersion, ErrRevoked))
 		}
@@ -277,12 +280,22 @@ func (s *Server) checkDelegation(o *op, f node.FID, state, base uint64) (took bo
 	if ok {
 		return took, nil
 	}
-	if time.Now().Before(s.graceEnd) {
+	if time.Now().Before(s.graceEnd) && s.restarted(o.id) {
 		if st, err := s.store.GetStatus(f); err == nil && st.DataVersion == base {
 			return false, nil
 		}
 	}
 	return false, fmt.Errorf("%v: delegation %d revoked: %w", f, state, ErrRevoked)
+}
+
+// restarted reports whether session id continues a client of the server's
+// last life (its Hello's previous token checked out): only such a client
+// may reclaim what it held then, in the grace period.
+func (s *Server) restarted(id callback.ClientID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.conns[id]
+	return c != nil && c.restarted
 }
 
 // giveBackFor returns the delegation a store took over (checkDelegation),

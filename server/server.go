@@ -6,12 +6,11 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"net"
 	"path"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -68,7 +67,11 @@ type Config struct {
 	// request once it begins one, and its first once it opens;
 	// DataIdleTimeout how long it may wait between requests.
 	DataRequestTimeout, DataIdleTimeout time.Duration
-	Logger                              *slog.Logger
+	// Key makes session tokens (session.go): LoadKey's, kept across
+	// restarts; if nil, a new one for this process alone, and clients of
+	// an earlier life cannot prove their reclaims.
+	Key    []byte
+	Logger *slog.Logger
 }
 
 // Directory delegation policies.
@@ -94,6 +97,7 @@ type Server struct {
 	store Backend
 	cfg   Config
 	log   *slog.Logger
+	key   []byte
 
 	mu    sync.Mutex
 	cb    *callback.Server
@@ -116,6 +120,12 @@ type Server struct {
 type conn struct {
 	out    chan *pb.ServerMsg
 	cancel context.CancelFunc
+	// from is where the back channel came from, where the session's
+	// requests must come from too.
+	from net.Addr
+	// restarted: the client proved a session of an earlier server life,
+	// so it may reclaim in the grace period.
+	restarted bool
 }
 
 // New serves store; Shutdown stops its timer.
@@ -127,6 +137,7 @@ func New(store Backend, cfg Config) *Server {
 		store:    store,
 		cfg:      cfg,
 		log:      cfg.Logger,
+		key:      cfg.Key,
 		cb:       callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises, Lease: cfg.Lease}),
 		conns:    map[callback.ClientID]*conn{},
 		peers:    map[string]int{},
@@ -135,6 +146,10 @@ func New(store Backend, cfg Config) *Server {
 		busy:     map[node.FID]int{},
 		wake:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
+	}
+	if s.key == nil {
+		s.key = make([]byte, keySize)
+		rand.Read(s.key)
 	}
 	if store.Epoch() > 1 { // a first start has no clients from before
 		s.graceEnd = time.Now().Add(cfg.Grace)
@@ -302,6 +317,11 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 	c := &conn{out: make(chan *pb.ServerMsg, 4096), cancel: cancel}
+	if p, ok := peer.FromContext(stream.Context()); ok {
+		c.from = p.Addr
+	}
+	line, restarted := s.previous(hello.Previous)
+	c.restarted = restarted
 	s.mu.Lock()
 	if err := s.admitLocked(from); err != nil {
 		s.mu.Unlock()
@@ -309,8 +329,9 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 		return err
 	}
 	s.peers[from]++
-	id := s.cb.Connect(hello.Name, time.Now())
+	id := s.cb.Connect(hello.Name, line, time.Now())
 	s.conns[id] = c
+	token := s.token(s.store.Epoch(), id, s.cb.Line(id))
 	s.mu.Unlock()
 	s.log.Debug("client connected", "client", id, "name", hello.Name)
 	defer func() {
@@ -333,7 +354,7 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 	}
 	err = stream.Send(&pb.ServerMsg{Msg: &pb.ServerMsg_Welcome{Welcome: &pb.Welcome{
 		ClientId: uint64(id), Epoch: s.store.Epoch(), Version: pb.Version, PingMs: uint32(s.cfg.Ping / time.Millisecond), DataAddr: dataAddr,
-		LeaseMs: uint32(s.cfg.Lease / time.Millisecond), DataStreams: uint32(s.cfg.DataStreams)}}})
+		LeaseMs: uint32(s.cfg.Lease / time.Millisecond), DataStreams: uint32(s.cfg.DataStreams), Session: token}}})
 	if err != nil {
 		return err
 	}
@@ -379,18 +400,6 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 	return nil
 }
 
-// caller identifies the client behind an RPC. RPCs without an identity are
-// served but earn no promises; a stale identity (from before a restart, or
-// after a disconnect) is refused so the client knows to reconnect.
-func (s *Server) caller(ctx context.Context) (callback.ClientID, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get(pb.ClientMetadata)
-	if len(vals) == 0 {
-		return 0, nil
-	}
-	return s.parseSession(vals[0])
-}
-
 // opOf is the name the client gave a request that changes the namespace
 // (empty if none).
 func opOf(ctx context.Context) (vnode.Op, error) {
@@ -401,26 +410,6 @@ func opOf(ctx context.Context) (vnode.Op, error) {
 	}
 	op := vnode.Op(vals[0])
 	return op, vnode.CheckOp(op)
-}
-
-// parseSession checks a session string, "<epoch>.<client id>".
-func (s *Server) parseSession(sess string) (callback.ClientID, error) {
-	epoch, idStr, ok := strings.Cut(sess, ".")
-	e, err1 := strconv.ParseUint(epoch, 10, 64)
-	id, err2 := strconv.ParseUint(idStr, 10, 64)
-	if !ok || err1 != nil || err2 != nil {
-		return 0, status.Errorf(codes.InvalidArgument, "malformed session %q", sess)
-	}
-	if e != s.store.Epoch() {
-		return 0, status.Errorf(codes.Unauthenticated, "session from server epoch %d, now %d: reconnect", e, s.store.Epoch())
-	}
-	s.mu.Lock()
-	known := s.cb.Known(callback.ClientID(id))
-	s.mu.Unlock()
-	if !known {
-		return 0, status.Errorf(codes.Unauthenticated, "unknown client %d: reconnect", id)
-	}
-	return callback.ClientID(id), nil
 }
 
 // op is one RPC's view of the callback machinery: the break sequence taken

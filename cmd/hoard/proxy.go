@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -74,6 +75,9 @@ func proxyCmd() *cobra.Command {
 				return usagef("proxy of %s in %s: %v", origin, dir, err)
 			}
 			defer p.Close()
+			if cfg.Key, err = server.LoadKey(filepath.Join(dir, "session.key")); err != nil {
+				return err
+			}
 			cfg.Logger = slog.Default()
 			cfg.Lease = p.Lease()
 			cfg.DataStreams = proxy.OriginStreams

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -67,6 +68,9 @@ func serverCmd() *cobra.Command {
 			}
 			if dataLis != nil {
 				defer dataLis.Close()
+			}
+			if cfg.Key, err = server.LoadKey(filepath.Join(store.Dir(), "session.key")); err != nil {
+				return err
 			}
 			cfg.Logger = slog.Default()
 			srv := server.New(server.Local(store), cfg)
