@@ -112,9 +112,21 @@ func (n *Node) status() node.Status {
 			if n.modified.After(st.Mtime) {
 				st.Mtime, st.Ctime = n.modified, n.modified
 			}
+			st.Blocks = localBlocks(st.Blocks, est.Size, n.entry)
 		}
 	}
 	return st
+}
+
+// localBlocks estimates the blocks of a file with unstored changes: the
+// server's, or its unstored bytes' if more (a file written here and not
+// yet stored takes room too), never more than a dense file of size takes.
+func localBlocks(server uint64, size uint64, e *cache.Entry) uint64 {
+	b := max(server, (uint64(e.DirtyBytes())+511)/512)
+	if _, cut := e.Cut(); cut {
+		b = min(b, (size+4095)/4096*8)
+	}
+	return b
 }
 
 // touch records a local change's time (wmu held).

@@ -96,6 +96,7 @@ func FromStatus(s node.Status, cb time.Duration) *Status {
 		Target:      s.Target,
 		CallbackMs:  uint64(cb / time.Millisecond),
 		Rdev:        s.Rdev,
+		Blocks:      s.Blocks,
 	}
 }
 
@@ -119,6 +120,7 @@ func (s *Status) ToStatus() (node.Status, time.Duration, error) {
 		Ctime:       time.Unix(0, s.CtimeNs),
 		Target:      s.Target,
 		Rdev:        s.Rdev,
+		Blocks:      s.Blocks,
 	}, time.Duration(s.CallbackMs) * time.Millisecond, nil
 }
 

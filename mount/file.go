@@ -8,6 +8,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/hoardfs/hoard/client"
 )
@@ -18,6 +19,10 @@ const (
 	modeCached openMode = iota
 	modePassthrough
 	modeDirect // bypass: no kernel page cache
+	// modeServed is an open the kernel counts as passthrough but whose
+	// reads and writes come to the daemon (FOPEN_DIRECT_IO): the inode's
+	// backing file holds another version than the one it opened.
+	modeServed
 )
 
 // handle is one open file: reads and writes go to the cache manager.
@@ -106,5 +111,11 @@ func (p *ptHandle) PassthroughFd() (int, bool) {
 	// go-fuse registers the descriptor with the kernel; keep it open
 	// until release.
 	p.backing = f
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) == nil {
+		p.h.mu.Lock()
+		p.h.ptFile = fileID{uint64(st.Dev), st.Ino}
+		p.h.mu.Unlock()
+	}
 	return int(f.Fd()), true
 }

@@ -41,6 +41,9 @@ type hnode struct {
 	// passthrough opens, and opens through the page cache.
 	ptOpens, cachedOpens int
 	ptVersion            uint64 // data version the passthrough file holds
+	// ptFile identifies the backing file the kernel holds for this inode
+	// (zero: not known yet), to tell whether it is still the cache file.
+	ptFile fileID
 	// pageVersion is the data version the kernel's page cache may hold.
 	pageVersion uint64
 	// A file unlinked while open lives on under a hidden name until its
@@ -79,7 +82,7 @@ func typeBits(t node.Type) uint32 {
 func fillAttr(st node.Status, out *fuse.Attr) {
 	out.Ino = ino(st.FID)
 	out.Size = st.Size
-	out.Blocks = (st.Size + 511) / 512
+	out.Blocks = st.Blocks // what the data takes, not its size: sparse files
 	out.Blksize = 4096
 	out.Mode = typeBits(st.Type) | st.Mode&0o7777
 	out.Nlink = st.Nlink
@@ -535,6 +538,10 @@ func (h *hnode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, 
 // page cache otherwise. The kernel requires every open of an inode that has
 // a passthrough open to be passthrough too, writers included: their writes
 // land in the cache file, and the cache manager finds them by checksum.
+// It also keeps one backing file per inode: an open while that file holds
+// an older version than the current one is marked passthrough but served
+// by the daemon (FOPEN_DIRECT_IO, which the kernel puts before
+// passthrough), so it sees the current version and never fails.
 func (h *hnode) handleFor(f *client.File) (fs.FileHandle, uint32, syscall.Errno) {
 	st := h.n.Status()
 	writable := f.Writable()
@@ -549,12 +556,11 @@ func (h *hnode) handleFor(f *client.File) (fs.FileHandle, uint32, syscall.Errno)
 	}
 	pt := h.m.passthrough && (h.ptOpens > 0 || !writable && h.cachedOpens == 0 && st.Size >= passthroughMin && h.n.Complete())
 	if pt {
-		if writable && h.ptVersion != st.DataVersion {
-			// The open passthrough files hold an older version (another
-			// client changed the file meanwhile); a writer there would
-			// write into a file the cache no longer owns.
-			f.Close()
-			return nil, 0, syscall.ETXTBSY
+		if h.ptOpens > 0 && (f.Bypassed() || !h.backingCurrent(st)) {
+			h.n.Pin()
+			h.ptOpens++
+			fh.mode = modeServed
+			return &ptHandle{handle: fh}, fuse.FOPEN_DIRECT_IO | noFlush(writable), 0
 		}
 		if writable {
 			f.WritesOutside()
@@ -576,6 +582,36 @@ func (h *hnode) handleFor(f *client.File) (fs.FileHandle, uint32, syscall.Errno)
 	}
 	h.pageVersion = st.DataVersion
 	return fh, fuseFlags, 0
+}
+
+// backingCurrent reports whether the backing file of the open passthrough
+// files holds version st (h.mu held). Versions this mount stored through
+// it (a passthrough writer's, a truncation by name) land in the same
+// cache file; another client's go to a new one, and the backing file
+// keeps the old bytes for the opens that have it.
+func (h *hnode) backingCurrent(st node.Status) bool {
+	if h.ptVersion == st.DataVersion {
+		return true
+	}
+	if h.ptFile == (fileID{}) || !h.n.Complete() {
+		return false
+	}
+	if id, ok := statID(h.n.CachePath()); !ok || id != h.ptFile {
+		return false
+	}
+	h.ptVersion = st.DataVersion
+	return true
+}
+
+// fileID tells files apart: device and inode number.
+type fileID struct{ dev, ino uint64 }
+
+func statID(path string) (fileID, bool) {
+	var st unix.Stat_t
+	if path == "" || unix.Stat(path, &st) != nil {
+		return fileID{}, false
+	}
+	return fileID{uint64(st.Dev), st.Ino}, true
 }
 
 // noFlush spares a reader's close its FLUSH round trip: there is nothing to
@@ -637,8 +673,10 @@ func (h *hnode) unhide(dir *hnode, name string) {
 func (h *hnode) released(mode openMode) {
 	h.mu.Lock()
 	switch mode {
-	case modePassthrough:
-		h.ptOpens--
+	case modePassthrough, modeServed:
+		if h.ptOpens--; h.ptOpens == 0 {
+			h.ptFile = fileID{} // the kernel drops the backing file
+		}
 		h.n.Unpin()
 	case modeCached:
 		h.cachedOpens--

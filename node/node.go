@@ -103,6 +103,9 @@ type Status struct {
 	Target string
 	// Rdev is a device node's device number.
 	Rdev uint64
+	// Blocks is the 512-byte blocks the data takes on the server (a sparse
+	// file's holes take none), for st_blocks: du and quotas add these up.
+	Blocks uint64
 }
 
 // MaxName is the longest name a directory entry may have, in bytes.

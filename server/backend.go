@@ -1,7 +1,6 @@
 package server
 
 import (
-	"os"
 	"time"
 
 	"github.com/hoardfs/hoard/callback"
@@ -66,12 +65,6 @@ type Update interface {
 	// which is made only once however often it is sent (vnode.Op).
 	Commit(sync bool, mtime time.Time, op vnode.Op) (node.Status, error)
 	Abort()
-}
-
-// dataFiles is a Backend whose file bytes sit in local files: only such a
-// backend serves the bulk-data channel, which sends them by sendfile.
-type dataFiles interface {
-	WithData(f node.FID, fn func(st node.Status, file *os.File, mem []byte) error) error
 }
 
 // Local is the Backend of a file server: its own vnode store.

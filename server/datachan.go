@@ -119,8 +119,9 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 	if _, err := s.recallFor(context.Background(), o, false, req.FID); err != nil {
 		return replyError(conn, err)
 	}
-	// The reply is sent under the file's read lock, which a store waits
-	// for: a client that stops reading must not hold it for long.
+	// The file's lock is not held while the reply goes out (sendPinned),
+	// but a client that stops reading must not hold the connection and
+	// the pinned version for ever either.
 	conn.SetWriteDeadline(time.Now().Add(dataWriteTimeout))
 	defer conn.SetWriteDeadline(time.Time{})
 	var werr error
@@ -130,51 +131,11 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 			s.log.Debug("data fetch", "client", id, "fid", req.FID, "off", req.Offset, "len", req.Length, "version", dv, "err", err)
 		}()
 	}
-	files, ok := s.store.(dataFiles)
-	if !ok {
+	if files, ok := s.store.(pinFiles); ok {
+		dv, werr, err = s.sendPinned(conn, o, files, req)
+	} else {
 		dv, werr, err = s.sendRead(conn, o, req)
-		if werr != nil {
-			return werr
-		}
-		if err != nil {
-			return replyError(conn, err)
-		}
-		return nil
 	}
-	err = files.WithData(req.FID, func(st node.Status, file *os.File, mem []byte) error {
-		dv = st.DataVersion
-		status, err := proto.Marshal(o.status(st))
-		if err != nil {
-			return err
-		}
-		var n uint64
-		if req.Offset < st.Size {
-			n = min(req.Length, st.Size-req.Offset)
-		}
-		if mem != nil {
-			// A small file's bytes, from the metadata store (inline): one
-			// write, header, bytes and checksum.
-			b := mem[req.Offset : req.Offset+n]
-			reply := datapath.AppendOK(nil, status, n)
-			reply = append(reply, b...)
-			_, werr = conn.Write(datapath.AppendCRC(reply, datapath.Checksum(0, b)))
-			return nil
-		}
-		// The checksum costs a read of the range from the page cache
-		// (11 GB/s here); the bytes still go out by sendfile.
-		crc, err := checksum(file, int64(req.Offset), int64(n))
-		if err != nil {
-			return err
-		}
-		if _, werr = conn.Write(datapath.AppendOK(nil, status, n)); werr != nil {
-			return nil
-		}
-		if werr = sendData(conn, file, int64(req.Offset), int64(n)); werr != nil {
-			return nil
-		}
-		_, werr = conn.Write(datapath.AppendCRC(nil, crc))
-		return nil
-	})
 	if werr != nil {
 		return werr
 	}
@@ -334,17 +295,18 @@ func receivePiece(br *bufio.Reader, n int, use func(p []byte, crc uint32)) error
 	return nil
 }
 
-// checksum is the CRC32C of n bytes of file from off, zeros past its end.
-func checksum(file *os.File, off, n int64) (uint32, error) {
+// checksum is the CRC32C of n bytes of file from off, zeros past have
+// (the file's length when it was pinned) or its end.
+func checksum(file *os.File, have, off, n int64) (uint32, error) {
 	buf := datapath.GetBuffer(int(min(n, 1<<20)))
 	defer datapath.PutBuffer(buf)
 	var crc uint32
 	for n > 0 {
 		p := buf[:min(n, int64(len(buf)))]
 		k := 0
-		if file != nil {
+		if file != nil && off < have {
 			var err error
-			k, err = file.ReadAt(p, off)
+			k, err = file.ReadAt(p[:min(int64(len(p)), have-off)], off)
 			if err != nil && err != io.EOF {
 				return 0, err
 			}
@@ -376,13 +338,11 @@ func (s *Server) session(sess string, from net.Addr) (callback.ClientID, error) 
 
 // sendData writes n bytes of file from off to conn: by sendfile, and zeros
 // where the file is shorter (a size extended by truncation) or absent.
-func sendData(conn net.Conn, file *os.File, off, n int64) error {
+// have is the file's length when it was pinned: bytes a commit added
+// since are not of the version being sent.
+func sendData(conn net.Conn, file *os.File, have, off, n int64) error {
 	if file != nil {
-		fi, err := file.Stat()
-		if err != nil {
-			return err
-		}
-		have := max(0, min(n, fi.Size()-off))
+		have := max(0, min(n, have-off))
 		if err := sendfile(conn, file, off, have); err != nil {
 			return err
 		}

@@ -363,7 +363,7 @@ func (s *Store) publish(f node.FID, op Op, size uint64, mtime time.Time, apply f
 			r.Mtime = mtime.UnixNano()
 		}
 		r.Ctime = v.now
-		st = r.status(v.id, f.Vnode)
+		st = v.statusOf(&r, f.Vnode)
 		if err := v.put(f.Vnode, &r); err != nil {
 			return err
 		}
@@ -437,6 +437,9 @@ func (s *Store) apply(staging string, p pending, sync bool) error {
 		return err
 	}
 	defer src.Close()
+	// Readers that pinned this generation (PinData) are not waited for:
+	// those whose bytes are about to change learn it.
+	s.spoil(p.vol, p.vnode, gen, p.ranges)
 	dst, err := os.OpenFile(filepath.Join(s.dir, dataRel(p.vol, p.vnode, gen)), os.O_WRONLY, 0)
 	if err != nil {
 		return err
@@ -679,15 +682,16 @@ func (s *Store) WithData(f node.FID, fn func(st node.Status, file *os.File, mem 
 	}
 	var r record
 	var mem []byte
+	var st node.Status
 	err := s.view(f.Volume, func(v *vtx) (err error) {
 		r, err = v.get(f)
 		mem = v.inlineData(f.Vnode, &r)
+		st = v.statusOf(&r, f.Vnode)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	st := r.status(f.Volume, f.Vnode)
 	if r.Type != node.TypeFile {
 		return fmt.Errorf("read %v: %w", f, syscall.EISDIR)
 	}

@@ -23,7 +23,8 @@ type vtx struct {
 	meta    *bolt.Bucket
 	inline  *bolt.Bucket // small files' bytes (inline.go)
 	now     int64
-	garbage bool // a data file was queued for deletion
+	garbage bool   // a data file was queued for deletion
+	dir     string // the store's directory, where data files are
 }
 
 func openVol(tx *bolt.Tx, id uint64) (*vtx, error) {
@@ -166,6 +167,7 @@ func (s *Store) mutate(vol uint64, fn func(v *vtx) error) error {
 		if err != nil {
 			return err
 		}
+		v.dir = s.dir
 		err = fn(v)
 		freed = v.garbage
 		return err
@@ -182,6 +184,7 @@ func (s *Store) view(vol uint64, fn func(v *vtx) error) error {
 		if err != nil {
 			return err
 		}
+		v.dir = s.dir
 		return fn(v)
 	})
 }
@@ -191,7 +194,7 @@ func (s *Store) GetStatus(f node.FID) (node.Status, error) {
 	var st node.Status
 	err := s.view(f.Volume, func(v *vtx) error {
 		r, err := v.get(f)
-		st = r.status(v.id, f.Vnode)
+		st = v.statusOf(&r, f.Vnode)
 		return err
 	})
 	return st, err
@@ -207,7 +210,7 @@ func (s *Store) Lookup(dir node.FID, name string) (child, d node.Status, err err
 		if err != nil {
 			return err
 		}
-		d = dr.status(v.id, dir.Vnode)
+		d = v.statusOf(&dr, dir.Vnode)
 		e, ok, err := v.lookup(dir.Vnode, name)
 		if err != nil {
 			return err
@@ -219,7 +222,7 @@ func (s *Store) Lookup(dir node.FID, name string) (child, d node.Status, err err
 		if err != nil {
 			return err
 		}
-		child = cr.status(v.id, e.Vnode)
+		child = v.statusOf(&cr, e.Vnode)
 		return nil
 	})
 	return child, d, err
@@ -260,7 +263,7 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target st
 			return err
 		}
 		if o, ok := v.findOp(op); ok && len(o.vnodes) == 1 {
-			st, d = v.statusNow(o.vnodes[0]), dr.status(v.id, dir.Vnode)
+			st, d = v.statusNow(o.vnodes[0]), v.statusOf(&dr, dir.Vnode)
 			return nil
 		}
 		if e, ok, err := v.lookup(dir.Vnode, name); err != nil {
@@ -270,7 +273,7 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target st
 				return fmt.Errorf("%s: %w", name, syscall.EEXIST)
 			}
 			cr, err := decodeRecord(v.vnodes.Get(u64(e.Vnode)))
-			st, d = cr.status(v.id, e.Vnode), dr.status(v.id, dir.Vnode)
+			st, d = v.statusOf(&cr, e.Vnode), v.statusOf(&dr, dir.Vnode)
 			return err
 		}
 		if t == node.TypeMountPoint && v.tx.Bucket(bktVolNames).Get([]byte(target)) == nil {
@@ -299,7 +302,7 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target st
 		if err := v.put(dir.Vnode, &dr); err != nil {
 			return err
 		}
-		st, d, created = r.status(v.id, vn), dr.status(v.id, dir.Vnode), true
+		st, d, created = v.statusOf(&r, vn), v.statusOf(&dr, dir.Vnode), true
 		return v.recordOp(op, done{vnodes: []named{namedBy(st)}})
 	})
 	return st, d, created, err
@@ -319,7 +322,7 @@ func (s *Store) Link(dir node.FID, name string, target node.FID, op Op) (st, d n
 			return err
 		}
 		if o, ok := v.findOp(op); ok && len(o.vnodes) == 1 {
-			st, d = v.statusNow(o.vnodes[0]), dr.status(v.id, dir.Vnode)
+			st, d = v.statusNow(o.vnodes[0]), v.statusOf(&dr, dir.Vnode)
 			return nil
 		}
 		tr, err := v.get(target)
@@ -349,7 +352,7 @@ func (s *Store) Link(dir node.FID, name string, target node.FID, op Op) (st, d n
 		if err := v.put(dir.Vnode, &dr); err != nil {
 			return err
 		}
-		st, d = tr.status(v.id, target.Vnode), dr.status(v.id, dir.Vnode)
+		st, d = v.statusOf(&tr, target.Vnode), v.statusOf(&dr, dir.Vnode)
 		return v.recordOp(op, done{vnodes: []named{namedBy(st)}})
 	})
 	return st, d, err
@@ -368,7 +371,7 @@ func (s *Store) Remove(dir node.FID, name string, dirOnly bool, op Op) (d, st no
 			return err
 		}
 		if o, ok := v.findOp(op); ok && len(o.vnodes) == 1 {
-			d, st = dr.status(v.id, dir.Vnode), v.statusNow(o.vnodes[0])
+			d, st = v.statusOf(&dr, dir.Vnode), v.statusNow(o.vnodes[0])
 			return nil
 		}
 		e, ok, err := v.lookup(dir.Vnode, name)
@@ -403,7 +406,7 @@ func (s *Store) Remove(dir node.FID, name string, dirOnly bool, op Op) (d, st no
 		if err := v.unlinkVnode(e.Vnode, &r); err != nil {
 			return err
 		}
-		d, st = dr.status(v.id, dir.Vnode), r.status(v.id, e.Vnode)
+		d, st = v.statusOf(&dr, dir.Vnode), v.statusOf(&r, e.Vnode)
 		return v.recordOp(op, done{vnodes: []named{namedBy(st)}})
 	})
 	return d, st, err
@@ -443,7 +446,7 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, o
 			}
 		}
 		if o, ok := v.findOp(op); ok && len(o.vnodes) >= 1 {
-			res = RenameResult{SrcDir: sd.status(v.id, src.Vnode), DstDir: dd.status(v.id, dst.Vnode), Moved: v.statusNow(o.vnodes[0])}
+			res = RenameResult{SrcDir: v.statusOf(&sd, src.Vnode), DstDir: v.statusOf(&dd, dst.Vnode), Moved: v.statusNow(o.vnodes[0])}
 			if len(o.vnodes) == 2 {
 				rst := v.statusNow(o.vnodes[1])
 				res.Replaced = &rst
@@ -467,7 +470,7 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, o
 		}
 		if exists && de.Vnode == se.Vnode {
 			// Both names already refer to the same vnode: POSIX says do nothing.
-			res = RenameResult{SrcDir: sd.status(v.id, src.Vnode), DstDir: dd.status(v.id, dst.Vnode), Moved: mr.status(v.id, se.Vnode)}
+			res = RenameResult{SrcDir: v.statusOf(&sd, src.Vnode), DstDir: v.statusOf(&dd, dst.Vnode), Moved: v.statusOf(&mr, se.Vnode)}
 			return nil
 		}
 		isDir := mr.Type == node.TypeDir
@@ -509,7 +512,7 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, o
 			if err := v.unlinkVnode(de.Vnode, &rr); err != nil {
 				return err
 			}
-			rst := rr.status(v.id, de.Vnode)
+			rst := v.statusOf(&rr, de.Vnode)
 			res.Replaced = &rst
 		}
 		if err := v.delEntry(src.Vnode, sname, se); err != nil {
@@ -541,7 +544,7 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, o
 		if err := v.put(dst.Vnode, &dd); err != nil {
 			return err
 		}
-		res.SrcDir, res.DstDir, res.Moved = sd.status(v.id, src.Vnode), dd.status(v.id, dst.Vnode), mr.status(v.id, se.Vnode)
+		res.SrcDir, res.DstDir, res.Moved = v.statusOf(&sd, src.Vnode), v.statusOf(&dd, dst.Vnode), v.statusOf(&mr, se.Vnode)
 		o := done{vnodes: []named{namedBy(res.Moved)}}
 		if res.Replaced != nil {
 			o.vnodes = append(o.vnodes, namedBy(*res.Replaced))
@@ -606,7 +609,7 @@ func (s *Store) SetAttr(f node.FID, c Change) (node.Status, error) {
 			r.Mtime = c.Mtime.UnixNano()
 		}
 		r.Ctime = v.now
-		st = r.status(v.id, f.Vnode)
+		st = v.statusOf(&r, f.Vnode)
 		return v.put(f.Vnode, &r)
 	})
 	return st, err
@@ -633,7 +636,7 @@ func (s *Store) ReadDir(dir node.FID, cookie uint64, max int) (ents []DirEntry, 
 		if err != nil {
 			return err
 		}
-		d = dr.status(v.id, dir.Vnode)
+		d = v.statusOf(&dr, dir.Vnode)
 		prefix := u64(dir.Vnode)
 		c := v.cookies.Cursor()
 		for k, name := c.Seek(cookieKey(dir.Vnode, cookie+1)); k != nil && bytes.HasPrefix(k, prefix); k, name = c.Next() {

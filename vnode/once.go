@@ -110,7 +110,7 @@ func (v *vtx) statusNow(n named) node.Status {
 	if err != nil {
 		return node.Status{FID: n.fid, Type: n.typ}
 	}
-	return r.status(v.id, n.fid.Vnode)
+	return v.statusOf(&r, n.fid.Vnode)
 }
 
 // namedBy is the named vnode of st.

@@ -150,7 +150,7 @@ func (s *Store) CreateReserved(dir node.FID, fs []Reserved, rm []Removed, op Op)
 			for _, n := range o.vnodes[len(fs):] {
 				gone = append(gone, v.statusNow(n))
 			}
-			d = dr.status(v.id, dir.Vnode)
+			d = v.statusOf(&dr, dir.Vnode)
 			return nil
 		}
 		var removed []named
@@ -195,14 +195,14 @@ func (s *Store) CreateReserved(dir node.FID, fs []Reserved, rm []Removed, op Op)
 				return err
 			}
 			v.touchDir(&dr)
-			st := r.status(v.id, f.FID.Vnode)
+			st := v.statusOf(&r, f.FID.Vnode)
 			sts = append(sts, st)
 			made = append(made, namedBy(st))
 		}
 		if err := v.put(dir.Vnode, &dr); err != nil {
 			return err
 		}
-		d = dr.status(v.id, dir.Vnode)
+		d = v.statusOf(&dr, dir.Vnode)
 		return v.recordOp(op, done{vnodes: append(made, removed...)})
 	})
 	if err != nil {
@@ -240,5 +240,5 @@ func (v *vtx) removeReserved(dr *record, dir node.FID, f Removed) (node.Status, 
 	if err := v.unlinkVnode(e.Vnode, &r); err != nil {
 		return node.Status{}, err
 	}
-	return r.status(v.id, e.Vnode), nil
+	return v.statusOf(&r, e.Vnode), nil
 }

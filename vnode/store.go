@@ -89,6 +89,8 @@ type Store struct {
 	group group
 	// maxSize is the largest file the data file system takes.
 	maxSize int64
+	// pins are data files read after their lock was released (pin.go).
+	pins pins
 }
 
 // Open opens (creating on first use) the store in dir, replays interrupted
@@ -175,14 +177,19 @@ func (s *Store) Epoch() uint64 { return s.epoch }
 // Dir is the data directory.
 func (s *Store) Dir() string { return s.dir }
 
-func (s *Store) lock(f node.FID) *sync.RWMutex {
+func (s *Store) lock(f node.FID) *sync.RWMutex { return &s.locks[s.Shard(f)] }
+
+// Shard is which of the data locks guards f: a commit to a file waits
+// for whatever holds its shard's lock, whichever file of the shard that
+// is for.
+func (s *Store) Shard(f node.FID) int {
 	var h maphash.Hash
 	h.SetSeed(s.seed)
 	var b [16]byte
 	copy(b[:8], u64(f.Volume))
 	copy(b[8:], u64(f.Vnode))
 	h.Write(b[:])
-	return &s.locks[h.Sum64()%uint64(len(s.locks))]
+	return int(h.Sum64() % uint64(len(s.locks)))
 }
 
 func (s *Store) setStuck(f node.FID) {

@@ -1,0 +1,217 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hoardfs/hoard/datapath"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/vnode"
+)
+
+// tcpPair is a connected pair of loopback TCP connections with small
+// buffers, so that a sender blocks soon when the other end does not read.
+func tcpPair(t *testing.T) (server, client *net.TCPConn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	got := make(chan net.Conn, 1)
+	go func() {
+		c, _ := l.Accept()
+		got <- c
+	}()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := (<-got).(*net.TCPConn)
+	client = c.(*net.TCPConn)
+	sc.SetWriteBuffer(64 << 10)
+	client.SetReadBuffer(64 << 10)
+	t.Cleanup(func() { sc.Close(); client.Close() })
+	return sc, client
+}
+
+func storeFile(t *testing.T, st *vnode.Store, dir node.FID, name string, data []byte) node.FID {
+	t.Helper()
+	s, _, _, err := st.Create(dir, name, node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit(t, st, s.FID, data)
+	return s.FID
+}
+
+func commit(t *testing.T, st *vnode.Store, f node.FID, data []byte) node.Status {
+	u, err := st.BeginUpdate(f)
+	if err != nil {
+		t.Error(err)
+		return node.Status{}
+	}
+	u.WriteAt(data, 0)
+	s, err := u.Commit(true, time.Time{}, "")
+	if err != nil {
+		t.Error(err)
+	}
+	return s
+}
+
+// A data-channel fetch whose client does not read its socket holds up no
+// commit: not to another file of the same lock shard, not to the file
+// itself. Its client, reading at last, gets the whole version it was
+// answered with, though the file was replaced meanwhile.
+func TestFetchSendHoldsNoLock(t *testing.T) {
+	st, err := vnode.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	srv := New(Local(st), Config{})
+	defer srv.Shutdown()
+	vol, _ := st.VolumeByName(vnode.RootVolume)
+
+	old := bytes.Repeat([]byte("old bytes "), 800_000) // 8 MB: far past the socket buffers
+	slow := storeFile(t, st, vol.Root, "slow", old)
+	var other node.FID
+	for i := 0; other.IsZero(); i++ {
+		if i > 5000 {
+			t.Fatal("no file in the slow file's shard")
+		}
+		s, _, _, err := st.Create(vol.Root, fmt.Sprintf("f%d", i), node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Shard(s.FID) == st.Shard(slow) {
+			other = s.FID
+		}
+	}
+
+	sc, cc := tcpPair(t)
+	req := datapath.Request{Op: datapath.OpFetch, FID: slow, Offset: 0, Length: uint64(len(old))}
+	sent := make(chan error, 1)
+	go func() {
+		sc.SetWriteDeadline(time.Now().Add(time.Minute))
+		files, _ := srv.store.(pinFiles)
+		_, werr, err := srv.sendPinned(sc, &op{s: srv}, files, req)
+		if err == nil {
+			err = werr
+		}
+		sent <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the send fills the buffers and blocks
+	select {
+	case err := <-sent:
+		t.Fatalf("the send ended though nobody reads: %v", err)
+	default:
+	}
+
+	for _, c := range []struct {
+		what string
+		f    node.FID
+		data []byte
+	}{
+		{"another file of the shard", other, bytes.Repeat([]byte{'o'}, 1<<20)},
+		{"the file being sent, replaced", slow, bytes.Repeat([]byte("NEW BYTES "), 900_000)},
+	} {
+		done := make(chan struct{})
+		go func() { commit(t, st, c.f, c.data); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("a commit to %s waited for a reader that does not read", c.what)
+		}
+		select {
+		case err := <-sent:
+			t.Fatalf("the send ended before its client read (%v): the test proves nothing", err)
+		default:
+		}
+	}
+
+	// The client reads at last: header, the old version whole, checksum.
+	cc.SetReadDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(cc)
+	rep, err := datapath.ReadReply(br)
+	if err != nil || rep.Errno != 0 {
+		t.Fatalf("reply: %+v, %v", rep, err)
+	}
+	var ps pb.Status
+	if err := proto.Unmarshal(rep.Status, &ps); err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, rep.Length)
+	if _, err := io.ReadFull(br, data); err != nil {
+		t.Fatal(err)
+	}
+	crc, err := datapath.ReadCRC(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(data, old) || crc != datapath.Checksum(0, data) {
+		t.Fatalf("got %d bytes (crc ok %v), not the %d of the version answered", len(data), crc == datapath.Checksum(0, data), len(old))
+	}
+	if cur, _ := st.GetStatus(slow); ps.DataVersion >= cur.DataVersion {
+		t.Fatalf("answered version %d, current %d: the send was not of the old version", ps.DataVersion, cur.DataVersion)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A fetch whose bytes a commit writes over in place while they are being
+// sent never reaches its client whole: the connection is cut, and the
+// client fetches again.
+func TestFetchSpoiledInPlaceIsCut(t *testing.T) {
+	st, err := vnode.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	srv := New(Local(st), Config{})
+	defer srv.Shutdown()
+	vol, _ := st.VolumeByName(vnode.RootVolume)
+	data := bytes.Repeat([]byte("0123456789"), 800_000)
+	f := storeFile(t, st, vol.Root, "f", data)
+
+	sc, cc := tcpPair(t)
+	req := datapath.Request{Op: datapath.OpFetch, FID: f, Offset: 0, Length: uint64(len(data))}
+	sent := make(chan error, 1)
+	go func() {
+		sc.SetWriteDeadline(time.Now().Add(time.Minute))
+		_, werr, err := srv.sendPinned(sc, &op{s: srv}, srv.store.(pinFiles), req)
+		if err == nil {
+			err = werr
+		}
+		sent <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	// A small write at the end: copied into the data file in place.
+	u, _ := st.BeginUpdate(f)
+	u.WriteAt([]byte("written over"), int64(len(data))-100)
+	done := make(chan struct{})
+	go func() { u.Commit(true, time.Time{}, ""); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("an in-place commit waited for a reader that does not read")
+	}
+	go io.Copy(io.Discard, cc)
+	select {
+	case err := <-sent:
+		if err != errSpoiled {
+			t.Fatalf("send ended with %v, want the connection cut (%v)", err, errSpoiled)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the send did not end")
+	}
+}
