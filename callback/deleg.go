@@ -355,7 +355,7 @@ func (s *Server) Valid(id ClientID, fid node.FID, state uint64) bool {
 // Renew extends id's lease: every request from a client renews it.
 func (s *Server) Renew(id ClientID, now time.Time) {
 	if c := s.clients[id]; c != nil {
-		c.leaseEnd = now.Add(s.cfg.Lease)
+		c.leaseEnd, c.heard = now.Add(s.cfg.Lease), now
 	}
 }
 
@@ -376,8 +376,10 @@ func (s *Server) Delegations() int {
 	return n
 }
 
-// revokeExpired revokes the delegations of holders whose lease ran out
-// and those recalled more than Lease ago, telling each holder which.
+// revokeExpired revokes the delegations of holders whose lease ran out,
+// those recalled more than Lease ago, and write delegations whose holder
+// said nothing for BreakTimeout after their recall, telling each holder
+// which.
 func (s *Server) revokeExpired(now time.Time) []Msg {
 	var ids []ClientID
 	for id, c := range s.clients {
@@ -396,7 +398,7 @@ func (s *Server) revokeExpired(now time.Time) []Msg {
 		}
 		var gone []*deleg
 		for _, d := range candidates {
-			if silent || !d.recalled.Add(s.cfg.Lease).After(now) {
+			if silent || !s.recallEnd(c, d).After(now) {
 				gone = append(gone, d)
 			}
 		}
@@ -484,6 +486,18 @@ func (s *Server) readRecallOverdue(c *clientState, now time.Time) bool {
 	return false
 }
 
+// recallEnd is when a write delegation under recall is revoked: a lease
+// after the recall, for a holder storing what it wrote; the break timeout
+// after it, for one connected and silent since (a client acknowledges a
+// recall at once), which is not storing anything: NFSv4 servers, waiting
+// out a lease, let such a client hold every writer up for it.
+func (s *Server) recallEnd(c *clientState, d *deleg) time.Time {
+	if !c.gone && s.cfg.BreakTimeout > 0 && c.heard.Before(d.recalled) {
+		return d.recalled.Add(min(s.cfg.BreakTimeout, s.cfg.Lease))
+	}
+	return d.recalled.Add(s.cfg.Lease)
+}
+
 // delegDeadline is the earliest lease or recall expiry; zero if none.
 func (s *Server) delegDeadline() time.Time {
 	var next time.Time
@@ -501,7 +515,7 @@ func (s *Server) delegDeadline() time.Time {
 			if d.kind == DelegRead && s.cfg.BreakTimeout > 0 {
 				earlier(d.recalled.Add(s.cfg.BreakTimeout))
 			} else {
-				earlier(d.recalled.Add(s.cfg.Lease))
+				earlier(s.recallEnd(c, d))
 			}
 		}
 	}

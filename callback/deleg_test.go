@@ -661,3 +661,44 @@ func TestUnansweredRecallBacksOff(t *testing.T) {
 		t.Fatalf("after the back-off: %+v, want a write delegation", r)
 	}
 }
+
+// A holder connected and silent since a recall is revoked after the break
+// timeout, not the lease: another client's open waited out 30 s for it,
+// round after round. One that answers (any request, or the back channel's
+// acknowledgement) has the lease to store its data; so has one whose back
+// channel is gone, which may be on its way back to reclaim.
+func TestSilentRecallHolderRevokedAfterBreakTimeout(t *testing.T) {
+	s := NewServer(1, dcfg()) // break timeout 2 s, lease 10 s
+	silent, answers, goneC, b := s.Connect("silent", 0, t0), s.Connect("answers", 0, t0), s.Connect("gone", 0, t0), s.Connect("b", 0, t0)
+	for i, id := range []ClientID{silent, answers, goneC} {
+		open(t, s, id, fid(uint64(i+1)), true, t0)
+	}
+	s.Disconnect(goneC, t0)
+	recalledAt := t0.Add(time.Second)
+	var waits []Round
+	for i := range 3 {
+		res, _ := s.Open(b, fid(uint64(i+1)), false, recalledAt)
+		if res.Wait == 0 {
+			t.Fatalf("open of %v: no recall", fid(uint64(i+1)))
+		}
+		waits = append(waits, res.Wait)
+	}
+	s.Renew(answers, recalledAt.Add(100*time.Millisecond))
+	if next := s.NextDeadline(); !next.Equal(recalledAt.Add(2 * time.Second)) {
+		t.Fatalf("next deadline %v, want the silent holder's break timeout", next.Sub(t0))
+	}
+	if msgs := s.Tick(recalledAt.Add(2*time.Second - time.Millisecond)); len(msgs) != 0 {
+		t.Fatalf("revoked before the break timeout: %+v", msgs)
+	}
+	msgs := s.Tick(recalledAt.Add(2 * time.Second))
+	if len(msgs) != 1 || msgs[0].Kind != MsgRevoke || msgs[0].Client != silent || !s.Done(waits[0]) {
+		t.Fatalf("at the break timeout: %+v, want the silent holder's delegation revoked", msgs)
+	}
+	if s.Done(waits[1]) || s.Done(waits[2]) {
+		t.Fatal("a holder that answered, or whose back channel is gone, lost its delegation at the break timeout")
+	}
+	s.Tick(recalledAt.Add(10 * time.Second))
+	if !s.Done(waits[1]) || !s.Done(waits[2]) {
+		t.Fatal("the others' recalls outlived the lease")
+	}
+}

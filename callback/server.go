@@ -141,6 +141,9 @@ type clientState struct {
 	recalled map[node.FID]*deleg
 	opens    map[node.FID]*openCount
 	leaseEnd time.Time
+	// heard is when the client last said anything (Renew): a holder
+	// silent since a recall, on a live back channel, is not storing.
+	heard time.Time
 	// noDelegUntil: this session left a recall unanswered until it was
 	// revoked, and gets no new delegation until then (RecallBackoff).
 	noDelegUntil time.Time
@@ -214,7 +217,7 @@ func (s *Server) Connect(name string, line ClientID, now time.Time) ClientID {
 		line = s.nextID
 	}
 	s.clients[s.nextID] = &clientState{name: name, line: line, promises: map[node.FID]*promise{},
-		delegs: map[node.FID]*deleg{}, recalled: map[node.FID]*deleg{}, opens: map[node.FID]*openCount{}, leaseEnd: now.Add(s.cfg.Lease)}
+		delegs: map[node.FID]*deleg{}, recalled: map[node.FID]*deleg{}, opens: map[node.FID]*openCount{}, leaseEnd: now.Add(s.cfg.Lease), heard: now}
 	return s.nextID
 }
 

@@ -555,6 +555,10 @@ func (c *Client) dropDelegations(reclaim bool) {
 
 // onRecall handles a Recall from the server.
 func (c *Client) onRecall(m *pb.Recall) {
+	// Answered at once, whatever the stores behind it wait for: the
+	// server takes a holder silent for a break timeout after a recall to
+	// be stopped, and revokes; one that answers has a lease to store in.
+	c.spawn(c.renew)
 	for i, f := range m.Fids {
 		if i >= len(m.States) {
 			break
@@ -638,12 +642,16 @@ func (c *Client) keepLease(now time.Time) {
 	if r+w > 0 && end.Sub(now) < lease*2/3 && c.renewing.CompareAndSwap(false, true) {
 		go func() {
 			defer c.renewing.Store(false)
-			c.call(func(ctx context.Context) error {
-				_, err := c.rpc.Renew(ctx, &pb.RenewRequest{})
-				return err
-			})
+			c.renew()
 		}()
 	}
+}
+
+func (c *Client) renew() {
+	c.call(func(ctx context.Context) error {
+		_, err := c.rpc.Renew(ctx, &pb.RenewRequest{})
+		return err
+	})
 }
 
 // returnAll gives every delegation back, at Close, after the flusher

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-
 	pb "github.com/hoardfs/hoard/hoardpb"
 )
 
@@ -241,5 +240,28 @@ func TestIgnoredRecallsBackOff(t *testing.T) {
 		if wa.Recorded {
 			a.rpc.Close(a.ctx, &pb.CloseRequest{Fid: fid, Write: true})
 		}
+	}
+}
+
+// A holder that says nothing after a recall (a stopped process, its
+// connection still up) is revoked after the break timeout: another
+// client's request waits about that long, not the 30 s lease. A real
+// client answers a recall at once, and keeps its lease to store in
+// (TestDelegationRecallStoresFirst and the consistency checks).
+func TestSilentHolderRevokedAfterBreakTimeout(t *testing.T) {
+	srv := startServer(t, t.TempDir()) // lease 30 s, break timeout 2 s
+	a, b := dialRaw(t, srv.addr), dialRaw(t, srv.addr)
+	fid := a.create(t, "f")
+	if wa, err := a.rpc.Open(a.ctx, &pb.OpenRequest{Fid: fid, Write: true}); err != nil || wa.Kind != pb.DelegKind_DELEG_WRITE {
+		t.Fatalf("open: %v, %v; want a write delegation", wa, err)
+	}
+	start := time.Now()
+	if _, err := b.rpc.GetStatus(b.ctx, &pb.GetStatusRequest{Fids: []*pb.FID{fid}}); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("another client's status took %v", took)
+	if took > 10*time.Second {
+		t.Fatalf("another client waited %v for a silent holder", took)
 	}
 }
