@@ -1,14 +1,19 @@
 package client
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/hoardfs/hoard/datapath"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
 )
 
 // bypass is an open file's state while it bypasses the cache: chunks go
@@ -35,6 +40,23 @@ type bypass struct {
 	// flying are the ranges being stored; a run that overlaps one waits
 	// for it, so stores of the same bytes commit in the order written.
 	flying map[*[2]int64]bool
+
+	// The writes since the last publication are one stage at the server
+	// (StoreRequest.stage): nobody sees them until Sync, Close or a read
+	// publishes them at once, so a crash mid-write leaves the old file,
+	// never a torn one. pub orders launching runs against publishing;
+	// the fields below are under mu.
+	pub     sync.Mutex
+	stage   string // the stage's name once a run went out under it
+	session string // the session it began in: it lives as long as that
+	dirty   bool   // writes or a truncation to publish
+	wrote   bool   // writes since the last publication
+	end     int64  // where those writes end
+	hasCut  bool   // a truncation since the last publication:
+	cut     int64  // its lowest point, sent with the stage's first store,
+	tsize   int64  // and the size the last one set
+	cutSent bool
+	lost    error // what the writes that could not be published became
 }
 
 type memChunk struct {
@@ -119,7 +141,7 @@ func (b *bypass) releaseLocked(mc *memChunk) {
 // dropped and the read served again from the new version, so a reader
 // never mixes versions nor sees bytes older than a break it has received.
 func (b *bypass) readAt(p []byte, off int64) (n int, admit bool, err error) {
-	if err := b.flushWrites(true); err != nil {
+	if err := b.publish(); err != nil {
 		return 0, false, err
 	}
 	for attempt := 0; attempt < 4; attempt++ {
@@ -221,25 +243,31 @@ func (b *bypass) readVersion(p []byte, off int64) (n int, admit bool, err error)
 }
 
 // writeAt adds a write to the write-behind run, storing full runs in the
-// background. Buffered reads of this file go away: they may be stale now.
+// background under the open's stage. Buffered reads of this file go away:
+// they may be stale now.
 func (b *bypass) writeAt(p []byte, off int64) (int, error) {
 	b.mu.Lock()
-	if err := b.failure; err != nil {
+	if err := b.failedLocked(); err != nil {
 		b.mu.Unlock()
 		return 0, err
 	}
 	b.dropAllLocked()
+	if len(p) > 0 {
+		b.dirtyLocked()
+		b.wrote = true
+		b.end = max(b.end, off+int64(len(p)))
+	}
 	if len(b.wbuf) > 0 && off == b.woff+int64(len(b.wbuf)) && len(b.wbuf)+len(p) <= writeRun {
 		b.wbuf = append(b.wbuf, p...)
 		full := len(b.wbuf) == writeRun
 		b.mu.Unlock()
 		if full {
-			b.flushWrites(false)
+			b.send(false)
 		}
 		return len(p), nil
 	}
 	b.mu.Unlock()
-	if err := b.flushWrites(false); err != nil {
+	if err := b.send(false); err != nil {
 		return 0, err
 	}
 	b.mu.Lock()
@@ -248,15 +276,48 @@ func (b *bypass) writeAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
-// flushWrites sends the collected run in the background; with wait it
-// also waits for every store in flight (reads do: they must see this
-// client's own writes) and reports the first failure.
-func (b *bypass) flushWrites(wait bool) error {
+// failedLocked is the error writes get once a store failed.
+func (b *bypass) failedLocked() error {
+	if b.lost != nil {
+		return b.lost
+	}
+	if b.failure != nil {
+		return fmt.Errorf("write %s: an earlier store failed (%v): %w", b.f.name, b.failure, syscall.EIO)
+	}
+	return nil
+}
+
+// dirtyLocked notes that there is something to publish.
+func (b *bypass) dirtyLocked() {
+	if !b.dirty {
+		b.dirty = true
+		b.f.c.unpublished.add(b.f.n, b)
+	}
+}
+
+// send stores the collected run in the background, under the stage; with
+// wait it also waits for every store in flight. It reports the first
+// failure.
+func (b *bypass) send(wait bool) error {
+	b.pub.Lock()
+	defer b.pub.Unlock()
+	return b.sendLocked(wait)
+}
+
+func (b *bypass) sendLocked(wait bool) error {
 	b.mu.Lock()
 	buf, off := b.wbuf, b.woff
 	b.wbuf = nil
 	b.mu.Unlock()
 	if len(buf) > 0 {
+		args, err := b.stageArgs()
+		if err != nil {
+			b.mu.Lock()
+			b.failure = cmp(b.failure, err)
+			b.wbuf, b.woff = buf, off // kept for lost/ with the rest
+			b.mu.Unlock()
+			return err
+		}
 		run := &[2]int64{off, off + int64(len(buf))}
 		b.mu.Lock()
 		overlaps := false
@@ -272,14 +333,17 @@ func (b *bypass) flushWrites(wait bool) error {
 		b.mu.Lock()
 		b.flying[run] = true
 		b.mu.Unlock()
+		args.Ranges = []datapath.Range{{Off: off, Len: int64(len(buf))}}
+		args.Read = func(p []byte, at int64) error {
+			copy(p, buf[at-off:])
+			return nil
+		}
 		go func() {
 			defer func() { <-b.slots; b.stores.Done() }()
-			err := b.store(buf, off)
+			err := b.storeStaged(args)
 			b.mu.Lock()
 			delete(b.flying, run)
-			if err != nil && b.failure == nil {
-				b.failure = err
-			}
+			b.failure = cmp(b.failure, err)
 			b.mu.Unlock()
 		}()
 	}
@@ -291,37 +355,266 @@ func (b *bypass) flushWrites(wait bool) error {
 	return b.failure
 }
 
-// store writes one run to the server, durably; a run that cannot be
-// delivered is kept under the lost directory, never dropped.
-func (b *bypass) store(buf []byte, off int64) error {
-	f := b.f
-	c := f.c
-	read := func(p []byte, at int64) error {
-		copy(p, buf[at-off:])
-		return nil
+func cmp(old, err error) error {
+	if old != nil {
+		return old
 	}
-	ranges := [][2]int64{{off, int64(len(buf))}}
-	err := c.storeData(datapath.StoreArgs{FID: f.n.fid, Sync: true, Mtime: time.Now(),
-		Ranges: []datapath.Range{{Off: off, Len: int64(len(buf))}}, Read: read}, nil)
-	if err == nil {
-		return nil
-	}
-	where, lerr := c.saveLost(f.name, f.n.fid, ranges, read, off+int64(len(buf)), nil, err)
-	if lerr != nil {
-		c.log.Error("undelivered writes could not be saved", "path", f.name, "err", lerr)
-	}
-	return &lostError{path: f.name, cause: err, kept: where}
+	return err
 }
 
-// truncate cuts a bypassed file at the server, after its pending writes.
-func (b *bypass) truncate(size int64) error {
-	if err := b.flushWrites(true); err != nil {
-		return err
+// stageArgs begins the stage if this is its first run, and describes the
+// run's store: kept aside under the stage, the truncation with the first.
+func (b *bypass) stageArgs() (datapath.StoreArgs, error) {
+	c := b.f.c
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stage == "" {
+		sess := c.awaitNewSession("", time.Now().Add(c.opts.RPCTimeout))
+		if sess == "" {
+			return datapath.StoreArgs{}, fmt.Errorf("store %s: no session with the server: %w", b.f.name, syscall.EIO)
+		}
+		var id [16]byte
+		rand.Read(id[:])
+		b.stage, b.session = hex.EncodeToString(id[:]), sess
+	}
+	args := datapath.StoreArgs{FID: b.f.n.fid, Mtime: time.Now(), Stage: b.stage}
+	if b.hasCut && !b.cutSent {
+		args.HasTruncate, args.Truncate = true, uint64(b.cut)
+		b.cutSent = true
+	}
+	return args, nil
+}
+
+// storeStaged makes one store of the stage (or, without one, a store of
+// its own). All of a stage's stores must reach the server in the session
+// it began in: one sent in a later session would begin a stage of that
+// session without the runs before it.
+func (b *bypass) storeStaged(args datapath.StoreArgs) error {
+	c := b.f.c
+	if args.Op == "" {
+		args.Op = newOp()
+	}
+	give := time.Now().Add(c.opts.RPCTimeout)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		if args.Stage != "" && *c.session.Load() != b.session {
+			return b.stageLost()
+		}
+		err := c.storeData(args, nil)
+		if err == nil && args.Stage != "" && !args.Publish && *c.session.Load() != b.session {
+			return b.stageLost()
+		}
+		// Too many stages at the server: one of this client's others
+		// will be published soon.
+		if pb.Errno(err) != syscall.EAGAIN || time.Now().After(give) {
+			return err
+		}
+		time.Sleep(wait)
+	}
+}
+
+func (b *bypass) stageLost() error {
+	return fmt.Errorf("store %s: the session its stage began in ended (server restart or reconnection): %w", b.f.name, syscall.EIO)
+}
+
+// publish makes every write since the last publication visible at once,
+// durably: the last run goes with the store that publishes the stage. If
+// that cannot be done, the writes are kept under lost/ and the error
+// (EIO) says where.
+func (b *bypass) publish() error {
+	b.pub.Lock()
+	defer b.pub.Unlock()
+	b.mu.Lock()
+	buf, off := b.wbuf, b.woff
+	b.wbuf = nil
+	b.mu.Unlock()
+	b.stores.Wait()
+	b.mu.Lock()
+	failure, dirty, lost := b.failure, b.dirty, b.lost
+	b.mu.Unlock()
+	if lost != nil && len(buf) == 0 {
+		return lost
+	}
+	if failure != nil {
+		return b.lose(buf, off, failure)
+	}
+	if !dirty {
+		return nil
+	}
+	args := datapath.StoreArgs{FID: b.f.n.fid, Sync: true, Mtime: time.Now()}
+	b.mu.Lock()
+	if b.stage != "" {
+		args.Stage, args.Publish = b.stage, true
+	}
+	if b.hasCut {
+		if !b.cutSent {
+			args.HasTruncate, args.Truncate = true, uint64(b.cut)
+		}
+		// What the truncation left, and the writes after it: exactly.
+		args.HasSize, args.Size = true, uint64(max(b.tsize, b.end))
+	}
+	b.mu.Unlock()
+	if len(buf) > 0 {
+		args.Ranges = []datapath.Range{{Off: off, Len: int64(len(buf))}}
+		args.Read = func(p []byte, at int64) error {
+			copy(p, buf[at-off:])
+			return nil
+		}
+	}
+	if err := b.storeStaged(args); err != nil {
+		return b.lose(buf, off, err)
 	}
 	b.mu.Lock()
-	b.dropAllLocked()
+	b.resetLocked()
 	b.mu.Unlock()
-	sz := uint64(size)
-	_, err := b.f.c.SetAttr(b.f.n, Attr{Size: &sz})
+	return nil
+}
+
+// resetLocked starts afresh after a publication (or a loss).
+func (b *bypass) resetLocked() {
+	b.stage, b.session = "", ""
+	b.wrote, b.end, b.hasCut, b.cut, b.tsize, b.cutSent = false, 0, false, 0, 0, false
+	if b.dirty {
+		b.dirty = false
+		b.f.c.unpublished.remove(b.f.n, b)
+	}
+}
+
+// lose reports writes that could not be published. Without a stage (they
+// were all in the one store that failed) they are kept under lost/, as
+// the cached path keeps undeliverable data. A stage lost at the server
+// (its session ended: a restart, a reconnection) took the writes sent
+// under it: a bypassed file keeps no local copy, which could take as
+// much of the client's disk as the file, past any cache size. The
+// application learns it from the error (EIO), the log names the file,
+// and the server keeps the file as it was.
+func (b *bypass) lose(buf []byte, off int64, cause error) error {
+	c := b.f.c
+	b.mu.Lock()
+	staged, hasCut, cut, size := b.stage != "", b.hasCut, uint64(b.cut), max(b.end, b.tsize)
+	b.mu.Unlock()
+	var err error
+	if staged {
+		c.log.Error("writes not published: the server no longer has the stage they were sent under; the file keeps its contents from before them",
+			"path", b.f.name, "bytes", size, "err", cause)
+		err = fmt.Errorf("%s: writes since the last fsync not published (%v): %w", b.f.name, cause, syscall.EIO)
+	} else {
+		var trunc *uint64
+		if hasCut {
+			trunc = &cut
+		}
+		ranges := [][2]int64{{off, int64(len(buf))}}
+		read := func(p []byte, at int64) error {
+			copy(p, buf[at-off:])
+			return nil
+		}
+		where, lerr := c.saveLost(b.f.name, b.f.n.fid, ranges, read, size, trunc, cause)
+		if lerr != nil {
+			c.log.Error("undelivered writes could not be saved", "path", b.f.name, "err", lerr)
+		}
+		err = &lostError{path: b.f.name, cause: cause, kept: where}
+	}
+	b.mu.Lock()
+	b.resetLocked()
+	b.lost, b.failure = err, cmp(b.failure, cause)
+	b.mu.Unlock()
 	return err
+}
+
+// truncate cuts a bypassed file: with the stage's first store, so that
+// the old contents stay visible until the publication (open with O_TRUNC
+// comes here). A truncation after writes publishes them first.
+func (b *bypass) truncate(size int64) error {
+	b.mu.Lock()
+	err, wrote := b.failedLocked(), b.wrote
+	b.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if wrote {
+		if err := b.publish(); err != nil {
+			return err
+		}
+	}
+	b.pub.Lock()
+	defer b.pub.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.dropAllLocked()
+	if !b.hasCut || size < b.cut {
+		b.cut = size
+	}
+	b.hasCut, b.tsize = true, size
+	b.dirtyLocked()
+	return nil
+}
+
+// status is the file's status as this open sees it: the size includes
+// its unpublished writes and truncation.
+func (b *bypass) status() (node.Status, error) {
+	st, err := b.f.c.fresh(b.f.n)
+	if err != nil {
+		return st, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.hasCut {
+		st.Size = uint64(max(b.tsize, b.end))
+	} else if b.wrote {
+		st.Size = max(st.Size, uint64(b.end))
+	}
+	return st, nil
+}
+
+// stageIndex holds, by node, the bypassed opens with writes not yet
+// published (Client.unpublished): a read of the node elsewhere in this
+// client publishes them first, so that the client reads its own writes.
+type stageIndex struct {
+	mu sync.Mutex
+	m  map[*Node]map[*bypass]bool
+	n  atomic.Int64
+}
+
+func (x *stageIndex) add(n *Node, b *bypass) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.m == nil {
+		x.m = map[*Node]map[*bypass]bool{}
+	}
+	if x.m[n] == nil {
+		x.m[n] = map[*bypass]bool{}
+	}
+	x.m[n][b] = true
+	x.n.Add(1)
+}
+
+func (x *stageIndex) remove(n *Node, b *bypass) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.m[n][b] {
+		delete(x.m[n], b)
+		if len(x.m[n]) == 0 {
+			delete(x.m, n)
+		}
+		x.n.Add(-1)
+	}
+}
+
+// publishFor publishes the writes other opens of n left unpublished; their
+// own Sync or Close reports any failure.
+func (c *Client) publishFor(n *Node, self *bypass) {
+	x := &c.unpublished
+	if x.n.Load() == 0 {
+		return
+	}
+	x.mu.Lock()
+	var bs []*bypass
+	for b := range x.m[n] {
+		if b != self {
+			bs = append(bs, b)
+		}
+	}
+	x.mu.Unlock()
+	for _, b := range bs {
+		b.publish()
+	}
 }

@@ -142,6 +142,9 @@ type Client struct {
 	last     string
 	sessionC chan struct{} // closed and replaced whenever session changes
 
+	// unpublished are the bypassed opens with writes not yet published.
+	unpublished stageIndex
+
 	cbMu sync.Mutex
 	cb   *callback.Client
 	// lease is the delegation lease the server announced (0: it grants

@@ -87,7 +87,11 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, f.pathErr("read", syscall.EINVAL)
 	}
-	if bp := f.bp.Load(); bp != nil {
+	bp := f.bp.Load()
+	// Writes other opens here left unpublished are this client's own:
+	// they are published first, so that it reads them.
+	f.c.publishFor(f.n, bp)
+	if bp != nil {
 		n, admit, err := bp.readAt(p, off)
 		if !admit {
 			return n, f.pathErr("read", err)
@@ -412,7 +416,7 @@ func (f *File) Sync() error {
 		return nil
 	}
 	if bp := f.bp.Load(); bp != nil {
-		return f.pathErr("sync", bp.flushWrites(true))
+		return f.pathErr("sync", bp.publish())
 	}
 	losses := f.n.lossCount()
 	f.n.wmu.Lock()
@@ -560,7 +564,7 @@ func (f *File) flush(op string) error {
 		return nil
 	}
 	if bp := f.bp.Load(); bp != nil {
-		return f.pathErr(op, bp.flushWrites(true))
+		return f.pathErr(op, bp.publish())
 	}
 	n := f.n
 	losses := n.lossCount()
@@ -604,9 +608,8 @@ func (f *File) Stat() (node.Status, error) {
 		return node.Status{}, os.ErrClosed
 	}
 	if bp := f.bp.Load(); bp != nil {
-		if err := bp.flushWrites(true); err != nil {
-			return node.Status{}, f.pathErr("stat", err)
-		}
+		st, err := bp.status()
+		return st, f.pathErr("stat", err)
 	}
 	st, err := f.c.fresh(f.n)
 	return st, f.pathErr("stat", err)
@@ -622,6 +625,9 @@ func (f *File) Seek(offset int64, whence int) (int64, error) {
 		offset += f.off
 	case io.SeekEnd:
 		st, err := f.c.fresh(f.n)
+		if bp := f.bp.Load(); bp != nil {
+			st, err = bp.status() // with its unpublished writes
+		}
 		if err != nil {
 			return 0, f.pathErr("seek", err)
 		}

@@ -42,6 +42,10 @@ type StoreArgs struct {
 	// Op names the store, the same in every attempt: the server makes it
 	// once (vnode.Op).
 	Op string
+	// Stage names a run of stores the server keeps aside until the one
+	// with Publish makes them all visible at once (StoreRequest.stage).
+	Stage   string
+	Publish bool
 }
 
 // bytes is how many bytes the store sends.
@@ -158,7 +162,8 @@ func (g GRPC) Store(ctx context.Context, a StoreArgs) (node.Status, time.Duratio
 // storeHeader is the store's description without its data.
 func storeHeader(a StoreArgs) *pb.StoreRequest {
 	hdr := &pb.StoreRequest{Fid: pb.FromFID(a.FID), BaseVersion: a.BaseVersion,
-		HasTruncate: a.HasTruncate, Truncate: a.Truncate, HasSize: a.HasSize, Size: a.Size, Sync: a.Sync, DelegState: a.DelegState, Op: a.Op}
+		HasTruncate: a.HasTruncate, Truncate: a.Truncate, HasSize: a.HasSize, Size: a.Size, Sync: a.Sync, DelegState: a.DelegState, Op: a.Op,
+		Stage: a.Stage, Publish: a.Publish}
 	if !a.Mtime.IsZero() {
 		hdr.MtimeNs = a.Mtime.UnixNano()
 	}

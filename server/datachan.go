@@ -197,8 +197,8 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 	}
 	hdr.Fid = pb.FromFID(req.FID)
 	var o *op
-	var f node.FID
-	var u Update
+	var x *storing
+	f := req.FID
 	id, sessErr := s.session(req.Session, conn.RemoteAddr())
 	failed := sessErr
 	if failed == nil {
@@ -208,10 +208,10 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 	}
 	if failed == nil {
 		o = s.opFor(id)
-		f, u, failed = s.beginStore(&hdr)
+		x, failed = s.beginStore(o, &hdr)
 	}
-	if u != nil {
-		defer u.Abort()
+	if x != nil {
+		defer x.release()
 	}
 	badCRC := false
 	// The pieces have a request's time, and more for each byte announced
@@ -245,7 +245,9 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 			case crc != datapath.Checksum(0, p):
 				badCRC = true
 			default:
-				failed = u.WriteAt(p, off)
+				if failed = x.write(p, off); failed != nil {
+					x.fail(failed)
+				}
 			}
 		}); err != nil {
 			return err
@@ -265,8 +267,8 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 		// No deadline of our own: the change is acknowledged only after
 		// the breaks, which the break timeout bounds.
 		var st node.Status
-		st, failed = s.commitStore(context.Background(), o, f, u, &hdr)
-		s.log.Debug("data store", "client", id, "fid", f, "base", hdr.BaseVersion, "deleg", hdr.DelegState, "version", st.DataVersion, "err", failed)
+		st, failed = x.finish(context.Background(), o, &hdr)
+		s.log.Debug("data store", "client", id, "fid", f, "base", hdr.BaseVersion, "deleg", hdr.DelegState, "stage", hdr.Stage, "publish", hdr.Publish, "version", st.DataVersion, "err", failed)
 		if failed != nil {
 			return replyError(conn, failed)
 		}

@@ -89,6 +89,7 @@ func (s *Server) unreserved(id callback.ClientID, n int) {
 	if s.reserved[id] -= n; s.reserved[id] <= 0 {
 		delete(s.reserved, id)
 	}
+	s.reservedAll = max(0, s.reservedAll-n)
 }
 
 // Reserve sets FIDs aside for files the caller will make under a
@@ -109,7 +110,12 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 		s.mu.Unlock()
 		return nil, status.Errorf(codes.ResourceExhausted, "reserve: %d fids reserved and not used by this client, the most it may hold", s.reserved[o.id])
 	}
+	if n := s.cfg.MaxReserved; n > 0 && s.reservedAll+int(req.Count) > n {
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.ResourceExhausted, "reserve: %d fids reserved and not used on this server, the most it keeps", s.reservedAll)
+	}
 	s.reserved[o.id] += int(req.Count)
+	s.reservedAll += int(req.Count)
 	s.mu.Unlock()
 	fids, err := s.store.Reserve(req.Volume, int(req.Count))
 	if err != nil {

@@ -400,7 +400,8 @@ func (s *Server) Fetch(req *pb.FetchRequest, stream pb.FileServer_FetchServer) e
 	return nil
 }
 
-// Store receives a staged change and commits it at the end of the stream.
+// Store receives a staged change and commits it at the end of the stream;
+// a store of a stage (stage.go) adds to the stage instead, or publishes it.
 func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 	ctx := stream.Context()
 	hdr, err := stream.Recv()
@@ -414,11 +415,12 @@ func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 	if err := s.storeGrace(ctx, hdr); err != nil {
 		return err
 	}
-	f, u, err := s.beginStore(hdr)
+	x, err := s.beginStore(o, hdr)
 	if err != nil {
 		return s.fail("Store", err)
 	}
-	defer u.Abort()
+	defer x.release()
+	f := x.f
 	for m := hdr; ; {
 		if len(m.Data) > 0 {
 			if len(m.Data) > maxPiece*4 {
@@ -427,7 +429,8 @@ func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 			if m.Offset > 1<<62 {
 				return s.fail("Store", fmt.Errorf("store %v: offset %d: %w", f, m.Offset, syscall.EFBIG))
 			}
-			if err := u.WriteAt(m.Data, int64(m.Offset)); err != nil {
+			if err := x.write(m.Data, int64(m.Offset)); err != nil {
+				x.fail(err)
 				return s.fail("Store", err)
 			}
 		}
@@ -436,32 +439,61 @@ func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 			break
 		}
 		if err != nil {
-			return err // the client went away: nothing is committed
+			// The client went away: nothing is committed. A stage keeps
+			// what came, which the store sent again writes once more.
+			return err
 		}
 	}
-	st, err := s.commitStore(ctx, o, f, u, hdr)
+	st, err := x.finish(ctx, o, hdr)
 	if err != nil {
 		return s.fail("Store", err)
 	}
 	return stream.SendAndClose(&pb.StoreReply{Status: o.status(st)})
 }
 
-// beginStore checks a store's header and starts staging it; both data
-// paths use it.
-func (s *Server) beginStore(hdr *pb.StoreRequest) (node.FID, Update, error) {
+// storing is one store request's way into the update it stages: its own,
+// or its stage's, which outlives the request.
+type storing struct {
+	s  *Server
+	f  node.FID
+	u  Update // the request's own; nil for a stage's
+	st *stage
+	// replay: a publication sent again whose stage is gone because it was
+	// made (its reply lost): answered with made, nothing staged.
+	replay bool
+	made   node.Status
+}
+
+// beginStore checks a store's header and starts staging it, or finds the
+// stage it adds to; both data paths use it.
+func (s *Server) beginStore(o *op, hdr *pb.StoreRequest) (*storing, error) {
 	f, err := checkFID("store", hdr.Fid)
 	if err != nil {
-		return f, nil, err
+		return nil, err
 	}
 	if hdr.Size > 1<<44 || hdr.Truncate > 1<<44 {
-		return f, nil, fmt.Errorf("store %v: size %d/%d: %w", f, hdr.Truncate, hdr.Size, syscall.EFBIG)
+		return nil, fmt.Errorf("store %v: size %d/%d: %w", f, hdr.Truncate, hdr.Size, syscall.EFBIG)
 	}
 	if err := vnode.CheckOp(vnode.Op(hdr.Op)); err != nil {
-		return f, nil, fmt.Errorf("store %v: %w", f, err)
+		return nil, fmt.Errorf("store %v: %w", f, err)
+	}
+	if hdr.Stage != "" {
+		st, err := s.stageFor(o, f, hdr)
+		if err == nil {
+			st.add(hdr)
+			return &storing{s: s, f: f, st: st}, nil
+		}
+		if !hdr.Publish {
+			return nil, err
+		}
+		if made, ok := s.madeBefore(f, hdr); ok {
+			return &storing{s: s, f: f, replay: true, made: made}, nil
+		}
+		return nil, err
 	}
 	u, err := s.store.BeginUpdate(f, hdr.BaseVersion, hdr.DelegState != 0)
 	if err != nil {
-		return f, nil, err
+		return nil, err
 	}
 	if hdr.HasTruncate {
 		u.Truncate(hdr.Truncate)
@@ -469,7 +501,73 @@ func (s *Server) beginStore(hdr *pb.StoreRequest) (node.FID, Update, error) {
 	if hdr.HasSize {
 		u.SetSize(hdr.Size)
 	}
-	return f, u, nil
+	return &storing{s: s, f: f, u: u}, nil
+}
+
+// madeBefore reports whether the store hdr names was made already, and
+// the file's status if so (a backend that cannot tell says no).
+func (s *Server) madeBefore(f node.FID, hdr *pb.StoreRequest) (node.Status, bool) {
+	if hdr.Op == "" {
+		return node.Status{}, false
+	}
+	u, err := s.store.BeginUpdate(f, hdr.BaseVersion, hdr.DelegState != 0)
+	if err != nil {
+		return node.Status{}, false
+	}
+	defer u.Abort()
+	m, ok := u.(interface {
+		Made(vnode.Op) (node.Status, bool, error)
+	})
+	if !ok {
+		return node.Status{}, false
+	}
+	st, made, err := m.Made(vnode.Op(hdr.Op))
+	return st, made && err == nil
+}
+
+func (x *storing) write(p []byte, off int64) error {
+	switch {
+	case x.replay:
+		return nil
+	case x.st != nil:
+		return x.st.writeAt(p, off)
+	}
+	return x.u.WriteAt(p, off)
+}
+
+// fail drops a stage whose store failed on the server's side: the writes
+// it lost would be missing from the publication.
+func (x *storing) fail(err error) {
+	if x.st != nil {
+		x.s.failStage(x.st, err)
+	}
+}
+
+// release ends the request's own update (a no-op once committed).
+func (x *storing) release() {
+	if x.u != nil {
+		x.u.Abort()
+	}
+}
+
+// finish commits the store, publishes its stage, or (a store of a stage
+// that does not publish) only answers with the file's status as it is.
+func (x *storing) finish(ctx context.Context, o *op, hdr *pb.StoreRequest) (node.Status, error) {
+	s := x.s
+	switch {
+	case x.replay:
+		return x.made, nil
+	case x.st != nil && !hdr.Publish:
+		return s.store.GetStatus(x.f)
+	case x.st != nil:
+		u, err := s.takeStage(x.st)
+		if err != nil {
+			return node.Status{}, err
+		}
+		defer u.Abort() // a no-op once committed
+		return s.commitStore(ctx, o, x.f, u, hdr)
+	}
+	return s.commitStore(ctx, o, x.f, x.u, hdr)
 }
 
 // commitStore commits a staged store and breaks the promises on the file

@@ -63,6 +63,11 @@ type Config struct {
 	// connections open at once, in all and from one IP address (0: no
 	// bound); a client refused one moves its data over gRPC instead.
 	MaxDataConns, MaxDataConnsPerPeer int
+	// MaxReserved bounds the FIDs reserved for directory delegations and
+	// not yet used, across all sessions of this server life, ended ones
+	// too (0: no bound): a client that reserved its most, reconnected and
+	// reserved again would otherwise grow the store without end.
+	MaxReserved int
 	// DataRequestTimeout is how long a data connection has to send a whole
 	// request once it begins one, and its first once it opens;
 	// DataIdleTimeout how long it may wait between requests.
@@ -88,7 +93,7 @@ const (
 func DefaultConfig() Config {
 	return Config{PromiseTTL: 10 * time.Minute, BreakTimeout: 2 * time.Second, Ping: 5 * time.Second, MaxPromises: 1 << 20, Grace: 3 * time.Second, Lease: 30 * time.Second, DirDelegations: DirPrivate,
 		MaxSessions: 16384, MaxSessionsPerPeer: 1024,
-		MaxDataConns: 4096, MaxDataConnsPerPeer: 256, DataRequestTimeout: 10 * time.Second, DataIdleTimeout: 5 * time.Minute}
+		MaxDataConns: 4096, MaxDataConnsPerPeer: 256, MaxReserved: 1 << 22, DataRequestTimeout: 10 * time.Second, DataIdleTimeout: 5 * time.Minute}
 }
 
 // Server implements hoardpb.FileServerServer.
@@ -103,9 +108,15 @@ type Server struct {
 	cb    *callback.Server
 	conns map[callback.ClientID]*conn
 	peers map[string]int // sessions by client IP address
-	// reserved counts the FIDs each session reserved and has not used.
-	reserved map[callback.ClientID]int
-	waiters  map[callback.Round]chan struct{}
+	// reserved counts the FIDs each session reserved and has not used;
+	// reservedAll those of every session of this server life, gone ones
+	// too: their reservations stay in the store until pruned at the
+	// second start after.
+	reserved    map[callback.ClientID]int
+	reservedAll int
+	// stages are the staged stores kept across requests (stage.go).
+	stages  stages
+	waiters map[callback.Round]chan struct{}
 	// busy counts the namespace changes under way in each directory
 	// (dirdeleg.go).
 	busy      map[node.FID]int
@@ -169,6 +180,7 @@ func (s *Server) Shutdown() {
 		c.cancel()
 	}
 	s.mu.Unlock()
+	s.dropStages(0)
 }
 
 // timer feeds the callback state machine the passage of time: expiries and
@@ -296,6 +308,26 @@ func (s *Server) admitLocked(from string) error {
 	return nil
 }
 
+// ended forgets session id, whose back channel c (from from) ended.
+func (s *Server) ended(id callback.ClientID, c *conn, from string) {
+	s.mu.Lock()
+	if s.peers[from]--; s.peers[from] <= 0 {
+		delete(s.peers, from)
+	}
+	delete(s.reserved, id)
+	ours := s.conns[id] == c
+	if ours {
+		delete(s.conns, id)
+		s.cb.Disconnect(id, time.Now())
+		s.sendLocked(nil)
+	}
+	s.mu.Unlock()
+	if ours {
+		s.dropStages(id)
+	}
+	s.log.Debug("client disconnected", "client", id)
+}
+
 // Connect is a client's back channel: Welcome, then breaks, resets and
 // pings from the server, acknowledgements from the client.
 func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
@@ -334,20 +366,7 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 	token := s.token(s.store.Epoch(), id, s.cb.Line(id))
 	s.mu.Unlock()
 	s.log.Debug("client connected", "client", id, "name", hello.Name)
-	defer func() {
-		s.mu.Lock()
-		if s.peers[from]--; s.peers[from] <= 0 {
-			delete(s.peers, from)
-		}
-		delete(s.reserved, id)
-		if s.conns[id] == c {
-			delete(s.conns, id)
-			s.cb.Disconnect(id, time.Now())
-			s.sendLocked(nil)
-		}
-		s.mu.Unlock()
-		s.log.Debug("client disconnected", "client", id)
-	}()
+	defer s.ended(id, c, from)
 	var dataAddr string
 	if a := s.dataAddr.Load(); a != nil {
 		dataAddr = *a

@@ -175,6 +175,22 @@ func (u *Update) Truncate(n uint64) {
 // are dropped, and a size past the last byte written reads as zeros.
 func (u *Update) SetSize(n uint64) { u.size, u.hasSize = n, true }
 
+// Made reports whether a store named op was made already (its reply was
+// lost), with the file's status now if so: a store sent again after the
+// staged writes it would publish are gone can only be answered this way.
+func (u *Update) Made(op Op) (st node.Status, made bool, err error) {
+	if op == "" {
+		return st, false, nil
+	}
+	err = u.s.view(u.fid.Volume, func(v *vtx) error {
+		if d, ok := v.findOp(op); ok {
+			st, made = v.statusNow(d.vnodes[0]), true
+		}
+		return nil
+	})
+	return st, made, err
+}
+
 // Abort discards the staged change.
 func (u *Update) Abort() {
 	if u.done {
