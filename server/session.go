@@ -36,6 +36,9 @@ import (
 const (
 	keySize = 32
 	macSize = 16
+	// maxToken is far past the longest token (three 20-digit numbers and
+	// the mac): a longer one is not parsed at all.
+	maxToken = 128
 )
 
 // LoadKey reads the server's session key from path, making one the first
@@ -94,6 +97,9 @@ type session struct {
 
 // parseToken checks tok's mac and returns what it says, of any epoch.
 func (s *Server) parseToken(tok string) (session, error) {
+	if len(tok) > maxToken {
+		return session{}, status.Errorf(codes.InvalidArgument, "malformed session token")
+	}
 	body, sum, ok := cutLast(tok, ".")
 	f := strings.Split(body, ".")
 	if !ok || len(f) != 3 || len(sum) != 2*macSize {
@@ -191,7 +197,7 @@ func hostIP(a net.Addr) net.IP {
 // server life (its holder may reclaim in the grace period). A token that
 // does not check out is ignored: the client starts a new line.
 func (s *Server) previous(tok string) (line callback.ClientID, restarted bool) {
-	if tok == "" {
+	if tok == "" || len(tok) > maxToken {
 		return 0, false
 	}
 	sess, err := s.parseToken(tok)
