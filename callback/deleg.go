@@ -258,7 +258,7 @@ func (s *Server) recallOn(origin ClientID, fids []node.FID, conflicts func(*dele
 	if origin != 0 {
 		s.Renew(origin, now)
 	}
-	var all []*deleg
+	var all, adopt []*deleg
 	seen := map[node.FID]bool{}
 	for _, f := range fids {
 		if seen[f] {
@@ -266,12 +266,32 @@ func (s *Server) recallOn(origin ClientID, fids []node.FID, conflicts func(*dele
 		}
 		seen[f] = true
 		for id, d := range s.delegsByFID[f] {
-			if id != origin && conflicts(d) {
+			switch {
+			case id == origin || !conflicts(d):
+			case s.ownGone(origin, id):
+				adopt = append(adopt, d)
+			default:
 				all = append(all, d)
 			}
 		}
 	}
-	return s.recallAll(all, now)
+	var msgs []Msg
+	for _, d := range adopt {
+		_, m := s.handOver(d, origin)
+		msgs = append(msgs, m...)
+	}
+	r, more := s.recallAll(all, now)
+	return r, append(msgs, more...)
+}
+
+// ownGone reports whether holder is a gone session of requester's line:
+// the same client, come back (a proxy restarted, continuing its last
+// session with the token kept in its cache). What the gone session held
+// is the requester's, handed over rather than recalled from nobody for a
+// lease; the requester's own clients' reclaims bring it here.
+func (s *Server) ownGone(requester, holder ClientID) bool {
+	r, h := s.clients[requester], s.clients[holder]
+	return requester != 0 && r != nil && h != nil && h.gone && h.line == r.line
 }
 
 // recallAll opens a round that completes when each of ds has been
@@ -434,20 +454,51 @@ func (s *Server) Reclaim(id ClientID, fid node.FID, state uint64, now time.Time)
 		return Held{}, nil, false
 	}
 	s.Renew(id, now)
-	var d *deleg
 	for _, o := range s.delegsByFID[fid] {
 		if o.state == state && o.client != id && s.clients[o.client].line == c.line {
-			d = o
+			h, msgs := s.handOver(o, id)
+			return h, msgs, true
 		}
 	}
-	if d == nil {
-		return Held{}, nil, false
+	return Held{}, nil, false
+}
+
+// Restore gives id a write delegation on fid in the grace period after a
+// restart: the server checked its reclaim (the file is as the client's
+// delegation of the last life left it) and nobody else may have opened
+// the file since. It is given whatever a proxy holds from its origin: the
+// client's data under it must reach the origin before the proxy gives
+// that back (its recall waits for the grace period, then for this one).
+// It fails if another client holds a delegation on fid.
+func (s *Server) Restore(id ClientID, fid node.FID, now time.Time) (Held, bool) {
+	c := s.clients[id]
+	if c == nil || c.gone {
+		return Held{}, false
 	}
+	for other := range s.delegsByFID[fid] {
+		if other != id {
+			return Held{}, false
+		}
+	}
+	s.Renew(id, now)
+	if own := c.delegs[fid]; own != nil {
+		if own.kind == DelegWrite {
+			return Held{FID: fid, Kind: own.kind, State: own.state, Recalled: !own.recalled.IsZero()}, true
+		}
+		s.dropDeleg(own)
+	}
+	d := s.grantDeleg(id, fid, DelegWrite)
+	return Held{FID: fid, Kind: d.kind, State: d.state}, true
+}
+
+// handOver moves delegation d to session id, of the same line.
+func (s *Server) handOver(d *deleg, id ClientID) (Held, []Msg) {
+	c, fid := s.clients[id], d.fid
 	old := s.clients[d.client]
 	delete(old.delegs, fid)
 	delete(old.recalled, fid)
 	delete(s.delegsByFID[fid], d.client)
-	if len(old.delegs) == 0 {
+	if len(old.delegs) == 0 && old.gone {
 		delete(s.clients, d.client)
 	}
 	if own := c.delegs[fid]; own != nil {
@@ -465,9 +516,9 @@ func (s *Server) Reclaim(id ClientID, fid node.FID, state uint64, now time.Time)
 	h := Held{FID: fid, Kind: d.kind, State: d.state, Recalled: !d.recalled.IsZero()}
 	var msgs []Msg
 	if h.Recalled {
-		msgs = []Msg{{Kind: MsgRecall, Client: id, FIDs: []node.FID{fid}, States: []uint64{state}}}
+		msgs = []Msg{{Kind: MsgRecall, Client: id, FIDs: []node.FID{fid}, States: []uint64{d.state}}}
 	}
-	return h, msgs, true
+	return h, msgs
 }
 
 // readRecallOverdue reports a client that left the recall of a read

@@ -702,3 +702,39 @@ func TestSilentRecallHolderRevokedAfterBreakTimeout(t *testing.T) {
 		t.Fatal("the others' recalls outlived the lease")
 	}
 }
+
+// A request of a session continuing a gone session's line takes over
+// what that session held on the file instead of recalling it from nobody
+// for a lease (a proxy restarted at once, with its clients' write-back
+// under those delegations); any other client's still waits for the lease.
+func TestGoneSessionsDelegationsHandedOver(t *testing.T) {
+	s := NewServer(1, dcfg())
+	a, c := s.Connect("proxy", 0, t0), s.Connect("c", 0, t0)
+	wa := open(t, s, a, fid(1), true, t0)
+	open(t, s, a, fid(2), true, t0)
+	s.Disconnect(a, t0)
+	a2 := s.Connect("proxy", s.Line(a), t0.Add(time.Second))
+	if res, msgs := s.Open(a2, fid(1), false, t0.Add(time.Second)); res.Wait != 0 || msgs != nil || !s.Valid(a2, fid(1), wa.State) {
+		t.Fatalf("the line's new session waited for its own gone session: %+v %+v", res, msgs)
+	}
+	if res, _ := s.Open(c, fid(2), false, t0.Add(time.Second)); res.Wait == 0 {
+		t.Fatal("another client's open did not wait for the gone session's delegation")
+	}
+}
+
+// In the grace period after a restart, a checked reclaim gets a write
+// delegation whatever the backend holds; not over another client's.
+func TestRestore(t *testing.T) {
+	s := NewServer(2, dcfg())
+	a, b := s.Connect("a", 0, t0), s.Connect("b", 0, t0)
+	h, ok := s.Restore(a, fid(1), t0)
+	if !ok || h.Kind != DelegWrite || !s.Valid(a, fid(1), h.State) {
+		t.Fatalf("restore: %+v %v", h, ok)
+	}
+	if again, ok := s.Restore(a, fid(1), t0); !ok || again.State != h.State {
+		t.Fatalf("a second restore of the same file: %+v %v, want the same delegation", again, ok)
+	}
+	if _, ok := s.Restore(b, fid(1), t0); ok {
+		t.Fatal("restored over another client's delegation")
+	}
+}

@@ -221,6 +221,9 @@ func (s *Server) Connect(name string, line ClientID, now time.Time) ClientID {
 	return s.nextID
 }
 
+// NextState is the state the next delegation granted will have.
+func (s *Server) NextState() uint64 { return s.nextState + 1 }
+
 // Line is the line of sessions id belongs to (Connect), 0 if unknown.
 func (s *Server) Line(id ClientID) ClientID {
 	if c := s.clients[id]; c != nil {

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -137,7 +138,8 @@ type Client struct {
 	// session is the current back-channel identity, the token the
 	// server's Welcome gave; empty while disconnected. last is the last
 	// one (backChannel's), which a new session's Hello names so the
-	// server lets it reclaim that session's delegations.
+	// server lets it reclaim that session's delegations; kept in the
+	// cache directory, it lets the next process with this cache do so.
 	session  atomic.Pointer[string]
 	last     string
 	sessionC chan struct{} // closed and replaced whenever session changes
@@ -252,6 +254,7 @@ func Dial(opts Options) (*Client, error) {
 	c.grpc = datapath.GRPC{Client: c.rpc}
 	c.data.Store(&dataPath{Path: c.grpc})
 	c.session.Store(new(string))
+	c.last = c.loadSession()
 	first := make(chan error, 1)
 	c.wg.Add(3)
 	go c.backChannel(first)
@@ -384,6 +387,7 @@ func (c *Client) runSession(first chan<- error) error {
 	}
 	c.useDataChannel(w.DataAddr, max(c.opts.DataStreams, int(w.DataStreams)))
 	c.last = w.Session
+	c.saveSession(w.Session)
 	c.setSession(w.Session)
 	if first == nil {
 		// The old session's promises may have missed breaks. Its
@@ -457,7 +461,7 @@ func (c *Client) runSession(first chan<- error) error {
 			c.resetPromises()
 			c.dropDelegations(false)
 		case *pb.ServerMsg_Recall:
-			c.onRecall(m.Recall)
+			c.onRecall(m.Recall, w.StatesFrom)
 		case *pb.ServerMsg_Revoke:
 			c.onRevoke(m.Revoke)
 		}
@@ -513,6 +517,39 @@ func reachable(control, data string) string {
 		return data
 	}
 	return net.JoinHostPort(chost, port)
+}
+
+// sessionFile keeps the last session token of a client with a cache on
+// disk: a restarted mount or proxy continues its line of sessions, so it
+// reclaims the delegations its dirty cache data (or its own clients'
+// reclaims) was written under, without waiting out their lease.
+const sessionFile = "session"
+
+func (c *Client) loadSession() string {
+	if c.opts.CacheDir == "" {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(c.opts.CacheDir, sessionFile))
+	if err != nil || len(b) > 256 {
+		return ""
+	}
+	return string(b)
+}
+
+// saveSession replaces the file whole; not synced: after a crash an older
+// token of the same line does as well.
+func (c *Client) saveSession(tok string) {
+	if c.opts.CacheDir == "" {
+		return
+	}
+	path := filepath.Join(c.opts.CacheDir, sessionFile)
+	err := os.WriteFile(path+".new", []byte(tok), 0o600)
+	if err == nil {
+		err = os.Rename(path+".new", path)
+	}
+	if err != nil {
+		c.log.Warn("session token not kept: a restart will not reclaim this session's delegations", "err", err)
+	}
 }
 
 func (c *Client) setSession(s string) {

@@ -554,7 +554,7 @@ func (c *Client) dropDelegations(reclaim bool) {
 }
 
 // onRecall handles a Recall from the server.
-func (c *Client) onRecall(m *pb.Recall) {
+func (c *Client) onRecall(m *pb.Recall, statesFrom uint64) {
 	// Answered at once, whatever the stores behind it wait for: the
 	// server takes a holder silent for a break timeout after a recall to
 	// be stopped, and revokes; one that answers has a lease to store in.
@@ -569,10 +569,31 @@ func (c *Client) onRecall(m *pb.Recall) {
 		c.cbMu.Unlock()
 		c.log.Debug("recall", "fid", fid, "state", m.States[i], "held", ok)
 		c.counters.recalls.Add(1)
-		if ok {
-			state := m.States[i]
+		state := m.States[i]
+		switch {
+		case ok:
 			c.spawn(func() { c.giveBack(fid, state) })
+		case state < statesFrom:
+			c.spawn(func() { c.returnUnknown(fid, state) })
 		}
+	}
+}
+
+// returnUnknown gives back a delegation this process never held: the
+// server handed it over from an earlier process continuing this client's
+// line (a restarted proxy), and recalled it. Nothing this process wrote is
+// under it; what the earlier process's own clients wrote comes back
+// through their reclaims, which OnRecall waits for first.
+func (c *Client) returnUnknown(fid node.FID, state uint64) {
+	if c.opts.OnRecall != nil {
+		c.opts.OnRecall(fid)
+	}
+	err := c.call(func(ctx context.Context) error {
+		_, err := c.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(fid), State: state})
+		return err
+	})
+	if err != nil {
+		c.log.Warn("delegation of an earlier process not returned", "fid", fid, "state", state, "err", err)
 	}
 }
 

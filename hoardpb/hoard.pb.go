@@ -782,7 +782,14 @@ type Welcome struct {
 	// metadata "hoard-client", and data-channel requests). It carries 128
 	// bits the server alone can make, and is honoured from this client's
 	// host only.
-	Session       string `protobuf:"bytes,8,opt,name=session,proto3" json:"session,omitempty"`
+	Session string `protobuf:"bytes,8,opt,name=session,proto3" json:"session,omitempty"`
+	// states_from: delegation states below it were granted before this
+	// session began. A recall of such a state the client does not know is of
+	// a delegation of its earlier session, which the server handed to this
+	// one (the same client, come back): the client returns it once its own
+	// clients (a proxy's) had their say. A recall of a later unknown state
+	// may race its grant, and is remembered instead.
+	StatesFrom    uint64 `protobuf:"varint,9,opt,name=states_from,json=statesFrom,proto3" json:"states_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -871,6 +878,13 @@ func (x *Welcome) GetSession() string {
 		return x.Session
 	}
 	return ""
+}
+
+func (x *Welcome) GetStatesFrom() uint64 {
+	if x != nil {
+		return x.StatesFrom
+	}
+	return 0
 }
 
 // Break: the promises on these FIDs are void; acknowledge with seq.
@@ -4109,7 +4123,7 @@ const file_hoard_proto_rawDesc = "" +
 	"\x04ping\x18\x04 \x01(\v2\x0e.hoard.v1.PingH\x00R\x04ping\x12*\n" +
 	"\x06recall\x18\x05 \x01(\v2\x10.hoard.v1.RecallH\x00R\x06recall\x12*\n" +
 	"\x06revoke\x18\x06 \x01(\v2\x10.hoard.v1.RevokeH\x00R\x06revokeB\x05\n" +
-	"\x03msg\"\xe4\x01\n" +
+	"\x03msg\"\x85\x02\n" +
 	"\aWelcome\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
@@ -4118,7 +4132,9 @@ const file_hoard_proto_rawDesc = "" +
 	"\tdata_addr\x18\x05 \x01(\tR\bdataAddr\x12\x19\n" +
 	"\blease_ms\x18\x06 \x01(\rR\aleaseMs\x12!\n" +
 	"\fdata_streams\x18\a \x01(\rR\vdataStreams\x12\x18\n" +
-	"\asession\x18\b \x01(\tR\asession\"<\n" +
+	"\asession\x18\b \x01(\tR\asession\x12\x1f\n" +
+	"\vstates_from\x18\t \x01(\x04R\n" +
+	"statesFrom\"<\n" +
 	"\x05Break\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12!\n" +
 	"\x04fids\x18\x02 \x03(\v2\r.hoard.v1.FIDR\x04fids\"\a\n" +

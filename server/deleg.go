@@ -61,6 +61,18 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 		if st.DataVersion != req.BaseVersion {
 			return nil, s.fail("Open", fmt.Errorf("reclaim %v: delegation %d is gone, and the file changed (version %d, not %d): %w", f, req.Reclaim, st.DataVersion, req.BaseVersion, ErrRevoked))
 		}
+		if st.Type == node.TypeFile {
+			s.store.Delegation(f, true) // a proxy asks its origin; had or not, the client's is
+			s.mu.Lock()
+			h, ok := s.cb.Restore(o.id, f, time.Now())
+			s.mu.Unlock()
+			if ok {
+				// As for any write delegation: promises others took since
+				// the restart are void.
+				o.changed(ctx, f)
+				return &pb.OpenReply{Status: o.status(st), Kind: pb.DelegKind(h.Kind), State: h.State}, nil
+			}
+		}
 		write = true
 	} else if err := s.waitDelegGrace(ctx); err != nil {
 		return nil, err
@@ -128,6 +140,10 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 // they are returned or revoked (at most a lease): a proxy does so before
 // it gives back its own delegation from the origin.
 func (s *Server) RecallAll(fids []node.FID) {
+	// After a restart, the clients' delegations of the last life come back
+	// with their reclaims, in the grace period: a proxy's origin recalling
+	// what the proxy held for them then waits for those.
+	s.waitGrace(context.Background())
 	s.mu.Lock()
 	r, msgs := s.cb.Recall(0, fids, time.Now())
 	ch := s.waitLocked(r, msgs)

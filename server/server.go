@@ -364,6 +364,7 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 	id := s.cb.Connect(hello.Name, line, time.Now())
 	s.conns[id] = c
 	token := s.token(s.store.Epoch(), id, s.cb.Line(id))
+	statesFrom := s.cb.NextState()
 	s.mu.Unlock()
 	s.log.Debug("client connected", "client", id, "name", hello.Name)
 	defer s.ended(id, c, from)
@@ -373,7 +374,7 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 	}
 	err = stream.Send(&pb.ServerMsg{Msg: &pb.ServerMsg_Welcome{Welcome: &pb.Welcome{
 		ClientId: uint64(id), Epoch: s.store.Epoch(), Version: pb.Version, PingMs: uint32(s.cfg.Ping / time.Millisecond), DataAddr: dataAddr,
-		LeaseMs: uint32(s.cfg.Lease / time.Millisecond), DataStreams: uint32(s.cfg.DataStreams), Session: token}}})
+		LeaseMs: uint32(s.cfg.Lease / time.Millisecond), DataStreams: uint32(s.cfg.DataStreams), Session: token, StatesFrom: statesFrom}}})
 	if err != nil {
 		return err
 	}
