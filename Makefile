@@ -3,8 +3,9 @@ GO ?= go
 BIN := bin/hoard
 DATA ?= $(CURDIR)/.hoard/server
 LISTEN ?= 127.0.0.1:7100
+SOAK ?= 30m
 
-.PHONY: build run test proto bench fuzz clean conformance
+.PHONY: build run test proto bench fuzz clean conformance soak
 
 build:
 	$(GO) build -o $(BIN) ./cmd/hoard
@@ -16,6 +17,11 @@ test: build
 	$(GO) vet ./...
 	HOARD_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./...
 	./scripts/fuzz-short.sh
+
+# The long fault campaign (docs/reliability.md, "Fault campaign"); not in CI.
+soak: build
+	HOARD_BIN=$(CURDIR)/$(BIN) HOARD_SOAK=$(SOAK) HOARD_REQUIRE_FUSE=1 \
+		$(GO) test -count=1 -timeout 24h -v -run '^TestFaultCampaign$$' ./integration/
 
 proto:
 	PATH="$$PATH:$$($(GO) env GOPATH)/bin" protoc -I proto --go_out=. --go_opt=module=github.com/hoardfs/hoard \
