@@ -313,7 +313,7 @@ func (b *bypass) sendLocked(wait bool) error {
 		args, err := b.stageArgs()
 		if err != nil {
 			b.mu.Lock()
-			b.failure = cmp(b.failure, err)
+			b.failure = firstErr(b.failure, err)
 			b.wbuf, b.woff = buf, off // kept for lost/ with the rest
 			b.mu.Unlock()
 			return err
@@ -343,7 +343,7 @@ func (b *bypass) sendLocked(wait bool) error {
 			err := b.storeStaged(args)
 			b.mu.Lock()
 			delete(b.flying, run)
-			b.failure = cmp(b.failure, err)
+			b.failure = firstErr(b.failure, err)
 			b.mu.Unlock()
 		}()
 	}
@@ -355,7 +355,8 @@ func (b *bypass) sendLocked(wait bool) error {
 	return b.failure
 }
 
-func cmp(old, err error) error {
+// firstErr is old if there was one, else err.
+func firstErr(old, err error) error {
 	if old != nil {
 		return old
 	}
@@ -418,8 +419,7 @@ func (b *bypass) stageLost() error {
 
 // publish makes every write since the last publication visible at once,
 // durably: the last run goes with the store that publishes the stage. If
-// that cannot be done, the writes are kept under lost/ and the error
-// (EIO) says where.
+// that cannot be done, lose says what became of the writes.
 func (b *bypass) publish() error {
 	b.pub.Lock()
 	defer b.pub.Unlock()
@@ -495,7 +495,7 @@ func (b *bypass) lose(buf []byte, off int64, cause error) error {
 	var err error
 	if staged {
 		c.log.Error("writes not published: the server no longer has the stage they were sent under; the file keeps its contents from before them",
-			"path", b.f.name, "bytes", size, "err", cause)
+			"path", b.f.name, "size", size, "err", cause)
 		err = fmt.Errorf("%s: writes since the last fsync not published (%v): %w", b.f.name, cause, syscall.EIO)
 	} else {
 		var trunc *uint64
@@ -515,7 +515,7 @@ func (b *bypass) lose(buf []byte, off int64, cause error) error {
 	}
 	b.mu.Lock()
 	b.resetLocked()
-	b.lost, b.failure = err, cmp(b.failure, cause)
+	b.lost, b.failure = err, firstErr(b.failure, cause)
 	b.mu.Unlock()
 	return err
 }

@@ -140,14 +140,19 @@ func stagingEmpty(t *testing.T, data string) {
 	t.Fatalf("%d staging files left 10 s after the writer's session ended", len(ents))
 }
 
+// crashSetup starts a server (its data directory data), a client of it,
+// and a random source for where the crashes strike.
+func crashSetup(t *testing.T) (data string, srv *serverProc, c *client.Client, rng *rand.Rand) {
+	data = t.TempDir()
+	srv = startServer(t, data)
+	return data, srv, dial(t, srv.addr, t.TempDir(), 256<<20), rand.New(rand.NewSource(time.Now().UnixNano()))
+}
+
 // Killing the writer mid-write leaves the old file: its stage goes with
 // its session, and nothing of it was published.
 func TestBypassCrashWriter(t *testing.T) {
-	data := t.TempDir()
-	srv := startServer(t, data)
-	c := dial(t, srv.addr, t.TempDir(), 256<<20)
+	data, srv, c, rng := crashSetup(t)
 	old, new := pattern(crashOld, 1), pattern(crashNew, 2)
-	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
 	for i := 0; i < crashRuns; i++ {
 		writeFile(t, c, crashFile, old)
 		cmd, lines := startBypassWriter(t, srv, t.TempDir(), i%2 == 1)
@@ -167,11 +172,8 @@ func TestBypassCrashWriter(t *testing.T) {
 // until the writer gave up, whose close then fails with EIO: a bypassed
 // file keeps no local copy of its writes.
 func TestBypassCrashServer(t *testing.T) {
-	data := t.TempDir()
-	srv := startServer(t, data)
-	c := dial(t, srv.addr, t.TempDir(), 256<<20)
+	_, srv, c, rng := crashSetup(t)
 	old, new := pattern(crashOld, 1), pattern(crashNew, 2)
-	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
 	for i := 0; i < crashRuns; i++ {
 		writeFile(t, c, crashFile, old)
 		cache := t.TempDir()

@@ -276,16 +276,20 @@ type relay struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	paused bool
+	open   map[net.Conn]struct{} // both ends of every connection carried
 }
 
+// startRelay forwards connections to to, with the fault mode says; pause
+// holds every byte (a link down, not broken) and cut closes every
+// connection it carries, at any time.
 func startRelay(t *testing.T, to, mode string) *relay {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &relay{l: l, to: to, mode: mode}
+	r := &relay{l: l, to: to, mode: mode, open: map[net.Conn]struct{}{}}
 	r.cond = sync.NewCond(&r.mu)
-	t.Cleanup(func() { r.pause(false); l.Close() })
+	t.Cleanup(func() { r.pause(false); l.Close(); r.cut() })
 	go func() {
 		for {
 			c, err := l.Accept()
@@ -308,6 +312,32 @@ func (r *relay) pause(on bool) {
 	r.mu.Unlock()
 }
 
+// cut closes every connection the relay carries and returns how many.
+func (r *relay) cut() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for c := range r.open {
+		c.Close()
+	}
+	n := len(r.open) / 2
+	clear(r.open)
+	return n
+}
+
+// carry adds (or with done, removes and closes) a connection's two ends.
+func (r *relay) carry(done bool, cs ...net.Conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range cs {
+		if done {
+			delete(r.open, c)
+			c.Close()
+		} else {
+			r.open[c] = struct{}{}
+		}
+	}
+}
+
 // faultAt is where in a connection's stream the fault strikes, in the
 // first connection that carries that much: well inside the data of a
 // chunk, past any header.
@@ -319,11 +349,12 @@ func (r *relay) serve(c net.Conn) {
 		r.faults.Add(1)
 		return
 	}
-	s, err := net.Dial("tcp", r.to)
+	s, err := net.DialTimeout("tcp", r.to, 5*time.Second)
 	if err != nil {
 		return
 	}
-	defer s.Close()
+	r.carry(false, c, s)
+	defer r.carry(true, c, s)
 	pipe := func(dst, src net.Conn, fault bool) {
 		buf := make([]byte, 32<<10)
 		var at int

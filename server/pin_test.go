@@ -72,14 +72,9 @@ func commit(t *testing.T, st *vnode.Store, f node.FID, data []byte) node.Status 
 // itself. Its client, reading at last, gets the whole version it was
 // answered with, though the file was replaced meanwhile.
 func TestFetchSendHoldsNoLock(t *testing.T) {
-	st, err := vnode.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st, vol := testStore(t)
 	srv := New(Local(st), Config{})
 	defer srv.Shutdown()
-	vol, _ := st.VolumeByName(vnode.RootVolume)
 
 	old := bytes.Repeat([]byte("old bytes "), 800_000) // 8 MB: far past the socket buffers
 	slow := storeFile(t, st, vol.Root, "slow", old)
@@ -172,14 +167,9 @@ func TestFetchSendHoldsNoLock(t *testing.T) {
 // sent never reaches its client whole: the connection is cut, and the
 // client fetches again.
 func TestFetchSpoiledInPlaceIsCut(t *testing.T) {
-	st, err := vnode.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st, vol := testStore(t)
 	srv := New(Local(st), Config{})
 	defer srv.Shutdown()
-	vol, _ := st.VolumeByName(vnode.RootVolume)
 	data := bytes.Repeat([]byte("0123456789"), 800_000)
 	f := storeFile(t, st, vol.Root, "f", data)
 

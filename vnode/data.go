@@ -693,34 +693,40 @@ func (s *Store) WithData(f node.FID, fn func(st node.Status, file *os.File, mem 
 	l := s.lock(f)
 	l.RLock()
 	defer l.RUnlock()
-	if err := s.checkStuck(f); err != nil {
+	st, _, fd, mem, err := s.openData(f)
+	if err != nil {
 		return err
 	}
+	if fd != nil {
+		defer fd.Close()
+	}
+	return fn(st, fd, mem)
+}
+
+// openData is f's status and its bytes now: its data file opened (of
+// generation gen), or its inline bytes, or neither (no data yet). The
+// caller holds f's lock.
+func (s *Store) openData(f node.FID) (st node.Status, gen uint64, fd *os.File, mem []byte, err error) {
+	if err := s.checkStuck(f); err != nil {
+		return st, 0, nil, nil, err
+	}
 	var r record
-	var mem []byte
-	var st node.Status
-	err := s.view(f.Volume, func(v *vtx) (err error) {
+	err = s.view(f.Volume, func(v *vtx) (err error) {
 		r, err = v.get(f)
 		mem = v.inlineData(f.Vnode, &r)
 		st = v.statusOf(&r, f.Vnode)
 		return err
 	})
-	if err != nil {
-		return err
+	switch {
+	case err != nil:
+		return st, 0, nil, nil, err
+	case r.Type != node.TypeFile:
+		return st, 0, nil, nil, fmt.Errorf("read %v: %w", f, syscall.EISDIR)
+	case r.DataGen == genInline && uint64(len(mem)) != r.Size:
+		return st, 0, nil, nil, fmt.Errorf("read %v: %d bytes inline for a size of %d: %w", f, len(mem), r.Size, syscall.EIO)
+	case r.DataGen == 0 || r.DataGen == genInline:
+		return st, 0, nil, mem, nil
 	}
-	if r.Type != node.TypeFile {
-		return fmt.Errorf("read %v: %w", f, syscall.EISDIR)
-	}
-	if r.DataGen == genInline && uint64(len(mem)) != r.Size {
-		return fmt.Errorf("read %v: %d bytes inline for a size of %d: %w", f, len(mem), r.Size, syscall.EIO)
-	}
-	if r.DataGen == 0 || r.DataGen == genInline {
-		return fn(st, nil, mem)
-	}
-	fd, err := os.Open(filepath.Join(s.dir, dataRel(f.Volume, f.Vnode, r.DataGen)))
-	if err != nil {
-		return err
-	}
-	defer fd.Close()
-	return fn(st, fd, nil)
+	fd, err = os.Open(filepath.Join(s.dir, dataRel(f.Volume, f.Vnode, r.DataGen)))
+	return st, r.DataGen, fd, nil, err
 }

@@ -3,7 +3,6 @@ package vnode
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -55,41 +54,20 @@ func (s *Store) PinData(f node.FID, off, n int64) (*Pinned, error) {
 	l := s.lock(f)
 	l.RLock()
 	defer l.RUnlock()
-	if err := s.checkStuck(f); err != nil {
-		return nil, err
-	}
-	var r record
-	var mem []byte
-	var st node.Status
-	err := s.view(f.Volume, func(v *vtx) (err error) {
-		r, err = v.get(f)
-		mem = v.inlineData(f.Vnode, &r)
-		st = v.statusOf(&r, f.Vnode)
-		return err
-	})
+	st, gen, fd, mem, err := s.openData(f)
 	if err != nil {
 		return nil, err
-	}
-	if r.Type != node.TypeFile {
-		return nil, fmt.Errorf("read %v: %w", f, syscall.EISDIR)
-	}
-	if r.DataGen == genInline && uint64(len(mem)) != r.Size {
-		return nil, fmt.Errorf("read %v: %d bytes inline for a size of %d: %w", f, len(mem), r.Size, syscall.EIO)
 	}
 	p := &Pinned{Status: st, Mem: mem, s: s, off: off, end: off + n}
-	if r.DataGen == 0 || r.DataGen == genInline {
+	if fd == nil {
 		return p, nil
-	}
-	fd, err := os.Open(filepath.Join(s.dir, dataRel(f.Volume, f.Vnode, r.DataGen)))
-	if err != nil {
-		return nil, err
 	}
 	fi, err := fd.Stat()
 	if err != nil {
 		fd.Close()
 		return nil, err
 	}
-	p.File, p.Have, p.key = fd, fi.Size(), pinKey{f.Volume, f.Vnode, r.DataGen}
+	p.File, p.Have, p.key = fd, fi.Size(), pinKey{f.Volume, f.Vnode, gen}
 	s.pins.mu.Lock()
 	if s.pins.m == nil {
 		s.pins.m = map[pinKey]map[*Pinned]struct{}{}
