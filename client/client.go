@@ -170,9 +170,11 @@ type Client struct {
 	vols  map[string]*pb.Volume
 	root  *Node
 
-	// resMu guards fids: FIDs reserved for files made here, by volume.
-	resMu sync.Mutex
-	fids  map[uint64][]node.FID
+	// resMu guards fids: FIDs reserved for files made here, by volume,
+	// in server life fidsLife.
+	resMu    sync.Mutex
+	fids     map[uint64][]node.FID
+	fidsLife uint64
 
 	fetchSem chan struct{}
 	ghosts   *ghosts
@@ -385,6 +387,7 @@ func (c *Client) runSession(first chan<- error) error {
 	if changed {
 		c.log.Info("server restarted; cached files will be revalidated", "server", c.opts.Server, "epoch", w.Epoch)
 	}
+	c.newLife(w.Epoch)
 	c.useDataChannel(w.DataAddr, max(c.opts.DataStreams, int(w.DataStreams)))
 	c.last = w.Session
 	c.saveSession(w.Session)

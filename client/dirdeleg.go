@@ -86,7 +86,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	if !held {
 		return nil, false, false, nil
 	}
-	fid, err := c.reserved(dir.fid.Volume)
+	fid, life, err := c.reserved(dir.fid.Volume)
 	if err != nil {
 		return nil, false, false, nil // made at the server instead
 	}
@@ -100,7 +100,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	dir.mu.Unlock()
 	if stale || exists {
 		dir.nsmu.Unlock()
-		c.unreserve(fid)
+		c.unreserve(fid, life)
 		switch {
 		case stale:
 			// The delegation went, the listing was dropped, or files
@@ -146,8 +146,9 @@ func (dir *Node) changedHere(now time.Time) {
 	dir.st.Mtime, dir.st.Ctime = now, now
 }
 
-// reserved takes a FID reserved in volume, reserving more when none is left.
-func (c *Client) reserved(volume uint64) (node.FID, error) {
+// reserved takes a FID reserved in volume, reserving more when none is
+// left, and the server life it was reserved in.
+func (c *Client) reserved(volume uint64) (node.FID, uint64, error) {
 	c.resMu.Lock()
 	defer c.resMu.Unlock()
 	if len(c.fids[volume]) == 0 {
@@ -157,7 +158,7 @@ func (c *Client) reserved(volume uint64) (node.FID, error) {
 			return err
 		})
 		if err != nil {
-			return node.FID{}, err
+			return node.FID{}, 0, err
 		}
 		for _, f := range reply.Fids {
 			if fid := f.ToFID(); fid.Volume == volume && fid.Vnode != 0 {
@@ -165,18 +166,34 @@ func (c *Client) reserved(volume uint64) (node.FID, error) {
 			}
 		}
 		if len(c.fids[volume]) == 0 {
-			return node.FID{}, errors.New("protocol: reserve returned no fids")
+			return node.FID{}, 0, errors.New("protocol: reserve returned no fids")
 		}
 	}
 	f := c.fids[volume][0]
 	c.fids[volume] = c.fids[volume][1:]
-	return f, nil
+	return f, c.fidsLife, nil
 }
 
-// unreserve puts back a FID that named nothing.
-func (c *Client) unreserve(f node.FID) {
+// unreserve puts back a FID that named nothing, reserved in server life
+// life: not one of an earlier life.
+func (c *Client) unreserve(f node.FID, life uint64) {
 	c.resMu.Lock()
-	c.fids[f.Volume] = append(c.fids[f.Volume], f)
+	if life == c.fidsLife {
+		c.fids[f.Volume] = append(c.fids[f.Volume], f)
+	}
+	c.resMu.Unlock()
+}
+
+// newLife forgets the FIDs reserved before the server restarted (a new
+// epoch): it prunes a reservation at its second start after, and a file
+// made here with one it pruned would be refused at the settle, its data
+// lost.
+func (c *Client) newLife(epoch uint64) {
+	c.resMu.Lock()
+	if c.fidsLife != epoch {
+		clear(c.fids)
+		c.fidsLife = epoch
+	}
 	c.resMu.Unlock()
 }
 
