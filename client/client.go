@@ -78,6 +78,12 @@ type Options struct {
 	// FlushAge bounds how long writes under a write delegation stay
 	// unstored (default 30 s): what a client crash can lose.
 	FlushAge time.Duration
+	// KeepSession keeps the session token in CacheDir, so that the next
+	// process with this cache continues this one's line of sessions and
+	// takes over its delegations (a proxy restarted: its own clients'
+	// reclaims come through it). Not for a client whose cache may hold a
+	// killed process's half-done writes: those go to lost/.
+	KeepSession bool
 	// Name identifies this client in the server's logs.
 	Name   string
 	Logger *slog.Logger
@@ -139,7 +145,7 @@ type Client struct {
 	// server's Welcome gave; empty while disconnected. last is the last
 	// one (backChannel's), which a new session's Hello names so the
 	// server lets it reclaim that session's delegations; kept in the
-	// cache directory, it lets the next process with this cache do so.
+	// cache directory (KeepSession), it lets the next process do so.
 	session  atomic.Pointer[string]
 	last     string
 	sessionC chan struct{} // closed and replaced whenever session changes
@@ -523,13 +529,13 @@ func reachable(control, data string) string {
 }
 
 // sessionFile keeps the last session token of a client with a cache on
-// disk: a restarted mount or proxy continues its line of sessions, so it
-// reclaims the delegations its dirty cache data (or its own clients'
-// reclaims) was written under, without waiting out their lease.
+// disk and KeepSession: a restarted proxy continues its line of sessions,
+// so its clients' reclaims find its delegations without waiting out their
+// lease.
 const sessionFile = "session"
 
 func (c *Client) loadSession() string {
-	if c.opts.CacheDir == "" {
+	if c.opts.CacheDir == "" || !c.opts.KeepSession {
 		return ""
 	}
 	b, err := os.ReadFile(filepath.Join(c.opts.CacheDir, sessionFile))
@@ -542,7 +548,7 @@ func (c *Client) loadSession() string {
 // saveSession replaces the file whole; not synced: after a crash an older
 // token of the same line does as well.
 func (c *Client) saveSession(tok string) {
-	if c.opts.CacheDir == "" {
+	if c.opts.CacheDir == "" || !c.opts.KeepSession {
 		return
 	}
 	path := filepath.Join(c.opts.CacheDir, sessionFile)

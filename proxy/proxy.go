@@ -140,10 +140,13 @@ func Open(o Options) (p *Proxy, err error) {
 		NoDelegations: o.NoDelegations,
 		// Its clients' creates go to the origin as they come.
 		NoDirDelegations: true,
-		Name:             fmt.Sprintf("proxy %s pid %d", host, os.Getpid()),
-		Logger:           o.Logger,
-		OnInvalidate:     p.invalidate,
-		OnRecall:         p.recall,
+		// Restarted, it continues its session at the origin, which then
+		// hands it what its clients' reclaims ask for.
+		KeepSession:  true,
+		Name:         fmt.Sprintf("proxy %s pid %d", host, os.Getpid()),
+		Logger:       o.Logger,
+		OnInvalidate: p.invalidate,
+		OnRecall:     p.recall,
 	})
 	if err != nil {
 		return nil, err
