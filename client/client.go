@@ -679,7 +679,7 @@ func (c *Client) callData(fn func(ctx context.Context) error) error {
 
 // callOnce is call for a request that changes the namespace: every
 // attempt carries the same op id, so that an attempt whose reply was lost
-// but which the server carried out is not carried out again (vnode.Op).
+// but which the server carried out is not carried out again (node.Op).
 // op is the id, or "" for a new one.
 func (c *Client) callOnce(op string, fn func(ctx context.Context) error) error {
 	if op == "" {

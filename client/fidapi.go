@@ -8,7 +8,6 @@ import (
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
-	"github.com/hoardfs/hoard/vnode"
 )
 
 // The FID-level API: what a protocol adapter needs that serves other
@@ -121,7 +120,7 @@ func twoStatuses(a, b *pb.Status) (sa, sb node.Status, err error) {
 
 // SetAttrChange is SetAttr for a change in the server's own terms (the
 // wire's mask bits).
-func (c *Client) SetAttrChange(n *Node, ch vnode.Change) (node.Status, error) {
+func (c *Client) SetAttrChange(n *Node, ch node.Change) (node.Status, error) {
 	req := &pb.SetAttrRequest{Mask: ch.Mask, Mode: ch.Mode, Uid: ch.UID, Gid: ch.GID, Size: ch.Size,
 		AtimeNs: ch.Atime.UnixNano(), MtimeNs: ch.Mtime.UnixNano()}
 	if err := c.setattr(n, req); err != nil {
@@ -169,14 +168,14 @@ func (c *Client) Volume(name string, id uint64) (Volume, error) {
 }
 
 // StatFSVolume reports the space of the server holding a volume.
-func (c *Client) StatFSVolume(volume uint64) (vnode.FSStat, error) {
+func (c *Client) StatFSVolume(volume uint64) (node.FSStat, error) {
 	var r *pb.StatFSReply
 	err := c.call(func(ctx context.Context) (err error) {
 		r, err = c.rpc.StatFS(ctx, &pb.StatFSRequest{Volume: volume})
 		return err
 	})
 	if err != nil {
-		return vnode.FSStat{}, err
+		return node.FSStat{}, err
 	}
-	return vnode.FSStat{BlockSize: r.BlockSize, Blocks: r.Blocks, BlocksFree: r.BlocksFree, Files: r.Files, FilesFree: r.FilesFree}, nil
+	return node.FSStat{BlockSize: r.BlockSize, Blocks: r.Blocks, BlocksFree: r.BlocksFree, Files: r.Files, FilesFree: r.FilesFree}, nil
 }

@@ -9,7 +9,6 @@ import (
 
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
-	"github.com/hoardfs/hoard/vnode"
 )
 
 // The node-level API: what a kernel file system adapter needs, where names
@@ -197,27 +196,27 @@ type Attr struct {
 func (c *Client) SetAttr(n *Node, a Attr) (node.Status, error) {
 	req := &pb.SetAttrRequest{}
 	if a.Mode != nil {
-		req.Mask |= vnode.SetMode
+		req.Mask |= node.SetMode
 		req.Mode = *a.Mode
 	}
 	if a.UID != nil {
-		req.Mask |= vnode.SetUID
+		req.Mask |= node.SetUID
 		req.Uid = *a.UID
 	}
 	if a.GID != nil {
-		req.Mask |= vnode.SetGID
+		req.Mask |= node.SetGID
 		req.Gid = *a.GID
 	}
 	if a.Atime != nil {
-		req.Mask |= vnode.SetAtime
+		req.Mask |= node.SetAtime
 		req.AtimeNs = a.Atime.UnixNano()
 	}
 	if a.Mtime != nil {
-		req.Mask |= vnode.SetMtime
+		req.Mask |= node.SetMtime
 		req.MtimeNs = a.Mtime.UnixNano()
 	}
 	if a.Size != nil {
-		req.Mask |= vnode.SetSize
+		req.Mask |= node.SetSize
 		req.Size = *a.Size
 	}
 	if req.Mask == 0 {

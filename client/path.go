@@ -13,7 +13,6 @@ import (
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
-	"github.com/hoardfs/hoard/vnode"
 )
 
 // DirEntry is one name in a directory listing.
@@ -550,7 +549,7 @@ func (c *Client) setattr(n *Node, req *pb.SetAttrRequest) error {
 	if err := c.settleFor(n); err != nil {
 		return err
 	}
-	if n.entry != nil && req.Mask&(vnode.SetSize|vnode.SetMtime) != 0 {
+	if n.entry != nil && req.Mask&(node.SetSize|node.SetMtime) != 0 {
 		// Unstored writes go first: stored later, they would undo the
 		// new size or modification time.
 		n.wmu.Lock()
@@ -584,18 +583,18 @@ func (c *Client) setattrPath(op, name string, req *pb.SetAttrRequest) error {
 
 // Chmod changes the permission bits.
 func (c *Client) Chmod(name string, mode os.FileMode) error {
-	return c.setattrPath("chmod", name, &pb.SetAttrRequest{Mask: vnode.SetMode, Mode: unixMode(mode)})
+	return c.setattrPath("chmod", name, &pb.SetAttrRequest{Mask: node.SetMode, Mode: unixMode(mode)})
 }
 
 // Chown changes the owner and group; -1 leaves one as it is.
 func (c *Client) Chown(name string, uid, gid int) error {
 	req := &pb.SetAttrRequest{}
 	if uid >= 0 {
-		req.Mask |= vnode.SetUID
+		req.Mask |= node.SetUID
 		req.Uid = uint32(uid)
 	}
 	if gid >= 0 {
-		req.Mask |= vnode.SetGID
+		req.Mask |= node.SetGID
 		req.Gid = uint32(gid)
 	}
 	if req.Mask == 0 {
@@ -606,7 +605,7 @@ func (c *Client) Chown(name string, uid, gid int) error {
 
 // Chtimes changes the access and modification times.
 func (c *Client) Chtimes(name string, atime, mtime time.Time) error {
-	return c.setattrPath("chtimes", name, &pb.SetAttrRequest{Mask: vnode.SetAtime | vnode.SetMtime, AtimeNs: atime.UnixNano(), MtimeNs: mtime.UnixNano()})
+	return c.setattrPath("chtimes", name, &pb.SetAttrRequest{Mask: node.SetAtime | node.SetMtime, AtimeNs: atime.UnixNano(), MtimeNs: mtime.UnixNano()})
 }
 
 // Truncate changes a file's size: in the cache under a write delegation,
@@ -627,7 +626,7 @@ func (c *Client) Truncate(name string, size int64) error {
 }
 
 // FSStat is the space of the server's file system.
-type FSStat = vnode.FSStat
+type FSStat = node.FSStat
 
 // StatFS reports the server's space.
 func (c *Client) StatFS() (FSStat, error) {

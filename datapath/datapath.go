@@ -40,7 +40,7 @@ type StoreArgs struct {
 	// the server refuses the store if the client no longer holds it.
 	DelegState uint64
 	// Op names the store, the same in every attempt: the server makes it
-	// once (vnode.Op).
+	// once (node.Op).
 	Op string
 	// Stage names a run of stores the server keeps aside until the one
 	// with Publish makes them all visible at once (StoreRequest.stage).

@@ -19,7 +19,7 @@ const ClientMetadata = "hoard-client"
 
 // OpMetadata is the gRPC metadata key naming a request that changes the
 // namespace, the same in every attempt, so that one sent again after a
-// lost reply is not carried out twice (vnode.Op).
+// lost reply is not carried out twice (node.Op).
 const OpMetadata = "hoard-op"
 
 // FromFID converts to the wire form.

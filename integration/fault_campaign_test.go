@@ -29,7 +29,7 @@ import (
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
-	"github.com/hoardfs/hoard/vnode"
+	"github.com/hoardfs/hoard/node"
 )
 
 // The fault campaign (docs/reliability.md, "Fault campaign"): a mixed
@@ -513,7 +513,7 @@ func (c *campaign) hostile() {
 	fid := pb.FromFID(st.FID)
 	// Past what any file system takes (tmpfs takes 2^63-1).
 	for _, size := range []uint64{1 << 63, 1<<64 - 1} {
-		if _, err := rpc.SetAttr(ctx, &pb.SetAttrRequest{Fid: fid, Mask: vnode.SetSize, Size: size}); pb.Errno(err) != syscall.EFBIG {
+		if _, err := rpc.SetAttr(ctx, &pb.SetAttrRequest{Fid: fid, Mask: node.SetSize, Size: size}); pb.Errno(err) != syscall.EFBIG {
 			fail("setattr to %d bytes: %v, want EFBIG", size, err)
 		}
 	}

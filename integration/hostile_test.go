@@ -24,6 +24,7 @@ import (
 	"github.com/hoardfs/hoard/client"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/lograte"
+	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/server"
 	"github.com/hoardfs/hoard/vnode"
 )
@@ -58,7 +59,7 @@ func TestServerRefusesSizesPastItsDisk(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, size := range []uint64{1 << 44, 1 << 62, 1 << 63, 1<<64 - 1} {
-		_, err := rpc.SetAttr(ctx, &pb.SetAttrRequest{Fid: fid, Mask: vnode.SetSize, Size: size})
+		_, err := rpc.SetAttr(ctx, &pb.SetAttrRequest{Fid: fid, Mask: node.SetSize, Size: size})
 		if pb.Errno(err) != syscall.EFBIG {
 			t.Errorf("setattr to %d bytes: %v, want EFBIG", size, err)
 		}

@@ -47,7 +47,6 @@ import (
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/proxystore"
 	"github.com/hoardfs/hoard/server"
-	"github.com/hoardfs/hoard/vnode"
 )
 
 // Options configure a proxy.
@@ -328,31 +327,31 @@ func nextEpoch(path string) (uint64, error) {
 
 func (p *Proxy) Epoch() uint64 { return p.epoch }
 
-func fromVolume(v client.Volume) vnode.Volume {
-	return vnode.Volume{ID: v.ID, Name: v.Name, Root: v.Root, Created: v.Created}
+func fromVolume(v client.Volume) node.Volume {
+	return node.Volume{ID: v.ID, Name: v.Name, Root: v.Root, Created: v.Created}
 }
 
-func (p *Proxy) CreateVolume(name string) (vnode.Volume, error) {
+func (p *Proxy) CreateVolume(name string) (node.Volume, error) {
 	v, err := p.c.CreateVolume(name)
 	return fromVolume(v), unwrap(err)
 }
 
-func (p *Proxy) VolumeByName(name string) (vnode.Volume, error) {
+func (p *Proxy) VolumeByName(name string) (node.Volume, error) {
 	v, err := p.c.Volume(name, 0)
 	return fromVolume(v), err
 }
 
-func (p *Proxy) VolumeByID(id uint64) (vnode.Volume, error) {
+func (p *Proxy) VolumeByID(id uint64) (node.Volume, error) {
 	v, err := p.c.Volume("", id)
 	return fromVolume(v), err
 }
 
-func (p *Proxy) Volumes() ([]vnode.Volume, error) {
+func (p *Proxy) Volumes() ([]node.Volume, error) {
 	vs, err := p.c.Volumes()
 	if err != nil {
 		return nil, unwrap(err)
 	}
-	out := make([]vnode.Volume, len(vs))
+	out := make([]node.Volume, len(vs))
 	for i, v := range vs {
 		out[i] = fromVolume(v)
 	}
@@ -402,7 +401,7 @@ func (p *Proxy) Lookup(dir node.FID, name string) (child, d node.Status, err err
 // ReadDir serves pages of the cached listing; a cookie is a position in
 // it. A client that pages through a directory which changes meanwhile
 // sees the new version in the next page's status and starts over.
-func (p *Proxy) ReadDir(dir node.FID, cookie uint64, limit int) ([]vnode.DirEntry, bool, node.Status, error) {
+func (p *Proxy) ReadDir(dir node.FID, cookie uint64, limit int) ([]node.DirEntry, bool, node.Status, error) {
 	ents, d, err := p.c.ListDir(p.c.NodeOf(dir))
 	if err != nil {
 		return nil, false, d, err
@@ -412,15 +411,15 @@ func (p *Proxy) ReadDir(dir node.FID, cookie uint64, limit int) ([]vnode.DirEntr
 	}
 	start := min(cookie, uint64(len(ents)))
 	end := min(start+uint64(limit), uint64(len(ents)))
-	out := make([]vnode.DirEntry, 0, end-start)
+	out := make([]node.DirEntry, 0, end-start)
 	for i := start; i < end; i++ {
 		e := ents[i]
-		out = append(out, vnode.DirEntry{Name: e.Name, FID: e.FID, Type: e.Type, Cookie: i + 1})
+		out = append(out, node.DirEntry{Name: e.Name, FID: e.FID, Type: e.Type, Cookie: i + 1})
 	}
 	return out, end == uint64(len(ents)), d, nil
 }
 
-func (p *Proxy) Create(dir node.FID, name string, t node.Type, a vnode.Attr, target string, excl bool, op vnode.Op) (st, d node.Status, created bool, err error) {
+func (p *Proxy) Create(dir node.FID, name string, t node.Type, a node.Attr, target string, excl bool, op node.Op) (st, d node.Status, created bool, err error) {
 	return p.c.CreateOp(p.c.NodeOf(dir), name, t, a.Mode, client.Creator{UID: a.UID, GID: a.GID}, target, a.Rdev, excl, string(op))
 }
 
@@ -430,28 +429,28 @@ func (p *Proxy) Reserve(uint64, int) ([]node.FID, error) {
 }
 
 // CreateReserved is refused, as Reserve is.
-func (p *Proxy) CreateReserved(node.FID, []vnode.Reserved, []vnode.Removed, vnode.Op) (made, removed []node.Status, d node.Status, err error) {
+func (p *Proxy) CreateReserved(node.FID, []node.Reserved, []node.Removed, node.Op) (made, removed []node.Status, d node.Status, err error) {
 	return nil, nil, d, fmt.Errorf("create reserved: not through a proxy: %w", syscall.EOPNOTSUPP)
 }
 
-func (p *Proxy) Link(dir node.FID, name string, target node.FID, op vnode.Op) (st, d node.Status, err error) {
+func (p *Proxy) Link(dir node.FID, name string, target node.FID, op node.Op) (st, d node.Status, err error) {
 	return p.c.LinkOp(p.c.NodeOf(dir), name, p.c.NodeOf(target), string(op))
 }
 
-func (p *Proxy) Remove(dir node.FID, name string, dirOnly bool, op vnode.Op) (d, st node.Status, err error) {
+func (p *Proxy) Remove(dir node.FID, name string, dirOnly bool, op node.Op) (d, st node.Status, err error) {
 	return p.c.RemoveOp(p.c.NodeOf(dir), name, dirOnly, string(op))
 }
 
-func (p *Proxy) Rename(src node.FID, sname string, dst node.FID, dname string, op vnode.Op) (vnode.RenameResult, error) {
+func (p *Proxy) Rename(src node.FID, sname string, dst node.FID, dname string, op node.Op) (node.RenameResult, error) {
 	s, d, moved, replaced, err := p.c.RenameOp(p.c.NodeOf(src), sname, p.c.NodeOf(dst), dname, string(op))
-	return vnode.RenameResult{SrcDir: s, DstDir: d, Moved: moved, Replaced: replaced}, err
+	return node.RenameResult{SrcDir: s, DstDir: d, Moved: moved, Replaced: replaced}, err
 }
 
-func (p *Proxy) SetAttr(f node.FID, c vnode.Change) (node.Status, error) {
+func (p *Proxy) SetAttr(f node.FID, c node.Change) (node.Status, error) {
 	return p.c.SetAttrChange(p.c.NodeOf(f), c)
 }
 
-func (p *Proxy) StatFS(volume uint64) (vnode.FSStat, error) { return p.c.StatFSVolume(volume) }
+func (p *Proxy) StatFS(volume uint64) (node.FSStat, error) { return p.c.StatFSVolume(volume) }
 
 // ReadAt serves f's bytes at off from the store, fetching the chunks it
 // lacks from the origin, and returns the status of the version they are
@@ -614,7 +613,7 @@ func (u *update) SetSize(n uint64) { u.args.HasSize, u.args.Size = true, n }
 
 // Commit stores the change at the origin; it is acknowledged to the proxy
 // client only once the origin acknowledged it.
-func (u *update) Commit(sync bool, mtime time.Time, op vnode.Op) (node.Status, error) {
+func (u *update) Commit(sync bool, mtime time.Time, op node.Op) (node.Status, error) {
 	if u.done {
 		return node.Status{}, errors.New("update already finished")
 	}

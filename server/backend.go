@@ -16,25 +16,25 @@ type Backend interface {
 	// Epoch changes at every start: clients of an earlier one reconnect.
 	Epoch() uint64
 
-	CreateVolume(name string) (vnode.Volume, error)
-	VolumeByName(name string) (vnode.Volume, error)
-	VolumeByID(id uint64) (vnode.Volume, error)
-	Volumes() ([]vnode.Volume, error)
+	CreateVolume(name string) (node.Volume, error)
+	VolumeByName(name string) (node.Volume, error)
+	VolumeByID(id uint64) (node.Volume, error)
+	Volumes() ([]node.Volume, error)
 
 	GetStatus(f node.FID) (node.Status, error)
 	Lookup(dir node.FID, name string) (child, d node.Status, err error)
-	ReadDir(dir node.FID, cookie uint64, max int) (ents []vnode.DirEntry, eof bool, d node.Status, err error)
-	Create(dir node.FID, name string, t node.Type, a vnode.Attr, target string, excl bool, op vnode.Op) (st, d node.Status, created bool, err error)
-	Link(dir node.FID, name string, target node.FID, op vnode.Op) (st, d node.Status, err error)
-	Remove(dir node.FID, name string, dirOnly bool, op vnode.Op) (d, st node.Status, err error)
-	Rename(src node.FID, sname string, dst node.FID, dname string, op vnode.Op) (vnode.RenameResult, error)
-	SetAttr(f node.FID, c vnode.Change) (node.Status, error)
+	ReadDir(dir node.FID, cookie uint64, max int) (ents []node.DirEntry, eof bool, d node.Status, err error)
+	Create(dir node.FID, name string, t node.Type, a node.Attr, target string, excl bool, op node.Op) (st, d node.Status, created bool, err error)
+	Link(dir node.FID, name string, target node.FID, op node.Op) (st, d node.Status, err error)
+	Remove(dir node.FID, name string, dirOnly bool, op node.Op) (d, st node.Status, err error)
+	Rename(src node.FID, sname string, dst node.FID, dname string, op node.Op) (node.RenameResult, error)
+	SetAttr(f node.FID, c node.Change) (node.Status, error)
 	// Reserve and CreateReserved serve directory delegations
 	// (dirdeleg.go); a backend without them fails both with EOPNOTSUPP,
 	// and its Delegation grants none on directories.
 	Reserve(volume uint64, n int) ([]node.FID, error)
-	CreateReserved(dir node.FID, fs []vnode.Reserved, rm []vnode.Removed, op vnode.Op) (made, removed []node.Status, d node.Status, err error)
-	StatFS(volume uint64) (vnode.FSStat, error)
+	CreateReserved(dir node.FID, fs []node.Reserved, rm []node.Removed, op node.Op) (made, removed []node.Status, d node.Status, err error)
+	StatFS(volume uint64) (node.FSStat, error)
 
 	// ReadAt reads file bytes for user (the client's name until there
 	// is authentication) along with the status of the version they
@@ -62,8 +62,8 @@ type Update interface {
 	Truncate(n uint64)
 	SetSize(n uint64)
 	// Commit makes the new version; op (if not empty) names the store,
-	// which is made only once however often it is sent (vnode.Op).
-	Commit(sync bool, mtime time.Time, op vnode.Op) (node.Status, error)
+	// which is made only once however often it is sent (node.Op).
+	Commit(sync bool, mtime time.Time, op node.Op) (node.Status, error)
 	Abort()
 }
 
@@ -72,7 +72,7 @@ func Local(store *vnode.Store) Backend { return local{store} }
 
 type local struct{ *vnode.Store }
 
-func (l local) StatFS(uint64) (vnode.FSStat, error) { return l.Store.StatFS() }
+func (l local) StatFS(uint64) (node.FSStat, error) { return l.Store.StatFS() }
 
 func (l local) ReadAt(f node.FID, p []byte, off int64, _ string) (int, node.Status, error) {
 	return l.Store.ReadAt(f, p, off)

@@ -12,7 +12,6 @@ import (
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
-	"github.com/hoardfs/hoard/vnode"
 )
 
 // heldRename is a store whose renames wait, before they are applied,
@@ -23,7 +22,7 @@ type heldRename struct {
 	entered, release chan struct{}
 }
 
-func (h heldRename) Rename(src node.FID, sname string, dst node.FID, dname string, op vnode.Op) (vnode.RenameResult, error) {
+func (h heldRename) Rename(src node.FID, sname string, dst node.FID, dname string, op node.Op) (node.RenameResult, error) {
 	close(h.entered)
 	<-h.release
 	return h.Backend.Rename(src, sname, dst, dname, op)
@@ -36,11 +35,11 @@ func (h heldRename) Rename(src node.FID, sname string, dst node.FID, dname strin
 // to lost/ while the client still read the file).
 func TestNoDelegationOnAFileBeingReplaced(t *testing.T) {
 	store, v := testStore(t)
-	victim, _, _, err := store.Create(v.Root, "f", node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, "")
+	victim, _, _, err := store.Create(v.Root, "f", node.TypeFile, node.Attr{Mode: 0o644}, "", true, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, _, err := store.Create(v.Root, "g", node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, ""); err != nil {
+	if _, _, _, err := store.Create(v.Root, "g", node.TypeFile, node.Attr{Mode: 0o644}, "", true, ""); err != nil {
 		t.Fatal(err)
 	}
 	held := heldRename{Local(store), make(chan struct{}), make(chan struct{})}
@@ -98,7 +97,7 @@ func (takenBack) Delegation(node.FID, bool) (callback.DelegKind, func() bool) {
 // by the checker through a proxy: two clients each wrote as if alone).
 func TestNoDelegationTakenBackMeanwhile(t *testing.T) {
 	store, v := testStore(t)
-	f, _, _, err := store.Create(v.Root, "f", node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, "")
+	f, _, _, err := store.Create(v.Root, "f", node.TypeFile, node.Attr{Mode: 0o644}, "", true, "")
 	if err != nil {
 		t.Fatal(err)
 	}

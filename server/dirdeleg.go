@@ -51,7 +51,7 @@ func (s *Server) changing(dirs ...node.FID) func() {
 // and no name of rm names its FID: an earlier attempt settled them, and
 // its reply was lost (a restart in between: the delegation it named is
 // gone, and the directory's version is past the base the retry names).
-func (s *Server) settledAlready(dir node.FID, fs []vnode.Reserved, rm []vnode.Removed) bool {
+func (s *Server) settledAlready(dir node.FID, fs []node.Reserved, rm []node.Removed) bool {
 	for _, f := range fs {
 		if st, _, err := s.store.Lookup(dir, f.Name); err != nil || st.FID != f.FID {
 			return false
@@ -143,22 +143,22 @@ func (s *Server) CreateReserved(ctx context.Context, req *pb.CreateReservedReque
 	if n := len(req.Files) + len(req.Removed); n == 0 || n > vnode.MaxReserve {
 		return nil, s.fail("CreateReserved", fmt.Errorf("settle %d files, want 1..%d: %w", n, vnode.MaxReserve, syscall.EINVAL))
 	}
-	fs := make([]vnode.Reserved, len(req.Files))
+	fs := make([]node.Reserved, len(req.Files))
 	for i, f := range req.Files {
 		fid, err := checkFID("create reserved", f.Fid)
 		if err != nil {
 			return nil, s.fail("CreateReserved", err)
 		}
-		fs[i] = vnode.Reserved{Name: f.Name, FID: fid, Attr: vnode.Attr{Mode: f.Mode, UID: f.Uid, GID: f.Gid}, Mtime: time.Unix(0, f.MtimeNs)}
+		fs[i] = node.Reserved{Name: f.Name, FID: fid, Attr: node.Attr{Mode: f.Mode, UID: f.Uid, GID: f.Gid}, Mtime: time.Unix(0, f.MtimeNs)}
 	}
-	rm := make([]vnode.Removed, len(req.Removed))
+	rm := make([]node.Removed, len(req.Removed))
 	gone := make([]node.FID, len(req.Removed))
 	for i, f := range req.Removed {
 		fid, err := checkFID("remove reserved", f.Fid)
 		if err != nil {
 			return nil, s.fail("CreateReserved", err)
 		}
-		rm[i], gone[i] = vnode.Removed{Name: f.Name, FID: fid}, fid
+		rm[i], gone[i] = node.Removed{Name: f.Name, FID: fid}, fid
 	}
 	once, err := opOf(ctx)
 	if err != nil {

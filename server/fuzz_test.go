@@ -39,26 +39,26 @@ func (f *fakeStream) Recv() (*pb.StoreRequest, error) {
 
 // testStore is a fresh vnode store, closed when t ends, with its root
 // volume.
-func testStore(t testing.TB) (*vnode.Store, vnode.Volume) {
+func testStore(t testing.TB) (*vnode.Store, node.Volume) {
 	store, err := vnode.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	v, _ := store.VolumeByName(vnode.RootVolume)
+	v, _ := store.VolumeByName(node.RootVolume)
 	return store, v
 }
 
 func newFuzzServer(t testing.TB) (*Server, node.FID) {
 	store, v := testStore(t)
-	st, _, _, err := store.Create(v.Root, "f", node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, "")
+	st, _, _, err := store.Create(v.Root, "f", node.TypeFile, node.Attr{Mode: 0o644}, "", true, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	u, _ := store.BeginUpdate(st.FID)
 	u.WriteAt([]byte("hello fuzz"), 0)
 	u.Commit(false, st.Mtime, "")
-	store.Create(v.Root, "d", node.TypeDir, vnode.Attr{Mode: 0o755}, "", true, "")
+	store.Create(v.Root, "d", node.TypeDir, node.Attr{Mode: 0o755}, "", true, "")
 	cfg := DefaultConfig()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	s := New(Local(store), cfg)
@@ -71,7 +71,7 @@ func newFuzzServer(t testing.TB) (*Server, node.FID) {
 // file in pieces of 7 bytes hung the fuzzer).
 func TestFetchPieceFloor(t *testing.T) {
 	s, f := newFuzzServer(t)
-	if _, err := s.SetAttr(context.Background(), &pb.SetAttrRequest{Fid: pb.FromFID(f), Mask: vnode.SetSize, Size: 1 << 20}); err != nil {
+	if _, err := s.SetAttr(context.Background(), &pb.SetAttrRequest{Fid: pb.FromFID(f), Mask: node.SetSize, Size: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	stream := &fakeStream{}

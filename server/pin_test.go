@@ -45,7 +45,7 @@ func tcpPair(t *testing.T) (server, client *net.TCPConn) {
 
 func storeFile(t *testing.T, st *vnode.Store, dir node.FID, name string, data []byte) node.FID {
 	t.Helper()
-	s, _, _, err := st.Create(dir, name, node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, "")
+	s, _, _, err := st.Create(dir, name, node.TypeFile, node.Attr{Mode: 0o644}, "", true, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestFetchSendHoldsNoLock(t *testing.T) {
 		if i > 5000 {
 			t.Fatal("no file in the slow file's shard")
 		}
-		s, _, _, err := st.Create(vol.Root, fmt.Sprintf("f%d", i), node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, "")
+		s, _, _, err := st.Create(vol.Root, fmt.Sprintf("f%d", i), node.TypeFile, node.Attr{Mode: 0o644}, "", true, "")
 		if err != nil {
 			t.Fatal(err)
 		}

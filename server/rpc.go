@@ -24,12 +24,12 @@ const (
 	minPiece = 4 << 10
 )
 
-func fromVolume(v vnode.Volume) *pb.Volume {
+func fromVolume(v node.Volume) *pb.Volume {
 	return &pb.Volume{Id: v.ID, Name: v.Name, Root: pb.FromFID(v.Root), CreatedNs: v.Created.UnixNano()}
 }
 
 func (s *Server) GetVolume(ctx context.Context, req *pb.GetVolumeRequest) (*pb.Volume, error) {
-	var v vnode.Volume
+	var v node.Volume
 	var err error
 	switch {
 	case req.Name != "" && req.Id == 0:
@@ -167,7 +167,7 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	if _, err := s.recallFor(ctx, o, true, dir); err != nil {
 		return nil, err
 	}
-	st, d, created, err := s.store.Create(dir, req.Name, t, vnode.Attr{Mode: req.Mode, UID: req.Uid, GID: req.Gid, Rdev: req.Rdev}, req.Target, req.Exclusive, o.once)
+	st, d, created, err := s.store.Create(dir, req.Name, t, node.Attr{Mode: req.Mode, UID: req.Uid, GID: req.Gid, Rdev: req.Rdev}, req.Target, req.Exclusive, o.once)
 	if err != nil {
 		return nil, s.fail("Create", err)
 	}
@@ -322,7 +322,7 @@ func (s *Server) SetAttr(ctx context.Context, req *pb.SetAttrRequest) (*pb.SetAt
 	if _, err := s.recallFor(ctx, o, true, f); err != nil {
 		return nil, err
 	}
-	st, err := s.store.SetAttr(f, vnode.Change{Mask: req.Mask, Mode: req.Mode, UID: req.Uid, GID: req.Gid,
+	st, err := s.store.SetAttr(f, node.Change{Mask: req.Mask, Mode: req.Mode, UID: req.Uid, GID: req.Gid,
 		Size: req.Size, Atime: time.Unix(0, req.AtimeNs), Mtime: time.Unix(0, req.MtimeNs)})
 	if err != nil {
 		return nil, s.fail("SetAttr", err)
@@ -474,7 +474,7 @@ func (s *Server) beginStore(o *op, hdr *pb.StoreRequest) (*storing, error) {
 	if hdr.Size > 1<<44 || hdr.Truncate > 1<<44 {
 		return nil, fmt.Errorf("store %v: size %d/%d: %w", f, hdr.Truncate, hdr.Size, syscall.EFBIG)
 	}
-	if err := vnode.CheckOp(vnode.Op(hdr.Op)); err != nil {
+	if err := vnode.CheckOp(node.Op(hdr.Op)); err != nil {
 		return nil, fmt.Errorf("store %v: %w", f, err)
 	}
 	if hdr.Stage != "" {
@@ -516,12 +516,12 @@ func (s *Server) madeBefore(f node.FID, hdr *pb.StoreRequest) (node.Status, bool
 	}
 	defer u.Abort()
 	m, ok := u.(interface {
-		Made(vnode.Op) (node.Status, bool, error)
+		Made(node.Op) (node.Status, bool, error)
 	})
 	if !ok {
 		return node.Status{}, false
 	}
-	st, made, err := m.Made(vnode.Op(hdr.Op))
+	st, made, err := m.Made(node.Op(hdr.Op))
 	return st, made && err == nil
 }
 
@@ -591,7 +591,7 @@ func (s *Server) commitStore(ctx context.Context, o *op, f node.FID, u Update, h
 	if hdr.MtimeNs != 0 {
 		mtime = time.Unix(0, hdr.MtimeNs)
 	}
-	st, err := u.Commit(hdr.Sync, mtime, vnode.Op(hdr.Op))
+	st, err := u.Commit(hdr.Sync, mtime, node.Op(hdr.Op))
 	if err != nil {
 		return st, err
 	}

@@ -422,13 +422,13 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 
 // opOf is the name the client gave a request that changes the namespace
 // (empty if none).
-func opOf(ctx context.Context) (vnode.Op, error) {
+func opOf(ctx context.Context) (node.Op, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	vals := md.Get(pb.OpMetadata)
 	if len(vals) == 0 {
 		return "", nil
 	}
-	op := vnode.Op(vals[0])
+	op := node.Op(vals[0])
 	return op, vnode.CheckOp(op)
 }
 
@@ -441,7 +441,7 @@ type op struct {
 	id    callback.ClientID
 	since uint64
 	// once names a namespace change for its retries (beginChange).
-	once vnode.Op
+	once node.Op
 	// user is who the caller acts for: its name, until there is
 	// authentication.
 	user string

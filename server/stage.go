@@ -12,7 +12,6 @@ import (
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
-	"github.com/hoardfs/hoard/vnode"
 )
 
 // Staged stores (StoreRequest.stage): a client writing a large file
@@ -79,8 +78,8 @@ func (s *Server) stageFor(o *op, f node.FID, hdr *pb.StoreRequest) (*stage, erro
 	if o.id == 0 {
 		return nil, fmt.Errorf("store %v: a stage needs a session: %w", f, syscall.EINVAL)
 	}
-	if len(hdr.Stage) > vnode.MaxOp {
-		return nil, fmt.Errorf("store %v: stage name of %d bytes, at most %d: %w", f, len(hdr.Stage), vnode.MaxOp, syscall.EINVAL)
+	if len(hdr.Stage) > node.MaxOp {
+		return nil, fmt.Errorf("store %v: stage name of %d bytes, at most %d: %w", f, len(hdr.Stage), node.MaxOp, syscall.EINVAL)
 	}
 	key := stageKey{o.id, f, hdr.Stage}
 	t := &s.stages

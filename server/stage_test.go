@@ -42,8 +42,8 @@ func stageServer(t *testing.T, old []byte) (s *Server, as func(callback.ClientID
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	v, _ := store.VolumeByName(vnode.RootVolume)
-	st, _, _, err := store.Create(v.Root, "f", node.TypeFile, vnode.Attr{Mode: 0o644}, "", true, "")
+	v, _ := store.VolumeByName(node.RootVolume)
+	st, _, _, err := store.Create(v.Root, "f", node.TypeFile, node.Attr{Mode: 0o644}, "", true, "")
 	if err != nil {
 		t.Fatal(err)
 	}

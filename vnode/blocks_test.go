@@ -32,7 +32,7 @@ func TestBlocksSparseAndDense(t *testing.T) {
 	}
 
 	sparse := mustCreate(t, s, dir, "sparse", node.TypeFile).FID
-	st, err := s.SetAttr(sparse, Change{Mask: SetSize, Size: 1 << 30})
+	st, err := s.SetAttr(sparse, node.Change{Mask: node.SetSize, Size: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}

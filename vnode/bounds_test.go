@@ -27,7 +27,7 @@ func TestSizesPastTheFileSystemRefused(t *testing.T) {
 		if size <= uint64(s.maxSize) {
 			continue // a file system that takes 16 TiB
 		}
-		_, err := s.SetAttr(f, Change{Mask: SetSize, Size: size})
+		_, err := s.SetAttr(f, node.Change{Mask: node.SetSize, Size: size})
 		wantErrno(t, err, syscall.EFBIG)
 		u, err := s.BeginUpdate(f)
 		if err != nil {

@@ -178,7 +178,7 @@ func (u *Update) SetSize(n uint64) { u.size, u.hasSize = n, true }
 // Made reports whether a store named op was made already (its reply was
 // lost), with the file's status now if so: a store sent again after the
 // staged writes it would publish are gone can only be answered this way.
-func (u *Update) Made(op Op) (st node.Status, made bool, err error) {
+func (u *Update) Made(op node.Op) (st node.Status, made bool, err error) {
 	if op == "" {
 		return st, false, nil
 	}
@@ -241,7 +241,7 @@ func decodePending(b []byte) (pending, error) {
 // sync, data and metadata are on stable storage before it returns. A
 // commit named by an op already recorded changes nothing: it was made
 // before, and its reply lost; the file's status is returned.
-func (u *Update) Commit(sync bool, mtime time.Time, op Op) (node.Status, error) {
+func (u *Update) Commit(sync bool, mtime time.Time, op node.Op) (node.Status, error) {
 	if u.done {
 		return node.Status{}, errors.New("update already finished")
 	}
@@ -357,7 +357,7 @@ func (u *Update) Commit(sync bool, mtime time.Time, op Op) (node.Status, error) 
 // record, read afresh, and the buckets that hold the bytes. A store
 // already made under op (its reply was lost) is answered with the status
 // it made instead (made).
-func (s *Store) publish(f node.FID, op Op, size uint64, mtime time.Time, apply func(v *vtx, r *record) error) (st node.Status, made bool, err error) {
+func (s *Store) publish(f node.FID, op node.Op, size uint64, mtime time.Time, apply func(v *vtx, r *record) error) (st node.Status, made bool, err error) {
 	err = s.mutate(f.Volume, func(v *vtx) error {
 		made = false // a run may be repeated (group)
 		if d, ok := v.findOp(op); ok {

@@ -25,7 +25,7 @@ func TestGroupCommit(t *testing.T) {
 		errs := make([]error, n)
 		for i := range n {
 			wg.Go(func() {
-				_, _, _, errs[i] = s.Create(dir, name(i), node.TypeFile, Attr{Mode: 0o644}, "", true, "")
+				_, _, _, errs[i] = s.Create(dir, name(i), node.TypeFile, node.Attr{Mode: 0o644}, "", true, "")
 			})
 		}
 		wg.Wait()

@@ -228,21 +228,13 @@ func (s *Store) Lookup(dir node.FID, name string) (child, d node.Status, err err
 	return child, d, err
 }
 
-// Attr is what a creator or setattr supplies.
-type Attr struct {
-	Mode uint32
-	UID  uint32
-	GID  uint32
-	Rdev uint64 // device nodes
-}
-
 // Create makes name in dir as a file, directory, symlink or mount point. An
 // existing file is returned with created=false unless excl (O_CREAT without
 // O_EXCL); any other existing entry is EEXIST. A repeated op answers as
 // the first one did, with the statuses as they are now and created=false:
 // name may have been changed since, so the reply must not say it names st
 // at d's version.
-func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target string, excl bool, op Op) (st, d node.Status, created bool, err error) {
+func (s *Store) Create(dir node.FID, name string, t node.Type, a node.Attr, target string, excl bool, op node.Op) (st, d node.Status, created bool, err error) {
 	if err := node.CheckName(name); err != nil {
 		return st, d, false, err
 	}
@@ -309,7 +301,7 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a Attr, target st
 }
 
 // Link adds name in dir for the existing non-directory target.
-func (s *Store) Link(dir node.FID, name string, target node.FID, op Op) (st, d node.Status, err error) {
+func (s *Store) Link(dir node.FID, name string, target node.FID, op node.Op) (st, d node.Status, err error) {
 	if err := node.CheckName(name); err != nil {
 		return st, d, err
 	}
@@ -361,7 +353,7 @@ func (s *Store) Link(dir node.FID, name string, target node.FID, op Op) (st, d n
 // Remove unlinks name from dir: with dirOnly it removes only an empty
 // directory (rmdir), otherwise only a non-directory (unlink). It returns the
 // directory's status and the removed vnode's (Nlink 0 when it is gone).
-func (s *Store) Remove(dir node.FID, name string, dirOnly bool, op Op) (d, st node.Status, err error) {
+func (s *Store) Remove(dir node.FID, name string, dirOnly bool, op node.Op) (d, st node.Status, err error) {
 	if err := node.CheckName(name); err != nil {
 		return d, st, err
 	}
@@ -412,17 +404,9 @@ func (s *Store) Remove(dir node.FID, name string, dirOnly bool, op Op) (d, st no
 	return d, st, err
 }
 
-// RenameResult is everything a rename changed.
-type RenameResult struct {
-	SrcDir, DstDir node.Status
-	Moved          node.Status
-	// Replaced is the vnode that dst named before, if any (Nlink 0 if gone).
-	Replaced *node.Status
-}
-
 // Rename moves src/sname to dst/dname atomically, replacing an existing
 // target as POSIX rename(2) does.
-func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, op Op) (res RenameResult, err error) {
+func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, op node.Op) (res node.RenameResult, err error) {
 	if err := node.CheckName(sname); err != nil {
 		return res, err
 	}
@@ -433,7 +417,7 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, o
 		return res, fmt.Errorf("rename %s: across volumes: %w", sname, syscall.EXDEV)
 	}
 	err = s.mutate(src.Volume, func(v *vtx) error {
-		res = RenameResult{} // a run may be repeated (group)
+		res = node.RenameResult{} // a run may be repeated (group)
 		sd, err := v.getDir(src)
 		if err != nil {
 			return err
@@ -446,7 +430,7 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, o
 			}
 		}
 		if o, ok := v.findOp(op); ok && len(o.vnodes) >= 1 {
-			res = RenameResult{SrcDir: v.statusOf(&sd, src.Vnode), DstDir: v.statusOf(&dd, dst.Vnode), Moved: v.statusNow(o.vnodes[0])}
+			res = node.RenameResult{SrcDir: v.statusOf(&sd, src.Vnode), DstDir: v.statusOf(&dd, dst.Vnode), Moved: v.statusNow(o.vnodes[0])}
 			if len(o.vnodes) == 2 {
 				rst := v.statusNow(o.vnodes[1])
 				res.Replaced = &rst
@@ -470,7 +454,7 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, o
 		}
 		if exists && de.Vnode == se.Vnode {
 			// Both names already refer to the same vnode: POSIX says do nothing.
-			res = RenameResult{SrcDir: v.statusOf(&sd, src.Vnode), DstDir: v.statusOf(&dd, dst.Vnode), Moved: v.statusOf(&mr, se.Vnode)}
+			res = node.RenameResult{SrcDir: v.statusOf(&sd, src.Vnode), DstDir: v.statusOf(&dd, dst.Vnode), Moved: v.statusOf(&mr, se.Vnode)}
 			return nil
 		}
 		isDir := mr.Type == node.TypeDir
@@ -554,36 +538,17 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, o
 	return res, err
 }
 
-// SetAttr bits say which fields of a SetAttr call apply.
-const (
-	SetMode uint32 = 1 << iota
-	SetUID
-	SetGID
-	SetSize
-	SetAtime
-	SetMtime
-)
-
-// Change is a setattr request.
-type Change struct {
-	Mask         uint32
-	Mode         uint32
-	UID, GID     uint32
-	Size         uint64
-	Atime, Mtime time.Time
-}
-
 // SetAttr changes status fields; a size change is a data change and goes
 // through the same staged commit as a store.
-func (s *Store) SetAttr(f node.FID, c Change) (node.Status, error) {
-	if c.Mask&SetSize != 0 {
+func (s *Store) SetAttr(f node.FID, c node.Change) (node.Status, error) {
+	if c.Mask&node.SetSize != 0 {
 		u, err := s.BeginUpdate(f)
 		if err != nil {
 			return node.Status{}, err
 		}
 		u.SetSize(c.Size)
 		st, err := u.Commit(true, time.Time{}, "")
-		if err != nil || c.Mask&^SetSize == 0 {
+		if err != nil || c.Mask&^node.SetSize == 0 {
 			return st, err
 		}
 	}
@@ -593,19 +558,19 @@ func (s *Store) SetAttr(f node.FID, c Change) (node.Status, error) {
 		if err != nil {
 			return err
 		}
-		if c.Mask&SetMode != 0 {
+		if c.Mask&node.SetMode != 0 {
 			r.Mode = c.Mode & 0o7777
 		}
-		if c.Mask&SetUID != 0 {
+		if c.Mask&node.SetUID != 0 {
 			r.UID = c.UID
 		}
-		if c.Mask&SetGID != 0 {
+		if c.Mask&node.SetGID != 0 {
 			r.GID = c.GID
 		}
-		if c.Mask&SetAtime != 0 {
+		if c.Mask&node.SetAtime != 0 {
 			r.Atime = c.Atime.UnixNano()
 		}
-		if c.Mask&SetMtime != 0 {
+		if c.Mask&node.SetMtime != 0 {
 			r.Mtime = c.Mtime.UnixNano()
 		}
 		r.Ctime = v.now
@@ -615,19 +580,11 @@ func (s *Store) SetAttr(f node.FID, c Change) (node.Status, error) {
 	return st, err
 }
 
-// DirEntry is one readdir result.
-type DirEntry struct {
-	Name   string
-	FID    node.FID
-	Type   node.Type
-	Cookie uint64
-}
-
 // ReadDir lists up to max entries of dir after cookie (0: from the start).
 // Cookies are per-entry sequence numbers, stable while the entry exists, so
 // a listing of a huge directory resumes exactly where it stopped even when
 // entries are added or removed in between.
-func (s *Store) ReadDir(dir node.FID, cookie uint64, max int) (ents []DirEntry, eof bool, d node.Status, err error) {
+func (s *Store) ReadDir(dir node.FID, cookie uint64, max int) (ents []node.DirEntry, eof bool, d node.Status, err error) {
 	if max <= 0 || max > 10000 {
 		max = 10000
 	}
@@ -650,7 +607,7 @@ func (s *Store) ReadDir(dir node.FID, cookie uint64, max int) (ents []DirEntry, 
 			if !ok {
 				return fmt.Errorf("directory %v: entry %q: %w", dir, name, errCorrupt)
 			}
-			ents = append(ents, DirEntry{Name: string(name), FID: node.FID{Volume: v.id, Vnode: e.Vnode, Unique: v.unique(e.Vnode)}, Type: e.Type, Cookie: e.Cookie})
+			ents = append(ents, node.DirEntry{Name: string(name), FID: node.FID{Volume: v.id, Vnode: e.Vnode, Unique: v.unique(e.Vnode)}, Type: e.Type, Cookie: e.Cookie})
 		}
 		eof = true
 		return nil
@@ -666,16 +623,11 @@ func (v *vtx) unique(vnode uint64) uint64 {
 	return getU64(b[:8])
 }
 
-// FSStat is file-system-wide space.
-type FSStat struct {
-	BlockSize, Blocks, BlocksFree, Files, FilesFree uint64
-}
-
 // StatFS reports the space of the file system holding the data directory.
-func (s *Store) StatFS() (FSStat, error) {
+func (s *Store) StatFS() (node.FSStat, error) {
 	var sf syscall.Statfs_t
 	if err := syscall.Statfs(s.dir, &sf); err != nil {
-		return FSStat{}, err
+		return node.FSStat{}, err
 	}
-	return FSStat{BlockSize: uint64(sf.Bsize), Blocks: sf.Blocks, BlocksFree: sf.Bavail, Files: sf.Files, FilesFree: sf.Ffree}, nil
+	return node.FSStat{BlockSize: uint64(sf.Bsize), Blocks: sf.Blocks, BlocksFree: sf.Bavail, Files: sf.Files, FilesFree: sf.Ffree}, nil
 }

@@ -10,18 +10,6 @@ import (
 	"github.com/hoardfs/hoard/node"
 )
 
-// Op names one client request that changes the namespace (create, link,
-// remove, rename). A client sends a request again when its reply was lost
-// (the connection broke, the server restarted), not knowing whether it was
-// carried out; the outcome is recorded in the transaction that makes the
-// change, so that the request sent again finds the change made rather than
-// making it twice or failing (a rename applied before a crash must not
-// answer ENOENT when retried after it). The empty Op names none.
-type Op string
-
-// MaxOp bounds an Op's length.
-const MaxOp = 64
-
 // opKeep is how long an outcome is kept: far longer than a client retries
 // a request (its RPC timeout).
 const opKeep = 10 * time.Minute
@@ -44,9 +32,9 @@ const doneVnode = 25
 
 // CheckOp refuses an Op that is too long or holds bytes other than
 // printable ASCII.
-func CheckOp(op Op) error {
-	if len(op) > MaxOp {
-		return fmt.Errorf("op id of %d bytes, at most %d: %w", len(op), MaxOp, syscall.EINVAL)
+func CheckOp(op node.Op) error {
+	if len(op) > node.MaxOp {
+		return fmt.Errorf("op id of %d bytes, at most %d: %w", len(op), node.MaxOp, syscall.EINVAL)
 	}
 	for i := 0; i < len(op); i++ {
 		if op[i] <= ' ' || op[i] > '~' {
@@ -57,7 +45,7 @@ func CheckOp(op Op) error {
 }
 
 // findOp returns the recorded outcome of op.
-func (v *vtx) findOp(op Op) (done, bool) {
+func (v *vtx) findOp(op node.Op) (done, bool) {
 	if op == "" {
 		return done{}, false
 	}
@@ -74,7 +62,7 @@ func (v *vtx) findOp(op Op) (done, bool) {
 }
 
 // recordOp records op's outcome and forgets outcomes older than opKeep.
-func (v *vtx) recordOp(op Op, d done) error {
+func (v *vtx) recordOp(op node.Op, d done) error {
 	if op == "" {
 		return nil
 	}

@@ -16,7 +16,7 @@ func TestOpRepeated(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir)
 	r := root(t, s)
-	st, _, created, err := s.Create(r, "a", node.TypeFile, Attr{Mode: 0o644}, "", true, "op-create")
+	st, _, created, err := s.Create(r, "a", node.TypeFile, node.Attr{Mode: 0o644}, "", true, "op-create")
 	if err != nil || !created {
 		t.Fatal(err, created)
 	}
@@ -27,7 +27,7 @@ func TestOpRepeated(t *testing.T) {
 	s.Close()
 	s = open(t, dir)
 
-	again, _, created, err := s.Create(r, "a", node.TypeFile, Attr{Mode: 0o644}, "", true, "op-create")
+	again, _, created, err := s.Create(r, "a", node.TypeFile, node.Attr{Mode: 0o644}, "", true, "op-create")
 	if err != nil || created || again.FID != st.FID {
 		t.Fatalf("repeated exclusive create: %v %v %v, want the first one's %v", err, created, again.FID, st.FID)
 	}
@@ -90,7 +90,7 @@ func TestOpFailedNotRecorded(t *testing.T) {
 func TestOpForgotten(t *testing.T) {
 	s := open(t, t.TempDir())
 	r := root(t, s)
-	record := func(op Op, at int64) {
+	record := func(op node.Op, at int64) {
 		t.Helper()
 		err := s.mutate(r.Volume, func(v *vtx) error {
 			v.now = at
@@ -100,7 +100,7 @@ func TestOpForgotten(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	found := func(op Op) bool {
+	found := func(op node.Op) bool {
 		var ok bool
 		s.view(r.Volume, func(v *vtx) error { _, ok = v.findOp(op); return nil })
 		return ok
@@ -121,12 +121,12 @@ func TestOpForgotten(t *testing.T) {
 }
 
 func TestCheckOp(t *testing.T) {
-	for _, op := range []Op{"", "0123456789abcdef", Op(strings.Repeat("a", MaxOp))} {
+	for _, op := range []node.Op{"", "0123456789abcdef", node.Op(strings.Repeat("a", node.MaxOp))} {
 		if err := CheckOp(op); err != nil {
 			t.Errorf("%q: %v", op, err)
 		}
 	}
-	for _, op := range []Op{Op(strings.Repeat("a", MaxOp+1)), "a b", "a\x00", "\xff"} {
+	for _, op := range []node.Op{node.Op(strings.Repeat("a", node.MaxOp+1)), "a b", "a\x00", "\xff"} {
 		if err := CheckOp(op); err == nil {
 			t.Errorf("%q accepted", op)
 		}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"syscall"
-	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -99,21 +98,6 @@ func pruneReserved(tx *bolt.Tx, current uint64) error {
 	return nil
 }
 
-// Reserved is a file made under a directory delegation, to be created
-// with the FID it was given.
-type Reserved struct {
-	Name  string
-	FID   node.FID
-	Attr  Attr
-	Mtime time.Time
-}
-
-// Removed is a file removed under a directory delegation: Name named FID.
-type Removed struct {
-	Name string
-	FID  node.FID
-}
-
 // CreateReserved removes the files rm from dir and makes the regular
 // files fs in it, in one transaction: all or none. Each FID of fs must be
 // reserved and each name free once rm are gone (the client held the
@@ -123,7 +107,7 @@ type Removed struct {
 // version goes up once per file made or removed, as by one Create or
 // Remove each. It returns the statuses of fs, then those of rm (Nlink 0
 // once gone).
-func (s *Store) CreateReserved(dir node.FID, fs []Reserved, rm []Removed, op Op) (sts, gone []node.Status, d node.Status, err error) {
+func (s *Store) CreateReserved(dir node.FID, fs []node.Reserved, rm []node.Removed, op node.Op) (sts, gone []node.Status, d node.Status, err error) {
 	for _, f := range fs {
 		if err := node.CheckName(f.Name); err != nil {
 			return nil, nil, d, err
@@ -213,7 +197,7 @@ func (s *Store) CreateReserved(dir node.FID, fs []Reserved, rm []Removed, op Op)
 
 // removeReserved removes f from dir (record dr) for CreateReserved: a
 // regular file, or a symbolic link or special file, never a directory.
-func (v *vtx) removeReserved(dr *record, dir node.FID, f Removed) (node.Status, error) {
+func (v *vtx) removeReserved(dr *record, dir node.FID, f node.Removed) (node.Status, error) {
 	e, ok, err := v.lookup(dir.Vnode, f.Name)
 	if err != nil {
 		return node.Status{}, err

@@ -29,7 +29,7 @@ func TestCreateReserved(t *testing.T) {
 		t.Fatalf("reserve: %v %v", fids, err)
 	}
 	mt := time.Unix(1700000000, 0)
-	batch := []Reserved{{Name: "a", FID: fids[0], Attr: Attr{Mode: 0o640, UID: 7}, Mtime: mt}, {Name: "b", FID: fids[1], Mtime: mt}}
+	batch := []node.Reserved{{Name: "a", FID: fids[0], Attr: node.Attr{Mode: 0o640, UID: 7}, Mtime: mt}, {Name: "b", FID: fids[1], Mtime: mt}}
 	sts, _, dst, err := s.CreateReserved(d.FID, batch, nil, "op1")
 	if err != nil || len(sts) != 2 {
 		t.Fatalf("create reserved: %v %v", sts, err)
@@ -49,30 +49,30 @@ func TestCreateReserved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again, _, dst2, err := s.CreateReserved(d.FID, []Reserved{batch[0], {Name: "a2", FID: extra[0]}}, nil, "op1b"); err != nil ||
+	if again, _, dst2, err := s.CreateReserved(d.FID, []node.Reserved{batch[0], {Name: "a2", FID: extra[0]}}, nil, "op1b"); err != nil ||
 		again[0].FID != fids[0] || again[1].FID != extra[0] || dst2.DataVersion != dst.DataVersion+1 {
 		t.Fatalf("a later attempt with one more file: %v %+v %v", again, dst2, err)
 	}
-	_, _, _, err = s.CreateReserved(d.FID, []Reserved{{Name: "c", FID: fids[0]}}, nil, "op2")
+	_, _, _, err = s.CreateReserved(d.FID, []node.Reserved{{Name: "c", FID: fids[0]}}, nil, "op2")
 	wantErrno(t, err, syscall.EINVAL)
 	// All or none: a taken name fails the batch, and its FIDs stay reserved.
-	_, _, _, err = s.CreateReserved(d.FID, []Reserved{{Name: "c", FID: fids[2]}, {Name: "a", FID: fids[2]}}, nil, "op3")
+	_, _, _, err = s.CreateReserved(d.FID, []node.Reserved{{Name: "c", FID: fids[2]}, {Name: "a", FID: fids[2]}}, nil, "op3")
 	wantErrno(t, err, syscall.EEXIST)
 	if _, _, err := s.Lookup(d.FID, "c"); err == nil {
 		t.Fatal("a failed batch left a name")
 	}
 	forged := fids[2]
 	forged.Unique++
-	_, _, _, err = s.CreateReserved(d.FID, []Reserved{{Name: "c", FID: forged}}, nil, "op4")
+	_, _, _, err = s.CreateReserved(d.FID, []node.Reserved{{Name: "c", FID: forged}}, nil, "op4")
 	wantErrno(t, err, syscall.EINVAL)
-	_, _, _, err = s.CreateReserved(d.FID, []Reserved{{Name: "../x", FID: fids[2]}}, nil, "op5")
+	_, _, _, err = s.CreateReserved(d.FID, []node.Reserved{{Name: "../x", FID: fids[2]}}, nil, "op5")
 	wantErrno(t, err, syscall.EINVAL)
 	s.Close()
 	s = open(t, dir)
 	if st, _, err := s.Lookup(d.FID, "b"); err != nil || st.FID != fids[1] {
 		t.Fatalf("after a restart b is %+v %v", st, err)
 	}
-	if _, _, _, err := s.CreateReserved(d.FID, []Reserved{{Name: "c", FID: fids[2]}}, nil, "op6"); err != nil {
+	if _, _, _, err := s.CreateReserved(d.FID, []node.Reserved{{Name: "c", FID: fids[2]}}, nil, "op6"); err != nil {
 		t.Fatalf("a reservation did not survive the restart: %v", err)
 	}
 	later := mustCreate(t, s, d.FID, "later", node.TypeFile)
@@ -107,15 +107,15 @@ func TestCreateReservedRemoves(t *testing.T) {
 	}
 	forged := b.FID
 	forged.Unique++
-	_, _, _, err = s.CreateReserved(d.FID, nil, []Removed{{Name: "a", FID: a.FID}, {Name: "b", FID: forged}}, "bad1")
+	_, _, _, err = s.CreateReserved(d.FID, nil, []node.Removed{{Name: "a", FID: a.FID}, {Name: "b", FID: forged}}, "bad1")
 	wantErrno(t, err, syscall.ESTALE)
-	_, _, _, err = s.CreateReserved(d.FID, nil, []Removed{{Name: "a", FID: a.FID}, {Name: "sub", FID: sub.FID}}, "bad2")
+	_, _, _, err = s.CreateReserved(d.FID, nil, []node.Removed{{Name: "a", FID: a.FID}, {Name: "sub", FID: sub.FID}}, "bad2")
 	wantErrno(t, err, syscall.EISDIR)
 	if st, _, err := s.Lookup(d.FID, "a"); err != nil || st.FID != a.FID {
 		t.Fatalf("a failed batch removed a: %+v %v", st, err)
 	}
-	made := []Reserved{{Name: "a", FID: fids[0], Mtime: time.Unix(1700000000, 0)}}
-	rm := []Removed{{Name: "a", FID: a.FID}, {Name: "b", FID: b.FID}}
+	made := []node.Reserved{{Name: "a", FID: fids[0], Mtime: time.Unix(1700000000, 0)}}
+	rm := []node.Removed{{Name: "a", FID: a.FID}, {Name: "b", FID: b.FID}}
 	sts, gone, dst, err := s.CreateReserved(d.FID, made, rm, "op1")
 	if err != nil || len(sts) != 1 || len(gone) != 2 {
 		t.Fatalf("settle: %v %v %v", sts, gone, err)
@@ -134,7 +134,7 @@ func TestCreateReservedRemoves(t *testing.T) {
 			t.Fatalf("removed file %v still has a status", f)
 		}
 	}
-	for _, op := range []Op{"op1", "op2"} {
+	for _, op := range []node.Op{"op1", "op2"} {
 		_, again, dst2, err := s.CreateReserved(d.FID, made, rm, op)
 		if err != nil || len(again) != 2 || again[1].FID != b.FID || dst2.DataVersion != dst.DataVersion {
 			t.Fatalf("retry as %s: %+v %+v %v", op, again, dst2, err)
@@ -170,13 +170,13 @@ func TestReservationsPrunedAfterTwoStarts(t *testing.T) {
 	}
 	s.Close()
 	s = open(t, dir)
-	if _, _, _, err := s.CreateReserved(d.FID, []Reserved{{Name: "a", FID: fids[0]}}, nil, "op1"); err != nil {
+	if _, _, _, err := s.CreateReserved(d.FID, []node.Reserved{{Name: "a", FID: fids[0]}}, nil, "op1"); err != nil {
 		t.Fatalf("a reservation after one restart: %v", err)
 	}
 	s.Close()
 	s = open(t, dir)
 	for i, f := range fids[1:] {
-		_, _, _, err := s.CreateReserved(d.FID, []Reserved{{Name: fmt.Sprint("b", i), FID: f}}, nil, Op(fmt.Sprint("op2", i)))
+		_, _, _, err := s.CreateReserved(d.FID, []node.Reserved{{Name: fmt.Sprint("b", i), FID: f}}, nil, node.Op(fmt.Sprint("op2", i)))
 		wantErrno(t, err, syscall.EINVAL)
 	}
 	if err := s.db.View(func(tx *bolt.Tx) error {

@@ -34,8 +34,8 @@ var (
 	bktVolNames = []byte("volnames")
 	bktPending  = []byte("pending")
 	bktGarbage  = []byte("garbage")
-	bktOps      = []byte("ops")      // Op → outcome (once.go)
-	bktOpTimes  = []byte("optimes")  // time, Op → nothing: for forgetting old outcomes
+	bktOps      = []byte("ops")      // node.Op → outcome (once.go)
+	bktOpTimes  = []byte("optimes")  // time, node.Op → nothing: for forgetting old outcomes
 	bktReserved = []byte("reserved") // volume, vnode → uniquifier: FIDs set aside (reserve.go)
 	// Per-volume sub-buckets.
 	bktVnodes  = []byte("vnodes")
@@ -54,17 +54,6 @@ var (
 // formatVersion 3 added the volumes' inline buckets; a store of format 2
 // is upgraded when opened.
 const formatVersion = 3
-
-// RootVolume is the volume a new server creates and clients mount.
-const RootVolume = "root"
-
-// Volume describes one volume.
-type Volume struct {
-	ID      uint64
-	Name    string
-	Root    node.FID
-	Created time.Time
-}
 
 // Store is an open server data directory.
 type Store struct {
@@ -160,8 +149,8 @@ func (s *Store) init() error {
 		if err := pruneReserved(tx, s.epoch); err != nil {
 			return err
 		}
-		if tx.Bucket(bktVolNames).Get([]byte(RootVolume)) == nil {
-			_, err := createVolume(tx, RootVolume)
+		if tx.Bucket(bktVolNames).Get([]byte(node.RootVolume)) == nil {
+			_, err := createVolume(tx, node.RootVolume)
 			return err
 		}
 		return nil
@@ -251,26 +240,26 @@ func getU64(b []byte) uint64 {
 
 // --- volumes ---
 
-func createVolume(tx *bolt.Tx, name string) (Volume, error) {
+func createVolume(tx *bolt.Tx, name string) (node.Volume, error) {
 	if err := node.CheckVolumeName(name); err != nil {
-		return Volume{}, err
+		return node.Volume{}, err
 	}
 	names := tx.Bucket(bktVolNames)
 	if names.Get([]byte(name)) != nil {
-		return Volume{}, fmt.Errorf("volume %s: %w", name, syscall.EEXIST)
+		return node.Volume{}, fmt.Errorf("volume %s: %w", name, syscall.EEXIST)
 	}
 	meta := tx.Bucket(bktMeta)
 	id := getU64(meta.Get(keyNextVol)) + 1
 	if err := meta.Put(keyNextVol, u64(id)); err != nil {
-		return Volume{}, err
+		return node.Volume{}, err
 	}
 	vb, err := tx.Bucket(bktVolumes).CreateBucket(u64(id))
 	if err != nil {
-		return Volume{}, err
+		return node.Volume{}, err
 	}
 	for _, b := range [][]byte{bktVnodes, bktNames, bktCookies, bktVolMeta, bktInline} {
 		if _, err := vb.CreateBucket(b); err != nil {
-			return Volume{}, err
+			return node.Volume{}, err
 		}
 	}
 	now := time.Now().UnixNano()
@@ -282,21 +271,21 @@ func createVolume(tx *bolt.Tx, name string) (Volume, error) {
 		{[]byte("name"), []byte(name)}, {[]byte("created"), u64(uint64(now))},
 	} {
 		if err := vm.Put(kv[0], kv[1]); err != nil {
-			return Volume{}, err
+			return node.Volume{}, err
 		}
 	}
 	if err := vb.Bucket(bktVnodes).Put(u64(1), root.encode()); err != nil {
-		return Volume{}, err
+		return node.Volume{}, err
 	}
 	if err := names.Put([]byte(name), u64(id)); err != nil {
-		return Volume{}, err
+		return node.Volume{}, err
 	}
 	return volumeOf(id, vb), nil
 }
 
-func volumeOf(id uint64, vb *bolt.Bucket) Volume {
+func volumeOf(id uint64, vb *bolt.Bucket) node.Volume {
 	vm := vb.Bucket(bktVolMeta)
-	return Volume{
+	return node.Volume{
 		ID:      id,
 		Name:    string(vm.Get([]byte("name"))),
 		Root:    node.FID{Volume: id, Vnode: 1, Unique: 1},
@@ -305,8 +294,8 @@ func volumeOf(id uint64, vb *bolt.Bucket) Volume {
 }
 
 // CreateVolume makes a new, empty volume.
-func (s *Store) CreateVolume(name string) (Volume, error) {
-	var v Volume
+func (s *Store) CreateVolume(name string) (node.Volume, error) {
+	var v node.Volume
 	err := s.update(func(tx *bolt.Tx) (err error) {
 		v, err = createVolume(tx, name)
 		return err
@@ -315,8 +304,8 @@ func (s *Store) CreateVolume(name string) (Volume, error) {
 }
 
 // VolumeByName finds a volume; ENOENT if there is none.
-func (s *Store) VolumeByName(name string) (Volume, error) {
-	var v Volume
+func (s *Store) VolumeByName(name string) (node.Volume, error) {
+	var v node.Volume
 	err := s.db.View(func(tx *bolt.Tx) error {
 		id := tx.Bucket(bktVolNames).Get([]byte(name))
 		if id == nil {
@@ -329,8 +318,8 @@ func (s *Store) VolumeByName(name string) (Volume, error) {
 }
 
 // VolumeByID finds a volume; ENOENT if there is none.
-func (s *Store) VolumeByID(id uint64) (Volume, error) {
-	var v Volume
+func (s *Store) VolumeByID(id uint64) (node.Volume, error) {
+	var v node.Volume
 	err := s.db.View(func(tx *bolt.Tx) error {
 		vb := tx.Bucket(bktVolumes).Bucket(u64(id))
 		if vb == nil {
@@ -343,8 +332,8 @@ func (s *Store) VolumeByID(id uint64) (Volume, error) {
 }
 
 // Volumes lists every volume by id.
-func (s *Store) Volumes() ([]Volume, error) {
-	var vs []Volume
+func (s *Store) Volumes() ([]node.Volume, error) {
+	var vs []node.Volume
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bktVolumes).ForEachBucket(func(k []byte) error {
 			vs = append(vs, volumeOf(getU64(k), tx.Bucket(bktVolumes).Bucket(k)))

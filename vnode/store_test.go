@@ -29,7 +29,7 @@ func open(t *testing.T, dir string) *Store {
 
 func root(t *testing.T, s *Store) node.FID {
 	t.Helper()
-	v, err := s.VolumeByName(RootVolume)
+	v, err := s.VolumeByName(node.RootVolume)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func root(t *testing.T, s *Store) node.FID {
 
 func mustCreate(t *testing.T, s *Store, dir node.FID, name string, typ node.Type) node.Status {
 	t.Helper()
-	st, _, created, err := s.Create(dir, name, typ, Attr{Mode: 0o644}, "", true, "")
+	st, _, created, err := s.Create(dir, name, typ, node.Attr{Mode: 0o644}, "", true, "")
 	if err != nil || !created {
 		t.Fatalf("create %s: %v created=%v", name, err, created)
 	}
@@ -103,7 +103,7 @@ func TestEpochAndRootVolume(t *testing.T) {
 	s := open(t, dir)
 	e1 := s.Epoch()
 	vs, err := s.Volumes()
-	if err != nil || len(vs) != 1 || vs[0].Name != RootVolume {
+	if err != nil || len(vs) != 1 || vs[0].Name != node.RootVolume {
 		t.Fatalf("volumes %v %v", vs, err)
 	}
 	s.Close()
@@ -139,11 +139,11 @@ func TestVolumes(t *testing.T) {
 		t.Fatalf("missing volume: %v", err)
 	}
 	r := root(t, s)
-	mp, _, _, err := s.Create(r, "proj", node.TypeMountPoint, Attr{Mode: 0o755}, "proj", true, "")
+	mp, _, _, err := s.Create(r, "proj", node.TypeMountPoint, node.Attr{Mode: 0o755}, "proj", true, "")
 	if err != nil || mp.Type != node.TypeMountPoint || mp.Target != "proj" {
 		t.Fatalf("mount point: %+v %v", mp, err)
 	}
-	if _, _, _, err := s.Create(r, "bad", node.TypeMountPoint, Attr{}, "nope", true, ""); !errors.Is(err, syscall.ENOENT) {
+	if _, _, _, err := s.Create(r, "bad", node.TypeMountPoint, node.Attr{}, "nope", true, ""); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("mount point to a missing volume: %v", err)
 	}
 	// Files in the new volume are separate from root's.
@@ -170,7 +170,7 @@ func TestBadNames(t *testing.T) {
 		"a\x00b":                 syscall.EINVAL,
 		strings.Repeat("n", 256): syscall.ENAMETOOLONG,
 	} {
-		_, _, _, err := s.Create(r, name, node.TypeFile, Attr{}, "", true, "")
+		_, _, _, err := s.Create(r, name, node.TypeFile, node.Attr{}, "", true, "")
 		wantErrno(t, err, want)
 		_, _, err = s.Lookup(r, name)
 		wantErrno(t, err, want)
@@ -184,7 +184,7 @@ func TestCreateLookupRemove(t *testing.T) {
 	s := open(t, t.TempDir())
 	r := root(t, s)
 	d0, _ := s.GetStatus(r)
-	st, d, created, err := s.Create(r, "f", node.TypeFile, Attr{Mode: 0o640, UID: 7, GID: 8}, "", true, "")
+	st, d, created, err := s.Create(r, "f", node.TypeFile, node.Attr{Mode: 0o640, UID: 7, GID: 8}, "", true, "")
 	if err != nil || !created || st.Mode != 0o640 || st.UID != 7 || st.GID != 8 || st.Nlink != 1 || st.Type != node.TypeFile {
 		t.Fatalf("create: %+v %v", st, err)
 	}
@@ -192,13 +192,13 @@ func TestCreateLookupRemove(t *testing.T) {
 		t.Fatalf("directory version did not advance: %d -> %d", d0.DataVersion, d.DataVersion)
 	}
 	// O_CREAT without O_EXCL returns the existing file.
-	again, _, created, err := s.Create(r, "f", node.TypeFile, Attr{}, "", false, "")
+	again, _, created, err := s.Create(r, "f", node.TypeFile, node.Attr{}, "", false, "")
 	if err != nil || created || again.FID != st.FID {
 		t.Fatalf("non-exclusive create: %+v created=%v %v", again, created, err)
 	}
-	_, _, _, err = s.Create(r, "f", node.TypeFile, Attr{}, "", true, "")
+	_, _, _, err = s.Create(r, "f", node.TypeFile, node.Attr{}, "", true, "")
 	wantErrno(t, err, syscall.EEXIST)
-	_, _, _, err = s.Create(r, "f", node.TypeDir, Attr{}, "", false, "")
+	_, _, _, err = s.Create(r, "f", node.TypeDir, node.Attr{}, "", false, "")
 	wantErrno(t, err, syscall.EEXIST)
 	got, _, err := s.Lookup(r, "f")
 	if err != nil || got.FID != st.FID {
@@ -259,11 +259,11 @@ func TestDirectories(t *testing.T) {
 func TestSymlinkAndLink(t *testing.T) {
 	s := open(t, t.TempDir())
 	r := root(t, s)
-	sl, _, _, err := s.Create(r, "l", node.TypeSymlink, Attr{Mode: 0o777}, "../target", true, "")
+	sl, _, _, err := s.Create(r, "l", node.TypeSymlink, node.Attr{Mode: 0o777}, "../target", true, "")
 	if err != nil || sl.Target != "../target" || sl.Size != 9 {
 		t.Fatalf("symlink: %+v %v", sl, err)
 	}
-	_, _, _, err = s.Create(r, "l2", node.TypeSymlink, Attr{}, "", true, "")
+	_, _, _, err = s.Create(r, "l2", node.TypeSymlink, node.Attr{}, "", true, "")
 	wantErrno(t, err, syscall.EINVAL)
 	f := mustCreate(t, s, r, "f", node.TypeFile)
 	write(t, s, f.FID, 0, []byte("shared"))
@@ -463,14 +463,14 @@ func TestDataStores(t *testing.T) {
 	}
 	want = farWant
 	// Setattr size: extend with zeros, then shrink.
-	st, err := s.SetAttr(f, Change{Mask: SetSize, Size: 3000})
+	st, err := s.SetAttr(f, node.Change{Mask: node.SetSize, Size: 3000})
 	if err != nil || st.Size != 3000 {
 		t.Fatalf("extend: %+v %v", st, err)
 	}
 	if got := read(t, s, f); !bytes.Equal(got[:len(want)], want) || !bytes.Equal(got[len(want):], make([]byte, 3000-len(want))) {
 		t.Fatal("extended file read back wrong")
 	}
-	st, _ = s.SetAttr(f, Change{Mask: SetSize | SetMode, Size: 2, Mode: 0o600})
+	st, _ = s.SetAttr(f, node.Change{Mask: node.SetSize | node.SetMode, Size: 2, Mode: 0o600})
 	if st.Size != 2 || st.Mode != 0o600 || string(read(t, s, f)) != "01" {
 		t.Fatalf("shrink: %+v %q", st, read(t, s, f))
 	}
@@ -479,7 +479,7 @@ func TestDataStores(t *testing.T) {
 		t.Fatalf("read at end: %v", err)
 	}
 	e := mustCreate(t, s, r, "empty", node.TypeFile).FID
-	s.SetAttr(e, Change{Mask: SetSize, Size: 10})
+	s.SetAttr(e, node.Change{Mask: node.SetSize, Size: 10})
 	if got := read(t, s, e); !bytes.Equal(got, make([]byte, 10)) {
 		t.Fatalf("sparse file: %q", got)
 	}
@@ -723,7 +723,7 @@ func TestStoreOnce(t *testing.T) {
 	s := open(t, t.TempDir())
 	r := root(t, s)
 	f := mustCreate(t, s, r, "f", node.TypeFile).FID
-	commit := func(data string, op Op) node.Status {
+	commit := func(data string, op node.Op) node.Status {
 		t.Helper()
 		u, err := s.BeginUpdate(f)
 		if err != nil {
