@@ -9,8 +9,9 @@ import (
 )
 
 // Client is a cache manager's promise table. Promises are kept ordered by
-// expiry and examined by Tick (the caller runs it once a second, as seed
-// 001 §3.1.1 does), so the read path never compares clocks.
+// expiry and examined by Tick (the caller runs it once a second, as
+// Stolarchuk's Faster AFS §3.1.1 does), so the read path never compares
+// clocks.
 //
 // It also closes the grant race: a reply granting a promise can arrive
 // after a break for the same FID that the server sent later, on another
