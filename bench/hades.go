@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/policy"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/proxystore"
 )
@@ -204,7 +205,7 @@ func hadesWrite(o *origin, loads []hadesLoad, c content) error {
 				if err := w.Mkdir(d, 0o755); err != nil {
 					return err
 				}
-				if err := w.SetPolicy(d, client.PolicyBypass, false); err != nil {
+				if err := w.SetPolicy(d, policy.Bypass, false); err != nil {
 					return err
 				}
 				for j := range l.files {

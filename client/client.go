@@ -11,12 +11,9 @@ package client
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -25,18 +22,15 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
+	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/callback"
-	"github.com/hoardfs/hoard/datapath"
+	"github.com/hoardfs/hoard/client/conn"
+	"github.com/hoardfs/hoard/client/policy"
+	"github.com/hoardfs/hoard/client/writeback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
@@ -135,20 +129,9 @@ func (o *Options) defaults() {
 type Client struct {
 	opts  Options
 	log   *slog.Logger
-	conn  *grpc.ClientConn
-	rpc   pb.FileServerClient
-	grpc  datapath.GRPC
-	data  atomic.Pointer[dataPath] // the path file contents take now
+	conn  *conn.Conn
+	rpc   pb.FileServerClient // conn's; calls go through conn.Call
 	cache *cache.Cache
-
-	// session is the current back-channel identity, the token the
-	// server's Welcome gave; empty while disconnected. last is the last
-	// one (backChannel's), which a new session's Hello names so the
-	// server lets it reclaim that session's delegations; kept in the
-	// cache directory (KeepSession), it lets the next process do so.
-	session  atomic.Pointer[string]
-	last     string
-	sessionC chan struct{} // closed and replaced whenever session changes
 
 	// unpublished are the bypassed opens with writes not yet published.
 	unpublished stageIndex
@@ -159,8 +142,7 @@ type Client struct {
 	// none); renewing is set while a Renew is in flight.
 	lease    atomic.Int64
 	renewing atomic.Bool
-	flusher  *flusher
-	flushAge time.Duration
+	flusher  *writeback.Flusher[dirtyNode]
 	// rate is the flusher's progress at the last setGauges (expirer only).
 	rate struct {
 		at      time.Time
@@ -181,17 +163,16 @@ type Client struct {
 	resMu    sync.Mutex
 	fids     map[uint64][]node.FID
 	fidsLife uint64
+	// reserving shares one Reserve call per volume (reserved).
+	reserving singleflight.Group
 
 	fetchSem chan struct{}
-	ghosts   *ghosts
+	ghosts   *policy.Ghosts
 	counters counters
 
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	// giveUp, once set (Unix ns), is when requests stop waiting for an
-	// unreachable server: closeWait after Close began.
-	giveUp atomic.Int64
 	// bg counts the protocol work started in the background (spawn):
 	// gives back, reclaims, settles; Close waits for it. closing (under
 	// bgMu) refuses more.
@@ -202,7 +183,7 @@ type Client struct {
 
 // counters are protocol counters beyond what the cache keeps.
 type counters struct {
-	rpcs, breaks, resets, revalidations, dropped atomic.Int64
+	breaks, resets, revalidations, dropped atomic.Int64
 	// Delegations: opens and closes served locally, recalls received,
 	// delegations revoked and reclaimed, bytes the flusher stored.
 	localOpens, localCloses, recalls, revoked, reclaims, flushed atomic.Int64
@@ -224,50 +205,42 @@ func Dial(opts Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(opts.Server,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)),
-		grpc.WithInitialWindowSize(8<<20), grpc.WithInitialConnWindowSize(64<<20),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
-		// Reconnect within half a second of a restarted server coming
-		// back (gRPC's default backoff grows to minutes): the client must
-		// be back inside the server's grace period to reclaim its write
-		// delegations.
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond}, MinConnectTimeout: 5 * time.Second}),
-	)
-	if err != nil {
-		ch.Close()
-		return nil, fmt.Errorf("server %s: %w", opts.Server, err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
 		opts:      opts,
 		log:       opts.Logger,
-		conn:      conn,
-		rpc:       pb.NewFileServerClient(conn),
 		cache:     ch,
-		sessionC:  make(chan struct{}),
 		cb:        callback.NewClient(),
 		nodes:     map[node.FID]*Node{},
 		forgotten: map[*Node]struct{}{},
 		vols:      map[string]*pb.Volume{},
 		fids:      map[uint64][]node.FID{},
 		fetchSem:  make(chan struct{}, 16),
-		ghosts:    newGhosts(4096, 10*time.Minute),
-		flushAge:  opts.FlushAge,
+		ghosts:    policy.NewGhosts(4096, 10*time.Minute),
 		ctx:       ctx,
 		cancel:    cancel,
 	}
 	c.flusher = newFlusher(c)
-	c.grpc = datapath.GRPC{Client: c.rpc}
-	c.data.Store(&dataPath{Path: c.grpc})
-	c.session.Store(new(string))
-	c.last = c.loadSession()
-	first := make(chan error, 1)
-	c.wg.Add(3)
-	go c.backChannel(first)
+	cfg := conn.Config{Server: opts.Server, Name: opts.Name, RPCTimeout: opts.RPCTimeout,
+		DataStreams: opts.DataStreams, NoDataChannel: opts.NoDataChannel, Log: opts.Logger}
+	if opts.KeepSession && opts.CacheDir != "" {
+		cfg.SessionFile = filepath.Join(opts.CacheDir, "session")
+	}
+	if c.conn, err = conn.New(cfg, handler{c}); err != nil {
+		cancel()
+		ch.Close()
+		return nil, err
+	}
+	c.rpc = c.conn.RPC()
+	first := c.conn.Start()
+	c.wg.Add(2)
 	go c.expirer()
-	go c.flusher.run()
+	go func() {
+		defer c.wg.Done()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		c.flusher.Run(c.ctx, t.C)
+	}()
 	select {
 	case err = <-first:
 	case <-time.After(opts.DialTimeout):
@@ -296,17 +269,17 @@ func Dial(opts Options) (*Client, error) {
 // waited for until closeWait after Close began, not an RPC timeout per
 // request: a client whose server is gone stops in seconds.
 func (c *Client) Close() error {
-	c.giveUp.Store(time.Now().Add(closeWait).UnixNano())
+	c.conn.GiveUp(time.Now().Add(closeWait))
 	lost := c.flushAll()
 	c.returnAll()
 	c.cancel()
+	c.conn.Close()
 	c.wg.Wait()
 	c.bgMu.Lock()
 	c.closing = true
 	c.bgMu.Unlock()
 	c.bg.Wait()
 	c.setGauges()
-	c.conn.Close()
 	return errors.Join(lost, c.cache.Close())
 }
 
@@ -330,61 +303,12 @@ func (c *Client) spawn(fn func()) {
 	}()
 }
 
-// backChannel keeps a Connect stream open, reconnecting with backoff. While
-// the server is unreachable, promises are kept until they expire, so cached
-// data stays readable (as AFS does); each new stream is a new session, and
-// promises from the old one may have missed breaks, so they are all dropped
-// before the new session is used.
-func (c *Client) backChannel(first chan<- error) {
-	defer c.wg.Done()
-	backoff := 100 * time.Millisecond
-	for c.ctx.Err() == nil {
-		err := c.runSession(first)
-		if first != nil {
-			first <- err
-			first = nil
-		}
-		if *c.session.Load() != "" {
-			backoff = 50 * time.Millisecond // a session was lost: try again at once
-		}
-		c.setSession("")
-		if c.ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			c.log.Debug("back channel lost", "server", c.opts.Server, "err", err)
-		}
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		// Capped well below the server's grace period, so a restarted
-		// server hears from every client before it acknowledges changes.
-		backoff = min(backoff*2, 500*time.Millisecond)
-	}
-}
+// handler is what the client does with what the back channel hears
+// (conn.Handler).
+type handler struct{ c *Client }
 
-// runSession runs one Connect stream until it fails. The first call reports
-// the handshake's outcome on first.
-func (c *Client) runSession(first chan<- error) error {
-	ctx, cancel := context.WithCancel(c.ctx)
-	defer cancel()
-	stream, err := c.rpc.Connect(ctx)
-	if err != nil {
-		return err
-	}
-	if err := stream.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Hello{Hello: &pb.Hello{Version: pb.Version, Name: c.opts.Name, Previous: c.last}}}); err != nil {
-		return err
-	}
-	m, err := stream.Recv()
-	if err != nil {
-		return err
-	}
-	w := m.GetWelcome()
-	if w == nil || w.Session == "" {
-		return errors.New("protocol: server did not welcome")
-	}
+func (h handler) Welcome(w *pb.Welcome) {
+	c := h.c
 	c.cbMu.Lock()
 	changed, _ := c.cb.SetEpoch(w.Epoch)
 	c.cb.SetLease(time.Duration(w.LeaseMs) * time.Millisecond)
@@ -394,181 +318,28 @@ func (c *Client) runSession(first chan<- error) error {
 		c.log.Info("server restarted; cached files will be revalidated", "server", c.opts.Server, "epoch", w.Epoch)
 	}
 	c.newLife(w.Epoch)
-	c.useDataChannel(w.DataAddr, max(c.opts.DataStreams, int(w.DataStreams)))
-	c.last = w.Session
-	c.saveSession(w.Session)
-	c.setSession(w.Session)
-	if first == nil {
-		// The old session's promises may have missed breaks. Its
-		// delegations are held for us until their lease runs out (after a
-		// restart, for the grace period): reclaim those with dirty data,
-		// after the reset, which voids the tickets of replies already
-		// under way.
-		c.resetPromises()
-		c.dropDelegations(true)
-	}
-	if first != nil {
-		first <- nil
-		first = nil
-	}
-	// A server that says nothing for several ping intervals is gone, even
-	// if TCP has not noticed yet: promises are then void.
-	silence := 3 * time.Duration(max(w.PingMs, 100)) * time.Millisecond
-	heard := make(chan struct{}, 1)
-	go func() {
-		t := time.NewTimer(silence)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-heard:
-				t.Reset(silence)
-			case <-t.C:
-				c.log.Warn("server silent on the back channel; reconnecting", "server", c.opts.Server)
-				cancel()
-				return
-			}
-		}
-	}()
-	// A break's promises are dropped here, in the order the server sent
-	// it; what may wait (OnInvalidate: a kernel, a proxy's own clients)
-	// runs on its own goroutine, so this loop still notices a server that
-	// went away, and waits run side by side. An ack goes out once its own
-	// wait and every earlier one ended (acks are cumulative), so none
-	// waits for more than one such wait however many breaks queue up: the
-	// server's break timeout counts from sending.
-	acks := make(chan ackAfter, 64)
-	defer close(acks)
-	go func() {
-		for a := range acks {
-			<-a.done
-			if stream.Send(&pb.ClientMsg{Msg: &pb.ClientMsg_Ack{Ack: &pb.Ack{Seq: a.seq}}}) != nil {
-				cancel()
-			}
-		}
-	}()
-	for {
-		m, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		select {
-		case heard <- struct{}{}:
-		default:
-		}
-		switch m := m.Msg.(type) {
-		case *pb.ServerMsg_Break:
-			a := ackAfter{seq: m.Break.Seq, done: c.breakPromises(m.Break.Fids)}
-			select {
-			case acks <- a:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		case *pb.ServerMsg_Reset_:
-			c.counters.resets.Add(1)
-			c.resetPromises()
-			c.dropDelegations(false)
-		case *pb.ServerMsg_Recall:
-			c.onRecall(m.Recall, w.StatesFrom)
-		case *pb.ServerMsg_Revoke:
-			c.onRevoke(m.Revoke)
-		}
-	}
 }
 
-// dataPath is the data path in use, with the channel address it uses.
-type dataPath struct {
-	datapath.Path
-	addr    string
-	streams int
+// Resumed: the old session's promises may have missed breaks. Its
+// delegations are held for us until their lease runs out (after a
+// restart, for the grace period): reclaim those with dirty data, after
+// the reset, which voids the tickets of replies already under way.
+func (h handler) Resumed() {
+	h.c.resetPromises()
+	h.c.dropDelegations(true)
 }
 
-// useDataChannel switches file contents to the server's bulk-data channel
-// at addr, over up to streams connections, or back to the gRPC streams
-// when it has none (version negotiation: an older server, or one run with
-// --data-listen none).
-func (c *Client) useDataChannel(addr string, streams int) {
-	if c.opts.NoDataChannel {
-		addr = ""
-	}
-	addr = reachable(c.opts.Server, addr)
-	if addr == "" {
-		streams = 0
-	}
-	old := c.data.Load()
-	if old.addr == addr && old.streams == streams {
-		return
-	}
-	next := &dataPath{Path: c.grpc, addr: addr, streams: streams}
-	if addr != "" {
-		next.Path = datapath.NewSplit(addr, streams, c.grpc, func() string { return *c.session.Load() })
-	}
-	c.data.Store(next)
-	if sp, ok := old.Path.(*datapath.Split); ok {
-		sp.Close()
-	}
+func (h handler) Break(fids []*pb.FID) <-chan struct{} { return h.c.breakPromises(fids) }
+
+func (h handler) Reset() {
+	h.c.counters.resets.Add(1)
+	h.c.resetPromises()
+	h.c.dropDelegations(false)
 }
 
-// reachable makes an advertised data address one this client can dial: a
-// server listening on every interface (0.0.0.0 or ::) advertises just that,
-// and is reached at the host the control connection used.
-func reachable(control, data string) string {
-	host, port, err := net.SplitHostPort(data)
-	if err != nil {
-		return data
-	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsUnspecified() {
-		return data
-	}
-	chost, _, err := net.SplitHostPort(control)
-	if err != nil {
-		return data
-	}
-	return net.JoinHostPort(chost, port)
-}
-
-// sessionFile keeps the last session token of a client with a cache on
-// disk and KeepSession: a restarted proxy continues its line of sessions,
-// so its clients' reclaims find its delegations without waiting out their
-// lease.
-const sessionFile = "session"
-
-func (c *Client) loadSession() string {
-	if c.opts.CacheDir == "" || !c.opts.KeepSession {
-		return ""
-	}
-	b, err := os.ReadFile(filepath.Join(c.opts.CacheDir, sessionFile))
-	if err != nil || len(b) > 256 {
-		return ""
-	}
-	return string(b)
-}
-
-// saveSession replaces the file whole; not synced: after a crash an older
-// token of the same line does as well.
-func (c *Client) saveSession(tok string) {
-	if c.opts.CacheDir == "" || !c.opts.KeepSession {
-		return
-	}
-	path := filepath.Join(c.opts.CacheDir, sessionFile)
-	err := os.WriteFile(path+".new", []byte(tok), 0o600)
-	if err == nil {
-		err = os.Rename(path+".new", path)
-	}
-	if err != nil {
-		c.log.Warn("session token not kept: a restart will not reclaim this session's delegations", "err", err)
-	}
-}
-
-func (c *Client) setSession(s string) {
-	c.session.Store(&s)
-	c.cbMu.Lock()
-	old := c.sessionC
-	c.sessionC = make(chan struct{})
-	c.cbMu.Unlock()
-	close(old)
-}
+func (h handler) Recall(r *pb.Recall, statesFrom uint64) { h.c.onRecall(r, statesFrom) }
+func (h handler) Revoke(r *pb.Revoke)                    { h.c.onRevoke(r) }
+func (h handler) Answered(sent time.Time)                { h.c.answered(sent) }
 
 // expirer examines the promise list once a second (Faster AFS §3.1.1) so
 // that the read path only ever checks a flag.
@@ -596,12 +367,6 @@ func (c *Client) promiseCount() int {
 	c.cbMu.Lock()
 	defer c.cbMu.Unlock()
 	return c.cb.Len()
-}
-
-// ackAfter is a break to acknowledge once done is closed.
-type ackAfter struct {
-	seq  uint64
-	done <-chan struct{}
 }
 
 // breakPromises drops the promises on fids and returns a channel closed
@@ -660,144 +425,6 @@ func (c *Client) invalidate(fids []node.FID) {
 	for _, f := range fids {
 		if n := c.nodes[f]; n != nil {
 			n.valid.Store(false)
-		}
-	}
-}
-
-// call runs a control RPC with the session identity and a deadline. A
-// session the server no longer knows (it restarted, or dropped us) is
-// re-established once and the call retried.
-func (c *Client) call(fn func(ctx context.Context) error) error {
-	return c.callTimeout(c.opts.RPCTimeout, fn)
-}
-
-// callData is call for bulk transfers, whose time grows with their size;
-// a dead server is still noticed by the connection's keepalive.
-func (c *Client) callData(fn func(ctx context.Context) error) error {
-	return c.callTimeout(time.Hour, fn)
-}
-
-// callOnce is call for a request that changes the namespace: every
-// attempt carries the same op id, so that an attempt whose reply was lost
-// but which the server carried out is not carried out again (node.Op).
-// op is the id, or "" for a new one.
-func (c *Client) callOnce(op string, fn func(ctx context.Context) error) error {
-	if op == "" {
-		op = newOp()
-	}
-	return c.call(func(ctx context.Context) error {
-		return fn(metadata.AppendToOutgoingContext(ctx, pb.OpMetadata, op))
-	})
-}
-
-// newOp is a new op id.
-func newOp() string {
-	var id [16]byte
-	rand.Read(id[:])
-	return hex.EncodeToString(id[:])
-}
-
-func (c *Client) callTimeout(timeout time.Duration, fn func(ctx context.Context) error) error {
-	// A server that is down for a moment (a restart) is waited for, up to
-	// the RPC timeout, rather than failing the call at once. Unavailable
-	// may come after the request reached the server (the connection broke
-	// before the reply): requests that would do harm twice go by callOnce.
-	give := time.Now().Add(c.opts.RPCTimeout)
-	if g := c.giveUp.Load(); g != 0 && g < give.UnixNano() {
-		give = time.Unix(0, g)
-	}
-	reauth := false
-	for {
-		if err := c.awaitReady(give); err != nil {
-			return err
-		}
-		session := *c.session.Load()
-		if session == "" {
-			// Between sessions: a request without one would reach a
-			// restarted server as nobody's, before this client's reclaims.
-			if session = c.awaitNewSession("", give); session == "" {
-				return status.Errorf(codes.Unavailable, "server %s: no session for %v", c.opts.Server, c.opts.RPCTimeout)
-			}
-		}
-		ctx, cancel := c.rpcContext(timeout)
-		sent := time.Now()
-		err := fn(ctx)
-		cancel()
-		c.counters.rpcs.Add(1)
-		st, fromServer := status.FromError(err)
-		code := st.Code()
-		if fromServer && code != codes.Unavailable && code != codes.DeadlineExceeded && code != codes.Canceled && code != codes.Unauthenticated {
-			c.answered(sent)
-		}
-		switch code {
-		case codes.Unauthenticated:
-			if !reauth {
-				reauth = true
-				c.awaitNewSession(session, time.Now().Add(c.opts.RPCTimeout))
-				continue
-			}
-		case codes.Unavailable:
-			if time.Now().Before(give) {
-				select {
-				case <-time.After(50 * time.Millisecond):
-				case <-c.ctx.Done():
-					return err
-				}
-				continue
-			}
-		}
-		return err
-	}
-}
-
-func (c *Client) rpcContext(timeout time.Duration) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(c.ctx, timeout)
-	if s := *c.session.Load(); s != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, pb.ClientMetadata, s)
-	}
-	return ctx, cancel
-}
-
-// awaitReady waits, until deadline, for the connection to the server to
-// be up.
-func (c *Client) awaitReady(deadline time.Time) error {
-	if c.conn.GetState() == connectivity.Ready {
-		return nil
-	}
-	ctx, cancel := context.WithDeadline(c.ctx, deadline)
-	defer cancel()
-	for {
-		st := c.conn.GetState()
-		switch st {
-		case connectivity.Ready:
-			return nil
-		case connectivity.Idle:
-			c.conn.Connect()
-		}
-		if !c.conn.WaitForStateChange(ctx, st) {
-			return status.Errorf(codes.Unavailable, "server %s unreachable for %v", c.opts.Server, c.opts.RPCTimeout)
-		}
-	}
-}
-
-// awaitNewSession waits, until deadline, for the back channel to establish
-// a session other than stale, and returns it ("" if none came).
-func (c *Client) awaitNewSession(stale string, deadline time.Time) string {
-	timeout := time.NewTimer(time.Until(deadline))
-	defer timeout.Stop()
-	for {
-		c.cbMu.Lock()
-		ch := c.sessionC
-		c.cbMu.Unlock()
-		if s := *c.session.Load(); s != "" && s != stale {
-			return s
-		}
-		select {
-		case <-ch:
-		case <-timeout.C:
-			return ""
-		case <-c.ctx.Done():
-			return ""
 		}
 	}
 }

@@ -7,12 +7,20 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/grpc/connectivity"
-
 	"github.com/hoardfs/hoard/callback"
+	"github.com/hoardfs/hoard/client/lost"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
+
+// fileDeleg is a file node's opens and the delegations held on it (Node).
+type fileDeleg struct {
+	opens opens
+	// refusedAt: the server last refused this client a delegation it
+	// asked for alone (FIDs.Delegate), which it does not ask again for a
+	// while.
+	refusedAt time.Time
+}
 
 // Delegations on the client (the cacheDAFS thesis, chapter 3). Under a delegation,
 // opens, closes and the file's status are served from the cache; under a
@@ -80,7 +88,7 @@ func (c *Client) openDeleg(n *Node, write bool) error {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.OpenReply
-	err := c.call(func(ctx context.Context) (err error) {
+	err := c.conn.Call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write})
 		return err
 	})
@@ -98,19 +106,15 @@ func (c *Client) openDeleg(n *Node, write bool) error {
 // asking is a round trip.
 const refusedFor = time.Second
 
-// Held is the delegation this client holds on n now, unless none is or
-// it is being recalled: a proxy passes on what it holds without asking.
-func (c *Client) Held(n *Node) (callback.Held, bool) {
+// held is the delegation this client holds on n now (FIDs.Held).
+func (c *Client) held(n *Node) (callback.Held, bool) {
 	h, ok := c.delegation(n)
 	return h, ok && !h.Recalled
 }
 
-// Delegate gets this client a delegation on file n, as an open for writing
-// (if write) would, without opening it: a proxy holds the origin's
-// delegations for its own clients, whose opens are its to count. It
-// returns the delegation held afterwards, or none (the server refused, or
-// grants none).
-func (c *Client) Delegate(n *Node, write bool) (callback.Held, bool) {
+// delegate gets this client a delegation on file n without opening it
+// (FIDs.Delegate).
+func (c *Client) delegate(n *Node, write bool) (callback.Held, bool) {
 	if !c.delegating() {
 		return callback.Held{}, false
 	}
@@ -124,7 +128,7 @@ func (c *Client) Delegate(n *Node, write bool) (callback.Held, bool) {
 	n.mu.Lock()
 	refused := time.Since(n.refusedAt) < wait
 	n.mu.Unlock()
-	if refused || c.conn.GetState() != connectivity.Ready {
+	if refused || !c.conn.Ready() {
 		// Not now: the open goes on without one rather than wait for
 		// a server that is away.
 		h, ok := c.delegation(n)
@@ -133,7 +137,7 @@ func (c *Client) Delegate(n *Node, write bool) (callback.Held, bool) {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.OpenReply
-	err := c.call(func(ctx context.Context) (err error) {
+	err := c.conn.Call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write, DelegationOnly: true})
 		return err
 	})
@@ -156,9 +160,6 @@ func (n *Node) refused() {
 	n.mu.Unlock()
 }
 
-// Lease is the delegation lease the server announced (0: it grants none).
-func (c *Client) Lease() time.Duration { return time.Duration(c.lease.Load()) }
-
 // delegated installs the delegation an open or create reply granted, and
 // starts the recall of one that was recalled before its grant arrived.
 func (c *Client) delegated(t callback.Ticket, n *Node, kind pb.DelegKind, state uint64) (callback.Held, bool) {
@@ -178,7 +179,7 @@ func (c *Client) delegated(t callback.Ticket, n *Node, kind pb.DelegKind, state 
 		// reconnection): it is not used, but the server holds it for
 		// this client, and would make others wait a lease for it.
 		c.spawn(func() {
-			c.call(func(ctx context.Context) error {
+			c.conn.Call(func(ctx context.Context) error {
 				_, err := c.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(n.fid), State: state})
 				return err
 			})
@@ -233,7 +234,7 @@ func (c *Client) closeDeleg(n *Node, write bool) error {
 }
 
 func (c *Client) closeOne(fid node.FID, write bool) error {
-	return c.call(func(ctx context.Context) error {
+	return c.conn.Call(func(ctx context.Context) error {
 		_, err := c.rpc.Close(ctx, &pb.CloseRequest{Fid: pb.FromFID(fid), Write: write})
 		return err
 	})
@@ -282,7 +283,7 @@ func (c *Client) dirtied(n *Node) {
 		n.dirtySince = time.Now()
 	}
 	n.mu.Unlock()
-	c.flusher.add(n)
+	c.flusher.Add(dirtyNode{n})
 }
 
 // stored notes that every local change of n reached the server (wmu held).
@@ -290,7 +291,7 @@ func (c *Client) stored(n *Node) {
 	n.mu.Lock()
 	n.dirtyState, n.dirtySince = 0, time.Time{}
 	n.mu.Unlock()
-	c.flusher.remove(n)
+	c.flusher.Remove(dirtyNode{n})
 }
 
 // lossCount is n.losses now, taken before waiting for wmu.
@@ -364,7 +365,7 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 		n.mu.Unlock()
 	}
 	var reply *pb.ReturnReply
-	err := c.call(func(ctx context.Context) (err error) {
+	err := c.conn.Call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(fid), State: state, Readers: uint32(r), Writers: uint32(w)})
 		return err
 	})
@@ -461,8 +462,8 @@ func refused(err error) bool {
 
 // kept reports an error of storeBack after which the data is in lost/.
 func kept(err error) bool {
-	var le *lostError
-	return errors.As(err, &le) && le.kept != ""
+	var le *lost.Error
+	return errors.As(err, &le) && le.Kept != ""
 }
 
 // reclaim asks a new session (after a reconnection or a server restart)
@@ -482,7 +483,7 @@ func (c *Client) reclaim(n *Node, state uint64) {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.OpenReply
-	err := c.call(func(ctx context.Context) (err error) {
+	err := c.conn.Call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: true, Reclaim: state, BaseVersion: est.DataVersion})
 		return err
 	})
@@ -533,7 +534,8 @@ func (c *Client) dropDelegations(reclaim bool) {
 		n.mu.Unlock()
 	}
 	c.nodesMu.Unlock()
-	for _, n := range c.flusher.all() {
+	for _, d := range c.flusher.Files() {
+		n := d.n
 		n.mu.Lock()
 		state := n.dirtyState
 		n.mu.Unlock()
@@ -588,7 +590,7 @@ func (c *Client) returnUnknown(fid node.FID, state uint64) {
 	if c.opts.OnRecall != nil {
 		c.opts.OnRecall(fid)
 	}
-	err := c.call(func(ctx context.Context) error {
+	err := c.conn.Call(func(ctx context.Context) error {
 		_, err := c.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(fid), State: state})
 		return err
 	})
@@ -669,7 +671,7 @@ func (c *Client) keepLease(now time.Time) {
 }
 
 func (c *Client) renew() {
-	c.call(func(ctx context.Context) error {
+	c.conn.Call(func(ctx context.Context) error {
 		_, err := c.rpc.Renew(ctx, &pb.RenewRequest{})
 		return err
 	})
@@ -681,7 +683,7 @@ func (c *Client) returnAll() {
 	c.cbMu.Lock()
 	held := c.cb.DropDelegations()
 	c.cbMu.Unlock()
-	if len(held) > 0 && c.awaitReady(time.Unix(0, c.giveUp.Load())) != nil {
+	if len(held) > 0 && c.conn.AwaitReady(c.conn.GiveUpAt()) != nil {
 		// Closing with the server gone: what they covered was kept in
 		// lost/ (flushAll), and the server revokes them after the lease.
 		c.log.Warn("delegations not returned: the server is unreachable", "server", c.opts.Server, "delegations", len(held))

@@ -4,15 +4,39 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
-
-	"google.golang.org/grpc/connectivity"
 
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
+
+// dirDeleg is what a node has made or removed under a directory
+// delegation and not yet told the server (Node).
+type dirDeleg struct {
+	// Files: madeIn is the directory this file was made in, not yet
+	// created at the server. madeLost: the server refused that create;
+	// the file's writes go to lost/. removedIn: the directory this file
+	// was removed from here, not yet at the server.
+	madeIn    atomic.Pointer[Node]
+	madeLost  error
+	removedIn atomic.Pointer[Node]
+	// Directories: nsmu orders files made here, removed here and settled
+	// (alone) with the client's requests that change the directory
+	// (hold); madeFiles waits to be created (or removed) at the server,
+	// made under delegation madeState on the directory at version
+	// madeBase. recalledAt: the last recall of this client's delegation
+	// on it.
+	nsmu       sync.RWMutex
+	madeFiles  madeList
+	madeState  uint64
+	madeBase   uint64
+	recalledAt time.Time
+}
 
 // Directory delegations. A client that creates a file in a directory asks
 // for a write delegation on the directory; under it, with the directory's
@@ -37,7 +61,7 @@ func (n *Node) made() *Node { return n.madeIn.Load() }
 // dirDelegation is the write delegation held on dir for making files in
 // it, getting one if it can be had; the listing is then complete.
 func (c *Client) dirDelegation(dir *Node) (callback.Held, bool) {
-	if c.opts.NoDirDelegations || !c.delegating() || c.conn.GetState() != connectivity.Ready {
+	if c.opts.NoDirDelegations || !c.delegating() || !c.conn.Ready() {
 		// Not with the server away: a create then fails, saying so,
 		// rather than pile up files the server may never take.
 		return callback.Held{}, false
@@ -50,7 +74,7 @@ func (c *Client) dirDelegation(dir *Node) (callback.Held, bool) {
 		if recent {
 			return callback.Held{}, false
 		}
-		if h, ok = c.Delegate(dir, true); !ok {
+		if h, ok = c.delegate(dir, true); !ok {
 			return callback.Held{}, false
 		}
 	}
@@ -135,7 +159,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 		dir.madeState, dir.madeBase = h.State, dir.st.DataVersion
 	}
 	dir.mu.Unlock()
-	c.flusher.add(n)
+	c.flusher.Add(dirtyNode{n})
 	c.counters.madeHere.Add(1)
 	return n, true, true, nil
 }
@@ -147,31 +171,50 @@ func (dir *Node) changedHere(now time.Time) {
 }
 
 // reserved takes a FID reserved in volume, reserving more when none is
-// left, and the server life it was reserved in.
+// left, and the server life it was reserved in. resMu is not held across
+// the Reserve call: a new session's newLife takes it before the session
+// carries any request, the call's retries among them. One call per volume
+// is under way at a time (reserving); FIDs it brings from a life that
+// ended meanwhile are dropped, and the next pass asks again.
 func (c *Client) reserved(volume uint64) (node.FID, uint64, error) {
-	c.resMu.Lock()
-	defer c.resMu.Unlock()
-	if len(c.fids[volume]) == 0 {
-		var reply *pb.ReserveReply
-		err := c.call(func(ctx context.Context) (err error) {
-			reply, err = c.rpc.Reserve(ctx, &pb.ReserveRequest{Volume: volume, Count: reserveBatch})
-			return err
+	for {
+		c.resMu.Lock()
+		life := c.fidsLife
+		if fs := c.fids[volume]; len(fs) > 0 {
+			c.fids[volume] = fs[1:]
+			c.resMu.Unlock()
+			return fs[0], life, nil
+		}
+		c.resMu.Unlock()
+		_, err, _ := c.reserving.Do(strconv.FormatUint(volume, 10), func() (any, error) {
+			var reply *pb.ReserveReply
+			err := c.conn.Call(func(ctx context.Context) (err error) {
+				reply, err = c.rpc.Reserve(ctx, &pb.ReserveRequest{Volume: volume, Count: reserveBatch})
+				return err
+			})
+			if err != nil {
+				return nil, err
+			}
+			c.resMu.Lock()
+			defer c.resMu.Unlock()
+			if c.fidsLife != life {
+				return nil, nil
+			}
+			n := len(c.fids[volume])
+			for _, f := range reply.Fids {
+				if fid := f.ToFID(); fid.Volume == volume && fid.Vnode != 0 {
+					c.fids[volume] = append(c.fids[volume], fid)
+				}
+			}
+			if len(c.fids[volume]) == n {
+				return nil, errors.New("protocol: reserve returned no fids")
+			}
+			return nil, nil
 		})
 		if err != nil {
 			return node.FID{}, 0, err
 		}
-		for _, f := range reply.Fids {
-			if fid := f.ToFID(); fid.Volume == volume && fid.Vnode != 0 {
-				c.fids[volume] = append(c.fids[volume], fid)
-			}
-		}
-		if len(c.fids[volume]) == 0 {
-			return node.FID{}, 0, errors.New("protocol: reserve returned no fids")
-		}
 	}
-	f := c.fids[volume][0]
-	c.fids[volume] = c.fids[volume][1:]
-	return f, c.fidsLife, nil
 }
 
 // unreserve puts back a FID that named nothing, reserved in server life
@@ -290,7 +333,7 @@ func (c *Client) removeLater(dir *Node, name string, n *Node) bool {
 	n.dirtyState, n.dirtySince = 0, now // the flusher's age bound covers the remove
 	n.mu.Unlock()
 	c.dropUnread(n)
-	c.flusher.add(n)
+	c.flusher.Add(dirtyNode{n})
 	c.counters.removedHere.Add(1)
 	c.log.Debug("removed here", "dir", dir.fid, "name", name, "fid", n.fid)
 	return true
@@ -435,9 +478,16 @@ func (c *Client) settleLocked(dir *Node) (bare []*Node, err error) {
 // their write delegation: its grant came back across a new session and
 // was returned, so nothing keeps their data the holder's to store later.
 // (nsmu not held: a store of a file made here settles first, taking it.)
+// A file whose wmu is held is left to the flusher: the settle may have
+// been reached by that file's own store (storeLocked settles first),
+// whose goroutine holds it and stores the file next.
 func (c *Client) storeBare(ns []*Node) {
 	for _, n := range ns {
-		n.wmu.Lock()
+		if !n.wmu.TryLock() {
+			c.flusher.Add(dirtyNode{n})
+			c.flusher.Wake()
+			continue
+		}
 		if err := c.storeBack(n, true); err != nil {
 			c.log.Warn("a settled file's writes not stored yet", "fid", n.fid, "err", err)
 		}
@@ -522,7 +572,7 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.CreateReservedReply
-	err = c.callOnce("", func(ctx context.Context) (err error) {
+	err = c.conn.CallOnce("", func(ctx context.Context) (err error) {
 		reply, err = c.rpc.CreateReserved(ctx, req)
 		return err
 	})
@@ -621,8 +671,8 @@ func (c *Client) loseMade(dir *Node, made []madeFile, cause error) {
 		m.n.madeLost = fmt.Errorf("%w: created under a directory delegation the server refused: %v", syscall.EKEYEXPIRED, cause)
 		m.n.mu.Unlock()
 		m.n.madeIn.Store(nil)
-		c.flusher.add(m.n) // to be kept in lost/
-		c.flusher.wake()
+		c.flusher.Add(dirtyNode{m.n}) // to be kept in lost/
+		c.flusher.Wake()
 		lost = append(lost, m.n)
 	}
 	c.spawn(func() { c.uncovered(lost) }) // nsmu is held; the files are gone anyway

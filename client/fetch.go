@@ -4,94 +4,78 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/datapath"
+	"golang.org/x/sync/singleflight"
 )
 
-// fetchCall is one chunk fetch in flight; concurrent readers and read-ahead
-// of the same chunk share it.
-type fetchCall struct {
-	done chan struct{}
-	// data is set when the chunk could not be cached (no evictable space):
-	// the waiting readers are served from it instead.
-	data []byte
-	err  error
-}
-
 // fetch brings chunks idxs of n into the cache, one RPC per chunk in
-// parallel. With wait it returns once all are in, along with any chunks
-// that had to be kept in memory; without, it returns at once (read-ahead).
+// parallel; concurrent readers and read-ahead of the same chunk share one
+// fetch (n.fetches). With wait it returns once all are in, along with any
+// chunks that had to be kept in memory; without, it returns at once
+// (read-ahead).
 func (n *Node) fetch(idxs []int64, wait bool) (map[int64][]byte, error) {
-	type pendingCall struct {
-		idx  int64
-		call *fetchCall
+	type pending struct {
+		idx int64
+		ch  <-chan singleflight.Result
 	}
-	var calls []pendingCall
-	n.mu.Lock()
-	if n.inflight == nil {
-		n.inflight = map[int64]*fetchCall{}
-	}
+	var calls []pending
 	for _, idx := range idxs {
-		call := n.inflight[idx]
-		if call == nil {
-			if n.entry.Present(idx) {
-				continue
-			}
-			call = &fetchCall{done: make(chan struct{})}
-			n.inflight[idx] = call
-			go n.fetchOne(idx, call)
+		if n.entry.Present(idx) {
+			continue
 		}
-		calls = append(calls, pendingCall{idx, call})
+		ch := n.fetches.DoChan(strconv.FormatInt(idx, 10), func() (any, error) { return n.fetchOne(idx) })
+		calls = append(calls, pending{idx, ch})
 	}
-	n.mu.Unlock()
 	if !wait {
 		return nil, nil
 	}
 	var mem map[int64][]byte
 	var firstErr error
 	for _, p := range calls {
-		<-p.call.done
+		r := <-p.ch
+		data, _ := r.Val.([]byte)
 		switch {
-		case p.call.err != nil:
+		case r.Err != nil:
 			if firstErr == nil {
-				firstErr = p.call.err
+				firstErr = r.Err
 			}
-		case p.call.data != nil:
+		case data != nil:
 			if mem == nil {
 				mem = map[int64][]byte{}
 			}
-			mem[p.idx] = p.call.data
+			mem[p.idx] = data
 		}
 	}
 	return mem, firstErr
 }
 
-func (n *Node) fetchOne(idx int64, call *fetchCall) {
+// fetchOne fetches chunk idx into the cache. It returns the chunk's bytes
+// only when they could not be cached (no evictable space): the waiting
+// readers are served from them instead.
+func (n *Node) fetchOne(idx int64) ([]byte, error) {
 	c := n.c
-	defer func() {
-		n.mu.Lock()
-		delete(n.inflight, idx)
-		n.mu.Unlock()
-		close(call.done)
-	}()
-	buf, dv, err := n.fetchChunk(idx)
-	if err != nil {
-		call.err = err
-		return
+	n.fetching.Add(1)
+	defer n.fetching.Add(-1)
+	if n.entry.Present(idx) {
+		return nil, nil // a fetch that ended as this one was asked for
 	}
-	if len(buf) == 0 {
-		return // past the end: nothing to cache
+	buf, dv, err := n.fetchChunk(idx)
+	if err != nil || len(buf) == 0 {
+		return nil, err // past the end: nothing to cache
 	}
 	switch err := n.entry.Admit(idx, dv, buf); {
 	case errors.Is(err, cache.ErrNoSpace):
 		c.cache.CountBypassed(1)
-		call.data = buf
+		return buf, nil
 	case err != nil:
-		call.err = err
+		return nil, err
 	case c.cache.Dir() != "":
 		datapath.PutBuffer(buf) // written out; a memory cache keeps it
 	}
+	return nil, nil
 }
 
 // fetchChunk fetches chunk idx into memory, learning the status and
@@ -111,9 +95,9 @@ func (n *Node) fetchChunk(idx int64) (buf []byte, dv uint64, err error) {
 	pieces := 0
 	t := c.begin()
 	defer c.end(t)
-	err = c.callData(func(ctx context.Context) error {
+	err = c.conn.CallData(func(ctx context.Context) error {
 		buf, pieces = nil, 0
-		st, ttl, err := c.data.Load().Fetch(ctx, n.fid, idx*cs, cs, int(cs), func(off int64, pdv uint64, data []byte) error {
+		st, ttl, err := c.conn.Data().Fetch(ctx, n.fid, idx*cs, cs, int(cs), func(off int64, pdv uint64, data []byte) error {
 			if pieces > 0 && pdv != dv {
 				return cache.ErrStale
 			}

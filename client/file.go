@@ -11,9 +11,40 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/cache"
+	"github.com/hoardfs/hoard/client/bypass"
+	"github.com/hoardfs/hoard/client/policy"
 	"github.com/hoardfs/hoard/datapath"
 	"github.com/hoardfs/hoard/node"
+	"golang.org/x/sync/singleflight"
 )
+
+// fileData is a file node's cached data and its writers (Node).
+type fileData struct {
+	entry *cache.Entry
+	// fetches shares one fetch of a chunk among its readers; fetching
+	// counts the fetches under way (a node fetching is not dropped).
+	fetches  singleflight.Group
+	fetching atomic.Int32
+
+	// wmu serialises writers with stores of this file, so that a store
+	// never marks clean a byte written while it was in flight.
+	wmu sync.Mutex
+	// modified is when local writes or truncation last changed the file:
+	// its mtime and ctime until they are stored (the store carries it).
+	modified time.Time
+	// unlinked: this client removed the file's last name (or renamed
+	// another file over it). replacing counts this client's removes and
+	// renames over the file under way (replaceNamed).
+	unlinked  bool
+	replacing int
+	// bypassing counts the opens of the file that bypass the cache: its
+	// data is then at the server, where a truncation must go too.
+	bypassing int
+	// files counts the open Files of a regular file: writes this client
+	// made to a file it removed stay readable through them until the last
+	// is closed, and are dropped then.
+	files int
+}
 
 // File is an open hoard file. ReadAt and WriteAt may be called concurrently;
 // Read, Write and Seek share the file offset.
@@ -37,8 +68,8 @@ type File struct {
 	outside bool
 
 	// bp is set while the file bypasses the cache (see policy.go).
-	bp       atomic.Pointer[bypass]
-	decision Decision
+	bp       atomic.Pointer[bypass.Open]
+	decision policy.Decision
 	// counted: the open was recorded for delegations (deleg.go), and its
 	// close must be too.
 	counted bool
@@ -47,7 +78,7 @@ type File struct {
 }
 
 // Policy is the caching decision made when the file was opened.
-func (f *File) Policy() Decision { return f.decision }
+func (f *File) Policy() policy.Decision { return f.decision }
 
 // Bypassed reports whether reads and writes skip the cache now.
 func (f *File) Bypassed() bool { return f.bp.Load() != nil }
@@ -92,7 +123,7 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	// they are published first, so that it reads them.
 	f.c.publishFor(f.n, bp)
 	if bp != nil {
-		n, admit, err := bp.readAt(p, off)
+		n, admit, err := bp.ReadAt(p, off)
 		if !admit {
 			return n, f.pathErr("read", err)
 		}
@@ -131,8 +162,17 @@ func (n *Node) read(p []byte, off int64) (int, node.Status, error) {
 		if errors.Is(err, cache.ErrStale) && attempt < 3 {
 			continue // the file changed under the fetch: revalidate and retry
 		}
-		if err == cache.ErrMiss && attempt < 3 {
-			continue // evicted between the fetch and the read
+		if err == cache.ErrMiss {
+			if attempt < 3 {
+				continue // evicted between the fetch and the read
+			}
+			// Evicted every time: the read is larger than what the cache
+			// keeps (its own chunks evict each other), or other readers
+			// churn it. Served past the cache, as a bypassed read is,
+			// unless local changes make the cache the only copy.
+			if !n.localChanges() {
+				k, err = n.readPast(p, off, st)
+			}
 		}
 		if est, ok := n.entry.Status(); ok && est.DataVersion != st.DataVersion && attempt < 3 {
 			continue
@@ -162,6 +202,25 @@ func (n *Node) readFetching(p []byte, off int64) (int, error) {
 	// Some chunks could not be cached (no evictable space): serve them
 	// from memory, the rest from the cache.
 	return n.readMixed(p, off, got)
+}
+
+// readPast serves a read of a file without local changes, at status st,
+// from chunks fetched into memory, none cached.
+func (n *Node) readPast(p []byte, off int64, st node.Status) (int, error) {
+	cs := n.c.cache.ChunkSize()
+	mem := map[int64][]byte{}
+	for idx := off / cs; idx*cs < min(off+int64(len(p)), int64(st.Size)); idx++ {
+		data, dv, err := n.fetchChunk(idx)
+		if err != nil {
+			return 0, err
+		}
+		if dv != st.DataVersion {
+			return 0, cache.ErrStale
+		}
+		mem[idx] = data
+	}
+	n.c.cache.CountBypassed(int64(len(mem)))
+	return n.readMixed(p, off, mem)
 }
 
 // readMixed serves a read from chunks held in memory where the cache could
@@ -271,7 +330,7 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 			off = int64(st.Size)
 			f.off = off
 		}
-		k, err := bp.writeAt(p, off)
+		k, err := bp.WriteAt(p, off)
 		return k, f.pathErr("write", err)
 	}
 	n := f.n
@@ -302,7 +361,7 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 		// fetch again and try again. Only when nothing could be stored
 		// is the writer told ENOSPC.
 		serr := f.c.storeBack(n, false)
-		if !f.c.flusher.drain(n) && serr != nil {
+		if !f.c.flusher.Drain(dirtyNode{n}) && serr != nil {
 			return k, f.pathErr("write", &rpcError{syscall.ENOSPC, serr})
 		}
 		if err = n.prepareWrite(off, int64(len(p))); err == nil {
@@ -380,7 +439,7 @@ func (f *File) Truncate(size int64) error {
 		return f.pathErr("truncate", syscall.EINVAL)
 	}
 	if bp := f.bp.Load(); bp != nil {
-		return f.pathErr("truncate", bp.truncate(size))
+		return f.pathErr("truncate", bp.Truncate(size))
 	}
 	n := f.n
 	n.wmu.Lock()
@@ -416,7 +475,7 @@ func (f *File) Sync() error {
 		return nil
 	}
 	if bp := f.bp.Load(); bp != nil {
-		return f.pathErr("sync", bp.publish())
+		return f.pathErr("sync", bp.Publish())
 	}
 	losses := f.n.lossCount()
 	f.n.wmu.Lock()
@@ -496,10 +555,10 @@ func (c *Client) storeData(args datapath.StoreArgs, stored func(st node.Status) 
 	if args.Op == "" {
 		// Every attempt names the store alike: one the server made
 		// before a lost reply is not made again over later stores.
-		args.Op = newOp()
+		args.Op = string(node.NewOp())
 	}
-	err := c.callData(func(ctx context.Context) (err error) {
-		st, ttl, err = c.data.Load().Store(ctx, args)
+	err := c.conn.CallData(func(ctx context.Context) (err error) {
+		st, ttl, err = c.conn.Data().Store(ctx, args)
 		return err
 	})
 	if err == nil && stored != nil {
@@ -564,7 +623,7 @@ func (f *File) flush(op string) error {
 		return nil
 	}
 	if bp := f.bp.Load(); bp != nil {
-		return f.pathErr(op, bp.publish())
+		return f.pathErr(op, bp.Publish())
 	}
 	n := f.n
 	losses := n.lossCount()
@@ -608,7 +667,7 @@ func (f *File) Stat() (node.Status, error) {
 		return node.Status{}, os.ErrClosed
 	}
 	if bp := f.bp.Load(); bp != nil {
-		st, err := bp.status()
+		st, err := bp.Status()
 		return st, f.pathErr("stat", err)
 	}
 	st, err := f.c.fresh(f.n)
@@ -626,7 +685,7 @@ func (f *File) Seek(offset int64, whence int) (int64, error) {
 	case io.SeekEnd:
 		st, err := f.c.fresh(f.n)
 		if bp := f.bp.Load(); bp != nil {
-			st, err = bp.status() // with its unpublished writes
+			st, err = bp.Status() // with its unpublished writes
 		}
 		if err != nil {
 			return 0, f.pathErr("seek", err)

@@ -6,6 +6,15 @@ import (
 	"github.com/hoardfs/hoard/node"
 )
 
+// dirListing is a directory node's entries and read-ahead (Node).
+type dirListing struct {
+	// dents are the entries learnt at st.DataVersion; complete when they
+	// are the whole directory (a readdir), so a miss is a negative answer.
+	dents *listing
+	// ahead is the read-ahead over the directory's files (dirAhead).
+	ahead dirAhead
+}
+
 // listing is what the client knows of a directory's entries at one
 // DataVersion: the names it looked up, or, complete, every name in the
 // server's order. Every operation on one name is O(1): a directory of

@@ -17,6 +17,17 @@ import (
 // Node is the cache manager's in-memory record of one remote file or
 // directory. valid is the whole fast path: set while a callback promise is
 // held, cleared by a break, a reset or the once-a-second expiry sweep.
+//
+// Its state is grouped by concept, each group declared in the file that
+// works on it (the lock order is in locks.go):
+//   - fileData (file.go): a file's cached data and its writers;
+//   - writeBack (flush.go): writes not yet stored, and their losses;
+//   - fileDeleg (deleg.go): opens and delegations held on a file;
+//   - dirListing (listing.go): a directory's entries and read-ahead;
+//   - dirDeleg (dirdeleg.go): files made and removed under a directory's
+//     delegation.
+//
+// mu guards st and every field of the groups not said to be otherwise.
 type Node struct {
 	c     *Client
 	fid   node.FID
@@ -26,71 +37,12 @@ type Node struct {
 
 	mu sync.Mutex
 	st node.Status
-	// Directories: entries learnt at st.DataVersion; complete when they
-	// are the whole directory (a readdir), so a miss is a negative answer.
-	dents *listing
-	// Files.
-	entry    *cache.Entry
-	inflight map[int64]*fetchCall
 
-	// wmu serialises writers with stores of this file, so that a store
-	// never marks clean a byte written while it was in flight.
-	wmu sync.Mutex
-	// modified is when local writes or truncation last changed the file:
-	// its mtime and ctime until they are stored (the store carries it).
-	modified time.Time
-
-	// Delegations and write-back (deleg.go), under mu.
-	opens opens
-	// dirtyState is the write delegation the unstored writes were made
-	// under (0: none); the store names it. dirtySince is when the first of
-	// them was made, for the flusher's age bound.
-	dirtyState uint64
-	dirtySince time.Time
-	// refusedAt: the server last refused this client a delegation it
-	// asked for alone (Delegate), which it does not ask again for a while.
-	refusedAt time.Time
-	// lostErr: the flusher or a recall could not deliver this file's
-	// writes and kept them in lost/; the next Sync or Close reports it.
-	lostErr error
-	// losses counts the times unstored writes were moved to lost/, and
-	// lastLoss says why: a flush or sync that waited while another one
-	// lost the writes it was to store reports that too (two closes of
-	// one open file, say, after a fork).
-	losses   uint64
-	lastLoss error
-	// unlinked: this client removed the file's last name (or renamed
-	// another file over it). replacing counts this client's removes and
-	// renames over the file under way (replaceNamed).
-	unlinked  bool
-	replacing int
-	// Directory delegations (dirdeleg.go). madeIn: the directory this
-	// file was made in, not yet created at the server. madeLost: the
-	// server refused that create; the file's writes go to lost/.
-	// removedIn: the directory this file was removed from here, not yet
-	// at the server.
-	madeIn    atomic.Pointer[Node]
-	madeLost  error
-	removedIn atomic.Pointer[Node]
-	// Directories: nsmu orders files made here, removed here and settled
-	// (alone) with the client's requests that change the directory (hold);
-	// madeFiles waits to be created (or removed) at the server, made under
-	// delegation madeState on the directory at version madeBase. recalledAt: the
-	// last recall of this client's delegation on it.
-	nsmu       sync.RWMutex
-	madeFiles  madeList
-	madeState  uint64
-	madeBase   uint64
-	recalledAt time.Time
-	// ahead is a directory's read-ahead over its files (dirAhead).
-	ahead dirAhead
-	// bypassing counts the opens of the file that bypass the cache: its
-	// data is then at the server, where a truncation must go too.
-	bypassing int
-	// files counts the open Files of a regular file: writes this client
-	// made to a file it removed stay readable through them until the last
-	// is closed, and are dropped then.
-	files int
+	fileData
+	writeBack
+	fileDeleg
+	dirListing
+	dirDeleg
 }
 
 // FID is the node's file identifier.
@@ -244,7 +196,7 @@ func (c *Client) fresh(n *Node) (node.Status, error) {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.GetStatusReply
-	err := c.call(func(ctx context.Context) (err error) {
+	err := c.conn.Call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.GetStatus(ctx, &pb.GetStatusRequest{Fids: []*pb.FID{pb.FromFID(n.fid)}})
 		return err
 	})
@@ -290,7 +242,7 @@ func (c *Client) statusAll(ents []DirEntry) error {
 		todo = todo[len(batch):]
 		t := c.begin()
 		var reply *pb.GetStatusReply
-		err := c.call(func(ctx context.Context) (err error) {
+		err := c.conn.Call(func(ctx context.Context) (err error) {
 			reply, err = c.rpc.GetStatus(ctx, &pb.GetStatusRequest{Fids: batch})
 			return err
 		})
@@ -315,7 +267,7 @@ func (c *Client) statusAll(ents []DirEntry) error {
 // must hear were lost (another client removed the file).
 func (c *Client) forget(n *Node) {
 	n.valid.Store(false)
-	c.flusher.remove(n)
+	c.flusher.Remove(dirtyNode{n})
 	c.cbMu.Lock()
 	c.cb.Break(n.fid)
 	c.cb.FileGone(n.fid)
@@ -460,7 +412,7 @@ func (c *Client) lookupAt(dir *Node, name string) (*Node, node.Status, error) {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.LookupReply
-	err := c.call(func(ctx context.Context) (err error) {
+	err := c.conn.Call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Lookup(ctx, &pb.LookupRequest{Dir: pb.FromFID(dir.fid), Name: name})
 		return err
 	})
@@ -529,7 +481,7 @@ func (c *Client) fetchDir(dir *Node) (out []DirEntry, dv uint64, consistent bool
 	consistent = true
 	for first := true; ; first = false {
 		var reply *pb.ReadDirReply
-		err := c.call(func(ctx context.Context) (err error) {
+		err := c.conn.Call(func(ctx context.Context) (err error) {
 			reply, err = c.rpc.ReadDir(ctx, &pb.ReadDirRequest{Dir: pb.FromFID(dir.fid), Cookie: cookie, MaxEntries: 4096})
 			return err
 		})
@@ -563,7 +515,7 @@ func (c *Client) volumeRoot(name string) (*Node, error) {
 	v := c.vols[name]
 	c.volMu.Unlock()
 	if v == nil {
-		err := c.call(func(ctx context.Context) (err error) {
+		err := c.conn.Call(func(ctx context.Context) (err error) {
 			v, err = c.rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: name})
 			return err
 		})

@@ -7,38 +7,44 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/client/policy"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
 
-// The node-level API: what a kernel file system adapter needs, where names
-// are resolved one directory at a time by the kernel. Mount points are
-// crossed here, so the adapter sees them as the directories they lead to.
+// Nodes is the node-level API: what a kernel file system adapter (the
+// mount) needs, where the kernel resolves names one directory at a time.
+// Mount points are crossed here, so the adapter sees them as the
+// directories they lead to.
+type Nodes struct{ c *Client }
+
+// Nodes is c's node-level API.
+func (c *Client) Nodes() *Nodes { return &Nodes{c} }
 
 // Root is the root directory of the root volume.
-func (c *Client) Root() *Node { return c.root }
+func (k *Nodes) Root() *Node { return k.c.root }
 
 // Getattr returns n's status, from the cache while a promise is held.
-func (c *Client) Getattr(n *Node) (node.Status, error) {
-	st, err := c.fresh(n)
+func (k *Nodes) Getattr(n *Node) (node.Status, error) {
+	st, err := k.c.fresh(n)
 	if err == nil && st.Type == node.TypeMountPoint {
 		var root *Node
-		if root, err = c.volumeRoot(st.Target); err == nil {
-			st, err = c.fresh(root)
+		if root, err = k.c.volumeRoot(st.Target); err == nil {
+			st, err = k.c.fresh(root)
 		}
 	}
 	return st, err
 }
 
 // Lookup finds name in dir, crossing a mount point to the root of its volume.
-func (c *Client) Lookup(dir *Node, name string) (*Node, node.Status, error) {
-	n, err := c.lookup(dir, name)
+func (k *Nodes) Lookup(dir *Node, name string) (*Node, node.Status, error) {
+	n, err := k.c.lookup(dir, name)
 	if err != nil {
 		return nil, node.Status{}, err
 	}
 	st := n.status()
 	if st.Type == node.TypeMountPoint {
-		if n, err = c.volumeRoot(st.Target); err != nil {
+		if n, err = k.c.volumeRoot(st.Target); err != nil {
 			return nil, node.Status{}, err
 		}
 		st = n.status()
@@ -48,12 +54,12 @@ func (c *Client) Lookup(dir *Node, name string) (*Node, node.Status, error) {
 
 // ReadDirNode lists dir, with the status of every entry learnt (a kernel
 // asks for them all: READDIRPLUS); mount points are listed as directories.
-func (c *Client) ReadDirNode(dir *Node) ([]DirEntry, error) {
-	ents, _, err := c.readDir(dir)
+func (k *Nodes) ReadDir(dir *Node) ([]DirEntry, error) {
+	ents, _, err := k.c.readDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.statusAll(ents); err != nil {
+	if err := k.c.statusAll(ents); err != nil {
 		return nil, err
 	}
 	out := make([]DirEntry, len(ents))
@@ -68,34 +74,34 @@ func (c *Client) ReadDirNode(dir *Node) ([]DirEntry, error) {
 
 // OpenAt opens an already resolved file, named base in directory parent
 // (nil if unknown: for its caching policy); name is kept for reports.
-func (c *Client) OpenAt(n *Node, parent *Node, base, name string, flag int) (*File, error) {
-	return c.openFile(n, parent, base, name, flag, resolved)
+func (k *Nodes) Open(n *Node, parent *Node, base, name string, flag int) (*File, error) {
+	return k.c.openFile(n, parent, base, name, flag, resolved)
 }
 
-// CreateOpen is CreateAt of a regular file followed by OpenAt, except that
+// CreateOpen is Create of a regular file followed by Open, except that
 // the file is opened as the create answered (openFile): the open does not
-// fail if another client removed the file in between.
-func (c *Client) CreateOpen(dir *Node, name string, mode uint32, who Creator, excl bool, path string, flag int) (*Node, *File, error) {
-	n, created, err := c.create(dir, name, node.TypeFile, mode, who, "", 0, excl, "")
+// fail if another client removed the file in between. path is kept for
+// reports.
+func (k *Nodes) CreateOpen(m Make, path string, flag int) (*Node, *File, error) {
+	m.Type = node.TypeFile
+	n, created, err := k.c.create(m)
 	if err != nil {
 		return nil, nil, err
 	}
-	f, err := c.openFile(n, dir, name, path, flag, createdHow(created))
+	f, err := k.c.openFile(n, m.Dir, m.Name, path, flag, createdHow(created))
 	return n, f, err
 }
 
-// CreateAt makes name in dir: a file, directory, symlink (target is its
-// text), mount point (target is a volume name) or special file (rdev is a
-// device node's number), owned by who. With excl unset an existing regular
-// file is returned instead.
-func (c *Client) CreateAt(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool) (*Node, error) {
-	n, _, err := c.create(dir, name, t, mode, who, target, rdev, excl, "")
+// Create makes m: a file, directory, symlink, mount point or special
+// file. With m.Excl unset an existing regular file is returned instead.
+func (k *Nodes) Create(m Make) (*Node, error) {
+	n, _, err := k.c.create(m)
 	return n, err
 }
 
 // LinkAt makes name in dir a hard link to target.
-func (c *Client) LinkAt(dir *Node, name string, target *Node) (*Node, error) {
-	n, _, err := c.linkAt(dir, name, target, "")
+func (k *Nodes) Link(dir *Node, name string, target *Node) (*Node, error) {
+	n, _, err := k.c.linkAt(dir, name, target, "")
 	return n, err
 }
 
@@ -115,7 +121,7 @@ func (c *Client) linkAt(dir *Node, name string, target *Node, op string) (*Node,
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.LinkReply
-	err := c.callOnce(op, func(ctx context.Context) (err error) {
+	err := c.conn.CallOnce(op, func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Link(ctx, &pb.LinkRequest{Dir: pb.FromFID(dir.fid), Name: name, Target: pb.FromFID(target.fid)})
 		return err
 	})
@@ -131,11 +137,11 @@ func (c *Client) linkAt(dir *Node, name string, target *Node, op string) (*Node,
 
 // RemoveAt removes name from dir: with dirOnly an empty directory (rmdir),
 // otherwise anything else (unlink).
-func (c *Client) RemoveAt(dir *Node, name string, dirOnly bool) error {
-	if !dirOnly && c.removeHere(dir, name) {
+func (k *Nodes) Remove(dir *Node, name string, dirOnly bool) error {
+	if !dirOnly && k.c.removeHere(dir, name) {
 		return nil
 	}
-	_, err := c.removeAt(dir, name, dirOnly, "")
+	_, err := k.c.removeAt(dir, name, dirOnly, "")
 	return err
 }
 
@@ -156,7 +162,7 @@ func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.RemoveReply
-	err := c.callOnce(op, func(ctx context.Context) (err error) {
+	err := c.conn.CallOnce(op, func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Remove(ctx, &pb.RemoveRequest{Dir: pb.FromFID(dir.fid), Name: name, DirOnly: dirOnly})
 		return err
 	})
@@ -170,13 +176,13 @@ func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.
 // RenameAt renames sdir/sname to ddir/dname, replacing an existing target,
 // and returns the FID of the file it moved: the one sname named at the
 // server, which may not be the one the caller thought.
-func (c *Client) RenameAt(sdir *Node, sname string, ddir *Node, dname string) (node.FID, error) {
+func (k *Nodes) Rename(sdir *Node, sname string, ddir *Node, dname string) (node.FID, error) {
 	if sdir == ddir {
-		if fid, ok := c.renameHere(sdir, sname, dname); ok {
+		if fid, ok := k.c.renameHere(sdir, sname, dname); ok {
 			return fid, nil
 		}
 	}
-	reply, err := c.renameAt(sdir, sname, ddir, dname, "")
+	reply, err := k.c.renameAt(sdir, sname, ddir, dname, "")
 	if err != nil {
 		return node.FID{}, err
 	}
@@ -193,7 +199,7 @@ type Attr struct {
 
 // SetAttr changes attributes of n. A size change stores the file's local
 // writes first and then truncates at the server.
-func (c *Client) SetAttr(n *Node, a Attr) (node.Status, error) {
+func (k *Nodes) SetAttr(n *Node, a Attr) (node.Status, error) {
 	req := &pb.SetAttrRequest{}
 	if a.Mode != nil {
 		req.Mask |= node.SetMode
@@ -220,9 +226,9 @@ func (c *Client) SetAttr(n *Node, a Attr) (node.Status, error) {
 		req.Size = *a.Size
 	}
 	if req.Mask == 0 {
-		return c.Getattr(n)
+		return k.Getattr(n)
 	}
-	if err := c.setattr(n, req); err != nil {
+	if err := k.c.setattr(n, req); err != nil {
 		return node.Status{}, err
 	}
 	return n.status(), nil
@@ -232,16 +238,16 @@ func (c *Client) SetAttr(n *Node, a Attr) (node.Status, error) {
 // it, as a write there stays local, and reports whether it did; if not,
 // SetAttr truncates at the server. The kernel sends open(O_TRUNC) as a
 // truncation by name.
-func (c *Client) TruncateHere(n *Node, size uint64) (bool, error) {
+func (k *Nodes) TruncateHere(n *Node, size uint64) (bool, error) {
 	n.mu.Lock()
 	bypassed := n.bypassing > 0
 	n.mu.Unlock()
-	if bypassed || !c.writeHere(n) || n.entry == nil {
+	if bypassed || !k.c.writeHere(n) || n.entry == nil {
 		return false, nil
 	}
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if !c.writeHere(n) {
+	if !k.c.writeHere(n) {
 		return false, nil // recalled meanwhile
 	}
 	return true, n.truncateLocked(size)
@@ -252,7 +258,9 @@ func (c *Client) TruncateHere(n *Node, size uint64) (bool, error) {
 // made here has its directory's: nobody else can reach it before a settle
 // hands it to the server, and one that leaves it uncovered (without a
 // write delegation of its own) says so (OnInvalidate).
-func (c *Client) PromiseLeft(n *Node) time.Duration {
+func (k *Nodes) PromiseLeft(n *Node) time.Duration { return k.c.promiseLeft(n) }
+
+func (c *Client) promiseLeft(n *Node) time.Duration {
 	if dir := n.made(); dir != nil {
 		n = dir
 	}
@@ -306,7 +314,7 @@ func (n *Node) Unpin() {
 func (n *Node) Valid() bool { return n.valid.Load() || n.made() != nil }
 
 // Gauge publishes a counter with the cache's statistics.
-func (c *Client) Gauge(name string, v int64) { c.cache.SetGauge(name, v) }
+func (k *Nodes) Gauge(name string, v int64) { k.c.cache.SetGauge(name, v) }
 
 // Errno is the errno an error from this package stands for: EIO when the
 // server could not be asked, ETIMEDOUT when it did not answer in time.
@@ -327,10 +335,10 @@ func Errno(err error) syscall.Errno {
 // TruncateStored truncates n in its cache file, in place, and stores the
 // truncation: for a file whose cache file is being read directly, where a
 // truncation at the server would be a new version in a new cache file.
-func (c *Client) TruncateStored(n *Node, size uint64) (node.Status, error) {
+func (k *Nodes) TruncateStored(n *Node, size uint64) (node.Status, error) {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if _, err := c.fresh(n); err != nil {
+	if _, err := k.c.fresh(n); err != nil {
 		return node.Status{}, err
 	}
 	if err := n.truncateLocked(size); err != nil {
@@ -349,25 +357,25 @@ func (c *Client) TruncateStored(n *Node, size uint64) (node.Status, error) {
 // lookup makes a new Node that finds it there. The delay matters: a lookup
 // racing the kernel's forget can hand n to the kernel again, which Hold
 // then says, and a Node the kernel holds must stay the one for its FID.
-func (c *Client) Release(n *Node) {
-	if n == c.root {
+func (k *Nodes) Release(n *Node) {
+	if n == k.c.root {
 		return
 	}
-	c.nodesMu.Lock()
+	k.c.nodesMu.Lock()
 	n.forgot.Store(time.Now().UnixNano())
-	c.forgotten[n] = struct{}{}
-	c.nodesMu.Unlock()
+	k.c.forgotten[n] = struct{}{}
+	k.c.nodesMu.Unlock()
 }
 
 // Hold says the kernel was handed n (again).
-func (c *Client) Hold(n *Node) {
+func (k *Nodes) Hold(n *Node) {
 	if n.forgot.Load() == 0 {
 		return
 	}
-	c.nodesMu.Lock()
+	k.c.nodesMu.Lock()
 	n.forgot.Store(0)
-	delete(c.forgotten, n)
-	c.nodesMu.Unlock()
+	delete(k.c.forgotten, n)
+	k.c.nodesMu.Unlock()
 }
 
 // releaseAfter is how long a forgotten Node is kept before it is dropped.
@@ -386,7 +394,7 @@ func (c *Client) dropForgotten(now time.Time) {
 	c.nodesMu.Unlock()
 	for _, n := range idle {
 		n.mu.Lock()
-		busy := len(n.inflight) > 0 || n.entry != nil && n.localChanges()
+		busy := n.fetching.Load() > 0 || n.entry != nil && n.localChanges()
 		n.mu.Unlock()
 		if busy || !n.wmu.TryLock() {
 			continue
@@ -402,3 +410,16 @@ func (c *Client) dropForgotten(now time.Time) {
 		n.wmu.Unlock()
 	}
 }
+
+// Policy is the caching policy of n, opened as base in parent.
+func (k *Nodes) Policy(n *Node, parent *Node, base string) (policy.Decision, error) {
+	return k.c.policyAt(n, parent, base)
+}
+
+// SetPolicy sets n's caching policy (and, if recursive, its subtree's).
+func (k *Nodes) SetPolicy(n *Node, mode string, recursive bool) error {
+	return k.c.setPolicyAt(n, mode, recursive)
+}
+
+// StatFS reports the space of the server holding the root volume.
+func (k *Nodes) StatFS() (FSStat, error) { return k.c.StatFS() }

@@ -150,28 +150,47 @@ func (c *Client) creator() Creator {
 	return Creator{uint32(os.Getuid()), uint32(os.Getgid())}
 }
 
-// create makes name in dir. With excl unset an existing regular file is
-// returned instead (created=false). A new file comes with a write
-// delegation when the client takes them (it is about to be opened).
-// op names the request for its retries ("": a new name).
-func (c *Client) create(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool, op string) (*Node, bool, error) {
-	if t == node.TypeFile && op == "" {
-		if err := node.CheckName(name); err != nil {
+// Make is a file to make: Name in Dir, of Type, owned by Who.
+type Make struct {
+	Dir  *Node
+	Name string
+	Type node.Type
+	Mode uint32
+	Who  Creator
+	// Target is a symlink's text or a mount point's volume name; Rdev is
+	// a device node's number.
+	Target string
+	Rdev   uint64
+	// Excl refuses an existing file (O_EXCL); without it an existing
+	// regular file is returned instead.
+	Excl bool
+	// Op names the request for the server's retry check ("": a new one);
+	// a proxy passes its client's on.
+	Op string
+}
+
+// create makes m. With m.Excl unset an existing regular file is returned
+// instead (created=false). A new file comes with a write delegation when
+// the client takes them (it is about to be opened).
+func (c *Client) create(m Make) (*Node, bool, error) {
+	if m.Type == node.TypeFile && m.Op == "" {
+		if err := node.CheckName(m.Name); err != nil {
 			return nil, false, err
 		}
-		if n, created, ok, err := c.makeHere(dir, name, mode, who, excl); ok {
+		if n, created, ok, err := c.makeHere(m.Dir, m.Name, m.Mode, m.Who, m.Excl); ok {
 			return n, created, err
 		}
 	}
-	n, reply, err := c.createAt(dir, name, t, mode, who, target, rdev, excl, op)
+	n, reply, err := c.createAt(m)
 	if err != nil {
 		return nil, false, err
 	}
 	return n, reply.Created, nil
 }
 
-// createAt is create returning the server's reply.
-func (c *Client) createAt(dir *Node, name string, t node.Type, mode uint32, who Creator, target string, rdev uint64, excl bool, op string) (*Node, *pb.CreateReply, error) {
+// createAt is create at the server, returning its reply.
+func (c *Client) createAt(m Make) (*Node, *pb.CreateReply, error) {
+	dir, name, t := m.Dir, m.Name, m.Type
 	if err := node.CheckName(name); err != nil {
 		return nil, nil, err
 	}
@@ -183,9 +202,9 @@ func (c *Client) createAt(dir *Node, name string, t node.Type, mode uint32, who 
 	tk := c.begin()
 	defer c.end(tk)
 	var reply *pb.CreateReply
-	err := c.callOnce(op, func(ctx context.Context) (err error) {
+	err := c.conn.CallOnce(m.Op, func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Create(ctx, &pb.CreateRequest{Dir: pb.FromFID(dir.fid), Name: name, Type: pb.FromType(t),
-			Mode: mode, Uid: who.UID, Gid: who.GID, Target: target, Rdev: rdev, Exclusive: excl, Open: t == node.TypeFile && c.delegating()})
+			Mode: m.Mode, Uid: m.Who.UID, Gid: m.Who.GID, Target: m.Target, Rdev: m.Rdev, Exclusive: m.Excl, Open: t == node.TypeFile && c.delegating()})
 		return err
 	})
 	if err != nil {
@@ -236,7 +255,7 @@ func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, opene
 	if err != nil {
 		return nil, resolved, err
 	}
-	n, created, err := c.create(dir, base, node.TypeFile, unixMode(perm), c.creator(), "", 0, flag&os.O_EXCL != 0, "")
+	n, created, err := c.create(Make{Dir: dir, Name: base, Type: node.TypeFile, Mode: unixMode(perm), Who: c.creator(), Excl: flag&os.O_EXCL != 0})
 	if Errno(err) == syscall.EEXIST && flag&os.O_EXCL == 0 {
 		// Exists as something else: a symlink to follow, or a directory.
 		n, err = c.resolve(name, true)
@@ -297,7 +316,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 		if err := c.leaveCache(n); err != nil {
 			return nil, errOf("open", name, err)
 		}
-		f.bp.Store(newBypass(f, f.decision.Probation))
+		f.bp.Store(f.openBypass(f.decision.Probation))
 		n.mu.Lock()
 		n.bypassing++
 		n.mu.Unlock()
@@ -378,7 +397,7 @@ func (c *Client) ReadDir(name string) ([]DirEntry, error) {
 func (c *Client) Mkdir(name string, perm os.FileMode) error {
 	dir, base, err := c.resolveParent(name)
 	if err == nil {
-		_, _, err = c.create(dir, base, node.TypeDir, unixMode(perm), c.creator(), "", 0, true, "")
+		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeDir, Mode: unixMode(perm), Who: c.creator(), Excl: true})
 	}
 	return errOf("mkdir", name, err)
 }
@@ -387,7 +406,7 @@ func (c *Client) Mkdir(name string, perm os.FileMode) error {
 func (c *Client) Symlink(target, link string) error {
 	dir, base, err := c.resolveParent(link)
 	if err == nil {
-		_, _, err = c.create(dir, base, node.TypeSymlink, 0o777, c.creator(), target, 0, true, "")
+		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeSymlink, Mode: 0o777, Who: c.creator(), Target: target, Excl: true})
 	}
 	return errOf("symlink", link, err)
 }
@@ -410,7 +429,7 @@ func (c *Client) Readlink(name string) (string, error) {
 func (c *Client) MountVolume(name, volume string) error {
 	dir, base, err := c.resolveParent(name)
 	if err == nil {
-		_, _, err = c.create(dir, base, node.TypeMountPoint, 0o755, c.creator(), volume, 0, true, "")
+		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeMountPoint, Mode: 0o755, Who: c.creator(), Target: volume, Excl: true})
 	}
 	return errOf("mount", name, err)
 }
@@ -430,7 +449,7 @@ func (c *Client) link(oldname, newname string) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.LinkAt(dir, base, target)
+	_, err = c.Nodes().Link(dir, base, target)
 	return err
 }
 
@@ -444,9 +463,9 @@ func (c *Client) remove(name string) error {
 	if err != nil {
 		return err
 	}
-	err = c.RemoveAt(dir, base, false)
+	err = c.Nodes().Remove(dir, base, false)
 	if pb.Errno(err) == syscall.EISDIR || errors.Is(err, syscall.EISDIR) {
-		err = c.RemoveAt(dir, base, true)
+		err = c.Nodes().Remove(dir, base, true)
 	}
 	return err
 }
@@ -492,7 +511,7 @@ func (c *Client) rename(oldname, newname string) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.RenameAt(sdir, sbase, ddir, dbase)
+	_, err = c.Nodes().Rename(sdir, sbase, ddir, dbase)
 	return err
 }
 
@@ -517,7 +536,7 @@ func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.RenameReply
-	err := c.callOnce(op, func(ctx context.Context) (err error) {
+	err := c.conn.CallOnce(op, func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Rename(ctx, &pb.RenameRequest{SrcDir: pb.FromFID(sdir.fid), SrcName: sbase, DstDir: pb.FromFID(ddir.fid), DstName: dbase})
 		return err
 	})
@@ -562,7 +581,7 @@ func (c *Client) setattr(n *Node, req *pb.SetAttrRequest) error {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.SetAttrReply
-	err := c.call(func(ctx context.Context) (err error) {
+	err := c.conn.Call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.SetAttr(ctx, req)
 		return err
 	})
@@ -618,8 +637,8 @@ func (c *Client) Truncate(name string, size int64) error {
 	if err == nil {
 		sz := uint64(size)
 		var here bool
-		if here, err = c.TruncateHere(n, sz); err == nil && !here {
-			_, err = c.SetAttr(n, Attr{Size: &sz})
+		if here, err = c.Nodes().TruncateHere(n, sz); err == nil && !here {
+			_, err = c.Nodes().SetAttr(n, Attr{Size: &sz})
 		}
 	}
 	return errOf("truncate", name, err)
@@ -630,7 +649,7 @@ type FSStat = node.FSStat
 
 // StatFS reports the server's space.
 func (c *Client) StatFS() (FSStat, error) {
-	fs, err := c.StatFSVolume(c.root.fid.Volume)
+	fs, err := c.statFS(c.root.fid.Volume)
 	if err != nil {
 		return FSStat{}, errOf("statfs", "/", err)
 	}
@@ -644,7 +663,7 @@ func toVolume(v *pb.Volume) Volume {
 // CreateVolume makes a new volume; MountVolume attaches it to the tree.
 func (c *Client) CreateVolume(name string) (Volume, error) {
 	var v *pb.Volume
-	err := c.call(func(ctx context.Context) (err error) {
+	err := c.conn.Call(func(ctx context.Context) (err error) {
 		v, err = c.rpc.CreateVolume(ctx, &pb.CreateVolumeRequest{Name: name})
 		return err
 	})
@@ -657,7 +676,7 @@ func (c *Client) CreateVolume(name string) (Volume, error) {
 // Volumes lists the cell's volumes.
 func (c *Client) Volumes() ([]Volume, error) {
 	var r *pb.ListVolumesReply
-	err := c.call(func(ctx context.Context) (err error) {
+	err := c.conn.Call(func(ctx context.Context) (err error) {
 		r, err = c.rpc.ListVolumes(ctx, &pb.ListVolumesRequest{})
 		return err
 	})

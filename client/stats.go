@@ -43,7 +43,7 @@ func (c *Client) Stats() Stats {
 	c.cbMu.Unlock()
 	return Stats{
 		Stats:           c.cache.Stats(),
-		RPCs:            c.counters.rpcs.Load(),
+		RPCs:            c.conn.RPCs(),
 		Breaks:          c.counters.breaks.Load(),
 		Resets:          c.counters.resets.Load(),
 		Revalidations:   c.counters.revalidations.Load(),

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -153,9 +154,9 @@ func TestDirDelegationLost(t *testing.T) {
 	if err := f.Sync(); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("fsync of a file made under a lost directory delegation: %v, want EIO", err)
 	}
-	lost, err := client.ListLost(cacheDir)
-	if err != nil || len(lost) != 1 || lost[0].Path != "/d/x" || lost[0].Size != 5000 {
-		t.Fatalf("lost data: %+v %v", lost, err)
+	kept, err := lost.List(cacheDir)
+	if err != nil || len(kept) != 1 || kept[0].Path != "/d/x" || kept[0].Size != 5000 {
+		t.Fatalf("lost data: %+v %v", kept, err)
 	}
 	ents, err := b.ReadDir("/d")
 	if err != nil || len(ents) != 1 || ents[0].Name != "y" {
@@ -294,8 +295,8 @@ func TestDirDelegationChurnLeavesNothing(t *testing.T) {
 	}
 	a.Close()
 	dial(t, srv.addr, cacheDir, 64<<20)
-	if lost, err := client.ListLost(cacheDir); err != nil || len(lost) != 0 {
-		t.Fatalf("a restart kept writes to removed files as lost: %d entries, %v", len(lost), err)
+	if kept, err := lost.List(cacheDir); err != nil || len(kept) != 0 {
+		t.Fatalf("a restart kept writes to removed files as lost: %d entries, %v", len(kept), err)
 	}
 }
 
@@ -313,14 +314,14 @@ func TestDirDelegationMadeFileCached(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, dir := a.NodeOf(st.FID), a.NodeOf(dst.FID)
-	dirLeft := a.PromiseLeft(dir)
-	if left := a.PromiseLeft(n); !n.Valid() || left < time.Minute || left > dirLeft {
+	n, dir := a.FIDs().Node(st.FID), a.FIDs().Node(dst.FID)
+	dirLeft := a.FIDs().PromiseLeft(dir)
+	if left := a.FIDs().PromiseLeft(n); !n.Valid() || left < time.Minute || left > dirLeft {
 		t.Fatalf("a file made here: valid %v, cachable for %v; want valid, for its directory's %v", n.Valid(), left, dirLeft)
 	}
 	b := dial(t, srv.addr, "mem", 64<<20)
 	writeFile(t, b, "/d/x", []byte("changed by b"))
-	if n.Valid() || a.PromiseLeft(n) > 0 {
+	if n.Valid() || a.FIDs().PromiseLeft(n) > 0 {
 		t.Fatal("the maker still caches a file another client changed since")
 	}
 	if got := string(readFile(t, a, "/d/x")); got != "changed by b" {
@@ -390,7 +391,7 @@ func TestDirDelegationRemoveLater(t *testing.T) {
 	if removed, rpcs := st.RemovedHere-before.RemovedHere, st.RPCs-before.RPCs; removed != 4 || rpcs != 0 {
 		t.Fatalf("%d files removed here with %d RPCs, want 4 with none", removed, rpcs)
 	}
-	if _, err := b.StatusOf(b.NodeOf(fids["/d/f1"])); !errors.Is(err, syscall.ESTALE) && !errors.Is(err, syscall.ENOENT) {
+	if _, err := b.FIDs().Status(b.FIDs().Node(fids["/d/f1"])); !errors.Is(err, syscall.ESTALE) && !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("another client asking for a file removed here by FID: %v, want it gone", err)
 	}
 	// That settle also made f0 again and removed the others.
@@ -446,8 +447,8 @@ func TestDirDelegationRemoveLaterLost(t *testing.T) {
 	if data := readFile(t, a, "/d/x"); !bytes.Equal(data, pattern(5000, 1)) {
 		t.Fatalf("the holder reads %d bytes of the file back at the server", len(data))
 	}
-	if lost, err := client.ListLost(cacheDir); err != nil || len(lost) != 0 {
-		t.Fatalf("lost data: %+v %v", lost, err)
+	if kept, err := lost.List(cacheDir); err != nil || len(kept) != 0 {
+		t.Fatalf("lost data: %+v %v", kept, err)
 	}
 }
 
@@ -527,7 +528,7 @@ func TestDirDelegationAfterTwoRestarts(t *testing.T) {
 	if got := string(readFile(t, a, "/d/later")); got != "made after two restarts" {
 		t.Fatalf("the maker read %q", got)
 	}
-	if lost, _ := client.ListLost(cache); len(lost) != 0 {
-		t.Fatalf("%d files in lost/: %+v", len(lost), lost)
+	if kept, _ := lost.List(cache); len(kept) != 0 {
+		t.Fatalf("%d files in lost/: %+v", len(kept), kept)
 	}
 }

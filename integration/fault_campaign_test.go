@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
@@ -658,17 +659,17 @@ func (c *campaign) checkProcs() {
 // there; verify finds acknowledged ones missing.
 func (c *campaign) scanLost() (files, bytes int64, revoked []string) {
 	for _, dir := range c.caches {
-		lost, err := client.ListLost(dir)
+		kept, err := lost.List(dir)
 		if err != nil {
-			c.t.Errorf("listing %s: %v", client.LostDir(dir), err)
+			c.t.Errorf("listing %s: %v", lost.Dir(dir), err)
 			continue
 		}
-		for _, l := range lost {
+		for _, l := range kept {
 			if c.lostSeen[l.Data] {
 				continue
 			}
 			c.lostSeen[l.Data] = true
-			c.t.Logf("round %d: in %s: %s, %d bytes: %s", c.rounds, client.LostDir(dir), l.Path, l.Size, l.Error)
+			c.t.Logf("round %d: in %s: %s, %d bytes: %s", c.rounds, lost.Dir(dir), l.Path, l.Size, l.Error)
 			if slices.Index(c.caches, dir) >= 4 && strings.Contains(l.Error, "revoked") {
 				revoked = append(revoked, l.Path+": "+l.Error)
 			}

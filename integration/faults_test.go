@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
 )
@@ -209,11 +210,11 @@ func TestServerAwayDuringClose(t *testing.T) {
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("close took %v with a 3s RPC timeout", took)
 	}
-	lost, err := client.ListLost(cacheDir)
-	if err != nil || len(lost) != 1 || lost[0].Path != "/doomed" {
-		t.Fatalf("lost writes: %+v %v", lost, err)
+	kept, err := lost.List(cacheDir)
+	if err != nil || len(kept) != 1 || kept[0].Path != "/doomed" {
+		t.Fatalf("lost writes: %+v %v", kept, err)
 	}
-	if b, _ := os.ReadFile(lost[0].Data); !bytes.Equal(b, []byte("precious bytes")) {
+	if b, _ := os.ReadFile(kept[0].Data); !bytes.Equal(b, []byte("precious bytes")) {
 		t.Fatalf("kept data %q", b)
 	}
 	out, code := run(t, "cache", "lost", "--cache", cacheDir)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/mount"
 )
 
@@ -472,9 +473,9 @@ func TestFuseKilledDaemonRemount(t *testing.T) {
 	if err != nil || !bytes.Equal(got, content) {
 		t.Fatalf("read after remount: %v", err)
 	}
-	lost, err := client.ListLost(cacheDir)
-	if err != nil || len(lost) != 1 || lost[0].Path != "/sub/unsynced" {
-		t.Fatalf("writes the dead daemon closed but did not store: %+v %v", lost, err)
+	kept, err := lost.List(cacheDir)
+	if err != nil || len(kept) != 1 || kept[0].Path != "/sub/unsynced" {
+		t.Fatalf("writes the dead daemon closed but did not store: %+v %v", kept, err)
 	}
 	m.stop()
 	// The file was written through this cache and never fetched: the

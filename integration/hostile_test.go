@@ -22,6 +22,7 @@ import (
 
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/lost"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/lograte"
 	"github.com/hoardfs/hoard/node"
@@ -261,9 +262,9 @@ func TestCloseWithServerGone(t *testing.T) {
 	if err == nil {
 		t.Fatal("close with unstored writes and the server gone said nothing")
 	}
-	lost, lerr := client.ListLost(cacheDir)
-	if lerr != nil || len(lost) != unstored {
-		t.Fatalf("%d files kept in lost/, want %d: %v", len(lost), unstored, lerr)
+	kept, lerr := lost.List(cacheDir)
+	if lerr != nil || len(kept) != unstored {
+		t.Fatalf("%d files kept in lost/, want %d: %v", len(kept), unstored, lerr)
 	}
 	lh.Flush()
 	if n := strings.Count(logs.String(), "\n"); n > 10 {

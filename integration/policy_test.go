@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/policy"
 )
 
 func dialOpts(t *testing.T, o client.Options) *client.Client {
@@ -89,10 +90,10 @@ func TestPolicyRules(t *testing.T) {
 	// a directory's override is inherited by its files.
 	dir := t.TempDir()
 	o := dialOpts(t, client.Options{Server: srv.addr, CacheDir: dir, CacheSize: 64 << 20})
-	if err := o.SetPolicy("/__skip", client.PolicyCache, false); err != nil {
+	if err := o.SetPolicy("/__skip", policy.Cache, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := o.SetPolicy("/stream", client.PolicyCache, false); err != nil {
+	if err := o.SetPolicy("/stream", policy.Cache, false); err != nil {
 		t.Fatal(err)
 	}
 	o.Close()
@@ -229,7 +230,7 @@ func TestPolicySwitchKeepsWrites(t *testing.T) {
 	b := dial(t, srv.addr, "mem", 64<<20)
 	f, _ := a.Create("/f")
 	f.Write([]byte("written before the switch"))
-	if err := a.SetPolicy("/f", client.PolicyBypass, false); err != nil {
+	if err := a.SetPolicy("/f", policy.Bypass, false); err != nil {
 		t.Fatal(err)
 	}
 	if got := readFile(t, b, "/f"); string(got) != "written before the switch" {

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/lost"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
@@ -421,9 +422,9 @@ func TestProxyLostLease(t *testing.T) {
 	if err := f.Sync(); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("fsync after the proxy lost its delegation: %v, want EIO", err)
 	}
-	lost, err := client.ListLost(cacheDir)
-	if err != nil || len(lost) != 1 || lost[0].Path != "/w" || lost[0].Size != 1<<20 {
-		t.Fatalf("lost data: %+v %v", lost, err)
+	kept, err := lost.List(cacheDir)
+	if err != nil || len(kept) != 1 || kept[0].Path != "/w" || kept[0].Size != 1<<20 {
+		t.Fatalf("lost data: %+v %v", kept, err)
 	}
 	if got := string(readFile(t, direct, "/w")); got != "from the origin's client" {
 		t.Fatalf("the origin has %d bytes, not what its client wrote after the lease", len(got))
@@ -693,15 +694,15 @@ func TestProxyUnknownFID(t *testing.T) {
 		{"a vnode never made", node.FID{Volume: st.FID.Volume, Vnode: 1 << 40, Unique: 1}},
 		{"a volume the origin does not have", node.FID{Volume: 4242, Vnode: 1, Unique: 1}},
 	} {
-		n := c.NodeOf(tc.fid)
-		if _, err := c.StatusOf(n); !errors.Is(err, syscall.ESTALE) && !errors.Is(err, syscall.ENOENT) {
+		n := c.FIDs().Node(tc.fid)
+		if _, err := c.FIDs().Status(n); !errors.Is(err, syscall.ESTALE) && !errors.Is(err, syscall.ENOENT) {
 			t.Fatalf("status of %s (%v) through the proxy: %v, want ESTALE or ENOENT", tc.what, tc.fid, err)
 		}
-		if _, _, err := c.FetchChunk(n, 0); err == nil {
+		if _, _, err := c.FIDs().FetchChunk(n, 0); err == nil {
 			t.Fatalf("fetch of %s (%v) through the proxy succeeded", tc.what, tc.fid)
 		}
 	}
-	if _, err := c.Volume("", 4242); pb.Errno(err) != syscall.ENOENT {
+	if _, err := c.FIDs().Volume("", 4242); pb.Errno(err) != syscall.ENOENT {
 		t.Fatalf("volume 4242 through the proxy: %v, want ENOENT", err)
 	}
 	if got := string(readFile(t, c, "/f")); got != "here" {
@@ -715,7 +716,7 @@ func TestProxyUnknownFID(t *testing.T) {
 	if err := direct.Remove("/f"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := c.FetchChunk(c.NodeOf(st.FID), 0); err == nil {
+	if _, _, err := c.FIDs().FetchChunk(c.FIDs().Node(st.FID), 0); err == nil {
 		t.Fatal("a fetch of a removed file through the proxy succeeded")
 	}
 	if s := proxyStats(t, px.addr); s.Files != 0 || s.BytesUsed != 0 {
@@ -837,8 +838,8 @@ func TestProxyRestartKeepsWriteBack(t *testing.T) {
 			t.Fatalf("the origin's client read %q from %s after the proxy's restart, want a's writes", got, name)
 		}
 	}
-	if lost, _ := client.ListLost(filepath.Join(tmp, "a")); len(lost) != 0 {
-		t.Fatalf("a kept %d files in lost/", len(lost))
+	if kept, _ := lost.List(filepath.Join(tmp, "a")); len(kept) != 0 {
+		t.Fatalf("a kept %d files in lost/", len(kept))
 	}
 	t.Logf("read at the origin %v after the proxy's restart", time.Since(start))
 }

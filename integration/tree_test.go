@@ -27,17 +27,17 @@ func TestListingLearnsStatuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := dial(t, srv.addr, t.TempDir(), 64<<20)
-	d, _, err := c.Lookup(c.Root(), "d")
+	d, _, err := c.Nodes().Lookup(c.Nodes().Root(), "d")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ents, err := c.ReadDirNode(d)
+	ents, err := c.Nodes().ReadDir(d)
 	if err != nil || len(ents) != n {
 		t.Fatalf("listed %d entries (%v), want %d", len(ents), err, n)
 	}
 	before := c.Stats().RPCs
 	for _, e := range ents {
-		if _, st, err := c.Lookup(d, e.Name); err != nil || st.FID != e.FID || st.Size != 1 {
+		if _, st, err := c.Nodes().Lookup(d, e.Name); err != nil || st.FID != e.FID || st.Size != 1 {
 			t.Fatalf("lookup %s: %+v %v", e.Name, st, err)
 		}
 	}
@@ -65,11 +65,11 @@ func TestReadAheadAcrossFiles(t *testing.T) {
 	}
 	read := func(c *client.Client, d *client.Node, name string) {
 		t.Helper()
-		n, _, err := c.Lookup(d, name)
+		n, _, err := c.Nodes().Lookup(d, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, err := c.OpenAt(n, d, name, "/d/"+name, os.O_RDONLY)
+		f, err := c.Nodes().Open(n, d, name, "/d/"+name, os.O_RDONLY)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,11 +83,11 @@ func TestReadAheadAcrossFiles(t *testing.T) {
 	}
 	listed := func() (*client.Client, *client.Node, []client.DirEntry) {
 		c := dial(t, srv.addr, t.TempDir(), 64<<20)
-		d, _, err := c.Lookup(c.Root(), "d")
+		d, _, err := c.Nodes().Lookup(c.Nodes().Root(), "d")
 		if err != nil {
 			t.Fatal(err)
 		}
-		ents, err := c.ReadDirNode(d)
+		ents, err := c.Nodes().ReadDir(d)
 		if err != nil {
 			t.Fatal(err)
 		}

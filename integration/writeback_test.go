@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/lost"
 )
 
 // Under a write delegation, opens and closes cost no RPC and the writes
@@ -248,11 +249,11 @@ func TestLostLeaseKeepsData(t *testing.T) {
 				}
 				t.Logf("the woken holder's fsync: %s", out.Text())
 			}
-			lost, err := client.ListLost(cacheDir)
-			if err != nil || len(lost) != 1 || lost[0].Path != name || lost[0].Size != 1<<20 {
-				t.Fatalf("lost data: %+v %v", lost, err)
+			kept, err := lost.List(cacheDir)
+			if err != nil || len(kept) != 1 || kept[0].Path != name || kept[0].Size != 1<<20 {
+				t.Fatalf("lost data: %+v %v", kept, err)
 			}
-			data, _ := os.ReadFile(lost[0].Data)
+			data, _ := os.ReadFile(kept[0].Data)
 			if !bytes.Equal(data, pattern(1<<20, 9)) {
 				t.Fatal("the kept data differs from what was written")
 			}
@@ -435,9 +436,9 @@ func TestCloseReportsUnstored(t *testing.T) {
 	if err := a.Close(); err == nil || !strings.Contains(err.Error(), "/unstored") {
 		t.Fatalf("close of a client with unstored writes: %v", err)
 	}
-	lost, err := client.ListLost(cacheDir)
-	if err != nil || len(lost) != 1 || lost[0].Path != "/unstored" {
-		t.Fatalf("lost: %+v %v", lost, err)
+	kept, err := lost.List(cacheDir)
+	if err != nil || len(kept) != 1 || kept[0].Path != "/unstored" {
+		t.Fatalf("lost: %+v %v", kept, err)
 	}
 }
 
@@ -468,8 +469,8 @@ func TestRemovedWhileDirty(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatalf("close of a file removed here: %v", err)
 	}
-	if lost, err := client.ListLost(cacheDir); err != nil || len(lost) != 0 {
-		t.Fatalf("lost: %+v %v", lost, err)
+	if kept, err := lost.List(cacheDir); err != nil || len(kept) != 0 {
+		t.Fatalf("lost: %+v %v", kept, err)
 	}
 }
 
@@ -517,7 +518,7 @@ func TestRemoveWhileStoring(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	if lost, err := client.ListLost(cache); err != nil || len(lost) != 0 {
-		t.Fatalf("%d writes kept as lost (%v) for a file this client removed", len(lost), err)
+	if kept, err := lost.List(cache); err != nil || len(kept) != 0 {
+		t.Fatalf("%d writes kept as lost (%v) for a file this client removed", len(kept), err)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/policy"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -278,7 +279,7 @@ func (h *hnode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn
 }
 
 func (h *hnode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	ents, err := h.m.c.ReadDirNode(h.n)
+	ents, err := h.m.c.ReadDir(h.n)
 	if err != nil {
 		return nil, errno(err)
 	}
@@ -301,7 +302,7 @@ func (h *hnode) make(ctx context.Context, name string, t node.Type, mode uint32,
 	if e := h.stale(); e != 0 {
 		return nil, e
 	}
-	n, err := h.m.c.CreateAt(h.n, name, t, mode&0o7777, caller(ctx), target, rdev, true)
+	n, err := h.m.c.Create(client.Make{Dir: h.n, Name: name, Type: t, Mode: mode & 0o7777, Who: caller(ctx), Target: target, Rdev: rdev, Excl: true})
 	if err != nil {
 		return nil, errno(err)
 	}
@@ -369,7 +370,7 @@ func (h *hnode) Link(ctx context.Context, target fs.InodeEmbedder, name string, 
 	if e := staleAny(h, t); e != 0 {
 		return nil, e
 	}
-	n, err := h.m.c.LinkAt(h.n, name, t.n)
+	n, err := h.m.c.Link(h.n, name, t.n)
 	if err != nil {
 		return nil, errno(err)
 	}
@@ -390,14 +391,14 @@ func (h *hnode) Unlink(ctx context.Context, name string) syscall.Errno {
 	if c := h.GetChild(name); c != nil {
 		if ch, ok := c.Operations().(*hnode); ok && ch.isOpen() {
 			if ch.hiddenAs(h, name) {
-				if err := h.m.c.RemoveAt(h.n, name, false); err != nil {
+				if err := h.m.c.Remove(h.n, name, false); err != nil {
 					return errno(err)
 				}
 				ch.unhide(h, name)
 				return 0
 			}
 			silly := fmt.Sprintf(".hoard-unlinked-%x-%x", ino(ch.n.FID()), time.Now().UnixNano())
-			if _, err := h.m.c.RenameAt(h.n, name, h.n, silly); err != nil {
+			if _, err := h.m.c.Rename(h.n, name, h.n, silly); err != nil {
 				return errno(err)
 			}
 			ch.mu.Lock()
@@ -408,7 +409,7 @@ func (h *hnode) Unlink(ctx context.Context, name string) syscall.Errno {
 			return 0
 		}
 	}
-	return errno(h.m.c.RemoveAt(h.n, name, false))
+	return errno(h.m.c.Remove(h.n, name, false))
 }
 
 func (h *hnode) isOpen() bool {
@@ -421,7 +422,7 @@ func (h *hnode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if e := h.stale(); e != 0 {
 		return e
 	}
-	return errno(h.m.c.RemoveAt(h.n, name, true))
+	return errno(h.m.c.Remove(h.n, name, true))
 }
 
 func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
@@ -443,7 +444,7 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 	default:
 		return syscall.EINVAL // RENAME_EXCHANGE and friends are not supported
 	}
-	moved, err := h.m.c.RenameAt(h.n, name, np.n, newName)
+	moved, err := h.m.c.Rename(h.n, name, np.n, newName)
 	if err != nil {
 		return errno(err)
 	}
@@ -509,7 +510,7 @@ func (h *hnode) Create(ctx context.Context, name string, flags uint32, mode uint
 	}
 	full := "/" + path.Join(h.Path(h.Root()), name)
 	// The kernel hands us offsets for O_APPEND itself.
-	n, f, err := h.m.c.CreateOpen(h.n, name, mode&0o7777, caller(ctx), flags&syscall.O_EXCL != 0, full, int(flags)&^os.O_APPEND)
+	n, f, err := h.m.c.CreateOpen(client.Make{Dir: h.n, Name: name, Mode: mode & 0o7777, Who: caller(ctx), Excl: flags&syscall.O_EXCL != 0}, full, int(flags)&^os.O_APPEND)
 	if err != nil {
 		h.m.log.Debug("create failed", "path", full, "err", err)
 		return nil, nil, 0, errno(err)
@@ -525,7 +526,7 @@ func (h *hnode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, 
 		return nil, 0, e
 	}
 	base, pn := h.parentNode()
-	f, err := h.m.c.OpenAt(h.n, pn, base, "/"+h.Path(h.Root()), int(flags)&^os.O_APPEND)
+	f, err := h.m.c.Open(h.n, pn, base, "/"+h.Path(h.Root()), int(flags)&^os.O_APPEND)
 	if err != nil {
 		h.m.log.Debug("open failed", "fid", h.n.FID(), "err", err)
 		return nil, 0, errno(err)
@@ -689,7 +690,7 @@ func (h *hnode) released(mode openMode) {
 	}
 	h.mu.Unlock()
 	if dir != nil {
-		if err := h.m.c.RemoveAt(dir.n, silly, false); err != nil {
+		if err := h.m.c.Remove(dir.n, silly, false); err != nil {
 			h.m.log.Warn("removing an unlinked file at its last close", "name", silly, "err", err)
 		}
 	}
@@ -763,7 +764,7 @@ func (h *hnode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32,
 		return 0, syscall.ENODATA
 	}
 	base, parent := h.parentNode()
-	d, err := h.m.c.PolicyAt(h.n, parent, base)
+	d, err := h.m.c.Policy(h.n, parent, base)
 	if err != nil {
 		return 0, errno(err)
 	}
@@ -786,11 +787,11 @@ func (h *hnode) Setxattr(ctx context.Context, attr string, data []byte, flags ui
 		return syscall.EINVAL
 	}
 	switch mode {
-	case client.PolicyCache, client.PolicyBypass, client.PolicyAuto:
+	case policy.Cache, policy.Bypass, policy.Auto:
 	default:
 		return syscall.EINVAL
 	}
-	return errno(h.m.c.SetPolicyAt(h.n, mode, opt == "recursive"))
+	return errno(h.m.c.SetPolicy(h.n, mode, opt == "recursive"))
 }
 
 func (h *hnode) Removexattr(ctx context.Context, attr string) syscall.Errno {

@@ -36,7 +36,7 @@ type Options struct {
 
 // Mount is a mounted hoard file system.
 type Mount struct {
-	c      *client.Client
+	c      *client.Nodes
 	dir    string
 	server *fuse.Server
 	log    *slog.Logger
@@ -328,9 +328,9 @@ func CheckFuse() error {
 
 // Serve mounts c's root volume at dir and serves it until Unmount.
 func (m *Mount) Serve(c *client.Client, dir string, debug bool) error {
-	m.c, m.dir = c, dir
-	root := &hnode{m: m, n: c.Root()}
-	rootSt, err := c.Getattr(c.Root())
+	m.c, m.dir = c.Nodes(), dir
+	root := &hnode{m: m, n: m.c.Root()}
+	rootSt, err := m.c.Getattr(m.c.Root())
 	if err != nil {
 		return err
 	}

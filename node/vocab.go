@@ -1,6 +1,10 @@
 package node
 
-import "time"
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"time"
+)
 
 // The requests and answers client, proxy and server share. The server's
 // store implements them (package vnode); the client and proxy speak them
@@ -62,6 +66,13 @@ type FSStat struct {
 // making it twice or failing (a rename applied before a crash must not
 // answer ENOENT when retried after it). The empty Op names none.
 type Op string
+
+// NewOp names a new request: 128 random bits, as hex.
+func NewOp() Op {
+	var id [16]byte
+	rand.Read(id[:])
+	return Op(hex.EncodeToString(id[:]))
+}
 
 // MaxOp bounds an Op's length.
 const MaxOp = 64

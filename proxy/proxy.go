@@ -47,6 +47,7 @@ import (
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/proxystore"
 	"github.com/hoardfs/hoard/server"
+	"golang.org/x/sync/singleflight"
 )
 
 // Options configure a proxy.
@@ -73,7 +74,10 @@ type Options struct {
 
 // Proxy is the server.Backend of a caching proxy.
 type Proxy struct {
+	// c is the proxy's client of the origin; fids is its FID-level API,
+	// through which the proxy serves its own clients.
 	c      *client.Client
+	fids   *client.FIDs
 	log    *slog.Logger
 	store  *proxystore.Store
 	origin string
@@ -83,8 +87,11 @@ type Proxy struct {
 	dir     string
 	srv     atomic.Pointer[server.Server]
 
-	mu       sync.Mutex
-	inflight map[fetchKey]*fetchCall
+	// fetches shares one origin fetch of a chunk among the reads that
+	// want it.
+	fetches singleflight.Group
+
+	mu sync.Mutex
 	// upstream is the origin's write delegation on each file the proxy
 	// delegated to a client of its own: that client's stores go to the
 	// origin under it.
@@ -130,7 +137,7 @@ func Open(o Options) (p *Proxy, err error) {
 	if err != nil {
 		return nil, err
 	}
-	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, log: o.Logger, inflight: map[fetchKey]*fetchCall{}, upstream: map[node.FID]uint64{}, asking: map[node.FID]bool{}, noDeleg: o.NoDelegations}
+	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, log: o.Logger, upstream: map[node.FID]uint64{}, asking: map[node.FID]bool{}, noDeleg: o.NoDelegations}
 	host, _ := os.Hostname()
 	p.c, err = client.Dial(client.Options{
 		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: metaCacheSize,
@@ -150,8 +157,9 @@ func Open(o Options) (p *Proxy, err error) {
 	if err != nil {
 		return nil, err
 	}
+	p.fids = p.c.FIDs()
 	p.store, err = proxystore.Open(proxystore.Options{Dir: filepath.Join(o.Dir, "store"), Size: o.CacheSize,
-		ChunkSize: p.c.ChunkSize(), Layout: o.Layout, FastFetch: o.FastFetch})
+		ChunkSize: p.fids.ChunkSize(), Layout: o.Layout, FastFetch: o.FastFetch})
 	if err != nil {
 		p.c.Close()
 		return nil, err
@@ -218,7 +226,7 @@ func (p *Proxy) Lease() time.Duration {
 	if p.noDeleg {
 		return 0
 	}
-	return p.c.Lease() / 2
+	return p.fids.Lease() / 2
 }
 
 // Delegation gets the origin's delegation on f, for the proxy's clients.
@@ -231,7 +239,7 @@ func (p *Proxy) Lease() time.Duration {
 // costs more than the local opens it could save. A write open waits: its
 // delegation spares its close the write through to the origin.
 func (p *Proxy) Delegation(f node.FID, write bool) (callback.DelegKind, func() bool) {
-	n := p.c.NodeOf(f)
+	n := p.fids.Node(f)
 	if n.Status().Type == node.TypeDir {
 		return callback.DelegNone, nil
 	}
@@ -244,13 +252,13 @@ func (p *Proxy) Delegation(f node.FID, write bool) (callback.DelegKind, func() b
 		return p.recalls == gen
 	}
 	if !write {
-		if h, ok := p.c.Held(n); ok {
+		if h, ok := p.fids.Held(n); ok {
 			return h.Kind, still
 		}
 		p.askLater(n)
 		return callback.DelegNone, nil
 	}
-	h, ok := p.c.Delegate(n, write)
+	h, ok := p.fids.Delegate(n, write)
 	if !ok {
 		return callback.DelegNone, nil
 	}
@@ -279,7 +287,7 @@ func (p *Proxy) askLater(n *client.Node) {
 	p.mu.Unlock()
 	go func() {
 		defer p.askers.Done()
-		p.c.Delegate(n, false)
+		p.fids.Delegate(n, false)
 		p.mu.Lock()
 		delete(p.asking, f)
 		p.mu.Unlock()
@@ -337,12 +345,12 @@ func (p *Proxy) CreateVolume(name string) (node.Volume, error) {
 }
 
 func (p *Proxy) VolumeByName(name string) (node.Volume, error) {
-	v, err := p.c.Volume(name, 0)
+	v, err := p.fids.Volume(name, 0)
 	return fromVolume(v), err
 }
 
 func (p *Proxy) VolumeByID(id uint64) (node.Volume, error) {
-	v, err := p.c.Volume("", id)
+	v, err := p.fids.Volume("", id)
 	return fromVolume(v), err
 }
 
@@ -368,12 +376,12 @@ func unwrap(err error) error {
 	return err
 }
 
-func (p *Proxy) GetStatus(f node.FID) (node.Status, error) { return p.status(p.c.NodeOf(f)) }
+func (p *Proxy) GetStatus(f node.FID) (node.Status, error) { return p.status(p.fids.Node(f)) }
 
 // status is n's status; the chunks of a file gone at the origin are
 // dropped from the store.
 func (p *Proxy) status(n *client.Node) (node.Status, error) {
-	st, err := p.c.StatusOf(n)
+	st, err := p.fids.Status(n)
 	if e := pb.Errno(err); err != nil && (e == syscall.ESTALE || e == syscall.ENOENT) {
 		p.store.Drop(n.FID())
 	}
@@ -386,15 +394,15 @@ func (p *Proxy) status(n *client.Node) (node.Status, error) {
 // next missing names (a compiler's search path) are answered here, under
 // the proxy's promise, rather than a round trip away.
 func (p *Proxy) Lookup(dir node.FID, name string) (child, d node.Status, err error) {
-	dn := p.c.NodeOf(dir)
-	n, d, err := p.c.LookupRaw(dn, name)
+	dn := p.fids.Node(dir)
+	n, d, err := p.fids.Lookup(dn, name)
 	if pb.Errno(err) == syscall.ENOENT {
-		p.c.ListDir(dn)
+		p.fids.List(dn)
 	}
 	if err != nil {
 		return child, d, err
 	}
-	child, err = p.c.StatusOf(n)
+	child, err = p.fids.Status(n)
 	return child, d, err
 }
 
@@ -402,7 +410,7 @@ func (p *Proxy) Lookup(dir node.FID, name string) (child, d node.Status, err err
 // it. A client that pages through a directory which changes meanwhile
 // sees the new version in the next page's status and starts over.
 func (p *Proxy) ReadDir(dir node.FID, cookie uint64, limit int) ([]node.DirEntry, bool, node.Status, error) {
-	ents, d, err := p.c.ListDir(p.c.NodeOf(dir))
+	ents, d, err := p.fids.List(p.fids.Node(dir))
 	if err != nil {
 		return nil, false, d, err
 	}
@@ -420,7 +428,8 @@ func (p *Proxy) ReadDir(dir node.FID, cookie uint64, limit int) ([]node.DirEntry
 }
 
 func (p *Proxy) Create(dir node.FID, name string, t node.Type, a node.Attr, target string, excl bool, op node.Op) (st, d node.Status, created bool, err error) {
-	return p.c.CreateOp(p.c.NodeOf(dir), name, t, a.Mode, client.Creator{UID: a.UID, GID: a.GID}, target, a.Rdev, excl, string(op))
+	return p.fids.Create(client.Make{Dir: p.fids.Node(dir), Name: name, Type: t, Mode: a.Mode, Who: client.Creator{UID: a.UID, GID: a.GID},
+		Target: target, Rdev: a.Rdev, Excl: excl, Op: string(op)})
 }
 
 // Reserve is refused: the proxy delegates no directories (Delegation).
@@ -434,30 +443,30 @@ func (p *Proxy) CreateReserved(node.FID, []node.Reserved, []node.Removed, node.O
 }
 
 func (p *Proxy) Link(dir node.FID, name string, target node.FID, op node.Op) (st, d node.Status, err error) {
-	return p.c.LinkOp(p.c.NodeOf(dir), name, p.c.NodeOf(target), string(op))
+	return p.fids.Link(p.fids.Node(dir), name, p.fids.Node(target), string(op))
 }
 
 func (p *Proxy) Remove(dir node.FID, name string, dirOnly bool, op node.Op) (d, st node.Status, err error) {
-	return p.c.RemoveOp(p.c.NodeOf(dir), name, dirOnly, string(op))
+	return p.fids.Remove(p.fids.Node(dir), name, dirOnly, string(op))
 }
 
 func (p *Proxy) Rename(src node.FID, sname string, dst node.FID, dname string, op node.Op) (node.RenameResult, error) {
-	s, d, moved, replaced, err := p.c.RenameOp(p.c.NodeOf(src), sname, p.c.NodeOf(dst), dname, string(op))
+	s, d, moved, replaced, err := p.fids.Rename(p.fids.Node(src), sname, p.fids.Node(dst), dname, string(op))
 	return node.RenameResult{SrcDir: s, DstDir: d, Moved: moved, Replaced: replaced}, err
 }
 
 func (p *Proxy) SetAttr(f node.FID, c node.Change) (node.Status, error) {
-	return p.c.SetAttrChange(p.c.NodeOf(f), c)
+	return p.fids.SetAttr(p.fids.Node(f), c)
 }
 
-func (p *Proxy) StatFS(volume uint64) (node.FSStat, error) { return p.c.StatFSVolume(volume) }
+func (p *Proxy) StatFS(volume uint64) (node.FSStat, error) { return p.fids.StatFS(volume) }
 
 // ReadAt serves f's bytes at off from the store, fetching the chunks it
 // lacks from the origin, and returns the status of the version they are
 // of (as a vnode store answers: io.EOF only with nothing read).
 func (p *Proxy) ReadAt(f node.FID, b []byte, off int64, user string) (int, node.Status, error) {
 	began := time.Now()
-	n := p.c.NodeOf(f)
+	n := p.fids.Node(f)
 	cs := p.store.ChunkSize()
 	for attempt := 0; ; attempt++ {
 		st, err := p.status(n)
@@ -501,69 +510,46 @@ func (p *Proxy) ReadAt(f node.FID, b []byte, off int64, user string) (int, node.
 
 var errStale = errors.New("proxy: data version changed")
 
-type fetchKey struct {
-	proxystore.Key
-	dv uint64
-}
-
-// fetchCall is one chunk fetch from the origin; the reads that want the
-// same chunk meanwhile wait for it.
-type fetchCall struct {
-	done chan struct{}
-	data []byte
-	err  error
-}
-
 // fetch brings chunk idx of n, of the version of st, from the origin into
-// the store and returns it. Only the first of concurrent callers fetches.
+// the store and returns it. Only the first of concurrent callers fetches;
+// the others wait for its answer.
 func (p *Proxy) fetch(n *client.Node, idx int64, st node.Status, user string) ([]byte, error) {
-	k := fetchKey{proxystore.Key{FID: st.FID, Idx: idx}, st.DataVersion}
-	p.mu.Lock()
-	if call := p.inflight[k]; call != nil {
-		p.mu.Unlock()
-		<-call.done
-		return call.data, call.err
-	}
-	call := &fetchCall{done: make(chan struct{})}
-	p.inflight[k] = call
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		delete(p.inflight, k)
-		p.mu.Unlock()
-		close(call.done)
-	}()
+	key := fmt.Sprintf("%v/%d/%d", st.FID, idx, st.DataVersion)
+	data, err, _ := p.fetches.Do(key, func() (any, error) { return p.fetchOne(n, idx, st, user) })
+	b, _ := data.([]byte)
+	return b, err
+}
+
+// fetchOne is one fetch of a chunk from the origin.
+func (p *Proxy) fetchOne(n *client.Node, idx int64, st node.Status, user string) ([]byte, error) {
+	k := proxystore.Key{FID: st.FID, Idx: idx}
 	// A fetch of the same chunk may have ended between the caller's miss
 	// and this one's start: its chunk is in the store now.
 	buf := make([]byte, p.store.ChunkSize())
-	if n, ok := p.store.Cached(k.Key, st.DataVersion, buf, 0); ok && n > 0 {
-		call.data = buf[:n]
-		return call.data, nil
+	if n, ok := p.store.Cached(k, st.DataVersion, buf, 0); ok && n > 0 {
+		return buf[:n], nil
 	}
 	start := time.Now()
-	data, dv, err := p.c.FetchChunk(n, idx)
+	data, dv, err := p.fids.FetchChunk(n, idx)
 	took := time.Since(start)
 	switch {
 	case err != nil:
-		call.err = err
 		return nil, err
 	case dv != st.DataVersion || len(data) == 0:
-		call.err = errStale
 		return nil, errStale
 	}
 	p.store.CountFetched(int64(len(data)))
-	if err := p.store.Put(k.Key, dv, int64(st.Size), data, user, took); err != nil {
+	if err := p.store.Put(k, dv, int64(st.Size), data, user, took); err != nil {
 		// Served all the same, from memory.
 		p.log.Debug("chunk not stored", "fid", st.FID, "chunk", idx, "err", err)
 	}
-	call.data = data
 	return data, nil
 }
 
 // PromiseLimit is what is left of the origin's promise on f: a proxy
 // client's promise must end before the proxy could miss a change.
 func (p *Proxy) PromiseLimit(f node.FID) time.Duration {
-	return p.c.PromiseLeft(p.c.NodeOf(f))
+	return p.fids.PromiseLeft(p.fids.Node(f))
 }
 
 // BeginUpdate stages a proxy client's store in a file of the proxy's own;
@@ -626,7 +612,7 @@ func (u *update) Commit(sync bool, mtime time.Time, op node.Op) (node.Status, er
 		}
 		return err
 	}
-	return u.p.c.StoreThrough(u.args)
+	return u.p.fids.StoreThrough(u.args)
 }
 
 func (u *update) Abort() {

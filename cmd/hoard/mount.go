@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/dirs"
 	"github.com/hoardfs/hoard/mount"
 )
@@ -266,7 +267,7 @@ func (d daemon) lost() int {
 	if d.cache == "" {
 		return 0
 	}
-	l, _ := client.ListLost(d.cache)
+	l, _ := lost.List(d.cache)
 	return len(l)
 }
 

@@ -11,6 +11,8 @@ import (
 
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/client/policy"
 	"github.com/hoardfs/hoard/mount"
 )
 
@@ -66,7 +68,7 @@ func cacheCmd() *cobra.Command {
 	var ldir string
 	lost := &cobra.Command{Use: "lost", Short: "list writes that could not be delivered to the server", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ls, err := client.ListLost(ldir)
+			ls, err := lost.List(ldir)
 			if err != nil {
 				return err
 			}
@@ -118,7 +120,7 @@ func policyCmd() *cobra.Command {
 			target := args[0]
 			if len(args) == 2 {
 				switch args[1] {
-				case client.PolicyCache, client.PolicyBypass, client.PolicyAuto:
+				case policy.Cache, policy.Bypass, policy.Auto:
 				default:
 					return usagef("policy %q: want cache, bypass or auto", args[1])
 				}

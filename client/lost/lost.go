@@ -1,0 +1,132 @@
+// Package lost keeps writes a client could not deliver to its server,
+// where the user finds them (`hoard cache lost`): never dropped silently.
+package lost
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+
+	pb "github.com/hoardfs/hoard/hoardpb"
+)
+
+// Record describes local writes that could not be delivered to the server.
+// Their bytes are kept in Data, a sparse file holding each range at its
+// offset.
+type Record struct {
+	Path     string     `json:"path"`
+	FID      string     `json:"fid"`
+	Ranges   [][2]int64 `json:"ranges"`
+	Size     int64      `json:"size"`
+	Truncate *uint64    `json:"truncate,omitempty"`
+	Error    string     `json:"error"`
+	Time     time.Time  `json:"time"`
+	Data     string     `json:"data"`
+}
+
+// Dir is where undeliverable writes are kept: lost/ in the cache
+// directory, or in the system's temporary directory for a memory cache.
+func Dir(cacheDir string) string {
+	if cacheDir == "" {
+		return filepath.Join(os.TempDir(), "hoard-lost-"+strconv.Itoa(os.Getuid()))
+	}
+	return filepath.Join(cacheDir, "lost")
+}
+
+// Save writes r's ranges (read through read) into a sparse data file in a
+// directory of its own under the lost directory of cacheDir, with an
+// info.json describing them, and returns that directory. It fills in r's
+// Time and Data.
+func Save(cacheDir string, r Record, read func(p []byte, off int64) error) (string, error) {
+	r.Time = time.Now()
+	dir := filepath.Join(Dir(cacheDir), fmt.Sprintf("%d-%s", r.Time.UnixNano(), r.FID))
+	r.Data = filepath.Join(dir, "data")
+	rec, ranges := r, r.Ranges
+	err := func() error {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		data, err := os.OpenFile(rec.Data, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
+		if err != nil {
+			return err
+		}
+		defer data.Close()
+		buf := make([]byte, 1<<20)
+		for _, r := range ranges {
+			for off := r[0]; off < r[0]+r[1]; {
+				p := buf[:min(int64(len(buf)), r[0]+r[1]-off)]
+				if err := read(p, off); err != nil {
+					return err
+				}
+				if _, err := data.WriteAt(p, off); err != nil {
+					return err
+				}
+				off += int64(len(p))
+			}
+		}
+		if err := data.Sync(); err != nil {
+			return err
+		}
+		js, _ := json.MarshalIndent(rec, "", "  ")
+		return os.WriteFile(filepath.Join(dir, "info.json"), js, 0o600)
+	}()
+	if err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// Error is what the application hears of writes that could not be
+// stored: Path's writes failed with Cause, and are kept in Kept (empty:
+// they stay in the cache).
+type Error struct {
+	Path, Kept string
+	Cause      error
+}
+
+func (e *Error) Error() string {
+	if e.Kept == "" {
+		return fmt.Sprintf("could not store %s (%v); the data stays in the cache", e.Path, e.Cause)
+	}
+	return fmt.Sprintf("could not store %s (%v); the data is kept in %s (hoard cache lost)", e.Path, e.Cause, e.Kept)
+}
+
+// Unwrap gives the application an errno: the server's own answer when it
+// refused the data for a reason the application can act on, EIO otherwise.
+func (e *Error) Unwrap() error {
+	switch errno := pb.Errno(e.Cause); errno {
+	case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG, syscall.EROFS, syscall.EACCES, syscall.EPERM, syscall.ESTALE:
+		return errno
+	}
+	return syscall.EIO
+}
+
+// List reads the lost directory of cacheDir, oldest first.
+func List(cacheDir string) ([]Record, error) {
+	dir := Dir(cacheDir)
+	ents, err := os.ReadDir(dir)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []Record
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "info.json"))
+		if err != nil {
+			continue
+		}
+		var l Record
+		if json.Unmarshal(b, &l) == nil {
+			out = append(out, l)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Time.Before(out[j].Time) })
+	return out, nil
+}

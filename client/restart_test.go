@@ -1,0 +1,346 @@
+package client_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/server"
+)
+
+// restartConfig gives clients time to come back within the grace period.
+func restartConfig(c *server.Config) { c.Grace = 1500 * time.Millisecond }
+
+// A server restart while a write delegation holds unstored writes: the
+// holder reclaims it in the grace period and its data reaches a client
+// that opens the file afterwards. Promises from before the restart are
+// not trusted: a change after it is seen.
+func TestServerRestartReclaim(t *testing.T) {
+	t.Parallel() // waits, mostly: a grace period, a lease
+	s := startServer(t, withConfig(restartConfig))
+	var invalidated atomic.Int64
+	a := s.dial(t, with(func(o *client.Options) {
+		o.FlushAge = time.Hour
+		o.NoDirDelegations = true
+	}))
+	c := s.dial(t, memCache(), with(func(o *client.Options) {
+		o.OnInvalidate = func(fids []node.FID) { invalidated.Add(int64(len(fids))) }
+	}))
+	v1 := pattern(1<<20, 4)
+	writeFile(t, a, "/r", v1)
+	writeFile(t, c, "/g", []byte("g1"))
+	wantFile(t, c, "/g", []byte("g1"))
+	if a.Stats().DirtyBytes == 0 {
+		t.Fatal("nothing dirty before the restart")
+	}
+	s.restart()
+	b := s.dial(t, memCache())
+	wantFile(t, b, "/r", v1)
+	if a.Stats().Reclaimed < 1 {
+		t.Fatal("no delegation was reclaimed")
+	}
+	writeFile(t, b, "/g", []byte("g2"))
+	wantFile(t, c, "/g", []byte("g2"))
+	if invalidated.Load() == 0 {
+		t.Fatal("OnInvalidate heard nothing of the restart")
+	}
+	// The holder goes on writing after the restart.
+	writeFile(t, a, "/r", []byte("after"))
+	wantFile(t, b, "/r", []byte("after"))
+}
+
+// Files made under a directory delegation, synced or only closed, are
+// created at the server after a restart, in the grace period.
+func TestServerRestartSettles(t *testing.T) {
+	t.Parallel() // waits, mostly: a grace period, a lease
+	s := startServer(t, withConfig(restartConfig))
+	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
+	must(t, a.Mkdir("/d", 0o755))
+	writeFile(t, a, "/d/closed", []byte("closed only"))
+	f, err := a.Create("/d/synced")
+	must(t, err)
+	_, err = f.Write([]byte("synced"))
+	must(t, err)
+	must(t, f.Sync())
+	if st := a.Stats(); st.MadeHere != 2 || st.Settled != 2 {
+		t.Fatalf("made %d, settled %d: fsync must create the file and its directory's earlier ones", st.MadeHere, st.Settled)
+	}
+	must(t, f.Close())
+	writeFile(t, a, "/d/after", []byte("made after the fsync"))
+	s.restart()
+	b := s.dial(t, memCache())
+	for name, want := range map[string]string{"closed": "closed only", "synced": "synced", "after": "made after the fsync"} {
+		wantFile(t, b, "/d/"+name, []byte(want))
+	}
+	// Files made after the restart are made with new reservations.
+	writeFile(t, a, "/d/later", []byte("later"))
+	wantFile(t, b, "/d/later", []byte("later"))
+}
+
+// A server that forgot its session key cannot tell the client's new
+// session from a stranger's: the reclaim is refused and the writes made
+// under the old delegation are kept in lost/.
+func TestServerRestartWithoutKey(t *testing.T) {
+	t.Parallel() // waits, mostly: a grace period, a lease
+	s := startServer(t, withConfig(restartConfig))
+	dir := t.TempDir()
+	a := s.dial(t, inDir(dir), with(func(o *client.Options) {
+		o.FlushAge = time.Hour
+		o.NoDirDelegations = true
+	}))
+	data := pattern(30<<10, 2)
+	f, err := a.Create("/k")
+	must(t, err)
+	_, err = f.Write(data)
+	must(t, err)
+	s.stop()
+	must(t, os.Remove(filepath.Join(s.dir, "session.key")))
+	s.start()
+	var kept []lost.Record
+	waitFor(t, 10*time.Second, func() bool {
+		kept, _ = lost.List(dir)
+		return len(kept) > 0
+	}, func() string { return "the unreclaimable writes were not kept in lost/" })
+	if len(kept) != 1 || kept[0].Path != "/k" {
+		t.Fatalf("lost: %+v", kept)
+	}
+	if got, _ := os.ReadFile(kept[0].Data); !bytes.Equal(got, data) {
+		t.Fatal("the kept data differs from what was written")
+	}
+	if err := f.Sync(); errnoOf(err) != syscall.EIO {
+		t.Fatalf("sync after the reclaim was refused: %v, want EIO", err)
+	}
+	must(t, f.Close())
+	if a.Stats().Reclaimed != 0 {
+		t.Fatal("a reclaim succeeded without the session key")
+	}
+	b := s.dial(t, memCache())
+	if got := readFile(t, b, "/k"); len(got) != 0 {
+		t.Fatalf("another client reads %d bytes that were never stored", len(got))
+	}
+}
+
+// A request made while the server is down waits for it to come back,
+// within the RPC timeout, and then succeeds.
+func TestRequestWaitsForServer(t *testing.T) {
+	t.Parallel() // waits, mostly: a grace period, a lease
+	s := startServer(t, withConfig(restartConfig))
+	a := s.dial(t)
+	b := s.dial(t, memCache())
+	writeFile(t, b, "/w", []byte("waited for"))
+	s.stop()
+	done := make(chan error, 1)
+	var got []byte
+	go func() {
+		var err error
+		got, err = tryRead(a, "/w")
+		done <- err
+	}()
+	s.start()
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the request never finished")
+	}
+	if string(got) != "waited for" {
+		t.Fatalf("read %q", got)
+	}
+	// Both clients are back: a change by one reaches the other.
+	writeFile(t, a, "/w", []byte("after"))
+	wantFile(t, b, "/w", []byte("after"))
+}
+
+// File contents travel over the data channel, over gRPC when the server
+// has none, and over gRPC when the client is told not to use it; across
+// a restart too.
+func TestDataPaths(t *testing.T) {
+	t.Parallel() // waits, mostly: a grace period, a lease
+	cases := []struct {
+		name      string
+		serverOpt []serverOpt
+		noData    bool
+	}{
+		{"data-channel", nil, false},
+		{"server-without", []serverOpt{withoutDataChannel()}, false},
+		{"client-without", nil, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startServer(t, append(tc.serverOpt, withConfig(restartConfig))...)
+			opt := with(func(o *client.Options) { o.NoDataChannel = tc.noData; o.DataStreams = 2 })
+			a := s.dial(t, opt, with(func(o *client.Options) { o.NoDelegations = true }))
+			b := s.dial(t, opt, memCache())
+			data := pattern(2<<20+100, 3)
+			writeFile(t, a, "/dp", data)
+			wantFile(t, b, "/dp", data)
+			s.restart()
+			data2 := pattern(1<<20, 4)
+			writeFile(t, a, "/dp", data2)
+			wantFile(t, b, "/dp", data2)
+		})
+	}
+}
+
+// A holder cut off from the server for longer than its lease loses its
+// write delegation: another client's open goes on after the lease, and
+// the holder's writes, refused when it comes back, are kept in lost/.
+func TestLeaseLapses(t *testing.T) {
+	t.Parallel() // waits, mostly: a grace period, a lease
+	const lease = time.Second
+	s := startServer(t, withConfig(func(c *server.Config) {
+		c.Lease = lease
+		c.BreakTimeout = 500 * time.Millisecond
+	}))
+	link := startRelay(t, s.addr)
+	dir := t.TempDir()
+	a := s.dial(t, inDir(dir), with(func(o *client.Options) {
+		o.Server = link.addr()
+		o.NoDataChannel = true
+		o.FlushAge = time.Hour
+		o.NoDirDelegations = true
+	}))
+	b := s.dial(t, memCache())
+	data := pattern(20<<10, 6)
+	f, err := a.Create("/lapse")
+	must(t, err)
+	_, err = f.Write(data)
+	must(t, err)
+	if a.Stats().WriteDelegations == 0 {
+		t.Fatal("no write delegation")
+	}
+	link.pause(true)
+	start := time.Now()
+	if got := readFile(t, b, "/lapse"); len(got) != 0 {
+		t.Fatalf("the reader saw %d bytes the holder never stored", len(got))
+	}
+	if took := time.Since(start); took > lease+5*time.Second {
+		t.Fatalf("the reader waited %v for a silent holder (lease %v)", took, lease)
+	}
+	link.pause(false)
+	if err := f.Sync(); errnoOf(err) != syscall.EIO {
+		t.Fatalf("sync after the delegation was revoked: %v, want EIO", err)
+	}
+	must(t, f.Close())
+	kept, err := lost.List(dir)
+	if err != nil || len(kept) != 1 || kept[0].Path != "/lapse" {
+		t.Fatalf("kept: %+v %v", kept, err)
+	}
+	// The holder works again.
+	writeFile(t, a, "/lapse", []byte("again"))
+	wantFile(t, b, "/lapse", []byte("again"))
+}
+
+// Files made under a directory delegation that the server revoked while
+// the holder was cut off are refused when it comes back: fsync says EIO,
+// their writes are in lost/, and the other client's listing stands.
+func TestDirDelegationLost(t *testing.T) {
+	t.Parallel() // waits, mostly: a grace period, a lease
+	const lease = time.Second
+	s := startServer(t, withConfig(func(c *server.Config) {
+		c.Lease = lease
+		c.BreakTimeout = 500 * time.Millisecond
+	}))
+	link := startRelay(t, s.addr)
+	dir := t.TempDir()
+	a := s.dial(t, inDir(dir), with(func(o *client.Options) {
+		o.Server = link.addr()
+		o.NoDataChannel = true
+		o.FlushAge = time.Hour
+	}))
+	b := s.dial(t, memCache())
+	must(t, a.Mkdir("/d", 0o755))
+	f, err := a.Create("/d/x")
+	must(t, err)
+	_, err = f.Write(pattern(5000, 1))
+	must(t, err)
+	if st := a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
+		t.Fatalf("made %d, settled %d", st.MadeHere, st.Settled)
+	}
+	link.pause(true)
+	writeFile(t, b, "/d/y", []byte("y"))
+	link.pause(false)
+	if err := f.Sync(); errnoOf(err) != syscall.EIO {
+		t.Fatalf("fsync of a file made under a lost directory delegation: %v, want EIO", err)
+	}
+	must(t, f.Close())
+	kept, err := lost.List(dir)
+	if err != nil || len(kept) != 1 || kept[0].Path != "/d/x" || kept[0].Size != 5000 {
+		t.Fatalf("kept: %+v %v", kept, err)
+	}
+	ents, err := b.ReadDir("/d")
+	if err != nil || len(ents) != 1 || ents[0].Name != "y" {
+		t.Fatalf("listing after the holder lost its delegation: %v %v", ents, err)
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		_, err := a.Stat("/d/x")
+		return errnoOf(err) == syscall.ENOENT
+	}, func() string { return "the holder still finds the file it lost" })
+	var names []string
+	ents, err = a.ReadDir("/d")
+	must(t, err)
+	for _, e := range ents {
+		names = append(names, e.Name)
+	}
+	if !slices.Equal(names, []string{"y"}) {
+		t.Fatalf("the holder lists %v", names)
+	}
+}
+
+// Many clients restart with the server at once: each comes back, and the
+// last writer's data is what every one reads.
+func TestRestartManyClients(t *testing.T) {
+	t.Parallel() // waits, mostly: a grace period, a lease
+	s := startServer(t, withConfig(restartConfig))
+	var cs []*client.Client
+	for i := range 4 {
+		cs = append(cs, s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour })))
+		writeFile(t, cs[i], fmt.Sprintf("/m%d", i), pattern(10<<10, byte(i)))
+	}
+	s.restart()
+	for i := range cs {
+		for j := range cs {
+			wantFile(t, cs[j], fmt.Sprintf("/m%d", i), pattern(10<<10, byte(i)))
+		}
+	}
+}
+
+// A settle sent while the server is down goes through once it is back,
+// in a new session: the files made here are there for another client.
+func TestSettleAcrossRestart(t *testing.T) {
+	t.Parallel() // waits, mostly: a grace period, a lease
+	s := startServer(t, withConfig(restartConfig))
+	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
+	must(t, a.Mkdir("/d", 0o755))
+	writeFile(t, a, "/d/x", []byte("made here"))
+	if st := a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
+		t.Fatalf("made %d, settled %d", st.MadeHere, st.Settled)
+	}
+	s.stop()
+	made := make(chan error, 1)
+	go func() { made <- a.Mkdir("/d/sub", 0o755) }() // settles /d first
+	s.start()
+	select {
+	case err := <-made:
+		must(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the mkdir never finished")
+	}
+	if st := a.Stats(); st.Settled != 1 {
+		t.Fatalf("%d files settled, want 1", st.Settled)
+	}
+	b := s.dial(t, memCache())
+	wantFile(t, b, "/d/x", []byte("made here"))
+	if got := names(t, b, "/d"); fmt.Sprint(got) != "[sub x]" {
+		t.Fatalf("another client lists %v", got)
+	}
+}
