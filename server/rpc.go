@@ -194,7 +194,9 @@ func (s *Server) openCreated(o *op, f node.FID, reply *pb.CreateReply) bool {
 	if kind != callback.DelegWrite || still != nil && !still() {
 		return false
 	}
-	res, msgs := s.cb.Open(o.id, f, true, time.Now())
+	// Only: without a delegation (its maker backing off, say) nothing is
+	// recorded; the maker opens the file as any client does.
+	res, msgs := s.cb.OpenWith(o.id, f, callback.Opening{Write: true, Limit: callback.DelegWrite, Only: true}, time.Now())
 	s.waitLocked(res.Wait, msgs)
 	reply.Kind, reply.State = pb.DelegKind(res.Kind), res.State
 	return true
