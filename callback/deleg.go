@@ -67,56 +67,70 @@ type OpenResult struct {
 	Recorded bool
 }
 
-// Open records an open of fid by id, for writing or not. If another
-// client holds a delegation that conflicts with it (any, for a write; a
-// write delegation, for a read), those are recalled and the caller must
-// wait. Otherwise the open may come with a delegation, if the lease is
-// configured, nobody else has the file open in a conflicting way and no
-// recall on the file is under way (so that a stream of readers cannot
-// starve a writer waiting for a recall); a client that holds a read
-// delegation and opens for writing is upgraded when it can be (a new
-// state: the old one is no longer valid). A delegation of the client's
-// own that is being recalled covers no new open: that one is recorded.
-func (s *Server) Open(id ClientID, fid node.FID, write bool, now time.Time) (OpenResult, []Msg) {
-	return s.OpenUpTo(id, fid, write, DelegWrite, now)
+// Opening is an open as the machine sees it.
+type Opening struct {
+	Write bool
+	// Limit: no delegation stronger than this is granted (DelegNone:
+	// none). A proxy delegates only what it holds from its origin.
+	Limit DelegKind
+	// Only: the client asks for the delegation alone (a proxy for its own
+	// clients, a client for a directory to make files in). No close
+	// follows, so an open that comes without one is not recorded.
+	Only bool
 }
 
-// OpenUpTo is Open granting no delegation stronger than limit: a proxy
-// delegates only what it holds from its origin.
-func (s *Server) OpenUpTo(id ClientID, fid node.FID, write bool, limit DelegKind, now time.Time) (OpenResult, []Msg) {
+// Open records an open of fid by id, for writing or not, that may come
+// with any delegation (OpenWith).
+func (s *Server) Open(id ClientID, fid node.FID, write bool, now time.Time) (OpenResult, []Msg) {
+	return s.OpenWith(id, fid, Opening{Write: write, Limit: DelegWrite}, now)
+}
+
+// OpenWith records an open of fid by id. If another client holds a
+// delegation that conflicts with it (any, for a write; a write
+// delegation, for a read), those are recalled and the caller must wait.
+// Otherwise the open may come with a delegation (delegable); a client
+// that holds a read delegation and opens for writing is upgraded when it
+// can be (a new state: the old one is no longer valid). A delegation of
+// the client's own that is being recalled covers no new open: that one
+// is recorded (unless Only), and the delegation reported.
+func (s *Server) OpenWith(id ClientID, fid node.FID, o Opening, now time.Time) (OpenResult, []Msg) {
 	c := s.clients[id]
 	if c == nil {
 		return OpenResult{}, nil
 	}
 	s.Renew(id, now)
-	if r, msgs := s.recallOn(id, []node.FID{fid}, func(d *deleg) bool { return write || d.kind == DelegWrite }, now); r != 0 {
+	if r, msgs := s.recallOn(id, []node.FID{fid}, func(d *deleg) bool { return o.Write || d.kind == DelegWrite }, now); r != 0 {
 		return OpenResult{Wait: r}, msgs
 	}
 	own := c.delegs[fid]
-	if own != nil && own.recalled.IsZero() && (own.kind == DelegWrite || !write) {
+	if own != nil && own.recalled.IsZero() && (own.kind == DelegWrite || !o.Write) {
 		return OpenResult{Kind: own.kind, State: own.state}, nil
 	}
 	kind := DelegRead
-	if write {
+	if o.Write {
 		kind = DelegWrite
 	}
-	if kind <= limit && s.delegable(id, fid, write, now) {
+	if kind <= o.Limit && s.delegable(id, fid, o.Write, now) {
 		if own != nil {
 			s.dropDeleg(own)
 		}
 		d := s.grantDeleg(id, fid, kind)
 		return OpenResult{Kind: d.kind, State: d.state}, nil
 	}
-	o := s.openOf(id, fid)
-	if write {
-		o.writers++
-	} else {
-		o.readers++
-	}
-	res := OpenResult{Recorded: true}
+	var res OpenResult
 	if own != nil {
 		res.Kind, res.State = own.kind, own.state
 	}
+	if o.Only {
+		return res, nil
+	}
+	oc := s.openOf(id, fid)
+	if o.Write {
+		oc.writers++
+	} else {
+		oc.readers++
+	}
+	res.Recorded = true
 	return res, nil
 }
 
@@ -133,8 +147,13 @@ func (s *Server) Delegable(id ClientID, fid node.FID, write bool, now time.Time)
 	return s.delegable(id, fid, write, now)
 }
 
+// delegable reports whether an open of fid by id may come with a new
+// delegation: the lease is configured, nobody else has the file open in a
+// conflicting way, no recall on it is under way (a stream of readers must
+// not starve a writer waiting for one), no change to it is (busy.go), and
+// id is not backing off (RecallBackoff).
 func (s *Server) delegable(id ClientID, fid node.FID, write bool, now time.Time) bool {
-	return s.cfg.Lease > 0 && !s.othersOpen(id, fid, write) && !s.recalling(fid) && !now.Before(s.clients[id].noDelegUntil)
+	return s.cfg.Lease > 0 && !s.othersOpen(id, fid, write) && !s.recalling(fid) && s.busy[fid] == 0 && !now.Before(s.clients[id].noDelegUntil)
 }
 
 // recalling reports whether a recall of a delegation on fid is under way.

@@ -567,23 +567,23 @@ func TestStatesUniqueAcrossEpochs(t *testing.T) {
 // A proxy delegates only what it holds: under a limit, a stronger
 // delegation is not granted and the open is recorded instead, a weaker one
 // still is.
-func TestOpenUpToLimit(t *testing.T) {
+func TestOpenWithLimit(t *testing.T) {
 	s := NewServer(1, dcfg())
 	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
-	if res, _ := s.OpenUpTo(a, fid(1), true, DelegRead, t0); res.Kind != DelegNone || !res.Recorded || res.Wait != 0 {
+	if res, _ := s.OpenWith(a, fid(1), Opening{Write: true, Limit: DelegRead}, t0); res.Kind != DelegNone || !res.Recorded || res.Wait != 0 {
 		t.Fatalf("write open under a read limit: %+v", res)
 	}
-	if res, _ := s.OpenUpTo(b, fid(2), false, DelegRead, t0); res.Kind != DelegRead || res.Recorded {
+	if res, _ := s.OpenWith(b, fid(2), Opening{Limit: DelegRead}, t0); res.Kind != DelegRead || res.Recorded {
 		t.Fatalf("read open under a read limit: %+v", res)
 	}
-	if res, _ := s.OpenUpTo(b, fid(3), false, DelegNone, t0); res.Kind != DelegNone || !res.Recorded {
+	if res, _ := s.OpenWith(b, fid(3), Opening{Limit: DelegNone}, t0); res.Kind != DelegNone || !res.Recorded {
 		t.Fatalf("read open with no delegation to give: %+v", res)
 	}
 	if s.Delegations() != 1 {
 		t.Fatalf("%d delegations, want 1", s.Delegations())
 	}
 	// The recorded write open still counts against others' delegations.
-	if res, _ := s.OpenUpTo(b, fid(1), false, DelegWrite, t0); res.Kind != DelegNone || !res.Recorded {
+	if res, _ := s.OpenWith(b, fid(1), Opening{Limit: DelegWrite}, t0); res.Kind != DelegNone || !res.Recorded {
 		t.Fatalf("read open of a file another client writes: %+v", res)
 	}
 }
@@ -736,5 +736,49 @@ func TestRestore(t *testing.T) {
 	}
 	if _, ok := s.Restore(b, fid(1), t0); ok {
 		t.Fatal("restored over another client's delegation")
+	}
+}
+
+// An open that asks for the delegation alone records nothing when it
+// gets none (no close follows): it holds nobody else's delegation back.
+func TestOpenOnlyRecordsNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		opening  Opening
+		kind     DelegKind
+		recorded bool
+	}{
+		{"delegation alone, none to give", Opening{Write: true, Only: true}, DelegNone, false},
+		{"delegation alone, one to give", Opening{Limit: DelegRead, Only: true}, DelegRead, false},
+		{"an open, none to give", Opening{Write: true}, DelegNone, true},
+	} {
+		s := NewServer(1, dcfg())
+		a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
+		res, _ := s.OpenWith(a, fid(1), tc.opening, t0)
+		if res.Kind != tc.kind || res.Recorded != tc.recorded || res.Wait != 0 {
+			t.Errorf("%s: %+v, want %v, recorded %v", tc.name, res, tc.kind, tc.recorded)
+		}
+		if tc.kind != DelegNone {
+			continue
+		}
+		if r := open(t, s, b, fid(1), true, t0); (r.Kind == DelegWrite) == tc.recorded {
+			t.Errorf("%s: then another client's write open: %+v", tc.name, r)
+		}
+	}
+
+	// Its own delegation under recall covers nothing new: it is reported,
+	// and nothing recorded.
+	s := NewServer(1, dcfg())
+	a, b := s.Connect("", 0, t0), s.Connect("", 0, t0)
+	own := open(t, s, a, fid(1), true, t0)
+	if res, _ := s.Open(b, fid(1), false, t0); res.Wait == 0 {
+		t.Fatal("no recall")
+	}
+	res, _ := s.OpenWith(a, fid(1), Opening{Write: true, Limit: DelegWrite, Only: true}, t0)
+	if res.Kind != DelegWrite || res.State != own.State || res.Recorded {
+		t.Fatalf("delegation alone under recall: %+v, want %+v unrecorded", res, own)
+	}
+	if !s.Return(a, fid(1), own.State, 0, 0, t0) || len(s.opensByFID[fid(1)]) != 0 {
+		t.Fatalf("opens left after the return: %v", s.opensByFID[fid(1)])
 	}
 }

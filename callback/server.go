@@ -39,6 +39,8 @@ type Config struct {
 	// a lease again, and the next (NFSv4 servers stop delegating to a
 	// client whose callbacks fail, too).
 	RecallBackoff time.Duration
+	// Dirs says which directories may be delegated (dirpolicy.go).
+	Dirs DirPolicy
 }
 
 // MsgKind says what a Msg asks the caller to send.
@@ -173,6 +175,8 @@ type Server struct {
 	delegsByFID map[node.FID]map[ClientID]*deleg
 	opensByFID  map[node.FID]map[ClientID]*openCount
 	nextState   uint64
+	// busy counts the changes under way on each FID (busy.go).
+	busy map[node.FID]int
 }
 
 type breakRecord struct {
@@ -194,7 +198,7 @@ func NewServer(epoch uint64, cfg Config) *Server {
 	// refused, while the server counts it held.
 	return &Server{epoch: epoch, cfg: cfg, nextState: epoch << 32, clients: map[ClientID]*clientState{},
 		byFID: map[node.FID]map[ClientID]*promise{}, rounds: map[Round]int{}, recent: map[node.FID]uint64{},
-		delegsByFID: map[node.FID]map[ClientID]*deleg{}, opensByFID: map[node.FID]map[ClientID]*openCount{}}
+		delegsByFID: map[node.FID]map[ClientID]*deleg{}, opensByFID: map[node.FID]map[ClientID]*openCount{}, busy: map[node.FID]int{}}
 }
 
 // Epoch is the server epoch the machine was made for.

@@ -117,3 +117,38 @@ func TestNoDelegationTakenBackMeanwhile(t *testing.T) {
 		t.Fatalf("open for writing with the delegation held: %v, %v", reply.GetKind(), err)
 	}
 }
+
+// A create that opens its file for its maker records no open when it
+// grants no delegation: the maker did not get one and opens the file as
+// any other client does, so an open recorded by the create would never be
+// closed, and would keep every other client from a delegation on it.
+func TestCreateRecordsNoOpenWithoutDelegation(t *testing.T) {
+	store, v := testStore(t)
+	g, _, _, err := store.Create(v.Root, "g", node.TypeFile, node.Attr{Mode: 0o644}, "", true, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, as, a, b := twoClients(t, Local(store), store.Epoch())
+	// a takes g's write delegation and lets b's recall of it run out: a
+	// gets no delegation for a while (RecallBackoff).
+	if r, err := s.Open(as(a), &pb.OpenRequest{Fid: pb.FromFID(g.FID), Write: true}); err != nil || r.Kind != pb.DelegKind_DELEG_WRITE {
+		t.Fatalf("a's open: %v %v", r, err)
+	}
+	if _, err := s.Open(as(b), &pb.OpenRequest{Fid: pb.FromFID(g.FID), Write: true}); err != nil {
+		t.Fatal(err)
+	}
+	created, err := s.Create(as(a), &pb.CreateRequest{Dir: pb.FromFID(v.Root), Name: "h", Type: pb.FromType(node.TypeFile), Mode: 0o644, Open: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if created.Kind != pb.DelegKind_DELEG_NONE {
+		t.Fatalf("a client backing off got delegation %v", created.Kind)
+	}
+	r, err := s.Open(as(b), &pb.OpenRequest{Fid: created.Status.Fid, Write: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Kind != pb.DelegKind_DELEG_WRITE {
+		t.Fatalf("b's open of h got delegation %v: the create recorded an open for a that nobody closes", r.Kind)
+	}
+}

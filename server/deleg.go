@@ -24,11 +24,7 @@ const ErrRevoked = syscall.EKEYEXPIRED
 // waits until conflicting delegations of other clients are returned or
 // revoked (at most a lease after their recall).
 func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, error) {
-	f, err := checkFID("open", req.Fid)
-	if err != nil {
-		return nil, s.fail("Open", err)
-	}
-	o, err := s.begin(ctx)
+	o, f, err := s.beginOn(ctx, "Open", req.Fid)
 	if err != nil {
 		return nil, err
 	}
@@ -36,104 +32,108 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 	if err != nil {
 		return nil, s.fail("Open", err)
 	}
-	// Files are delegated, and directories to a client that asks for a
-	// write delegation alone (dirdeleg.go); only to known clients.
-	if o.id == 0 || st.Type != node.TypeFile && !(st.Type == node.TypeDir && req.Write && req.DelegationOnly) {
+	if !callback.Delegates(o.id, st.Type, req.Write, req.DelegationOnly) {
 		return &pb.OpenReply{Status: o.status(st)}, nil
 	}
-	write := req.Write
 	if req.Reclaim != 0 {
-		s.mu.Lock()
-		h, msgs, ok := s.cb.Reclaim(o.id, f, req.Reclaim, time.Now())
-		s.sendLocked(msgs)
-		s.mu.Unlock()
-		if ok {
-			return &pb.OpenReply{Status: o.status(st), Kind: pb.DelegKind(h.Kind), State: h.State}, nil
+		if reply, err := s.reclaim(ctx, o, f, st, req); reply != nil || err != nil {
+			return reply, err
 		}
-		// After a restart nobody else can have opened the file yet:
-		// opens and reads wait out the grace period.
-		if !time.Now().Before(s.graceEnd) {
-			return nil, s.fail("Open", fmt.Errorf("reclaim %v: delegation %d is gone, and the grace period is over: %w", f, req.Reclaim, ErrRevoked))
-		}
-		if !s.restarted(o.id) {
-			return nil, s.fail("Open", fmt.Errorf("reclaim %v: delegation %d is gone, and this session continues none of the server's last life: %w", f, req.Reclaim, ErrRevoked))
-		}
-		if st.DataVersion != req.BaseVersion {
-			return nil, s.fail("Open", fmt.Errorf("reclaim %v: delegation %d is gone, and the file changed (version %d, not %d): %w", f, req.Reclaim, st.DataVersion, req.BaseVersion, ErrRevoked))
-		}
-		if st.Type == node.TypeFile {
-			s.store.Delegation(f, true) // a proxy asks its origin; had or not, the client's is
-			s.mu.Lock()
-			h, ok := s.cb.Restore(o.id, f, time.Now())
-			s.mu.Unlock()
-			if ok {
-				// As for any write delegation: promises others took since
-				// the restart are void.
-				o.changed(ctx, f)
-				return &pb.OpenReply{Status: o.status(st), Kind: pb.DelegKind(h.Kind), State: h.State}, nil
-			}
-		}
-		write = true
-	} else if err := s.waitDelegGrace(ctx); err != nil {
+	} else if err := s.waitGrace(ctx, callback.Reading); err != nil {
 		return nil, err
 	}
 	if st.Type == node.TypeDir {
-		// Asked for on the chance of a create, so only where it costs
-		// nobody anything: no other client's is recalled for it, none is
-		// given while a change is under way, nor (DirPrivate) while
-		// another client has the directory cached (it would lose its
-		// promise, and a kernel its names).
 		s.mu.Lock()
-		kind, _ := s.cb.Delegation(o.id, f)
-		ok := s.busy[f] == 0 && (kind == callback.DelegWrite || s.cb.Delegable(o.id, f, true, time.Now()) &&
-			(s.cfg.DirDelegations == DirAny || s.cfg.DirDelegations == DirPrivate && !s.othersCache(o.id, f)))
+		ok := s.cb.DirDelegable(o.id, f, time.Now())
 		s.mu.Unlock()
 		if !ok {
 			return &pb.OpenReply{Status: o.status(st)}, nil
 		}
 	}
-	for {
-		// The backend is asked only for a delegation the open would get:
-		// a proxy's costs a round trip to its origin.
-		limit := callback.DelegNone
-		var still func() bool
-		if s.cfg.Lease > 0 {
-			s.mu.Lock()
-			want := s.cb.Delegable(o.id, f, write, time.Now())
-			s.mu.Unlock()
-			if want {
-				limit, still = s.store.Delegation(f, write)
-			}
+	// A reclaim not handed back as it was goes on as an open for writing.
+	return s.open(ctx, o, f, callback.Opening{Write: req.Write || req.Reclaim != 0, Only: req.DelegationOnly})
+}
+
+// reclaim hands o's client back the delegation state req.Reclaim on f
+// (status st): one a gone session of its line left (Reclaim), or, in the
+// grace period after a restart, one of the server's last life on a file
+// still as that delegation left it (Restore). nil, nil: the reclaim goes
+// on as an open (a directory, or a file another client holds a
+// delegation on).
+func (s *Server) reclaim(ctx context.Context, o *op, f node.FID, st node.Status, req *pb.OpenRequest) (*pb.OpenReply, error) {
+	s.mu.Lock()
+	h, msgs, ok := s.cb.Reclaim(o.id, f, req.Reclaim, time.Now())
+	s.sendLocked(msgs)
+	s.mu.Unlock()
+	if !ok {
+		if err := s.grace.Reclaim(time.Now(), s.restarted(o.id), st.DataVersion, req.BaseVersion); err != nil {
+			return nil, s.fail("Open", fmt.Errorf("reclaim %v: delegation %d is gone, and %v: %w", f, req.Reclaim, err, ErrRevoked))
 		}
+		if st.Type != node.TypeFile {
+			return nil, nil
+		}
+		s.store.Delegation(f, true) // a proxy asks its origin; had or not, the client's is
 		s.mu.Lock()
-		if s.busy[f] > 0 || still != nil && !still() {
-			limit = callback.DelegNone
-		}
-		res, msgs := s.cb.OpenUpTo(o.id, f, write, limit, time.Now())
-		r := s.waitLocked(res.Wait, msgs)
-		if res.Wait == 0 && res.Recorded && req.DelegationOnly {
-			s.cb.Close(o.id, f, write)
-			res.Recorded = false
-		}
+		h, ok = s.cb.Restore(o.id, f, time.Now())
 		s.mu.Unlock()
-		if res.Wait == 0 {
-			if res.Kind == callback.DelegWrite {
-				// The file may now change with the server none the
-				// wiser: other clients' promises on it are void.
-				o.changed(ctx, f)
-			}
-			// The status is read after the open was recorded: a holder's
-			// returned data is in it.
-			if st, err = s.store.GetStatus(f); err != nil {
-				return nil, s.fail("Open", err)
-			}
-			s.log.Debug("open", "client", o.id, "fid", f, "write", write, "kind", res.Kind, "state", res.State, "recorded", res.Recorded)
-			return &pb.OpenReply{Status: o.status(st), Kind: pb.DelegKind(res.Kind), State: res.State, Recorded: res.Recorded}, nil
+		if !ok {
+			return nil, nil
 		}
-		if err := s.await(ctx, r); err != nil {
-			return nil, err
-		}
+		// As for any write delegation: promises others took since the
+		// restart are void.
+		o.changed(ctx, f)
 	}
+	return &pb.OpenReply{Status: o.status(st), Kind: pb.DelegKind(h.Kind), State: h.State}, nil
+}
+
+// open records an open of f by o's client, with a delegation if the
+// machine and the backend allow one, once other clients' conflicting
+// delegations are returned or revoked.
+func (s *Server) open(ctx context.Context, o *op, f node.FID, want callback.Opening) (*pb.OpenReply, error) {
+	for {
+		var still func() bool
+		want.Limit, still = s.backendLimit(o.id, f, want.Write)
+		s.mu.Lock()
+		if still != nil && !still() {
+			want.Limit = callback.DelegNone
+		}
+		res, msgs := s.cb.OpenWith(o.id, f, want, time.Now())
+		r := s.waitLocked(res.Wait, msgs)
+		s.mu.Unlock()
+		if res.Wait != 0 {
+			if err := s.await(ctx, r); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if res.Kind == callback.DelegWrite {
+			// The file may now change with the server none the wiser:
+			// other clients' promises on it are void.
+			o.changed(ctx, f)
+		}
+		// The status is read after the open was recorded: a holder's
+		// returned data is in it.
+		st, err := s.store.GetStatus(f)
+		if err != nil {
+			return nil, s.fail("Open", err)
+		}
+		s.log.Debug("open", "client", o.id, "fid", f, "write", want.Write, "kind", res.Kind, "state", res.State, "recorded", res.Recorded)
+		return &pb.OpenReply{Status: o.status(st), Kind: pb.DelegKind(res.Kind), State: res.State, Recorded: res.Recorded}, nil
+	}
+}
+
+// backendLimit is the strongest delegation the backend lets an open of f
+// by id have, and whether it still does (Backend.Delegation). It is asked
+// only for a delegation the open would get: a proxy's costs a round trip
+// to its origin.
+func (s *Server) backendLimit(id callback.ClientID, f node.FID, write bool) (callback.DelegKind, func() bool) {
+	s.mu.Lock()
+	want := s.cb.Delegable(id, f, write, time.Now())
+	s.mu.Unlock()
+	if !want {
+		return callback.DelegNone, nil
+	}
+	return s.store.Delegation(f, write)
 }
 
 // RecallAll recalls every client's delegation on fids and waits until
@@ -143,7 +143,7 @@ func (s *Server) RecallAll(fids []node.FID) {
 	// After a restart, the clients' delegations of the last life come back
 	// with their reclaims, in the grace period: a proxy's origin recalling
 	// what the proxy held for them then waits for those.
-	s.waitGrace(context.Background())
+	s.waitGrace(context.Background(), callback.Changing)
 	s.mu.Lock()
 	r, msgs := s.cb.Recall(0, fids, time.Now())
 	ch := s.waitLocked(r, msgs)
@@ -160,11 +160,7 @@ func (s *Server) Delegations() int {
 
 // Close records the close of an open that came without a delegation.
 func (s *Server) Close(ctx context.Context, req *pb.CloseRequest) (*pb.CloseReply, error) {
-	f, err := checkFID("close", req.Fid)
-	if err != nil {
-		return nil, s.fail("Close", err)
-	}
-	o, err := s.begin(ctx)
+	o, f, err := s.beginOn(ctx, "Close", req.Fid)
 	if err != nil {
 		return nil, err
 	}
@@ -177,11 +173,7 @@ func (s *Server) Close(ctx context.Context, req *pb.CloseRequest) (*pb.CloseRepl
 // Return takes back a delegation, after its holder stored its dirty data,
 // and lets the operations waiting for it go on.
 func (s *Server) Return(ctx context.Context, req *pb.ReturnRequest) (*pb.ReturnReply, error) {
-	f, err := checkFID("return", req.Fid)
-	if err != nil {
-		return nil, s.fail("Return", err)
-	}
-	o, err := s.begin(ctx)
+	o, f, err := s.beginOn(ctx, "Return", req.Fid)
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +199,7 @@ func (s *Server) Renew(ctx context.Context, req *pb.RenewRequest) (*pb.RenewRepl
 // clients' delegations: all of them before a change, the write ones before
 // a read of status or data. It reports whether it had to wait.
 func (s *Server) recallFor(ctx context.Context, o *op, change bool, fids ...node.FID) (bool, error) {
-	if err := s.waitDelegGrace(ctx); err != nil {
+	if err := s.waitGrace(ctx, callback.Reading); err != nil {
 		return false, err
 	}
 	now := time.Now()
@@ -222,17 +214,6 @@ func (s *Server) recallFor(ctx context.Context, o *op, change bool, fids ...node
 	ch := s.waitLocked(r, msgs)
 	s.mu.Unlock()
 	return ch != nil, s.await(ctx, ch)
-}
-
-// waitDelegGrace makes opens and reads wait out the grace period after a
-// restart when delegations are granted: a client that held a write
-// delegation before the restart reclaims it first, so nobody reads the
-// file without the data it wrote back.
-func (s *Server) waitDelegGrace(ctx context.Context) error {
-	if s.cfg.Lease == 0 {
-		return nil
-	}
-	return s.waitGrace(ctx)
 }
 
 // waitLocked sends msgs and returns the channel that closes when round r
@@ -296,8 +277,10 @@ func (s *Server) checkDelegation(o *op, f node.FID, state, base uint64) (took bo
 	if ok {
 		return took, nil
 	}
-	if time.Now().Before(s.graceEnd) && s.restarted(o.id) {
-		if st, err := s.store.GetStatus(f); err == nil && st.DataVersion == base {
+	// The file's version is read only when it could matter.
+	now, restarted := time.Now(), s.restarted(o.id)
+	if s.grace.MayReclaim(now, restarted) == nil {
+		if st, err := s.store.GetStatus(f); err == nil && s.grace.Reclaim(now, restarted, st.DataVersion, base) == nil {
 			return false, nil
 		}
 	}
@@ -326,8 +309,9 @@ func (s *Server) giveBackFor(o *op, f node.FID, state uint64) {
 // storeGrace makes a store wait out the grace period after a restart,
 // unless it was made under a delegation: then it may be the reclaim.
 func (s *Server) storeGrace(ctx context.Context, hdr *pb.StoreRequest) error {
+	a := callback.Changing
 	if hdr.DelegState != 0 {
-		return nil
+		a = callback.Reclaiming
 	}
-	return s.waitGrace(ctx)
+	return s.waitGrace(ctx, a)
 }

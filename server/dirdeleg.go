@@ -21,31 +21,8 @@ import (
 // the delegation. Anybody else's request that reads or changes the
 // directory recalls it first (recallFor on the directory in Lookup,
 // ReadDir, GetStatus and the namespace changes), so nobody sees the
-// directory without those files. A directory is delegated only while no
-// change of another client's is under way in it (busy), which could
-// otherwise add a name behind the holder's listing, and while no other
-// client holds a promise on it (a directory nobody else looks at: a
-// build's output, a scratch or mail directory).
-
-// changing marks dirs (or files a change may remove) as changed by a
-// request until the returned func is called: no delegation on them is
-// granted meanwhile.
-func (s *Server) changing(dirs ...node.FID) func() {
-	s.mu.Lock()
-	for _, d := range dirs {
-		s.busy[d]++
-	}
-	s.mu.Unlock()
-	return func() {
-		s.mu.Lock()
-		for _, d := range dirs {
-			if s.busy[d]--; s.busy[d] <= 0 {
-				delete(s.busy, d)
-			}
-		}
-		s.mu.Unlock()
-	}
-}
+// directory without those files. Which directories are delegated, and
+// when, is the callback machine's to decide (callback.DirDelegable).
 
 // settledAlready reports whether every file of fs is in dir under its FID
 // and no name of rm names its FID: an earlier attempt settled them, and
@@ -63,17 +40,6 @@ func (s *Server) settledAlready(dir node.FID, fs []node.Reserved, rm []node.Remo
 		}
 	}
 	return true
-}
-
-// othersCache reports whether a client other than id holds a promise on
-// f (mu held).
-func (s *Server) othersCache(id callback.ClientID, f node.FID) bool {
-	for _, h := range s.cb.Holders(f) {
-		if h != id {
-			return true
-		}
-	}
-	return false
 }
 
 // MaxReservedPerSession bounds the FIDs one session holds reserved and not
@@ -160,15 +126,10 @@ func (s *Server) CreateReserved(ctx context.Context, req *pb.CreateReservedReque
 		}
 		rm[i], gone[i] = node.Removed{Name: f.Name, FID: fid}, fid
 	}
-	once, err := opOf(ctx)
-	if err != nil {
-		return nil, pb.Err(err)
-	}
-	o, err := s.begin(ctx)
+	o, err := s.beginChange(ctx, callback.Reclaiming)
 	if err != nil {
 		return nil, err
 	}
-	o.once = once
 	if o.id == 0 || req.State == 0 {
 		return nil, s.fail("CreateReserved", fmt.Errorf("create reserved in %v: no delegation named: %w", dir, syscall.EINVAL))
 	}
@@ -179,29 +140,37 @@ func (s *Server) CreateReserved(ctx context.Context, req *pb.CreateReservedReque
 	if took {
 		defer s.giveBackFor(o, dir, req.State)
 	}
-	if len(gone) > 0 {
-		// As for Remove: other clients' delegations on the files first
-		// (the remover held a write delegation on each when it removed
-		// it; one recalled since may have let another client in).
-		defer s.changing(gone...)()
-		if _, err := s.recallFor(ctx, o, true, gone...); err != nil {
-			return nil, err
-		}
+	out := &pb.CreateReservedReply{}
+	var d node.Status
+	// As for Remove: other clients' delegations on the files removed go
+	// first (the remover held a write delegation on each when it removed
+	// it; one recalled since may have let another client in).
+	err = o.make(ctx, change{hold: gone, store: func(o *op) (_ []node.FID, err error) {
+		d, err = s.settle(o, dir, fs, rm, out)
+		return append(gone, dir), err
+	}})
+	if err != nil {
+		return nil, err
 	}
+	out.Dir = o.status(d)
+	return out, nil
+}
+
+// settle makes the files of fs in dir and removes those of rm, for
+// CreateReserved, and fills in out but for the directory's status.
+func (s *Server) settle(o *op, dir node.FID, fs []node.Reserved, rm []node.Removed, out *pb.CreateReservedReply) (node.Status, error) {
 	sts, rsts, d, err := s.store.CreateReserved(dir, fs, rm, o.once)
 	if err != nil {
-		return nil, s.fail("CreateReserved", err)
+		return d, s.fail("CreateReserved", err)
 	}
 	s.unreserved(o.id, len(fs))
-	out := &pb.CreateReservedReply{Files: make([]*pb.Status, len(sts)), States: make([]uint64, len(sts)), Removed: make([]*pb.Status, len(rsts))}
+	out.Files, out.States, out.Removed = make([]*pb.Status, len(sts)), make([]uint64, len(sts)), make([]*pb.Status, len(rsts))
 	now := time.Now()
 	s.mu.Lock()
 	for i, st := range sts {
 		// Nobody else knows these files yet: a grant, never a wait.
-		if res, _ := s.cb.Open(o.id, st.FID, true, now); res.Kind == callback.DelegWrite && !res.Recorded {
+		if res, _ := s.cb.OpenWith(o.id, st.FID, callback.Opening{Write: true, Limit: callback.DelegWrite, Only: true}, now); res.Kind == callback.DelegWrite {
 			out.States[i] = res.State
-		} else if res.Recorded {
-			s.cb.Close(o.id, st.FID, true)
 		}
 	}
 	s.mu.Unlock()
@@ -212,7 +181,5 @@ func (s *Server) CreateReserved(ctx context.Context, req *pb.CreateReservedReque
 		s.gone(st)
 		out.Removed[i] = pb.FromStatus(st, 0)
 	}
-	o.changed(ctx, append(gone, dir)...)
-	out.Dir = o.status(d)
-	return out, nil
+	return d, nil
 }

@@ -67,15 +67,8 @@ func (s *Server) CreateVolume(ctx context.Context, req *pb.CreateVolumeRequest) 
 }
 
 func (s *Server) Lookup(ctx context.Context, req *pb.LookupRequest) (*pb.LookupReply, error) {
-	dir, err := checkFID("lookup", req.Dir)
+	o, dir, err := s.beginRead(ctx, "Lookup", req.Dir)
 	if err != nil {
-		return nil, s.fail("Lookup", err)
-	}
-	o, err := s.begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := s.recallFor(ctx, o, false, dir); err != nil {
 		return nil, err
 	}
 	child, d, err := s.store.Lookup(dir, req.Name)
@@ -128,15 +121,8 @@ func (s *Server) GetStatus(ctx context.Context, req *pb.GetStatusRequest) (*pb.G
 }
 
 func (s *Server) ReadDir(ctx context.Context, req *pb.ReadDirRequest) (*pb.ReadDirReply, error) {
-	dir, err := checkFID("readdir", req.Dir)
+	o, dir, err := s.beginRead(ctx, "ReadDir", req.Dir)
 	if err != nil {
-		return nil, s.fail("ReadDir", err)
-	}
-	o, err := s.begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := s.recallFor(ctx, o, false, dir); err != nil {
 		return nil, err
 	}
 	ents, eof, d, err := s.store.ReadDir(dir, req.Cookie, int(req.MaxEntries))
@@ -159,75 +145,79 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	if t == 0 {
 		return nil, s.fail("Create", fmt.Errorf("create %q: unknown type %d: %w", req.Name, req.Type, syscall.EINVAL))
 	}
-	o, err := s.beginChange(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer s.changing(dir)()
-	if _, err := s.recallFor(ctx, o, true, dir); err != nil {
-		return nil, err
-	}
-	st, d, created, err := s.store.Create(dir, req.Name, t, node.Attr{Mode: req.Mode, UID: req.Uid, GID: req.Gid, Rdev: req.Rdev}, req.Target, req.Exclusive, o.once)
-	if err != nil {
-		return nil, s.fail("Create", err)
-	}
-	reply := &pb.CreateReply{Created: created}
-	if created {
-		changed := []node.FID{dir}
-		if req.Open && t == node.TypeFile && o.id != 0 && s.cfg.Lease > 0 {
-			// Granted before the directory's promises are broken, so
-			// before anybody else can open the new file: this is a
-			// grant, never a wait or a recorded open. A lookup may have
-			// found the name between the commit and the grant, and
-			// taken a promise on the file as created: it is broken with
-			// the directory's, since the holder may now write unseen.
-			kind, still := s.store.Delegation(st.FID, true)
-			s.mu.Lock()
-			if kind == callback.DelegWrite && (still == nil || still()) {
-				res, msgs := s.cb.Open(o.id, st.FID, true, time.Now())
-				s.waitLocked(res.Wait, msgs)
-				reply.Kind, reply.State = pb.DelegKind(res.Kind), res.State
-				changed = append(changed, st.FID)
-			}
-			s.mu.Unlock()
-		}
-		o.changed(ctx, changed...)
-	} else if waited, err := s.recallFor(ctx, o, false, st.FID); err != nil {
-		return nil, err
-	} else if waited {
-		// The file was there, under another client's write delegation:
-		// its status (and the promise on it) must include what that
-		// client wrote, as a lookup's would.
-		if st, err = s.store.GetStatus(st.FID); err != nil {
+	reply := &pb.CreateReply{}
+	var st, d node.Status
+	o, err := s.change(ctx, change{hold: []node.FID{dir}, store: func(o *op) (_ []node.FID, err error) {
+		st, d, reply.Created, err = s.store.Create(dir, req.Name, t, node.Attr{Mode: req.Mode, UID: req.Uid, GID: req.Gid, Rdev: req.Rdev}, req.Target, req.Exclusive, o.once)
+		if err != nil {
 			return nil, s.fail("Create", err)
+		}
+		if !reply.Created {
+			return nil, nil
+		}
+		changed := []node.FID{dir}
+		if req.Open && callback.Delegates(o.id, t, true, false) && s.cfg.Lease > 0 && s.openCreated(o, st.FID, reply) {
+			changed = append(changed, st.FID)
+		}
+		return changed, nil
+	}})
+	if err != nil {
+		return nil, err
+	}
+	if !reply.Created {
+		// The file was there, maybe under another client's write
+		// delegation: its status (and the promise on it) must include
+		// what that client wrote, as a lookup's would.
+		if waited, err := s.recallFor(ctx, o, false, st.FID); err != nil {
+			return nil, err
+		} else if waited {
+			if st, err = s.store.GetStatus(st.FID); err != nil {
+				return nil, s.fail("Create", err)
+			}
 		}
 	}
 	reply.Status, reply.Dir = o.status(st), o.status(d)
 	return reply, nil
 }
 
+// openCreated opens f, just created by o's client, for writing, with the
+// write delegation in reply, if the backend gives one. It is granted
+// before the directory's promises are broken, so before anybody else can
+// open the file: a grant, never a wait or a recorded open. A lookup may
+// have found the name between the commit and the grant, and taken a
+// promise on the file as created: it reports whether f's promises are to
+// be broken with the directory's, since the holder may now write unseen.
+func (s *Server) openCreated(o *op, f node.FID, reply *pb.CreateReply) bool {
+	kind, still := s.store.Delegation(f, true)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if kind != callback.DelegWrite || still != nil && !still() {
+		return false
+	}
+	// Only: without a delegation (its maker backing off, say) nothing is
+	// recorded; the maker opens the file as any client does.
+	res, msgs := s.cb.OpenWith(o.id, f, callback.Opening{Write: true, Limit: callback.DelegWrite, Only: true}, time.Now())
+	s.waitLocked(res.Wait, msgs)
+	reply.Kind, reply.State = pb.DelegKind(res.Kind), res.State
+	return true
+}
+
 func (s *Server) Link(ctx context.Context, req *pb.LinkRequest) (*pb.LinkReply, error) {
-	dir, err := checkFID("link", req.Dir)
+	fids, err := checkFIDs("link", req.Dir, req.Target)
 	if err != nil {
 		return nil, s.fail("Link", err)
 	}
-	target, err := checkFID("link", req.Target)
-	if err != nil {
-		return nil, s.fail("Link", err)
-	}
-	o, err := s.beginChange(ctx)
+	dir, target := fids[0], fids[1]
+	var st, d node.Status
+	o, err := s.change(ctx, change{hold: []node.FID{dir}, recall: []node.FID{target}, store: func(o *op) (_ []node.FID, err error) {
+		if st, d, err = s.store.Link(dir, req.Name, target, o.once); err != nil {
+			return nil, s.fail("Link", err)
+		}
+		return fids, nil
+	}})
 	if err != nil {
 		return nil, err
 	}
-	defer s.changing(dir)()
-	if _, err := s.recallFor(ctx, o, true, dir, target); err != nil {
-		return nil, err
-	}
-	st, d, err := s.store.Link(dir, req.Name, target, o.once)
-	if err != nil {
-		return nil, s.fail("Link", err)
-	}
-	o.changed(ctx, dir, target)
 	return &pb.LinkReply{Status: o.status(st), Dir: o.status(d)}, nil
 }
 
@@ -236,75 +226,64 @@ func (s *Server) Remove(ctx context.Context, req *pb.RemoveRequest) (*pb.RemoveR
 	if err != nil {
 		return nil, s.fail("Remove", err)
 	}
-	o, err := s.beginChange(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer s.changing(dir)()
-	if _, err := s.recallFor(ctx, o, true, dir); err != nil {
-		return nil, err
-	}
-	if child, _, err := s.store.Lookup(dir, req.Name); err == nil {
+	var d, st node.Status
+	o, err := s.change(ctx, change{hold: []node.FID{dir}, store: func(o *op) (_ []node.FID, err error) {
 		// A delegation granted on the file now could only be recalled
 		// once it is removed: its holder's writes would be refused.
-		defer s.changing(child.FID)()
-		if _, err := s.recallFor(ctx, o, true, child.FID); err != nil {
+		if err := o.hold(ctx, s.named(dir, req.Name)); err != nil {
 			return nil, err
 		}
-	}
-	d, st, err := s.store.Remove(dir, req.Name, req.DirOnly, o.once)
+		if d, st, err = s.store.Remove(dir, req.Name, req.DirOnly, o.once); err != nil {
+			return nil, s.fail("Remove", err)
+		}
+		s.gone(st)
+		return []node.FID{dir, st.FID}, nil
+	}})
 	if err != nil {
-		return nil, s.fail("Remove", err)
+		return nil, err
 	}
-	s.gone(st)
-	o.changed(ctx, dir, st.FID)
 	return &pb.RemoveReply{Dir: o.status(d), Status: pb.FromStatus(st, 0)}, nil
 }
 
 func (s *Server) Rename(ctx context.Context, req *pb.RenameRequest) (*pb.RenameReply, error) {
-	src, err := checkFID("rename", req.SrcDir)
+	fids, err := checkFIDs("rename", req.SrcDir, req.DstDir)
 	if err != nil {
 		return nil, s.fail("Rename", err)
 	}
-	dst, err := checkFID("rename", req.DstDir)
-	if err != nil {
-		return nil, s.fail("Rename", err)
-	}
-	o, err := s.beginChange(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer s.changing(src, dst)()
-	if _, err := s.recallFor(ctx, o, true, src, dst); err != nil {
-		return nil, err
-	}
-	var named []node.FID
-	if moved, _, err := s.store.Lookup(src, req.SrcName); err == nil {
-		named = append(named, moved.FID)
-	}
-	if replaced, _, err := s.store.Lookup(dst, req.DstName); err == nil {
-		named = append(named, replaced.FID)
-	}
-	// As for a remove: none is granted on the files while the rename is
-	// under way, which may take the replaced one's last name.
-	defer s.changing(named...)()
-	if _, err := s.recallFor(ctx, o, true, named...); err != nil {
-		return nil, err
-	}
-	res, err := s.store.Rename(src, req.SrcName, dst, req.DstName, o.once)
-	if err != nil {
-		return nil, s.fail("Rename", err)
-	}
-	fids := []node.FID{src, dst, res.Moved.FID}
+	src, dst := fids[0], fids[1]
+	var res node.RenameResult
 	out := &pb.RenameReply{}
-	if res.Replaced != nil {
-		fids = append(fids, res.Replaced.FID)
-		out.Replaced = pb.FromStatus(*res.Replaced, 0)
-		s.gone(*res.Replaced)
+	o, err := s.change(ctx, change{hold: fids, store: func(o *op) (_ []node.FID, err error) {
+		// As for a remove: none is granted on the files while the rename
+		// is under way, which may take the replaced one's last name.
+		if err := o.hold(ctx, append(s.named(src, req.SrcName), s.named(dst, req.DstName)...)); err != nil {
+			return nil, err
+		}
+		if res, err = s.store.Rename(src, req.SrcName, dst, req.DstName, o.once); err != nil {
+			return nil, s.fail("Rename", err)
+		}
+		changed := []node.FID{src, dst, res.Moved.FID}
+		if res.Replaced != nil {
+			changed = append(changed, res.Replaced.FID)
+			out.Replaced = pb.FromStatus(*res.Replaced, 0)
+			s.gone(*res.Replaced)
+		}
+		return changed, nil
+	}})
+	if err != nil {
+		return nil, err
 	}
-	o.changed(ctx, fids...)
 	out.SrcDir, out.DstDir, out.Status = o.status(res.SrcDir), o.status(res.DstDir), o.status(res.Moved)
 	return out, nil
+}
+
+// named is the file name names in dir, if there is one: a change may take
+// its last name.
+func (s *Server) named(dir node.FID, name string) []node.FID {
+	if child, _, err := s.store.Lookup(dir, name); err == nil {
+		return []node.FID{child.FID}
+	}
+	return nil
 }
 
 func (s *Server) SetAttr(ctx context.Context, req *pb.SetAttrRequest) (*pb.SetAttrReply, error) {
@@ -315,19 +294,18 @@ func (s *Server) SetAttr(ctx context.Context, req *pb.SetAttrRequest) (*pb.SetAt
 	if req.Mask == 0 || req.Mask >= 1<<6 {
 		return nil, s.fail("SetAttr", fmt.Errorf("setattr %v: mask %#x: %w", f, req.Mask, syscall.EINVAL))
 	}
-	o, err := s.beginChange(ctx)
+	var st node.Status
+	o, err := s.change(ctx, change{recall: []node.FID{f}, store: func(o *op) (_ []node.FID, err error) {
+		st, err = s.store.SetAttr(f, node.Change{Mask: req.Mask, Mode: req.Mode, UID: req.Uid, GID: req.Gid,
+			Size: req.Size, Atime: time.Unix(0, req.AtimeNs), Mtime: time.Unix(0, req.MtimeNs)})
+		if err != nil {
+			return nil, s.fail("SetAttr", err)
+		}
+		return []node.FID{f}, nil
+	}})
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.recallFor(ctx, o, true, f); err != nil {
-		return nil, err
-	}
-	st, err := s.store.SetAttr(f, node.Change{Mask: req.Mask, Mode: req.Mode, UID: req.Uid, GID: req.Gid,
-		Size: req.Size, Atime: time.Unix(0, req.AtimeNs), Mtime: time.Unix(0, req.MtimeNs)})
-	if err != nil {
-		return nil, s.fail("SetAttr", err)
-	}
-	o.changed(ctx, f)
 	return &pb.SetAttrReply{Status: o.status(st)}, nil
 }
 
@@ -572,7 +550,7 @@ func (x *storing) finish(ctx context.Context, o *op, hdr *pb.StoreRequest) (node
 
 // commitStore commits a staged store and breaks the promises on the file
 // before the store is acknowledged.
-func (s *Server) commitStore(ctx context.Context, o *op, f node.FID, u Update, hdr *pb.StoreRequest) (node.Status, error) {
+func (s *Server) commitStore(ctx context.Context, o *op, f node.FID, u Update, hdr *pb.StoreRequest) (st node.Status, err error) {
 	// A store under a delegation is accepted only while the client holds
 	// it; any other store waits for other clients' delegations first.
 	took, err := s.checkDelegation(o, f, hdr.DelegState, hdr.BaseVersion)
@@ -582,19 +560,17 @@ func (s *Server) commitStore(ctx context.Context, o *op, f node.FID, u Update, h
 	if took {
 		defer s.giveBackFor(o, f, hdr.DelegState)
 	}
+	var recall []node.FID
 	if hdr.DelegState == 0 {
-		if _, err := s.recallFor(ctx, o, true, f); err != nil {
-			return node.Status{}, err
-		}
+		recall = []node.FID{f}
 	}
 	var mtime time.Time
 	if hdr.MtimeNs != 0 {
 		mtime = time.Unix(0, hdr.MtimeNs)
 	}
-	st, err := u.Commit(hdr.Sync, mtime, node.Op(hdr.Op))
-	if err != nil {
-		return st, err
-	}
-	o.changed(ctx, f)
-	return st, nil
+	err = o.make(ctx, change{recall: recall, store: func(*op) (_ []node.FID, err error) {
+		st, err = u.Commit(hdr.Sync, mtime, node.Op(hdr.Op))
+		return []node.FID{f}, err
+	}})
+	return st, err
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"path"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -79,14 +80,11 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Directory delegation policies.
+// Directory delegation policies (callback.DirPolicy).
 const (
-	// DirPrivate: only a directory no other client holds a promise on.
-	DirPrivate = "private"
-	// DirAny: any directory, breaking the promises others hold on it.
-	DirAny = "any"
-	// DirNone: no directory.
-	DirNone = "none"
+	DirPrivate = string(callback.DirPrivate)
+	DirAny     = string(callback.DirAny)
+	DirNone    = string(callback.DirNone)
 )
 
 // DefaultConfig is what `hoard server` uses unless told otherwise.
@@ -115,16 +113,13 @@ type Server struct {
 	reserved    map[callback.ClientID]int
 	reservedAll int
 	// stages are the staged stores kept across requests (stage.go).
-	stages  stages
-	waiters map[callback.Round]chan struct{}
-	// busy counts the namespace changes under way in each directory
-	// (dirdeleg.go).
-	busy      map[node.FID]int
+	stages    stages
+	waiters   map[callback.Round]chan struct{}
 	wake      chan struct{}
 	stop      chan struct{}
 	closeOnce sync.Once
 	stopped   sync.WaitGroup
-	graceEnd  time.Time
+	grace     callback.Grace
 	dataAddr  atomic.Pointer[string] // the bulk-data channel, once it listens
 }
 
@@ -149,21 +144,18 @@ func New(store Backend, cfg Config) *Server {
 		cfg:      cfg,
 		log:      cfg.Logger,
 		key:      cfg.Key,
-		cb:       callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises, Lease: cfg.Lease}),
+		cb:       callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises, Lease: cfg.Lease, Dirs: callback.DirPolicy(cfg.DirDelegations)}),
 		conns:    map[callback.ClientID]*conn{},
 		peers:    map[string]int{},
 		reserved: map[callback.ClientID]int{},
 		waiters:  map[callback.Round]chan struct{}{},
-		busy:     map[node.FID]int{},
 		wake:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
+		grace:    callback.NewGrace(store.Epoch(), time.Now(), cfg.Grace, cfg.Lease),
 	}
 	if s.key == nil {
 		s.key = make([]byte, keySize)
 		rand.Read(s.key)
-	}
-	if store.Epoch() > 1 { // a first start has no clients from before
-		s.graceEnd = time.Now().Add(cfg.Grace)
 	}
 	s.stopped.Add(1)
 	go s.timer()
@@ -445,17 +437,21 @@ type op struct {
 	// user is who the caller acts for: its name, until there is
 	// authentication.
 	user string
+	// held are the FIDs its change keeps busy until made (op.hold).
+	held []node.FID
 }
 
 // beginChange is begin for an operation that changes something: it waits
-// out the grace period first, and takes the op id a namespace change
-// carries (refusing a malformed one before anything happens).
-func (s *Server) beginChange(ctx context.Context) (*op, error) {
+// as long as the grace period after a restart holds back a request doing
+// a (Changing; Reclaiming for one under a delegation), and takes the op
+// id a namespace change carries (refusing a malformed one before anything
+// happens).
+func (s *Server) beginChange(ctx context.Context, a callback.Access) (*op, error) {
 	once, err := opOf(ctx)
 	if err != nil {
 		return nil, pb.Err(err)
 	}
-	if err := s.waitGrace(ctx); err != nil {
+	if err := s.waitGrace(ctx, a); err != nil {
 		return nil, err
 	}
 	o, err := s.begin(ctx)
@@ -466,10 +462,10 @@ func (s *Server) beginChange(ctx context.Context) (*op, error) {
 	return o, nil
 }
 
-// waitGrace waits out the grace period after a restart, during which
-// clients revalidate what they cached before anything may change.
-func (s *Server) waitGrace(ctx context.Context) error {
-	if wait := time.Until(s.graceEnd); wait > 0 {
+// waitGrace waits as long as the grace period after a restart holds back
+// a request doing a (callback.Grace).
+func (s *Server) waitGrace(ctx context.Context, a callback.Access) error {
+	if wait := s.grace.Wait(a, time.Now()); wait > 0 {
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():
@@ -477,6 +473,27 @@ func (s *Server) waitGrace(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// beginOn is begin for a request on the file pf names, checked first (a
+// bad one fails the request as method).
+func (s *Server) beginOn(ctx context.Context, method string, pf *pb.FID) (*op, node.FID, error) {
+	f, err := checkFID(strings.ToLower(method), pf)
+	if err != nil {
+		return nil, f, s.fail(method, err)
+	}
+	o, err := s.begin(ctx)
+	return o, f, err
+}
+
+// beginRead is beginOn for a read of the file's status or data: other
+// clients' write delegations on it are recalled first.
+func (s *Server) beginRead(ctx context.Context, method string, pf *pb.FID) (*op, node.FID, error) {
+	o, f, err := s.beginOn(ctx, method, pf)
+	if err == nil {
+		_, err = s.recallFor(ctx, o, false, f)
+	}
+	return o, f, err
 }
 
 func (s *Server) begin(ctx context.Context) (*op, error) {
@@ -548,6 +565,18 @@ func checkFID(what string, f *pb.FID) (node.FID, error) {
 		return node.FID{}, fmt.Errorf("%s: missing or zero fid: %w", what, syscall.EINVAL)
 	}
 	return f.ToFID(), nil
+}
+
+// checkFIDs is checkFID for each of pfs.
+func checkFIDs(what string, pfs ...*pb.FID) ([]node.FID, error) {
+	fids := make([]node.FID, len(pfs))
+	for i, pf := range pfs {
+		var err error
+		if fids[i], err = checkFID(what, pf); err != nil {
+			return nil, err
+		}
+	}
+	return fids, nil
 }
 
 // fail logs unexpected errors and converts any error for the wire. An
