@@ -14,14 +14,14 @@
 // told (ErrNoSpace) and serves the read without caching.
 //
 // Crash safety does not rest on the index: index updates are group
-// committed in the background, and after an unclean shutdown every present
-// chunk is checked against its CRC before use, so an index ahead of or
-// behind the data is never served wrong. The hit path does not checksum.
+// committed in the background (chunkindex), and after an unclean shutdown
+// every present chunk is checked against its CRC before use, so an index
+// ahead of or behind the data is never served wrong. The hit path does
+// not checksum.
 package cache
 
 import (
 	"container/list"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,9 +32,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
+	"github.com/hoardfs/hoard/chunkindex"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -64,14 +64,6 @@ var maxOpen = func() int {
 	return int(max(256, min(rl.Cur/2, 16384)))
 }()
 
-var (
-	bktFiles = []byte("files")
-	bktMeta  = []byte("meta")
-	keyChunk = []byte("chunksize")
-	keyClean = []byte("clean")
-	keyStats = []byte("stats")
-)
-
 // Options configure Open.
 type Options struct {
 	// Dir holds the cache; empty keeps it in memory only.
@@ -91,9 +83,8 @@ type Cache struct {
 	dir  string
 	size int64
 	cs   int64
-	db   *bolt.DB
-	lock *os.File
-	// spare is nil for a memory cache.
+	// idx and spare are nil for a memory cache.
+	idx   *chunkindex.Index
 	spare *spares
 
 	mu      sync.Mutex
@@ -112,11 +103,9 @@ type Cache struct {
 	// first, to bound descriptors.
 	openFiles *list.List
 
-	stats   counters
-	flushMu sync.Mutex
-	stop    chan struct{}
-	done    chan struct{}
-	closed  atomic.Bool
+	stats  counters
+	stop   chan struct{} // ends the spares' maker
+	closed atomic.Bool
 }
 
 type counters struct {
@@ -144,6 +133,9 @@ type Stats struct {
 	ChunkSize int64            `json:"chunk_size"`
 	Gauges    map[string]int64 `json:"gauges,omitempty"`
 	Updated   time.Time        `json:"updated"`
+	// Indexed: every change made to the cache before this time is in
+	// its index on disk (chunkindex.Index.Indexed).
+	Indexed time.Time `json:"indexed"`
 }
 
 // Open opens or creates a cache.
@@ -160,18 +152,16 @@ func Open(o Options) (*Cache, error) {
 	}
 	c := &Cache{dir: o.Dir, size: o.Size, cs: cs, entries: map[node.FID]*Entry{}, lru: list.New(),
 		pending: map[*Entry]bool{}, gauges: map[string]int64{}, openFiles: list.New(),
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{})}
 	if o.Dir == "" {
-		close(c.done)
 		return c, nil
 	}
 	if err := c.openDir(); err != nil {
-		if c.lock != nil {
-			c.lock.Close()
+		if c.idx != nil {
+			c.idx.Abandon()
 		}
 		return nil, err
 	}
-	go c.committer()
 	go c.spare.run(c.stop)
 	return c, nil
 }
@@ -181,103 +171,69 @@ func (c *Cache) openDir() error {
 	if err := os.MkdirAll(filepath.Join(dir, "files"), 0o700); err != nil {
 		return fmt.Errorf("cache directory %s: %w", dir, errors.Unwrap(err))
 	}
-	lock, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return fmt.Errorf("cache directory %s: %w", dir, errors.Unwrap(err))
+	var err error
+	if c.idx, err = chunkindex.Open(dir); err != nil {
+		return fmt.Errorf("cache: %w", err)
 	}
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		lock.Close()
-		return fmt.Errorf("cache %s is in use by another process", dir)
-	}
-	c.lock = lock
 	if c.spare, err = newSpares(dir); err != nil {
 		return err
 	}
-	clean, err := c.openIndex()
-	if err != nil {
+	if err := c.openIndex(); err != nil {
 		// An index that cannot be read is discarded with the data it
-		// described: start empty rather than serve from it.
+		// described (removeOrphans): start empty rather than serve from it.
 		slog.Warn("cache index unreadable; starting empty", "dir", dir, "err", err)
-		if c.db != nil {
-			c.db.Close()
-			c.db = nil
-		}
-		os.Remove(filepath.Join(dir, "index.db"))
-		os.RemoveAll(filepath.Join(dir, "files"))
-		os.MkdirAll(filepath.Join(dir, "files"), 0o700)
 		c.entries = map[node.FID]*Entry{}
 		c.lru.Init()
 		c.lruLen.Store(0)
 		c.used = 0
-		if clean, err = c.openIndex(); err != nil {
+		c.stats.chunks.Store(0)
+		c.dirtyBytes.Store(0)
+		if err := c.idx.Reset(); err != nil {
+			return fmt.Errorf("cache directory %s: %w", dir, err)
+		}
+		if err := c.openIndex(); err != nil {
 			return fmt.Errorf("cache directory %s: %w", dir, err)
 		}
 	}
-	if !clean {
+	if !c.idx.Clean() {
 		c.verify()
 		c.removeOrphans()
 	}
-	// From here on the cache is in use: a crash must trigger verification.
-	if err := c.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktMeta).Put(keyClean, []byte{0}) }); err != nil {
-		return err
-	}
-	return c.db.Sync()
+	return c.idx.Start(chunkindex.Source{Changes: c.changes, Stats: func() any { return c.Stats() }}, 100*time.Millisecond)
 }
 
-// openIndex opens index.db and loads every record. It reports whether the
-// last shutdown was clean.
-func (c *Cache) openIndex() (clean bool, err error) {
-	c.db, err = bolt.Open(filepath.Join(c.dir, "index.db"), 0o600, &bolt.Options{Timeout: time.Second})
+// openIndex reads the chunk size, the counters and every record.
+func (c *Cache) openIndex() error {
+	v, err := c.idx.Setting("chunksize", []byte(strconv.FormatInt(c.cs, 10)))
 	if err != nil {
-		return false, err
+		return err
 	}
-	// Commits while running are not synced: an fsync here would make ext4
-	// write back the cache files' new blocks with it, every 100 ms, and
-	// throttle fetches to disk speed. The clean flag is synced explicitly
-	// at Open and Close, and an unclean index is verified or discarded.
-	c.db.NoSync = true
-	err = c.db.Update(func(tx *bolt.Tx) error {
-		files, err := tx.CreateBucketIfNotExists(bktFiles)
+	if c.cs, err = strconv.ParseInt(string(v), 10, 64); err != nil {
+		return fmt.Errorf("chunk size %q: %w", v, err)
+	}
+	var s Stats
+	if c.idx.LoadStats(&s) {
+		c.stats.hits.Store(s.Hits)
+		c.stats.misses.Store(s.Misses)
+		c.stats.fetched.Store(s.BytesFetched)
+		c.stats.written.Store(s.BytesWritten)
+		c.stats.evictions.Store(s.Evictions)
+		c.stats.bypassed.Store(s.Bypassed)
+		c.stats.recovered.Store(s.Recovered)
+		c.stats.corrupt.Store(s.Corrupt)
+	}
+	return c.idx.Load(func(k, v []byte) error {
+		fid, ok := node.FIDOfKey(k)
+		if !ok {
+			return errBadRecord
+		}
+		r, err := decodeRecord(v)
 		if err != nil {
-			return err
+			return fmt.Errorf("record %v: %w", fid, err)
 		}
-		meta, err := tx.CreateBucketIfNotExists(bktMeta)
-		if err != nil {
-			return err
-		}
-		if v := meta.Get(keyChunk); v != nil {
-			c.cs = int64(getU64(v))
-		} else if err := meta.Put(keyChunk, putU64(uint64(c.cs))); err != nil {
-			return err
-		}
-		clean = len(meta.Get(keyClean)) == 1 && meta.Get(keyClean)[0] == 1
-		if v := meta.Get(keyStats); v != nil {
-			var s Stats
-			if json.Unmarshal(v, &s) == nil {
-				c.stats.hits.Store(s.Hits)
-				c.stats.misses.Store(s.Misses)
-				c.stats.fetched.Store(s.BytesFetched)
-				c.stats.written.Store(s.BytesWritten)
-				c.stats.evictions.Store(s.Evictions)
-				c.stats.bypassed.Store(s.Bypassed)
-				c.stats.recovered.Store(s.Recovered)
-				c.stats.corrupt.Store(s.Corrupt)
-			}
-		}
-		return files.ForEach(func(k, v []byte) error {
-			fid, ok := node.FIDOfKey(k)
-			if !ok {
-				return errBadRecord
-			}
-			r, err := decodeRecord(v)
-			if err != nil {
-				return fmt.Errorf("record %v: %w", fid, err)
-			}
-			c.load(fid, r)
-			return nil
-		})
+		c.load(fid, r)
+		return nil
 	})
-	return clean, err
 }
 
 // load installs an entry from its index record.
@@ -312,7 +268,7 @@ func (c *Cache) verify() {
 			ok := false
 			if f, err := os.Open(e.path()); err == nil {
 				n, _ := f.ReadAt(buf[:ch.n], idx*c.cs)
-				ok = int64(n) == ch.n && crc(buf[:ch.n]) == ch.crc
+				ok = int64(n) == ch.n && chunkindex.Checksum(buf[:ch.n]) == ch.crc
 				f.Close()
 			}
 			ch.unchecked.Store(!ok)
@@ -329,77 +285,37 @@ func (c *Cache) verify() {
 	}
 }
 
-// committer writes index records in groups and stats.json once a second.
-func (c *Cache) committer() {
-	defer close(c.done)
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	ticks := 0
-	for {
-		select {
-		case <-c.stop:
-			return
-		case <-t.C:
-		}
-		if err := c.Flush(); err != nil {
-			slog.Warn("cache index commit failed", "dir", c.dir, "err", err)
-		}
-		if ticks++; ticks%10 == 0 {
-			c.writeStats()
-		}
-	}
-}
-
 // Flush commits pending index updates now.
 func (c *Cache) Flush() error {
-	if c.db == nil {
+	if c.idx == nil {
 		return nil
 	}
-	c.flushMu.Lock()
-	defer c.flushMu.Unlock()
+	return c.idx.Commit()
+}
+
+// changes unlinks the files of dropped entries and encodes the records
+// changed since the last commit. An entry dropped and made again leaves
+// its FID two entries: the live one's record wins.
+func (c *Cache) changes() map[string][]byte {
 	c.unlinkDoomed()
 	c.mu.Lock()
 	todo := c.pending
 	c.pending = map[*Entry]bool{}
 	c.mu.Unlock()
-	type put struct {
-		key, val []byte
-	}
-	puts := make([]put, 0, len(todo))
+	recs := make(map[string][]byte, len(todo))
 	for e := range todo {
 		e.mu.RLock()
-		gone := e.gone
 		var val []byte
-		if !gone {
+		if !e.gone {
 			val = e.recordLocked().encode()
 		}
 		e.mu.RUnlock()
-		puts = append(puts, put{e.fid.Key(), val})
-	}
-	stats, _ := json.Marshal(c.Stats())
-	err := c.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bktFiles)
-		for _, p := range puts {
-			var err error
-			if p.val == nil {
-				err = b.Delete(p.key)
-			} else {
-				err = b.Put(p.key, p.val)
-			}
-			if err != nil {
-				return err
-			}
+		k := string(e.fid.Key())
+		if _, live := recs[k]; val != nil || !live {
+			recs[k] = val
 		}
-		return tx.Bucket(bktMeta).Put(keyStats, stats)
-	})
-	if err != nil {
-		c.mu.Lock()
-		for e := range todo {
-			c.pending[e] = true
-		}
-		c.mu.Unlock()
 	}
-	return err
+	return recs
 }
 
 // unlinkDoomed unlinks the cache files of dropped entries. A file whose
@@ -451,27 +367,18 @@ func (c *Cache) markPending(e *Entry) {
 	c.mu.Unlock()
 }
 
-// Close commits the index, marks the cache clean and releases it.
+// Close commits the index, marks the cache clean and releases it. The
+// cache files are not synced: every chunk is checked against its CRC
+// the first time it is read after a start.
 func (c *Cache) Close() error {
 	if c.closed.Swap(true) {
 		return nil
 	}
 	close(c.stop)
-	<-c.done
-	if c.db == nil {
+	if c.idx == nil {
 		return nil
 	}
-	err := c.Flush()
-	if err == nil {
-		err = c.db.Sync() // everything the clean flag vouches for first
-	}
-	if err == nil {
-		err = c.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktMeta).Put(keyClean, []byte{1}) })
-	}
-	if err == nil {
-		err = c.db.Sync()
-	}
-	c.writeStats()
+	err := c.idx.Close()
 	c.mu.Lock()
 	entries := make([]*Entry, 0, len(c.entries))
 	for _, e := range c.entries {
@@ -483,10 +390,6 @@ func (c *Cache) Close() error {
 		e.closeFileLocked()
 		e.mu.Unlock()
 	}
-	if cerr := c.db.Close(); err == nil {
-		err = cerr
-	}
-	c.lock.Close()
 	return err
 }
 
@@ -650,34 +553,26 @@ func (c *Cache) Stats() Stats {
 		Hits: c.stats.hits.Load(), Misses: c.stats.misses.Load(), BytesFetched: c.stats.fetched.Load(), BytesWritten: c.stats.written.Load(),
 		BytesCached: used, Limit: c.size, Chunks: c.stats.chunks.Load(), Files: files,
 		Evictions: c.stats.evictions.Load(), Bypassed: c.stats.bypassed.Load(), Recovered: c.stats.recovered.Load(),
-		Corrupt: c.stats.corrupt.Load(), ChunkSize: c.cs, Gauges: g, Updated: time.Now(),
+		Corrupt: c.stats.corrupt.Load(), ChunkSize: c.cs, Gauges: g, Updated: time.Now(), Indexed: c.indexed(),
 	}
 }
 
-// writeStats publishes the counters as DIR/stats.json for other processes
-// (the cache itself is locked while in use).
-func (c *Cache) writeStats() {
-	if c.dir == "" {
-		return
+func (c *Cache) indexed() time.Time {
+	if c.idx == nil {
+		return time.Time{}
 	}
-	b, _ := json.MarshalIndent(c.Stats(), "", "  ")
-	tmp := filepath.Join(c.dir, ".stats.json.tmp")
-	if os.WriteFile(tmp, b, 0o600) == nil {
-		os.Rename(tmp, filepath.Join(c.dir, "stats.json"))
-	}
+	return c.idx.Indexed()
 }
 
-// ReadStats reads the counters a cache in dir last published.
+// ReadStats reads the counters a cache in dir last published, about once
+// a second, as stats.json (the cache itself is locked while in use).
 func ReadStats(dir string) (Stats, error) {
 	var s Stats
-	b, err := os.ReadFile(filepath.Join(dir, "stats.json"))
+	err := chunkindex.ReadStats(dir, &s)
 	if errors.Is(err, os.ErrNotExist) {
 		return s, fmt.Errorf("no statistics yet (stats.json is written by a client using this cache)")
 	}
-	if err != nil {
-		return s, err
-	}
-	return s, json.Unmarshal(b, &s)
+	return s, err
 }
 
 // fileOpened records that e holds an open cache file, closing the least
@@ -714,11 +609,4 @@ func (c *Cache) fileClosed(e *Entry) {
 		e.openElem = nil
 	}
 	c.mu.Unlock()
-}
-
-func putU64(v uint64) []byte { return []byte(strconv.FormatUint(v, 10)) }
-
-func getU64(b []byte) uint64 {
-	v, _ := strconv.ParseUint(string(b), 10, 64)
-	return v
 }

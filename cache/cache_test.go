@@ -15,6 +15,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/hoardfs/hoard/chunkindex"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -236,7 +237,7 @@ func TestDirtyPinnedAndNoSpace(t *testing.T) {
 	}
 	e.mu.RLock()
 	for idx, ch := range e.chunks {
-		if ch.crc != crc(data(2*cs, 1)[idx*cs:(idx+1)*cs]) {
+		if ch.crc != chunkindex.Checksum(data(2*cs, 1)[idx*cs:(idx+1)*cs]) {
 			t.Fatal("Cleaned did not recompute the checksum")
 		}
 	}
@@ -432,9 +433,7 @@ func TestReopenReusesChunksAndStats(t *testing.T) {
 func crash(c *Cache) {
 	c.Flush()
 	close(c.stop)
-	<-c.done
-	c.db.Close()
-	c.lock.Close()
+	c.idx.Abandon()
 }
 
 func TestUncleanReopenVerifies(t *testing.T) {
@@ -478,7 +477,7 @@ func TestCorruptIndexStartsEmpty(t *testing.T) {
 	c.Close()
 	// A record that does not decode.
 	db, _ := bolt.Open(filepath.Join(dir, "index.db"), 0o600, nil)
-	db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktFiles).Put(fid(9).Key(), []byte{42, 1, 2}) })
+	db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("files")).Put(fid(9).Key(), []byte{42, 1, 2}) })
 	db.Close()
 	c2 := open(t, dir, 10<<20)
 	if len(c2.Entries()) != 0 || c2.Used() != 0 {

@@ -4,7 +4,6 @@ import (
 	"container/list"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"log/slog"
 	"os"
@@ -16,12 +15,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hoardfs/hoard/chunkindex"
 	"github.com/hoardfs/hoard/node"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-func crc(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
 // chunk is one present chunk of an entry.
 type chunk struct {
@@ -392,7 +388,7 @@ func (e *Entry) checkedLocked(ch *chunk) bool {
 			f.Close()
 		}
 	}
-	if (err == nil || err == io.EOF) && int64(n) == ch.n && crc(buf) == ch.crc {
+	if (err == nil || err == io.EOF) && int64(n) == ch.n && chunkindex.Checksum(buf) == ch.crc {
 		ch.unchecked.Store(false)
 		return true
 	}
@@ -591,7 +587,7 @@ func (e *Entry) Admit(idx int64, dv uint64, data []byte) error {
 		e.c.release(charge(n))
 		return err
 	}
-	ch := &chunk{e: e, idx: idx, n: n, crc: crc(data[:keep])}
+	ch := &chunk{e: e, idx: idx, n: n, crc: chunkindex.Checksum(data[:keep])}
 	e.chunks[idx] = ch
 	e.c.stats.chunks.Add(1)
 	if keep < n {
@@ -856,7 +852,7 @@ func (e *Entry) Cleaned(stored []Range, st node.Status) error {
 		if err != nil {
 			return err
 		}
-		ch.crc, ch.dirty = crc(buf[:n]), false
+		ch.crc, ch.dirty = chunkindex.Checksum(buf[:n]), false
 		e.c.mu.Lock()
 		e.c.pushLocked(ch)
 		e.c.mu.Unlock()
@@ -1059,7 +1055,7 @@ func (e *Entry) rescanLocked(size int64) error {
 			return err
 		}
 		ch := e.chunks[idx]
-		if ch != nil && !ch.dirty && ch.n == n && crc(buf[:n]) == ch.crc {
+		if ch != nil && !ch.dirty && ch.n == n && chunkindex.Checksum(buf[:n]) == ch.crc {
 			continue
 		}
 		if ch == nil {

@@ -132,12 +132,9 @@ func stagingEmpty(t *testing.T, data string) {
 	t.Helper()
 	dir := filepath.Join(data, "staging")
 	var ents []os.DirEntry
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if ents, _ = os.ReadDir(dir); len(ents) == 0 {
-			return
-		}
+	if !eventually(10*time.Second, func() bool { ents, _ = os.ReadDir(dir); return len(ents) == 0 }) {
+		t.Fatalf("%d staging files left 10 s after the writer's session ended", len(ents))
 	}
-	t.Fatalf("%d staging files left 10 s after the writer's session ended", len(ents))
 }
 
 // crashSetup starts a server (its data directory data), a client of it,

@@ -293,10 +293,8 @@ func TestDataChanPastFdLimit(t *testing.T) {
 		c.Write([]byte("HDF"))
 		flood = append(flood, c)
 	}
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srv.logs.String(), "too many open files"); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the server never ran out of descriptors: %s", srv.logs)
-		}
+	if !eventually(10*time.Second, func() bool { return strings.Contains(srv.logs.String(), "too many open files") }) {
+		t.Fatalf("the server never ran out of descriptors: %s", srv.logs)
 	}
 	for _, c := range flood {
 		c.Close()

@@ -151,19 +151,43 @@ func TestDelegationProtocol(t *testing.T) {
 	if rr, err := b.rpc.Return(b.ctx, &pb.ReturnRequest{Fid: fid, State: r.r.State}); err != nil || !rr.Accepted {
 		t.Fatalf("reader's return: %v %v", rr, err)
 	}
-	// A holder that keeps renewing keeps its delegation past the lease.
+	// A holder that keeps renewing keeps its delegation past the lease:
+	// past the revocation of a witness's, taken after it and never
+	// renewed.
 	wa2, err := a.rpc.Open(a.ctx, &pb.OpenRequest{Fid: fid, Write: true})
 	if err != nil || wa2.Kind != pb.DelegKind_DELEG_WRITE {
 		t.Fatalf("writer's second open: %v %v", wa2, err)
 	}
-	for i := 0; i < 6; i++ {
-		time.Sleep(500 * time.Millisecond)
-		if _, err := a.rpc.Renew(a.ctx, &pb.RenewRequest{}); err != nil {
-			t.Fatal(err)
+	w := dialRaw(t, srv.addr)
+	h := w.create(t, "h")
+	if ww, err := w.rpc.Open(w.ctx, &pb.OpenRequest{Fid: h, Write: true}); err != nil || ww.Kind != pb.DelegKind_DELEG_WRITE {
+		t.Fatalf("witness's open: %v %v", ww, err)
+	}
+	renewing := make(chan struct{})
+	renewed := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-renewing:
+				renewed <- nil
+				return
+			case <-time.After(a.lease / 4):
+			}
+			if _, err := a.rpc.Renew(a.ctx, &pb.RenewRequest{}); err != nil {
+				renewed <- err
+				return
+			}
 		}
+	}()
+	if m := w.next(t, 3*w.lease); m.GetRevoke() == nil {
+		t.Fatalf("the witness got %v, want its delegation revoked after the lease", m)
+	}
+	close(renewing)
+	if err := <-renewed; err != nil {
+		t.Fatal(err)
 	}
 	if rr, err := a.rpc.Return(a.ctx, &pb.ReturnRequest{Fid: fid, State: wa2.State}); err != nil || !rr.Accepted {
-		t.Fatalf("a renewed delegation was lost after 3 s with a 2 s lease: %v %v", rr, err)
+		t.Fatalf("a renewed delegation was lost after the lease: %v %v", rr, err)
 	}
 
 	// A holder that goes silent: c takes a write delegation on g, and

@@ -233,15 +233,25 @@ func TestDirDelegationPOSIX(t *testing.T) {
 func TestDirDelegationSettleAcrossRestart(t *testing.T) {
 	srv, a := madeHere(t)
 	srv.kill9()
+	stores := a.Stats().Stores
+	calling := make(chan struct{})
 	made := make(chan error, 1)
-	go func() { made <- a.Mkdir("/d/sub", 0o755) }() // settles /d first
-	time.Sleep(300 * time.Millisecond)
+	go func() {
+		close(calling)
+		made <- a.Mkdir("/d/sub", 0o755) // settles /d first
+	}()
+	// The settle is under way before the restart begins: from the call
+	// to its request nothing waits but for the server. (No counter shows
+	// a call waiting for the server; one would prove it.)
+	<-calling
 	srv.restart()
 	if err := <-made; err != nil {
 		t.Fatal(err)
 	}
-	if st := a.Stats(); st.Settled != 1 {
-		t.Fatalf("%d files settled, want 1", st.Settled)
+	// Nothing covers the made file's writes after the restart: they are
+	// stored at once, not left to the flusher.
+	if st := a.Stats(); st.Settled != 1 || st.DirtyBytes != 0 || st.Stores != stores+1 {
+		t.Fatalf("%d files settled (want 1), then %d dirty bytes and %d stores (want 0 and 1)", st.Settled, st.DirtyBytes, st.Stores-stores)
 	}
 	b := dial(t, srv.addr, "mem", 64<<20)
 	if got := string(readFile(t, b, "/d/x")); got != "made here" {
@@ -433,16 +443,13 @@ func TestDirDelegationRemoveLaterLost(t *testing.T) {
 		t.Fatalf("another client read %d bytes of a file whose remove never reached the server", len(data))
 	}
 	link.pause(false)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		st, err := a.Stat("/d/x")
-		if err == nil && st.Size == 5000 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the holder does not find the file again after the revocation: %+v %v", st, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var st node.Status
+	var err error
+	if !eventually(20*time.Second, func() bool {
+		st, err = a.Stat("/d/x")
+		return err == nil && st.Size == 5000
+	}) {
+		t.Fatalf("the holder does not find the file again after the revocation: %+v %v", st, err)
 	}
 	if data := readFile(t, a, "/d/x"); !bytes.Equal(data, pattern(5000, 1)) {
 		t.Fatalf("the holder reads %d bytes of the file back at the server", len(data))

@@ -285,13 +285,10 @@ func (c *campaign) waitWorkers(when string, count func(*fcWorker) int64, n int64
 	}
 	deadline := time.Now().Add(90 * time.Second)
 	for _, w := range c.workers {
-		for count(w)-base[w] < n {
-			if time.Now().After(deadline) {
-				c.t.Errorf("round %d, %s: worker %s (/%s) made %d of %d operations in 90 s; last error: %v",
-					c.rounds, when, w.name, w.name, count(w)-base[w], n, w.lastErr.Load())
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
+		if !eventually(time.Until(deadline), func() bool { return count(w)-base[w] >= n }) {
+			c.t.Errorf("round %d, %s: worker %s (/%s) made %d of %d operations in 90 s; last error: %v",
+				c.rounds, when, w.name, w.name, count(w)-base[w], n, w.lastErr.Load())
+			return
 		}
 	}
 }
@@ -414,9 +411,7 @@ func (c *campaign) diskFull() string {
 		}
 	}
 	// Held until a worker hit it too, or for a while: the fault itself.
-	for end := time.Now().Add(3 * time.Second); c.nospace() == seen && time.Now().Before(end); {
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually(3*time.Second, func() bool { return c.nospace() != seen })
 	if err := procAlive(c.srv.cmd); err != nil {
 		t.Errorf("round %d: the server died on a full disk: %v", c.rounds, err)
 	}
@@ -447,17 +442,9 @@ func (c *campaign) cacheFull() string {
 	if err := os.Remove(ballast); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := d.writeSized(d.files[2], 64<<10, true)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("round %d: the mount does not store again after its cache's disk had space: %v", c.rounds, err)
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	var err error
+	if !eventually(60*time.Second, func() bool { err = d.writeSized(d.files[2], 64<<10, true); return err == nil }) {
+		t.Errorf("round %d: the mount does not store again after its cache's disk had space: %v", c.rounds, err)
 	}
 	return fmt.Sprintf(" (24 MiB file: %v; %d MiB of ballast; a write on the full cache: %v)", errText(bigErr), n>>20, errText(fullErr))
 }
@@ -582,17 +569,9 @@ func (c *campaign) probeWrite(name string, size int) error {
 
 // probeUntilOK waits until the server takes a synced store again.
 func (c *campaign) probeUntilOK(when string) {
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := c.probeWrite("/probe", 4096)
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.t.Errorf("round %d: the server takes no store %s: %v", c.rounds, when, err)
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	var err error
+	if !eventually(60*time.Second, func() bool { err = c.probeWrite("/probe", 4096); return err == nil }) {
+		c.t.Errorf("round %d: the server takes no store %s: %v", c.rounds, when, err)
 	}
 }
 
@@ -758,18 +737,16 @@ func (f *fcFile) settle(data []byte) {
 // readRetry reads name, retrying what is neither data nor ENOENT for a
 // while (a lease of a killed client may hold the file up).
 func (c *campaign) readRetry(v *client.Client, name string) ([]byte, error) {
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		b, err := tryRead(v, name)
-		if err == nil || errors.Is(err, syscall.ENOENT) {
-			return b, err
-		}
-		if time.Now().After(deadline) {
-			c.t.Errorf("round %d: the server does not serve %s: %v", c.rounds, name, err)
-			return nil, err
-		}
-		time.Sleep(100 * time.Millisecond)
+	var b []byte
+	var err error
+	if !eventually(60*time.Second, func() bool {
+		b, err = tryRead(v, name)
+		return err == nil || errors.Is(err, syscall.ENOENT)
+	}) {
+		c.t.Errorf("round %d: the server does not serve %s: %v", c.rounds, name, err)
+		return nil, err
 	}
+	return b, err
 }
 
 // fcCons is one round's run of the consistency checker's workers, in a

@@ -179,12 +179,17 @@ func TestServerAwayDuringClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	// Down for a moment: Close waits and succeeds.
+	// Down for a moment: Close waits and succeeds. The server comes back
+	// once the close's store is on its way.
 	f, _ := a.Create("/blip")
 	f.Write([]byte("survives a restart"))
 	srv.kill9()
-	go func() { time.Sleep(time.Second); srv.restart() }()
-	if err := f.Close(); err != nil {
+	stores := a.Stats().Stores
+	closed := make(chan error, 1)
+	go func() { closed <- f.Close() }()
+	waitFor(t, 10*time.Second, "the close's store on its way", func() bool { return a.Stats().Stores > stores })
+	srv.restart()
+	if err := <-closed; err != nil {
 		t.Fatalf("close across a short outage: %v", err)
 	}
 	if got := readFile(t, a, "/blip"); string(got) != "survives a restart" {
@@ -197,9 +202,10 @@ func TestServerAwayDuringClose(t *testing.T) {
 	g.Write([]byte("precious bytes"))
 	srv.kill9()
 	start := time.Now()
+	stores = a.Stats().Stores
 	flushed := make(chan error, 1)
 	go func() { flushed <- g.Flush() }()
-	time.Sleep(200 * time.Millisecond)
+	waitFor(t, 10*time.Second, "the flush's store on its way", func() bool { return a.Stats().Stores > stores })
 	err = g.Close()
 	if !errors.Is(err, syscall.EIO) {
 		t.Fatalf("close with the server gone: %v, want EIO", err)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -371,8 +372,12 @@ func TestFuseInvalidationStorm(t *testing.T) {
 	stop := make(chan struct{})
 	errs := make(chan error, 16)
 	var wg sync.WaitGroup
-	// loop runs step until stop, reporting its first error.
+	var steps []*atomic.Int64
+	// loop runs step until stop, counting steps and reporting its first
+	// error.
 	loop := func(step func(n int) error) {
+		done := new(atomic.Int64)
+		steps = append(steps, done)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -386,6 +391,7 @@ func TestFuseInvalidationStorm(t *testing.T) {
 					errs <- err
 					return
 				}
+				done.Add(1)
 			}
 		}()
 	}
@@ -393,6 +399,9 @@ func TestFuseInvalidationStorm(t *testing.T) {
 		loop(func(n int) error {
 			_, err := os.ReadFile(b.path(fmt.Sprintf("s%d", (r+n)%files)))
 			os.ReadDir(b.dir)
+			if os.IsNotExist(err) {
+				err = nil // caught mid-rename
+			}
 			return err
 		})
 	}
@@ -407,7 +416,24 @@ func TestFuseInvalidationStorm(t *testing.T) {
 			return nil
 		})
 	}
-	time.Sleep(4 * time.Second)
+	// The storm lasts until each reader and writer has done its share of
+	// steps (a writer's, each a recall, are the slow ones), or one of them
+	// fails.
+	const share = 20
+	var failed error
+	stormed := eventually(60*time.Second, func() bool {
+		select {
+		case failed = <-errs:
+			return true
+		default:
+		}
+		for _, n := range steps {
+			if n.Load() < share {
+				return false
+			}
+		}
+		return true
+	})
 	close(stop)
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -416,12 +442,11 @@ func TestFuseInvalidationStorm(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("readers or writers hung under an invalidation storm")
 	}
-	select {
-	case err := <-errs:
-		if !os.IsNotExist(err) { // a reader may catch a file mid-rename
-			t.Fatal(err)
-		}
-	default:
+	if failed != nil {
+		t.Fatal(failed)
+	}
+	if !stormed {
+		t.Fatalf("readers and writers did not all make %d steps in 60 s", share)
 	}
 	// Afterwards B sees A's last version of each file.
 	for i := 0; i < files; i++ {
@@ -452,9 +477,10 @@ func TestFuseKilledDaemonRemount(t *testing.T) {
 	if err := os.WriteFile(m.path("sub/unsynced"), []byte("closed, not stored"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// The cache index is group-committed every 100 ms: give it one commit
-	// before the crash (a younger change is refetched, never served wrong).
-	time.Sleep(300 * time.Millisecond)
+	// The next daemon finds what the cache index held at the crash (a
+	// younger change is fetched again, never served wrong): crash once it
+	// holds these changes.
+	waitIndexed(t, cacheDir, time.Now())
 	m.cmd.Process.Kill()
 	m.cmd.Wait()
 	m.cmd = nil
@@ -525,10 +551,10 @@ func TestFusePassthrough(t *testing.T) {
 	if got, _ := os.ReadFile(m.path("p")); string(got) != "new" {
 		t.Fatalf("read after the write: %q", got)
 	}
-	time.Sleep(1200 * time.Millisecond) // stats.json is written once a second
-	if s := readStats(t, cacheDir); s.Gauges["passthrough_opens"] == 0 {
-		t.Fatalf("no passthrough opens counted: %+v", s.Gauges)
-	}
+	waitFor(t, 10*time.Second, "passthrough opens counted in stats.json", func() bool {
+		s, err := cache.ReadStats(cacheDir)
+		return err == nil && s.Gauges["passthrough_opens"] > 0
+	})
 	out, _ := run(t, "cache", "stats", "--cache", cacheDir)
 	if !strings.Contains(out, "passthrough opens:") {
 		t.Fatalf("cache stats does not report passthrough opens: %q", out)
@@ -601,16 +627,11 @@ func TestFuseServerAway(t *testing.T) {
 		t.Fatalf("create took %v to fail with a 2s timeout", took)
 	}
 	srv.restart()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := os.WriteFile(m.path("after"), []byte("back"), 0o644)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the mount did not recover: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	if !eventually(10*time.Second, func() bool {
+		err = os.WriteFile(m.path("after"), []byte("back"), 0o644)
+		return err == nil
+	}) {
+		t.Fatalf("the mount did not recover: %v", err)
 	}
 	if got, _ := os.ReadFile(m.path("after")); string(got) != "back" {
 		t.Fatalf("read after recovery: %q", got)
@@ -707,17 +728,13 @@ func TestFuseForgottenNodesReleased(t *testing.T) {
 	// stats.json is written once a second, the first time a second after
 	// the mount started: wait for it to show cond.
 	nodes := func(cond func(int64) bool) int64 {
-		deadline := time.Now().Add(15 * time.Second)
-		for {
+		var n int64
+		eventually(15*time.Second, func() bool {
 			s, err := cache.ReadStats(cacheDir)
-			if err == nil && cond(s.Gauges["nodes"]) {
-				return s.Gauges["nodes"]
-			}
-			if time.Now().After(deadline) {
-				return readStats(t, cacheDir).Gauges["nodes"]
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			n = s.Gauges["nodes"]
+			return err == nil && cond(n)
+		})
+		return n
 	}
 	// The kernel may forget a few of them on its own.
 	if n := nodes(func(n int64) bool { return n >= 100 }); n < 100 {
@@ -856,16 +873,9 @@ func heldRename(t *testing.T, breakTimeout string, files map[string]string) (srv
 // reached waits until c finds name at the server.
 func reached(t *testing.T, c *client.Client, name string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err := c.Stat(name)
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never reached the server: %v", name, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var err error
+	if !eventually(5*time.Second, func() bool { _, err = c.Stat(name); return err == nil }) {
+		t.Fatalf("%s never reached the server: %v", name, err)
 	}
 }
 

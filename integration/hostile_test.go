@@ -116,18 +116,15 @@ func TestServerBoundsSessions(t *testing.T) {
 	}
 	writeFile(t, cs[1], "/x", []byte("still served"))
 	cs[0].Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := client.Dial(client.Options{Server: srv.addr, CacheSize: 16 << 20})
-		if err == nil {
-			defer c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no client gets in after one of three left: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var in *client.Client
+	var err error
+	if !eventually(10*time.Second, func() bool {
+		in, err = client.Dial(client.Options{Server: srv.addr, CacheSize: 16 << 20})
+		return err == nil
+	}) {
+		t.Fatalf("no client gets in after one of three left: %v", err)
 	}
+	defer in.Close()
 	cs[1].Close()
 	cs[2].Close()
 

@@ -323,7 +323,9 @@ func TestBypassReadAcrossTruncate(t *testing.T) {
 	if !bytes.Equal(got, old[:1<<20]) {
 		t.Fatal("first MiB read wrong")
 	}
-	time.Sleep(200 * time.Millisecond) // let the read-ahead land
+	// The read-ahead window reaches the end of the file: wait until it
+	// has all landed, beyond 2 MiB too.
+	waitFor(t, 10*time.Second, "the read-ahead of the whole file", func() bool { return r.Stats().BytesFetched >= int64(len(old)) })
 	fresh := pattern(2<<20, 2)
 	g, err := w.Open("/__big", os.O_RDWR, 0)
 	if err != nil {

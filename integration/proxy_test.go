@@ -357,13 +357,8 @@ func TestProxyReadDelegationLater(t *testing.T) {
 	if r := open(); r.Kind != pb.DelegKind_DELEG_NONE {
 		t.Fatalf("the first open through a proxy without a delegation got %v: it waited for the origin", r.Kind)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for proxyStats(t, px.addr).OriginReadDelegations != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the proxy got no read delegation from the origin after its client's open")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitFor(t, 5*time.Second, "the proxy's read delegation from the origin after its client's open",
+		func() bool { return proxyStats(t, px.addr).OriginReadDelegations == 1 })
 	if r := open(); r.Kind != pb.DelegKind_DELEG_READ {
 		t.Fatalf("the second open got %v, want the proxy's read delegation passed on", r.Kind)
 	}
@@ -500,9 +495,7 @@ func TestProxyAsksForDataStreams(t *testing.T) {
 			got[i], errs[i] = tryRead(c, fmt.Sprintf("/f%d", i))
 		}()
 	}
-	for deadline := time.Now().Add(2 * time.Second); rl.conns.Load() < files && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(2*time.Second, func() bool { return rl.conns.Load() >= files })
 	conns := rl.conns.Load()
 	rl.pause(false)
 	wg.Wait()
@@ -555,22 +548,12 @@ func TestProxyOriginAway(t *testing.T) {
 	}
 
 	origin.restart()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		f, err := fresh.Open("/cold", os.O_RDONLY, 0)
-		if err == nil {
-			buf := make([]byte, 10)
-			n, _ := f.Read(buf)
-			f.Close()
-			if string(buf[:n]) != "cold" {
-				t.Fatalf("read %q after the origin came back", buf[:n])
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the proxy did not recover after the origin came back: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	var got []byte
+	if !eventually(15*time.Second, func() bool { got, err = tryRead(fresh, "/cold"); return err == nil }) {
+		t.Fatalf("the proxy did not recover after the origin came back: %v", err)
+	}
+	if string(got) != "cold" {
+		t.Fatalf("read %q after the origin came back", got)
 	}
 	// And a change through the proxy reaches the restarted origin.
 	writeFile(t, fresh, "/after", []byte("after"))
@@ -598,7 +581,9 @@ func TestProxyKilledMidFetch(t *testing.T) {
 	if !bytes.Equal(readFile(t, dial(t, px.addr, "mem", 64<<20), "/small"), small) {
 		t.Fatal("first read of /small through the proxy")
 	}
-	time.Sleep(1500 * time.Millisecond) // the store's index is written every second
+	// What the restart finds of /small is what the store's index held at
+	// the kill: kill once it holds all of /small.
+	waitIndexed(t, filepath.Join(pdir, "store"), time.Now())
 
 	c, err := client.Dial(client.Options{Server: px.addr, CacheSize: 128 << 20, RPCTimeout: 2 * time.Second})
 	if err != nil {
@@ -613,12 +598,10 @@ func TestProxyKilledMidFetch(t *testing.T) {
 		}
 	}()
 	var at int64
-	for deadline := time.Now().Add(10 * time.Second); at == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the proxy fetched nothing of /big in 10 s")
-		}
+	waitFor(t, 10*time.Second, "the proxy fetching /big", func() bool {
 		at = proxyStats(t, px.addr).BytesFetched - int64(len(small))
-	}
+		return at > 0
+	})
 	px.kill9()
 	c.Close()
 	<-done

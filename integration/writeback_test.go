@@ -113,25 +113,23 @@ func TestFlusher(t *testing.T) {
 		writeFile(t, a, fmt.Sprintf("/t%d", i), pattern(1<<20, byte(i)))
 	}
 	// Passing the start it stored down to lodirty, and then stays between
-	// lodirty and the start until more is written.
+	// lodirty and the start until more is written. It is done when each
+	// store it began has ended: a store is of one whole 1 MiB file,
+	// counted in Stores as it begins and in Flushed once it ended.
 	const start = 27 << 18
-	// A store under way counts neither as flushed nor as clean yet: wait
-	// for half a second without change, which a loaded machine needs.
-	deadline := time.Now().Add(10 * time.Second)
-	st, last, since := a.Stats(), int64(-1), time.Now()
-	for (st.DirtyBytes > start || st.DirtyBytes+st.Flushed != 10<<20 || time.Since(since) < 500*time.Millisecond) && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond) // the flusher is at work
-		if st = a.Stats(); st.DirtyBytes != last {
-			last, since = st.DirtyBytes, time.Now()
-		}
+	var st client.Stats
+	eventually(10*time.Second, func() bool {
+		st = a.Stats()
+		return st.DirtyBytes <= start && st.DirtyBytes+st.Flushed == 10<<20 && st.Stores<<20 == st.Flushed
+	})
+	if st.DirtyBytes > start || st.DirtyBytes == 0 || st.Flushed == 0 || st.DirtyBytes+st.Flushed != 10<<20 || st.Stores<<20 != st.Flushed {
+		t.Fatalf("after 10 MiB written: %d dirty bytes (want 1..%d), %d flushed, %d stores", st.DirtyBytes, start, st.Flushed, st.Stores)
 	}
-	if st.DirtyBytes > start || st.DirtyBytes == 0 || st.Flushed == 0 || st.DirtyBytes+st.Flushed != 10<<20 {
-		t.Fatalf("after 10 MiB written: %d dirty bytes (want 1..%d), %d flushed", st.DirtyBytes, start, st.Flushed)
-	}
-	time.Sleep(1500 * time.Millisecond) // below the start: nothing more
-	if st2 := a.Stats(); st2.DirtyBytes != st.DirtyBytes {
-		t.Fatalf("the flusher went on below the start threshold: %d → %d dirty bytes", st.DirtyBytes, st2.DirtyBytes)
-	}
+	// Below the start its passes, once a second, store nothing more. A
+	// pass that stores nothing leaves no trace (the client counts no
+	// passes), so only time tells that one came: a second and a half.
+	holds(t, 1500*time.Millisecond, fmt.Sprintf("the flusher stays below the start threshold at %d dirty bytes", st.DirtyBytes),
+		func() bool { return a.Stats().DirtyBytes == st.DirtyBytes })
 
 	b, err := client.Dial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), FlushAge: time.Second})
 	if err != nil {
@@ -142,10 +140,7 @@ func TestFlusher(t *testing.T) {
 	if b.Stats().DirtyBytes == 0 {
 		t.Fatal("close stored the data under a write delegation")
 	}
-	deadline = time.Now().Add(5 * time.Second)
-	for b.Stats().DirtyBytes > 0 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	eventually(5*time.Second, func() bool { return b.Stats().Flushed == 1<<20 })
 	if st := b.Stats(); st.DirtyBytes != 0 || st.Flushed != 1<<20 {
 		t.Fatalf("1 s age bound: %d dirty bytes, %d flushed after 5 s", st.DirtyBytes, st.Flushed)
 	}
@@ -225,9 +220,9 @@ func TestLostLeaseKeepsData(t *testing.T) {
 			name := "/w-" + strings.Fields(how.String())[0]
 			cmd, in, out := startWriter(t, srv.addr, name, cacheDir, 1<<20)
 			if how == syscall.SIGKILL {
-				// The cache index is group-committed every 100 ms: a
-				// crash inside that loses the record of the dirty data.
-				time.Sleep(300 * time.Millisecond)
+				// Killed before its cache index holds the dirty data,
+				// the writer would leave nothing to keep.
+				waitIndexed(t, cacheDir, time.Now())
 			}
 			cmd.Process.Signal(how)
 			start := time.Now()
@@ -302,18 +297,14 @@ func TestReclaimDuringOwnRenameOver(t *testing.T) {
 	renamed := make(chan error, 1)
 	go func() { renamed <- a.Rename("/f3", "/f1") }()
 	srv.restart()
-	deadline := time.Now().Add(10 * time.Second)
-	for a.Stats().Reclaimed == 0 {
+	waitFor(t, 10*time.Second, "a delegation reclaimed", func() bool {
 		select {
 		case err := <-renamed:
 			t.Fatalf("the rename returned (%v) before the delegation on the file it replaces was reclaimed", err)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no delegation was reclaimed")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return a.Stats().Reclaimed > 0
+	})
 	if err := <-renamed; err != nil {
 		t.Fatal(err)
 	}
@@ -324,22 +315,45 @@ func TestReclaimDuringOwnRenameOver(t *testing.T) {
 }
 
 // A recall that arrives while the holder is storing waits for that store
-// and returns the delegation after; the opener sees every byte.
+// and returns the delegation after; the opener sees every byte. A relay
+// on the data channel holds the store on its way until the recall came.
 func TestRecallDuringFlush(t *testing.T) {
-	srv := startServer(t, t.TempDir())
-	a := dial(t, srv.addr, t.TempDir(), 256<<20)
-	b := dial(t, srv.addr, "mem", 256<<20)
-	v := pattern(48<<20, 5)
+	dataAddr := freeAddr(t)
+	rl := startRelay(t, dataAddr, "")
+	srv := startServer(t, t.TempDir(), "--data-listen", dataAddr, "--data-advertise", rl.addr())
+	a := dial(t, srv.addr, t.TempDir(), 64<<20)
+	b := dial(t, srv.addr, "mem", 64<<20)
+	v := pattern(4<<20, 5)
 	f, err := a.Create("/m")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Write(v)
+	if _, err := f.Write(v); err != nil {
+		t.Fatal(err)
+	}
+	rl.pause(true)
+	before := a.Stats()
 	synced := make(chan error, 1)
 	go func() { synced <- f.Sync() }()
-	time.Sleep(20 * time.Millisecond)
-	if got := readFile(t, b, "/m"); !bytes.Equal(got, v) {
-		t.Fatalf("read during the holder's flush: %d bytes", len(got))
+	waitFor(t, 10*time.Second, "the holder's store on its way", func() bool { return a.Stats().Stores > before.Stores })
+	read := make(chan error, 1)
+	var got []byte
+	go func() {
+		var err error
+		got, err = tryRead(b, "/m")
+		read <- err
+	}()
+	waitFor(t, 10*time.Second, "the recall at the holder", func() bool { return a.Stats().Recalls > before.Recalls })
+	select {
+	case err := <-synced:
+		t.Fatalf("the store ended (%v) while the relay held it: the test proves nothing", err)
+	case err := <-read:
+		t.Fatalf("the opener's read ended (%v) while the holder's store was held", err)
+	default:
+	}
+	rl.pause(false)
+	if err := <-read; err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("read during the holder's store: %d bytes, %v", len(got), err)
 	}
 	if err := <-synced; err != nil {
 		t.Fatal(err)
@@ -375,9 +389,13 @@ func TestWriteWhileRecalled(t *testing.T) {
 		}
 		wrote <- nil
 	}()
-	time.Sleep(30 * time.Millisecond)
+	// The open comes once the writer is under way, and before it is done.
+	waitFor(t, 10*time.Second, "the writer under way", func() bool { return done.Load() >= 10 })
 	k := int(done.Load())
 	got := readFile(t, b, "/w")
+	if k == blocks {
+		t.Fatal("the writer was done before the open: the test proves nothing")
+	}
 	if len(got) < k*block || !bytes.Equal(got[:k*block], want[:k*block]) {
 		t.Fatalf("the opener saw %d bytes; %d were written before it opened", len(got), k*block)
 	}
@@ -500,9 +518,7 @@ func TestRemoveWhileStoring(t *testing.T) {
 	stores := c.Stats().Stores
 	synced := make(chan error, 1)
 	go func() { synced <- f.Sync() }()
-	for c.Stats().Stores == stores {
-		time.Sleep(time.Millisecond) // until the store is on its way
-	}
+	waitFor(t, 10*time.Second, "the store on its way", func() bool { return c.Stats().Stores > stores })
 	removed := make(chan error, 1)
 	go func() { removed <- c.Remove("/f") }()
 	select {

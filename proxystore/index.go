@@ -2,21 +2,11 @@ package proxystore
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
+	"github.com/hoardfs/hoard/chunkindex"
 	"github.com/hoardfs/hoard/node"
-)
-
-var (
-	bktFiles  = []byte("files")
-	bktMeta   = []byte("meta")
-	keyFormat = []byte("format")
-	keyClean  = []byte("clean")
-	keyStats  = []byte("stats")
 )
 
 const recordVersion = 1
@@ -92,53 +82,39 @@ func decode(fid node.FID, b []byte) (*file, error) {
 // verified before it is served, and a run whose room overlaps another's
 // (its blocks were reused before the index caught up) is dropped.
 func (s *Store) load(clean bool) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		bkt := tx.Bucket(bktFiles)
-		var drop [][]byte
-		err := bkt.ForEach(func(k, v []byte) error {
-			fid, _ := node.FIDOfKey(k)
-			f, err := decode(fid, v)
-			if err != nil || fid.IsZero() {
-				drop = append(drop, k)
-				return nil
-			}
-			runs := f.runs
-			f.runs = nil
-			prev := int64(-1)
-			for _, r := range runs {
-				if r.first <= prev || !s.layout.claim(r.at, r.n(), r.last) {
-					continue
-				}
-				prev = r.first + r.n() - 1
-				if !clean {
-					r.unverified = make([]uint64, (r.n()+63)/64)
-					for i := range r.n() {
-						r.unverified[i/64] |= 1 << (i % 64)
-					}
-				}
-				for i := range r.n() {
-					s.used += blocks(r.chunkLen(i, s.cs))
-				}
-				r.elem = s.lru.PushBack(r)
-				f.runs = append(f.runs, r)
-				s.nruns++
-				s.nchunks += r.n()
-			}
-			if len(f.runs) > 0 {
-				s.files[fid] = f
-			}
-			if len(f.runs) != len(runs) {
-				s.pending[fid] = true
-			}
-			return nil
-		})
-		if err != nil {
-			return err
+	return s.idx.Load(func(k, v []byte) error {
+		fid, _ := node.FIDOfKey(k)
+		f, err := decode(fid, v)
+		if err != nil || fid.IsZero() {
+			return chunkindex.Drop
 		}
-		for _, k := range drop {
-			if err := bkt.Delete(k); err != nil {
-				return err
+		runs := f.runs
+		f.runs = nil
+		prev := int64(-1)
+		for _, r := range runs {
+			if r.first <= prev || !s.layout.claim(r.at, r.n(), r.last) {
+				continue
 			}
+			prev = r.first + r.n() - 1
+			if !clean {
+				r.unverified = make([]uint64, (r.n()+63)/64)
+				for i := range r.n() {
+					r.unverified[i/64] |= 1 << (i % 64)
+				}
+			}
+			for i := range r.n() {
+				s.used += blocks(r.chunkLen(i, s.cs))
+			}
+			r.elem = s.lru.PushBack(r)
+			f.runs = append(f.runs, r)
+			s.nruns++
+			s.nchunks += r.n()
+		}
+		if len(f.runs) > 0 {
+			s.files[fid] = f
+		}
+		if len(f.runs) != len(runs) {
+			s.pending[fid] = true
 		}
 		return nil
 	})
@@ -147,65 +123,18 @@ func (s *Store) load(clean bool) error {
 // commitInterval is how often changed records are written.
 const commitInterval = time.Second
 
-func (s *Store) committer() {
-	defer close(s.done)
-	t := time.NewTicker(commitInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			s.commit(false)
-		}
-	}
-}
-
-// commit writes the changed records and the counters; final also marks
-// the store clean, durably.
-func (s *Store) commit(final bool) error {
+// changes encodes the records changed since the last commit.
+func (s *Store) changes() map[string][]byte {
 	s.mu.Lock()
-	recs := make(map[node.FID][]byte, len(s.pending))
+	defer s.mu.Unlock()
+	recs := make(map[string][]byte, len(s.pending))
 	for fid := range s.pending {
 		var v []byte
 		if f := s.files[fid]; f != nil {
 			v = s.encodeLocked(f)
 		}
-		recs[fid] = v
+		recs[string(fid.Key())] = v
 	}
 	clear(s.pending)
-	stats, _ := json.Marshal(s.statsLocked())
-	s.mu.Unlock()
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		bkt := tx.Bucket(bktFiles)
-		for fid, v := range recs {
-			var err error
-			if v == nil {
-				err = bkt.Delete(fid.Key())
-			} else {
-				err = bkt.Put(fid.Key(), v)
-			}
-			if err != nil {
-				return err
-			}
-		}
-		meta := tx.Bucket(bktMeta)
-		if final {
-			if err := meta.Put(keyClean, []byte("1")); err != nil {
-				return err
-			}
-		}
-		return meta.Put(keyStats, stats)
-	})
-	if err == nil && final {
-		err = s.db.Sync()
-	}
-	if err != nil {
-		s.mu.Lock()
-		for fid := range recs {
-			s.pending[fid] = true
-		}
-		s.mu.Unlock()
-	}
-	return err
+	return recs
 }

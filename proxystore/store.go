@@ -21,8 +21,8 @@
 // evicted first, since fetching it again is cheap; otherwise the least
 // recently used run goes.
 //
-// The index is persisted (bbolt) in the background and at Close, so a
-// restart does not read the data. Every chunk carries a CRC32C; after an
+// The index is persisted (chunkindex) in the background and at Close, so
+// a restart does not read the data. Every chunk carries a CRC32C; after an
 // unclean stop each chunk is checked against it the first time it is
 // read, so a chunk torn by a crash, or one whose blocks were reused before
 // the index caught up, is never served.
@@ -30,10 +30,8 @@ package proxystore
 
 import (
 	"container/list"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -42,9 +40,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
+	"github.com/hoardfs/hoard/chunkindex"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -96,8 +94,7 @@ type Store struct {
 	layout layout
 	name   string
 	fast   time.Duration
-	db     *bolt.DB
-	lock   *os.File
+	idx    *chunkindex.Index
 
 	mu      sync.Mutex
 	files   map[node.FID]*file
@@ -114,9 +111,6 @@ type Store struct {
 	// took is the fetch from the origin and the rest). The Hades thesis's
 	// figure 6.2 breaks a block's read down the same way.
 	mapNanos, readNanos, serveNanos atomic.Int64
-
-	stop chan struct{}
-	done chan struct{}
 }
 
 // file is what the store holds of one remote file: one data version.
@@ -156,8 +150,6 @@ func (r *run) chunkLen(i, cs int64) int64 {
 
 func blocks(n int64) int64 { return (n + blockSize - 1) / blockSize }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // Open opens the store in o.Dir, making it if needed.
 func Open(o Options) (*Store, error) {
 	if o.Layout == "" {
@@ -180,21 +172,16 @@ func Open(o Options) (*Store, error) {
 		return nil, fmt.Errorf("store size %d: too small for %d pools of one %d-byte chunk", o.Size, o.Pools, o.ChunkSize)
 	}
 	s := &Store{dir: o.Dir, cs: o.ChunkSize, cb: o.ChunkSize / blockSize, limit: limit, name: o.Layout, fast: o.FastFetch,
-		files: map[node.FID]*file{}, lru: list.New(), pending: map[node.FID]bool{},
-		stop: make(chan struct{}), done: make(chan struct{})}
+		files: map[node.FID]*file{}, lru: list.New(), pending: map[node.FID]bool{}}
 	if err := s.open(o); err != nil {
-		if s.db != nil {
-			s.db.Close()
+		if s.idx != nil {
+			s.idx.Abandon()
 		}
 		if s.layout != nil {
 			s.layout.close()
 		}
-		if s.lock != nil {
-			s.lock.Close()
-		}
 		return nil, err
 	}
-	go s.committer()
 	return s, nil
 }
 
@@ -202,20 +189,18 @@ func (s *Store) open(o Options) error {
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return err
 	}
-	lock, err := os.OpenFile(filepath.Join(s.dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return err
-	}
-	s.lock = lock
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return fmt.Errorf("store %s is in use by another process", s.dir)
+	var err error
+	if s.idx, err = chunkindex.Open(s.dir); err != nil {
+		return fmt.Errorf("proxy store: %w", err)
 	}
 	format := formatOf(o.Layout, s.limit, s.cs, o.Pools)
-	clean, err := s.openIndex(format)
+	err = s.openIndex(format)
 	if errors.Is(err, errFormat) {
 		slog.Warn("proxy store made differently; emptying it", "dir", s.dir, "err", err, "now", format)
-		s.db.Close()
-		for _, p := range []string{"index.db", "chunks", "pool-"} {
+		if err := s.idx.Reset(); err != nil {
+			return err
+		}
+		for _, p := range []string{"chunks", "pool-"} {
 			paths, _ := filepath.Glob(filepath.Join(s.dir, p+"*"))
 			for _, p := range paths {
 				if err := os.RemoveAll(p); err != nil {
@@ -223,7 +208,7 @@ func (s *Store) open(o Options) error {
 				}
 			}
 		}
-		clean, err = s.openIndex(format)
+		err = s.openIndex(format)
 	}
 	if err != nil {
 		return err
@@ -242,6 +227,7 @@ func (s *Store) open(o Options) error {
 		}
 		s.layout = cf
 	}
+	clean := s.idx.Clean()
 	if err := s.load(clean); err != nil {
 		return fmt.Errorf("index %s: %w", filepath.Join(s.dir, "index.db"), err)
 	}
@@ -256,60 +242,34 @@ func (s *Store) open(o Options) error {
 			return err
 		}
 	}
-	// From here on the store is in use: a crash must trigger verification.
-	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktMeta).Put(keyClean, []byte("0")) }); err != nil {
-		return err
-	}
-	return s.db.Sync()
+	return s.idx.Start(chunkindex.Source{Changes: s.changes, Stats: func() any { return s.Stats() }}, commitInterval)
 }
 
 var errFormat = errors.New("store made with other parameters")
 
-// openIndex opens index.db, made for format, and reads its counters; it
-// reports whether the store was closed cleanly.
-func (s *Store) openIndex(format string) (clean bool, err error) {
-	if s.db, err = bolt.Open(filepath.Join(s.dir, "index.db"), 0o600, &bolt.Options{Timeout: time.Second}); err != nil {
-		return false, fmt.Errorf("index %s: %w", filepath.Join(s.dir, "index.db"), err)
+// openIndex checks that the index was made for format and reads its
+// counters.
+func (s *Store) openIndex(format string) error {
+	have, err := s.idx.Setting("format", []byte(format))
+	if err != nil {
+		return fmt.Errorf("index %s: %w", filepath.Join(s.dir, "index.db"), err)
 	}
-	// Commits are not synced while running (that would write back the
-	// chunks' blocks with them); the clean flag is synced at Open and
-	// Close, and an unclean index is verified chunk by chunk.
-	s.db.NoSync = true
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		meta, err := tx.CreateBucketIfNotExists(bktMeta)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.CreateBucketIfNotExists(bktFiles); err != nil {
-			return err
-		}
-		switch have := string(meta.Get(keyFormat)); have {
-		case "":
-			if err := meta.Put(keyFormat, []byte(format)); err != nil {
-				return err
-			}
-		case format:
-		default:
-			return fmt.Errorf("%w: %s", errFormat, have)
-		}
-		clean = string(meta.Get(keyClean)) == "1"
-		if v := meta.Get(keyStats); v != nil {
-			var st Stats
-			if json.Unmarshal(v, &st) == nil {
-				s.hits.Store(st.Hits)
-				s.misses.Store(st.Misses)
-				s.served.Store(st.BytesServed)
-				s.fetched.Store(st.BytesFetched)
-				s.evictions.Store(st.Evictions)
-				s.torn.Store(st.Torn)
-				s.mapNanos.Store(st.MapNanos)
-				s.readNanos.Store(st.ReadNanos)
-				s.serveNanos.Store(st.ServeNanos)
-			}
-		}
-		return nil
-	})
-	return clean, err
+	if string(have) != format {
+		return fmt.Errorf("%w: %s", errFormat, have)
+	}
+	var st Stats
+	if s.idx.LoadStats(&st) {
+		s.hits.Store(st.Hits)
+		s.misses.Store(st.Misses)
+		s.served.Store(st.BytesServed)
+		s.fetched.Store(st.BytesFetched)
+		s.evictions.Store(st.Evictions)
+		s.torn.Store(st.Torn)
+		s.mapNanos.Store(st.MapNanos)
+		s.readNanos.Store(st.ReadNanos)
+		s.serveNanos.Store(st.ServeNanos)
+	}
+	return nil
 }
 
 func formatOf(layout string, limit, cs int64, pools int) string {
@@ -402,7 +362,7 @@ func (s *Store) verify(k Key, dv uint64, at loc, n int64, crc uint32) bool {
 	if r.unverified == nil || r.unverified[i/64]&(1<<(i%64)) == 0 {
 		return true // verified meanwhile
 	}
-	if err != nil || crc32.Checksum(buf, castagnoli) != crc {
+	if err != nil || chunkindex.Checksum(buf) != crc {
 		s.torn.Add(1)
 		s.dropChunkLocked(r, i)
 		return false
@@ -483,7 +443,7 @@ func (s *Store) Put(k Key, dv uint64, size int64, data []byte, user string, took
 		s.used -= nb
 		return err
 	}
-	s.publishLocked(f, k.Idx, at, crc32.Checksum(data, castagnoli), int64(len(data)), took)
+	s.publishLocked(f, k.Idx, at, chunkindex.Checksum(data), int64(len(data)), took)
 	return nil
 }
 
@@ -667,7 +627,15 @@ func (s *Store) CountServed(n int64, d time.Duration) {
 }
 func (s *Store) CountFetched(n int64) { s.fetched.Add(n) }
 
-func syncfs(f *os.File) error { return unix.Syncfs(int(f.Fd())) }
+// syncfs writes back everything of the file system dir is on.
+func syncfs(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return unix.Syncfs(int(d.Fd()))
+}
 
 // Stats are the store's counters; the cumulative ones survive restarts.
 type Stats struct {
@@ -692,6 +660,9 @@ type Stats struct {
 	MapNanos   int64 `json:"map_nanos"`
 	ReadNanos  int64 `json:"read_nanos"`
 	ServeNanos int64 `json:"serve_nanos"`
+	// Indexed: every chunk stored before this time is in the index on
+	// disk (chunkindex.Index.Indexed).
+	Indexed time.Time `json:"indexed"`
 }
 
 // Stats returns the store's counters.
@@ -706,24 +677,27 @@ func (s *Store) statsLocked() Stats {
 		BytesFetched: s.fetched.Load(), Evictions: s.evictions.Load(), Torn: s.torn.Load(),
 		Files: int64(len(s.files)), Runs: s.nruns, Chunks: s.nchunks, BytesUsed: s.used * blockSize,
 		Limit: s.limit * blockSize, ChunkSize: s.cs,
-		MapNanos: s.mapNanos.Load(), ReadNanos: s.readNanos.Load(), ServeNanos: s.serveNanos.Load()}
+		MapNanos: s.mapNanos.Load(), ReadNanos: s.readNanos.Load(), ServeNanos: s.serveNanos.Load(), Indexed: s.idx.Indexed()}
+}
+
+// ReadStats reads the counters a store in dir last published, about
+// once a second, as stats.json (the store itself is locked while in use).
+func ReadStats(dir string) (Stats, error) {
+	var s Stats
+	return s, chunkindex.ReadStats(dir, &s)
 }
 
 // Close writes the index, marks the store clean and closes it.
 func (s *Store) Close() error {
-	close(s.stop)
-	<-s.done
 	// The chunks must be on disk before the index says they need no check.
-	err := syncfs(s.lock)
+	err := syncfs(s.dir)
 	if err == nil {
-		err = s.commit(true)
+		err = s.idx.Close()
+	} else {
+		s.idx.Abandon()
 	}
 	if cerr := s.layout.close(); err == nil {
 		err = cerr
 	}
-	if cerr := s.db.Close(); err == nil {
-		err = cerr
-	}
-	s.lock.Close()
 	return err
 }

@@ -232,14 +232,11 @@ func TestRestart(t *testing.T) {
 // clean flag is not set.
 func crash(t *testing.T, s *Store) {
 	t.Helper()
-	close(s.stop)
-	<-s.done
-	if err := s.commit(false); err != nil {
+	if err := s.idx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	s.db.Close()
+	s.idx.Abandon()
 	s.layout.close()
-	s.lock.Close()
 }
 
 // crashTearing stops s (in dir) as kill -9 would and zeroes n bytes at

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hoardfs/hoard/datapath"
@@ -41,6 +42,25 @@ func tcpPair(t *testing.T) (server, client *net.TCPConn) {
 	client.SetReadBuffer(64 << 10)
 	t.Cleanup(func() { sc.Close(); client.Close() })
 	return sc, client
+}
+
+// arrived waits until bytes sent to c have reached it, reading none: the
+// send to c is under way.
+func arrived(t *testing.T, c *net.TCPConn) {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	defer c.SetReadDeadline(time.Time{})
+	err = raw.Read(func(fd uintptr) bool {
+		n, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+		return err != nil || n > 0
+	})
+	if err != nil {
+		t.Fatalf("nothing sent reached the client: %v", err)
+	}
 }
 
 func storeFile(t *testing.T, st *vnode.Store, dir node.FID, name string, data []byte) node.FID {
@@ -104,7 +124,8 @@ func TestFetchSendHoldsNoLock(t *testing.T) {
 		}
 		sent <- err
 	}()
-	time.Sleep(300 * time.Millisecond) // the send fills the buffers and blocks
+	// Under way, the send cannot end: its 8 MB are far past the buffers.
+	arrived(t, cc)
 	select {
 	case err := <-sent:
 		t.Fatalf("the send ended though nobody reads: %v", err)
@@ -184,8 +205,9 @@ func TestFetchSpoiledInPlaceIsCut(t *testing.T) {
 		}
 		sent <- err
 	}()
-	time.Sleep(300 * time.Millisecond)
-	// A small write at the end: copied into the data file in place.
+	arrived(t, cc)
+	// A small write at the end, which the send has not reached: copied
+	// into the data file in place.
 	u, _ := st.BeginUpdate(f)
 	u.WriteAt([]byte("written over"), int64(len(data))-100)
 	done := make(chan struct{})

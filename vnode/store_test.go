@@ -689,7 +689,9 @@ func TestReadDirHuge(t *testing.T) {
 // A remove that frees a file's data waits for a store of that file in
 // flight (which holds the file's lock from its publication to the end of
 // its redo): deleting the data file under the store, with the redo record
-// still there, left a redo that a restart could not carry out.
+// still there, left a redo that a restart could not carry out. The test
+// holds the lock shared, so that the remove waiting for it shows: a
+// writer waiting keeps new readers out.
 func TestRemoveWaitsForCommitInFlight(t *testing.T) {
 	s := open(t, t.TempDir())
 	r := root(t, s)
@@ -700,15 +702,21 @@ func TestRemoveWaitsForCommitInFlight(t *testing.T) {
 		return m
 	}
 	l := s.lock(f)
-	l.Lock()
+	l.RLock()
 	removed := make(chan error, 1)
 	go func() { _, _, err := s.Remove(r, "f", false, ""); removed <- err }()
-	time.Sleep(100 * time.Millisecond)
+	for deadline := time.Now().Add(10 * time.Second); l.TryRLock(); time.Sleep(time.Millisecond) {
+		l.RUnlock()
+		if time.Now().After(deadline) {
+			l.RUnlock()
+			t.Fatal("the remove did not wait for the file's lock")
+		}
+	}
 	if len(files()) != 1 {
-		l.Unlock()
+		l.RUnlock()
 		t.Fatal("the data file went while a store of it held the file's lock")
 	}
-	l.Unlock()
+	l.RUnlock()
 	if err := <-removed; err != nil {
 		t.Fatal(err)
 	}
