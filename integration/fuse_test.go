@@ -954,3 +954,50 @@ func TestFuseRmdirAfterHiddenNameRemoved(t *testing.T) {
 		t.Fatalf("close: %v", err)
 	}
 }
+
+// A file open on this mount that a rename replaces stays readable and
+// writable through its opens until the last close, as on a local file
+// system: the mount hides it first, as it hides an unlinked open file.
+// It used to be gone at the server, and the open answered ESTALE.
+func TestFuseRenameOverOpenFile(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	m := startMount(t, srv, t.TempDir())
+	if err := os.WriteFile(m.path("victim"), []byte("old contents"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(m.path("new"), []byte("new contents"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(m.path("victim"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(m.path("new"), m.path("victim")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("OLD"), 0); err != nil {
+		t.Fatalf("a write to the replaced open file: %v", err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatalf("fsync of the replaced open file: %v", err)
+	}
+	p := make([]byte, 12)
+	if _, err := f.ReadAt(p, 0); err != nil || string(p) != "OLD contents" {
+		t.Fatalf("a read of the replaced open file: %q %v", p, err)
+	}
+	if got, err := os.ReadFile(m.path("victim")); err != nil || string(got) != "new contents" {
+		t.Fatalf("the name now: %q %v", got, err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	ents, err := os.ReadDir(m.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".hoard-unlinked-") {
+			t.Fatalf("%s left after the last close", e.Name())
+		}
+	}
+}

@@ -397,19 +397,25 @@ func (h *hnode) Unlink(ctx context.Context, name string) syscall.Errno {
 				ch.unhide(h, name)
 				return 0
 			}
-			silly := fmt.Sprintf(".hoard-unlinked-%x-%x", ino(ch.n.FID()), time.Now().UnixNano())
-			if _, err := h.m.c.Rename(h.n, name, h.n, silly); err != nil {
-				return errno(err)
-			}
-			ch.mu.Lock()
-			ch.sillyDir, ch.sillyName = h, silly
-			ch.mu.Unlock()
 			// No kernel notification here: this handler runs under the
 			// directory's lock, and the kernel drops the name itself.
-			return 0
+			return h.hide(name, ch)
 		}
 	}
 	return errno(h.m.c.Remove(h.n, name, false))
+}
+
+// hide renames name, the open file ch, to a hidden name in h, removed at
+// its last close (silly rename).
+func (h *hnode) hide(name string, ch *hnode) syscall.Errno {
+	silly := fmt.Sprintf(".hoard-unlinked-%x-%x", ino(ch.n.FID()), time.Now().UnixNano())
+	if _, err := h.m.c.Rename(h.n, name, h.n, silly); err != nil {
+		return errno(err)
+	}
+	ch.mu.Lock()
+	ch.sillyDir, ch.sillyName = h, silly
+	ch.mu.Unlock()
+	return 0
 }
 
 func (h *hnode) isOpen() bool {
@@ -443,6 +449,16 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 		}
 	default:
 		return syscall.EINVAL // RENAME_EXCHANGE and friends are not supported
+	}
+	// A file this mount has open, which the rename would replace, is
+	// hidden first, as Unlink hides it (NFS clients do the same): its
+	// opens go on reading and writing it until the last is closed.
+	if c := np.GetChild(newName); c != nil && flags == 0 && c != h.GetChild(name) {
+		if ch, ok := c.Operations().(*hnode); ok && ch.isOpen() && !ch.hiddenAs(np, newName) {
+			if e := np.hide(newName, ch); e != 0 {
+				return e
+			}
+		}
 	}
 	moved, err := h.m.c.Rename(h.n, name, np.n, newName)
 	if err != nil {
