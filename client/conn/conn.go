@@ -182,7 +182,12 @@ func (c *Conn) backChannel(first chan<- error) {
 	for c.ctx.Err() == nil {
 		err := c.runSession(first)
 		if first != nil {
-			first <- err
+			// The handshake's failure; after a handshake runSession
+			// reported, nobody may read this (Start's caller gave up).
+			select {
+			case first <- err:
+			default:
+			}
 			first = nil
 		}
 		if *c.session.Load() != "" {
@@ -233,13 +238,12 @@ func (c *Conn) runSession(first chan<- error) error {
 	c.setSession(w.Session)
 	if first == nil {
 		c.h.Resumed()
-	}
-	if first != nil {
+	} else {
 		first <- nil
-		first = nil
 	}
 	// A server that says nothing for several ping intervals is gone, even
-	// if TCP has not noticed yet: promises are then void.
+	// if TCP has not noticed yet: the stream is dropped for a new session
+	// (promises hold until they expire, as while the server is away).
 	silence := 3 * time.Duration(max(w.PingMs, 100)) * time.Millisecond
 	heard := make(chan struct{}, 1)
 	go func() {

@@ -138,6 +138,16 @@ func (h *handler) Answered(time.Time) { h.mu.Lock(); h.answered++; h.mu.Unlock()
 
 func start(t *testing.T, ping uint32, cfg Config) (*server, *handler, *Conn) {
 	t.Helper()
+	s, h, c := prepare(t, ping, cfg)
+	if err := <-c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return s, h, c
+}
+
+// prepare is start without Start.
+func prepare(t *testing.T, ping uint32, cfg Config) (*server, *handler, *Conn) {
+	t.Helper()
 	s := &server{ping: ping, streams: make(chan pb.FileServer_ConnectServer, 16), acks: make(chan uint64, 16), ends: map[pb.FileServer_ConnectServer]chan struct{}{}}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -159,9 +169,6 @@ func start(t *testing.T, ping uint32, cfg Config) (*server, *handler, *Conn) {
 	}
 	h.c = c
 	t.Cleanup(c.Close)
-	if err := <-c.Start(); err != nil {
-		t.Fatal(err)
-	}
 	return s, h, c
 }
 
@@ -290,5 +297,22 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no %s", what)
 		}
+	}
+}
+
+// A caller that gave up waiting for the handshake (Dial's timeout) does
+// not read its outcome: the back channel must not wait for it to, or
+// Close would never return.
+func TestCloseWithHandshakeUnread(t *testing.T) {
+	s, _, c := prepare(t, 0, Config{})
+	c.Start() // not read
+	s.end(stream(t, s))
+	stream(t, s) // the first session ended: its outcome was offered again
+	closed := make(chan struct{})
+	go func() { c.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close hung on an unread handshake")
 	}
 }
