@@ -12,6 +12,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/server"
 )
@@ -33,8 +34,8 @@ func TestCallbackBreak(t *testing.T) {
 				o.OnInvalidate = func(fids []node.FID) { invalidated.Add(int64(len(fids))) }
 			}))
 			b := s.dial(t, memCache(), with(func(o *client.Options) { o.NoDelegations = !deleg }))
-			v1 := pattern(300<<10, 1)
-			writeFile(t, b, "/f", v1)
+			v1 := testkit.Pattern(300<<10, 1)
+			testkit.WriteFile(t, b, "/f", v1)
 			wantFile(t, a, "/f", v1)
 			before := a.Stats()
 			wantFile(t, a, "/f", v1)
@@ -46,8 +47,8 @@ func TestCallbackBreak(t *testing.T) {
 			if after.Promises == 0 {
 				t.Fatal("no promise held after reading")
 			}
-			v2 := pattern(200<<10, 2)
-			writeFile(t, b, "/f", v2)
+			v2 := testkit.Pattern(200<<10, 2)
+			testkit.WriteFile(t, b, "/f", v2)
 			wantFile(t, a, "/f", v2)
 			st := a.Stats()
 			if st.Breaks+st.Recalls == 0 || invalidated.Load()+st.Recalls == 0 {
@@ -90,8 +91,8 @@ func TestWriteBackAndRecall(t *testing.T) {
 	// b has the directory cached: a's create goes to the server.
 	_, err := b.ReadDir("/shared")
 	must(t, err)
-	v1 := pattern(1<<20+5, 1)
-	writeFile(t, a, "/shared/f", v1)
+	v1 := testkit.Pattern(1<<20+5, 1)
+	testkit.WriteFile(t, a, "/shared/f", v1)
 	if st := a.Stats(); st.WriteDelegations < 1 || st.DirtyBytes != int64(len(v1)) || st.Stores != 0 {
 		t.Fatalf("after a close under a write delegation: %d write delegations, %d dirty bytes, %d stores", st.WriteDelegations, st.DirtyBytes, st.Stores)
 	}
@@ -128,10 +129,10 @@ func TestWriteBackAndRecall(t *testing.T) {
 		t.Fatal("OnRecall heard of no recall")
 	}
 	// The writer's next change is seen by the reader's next open.
-	writeFile(t, a, "/shared/f", []byte("v2"))
+	testkit.WriteFile(t, a, "/shared/f", []byte("v2"))
 	wantFile(t, b, "/shared/f", []byte("v2"))
 	// And the reader's change by the writer.
-	writeFile(t, b, "/shared/f", []byte("v3"))
+	testkit.WriteFile(t, b, "/shared/f", []byte("v3"))
 	wantFile(t, a, "/shared/f", []byte("v3"))
 }
 
@@ -141,10 +142,7 @@ func TestSyncAndCloseStore(t *testing.T) {
 	s := startServer(t)
 	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
 	b := s.dial(t, memCache())
-	f, err := a.Create("/s")
-	must(t, err)
-	_, err = f.Write(pattern(100<<10, 3))
-	must(t, err)
+	f := testkit.Create(t, a, "/s", testkit.Pattern(100<<10, 3))
 	stores := a.Stats().Stores
 	must(t, f.Sync())
 	if st := a.Stats(); st.Stores != stores+1 || st.DirtyBytes != 0 {
@@ -153,15 +151,15 @@ func TestSyncAndCloseStore(t *testing.T) {
 	if st, err := b.Stat("/s"); err != nil || st.Size != 100<<10 {
 		t.Fatalf("another client's stat after sync: %+v %v", st, err)
 	}
-	_, err = f.Write([]byte("tail"))
+	_, err := f.Write([]byte("tail"))
 	must(t, err)
 	must(t, f.Close())
-	writeFile(t, a, "/t", []byte("kept until close"))
+	testkit.WriteFile(t, a, "/t", []byte("kept until close"))
 	if a.Stats().DirtyBytes == 0 {
 		t.Fatal("nothing dirty under the write delegation")
 	}
 	must(t, a.Close())
-	want := append(pattern(100<<10, 3), "tail"...)
+	want := append(testkit.Pattern(100<<10, 3), "tail"...)
 	wantFile(t, b, "/s", want)
 	wantFile(t, b, "/t", []byte("kept until close"))
 }
@@ -173,8 +171,8 @@ func TestNoDelegations(t *testing.T) {
 	a := s.dial(t, with(func(o *client.Options) { o.NoDelegations = true }))
 	b := s.dial(t, memCache(), with(func(o *client.Options) { o.NoDelegations = true }))
 	for i := range 5 {
-		writeFile(t, a, "/n", pattern(10<<10, byte(i)))
-		wantFile(t, b, "/n", pattern(10<<10, byte(i)))
+		testkit.WriteFile(t, a, "/n", testkit.Pattern(10<<10, byte(i)))
+		wantFile(t, b, "/n", testkit.Pattern(10<<10, byte(i)))
 	}
 	st := a.Stats()
 	if st.Stores != 5 || st.LocalOpens != 0 || st.WriteDelegations != 0 || st.DirtyBytes != 0 {
@@ -182,7 +180,7 @@ func TestNoDelegations(t *testing.T) {
 	}
 	// A truncation by name goes to the server at once.
 	must(t, a.Truncate("/n", 3))
-	wantFile(t, b, "/n", pattern(10<<10, 4)[:3])
+	wantFile(t, b, "/n", testkit.Pattern(10<<10, 4)[:3])
 }
 
 // A server that grants no delegations (lease 0): the client asks for
@@ -192,7 +190,7 @@ func TestServerWithoutLeases(t *testing.T) {
 	a := s.dial(t)
 	b := s.dial(t, memCache())
 	must(t, a.Mkdir("/d", 0o755))
-	writeFile(t, a, "/d/f", []byte("one"))
+	testkit.WriteFile(t, a, "/d/f", []byte("one"))
 	wantFile(t, b, "/d/f", []byte("one"))
 	if st := a.Stats(); st.WriteDelegations+st.ReadDelegations != 0 || st.MadeHere != 0 || st.LocalOpens != 0 {
 		t.Fatalf("delegations from a server without leases: %+v", st)
@@ -213,8 +211,8 @@ func TestDelegationRoundRobin(t *testing.T) {
 	}
 	for round := range 6 {
 		w := cs[round%len(cs)]
-		data := pattern(70<<10+round, byte(round))
-		writeFile(t, w, "/rr", data)
+		data := testkit.Pattern(70<<10+round, byte(round))
+		testkit.WriteFile(t, w, "/rr", data)
 		for _, r := range cs {
 			wantFile(t, r, "/rr", data)
 		}
@@ -284,19 +282,16 @@ func testResetLoses(t *testing.T, made bool) {
 	}))
 	t.Cleanup(unhang)
 	b := s.dial(t, memCache())
-	writeFile(t, b, "/p", []byte("promised"))
+	testkit.WriteFile(t, b, "/p", []byte("promised"))
 	wantFile(t, a, "/p", []byte("promised"))
 	must(t, a.Mkdir("/own", 0o755))
-	lostData := pattern(40<<10, 9)
-	f, err := a.Create("/own/w")
-	must(t, err)
-	_, err = f.Write(lostData)
-	must(t, err)
+	lostData := testkit.Pattern(40<<10, 9)
+	f := testkit.Create(t, a, "/own/w", lostData)
 	if st := a.Stats(); st.DirtyBytes == 0 || made != (st.MadeHere > 0) {
 		t.Fatalf("before the reset: %d dirty bytes, %d files made here", st.DirtyBytes, st.MadeHere)
 	}
 	hang.Store(true)
-	writeFile(t, b, "/p", []byte("changed")) // waits a break timeout for a
+	testkit.WriteFile(t, b, "/p", []byte("changed")) // waits a break timeout for a
 	waitFor(t, 10*time.Second, func() bool { return a.Stats().Resets > 0 }, func() string { return "no reset after an unacknowledged break" })
 	hang.Store(false)
 	unhang()
@@ -306,8 +301,7 @@ func testResetLoses(t *testing.T, made bool) {
 			return "the refused writes stayed dirty"
 		})
 	}
-	err = f.Sync()
-	if errnoOf(err) != syscall.EIO {
+	if err := f.Sync(); errnoOf(err) != syscall.EIO {
 		t.Fatalf("sync after the writes were refused: %v, want EIO", err)
 	}
 	if err := f.Sync(); err != nil {
@@ -327,7 +321,7 @@ func testResetLoses(t *testing.T, made bool) {
 	}
 	// The client goes on: the reader's change is seen, new writes work.
 	wantFile(t, a, "/p", []byte("changed"))
-	writeFile(t, a, "/own/w2", []byte("after"))
+	testkit.WriteFile(t, a, "/own/w2", []byte("after"))
 	wantFile(t, b, "/own/w2", []byte("after"))
 	if lost.Dir(dir) == lost.Dir("") {
 		t.Fatal("a disk cache's lost directory is the memory cache's")

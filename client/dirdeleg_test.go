@@ -10,23 +10,9 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/server"
 )
-
-// names lists dir through c, sorted.
-func names(t testing.TB, c *client.Client, dir string) []string {
-	t.Helper()
-	ents, err := c.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, e := range ents {
-		got = append(got, e.Name)
-	}
-	slices.Sort(got)
-	return got
-}
 
 // Files made in a directory under its delegation cost no RPC each; another
 // client's listing recalls the delegation, which creates them all at the
@@ -41,7 +27,7 @@ func TestDirDelegationMany(t *testing.T) {
 	before := a.Stats()
 	for i := range n {
 		name := fmt.Sprintf("f%03d", i)
-		writeFile(t, a, "/d/"+name, []byte(name))
+		testkit.WriteFile(t, a, "/d/"+name, []byte(name))
 		want = append(want, name)
 	}
 	st := a.Stats()
@@ -51,10 +37,10 @@ func TestDirDelegationMany(t *testing.T) {
 	if rpcs := st.RPCs - before.RPCs; rpcs > 10 {
 		t.Fatalf("%d RPCs for %d files made under a directory delegation", rpcs, n)
 	}
-	if got := names(t, a, "/d"); !slices.Equal(got, want) {
+	if got := testkit.Names(t, a, "/d"); !slices.Equal(got, want) {
 		t.Fatalf("the maker lists %d names", len(got))
 	}
-	if got := names(t, b, "/d"); !slices.Equal(got, want) {
+	if got := testkit.Names(t, b, "/d"); !slices.Equal(got, want) {
 		t.Fatalf("another client lists %d names, want %d", len(got), n)
 	}
 	if st := a.Stats(); st.Settled != n {
@@ -66,7 +52,7 @@ func TestDirDelegationMany(t *testing.T) {
 	}
 	// b has the directory cached now: a's next create asks the server.
 	made := a.Stats().MadeHere
-	writeFile(t, a, "/d/late", []byte("late"))
+	testkit.WriteFile(t, a, "/d/late", []byte("late"))
 	if a.Stats().MadeHere != made {
 		t.Fatal("a file was made here in a directory another client has cached")
 	}
@@ -83,7 +69,7 @@ func TestDirDelegationChurn(t *testing.T) {
 	before := a.Stats()
 	for i := range 20 {
 		name := fmt.Sprintf("/d/f%02d", i)
-		writeFile(t, a, name, pattern(64<<10, byte(i)))
+		testkit.WriteFile(t, a, name, testkit.Pattern(64<<10, byte(i)))
 		must(t, a.Remove(name))
 	}
 	st := a.Stats()
@@ -96,10 +82,7 @@ func TestDirDelegationChurn(t *testing.T) {
 	}
 	// One removed while open: its close does not fail, and leaves
 	// nothing (TestRemovedOpenFile: it cannot be read meanwhile).
-	open, err := a.Create("/d/open")
-	must(t, err)
-	_, err = open.Write([]byte("written before the remove"))
-	must(t, err)
+	open := testkit.Create(t, a, "/d/open", []byte("written before the remove"))
 	must(t, a.Remove("/d/open"))
 	must(t, open.Close())
 	if st := a.Stats(); st.DirtyBytes != 0 || st.BytesCached != 0 || st.MadeDropped-before.MadeDropped != 21 {
@@ -110,7 +93,7 @@ func TestDirDelegationChurn(t *testing.T) {
 	if kept, err := lost.List(dir); err != nil || len(kept) != 0 {
 		t.Fatalf("a restart kept writes to removed files as lost: %d, %v", len(kept), err)
 	}
-	if got := names(t, a2, "/d"); len(got) != 0 {
+	if got := testkit.Names(t, a2, "/d"); len(got) != 0 {
 		t.Fatalf("the directory holds %v", got)
 	}
 }
@@ -123,10 +106,7 @@ func TestDirDelegationRemoveLater(t *testing.T) {
 	b := s.dial(t, memCache())
 	must(t, a.Mkdir("/d", 0o755))
 	for i := range 6 {
-		f, err := a.Create(fmt.Sprintf("/d/f%d", i))
-		must(t, err)
-		_, err = f.Write(pattern(3000, byte(i)))
-		must(t, err)
+		f := testkit.Create(t, a, fmt.Sprintf("/d/f%d", i), testkit.Pattern(3000, byte(i)))
 		must(t, f.Sync()) // created and stored at the server
 		must(t, f.Close())
 	}
@@ -137,18 +117,18 @@ func TestDirDelegationRemoveLater(t *testing.T) {
 	for i := range 4 {
 		must(t, a.Remove(fmt.Sprintf("/d/f%d", i)))
 	}
-	writeFile(t, a, "/d/f0", []byte("again")) // a name removed here, made again
+	testkit.WriteFile(t, a, "/d/f0", []byte("again")) // a name removed here, made again
 	_, err := a.Stat("/d/f1")
 	wantErrno(t, "stat of a file removed here", err, syscall.ENOENT)
 	st := a.Stats()
 	if removed, rpcs := st.RemovedHere-before.RemovedHere, st.RPCs-before.RPCs; removed != 4 || rpcs != 0 {
 		t.Fatalf("%d files removed here with %d RPCs, want 4 with none", removed, rpcs)
 	}
-	if got := names(t, b, "/d"); fmt.Sprint(got) != "[f0 f4 f5]" {
+	if got := testkit.Names(t, b, "/d"); fmt.Sprint(got) != "[f0 f4 f5]" {
 		t.Fatalf("another client lists %v, want [f0 f4 f5]", got)
 	}
 	wantFile(t, b, "/d/f0", []byte("again"))
-	wantFile(t, b, "/d/f4", pattern(3000, 4))
+	wantFile(t, b, "/d/f4", testkit.Pattern(3000, 4))
 }
 
 // Renames and removes of files made here stay here; the directory's
@@ -172,14 +152,14 @@ func TestDirDelegationPOSIX(t *testing.T) {
 		}
 	}
 	made := a.Stats().MadeHere
-	changed("a create", func() { writeFile(t, a, "/p/x", []byte("x")) })
-	changed("a create", func() { writeFile(t, a, "/p/y", []byte("y")) })
+	changed("a create", func() { testkit.WriteFile(t, a, "/p/x", []byte("x")) })
+	changed("a create", func() { testkit.WriteFile(t, a, "/p/y", []byte("y")) })
 	changed("a rename", func() { must(t, a.Rename("/p/y", "/p/z")) })
 	changed("a remove", func() { must(t, a.Remove("/p/z")) })
 	if st := a.Stats(); st.MadeHere-made != 2 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d: the test wants both files made here, unsent", st.MadeHere-made, st.Settled)
 	}
-	if got := names(t, a, "/p"); fmt.Sprint(got) != "[x]" {
+	if got := testkit.Names(t, a, "/p"); fmt.Sprint(got) != "[x]" {
 		t.Fatalf("the maker lists %v", got)
 	}
 	wantErrno(t, "rmdir of a directory with a file made in it", a.Remove("/p"), syscall.ENOTEMPTY)
@@ -187,13 +167,13 @@ func TestDirDelegationPOSIX(t *testing.T) {
 		t.Fatalf("rename over a directory with a file made in it: %v, want ENOTEMPTY or EEXIST", err)
 	}
 	// A rename out of the directory, a link, a chmod: each settles first.
-	writeFile(t, a, "/p/m", []byte("moved"))
+	testkit.WriteFile(t, a, "/p/m", []byte("moved"))
 	must(t, a.Rename("/p/m", "/q/m"))
-	writeFile(t, a, "/p/l", []byte("linked"))
+	testkit.WriteFile(t, a, "/p/l", []byte("linked"))
 	must(t, a.Link("/p/l", "/q/l"))
-	writeFile(t, a, "/p/c", []byte("chmod"))
+	testkit.WriteFile(t, a, "/p/c", []byte("chmod"))
 	must(t, a.Chmod("/p/c", 0o600))
-	writeFile(t, a, "/p/t", []byte("truncated"))
+	testkit.WriteFile(t, a, "/p/t", []byte("truncated"))
 	must(t, a.Chtimes("/p/t", time.Unix(1e9, 0), time.Unix(1e9, 0)))
 	b := s.dial(t, memCache())
 	wantFile(t, b, "/p/x", []byte("x"))
@@ -205,7 +185,7 @@ func TestDirDelegationPOSIX(t *testing.T) {
 	if st, err := b.Stat("/p/t"); err != nil || st.Mtime.Unix() != 1e9 {
 		t.Fatalf("chtimes of a file made here: %+v %v", st, err)
 	}
-	if got := names(t, b, "/p"); fmt.Sprint(got) != "[c l t x]" {
+	if got := testkit.Names(t, b, "/p"); fmt.Sprint(got) != "[c l t x]" {
 		t.Fatalf("another client lists %v", got)
 	}
 }
@@ -216,7 +196,7 @@ func TestDirDelegationExisting(t *testing.T) {
 	s := startServer(t)
 	a := s.dial(t)
 	must(t, a.Mkdir("/d", 0o755))
-	writeFile(t, a, "/d/f", []byte("first"))
+	testkit.WriteFile(t, a, "/d/f", []byte("first"))
 	must(t, a.Mkdir("/d/sub", 0o755))
 	_, err := a.Open("/d/f", 0x2|0x40|0x80, 0o644) // O_RDWR|O_CREATE|O_EXCL
 	wantErrno(t, "O_EXCL of a file made here", err, syscall.EEXIST)
@@ -253,15 +233,15 @@ func TestDirDelegationPolicies(t *testing.T) {
 			b := s.dial(t, memCache())
 			must(t, a.Mkdir("/d", 0o755))
 			if tc.policy == server.DirAny {
-				names(t, b, "/d") // b caches it; DirAny delegates anyway
+				testkit.Names(t, b, "/d") // b caches it; DirAny delegates anyway
 			}
 			for i := range 5 {
-				writeFile(t, a, fmt.Sprintf("/d/f%d", i), []byte{byte(i)})
+				testkit.WriteFile(t, a, fmt.Sprintf("/d/f%d", i), []byte{byte(i)})
 			}
 			if made := a.Stats().MadeHere > 0; made != tc.wantMade {
 				t.Fatalf("files made here: %v, want %v", made, tc.wantMade)
 			}
-			if got := names(t, b, "/d"); len(got) != 5 {
+			if got := testkit.Names(t, b, "/d"); len(got) != 5 {
 				t.Fatalf("another client lists %v", got)
 			}
 			wantFile(t, b, "/d/f3", []byte{3})
@@ -284,11 +264,11 @@ func TestDirDelegationTwoMakers(t *testing.T) {
 			c = b
 		}
 		name := fmt.Sprintf("f%02d", i)
-		writeFile(t, c, "/d/"+name, []byte(name))
+		testkit.WriteFile(t, c, "/d/"+name, []byte(name))
 		want = append(want, name)
 	}
 	for _, c := range []*client.Client{a, b} {
-		if got := names(t, c, "/d"); !slices.Equal(got, want) {
+		if got := testkit.Names(t, c, "/d"); !slices.Equal(got, want) {
 			t.Fatalf("lists %v, want %v", got, want)
 		}
 		for _, name := range want {
@@ -316,13 +296,13 @@ func TestDirDelegationLargeSettle(t *testing.T) {
 		t.Fatalf("%d made here, want %d", made, n)
 	}
 	b := s.dial(t, memCache())
-	if got := names(t, b, "/big"); len(got) != n {
+	if got := testkit.Names(t, b, "/big"); len(got) != n {
 		t.Fatalf("another client lists %d files, want %d", len(got), n)
 	}
 	if st := a.Stats(); st.Settled != n {
 		t.Fatalf("%d settled, want %d", st.Settled, n)
 	}
-	if !bytes.Equal(readFile(t, b, "/big/1099"), nil) {
+	if !bytes.Equal(testkit.ReadFile(t, b, "/big/1099"), nil) {
 		t.Fatal("an empty file made here has data")
 	}
 }
@@ -342,10 +322,7 @@ func TestRemovedOpenFile(t *testing.T) {
 		s := startServer(t)
 		a := s.dial(t, with(func(o *client.Options) { o.NoDirDelegations = noDir }))
 		must(t, a.Mkdir("/d", 0o755))
-		f, err := a.Create("/d/open")
-		must(t, err)
-		_, err = f.Write([]byte("still readable"))
-		must(t, err)
+		f := testkit.Create(t, a, "/d/open", []byte("still readable"))
 		must(t, a.Remove("/d/open"))
 		p := make([]byte, 14)
 		if n, err := f.ReadAt(p, 0); err != nil || string(p[:n]) != "still readable" {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/server"
 	"github.com/hoardfs/hoard/vnode"
 )
@@ -261,53 +262,32 @@ func (s *testServer) dial(t testing.TB, opts ...clientOpt) *client.Client {
 	return c
 }
 
-// pattern is n pseudo-random bytes, different for each seed.
-func pattern(n int, seed byte) []byte {
-	b := make([]byte, n)
-	x := uint32(seed) + 1
-	for i := range b {
-		x = x*1664525 + 1013904223
-		b[i] = byte(x >> 24)
-	}
-	return b
-}
-
-func writeFile(t testing.TB, c *client.Client, name string, data []byte) {
+// seed writes data to name through a new client with a memory cache, for
+// the test's other clients to find at the server, and returns that
+// client.
+func (s *testServer) seed(t testing.TB, name string, data []byte) *client.Client {
 	t.Helper()
-	f, err := c.Create(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Write(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
+	w := s.dial(t, memCache())
+	testkit.WriteFile(t, w, name, data)
+	return w
 }
 
-func tryRead(c *client.Client, name string) ([]byte, error) {
-	f, err := c.Open(name, os.O_RDONLY, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(f)
-}
-
-func readFile(t testing.TB, c *client.Client, name string) []byte {
+// openFile opens name through c with flag, failing the test on error. The
+// file is closed when the test ends (unless closed first).
+func openFile(t testing.TB, c *client.Client, name string, flag int) *client.File {
 	t.Helper()
-	b, err := tryRead(c, name)
+	f, err := c.Open(name, flag, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b
+	t.Cleanup(func() { f.Close() })
+	return f
 }
 
 // wantFile fails unless name reads as want through c.
 func wantFile(t testing.TB, c *client.Client, name string, want []byte) {
 	t.Helper()
-	got := readFile(t, c, name)
+	got := testkit.ReadFile(t, c, name)
 	if !bytes.Equal(got, want) {
 		t.Fatalf("%s: read %d bytes %s, want %d bytes %s", name, len(got), short(got), len(want), short(want))
 	}
@@ -346,93 +326,6 @@ func must(t testing.TB, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-// relay forwards TCP connections to a server; paused, it holds every byte
-// in both directions (a link down, not broken), as a partitioned network
-// does.
-type relay struct {
-	l  net.Listener
-	to string
-
-	mu     sync.Mutex
-	cond   *sync.Cond
-	paused bool
-	open   map[net.Conn]struct{}
-}
-
-func startRelay(t testing.TB, to string) *relay {
-	t.Helper()
-	r := &relay{l: listen(t, "127.0.0.1:0"), to: to, open: map[net.Conn]struct{}{}}
-	r.cond = sync.NewCond(&r.mu)
-	t.Cleanup(func() {
-		r.pause(false)
-		r.l.Close()
-		r.mu.Lock()
-		for c := range r.open {
-			c.Close()
-		}
-		r.mu.Unlock()
-	})
-	go func() {
-		for {
-			c, err := r.l.Accept()
-			if err != nil {
-				return
-			}
-			go r.serve(c)
-		}
-	}()
-	return r
-}
-
-func (r *relay) addr() string { return r.l.Addr().String() }
-
-func (r *relay) pause(on bool) {
-	r.mu.Lock()
-	r.paused = on
-	r.cond.Broadcast()
-	r.mu.Unlock()
-}
-
-func (r *relay) serve(c net.Conn) {
-	s, err := net.DialTimeout("tcp", r.to, 5*time.Second)
-	if err != nil {
-		c.Close()
-		return
-	}
-	r.mu.Lock()
-	r.open[c], r.open[s] = struct{}{}, struct{}{}
-	r.mu.Unlock()
-	pipe := func(dst, src net.Conn) {
-		defer func() {
-			r.mu.Lock()
-			delete(r.open, dst)
-			delete(r.open, src)
-			r.mu.Unlock()
-			dst.Close()
-			src.Close()
-		}()
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := src.Read(buf)
-			r.mu.Lock()
-			for r.paused {
-				r.cond.Wait()
-			}
-			r.mu.Unlock()
-			if n > 0 {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
-	go pipe(s, c)
-	pipe(c, s)
 }
 
 func TestMain(m *testing.M) {

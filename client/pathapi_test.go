@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -152,8 +153,8 @@ func TestOpenFlagsAndFile(t *testing.T) {
 	if st, err := b.Stat("/f"); err != nil || st.Size != 0 {
 		t.Fatalf("after O_TRUNC: %+v %v", st, err)
 	}
-	writeFile(t, a, "/f", []byte("again"))
-	writeFile(t, a, "/f", []byte("x"))
+	testkit.WriteFile(t, a, "/f", []byte("again"))
+	testkit.WriteFile(t, a, "/f", []byte("x"))
 	wantFile(t, b, "/f", []byte("x"))
 
 	// O_CREATE without O_EXCL on an existing file opens it as it is.
@@ -171,12 +172,9 @@ func TestFileTruncateAllocate(t *testing.T) {
 	s := startServer(t)
 	a := s.dial(t)
 	b := s.dial(t, memCache())
-	h, err := a.Create("/t")
-	must(t, err)
-	_, err = h.Write([]byte("hello world"))
-	must(t, err)
+	h := testkit.Create(t, a, "/t", []byte("hello world"))
 	must(t, h.Truncate(5))
-	_, err = h.WriteAt([]byte("XY"), 8)
+	_, err := h.WriteAt([]byte("XY"), 8)
 	must(t, err)
 	if err := h.Truncate(-1); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("negative truncate: %v", err)
@@ -215,7 +213,7 @@ func TestNamespace(t *testing.T) {
 	b := s.dial(t, memCache())
 
 	must(t, a.Mkdir("/d", 0o755))
-	writeFile(t, a, "/d/target", []byte("through the link"))
+	testkit.WriteFile(t, a, "/d/target", []byte("through the link"))
 	must(t, a.Symlink("d/target", "/link"))
 	if tgt, err := b.Readlink("/link"); err != nil || tgt != "d/target" {
 		t.Fatalf("readlink: %q %v", tgt, err)
@@ -259,7 +257,7 @@ func TestNamespace(t *testing.T) {
 	if st, err := b.Stat("/hard"); err != nil || st.Nlink != 2 {
 		t.Fatalf("nlink after link: %+v %v", st, err)
 	}
-	writeFile(t, a, "/hard", []byte("changed via the other name"))
+	testkit.WriteFile(t, a, "/hard", []byte("changed via the other name"))
 	wantFile(t, b, "/d/target", []byte("changed via the other name"))
 	wantErrno(t, "hard link to a directory", a.Link("/d", "/dirlink"), syscall.EPERM)
 	wantErrno(t, "link of a missing file", a.Link("/none", "/x"), syscall.ENOENT)
@@ -284,7 +282,7 @@ func TestNamespace(t *testing.T) {
 	wantErrno(t, "chmod of a missing file", a.Chmod("/none", 0o600), syscall.ENOENT)
 
 	// Rename over a file, of a directory, and the rules.
-	writeFile(t, a, "/d/other", []byte("other"))
+	testkit.WriteFile(t, a, "/d/other", []byte("other"))
 	must(t, a.Rename("/d/other", "/hard"))
 	wantFile(t, b, "/hard", []byte("other"))
 	if st, _ := b.Stat("/d/target"); st.Nlink != 1 {
@@ -322,17 +320,8 @@ func TestNamespace(t *testing.T) {
 	wantErrno(t, "remove of the root", a.Remove("/"), syscall.EINVAL)
 	_, err = b.Stat("/hard")
 	wantErrno(t, "stat of a removed file", err, syscall.ENOENT)
-	ents, err = b.ReadDir("/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range ents {
-		names = append(names, e.Name)
-	}
-	slices.Sort(names)
-	if want := []string{"abs", "dl", "e", "loop1", "loop2"}; !slices.Equal(names, want) {
-		t.Fatalf("root lists %v, want %v", names, want)
+	if got, want := testkit.Names(t, b, "/"), []string{"abs", "dl", "e", "loop1", "loop2"}; !slices.Equal(got, want) {
+		t.Fatalf("root lists %v, want %v", got, want)
 	}
 	if st, err := b.Stat("/"); err != nil || st.Type != node.TypeDir {
 		t.Fatalf("stat of the root: %+v %v", st, err)
@@ -354,13 +343,13 @@ func TestBadNames(t *testing.T) {
 	_, err = a.Open("/a\x00b", os.O_CREATE|os.O_RDWR, 0o644)
 	wantErrno(t, "a name with NUL", err, syscall.EINVAL)
 	wantErrno(t, "mkdir of the root", a.Mkdir("/", 0o755), syscall.EINVAL)
-	writeFile(t, a, "/ok", []byte("ok"))
+	testkit.WriteFile(t, a, "/ok", []byte("ok"))
 	wantErrno(t, "rename to a long name", a.Rename("/ok", "/"+long), syscall.ENAMETOOLONG)
 	wantErrno(t, "link to a long name", a.Link("/ok", "/"+long), syscall.ENAMETOOLONG)
 	wantErrno(t, "symlink to a long name", a.Symlink("ok", "/"+long), syscall.ENAMETOOLONG)
 	wantFile(t, a, "/../../ok", []byte("ok"))
 	wantFile(t, a, "ok", []byte("ok"))
-	writeFile(t, a, "/"+strings.Repeat("y", 255), []byte("longest"))
+	testkit.WriteFile(t, a, "/"+strings.Repeat("y", 255), []byte("longest"))
 	wantFile(t, a, "/"+strings.Repeat("y", 255), []byte("longest"))
 }
 
@@ -390,9 +379,9 @@ func TestVolumes(t *testing.T) {
 	}
 	must(t, a.MountVolume("/proj", "proj"))
 	wantErrno(t, "mount over a name", a.MountVolume("/proj", "proj"), syscall.EEXIST)
-	writeFile(t, a, "/proj/inside", []byte("in the volume"))
+	testkit.WriteFile(t, a, "/proj/inside", []byte("in the volume"))
 	must(t, a.Mkdir("/proj/sub", 0o755))
-	writeFile(t, a, "/proj/sub/deep", []byte("deep"))
+	testkit.WriteFile(t, a, "/proj/sub/deep", []byte("deep"))
 	wantFile(t, b, "/proj/inside", []byte("in the volume"))
 	wantFile(t, b, "/proj/sub/deep", []byte("deep"))
 	st, err := b.Stat("/proj")
@@ -432,13 +421,10 @@ func TestVolumes(t *testing.T) {
 // the ones it read fetched ahead.
 func TestLargeFileAndReadAhead(t *testing.T) {
 	s := startServer(t)
-	w := s.dial(t, memCache())
-	data := pattern(3<<20+12345, 7)
-	writeFile(t, w, "/big", data)
+	data := testkit.Pattern(3<<20+12345, 7)
+	s.seed(t, "/big", data)
 	r := s.dial(t)
-	f, err := r.Open("/big", os.O_RDONLY, 0)
-	must(t, err)
-	defer f.Close()
+	f := openFile(t, r, "/big", os.O_RDONLY)
 	p := make([]byte, 64<<10)
 	var got []byte
 	for range 8 { // two 256 KiB chunks, sequentially
@@ -458,9 +444,7 @@ func TestLargeFileAndReadAhead(t *testing.T) {
 	}
 	// Random reads fetch only what they read.
 	c := s.dial(t, memCache())
-	g, err := c.Open("/big", os.O_RDONLY, 0)
-	must(t, err)
-	defer g.Close()
+	g := openFile(t, c, "/big", os.O_RDONLY)
 	for _, off := range []int64{3 << 20, 1 << 20, 2<<20 + 7, 512 << 10} {
 		n, err := g.ReadAt(p[:100], off)
 		if n != 100 || err != nil || !bytes.Equal(p[:100], data[off:off+100]) {
@@ -478,10 +462,10 @@ func TestNamespaceEdges(t *testing.T) {
 	s := startServer(t)
 	a := s.dial(t)
 	b := s.dial(t, memCache())
-	writeFile(t, a, "/f", []byte("data"))
+	testkit.WriteFile(t, a, "/f", []byte("data"))
 	must(t, a.Mkdir("/d", 0o755))
 	must(t, a.Mkdir("/e", 0o755))
-	writeFile(t, a, "/e/x", []byte("x"))
+	testkit.WriteFile(t, a, "/e/x", []byte("x"))
 	must(t, a.Rename("/f", "/f")) // to itself: nothing happens
 	wantFile(t, b, "/f", []byte("data"))
 	wantErrno(t, "rename of a file over a directory", a.Rename("/f", "/d"), syscall.EISDIR)
@@ -510,7 +494,7 @@ func TestNamespaceEdges(t *testing.T) {
 	wantFile(t, b, "/f", []byte("data\x00\x00\x00\x00\x00\x00Z"))
 
 	// Renaming a hard link onto the file's other name changes nothing.
-	writeFile(t, a, "/h", []byte("hh"))
+	testkit.WriteFile(t, a, "/h", []byte("hh"))
 	must(t, a.Link("/h", "/h2"))
 	must(t, a.Rename("/h", "/h2"))
 	if st, err := b.Stat("/h"); err != nil || st.Nlink != 2 {
@@ -545,13 +529,10 @@ func TestNamespaceEdges(t *testing.T) {
 // through two clients lose nothing.
 func TestConcurrentAccess(t *testing.T) {
 	s := startServer(t)
-	w := s.dial(t, memCache())
-	data := pattern(4<<20, 11)
-	writeFile(t, w, "/shared", data)
+	data := testkit.Pattern(4<<20, 11)
+	w := s.seed(t, "/shared", data)
 	r := s.dial(t)
-	f, err := r.Open("/shared", os.O_RDONLY, 0)
-	must(t, err)
-	defer f.Close()
+	f := openFile(t, r, "/shared", os.O_RDONLY)
 	errs := make(chan error, 8)
 	for g := range 8 {
 		go func() {
@@ -619,7 +600,7 @@ func TestDirectoryReadAhead(t *testing.T) {
 	must(t, w.Mkdir("/tree", 0o755))
 	const n, size = 20, 10 << 10
 	for i := range n {
-		writeFile(t, w, fmt.Sprintf("/tree/f%02d", i), pattern(size, byte(i)))
+		testkit.WriteFile(t, w, fmt.Sprintf("/tree/f%02d", i), testkit.Pattern(size, byte(i)))
 	}
 	r := s.dial(t)
 	ents, err := r.ReadDir("/tree")
@@ -632,13 +613,13 @@ func TestDirectoryReadAhead(t *testing.T) {
 		t.Fatalf("fetched %d bytes before reading", got)
 	}
 	for i, e := range ents[:3] {
-		wantFile(t, r, "/tree/"+e.Name, pattern(size, byte(i)))
+		wantFile(t, r, "/tree/"+e.Name, testkit.Pattern(size, byte(i)))
 	}
 	waitFor(t, 5*time.Second, func() bool { return r.Stats().BytesFetched > 3*size }, func() string {
 		return fmt.Sprintf("fetched %d bytes reading 3 files of %d in order: no read-ahead", r.Stats().BytesFetched, size)
 	})
 	for i, e := range ents[3:] {
-		wantFile(t, r, "/tree/"+e.Name, pattern(size, byte(3+i)))
+		wantFile(t, r, "/tree/"+e.Name, testkit.Pattern(size, byte(3+i)))
 	}
 	if got := r.Stats().BytesFetched; got != n*size {
 		t.Fatalf("fetched %d bytes for %d files of %d: read-ahead fetched twice", got, n, size)

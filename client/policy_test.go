@@ -11,6 +11,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/policy"
+	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // wantPolicy fails unless name's policy bypasses (or not), for a reason
@@ -33,11 +34,11 @@ func TestPolicyRules(t *testing.T) {
 	s := startServer(t)
 	c := s.dial(t, with(func(o *client.Options) { o.BypassThreshold = 1 << 20 }))
 	w := s.dial(t, memCache())
-	small, big := pattern(100, 1), pattern(2<<20, 2)
-	writeFile(t, w, "/small", small)
-	writeFile(t, w, "/big", big)
-	writeFile(t, w, "/++big", big)
-	writeFile(t, w, "/__small", small)
+	small, big := testkit.Pattern(100, 1), testkit.Pattern(2<<20, 2)
+	testkit.WriteFile(t, w, "/small", small)
+	testkit.WriteFile(t, w, "/big", big)
+	testkit.WriteFile(t, w, "/++big", big)
+	testkit.WriteFile(t, w, "/__small", small)
 	wantPolicy(t, c, "/small", false, "< threshold")
 	wantPolicy(t, c, "/big", true, "≥ threshold")
 	wantPolicy(t, c, "/++big", false, "++")
@@ -76,8 +77,8 @@ func TestPolicyRules(t *testing.T) {
 
 	must(t, w.Mkdir("/d", 0o755))
 	must(t, w.Mkdir("/d/sub", 0o755))
-	writeFile(t, w, "/d/a", small)
-	writeFile(t, w, "/d/sub/b", small)
+	testkit.WriteFile(t, w, "/d/a", small)
+	testkit.WriteFile(t, w, "/d/sub/b", small)
 	must(t, w.Symlink("a", "/d/link"))
 	must(t, c.SetPolicy("/d", policy.Bypass, true))
 	wantPolicy(t, c, "/d", true, "override on the directory")
@@ -87,7 +88,7 @@ func TestPolicyRules(t *testing.T) {
 	wantPolicy(t, c, "/d/a", false, "< threshold")
 	must(t, c.SetPolicy("/d", policy.Cache, false))
 	wantPolicy(t, c, "/d", false, "override on the directory")
-	writeFile(t, w, "/d/big", big)
+	testkit.WriteFile(t, w, "/d/big", big)
 	wantPolicy(t, c, "/d/big", false, "override on its directory")
 
 	if err := c.SetPolicy("/d", "sometimes", false); err == nil {
@@ -101,7 +102,7 @@ func TestPolicyRules(t *testing.T) {
 	_, err = w.CreateVolume("__scratch")
 	must(t, err)
 	must(t, w.MountVolume("/scratch", "__scratch"))
-	writeFile(t, w, "/scratch/f", small)
+	testkit.WriteFile(t, w, "/scratch/f", small)
 	wantPolicy(t, c, "/scratch/f", true, "volume __scratch")
 	wantFile(t, c, "/scratch/f", small)
 }
@@ -114,13 +115,13 @@ func TestBypassWrites(t *testing.T) {
 	c := s.dial(t)
 	r := s.dial(t, memCache())
 	old := []byte("old contents")
-	writeFile(t, r, "/__w", old)
+	testkit.WriteFile(t, r, "/__w", old)
 	f, err := c.Open("/__w", os.O_RDWR|os.O_TRUNC, 0)
 	must(t, err)
 	if !f.Bypassed() {
 		t.Fatal("a __ file is not bypassed")
 	}
-	data := pattern(9<<20+3, 7)
+	data := testkit.Pattern(9<<20+3, 7)
 	for off := 0; off < len(data); off += 1 << 20 {
 		end := min(off+1<<20, len(data))
 		if _, err := f.Write(data[off:end]); err != nil {
@@ -169,11 +170,7 @@ func TestBypassWrites(t *testing.T) {
 	wantFile(t, r, "/__w", append(want, '!'))
 
 	// A new bypassed file.
-	n, err := c.Create("/__new")
-	must(t, err)
-	_, err = n.Write([]byte("fresh"))
-	must(t, err)
-	must(t, n.Close())
+	testkit.WriteFile(t, c, "/__new", []byte("fresh"))
 	wantFile(t, r, "/__new", []byte("fresh"))
 	if err := c.Truncate("/__new", 2); err != nil {
 		t.Fatal(err)
@@ -188,8 +185,8 @@ func TestPolicySwitchKeepsWrites(t *testing.T) {
 	c := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
 	r := s.dial(t, memCache())
 	must(t, c.Mkdir("/d", 0o755))
-	writeFile(t, c, "/d/f", []byte("written here"))
-	writeFile(t, c, "/d/g", []byte("also here"))
+	testkit.WriteFile(t, c, "/d/f", []byte("written here"))
+	testkit.WriteFile(t, c, "/d/g", []byte("also here"))
 	if c.Stats().DirtyBytes == 0 {
 		t.Fatal("nothing dirty")
 	}
@@ -211,9 +208,9 @@ func TestPolicySwitchKeepsWrites(t *testing.T) {
 func TestPolicyAuto(t *testing.T) {
 	s := startServer(t)
 	w := s.dial(t, memCache())
-	data := pattern(6<<20, 9)
-	writeFile(t, w, "/large", data)
-	writeFile(t, w, "/large2", data)
+	data := testkit.Pattern(6<<20, 9)
+	testkit.WriteFile(t, w, "/large", data)
+	testkit.WriteFile(t, w, "/large2", data)
 	c := s.dial(t, with(func(o *client.Options) {
 		o.CacheSize = 4 << 20
 		o.AutoMin = 1 << 20
@@ -280,11 +277,11 @@ func TestBypassStageLostOnRestart(t *testing.T) {
 	c := s.dial(t)
 	r := s.dial(t, memCache())
 	old := []byte("before the stage")
-	writeFile(t, r, "/__s", old)
+	testkit.WriteFile(t, r, "/__s", old)
 	f, err := c.Open("/__s", os.O_RDWR, 0)
 	must(t, err)
 	// More than one write-behind run (4 MiB): the first goes out staged.
-	data := pattern(5<<20, 3)
+	data := testkit.Pattern(5<<20, 3)
 	for off := 0; off < len(data); off += 1 << 20 {
 		if _, err := f.WriteAt(data[off:off+1<<20], int64(off)); err != nil {
 			t.Fatal(err)
@@ -296,6 +293,6 @@ func TestBypassStageLostOnRestart(t *testing.T) {
 	}
 	wantFile(t, r, "/__s", old)
 	// The next open writes again.
-	writeFile(t, c, "/__s", []byte("new"))
+	testkit.WriteFile(t, c, "/__s", []byte("new"))
 	wantFile(t, r, "/__s", []byte("new"))
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/server"
 )
@@ -35,9 +36,9 @@ func TestServerRestartReclaim(t *testing.T) {
 	c := s.dial(t, memCache(), with(func(o *client.Options) {
 		o.OnInvalidate = func(fids []node.FID) { invalidated.Add(int64(len(fids))) }
 	}))
-	v1 := pattern(1<<20, 4)
-	writeFile(t, a, "/r", v1)
-	writeFile(t, c, "/g", []byte("g1"))
+	v1 := testkit.Pattern(1<<20, 4)
+	testkit.WriteFile(t, a, "/r", v1)
+	testkit.WriteFile(t, c, "/g", []byte("g1"))
 	wantFile(t, c, "/g", []byte("g1"))
 	if a.Stats().DirtyBytes == 0 {
 		t.Fatal("nothing dirty before the restart")
@@ -48,13 +49,13 @@ func TestServerRestartReclaim(t *testing.T) {
 	if a.Stats().Reclaimed < 1 {
 		t.Fatal("no delegation was reclaimed")
 	}
-	writeFile(t, b, "/g", []byte("g2"))
+	testkit.WriteFile(t, b, "/g", []byte("g2"))
 	wantFile(t, c, "/g", []byte("g2"))
 	if invalidated.Load() == 0 {
 		t.Fatal("OnInvalidate heard nothing of the restart")
 	}
 	// The holder goes on writing after the restart.
-	writeFile(t, a, "/r", []byte("after"))
+	testkit.WriteFile(t, a, "/r", []byte("after"))
 	wantFile(t, b, "/r", []byte("after"))
 }
 
@@ -65,24 +66,21 @@ func TestServerRestartSettles(t *testing.T) {
 	s := startServer(t, withConfig(restartConfig))
 	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
 	must(t, a.Mkdir("/d", 0o755))
-	writeFile(t, a, "/d/closed", []byte("closed only"))
-	f, err := a.Create("/d/synced")
-	must(t, err)
-	_, err = f.Write([]byte("synced"))
-	must(t, err)
+	testkit.WriteFile(t, a, "/d/closed", []byte("closed only"))
+	f := testkit.Create(t, a, "/d/synced", []byte("synced"))
 	must(t, f.Sync())
 	if st := a.Stats(); st.MadeHere != 2 || st.Settled != 2 {
 		t.Fatalf("made %d, settled %d: fsync must create the file and its directory's earlier ones", st.MadeHere, st.Settled)
 	}
 	must(t, f.Close())
-	writeFile(t, a, "/d/after", []byte("made after the fsync"))
+	testkit.WriteFile(t, a, "/d/after", []byte("made after the fsync"))
 	s.restart()
 	b := s.dial(t, memCache())
 	for name, want := range map[string]string{"closed": "closed only", "synced": "synced", "after": "made after the fsync"} {
 		wantFile(t, b, "/d/"+name, []byte(want))
 	}
 	// Files made after the restart are made with new reservations.
-	writeFile(t, a, "/d/later", []byte("later"))
+	testkit.WriteFile(t, a, "/d/later", []byte("later"))
 	wantFile(t, b, "/d/later", []byte("later"))
 }
 
@@ -97,11 +95,8 @@ func TestServerRestartWithoutKey(t *testing.T) {
 		o.FlushAge = time.Hour
 		o.NoDirDelegations = true
 	}))
-	data := pattern(30<<10, 2)
-	f, err := a.Create("/k")
-	must(t, err)
-	_, err = f.Write(data)
-	must(t, err)
+	data := testkit.Pattern(30<<10, 2)
+	f := testkit.Create(t, a, "/k", data)
 	s.stop()
 	must(t, os.Remove(filepath.Join(s.dir, "session.key")))
 	s.start()
@@ -124,7 +119,7 @@ func TestServerRestartWithoutKey(t *testing.T) {
 		t.Fatal("a reclaim succeeded without the session key")
 	}
 	b := s.dial(t, memCache())
-	if got := readFile(t, b, "/k"); len(got) != 0 {
+	if got := testkit.ReadFile(t, b, "/k"); len(got) != 0 {
 		t.Fatalf("another client reads %d bytes that were never stored", len(got))
 	}
 }
@@ -136,13 +131,13 @@ func TestRequestWaitsForServer(t *testing.T) {
 	s := startServer(t, withConfig(restartConfig))
 	a := s.dial(t)
 	b := s.dial(t, memCache())
-	writeFile(t, b, "/w", []byte("waited for"))
+	testkit.WriteFile(t, b, "/w", []byte("waited for"))
 	s.stop()
 	done := make(chan error, 1)
 	var got []byte
 	go func() {
 		var err error
-		got, err = tryRead(a, "/w")
+		got, err = testkit.TryRead(a, "/w")
 		done <- err
 	}()
 	s.start()
@@ -156,7 +151,7 @@ func TestRequestWaitsForServer(t *testing.T) {
 		t.Fatalf("read %q", got)
 	}
 	// Both clients are back: a change by one reaches the other.
-	writeFile(t, a, "/w", []byte("after"))
+	testkit.WriteFile(t, a, "/w", []byte("after"))
 	wantFile(t, b, "/w", []byte("after"))
 }
 
@@ -180,15 +175,44 @@ func TestDataPaths(t *testing.T) {
 			opt := with(func(o *client.Options) { o.NoDataChannel = tc.noData; o.DataStreams = 2 })
 			a := s.dial(t, opt, with(func(o *client.Options) { o.NoDelegations = true }))
 			b := s.dial(t, opt, memCache())
-			data := pattern(2<<20+100, 3)
-			writeFile(t, a, "/dp", data)
+			data := testkit.Pattern(2<<20+100, 3)
+			testkit.WriteFile(t, a, "/dp", data)
 			wantFile(t, b, "/dp", data)
 			s.restart()
-			data2 := pattern(1<<20, 4)
-			writeFile(t, a, "/dp", data2)
+			data2 := testkit.Pattern(1<<20, 4)
+			testkit.WriteFile(t, a, "/dp", data2)
 			wantFile(t, b, "/dp", data2)
 		})
 	}
+}
+
+// holderCase is a client (a) that reaches a server with a short lease
+// through a relay (link) the test can pause to cut it off, with its
+// cache in dir, file data on the relayed control connection (no data
+// channel) and its writes left to the flusher for an hour; and another
+// client (b) that reaches the server directly.
+type holderCase struct {
+	a, b *client.Client
+	link *testkit.Relay
+	dir  string
+}
+
+// cutOffHolder starts a server whose leases last lease, and its holder
+// case; opts change the holder's options.
+func cutOffHolder(t *testing.T, lease time.Duration, opts ...clientOpt) holderCase {
+	t.Helper()
+	s := startServer(t, withConfig(func(c *server.Config) {
+		c.Lease = lease
+		c.BreakTimeout = 500 * time.Millisecond
+	}))
+	hc := holderCase{link: testkit.StartRelay(t, s.addr), dir: t.TempDir()}
+	hc.a = s.dial(t, append([]clientOpt{inDir(hc.dir), with(func(o *client.Options) {
+		o.Server = hc.link.Addr()
+		o.NoDataChannel = true
+		o.FlushAge = time.Hour
+	})}, opts...)...)
+	hc.b = s.dial(t, memCache())
+	return hc
 }
 
 // A holder cut off from the server for longer than its lease loses its
@@ -197,47 +221,31 @@ func TestDataPaths(t *testing.T) {
 func TestLeaseLapses(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
 	const lease = time.Second
-	s := startServer(t, withConfig(func(c *server.Config) {
-		c.Lease = lease
-		c.BreakTimeout = 500 * time.Millisecond
-	}))
-	link := startRelay(t, s.addr)
-	dir := t.TempDir()
-	a := s.dial(t, inDir(dir), with(func(o *client.Options) {
-		o.Server = link.addr()
-		o.NoDataChannel = true
-		o.FlushAge = time.Hour
-		o.NoDirDelegations = true
-	}))
-	b := s.dial(t, memCache())
-	data := pattern(20<<10, 6)
-	f, err := a.Create("/lapse")
-	must(t, err)
-	_, err = f.Write(data)
-	must(t, err)
-	if a.Stats().WriteDelegations == 0 {
+	hc := cutOffHolder(t, lease, with(func(o *client.Options) { o.NoDirDelegations = true }))
+	f := testkit.Create(t, hc.a, "/lapse", testkit.Pattern(20<<10, 6))
+	if hc.a.Stats().WriteDelegations == 0 {
 		t.Fatal("no write delegation")
 	}
-	link.pause(true)
+	hc.link.Pause(true)
 	start := time.Now()
-	if got := readFile(t, b, "/lapse"); len(got) != 0 {
+	if got := testkit.ReadFile(t, hc.b, "/lapse"); len(got) != 0 {
 		t.Fatalf("the reader saw %d bytes the holder never stored", len(got))
 	}
 	if took := time.Since(start); took > lease+5*time.Second {
 		t.Fatalf("the reader waited %v for a silent holder (lease %v)", took, lease)
 	}
-	link.pause(false)
+	hc.link.Pause(false)
 	if err := f.Sync(); errnoOf(err) != syscall.EIO {
 		t.Fatalf("sync after the delegation was revoked: %v, want EIO", err)
 	}
 	must(t, f.Close())
-	kept, err := lost.List(dir)
+	kept, err := lost.List(hc.dir)
 	if err != nil || len(kept) != 1 || kept[0].Path != "/lapse" {
 		t.Fatalf("kept: %+v %v", kept, err)
 	}
 	// The holder works again.
-	writeFile(t, a, "/lapse", []byte("again"))
-	wantFile(t, b, "/lapse", []byte("again"))
+	testkit.WriteFile(t, hc.a, "/lapse", []byte("again"))
+	wantFile(t, hc.b, "/lapse", []byte("again"))
 }
 
 // Files made under a directory delegation that the server revoked while
@@ -245,54 +253,33 @@ func TestLeaseLapses(t *testing.T) {
 // their writes are in lost/, and the other client's listing stands.
 func TestDirDelegationLost(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
-	const lease = time.Second
-	s := startServer(t, withConfig(func(c *server.Config) {
-		c.Lease = lease
-		c.BreakTimeout = 500 * time.Millisecond
-	}))
-	link := startRelay(t, s.addr)
-	dir := t.TempDir()
-	a := s.dial(t, inDir(dir), with(func(o *client.Options) {
-		o.Server = link.addr()
-		o.NoDataChannel = true
-		o.FlushAge = time.Hour
-	}))
-	b := s.dial(t, memCache())
-	must(t, a.Mkdir("/d", 0o755))
-	f, err := a.Create("/d/x")
-	must(t, err)
-	_, err = f.Write(pattern(5000, 1))
-	must(t, err)
-	if st := a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
+	hc := cutOffHolder(t, time.Second)
+	must(t, hc.a.Mkdir("/d", 0o755))
+	f := testkit.Create(t, hc.a, "/d/x", testkit.Pattern(5000, 1))
+	if st := hc.a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d", st.MadeHere, st.Settled)
 	}
-	link.pause(true)
-	writeFile(t, b, "/d/y", []byte("y"))
-	link.pause(false)
+	hc.link.Pause(true)
+	testkit.WriteFile(t, hc.b, "/d/y", []byte("y"))
+	hc.link.Pause(false)
 	if err := f.Sync(); errnoOf(err) != syscall.EIO {
 		t.Fatalf("fsync of a file made under a lost directory delegation: %v, want EIO", err)
 	}
 	must(t, f.Close())
-	kept, err := lost.List(dir)
+	kept, err := lost.List(hc.dir)
 	if err != nil || len(kept) != 1 || kept[0].Path != "/d/x" || kept[0].Size != 5000 {
 		t.Fatalf("kept: %+v %v", kept, err)
 	}
-	ents, err := b.ReadDir("/d")
+	ents, err := hc.b.ReadDir("/d")
 	if err != nil || len(ents) != 1 || ents[0].Name != "y" {
 		t.Fatalf("listing after the holder lost its delegation: %v %v", ents, err)
 	}
 	waitFor(t, 5*time.Second, func() bool {
-		_, err := a.Stat("/d/x")
+		_, err := hc.a.Stat("/d/x")
 		return errnoOf(err) == syscall.ENOENT
 	}, func() string { return "the holder still finds the file it lost" })
-	var names []string
-	ents, err = a.ReadDir("/d")
-	must(t, err)
-	for _, e := range ents {
-		names = append(names, e.Name)
-	}
-	if !slices.Equal(names, []string{"y"}) {
-		t.Fatalf("the holder lists %v", names)
+	if got := testkit.Names(t, hc.a, "/d"); !slices.Equal(got, []string{"y"}) {
+		t.Fatalf("the holder lists %v", got)
 	}
 }
 
@@ -304,12 +291,12 @@ func TestRestartManyClients(t *testing.T) {
 	var cs []*client.Client
 	for i := range 4 {
 		cs = append(cs, s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour })))
-		writeFile(t, cs[i], fmt.Sprintf("/m%d", i), pattern(10<<10, byte(i)))
+		testkit.WriteFile(t, cs[i], fmt.Sprintf("/m%d", i), testkit.Pattern(10<<10, byte(i)))
 	}
 	s.restart()
 	for i := range cs {
 		for j := range cs {
-			wantFile(t, cs[j], fmt.Sprintf("/m%d", i), pattern(10<<10, byte(i)))
+			wantFile(t, cs[j], fmt.Sprintf("/m%d", i), testkit.Pattern(10<<10, byte(i)))
 		}
 	}
 }
@@ -321,7 +308,7 @@ func TestSettleAcrossRestart(t *testing.T) {
 	s := startServer(t, withConfig(restartConfig))
 	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
 	must(t, a.Mkdir("/d", 0o755))
-	writeFile(t, a, "/d/x", []byte("made here"))
+	testkit.WriteFile(t, a, "/d/x", []byte("made here"))
 	if st := a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d", st.MadeHere, st.Settled)
 	}
@@ -340,7 +327,7 @@ func TestSettleAcrossRestart(t *testing.T) {
 	}
 	b := s.dial(t, memCache())
 	wantFile(t, b, "/d/x", []byte("made here"))
-	if got := names(t, b, "/d"); fmt.Sprint(got) != "[sub x]" {
+	if got := testkit.Names(t, b, "/d"); fmt.Sprint(got) != "[sub x]" {
 		t.Fatalf("another client lists %v", got)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // Writes under a write delegation are stored by the flusher once they
@@ -23,8 +24,8 @@ func TestFlushAge(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
 	s := startServer(t)
 	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = 200 * time.Millisecond }))
-	data := pattern(300<<10, 4)
-	writeFile(t, a, "/aged", data)
+	data := testkit.Pattern(300<<10, 4)
+	testkit.WriteFile(t, a, "/aged", data)
 	waitFor(t, 10*time.Second, func() bool {
 		st := a.Stats()
 		return st.DirtyBytes == 0 && st.Flushed >= int64(len(data))
@@ -50,7 +51,7 @@ func TestFlusherThreshold(t *testing.T) {
 		o.FlushAge = time.Hour
 	}))
 	for i := range 10 {
-		writeFile(t, a, fmt.Sprintf("/t%d", i), pattern(1<<20, byte(i)))
+		testkit.WriteFile(t, a, fmt.Sprintf("/t%d", i), testkit.Pattern(1<<20, byte(i)))
 	}
 	waitFor(t, 15*time.Second, func() bool {
 		st := a.Stats()
@@ -61,7 +62,7 @@ func TestFlusherThreshold(t *testing.T) {
 	}
 	b := s.dial(t, memCache())
 	for i := range 10 {
-		wantFile(t, b, fmt.Sprintf("/t%d", i), pattern(1<<20, byte(i)))
+		wantFile(t, b, fmt.Sprintf("/t%d", i), testkit.Pattern(1<<20, byte(i)))
 	}
 }
 
@@ -74,7 +75,7 @@ func TestDirtyCacheFull(t *testing.T) {
 		o.CacheSize = 2 << 20
 		o.FlushAge = time.Hour
 	}))
-	data := pattern(6<<20, 5)
+	data := testkit.Pattern(6<<20, 5)
 	f, err := a.Create("/huge")
 	must(t, err)
 	for off := 0; off < len(data); off += 100 << 10 {
@@ -91,8 +92,7 @@ func TestDirtyCacheFull(t *testing.T) {
 	wantFile(t, b, "/huge", data)
 	// And a read of it through the small cache, in reads of 128 KiB as a
 	// kernel makes them, evicts.
-	g, err := a.Open("/huge", os.O_RDONLY, 0)
-	must(t, err)
+	g := openFile(t, a, "/huge", os.O_RDONLY)
 	var got []byte
 	p := make([]byte, 128<<10)
 	for {
@@ -116,9 +116,8 @@ func TestDirtyCacheFull(t *testing.T) {
 // directory reads what the first one cached without fetching it.
 func TestCacheSurvivesRestart(t *testing.T) {
 	s := startServer(t)
-	w := s.dial(t, memCache())
-	data := pattern(600<<10, 6)
-	writeFile(t, w, "/kept", data)
+	data := testkit.Pattern(600<<10, 6)
+	w := s.seed(t, "/kept", data)
 	dir := t.TempDir()
 	a := s.dial(t, inDir(dir))
 	wantFile(t, a, "/kept", data)
@@ -137,7 +136,7 @@ func TestCacheSurvivesRestart(t *testing.T) {
 	}
 	// A change made meanwhile is noticed: the old chunks are dropped.
 	must(t, a2.Close())
-	writeFile(t, w, "/kept", []byte("new"))
+	testkit.WriteFile(t, w, "/kept", []byte("new"))
 	a3 := s.dial(t, inDir(dir))
 	wantFile(t, a3, "/kept", []byte("new"))
 	// The cache is in use: a second client on it is refused.
@@ -152,7 +151,7 @@ func TestKeepSession(t *testing.T) {
 	s := startServer(t)
 	dir := t.TempDir()
 	a := s.dial(t, inDir(dir), with(func(o *client.Options) { o.KeepSession = true }))
-	writeFile(t, a, "/ks", []byte("one"))
+	testkit.WriteFile(t, a, "/ks", []byte("one"))
 	must(t, a.Close())
 	tok, err := os.ReadFile(filepath.Join(dir, "session"))
 	if err != nil || len(tok) == 0 {
@@ -160,13 +159,13 @@ func TestKeepSession(t *testing.T) {
 	}
 	a2 := s.dial(t, inDir(dir), with(func(o *client.Options) { o.KeepSession = true }))
 	wantFile(t, a2, "/ks", []byte("one"))
-	writeFile(t, a2, "/ks", []byte("two"))
+	testkit.WriteFile(t, a2, "/ks", []byte("two"))
 	b := s.dial(t, memCache())
 	wantFile(t, b, "/ks", []byte("two"))
 	// Without KeepSession no token is written.
 	dir2 := t.TempDir()
 	c := s.dial(t, inDir(dir2))
-	writeFile(t, c, "/ks2", []byte("x"))
+	testkit.WriteFile(t, c, "/ks2", []byte("x"))
 	if _, err := os.Stat(filepath.Join(dir2, "session")); err == nil {
 		t.Fatal("a session token was kept without KeepSession")
 	}
@@ -215,8 +214,8 @@ func TestCrashedClientsWritesKept(t *testing.T) {
 		o.FlushAge = time.Hour
 		o.NoDirDelegations = true
 	}))
-	data := pattern(50<<10, 8)
-	writeFile(t, a, "/crash", data)
+	data := testkit.Pattern(50<<10, 8)
+	testkit.WriteFile(t, a, "/crash", data)
 	if a.Stats().DirtyBytes == 0 {
 		t.Fatal("nothing dirty")
 	}
@@ -257,17 +256,14 @@ func TestServerGone(t *testing.T) {
 		o.RPCTimeout = 500 * time.Millisecond
 	}))
 	b := s.dial(t, memCache())
-	writeFile(t, b, "/cached", []byte("cached before"))
+	testkit.WriteFile(t, b, "/cached", []byte("cached before"))
 	wantFile(t, a, "/cached", []byte("cached before"))
 	must(t, a.Mkdir("/d", 0o755))
-	f, err := a.Create("/d/unstored")
-	must(t, err)
-	_, err = f.Write([]byte("never reaches the server"))
-	must(t, err)
+	f := testkit.Create(t, a, "/d/unstored", []byte("never reaches the server"))
 	s.stop()
 	wantFile(t, a, "/cached", []byte("cached before"))
 	start := time.Now()
-	_, err = a.Stat("/elsewhere")
+	_, err := a.Stat("/elsewhere")
 	if errnoOf(err) != syscall.EIO || err.Error() == "" {
 		t.Fatalf("stat with the server gone: %v (errno %v), want EIO", err, errnoOf(err))
 	}
@@ -310,13 +306,10 @@ func TestLostDirs(t *testing.T) {
 // grows past the cache size).
 func TestReadLargerThanCache(t *testing.T) {
 	s := startServer(t)
-	w := s.dial(t, memCache())
-	data := pattern(6<<20, 5)
-	writeFile(t, w, "/huge", data)
+	data := testkit.Pattern(6<<20, 5)
+	s.seed(t, "/huge", data)
 	a := s.dial(t, with(func(o *client.Options) { o.CacheSize = 2 << 20 }))
-	f, err := a.Open("/huge", os.O_RDONLY, 0)
-	must(t, err)
-	defer f.Close()
+	f := openFile(t, a, "/huge", os.O_RDONLY)
 	p := make([]byte, 3<<20)
 	if n, err := f.ReadAt(p, 0); n != len(p) || err != nil || !bytes.Equal(p, data[:len(p)]) {
 		t.Fatalf("a 3 MiB read through a 2 MiB cache: %d bytes, %v", n, err)
@@ -328,24 +321,19 @@ func TestReadLargerThanCache(t *testing.T) {
 // served from memory: the chunks it fetches cannot be cached.
 func TestReadWithCacheFullOfDirtyData(t *testing.T) {
 	s := startServer(t)
-	w := s.dial(t, memCache())
-	other := pattern(700<<10, 2)
-	writeFile(t, w, "/other", other)
+	other := testkit.Pattern(700<<10, 2)
+	w := s.seed(t, "/other", other)
 	a := s.dial(t, with(func(o *client.Options) {
 		o.CacheSize = 2 << 20
 		o.FlushAge = time.Hour
 		o.NoDirDelegations = true
 	}))
-	dirty := pattern(2<<20, 1)
-	f, err := a.Create("/dirty")
-	must(t, err)
-	_, err = f.Write(dirty)
-	must(t, err)
+	dirty := testkit.Pattern(2<<20, 1)
+	f := testkit.Create(t, a, "/dirty", dirty)
 	if st := a.Stats(); st.DirtyBytes != int64(len(dirty)) {
 		t.Fatalf("%d dirty bytes, want the whole cache", st.DirtyBytes)
 	}
-	g, err := a.Open("/other", os.O_RDONLY, 0)
-	must(t, err)
+	g := openFile(t, a, "/other", os.O_RDONLY)
 	p := make([]byte, len(other)+10)
 	n, err := g.ReadAt(p, 0)
 	if n != len(other) || err != io.EOF || !bytes.Equal(p[:n], other) {
@@ -363,13 +351,11 @@ func TestReadWithCacheFullOfDirtyData(t *testing.T) {
 // first: the rest of the chunk keeps the server's bytes.
 func TestPartialChunkChanges(t *testing.T) {
 	s := startServer(t)
-	w := s.dial(t, memCache())
-	data := pattern(1<<20, 8)
-	writeFile(t, w, "/pc", data)
+	data := testkit.Pattern(1<<20, 8)
+	w := s.seed(t, "/pc", data)
 	a := s.dial(t, with(func(o *client.Options) { o.NoDirDelegations = true }))
-	f, err := a.Open("/pc", os.O_RDWR, 0)
-	must(t, err)
-	_, err = f.WriteAt([]byte("middle"), 600_000)
+	f := openFile(t, a, "/pc", os.O_RDWR)
+	_, err := f.WriteAt([]byte("middle"), 600_000)
 	must(t, err)
 	must(t, f.Truncate(800_000))
 	must(t, f.Close())
@@ -389,10 +375,7 @@ func TestRefusedStoreKeptInLost(t *testing.T) {
 	dir := t.TempDir()
 	a := s.dial(t, inDir(dir), with(func(o *client.Options) { o.FlushAge = time.Hour }))
 	b := s.dial(t, memCache())
-	f, err := a.Create("/big")
-	must(t, err)
-	_, err = f.Write([]byte("abc"))
-	must(t, err)
+	f := testkit.Create(t, a, "/big", []byte("abc"))
 	must(t, f.Truncate(1<<50))
 	// (The message does not say where the data went, as an EIO's does:
 	// errOf keeps only the errno.)
@@ -423,10 +406,10 @@ func TestTruncateByNameTooLarge(t *testing.T) {
 	s := startServer(t)
 	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
 	b := s.dial(t, memCache())
-	writeFile(t, a, "/big", []byte("abc"))
+	testkit.WriteFile(t, a, "/big", []byte("abc"))
 	err := a.Truncate("/big", 1<<50)
 	if err == nil {
-		if got := readFile(t, b, "/big"); string(got) != "abc" {
+		if got := testkit.ReadFile(t, b, "/big"); string(got) != "abc" {
 			t.Fatalf("Truncate returned nil, and the file's earlier writes were lost: another client reads %q", got)
 		}
 	} else if errnoOf(err) != syscall.EFBIG {

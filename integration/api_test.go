@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -44,7 +45,7 @@ func TestLibraryAPI(t *testing.T) {
 	g, _ := a.Open("/f", os.O_WRONLY|os.O_APPEND, 0)
 	g.Write([]byte("!"))
 	g.Close()
-	if got := readFile(t, b, "/f"); string(got) != "hello World!" {
+	if got := testkit.ReadFile(t, b, "/f"); string(got) != "hello World!" {
 		t.Fatalf("after append: %q", got)
 	}
 	if _, err := a.Open("/nope", os.O_RDONLY, 0); !errors.Is(err, syscall.ENOENT) {
@@ -64,13 +65,13 @@ func TestLibraryAPI(t *testing.T) {
 	h.Truncate(5)
 	h.WriteAt([]byte("XY"), 8) // past the end: zeros between
 	h.Close()
-	if got := readFile(t, b, "/f"); !bytes.Equal(got, []byte("hello\x00\x00\x00XY")) {
+	if got := testkit.ReadFile(t, b, "/f"); !bytes.Equal(got, []byte("hello\x00\x00\x00XY")) {
 		t.Fatalf("after truncate and write: %q", got)
 	}
 	if err := a.Truncate("/f", 2); err != nil {
 		t.Fatal(err)
 	}
-	if got := readFile(t, b, "/f"); string(got) != "he" {
+	if got := testkit.ReadFile(t, b, "/f"); string(got) != "he" {
 		t.Fatalf("after path truncate: %q", got)
 	}
 	h, _ = a.Open("/f", os.O_WRONLY|os.O_TRUNC, 0)
@@ -81,14 +82,14 @@ func TestLibraryAPI(t *testing.T) {
 
 	// Symlinks: relative ones are followed, lstat does not follow.
 	a.Mkdir("/d", 0o755)
-	writeFile(t, a, "/d/target", []byte("through the link"))
+	testkit.WriteFile(t, a, "/d/target", []byte("through the link"))
 	if err := a.Symlink("d/target", "/link"); err != nil {
 		t.Fatal(err)
 	}
 	if tgt, err := b.Readlink("/link"); err != nil || tgt != "d/target" {
 		t.Fatalf("readlink: %q %v", tgt, err)
 	}
-	if got := readFile(t, b, "/link"); string(got) != "through the link" {
+	if got := testkit.ReadFile(t, b, "/link"); string(got) != "through the link" {
 		t.Fatalf("read through the link: %q", got)
 	}
 	if st, _ := b.Lstat("/link"); st.Type != node.TypeSymlink {
@@ -120,8 +121,8 @@ func TestLibraryAPI(t *testing.T) {
 	if st, _ := b.Stat("/hard"); st.Nlink != 2 {
 		t.Fatalf("nlink %d after link", st.Nlink)
 	}
-	writeFile(t, a, "/hard", []byte("changed via the other name"))
-	if got := readFile(t, b, "/d/target"); string(got) != "changed via the other name" {
+	testkit.WriteFile(t, a, "/hard", []byte("changed via the other name"))
+	if got := testkit.ReadFile(t, b, "/d/target"); string(got) != "changed via the other name" {
 		t.Fatalf("hard link does not share data: %q", got)
 	}
 	if err := a.Link("/d", "/dirlink"); !errors.Is(err, syscall.EPERM) {
@@ -145,11 +146,11 @@ func TestLibraryAPI(t *testing.T) {
 	}
 
 	// Rename over an existing file and directory moves; rmdir rules.
-	writeFile(t, a, "/d/other", []byte("other"))
+	testkit.WriteFile(t, a, "/d/other", []byte("other"))
 	if err := a.Rename("/d/other", "/hard"); err != nil {
 		t.Fatal(err)
 	}
-	if got := readFile(t, b, "/hard"); string(got) != "other" {
+	if got := testkit.ReadFile(t, b, "/hard"); string(got) != "other" {
 		t.Fatalf("rename over a file: %q", got)
 	}
 	if st, _ := b.Stat("/d/target"); st.Nlink != 1 {
@@ -159,7 +160,7 @@ func TestLibraryAPI(t *testing.T) {
 	if err := a.Rename("/d", "/e/d"); err != nil {
 		t.Fatal(err)
 	}
-	if got := readFile(t, b, "/e/d/target"); string(got) != "changed via the other name" {
+	if got := testkit.ReadFile(t, b, "/e/d/target"); string(got) != "changed via the other name" {
 		t.Fatalf("after moving the directory: %q", got)
 	}
 	if err := a.Rename("/e", "/e/d/inside"); !errors.Is(err, syscall.EINVAL) {
@@ -187,7 +188,7 @@ func TestLibraryAPI(t *testing.T) {
 func TestReadAhead(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	a := dial(t, srv.addr, "mem", 64<<20)
-	writeFile(t, a, "/seq", pattern(8<<20, 5))
+	testkit.WriteFile(t, a, "/seq", testkit.Pattern(8<<20, 5))
 	b := dial(t, srv.addr, t.TempDir(), 64<<20)
 	f, err := b.Open("/seq", os.O_RDONLY, 0)
 	if err != nil {
@@ -222,7 +223,7 @@ func TestReadAhead(t *testing.T) {
 func TestServerStopsCleanly(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	a := dial(t, srv.addr, "mem", 16<<20)
-	writeFile(t, a, "/x", []byte("x"))
+	testkit.WriteFile(t, a, "/x", []byte("x"))
 	done := make(chan error, 1)
 	go func() { done <- srv.stop() }()
 	select {
@@ -264,7 +265,7 @@ func TestSmallCacheUnalignedWrites(t *testing.T) {
 	}
 	r := dial(t, srv.addr, "mem", 64<<20)
 	for i := range 4 {
-		got := readFile(t, r, fmt.Sprintf("/f%d", i))
+		got := testkit.ReadFile(t, r, fmt.Sprintf("/f%d", i))
 		if len(got) != size {
 			t.Fatalf("/f%d: %d bytes, want %d", i, len(got), size)
 		}

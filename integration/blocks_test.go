@@ -4,6 +4,8 @@ import (
 	"os"
 	"syscall"
 	"testing"
+
+	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // blocksOf is a file's st_blocks as stat(2) reports it through a mount.
@@ -41,7 +43,7 @@ func TestFuseBlocks(t *testing.T) {
 	}
 	within("truncate -s 1G", blocksOf(t, m.path("sparse")), 0, 8)
 
-	if err := os.WriteFile(m.path("dense"), pattern(1<<20, 9), 0o644); err != nil {
+	if err := os.WriteFile(m.path("dense"), testkit.Pattern(1<<20, 9), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	within("1 MiB written, closed", blocksOf(t, m.path("dense")), 2048, 2048+64)
@@ -51,7 +53,7 @@ func TestFuseBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Write(pattern(1<<20, 10)); err != nil {
+	if _, err := f.Write(testkit.Pattern(1<<20, 10)); err != nil {
 		t.Fatal(err)
 	}
 	within("1 MiB rewritten, open", blocksOf(t, m.path("dense")), 2048, 2048+64)

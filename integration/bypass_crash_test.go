@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // A bypassed file is stored as many stores behind the writer; what its
@@ -48,7 +49,7 @@ func bypassWriter() int {
 		fmt.Println("open:", err)
 		return 1
 	}
-	data := pattern(crashNew, 2)
+	data := testkit.Pattern(crashNew, 2)
 	for off := 0; off < len(data); off += writerStep {
 		if _, err := f.Write(data[off : off+writerStep]); err != nil {
 			fmt.Println("write:", err)
@@ -111,7 +112,7 @@ func waitWrote(t *testing.T, lines <-chan string, n int) {
 // which.
 func wholly(t *testing.T, c *client.Client, old, new []byte) string {
 	t.Helper()
-	got := readFile(t, c, crashFile)
+	got := testkit.ReadFile(t, c, crashFile)
 	switch {
 	case bytes.Equal(got, old):
 		return "old"
@@ -149,9 +150,9 @@ func crashSetup(t *testing.T) (data string, srv *serverProc, c *client.Client, r
 // its session, and nothing of it was published.
 func TestBypassCrashWriter(t *testing.T) {
 	data, srv, c, rng := crashSetup(t)
-	old, new := pattern(crashOld, 1), pattern(crashNew, 2)
+	old, new := testkit.Pattern(crashOld, 1), testkit.Pattern(crashNew, 2)
 	for i := 0; i < crashRuns; i++ {
-		writeFile(t, c, crashFile, old)
+		testkit.WriteFile(t, c, crashFile, old)
 		cmd, lines := startBypassWriter(t, srv, t.TempDir(), i%2 == 1)
 		at := (8 + rng.Intn(84)) << 20
 		waitWrote(t, lines, at)
@@ -170,9 +171,9 @@ func TestBypassCrashWriter(t *testing.T) {
 // file keeps no local copy of its writes.
 func TestBypassCrashServer(t *testing.T) {
 	_, srv, c, rng := crashSetup(t)
-	old, new := pattern(crashOld, 1), pattern(crashNew, 2)
+	old, new := testkit.Pattern(crashOld, 1), testkit.Pattern(crashNew, 2)
 	for i := 0; i < crashRuns; i++ {
-		writeFile(t, c, crashFile, old)
+		testkit.WriteFile(t, c, crashFile, old)
 		cache := t.TempDir()
 		cmd, lines := startBypassWriter(t, srv, cache, i%2 == 1)
 		at := (8 + rng.Intn(84)) << 20

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -30,7 +31,7 @@ func TestCLI(t *testing.T) {
 		return out
 	}
 	local := filepath.Join(t.TempDir(), "in")
-	content := pattern(3<<20+5, 7)
+	content := testkit.Pattern(3<<20+5, 7)
 	os.WriteFile(local, content, 0o640)
 
 	mustOK("mkdir", "-p", "/a/b/c")
@@ -154,12 +155,12 @@ func TestVolumesAndMountPoints(t *testing.T) {
 	if err := a.MountVolume("/proj", "proj"); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, a, "/proj/readme", []byte("in another volume"))
+	testkit.WriteFile(t, a, "/proj/readme", []byte("in another volume"))
 	st, err := b.Stat("/proj/readme")
 	if err != nil || st.FID.Volume != v.ID {
 		t.Fatalf("file through the mount point: %+v %v", st, err)
 	}
-	if got := readFile(t, b, "/proj/readme"); string(got) != "in another volume" {
+	if got := testkit.ReadFile(t, b, "/proj/readme"); string(got) != "in another volume" {
 		t.Fatalf("read %q", got)
 	}
 	lst, err := b.Lstat("/proj")
@@ -192,7 +193,7 @@ func TestBadNames(t *testing.T) {
 		}
 	}
 	// ".." cannot climb out of the root.
-	writeFile(t, a, "/../../escaped", []byte("x"))
+	testkit.WriteFile(t, a, "/../../escaped", []byte("x"))
 	if _, err := a.Stat("/escaped"); err != nil {
 		t.Fatalf("/../../escaped should resolve to /escaped: %v", err)
 	}
@@ -237,7 +238,7 @@ func TestCLINoPanic(t *testing.T) {
 			case node.TypeDir:
 				err = a.Mkdir(e.name, 0o755)
 			case node.TypeFile:
-				writeFile(t, a, e.name, []byte(e.name))
+				testkit.WriteFile(t, a, e.name, []byte(e.name))
 			case node.TypeSymlink:
 				err = a.Symlink(e.target, e.name)
 			case node.TypeMountPoint:
@@ -259,7 +260,7 @@ func TestCLINoPanic(t *testing.T) {
 			if err != nil || st.Type != e.typ || st.Target != e.target {
 				t.Errorf("after hoard %q: %s is %v %q (%v), want %v %q", what, e.name, st.Type, st.Target, err, e.typ, e.target)
 			} else if e.typ == node.TypeFile {
-				if got, err := tryRead(a, e.name); string(got) != e.name {
+				if got, err := testkit.TryRead(a, e.name); string(got) != e.name {
 					t.Errorf("after hoard %q: %s reads %q (%v)", what, e.name, got, err)
 				}
 			}

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // Three library clients of one server: a write closed on A is read on B
@@ -23,19 +25,19 @@ func TestCloseToOpenAndBreaks(t *testing.T) {
 	b := dial(t, srv.addr, t.TempDir(), 64<<20)
 	c := dial(t, srv.addr, "mem", 64<<20)
 
-	v1 := pattern(1<<20+123, 1)
-	writeFile(t, a, "/shared", v1)
-	writeFile(t, a, "/quiet", pattern(300<<10, 2))
-	if got := readFile(t, b, "/shared"); !bytes.Equal(got, v1) {
+	v1 := testkit.Pattern(1<<20+123, 1)
+	testkit.WriteFile(t, a, "/shared", v1)
+	testkit.WriteFile(t, a, "/quiet", testkit.Pattern(300<<10, 2))
+	if got := testkit.ReadFile(t, b, "/shared"); !bytes.Equal(got, v1) {
 		t.Fatal("B read wrong bytes")
 	}
-	readFile(t, b, "/quiet")
-	if got := readFile(t, c, "/shared"); !bytes.Equal(got, v1) {
+	testkit.ReadFile(t, b, "/quiet")
+	if got := testkit.ReadFile(t, c, "/shared"); !bytes.Equal(got, v1) {
 		t.Fatal("C read wrong bytes")
 	}
 
 	before := b.Stats()
-	if got := readFile(t, b, "/shared"); !bytes.Equal(got, v1) {
+	if got := testkit.ReadFile(t, b, "/shared"); !bytes.Equal(got, v1) {
 		t.Fatal("B re-read wrong bytes")
 	}
 	after := b.Stats()
@@ -46,21 +48,21 @@ func TestCloseToOpenAndBreaks(t *testing.T) {
 		t.Fatalf("a cached re-read under a valid promise cost %d RPCs", after.RPCs-before.RPCs)
 	}
 
-	v2 := pattern(1<<20+77, 3)
+	v2 := testkit.Pattern(1<<20+77, 3)
 	breaks := b.Stats().Breaks
-	writeFile(t, a, "/shared", v2)
+	testkit.WriteFile(t, a, "/shared", v2)
 	// The break reached B before A's Close returned.
 	if b.Stats().Breaks <= breaks {
 		t.Fatal("B received no break before A's close returned")
 	}
 	before = b.Stats()
-	if got := readFile(t, b, "/shared"); !bytes.Equal(got, v2) {
+	if got := testkit.ReadFile(t, b, "/shared"); !bytes.Equal(got, v2) {
 		t.Fatal("B read stale bytes after A's close")
 	}
-	if got := readFile(t, c, "/shared"); !bytes.Equal(got, v2) {
+	if got := testkit.ReadFile(t, c, "/shared"); !bytes.Equal(got, v2) {
 		t.Fatal("C read stale bytes after A's close")
 	}
-	readFile(t, b, "/quiet")
+	testkit.ReadFile(t, b, "/quiet")
 	after = b.Stats()
 	if d := after.BytesFetched - before.BytesFetched; d != int64(len(v2)) {
 		t.Fatalf("B fetched %d bytes after the change, want exactly the changed file's %d", d, len(v2))
@@ -70,7 +72,7 @@ func TestCloseToOpenAndBreaks(t *testing.T) {
 	if _, err := b.ReadDir("/"); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, a, "/new", []byte("x"))
+	testkit.WriteFile(t, a, "/new", []byte("x"))
 	ents, err := b.ReadDir("/")
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +101,7 @@ func TestDeadClientDoesNotBlockWriter(t *testing.T) {
 	const bound = 1 * time.Second
 	srv := startServer(t, t.TempDir(), "--break-timeout", bound.String())
 	a := dial(t, srv.addr, "mem", 16<<20)
-	writeFile(t, a, "/f", []byte("v1"))
+	testkit.WriteFile(t, a, "/f", []byte("v1"))
 
 	for _, how := range []syscall.Signal{syscall.SIGSTOP, syscall.SIGKILL} {
 		t.Run(how.String(), func(t *testing.T) {
@@ -119,7 +121,7 @@ func TestDeadClientDoesNotBlockWriter(t *testing.T) {
 				cmd.Wait()
 			}
 			start := time.Now()
-			writeFile(t, a, "/f", []byte("v2-"+how.String()))
+			testkit.WriteFile(t, a, "/f", []byte("v2-"+how.String()))
 			took := time.Since(start)
 			if took > bound+time.Second {
 				t.Fatalf("writer blocked %v by a %v client (bound %v)", took, how, bound)
@@ -145,15 +147,15 @@ func TestServerCrashKeepsAcknowledgedData(t *testing.T) {
 	}
 	for i := 0; i < 20; i++ {
 		name := fmt.Sprintf("/dir/f%02d", i)
-		files[name] = pattern(1000+i*40000, byte(i))
-		writeFile(t, a, name, files[name])
+		files[name] = testkit.Pattern(1000+i*40000, byte(i))
+		testkit.WriteFile(t, a, name, files[name])
 	}
 	// An fsync'd but not closed file is acknowledged too.
 	f, err := a.Create("/synced")
 	if err != nil {
 		t.Fatal(err)
 	}
-	files["/synced"] = pattern(200000, 99)
+	files["/synced"] = testkit.Pattern(200000, 99)
 	f.Write(files["/synced"])
 	if err := f.Sync(); err != nil {
 		t.Fatal(err)
@@ -167,21 +169,21 @@ func TestServerCrashKeepsAcknowledgedData(t *testing.T) {
 		t.Fatal(err)
 	}
 	delete(files, "/dir/f01")
-	unchanged := readFile(t, b, "/dir/f05")
+	unchanged := testkit.ReadFile(t, b, "/dir/f05")
 
 	srv.kill9()
 	srv.restart()
 
 	// Revalidation keeps B's unchanged data: reading it fetches nothing.
 	before := b.Stats().BytesFetched
-	if got := readFile(t, b, "/dir/f05"); !bytes.Equal(got, unchanged) {
+	if got := testkit.ReadFile(t, b, "/dir/f05"); !bytes.Equal(got, unchanged) {
 		t.Fatal("f05 changed")
 	}
 	if d := b.Stats().BytesFetched - before; d != 0 {
 		t.Fatalf("revalidation after the restart refetched %d bytes of an unchanged file", d)
 	}
 	for name, want := range files {
-		got, err := tryRead(b, name)
+		got, err := testkit.TryRead(b, name)
 		if err != nil {
 			t.Fatalf("%s after restart: %v", name, err)
 		}
@@ -199,7 +201,7 @@ func TestServerCrashKeepsAcknowledgedData(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatalf("close across a server restart: %v", err)
 	}
-	if got := readFile(t, b, "/synced"); !bytes.Equal(got, append(files["/synced"], "more"...)) {
+	if got := testkit.ReadFile(t, b, "/synced"); !bytes.Equal(got, append(files["/synced"], "more"...)) {
 		t.Fatal("write after restart lost")
 	}
 }
@@ -211,22 +213,22 @@ func TestEpochRevalidation(t *testing.T) {
 	srv := startServer(t, data)
 	a := dial(t, srv.addr, "mem", 64<<20)
 	b := dial(t, srv.addr, t.TempDir(), 64<<20)
-	writeFile(t, a, "/same", pattern(500000, 1))
-	writeFile(t, a, "/changes", pattern(500000, 2))
-	readFile(t, b, "/same")
-	readFile(t, b, "/changes")
+	testkit.WriteFile(t, a, "/same", testkit.Pattern(500000, 1))
+	testkit.WriteFile(t, a, "/changes", testkit.Pattern(500000, 2))
+	testkit.ReadFile(t, b, "/same")
+	testkit.ReadFile(t, b, "/changes")
 
 	srv.stop()
 	srv.restart()
-	newer := pattern(400000, 3)
+	newer := testkit.Pattern(400000, 3)
 	// A writes through its new session; B, holding no valid promise, must
 	// notice by DataVersion.
-	writeFile(t, a, "/changes", newer)
+	testkit.WriteFile(t, a, "/changes", newer)
 	before := b.Stats()
-	if got := readFile(t, b, "/changes"); !bytes.Equal(got, newer) {
+	if got := testkit.ReadFile(t, b, "/changes"); !bytes.Equal(got, newer) {
 		t.Fatal("B served stale data after the server restart")
 	}
-	readFile(t, b, "/same")
+	testkit.ReadFile(t, b, "/same")
 	after := b.Stats()
 	if d := after.BytesFetched - before.BytesFetched; d != int64(len(newer)) {
 		t.Fatalf("fetched %d bytes, want only the changed file's %d", d, len(newer))
@@ -242,13 +244,13 @@ func TestClientRestartReusesCache(t *testing.T) {
 	a := dial(t, srv.addr, "mem", 64<<20)
 	var want [][]byte
 	for i := 0; i < 5; i++ {
-		want = append(want, pattern(700000+i, byte(i)))
-		writeFile(t, a, fmt.Sprintf("/f%d", i), want[i])
+		want = append(want, testkit.Pattern(700000+i, byte(i)))
+		testkit.WriteFile(t, a, fmt.Sprintf("/f%d", i), want[i])
 	}
 	dir := t.TempDir()
 	b := dial(t, srv.addr, dir, 64<<20)
 	for i := range want {
-		readFile(t, b, fmt.Sprintf("/f%d", i))
+		testkit.ReadFile(t, b, fmt.Sprintf("/f%d", i))
 	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
@@ -256,7 +258,7 @@ func TestClientRestartReusesCache(t *testing.T) {
 	b2 := dial(t, srv.addr, dir, 64<<20)
 	before := b2.Stats().BytesFetched
 	for i := range want {
-		if got := readFile(t, b2, fmt.Sprintf("/f%d", i)); !bytes.Equal(got, want[i]) {
+		if got := testkit.ReadFile(t, b2, fmt.Sprintf("/f%d", i)); !bytes.Equal(got, want[i]) {
 			t.Fatalf("f%d differs", i)
 		}
 	}
@@ -275,12 +277,12 @@ func TestEvictionUnderSmallCache(t *testing.T) {
 	b := dial(t, srv.addr, dir, limit)
 	var want [][]byte
 	for i := 0; i < 6; i++ {
-		want = append(want, pattern(1<<20+i*1000, byte(10+i)))
-		writeFile(t, a, fmt.Sprintf("/big%d", i), want[i])
+		want = append(want, testkit.Pattern(1<<20+i*1000, byte(10+i)))
+		testkit.WriteFile(t, a, fmt.Sprintf("/big%d", i), want[i])
 	}
 	for round := 0; round < 2; round++ {
 		for i := range want {
-			if got := readFile(t, b, fmt.Sprintf("/big%d", i)); !bytes.Equal(got, want[i]) {
+			if got := testkit.ReadFile(t, b, fmt.Sprintf("/big%d", i)); !bytes.Equal(got, want[i]) {
 				t.Fatalf("big%d differs", i)
 			}
 			if st := b.Stats(); st.BytesCached > limit {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/datapath"
+	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -75,7 +76,7 @@ func writeOverGRPC(t *testing.T, srv *serverProc, name string, data []byte) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	writeFile(t, w, name, data)
+	testkit.WriteFile(t, w, name, data)
 }
 
 // readOverChannel reads name with a new client and checks that the data
@@ -83,7 +84,7 @@ func writeOverGRPC(t *testing.T, srv *serverProc, name string, data []byte) {
 func readOverChannel(t *testing.T, srv *serverProc, name string, want []byte) {
 	t.Helper()
 	before := dataFetches(srv)
-	if got := readFile(t, dial(t, srv.addr, "mem", 64<<20), name); !bytes.Equal(got, want) {
+	if got := testkit.ReadFile(t, dial(t, srv.addr, "mem", 64<<20), name); !bytes.Equal(got, want) {
 		t.Fatalf("read of %s differs", name)
 	}
 	if dataFetches(srv) == before {
@@ -102,7 +103,7 @@ func TestDataChanFlood(t *testing.T) {
 	srv := startServer(t, t.TempDir(), "--log-level", "debug", "--max-data-conns", strconv.Itoa(total),
 		"--max-data-conns-per-peer", strconv.Itoa(perPeer), "--data-request-timeout", timeout.String())
 	addr := dataChanAddr(t, srv)
-	content := pattern(4<<20, 11)
+	content := testkit.Pattern(4<<20, 11)
 	writeOverGRPC(t, srv, "/f", content)
 	rss := vmRSS(t, srv.cmd.Process.Pid)
 
@@ -149,7 +150,7 @@ func TestDataChanFlood(t *testing.T) {
 
 	// The channel is full: a client's read goes over gRPC, at once.
 	began := time.Now()
-	if got := readFile(t, dial(t, srv.addr, "mem", 64<<20), "/f"); !bytes.Equal(got, content) {
+	if got := testkit.ReadFile(t, dial(t, srv.addr, "mem", 64<<20), "/f"); !bytes.Equal(got, content) {
 		t.Fatal("read while the channel is full differs")
 	}
 	if took := time.Since(began); took > 10*time.Second {
@@ -226,11 +227,11 @@ func TestDataChanSlowStore(t *testing.T) {
 func TestDataChanIdle(t *testing.T) {
 	const idle = time.Second
 	srv := startServer(t, t.TempDir(), "--log-level", "debug", "--data-idle-timeout", idle.String())
-	a, b := pattern(3<<20, 13), pattern(3<<20, 14)
+	a, b := testkit.Pattern(3<<20, 13), testkit.Pattern(3<<20, 14)
 	writeOverGRPC(t, srv, "/a", a)
 	writeOverGRPC(t, srv, "/b", b)
 	c := dial(t, srv.addr, "mem", 64<<20)
-	if got := readFile(t, c, "/a"); !bytes.Equal(got, a) {
+	if got := testkit.ReadFile(t, c, "/a"); !bytes.Equal(got, a) {
 		t.Fatal("read of /a differs")
 	}
 	// A connection that made a request after the client's did is closed
@@ -249,7 +250,7 @@ func TestDataChanIdle(t *testing.T) {
 		t.Fatalf("an idle data connection was closed after %v, want about %v", took, idle)
 	}
 	before := dataFetches(srv)
-	if got := readFile(t, c, "/b"); !bytes.Equal(got, b) {
+	if got := testkit.ReadFile(t, c, "/b"); !bytes.Equal(got, b) {
 		t.Fatal("read of /b differs")
 	}
 	if dataFetches(srv) == before {
@@ -276,7 +277,7 @@ var noFile = node.FID{Volume: 1, Vnode: 1 << 40, Unique: 1}
 func TestDataChanPastFdLimit(t *testing.T) {
 	srv := startServer(t, t.TempDir(), "--log-level", "debug")
 	addr := dataChanAddr(t, srv)
-	content := pattern(3<<20, 12)
+	content := testkit.Pattern(3<<20, 12)
 	writeOverGRPC(t, srv, "/f", content)
 	pid := srv.cmd.Process.Pid
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
-	"sort"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -34,7 +34,7 @@ func TestDirDelegation(t *testing.T) {
 	var want []string
 	for i := range 20 {
 		name := fmt.Sprintf("/d/f%02d", i)
-		writeFile(t, a, name, pattern(1000+i, byte(i)))
+		testkit.WriteFile(t, a, name, testkit.Pattern(1000+i, byte(i)))
 		if i%2 == 1 {
 			if err := a.Remove(name); err != nil {
 				t.Fatal(err)
@@ -59,13 +59,13 @@ func TestDirDelegation(t *testing.T) {
 	if rpcs := st.RPCs - before.RPCs; rpcs > 10 {
 		t.Fatalf("%d RPCs for 20 creates, 10 removes and a rename under a directory delegation", rpcs)
 	}
-	if got := names(t, b, "/d"); fmt.Sprint(got) != fmt.Sprint(want) {
+	if got := testkit.Names(t, b, "/d"); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("another client lists %v, want %v", got, want)
 	}
 	for _, name := range want {
 		i := 0
 		fmt.Sscanf(name[1:], "%d", &i)
-		if data := readFile(t, b, "/d/"+name); !bytes.Equal(data, pattern(1000+i, byte(i))) {
+		if data := testkit.ReadFile(t, b, "/d/"+name); !bytes.Equal(data, testkit.Pattern(1000+i, byte(i))) {
 			t.Fatalf("%s: another client read %d bytes, not what was written", name, len(data))
 		}
 	}
@@ -73,11 +73,11 @@ func TestDirDelegation(t *testing.T) {
 		t.Fatalf("%d files created at the server, want the 10 left", st.Settled-before.Settled)
 	}
 	// Recalled: the next create asks the server, which b sees at once.
-	writeFile(t, a, "/d/late", []byte("late"))
+	testkit.WriteFile(t, a, "/d/late", []byte("late"))
 	if st := a.Stats(); st.MadeHere-before.MadeHere != 20 {
 		t.Fatalf("a made a file in a directory just recalled from it")
 	}
-	if got := string(readFile(t, b, "/d/late")); got != "late" {
+	if got := string(testkit.ReadFile(t, b, "/d/late")); got != "late" {
 		t.Fatalf("read %q", got)
 	}
 	// A directory another client has cached is not delegated (hoard
@@ -89,7 +89,7 @@ func TestDirDelegation(t *testing.T) {
 		t.Fatal(err)
 	}
 	made := a.Stats().MadeHere
-	writeFile(t, a, "/e/x", []byte("x"))
+	testkit.WriteFile(t, a, "/e/x", []byte("x"))
 	if a.Stats().MadeHere != made {
 		t.Fatal("a made a file in a directory another client has cached")
 	}
@@ -105,7 +105,7 @@ func TestDirDelegationRestart(t *testing.T) {
 	if err := a.Mkdir("/d", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, a, "/d/closed", []byte("closed only"))
+	testkit.WriteFile(t, a, "/d/closed", []byte("closed only"))
 	f, err := a.Create("/d/synced")
 	if err != nil {
 		t.Fatal(err)
@@ -118,12 +118,12 @@ func TestDirDelegationRestart(t *testing.T) {
 		t.Fatalf("made %d, settled %d: fsync must create the file and its directory's earlier ones", st.MadeHere, st.Settled)
 	}
 	f.Close()
-	writeFile(t, a, "/d/after", []byte("made after the fsync"))
+	testkit.WriteFile(t, a, "/d/after", []byte("made after the fsync"))
 	srv.kill9()
 	srv.restart()
 	b := dial(t, srv.addr, "mem", 64<<20)
 	for name, want := range map[string]string{"closed": "closed only", "synced": "synced", "after": "made after the fsync"} {
-		if got := string(readFile(t, b, "/d/"+name)); got != want {
+		if got := string(testkit.ReadFile(t, b, "/d/"+name)); got != want {
 			t.Fatalf("after the restart %s holds %q, want %q", name, got, want)
 		}
 	}
@@ -140,16 +140,16 @@ func TestDirDelegationLost(t *testing.T) {
 	if st := a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d", st.MadeHere, st.Settled)
 	}
-	link.pause(true)
+	link.Pause(true)
 	start := time.Now()
-	writeFile(t, b, "/d/y", []byte("y"))
+	testkit.WriteFile(t, b, "/d/y", []byte("y"))
 	// The recall waits out the lease, then the break of the holder's
 	// promise on the directory the server's break timeout (2 s).
 	if took := time.Since(start); took > lease+4*time.Second {
 		t.Fatalf("b waited %v for a cut-off holder (lease %v)", took, lease)
 	}
 	t.Logf("b waited %v", time.Since(start))
-	link.pause(false)
+	link.Pause(false)
 	t.Logf("unpaused")
 	if err := f.Sync(); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("fsync of a file made under a lost directory delegation: %v, want EIO", err)
@@ -198,8 +198,8 @@ func TestDirDelegationPOSIX(t *testing.T) {
 		}
 	}
 	made := a.Stats().MadeHere
-	changed("a create", func() { writeFile(t, a, "/p/x", []byte("x")) })
-	changed("a create", func() { writeFile(t, a, "/p/y", []byte("y")) })
+	changed("a create", func() { testkit.WriteFile(t, a, "/p/x", []byte("x")) })
+	changed("a create", func() { testkit.WriteFile(t, a, "/p/y", []byte("y")) })
 	changed("a rename", func() {
 		if err := a.Rename("/p/y", "/p/z"); err != nil {
 			t.Fatal(err)
@@ -220,7 +220,7 @@ func TestDirDelegationPOSIX(t *testing.T) {
 		t.Fatalf("rename over a directory with a file made in it: %v, want ENOTEMPTY or EEXIST", err)
 	}
 	b := dial(t, srv.addr, "mem", 64<<20)
-	if got := string(readFile(t, b, "/p/x")); got != "x" {
+	if got := string(testkit.ReadFile(t, b, "/p/x")); got != "x" {
 		t.Fatalf("another client reads %q", got)
 	}
 }
@@ -254,7 +254,7 @@ func TestDirDelegationSettleAcrossRestart(t *testing.T) {
 		t.Fatalf("%d files settled (want 1), then %d dirty bytes and %d stores (want 0 and 1)", st.Settled, st.DirtyBytes, st.Stores-stores)
 	}
 	b := dial(t, srv.addr, "mem", 64<<20)
-	if got := string(readFile(t, b, "/d/x")); got != "made here" {
+	if got := string(testkit.ReadFile(t, b, "/d/x")); got != "made here" {
 		t.Fatalf("another client reads %q after the settle across the restart", got)
 	}
 }
@@ -274,7 +274,7 @@ func TestDirDelegationChurnLeavesNothing(t *testing.T) {
 	var base int64
 	for i := range 30 {
 		name := fmt.Sprintf("/d/f%02d", i)
-		writeFile(t, a, name, pattern(64<<10, byte(i)))
+		testkit.WriteFile(t, a, name, testkit.Pattern(64<<10, byte(i)))
 		if err := a.Remove(name); err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +286,7 @@ func TestDirDelegationChurnLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open.Write(pattern(10000, 7))
+	open.Write(testkit.Pattern(10000, 7))
 	if err := a.Remove("/d/open"); err != nil {
 		t.Fatal(err)
 	}
@@ -330,11 +330,11 @@ func TestDirDelegationMadeFileCached(t *testing.T) {
 		t.Fatalf("a file made here: valid %v, cachable for %v; want valid, for its directory's %v", n.Valid(), left, dirLeft)
 	}
 	b := dial(t, srv.addr, "mem", 64<<20)
-	writeFile(t, b, "/d/x", []byte("changed by b"))
+	testkit.WriteFile(t, b, "/d/x", []byte("changed by b"))
 	if n.Valid() || a.FIDs().PromiseLeft(n) > 0 {
 		t.Fatal("the maker still caches a file another client changed since")
 	}
-	if got := string(readFile(t, a, "/d/x")); got != "changed by b" {
+	if got := string(testkit.ReadFile(t, a, "/d/x")); got != "changed by b" {
 		t.Fatalf("the maker reads %q after another client changed the file", got)
 	}
 }
@@ -349,7 +349,7 @@ func madeHere(t *testing.T) (*serverProc, *client.Client) {
 	if err := a.Mkdir("/d", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, a, "/d/x", []byte("made here"))
+	testkit.WriteFile(t, a, "/d/x", []byte("made here"))
 	if st := a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d: the test wants the file made here, unsent", st.MadeHere, st.Settled)
 	}
@@ -377,7 +377,7 @@ func TestDirDelegationRemoveLater(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f.Write(pattern(3000, byte(i)))
+		f.Write(testkit.Pattern(3000, byte(i)))
 		if err := f.Sync(); err != nil { // created and stored at the server
 			t.Fatal(err)
 		}
@@ -393,7 +393,7 @@ func TestDirDelegationRemoveLater(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	writeFile(t, a, "/d/f0", []byte("again")) // a name removed here, made again
+	testkit.WriteFile(t, a, "/d/f0", []byte("again")) // a name removed here, made again
 	if _, err := a.Stat("/d/f1"); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("stat of a file removed here: %v", err)
 	}
@@ -405,13 +405,13 @@ func TestDirDelegationRemoveLater(t *testing.T) {
 		t.Fatalf("another client asking for a file removed here by FID: %v, want it gone", err)
 	}
 	// That settle also made f0 again and removed the others.
-	if got := names(t, b, "/d"); fmt.Sprint(got) != "[f0 f4 f5]" {
+	if got := testkit.Names(t, b, "/d"); fmt.Sprint(got) != "[f0 f4 f5]" {
 		t.Fatalf("another client lists %v, want [f0 f4 f5]", got)
 	}
-	if data := string(readFile(t, b, "/d/f0")); data != "again" {
+	if data := string(testkit.ReadFile(t, b, "/d/f0")); data != "again" {
 		t.Fatalf("f0 made again reads %q", data)
 	}
-	if data := readFile(t, b, "/d/f4"); !bytes.Equal(data, pattern(3000, 4)) {
+	if data := testkit.ReadFile(t, b, "/d/f4"); !bytes.Equal(data, testkit.Pattern(3000, 4)) {
 		t.Fatal("f4 lost its data")
 	}
 	if st := a.Stats(); st.Settled-before.Settled != 1 || st.Files > before.Files-3 {
@@ -438,11 +438,11 @@ func TestDirDelegationRemoveLaterLost(t *testing.T) {
 	if st := a.Stats(); st.RemovedHere != 1 {
 		t.Fatalf("%d files removed here, want 1", st.RemovedHere)
 	}
-	link.pause(true)
-	if data := readFile(t, b, "/d/x"); !bytes.Equal(data, pattern(5000, 1)) {
+	link.Pause(true)
+	if data := testkit.ReadFile(t, b, "/d/x"); !bytes.Equal(data, testkit.Pattern(5000, 1)) {
 		t.Fatalf("another client read %d bytes of a file whose remove never reached the server", len(data))
 	}
-	link.pause(false)
+	link.Pause(false)
 	var st node.Status
 	var err error
 	if !eventually(20*time.Second, func() bool {
@@ -451,7 +451,7 @@ func TestDirDelegationRemoveLaterLost(t *testing.T) {
 	}) {
 		t.Fatalf("the holder does not find the file again after the revocation: %+v %v", st, err)
 	}
-	if data := readFile(t, a, "/d/x"); !bytes.Equal(data, pattern(5000, 1)) {
+	if data := testkit.ReadFile(t, a, "/d/x"); !bytes.Equal(data, testkit.Pattern(5000, 1)) {
 		t.Fatalf("the holder reads %d bytes of the file back at the server", len(data))
 	}
 	if kept, err := lost.List(cacheDir); err != nil || len(kept) != 0 {
@@ -464,7 +464,7 @@ func TestDirDelegationRemoveLaterLost(t *testing.T) {
 // under a directory delegation (f, open), and another client (b).
 type holderCase struct {
 	a, b     *client.Client
-	link     *relay
+	link     *testkit.Relay
 	cacheDir string
 	f        *client.File
 }
@@ -473,8 +473,8 @@ func cutOffHolder(t *testing.T, lease time.Duration) holderCase {
 	t.Helper()
 	tmp := t.TempDir()
 	srv := startServer(t, filepath.Join(tmp, "srv"), "--lease", lease.String())
-	hc := holderCase{link: startRelay(t, srv.addr, ""), cacheDir: filepath.Join(tmp, "a")}
-	a, err := client.Dial(client.Options{Server: hc.link.addr(), CacheDir: hc.cacheDir, CacheSize: 64 << 20, NoDataChannel: true, RPCTimeout: 10 * time.Second})
+	hc := holderCase{link: testkit.StartRelay(t, srv.addr), cacheDir: filepath.Join(tmp, "a")}
+	a, err := client.Dial(client.Options{Server: hc.link.Addr(), CacheDir: hc.cacheDir, CacheSize: 64 << 20, NoDataChannel: true, RPCTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -486,23 +486,8 @@ func cutOffHolder(t *testing.T, lease time.Duration) holderCase {
 	if hc.f, err = a.Create("/d/x"); err != nil {
 		t.Fatal(err)
 	}
-	hc.f.Write(pattern(5000, 1))
+	hc.f.Write(testkit.Pattern(5000, 1))
 	return hc
-}
-
-// names lists dir through c, sorted.
-func names(t *testing.T, c *client.Client, dir string) []string {
-	t.Helper()
-	ents, err := c.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, e := range ents {
-		got = append(got, e.Name)
-	}
-	sort.Strings(got)
-	return got
 }
 
 // FIDs a client reserved are pruned at the server's second start after:
@@ -518,7 +503,7 @@ func TestDirDelegationAfterTwoRestarts(t *testing.T) {
 	if err := a.Mkdir("/d", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, a, "/d/first", []byte("first")) // reserves a batch, uses one
+	testkit.WriteFile(t, a, "/d/first", []byte("first")) // reserves a batch, uses one
 	for range 2 {
 		srv.kill9()
 		srv.restart()
@@ -527,12 +512,12 @@ func TestDirDelegationAfterTwoRestarts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	writeFile(t, a, "/d/later", []byte("made after two restarts"))
+	testkit.WriteFile(t, a, "/d/later", []byte("made after two restarts"))
 	b := dial(t, srv.addr, "mem", 64<<20)
-	if got := string(readFile(t, b, "/d/later")); got != "made after two restarts" {
+	if got := string(testkit.ReadFile(t, b, "/d/later")); got != "made after two restarts" {
 		t.Fatalf("the other client read %q", got)
 	}
-	if got := string(readFile(t, a, "/d/later")); got != "made after two restarts" {
+	if got := string(testkit.ReadFile(t, a, "/d/later")); got != "made after two restarts" {
 		t.Fatalf("the maker read %q", got)
 	}
 	if kept, _ := lost.List(cache); len(kept) != 0 {

@@ -30,6 +30,7 @@ import (
 	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -66,7 +67,7 @@ type campaign struct {
 	srvDisk    string // a tmpfs; the server's data is in it
 	cacheDisk  string // a tmpfs holding the first mount's cache
 	dataAddr   string // the server's real data channel
-	ctl, data  *relay
+	ctl, data  *testkit.Relay
 	probe      *client.Client
 	mounts     []*mountProc
 	mountTo    []*serverProc
@@ -162,12 +163,12 @@ func (c *campaign) setup() {
 	c.srvDisk = c.tmpfs("192m")
 	c.cacheDisk = c.tmpfs("40m")
 	c.dataAddr = freeAddr(t)
-	c.data = startRelay(t, c.dataAddr, "")
+	c.data = testkit.StartRelay(t, c.dataAddr)
 	// A dead mount's delegations hold others' opens up for a lease: keep
 	// it short. The grace is the consistency checker's (consGrace).
 	c.srv = startServer(t, filepath.Join(c.srvDisk, "data"), "--grace", consGrace.String(), "--lease", fcLease.String(),
-		"--data-listen", c.dataAddr, "--data-advertise", c.data.addr())
-	c.ctl = startRelay(t, c.srv.addr, "")
+		"--data-listen", c.dataAddr, "--data-advertise", c.data.Addr())
+	c.ctl = testkit.StartRelay(t, c.srv.addr)
 	c.proxy = startProxy(t, c.srv, t.TempDir(), "--grace", consGrace.String())
 	c.probe = c.dial("fc-probe", c.srv.addr, client.Options{NoDelegations: true, NoDirDelegations: true})
 	for _, d := range []string{"/w0", "/w1", "/w2", "/w3", "/wd"} {
@@ -175,7 +176,7 @@ func (c *campaign) setup() {
 			t.Fatal(err)
 		}
 	}
-	writeFile(t, c.probe, "/hostile", []byte("target of hostile requests"))
+	testkit.WriteFile(t, c.probe, "/hostile", []byte("target of hostile requests"))
 
 	m1cache := filepath.Join(c.cacheDisk, "cache")
 	m1 := startMount(t, c.srv, m1cache, "--timeout", "5s", "--cache-size", "16M")
@@ -184,7 +185,7 @@ func (c *campaign) setup() {
 	c.mounts, c.mountTo = []*mountProc{m1, m2}, []*serverProc{c.srv, c.proxy}
 
 	l1cache, l2cache := t.TempDir(), t.TempDir()
-	l1 := c.dialCache("fc-l1", c.ctl.addr(), l1cache, client.Options{})
+	l1 := c.dialCache("fc-l1", c.ctl.Addr(), l1cache, client.Options{})
 	l2 := c.dialCache("fc-l2", c.proxy.addr, l2cache, client.Options{NoDelegations: true})
 	c.caches = []string{l1cache, l2cache, m1cache, m2cache}
 	mk := func(i int, fs fcFS, through bool) *fcWorker {
@@ -202,7 +203,7 @@ func (c *campaign) setup() {
 
 	// The consistency checker's clients: direct with delegations, through
 	// the cut relay without, through the proxy with.
-	for i, to := range []string{c.srv.addr, c.ctl.addr(), c.proxy.addr} {
+	for i, to := range []string{c.srv.addr, c.ctl.Addr(), c.proxy.addr} {
 		cache := t.TempDir()
 		cl := c.dialCache(fmt.Sprintf("fc-cons%d", i), to, cache, client.Options{NoDelegations: i == 1, DirBackoff: time.Millisecond})
 		c.cons = append(c.cons, cl)
@@ -323,16 +324,16 @@ func (c *campaign) inject(kind string) string {
 		return fmt.Sprintf(" (mount %d)", i)
 	case "pause":
 		d := time.Duration(500+c.rng.IntN(2500)) * time.Millisecond
-		c.ctl.pause(true)
-		c.data.pause(true)
+		c.ctl.Pause(true)
+		c.data.Pause(true)
 		time.Sleep(d) // the fault itself
-		c.ctl.pause(false)
-		c.data.pause(false)
+		c.ctl.Pause(false)
+		c.data.Pause(false)
 		return fmt.Sprintf(" (%v)", d)
 	case "cut":
 		n := 0
 		for range 1 + c.rng.IntN(3) {
-			n += c.ctl.cut() + c.data.cut()
+			n += c.ctl.Cut() + c.data.Cut()
 			time.Sleep(time.Duration(c.rng.IntN(300)) * time.Millisecond) // between cuts
 		}
 		return fmt.Sprintf(" (%d connections)", n)
@@ -557,7 +558,7 @@ func (c *campaign) probeWrite(name string, size int) error {
 	if err != nil {
 		return err
 	}
-	_, err = f.Write(pattern(size, 3))
+	_, err = f.Write(testkit.Pattern(size, 3))
 	if err == nil {
 		err = f.Sync()
 	}
@@ -740,7 +741,7 @@ func (c *campaign) readRetry(v *client.Client, name string) ([]byte, error) {
 	var b []byte
 	var err error
 	if !eventually(60*time.Second, func() bool {
-		b, err = tryRead(v, name)
+		b, err = testkit.TryRead(v, name)
 		return err == nil || errors.Is(err, syscall.ENOENT)
 	}) {
 		c.t.Errorf("round %d: the server does not serve %s: %v", c.rounds, name, err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // The fault campaign's data workload: each worker owns one directory and
@@ -165,7 +166,7 @@ func (l fcLib) write(name string, pieces [][]byte, sync bool) (bool, error) {
 	return fcSession(f, pieces, sync)
 }
 
-func (l fcLib) read(name string) ([]byte, error) { return tryRead(l.c, l.dir+"/"+name) }
+func (l fcLib) read(name string) ([]byte, error) { return testkit.TryRead(l.c, l.dir+"/"+name) }
 
 func (l fcLib) rename(from, to string) error {
 	return l.c.Rename(l.dir+"/"+from, l.dir+"/"+to)

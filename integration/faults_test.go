@@ -11,8 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -27,6 +25,7 @@ import (
 	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // A server whose disk fills up answers ENOSPC, commits no partial file,
@@ -43,13 +42,13 @@ func TestServerDiskFull(t *testing.T) {
 	srv := startServer(t, filepath.Join(dir, "data"))
 	a := dial(t, srv.addr, "mem", 64<<20)
 	b := dial(t, srv.addr, "mem", 64<<20)
-	small := pattern(1<<20, 1)
-	writeFile(t, a, "/small", small)
+	small := testkit.Pattern(1<<20, 1)
+	testkit.WriteFile(t, a, "/small", small)
 	f, err := a.Create("/huge")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Write(pattern(20<<20, 2))
+	f.Write(testkit.Pattern(20<<20, 2))
 	// Under a write delegation Close leaves the data to the flusher; fsync
 	// is what makes it durable, and what hears that it cannot be.
 	err = f.Sync()
@@ -64,24 +63,24 @@ func TestServerDiskFull(t *testing.T) {
 	if err != nil || st.Size != 0 {
 		t.Fatalf("a partial file was committed: %+v %v", st, err)
 	}
-	if got := readFile(t, b, "/small"); !bytes.Equal(got, small) {
+	if got := testkit.ReadFile(t, b, "/small"); !bytes.Equal(got, small) {
 		t.Fatal("existing data damaged by the full disk")
 	}
 	// Overwriting in place must not leave a torn file either.
 	f, _ = a.Open("/small", os.O_WRONLY, 0)
-	f.WriteAt(pattern(30<<20, 3), 512<<10)
+	f.WriteAt(testkit.Pattern(30<<20, 3), 512<<10)
 	if err := f.Sync(); err == nil {
 		t.Fatal("a store that cannot fit succeeded")
 	}
 	f.Close()
-	if got := readFile(t, b, "/small"); !bytes.Equal(got, small) {
+	if got := testkit.ReadFile(t, b, "/small"); !bytes.Equal(got, small) {
 		t.Fatal("a failed store changed the file")
 	}
 	// And the server still works once space is back.
 	if err := a.Remove("/huge"); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, a, "/after", []byte("fine"))
+	testkit.WriteFile(t, a, "/after", []byte("fine"))
 }
 
 // The server itself refuses bad names and malformed requests, whatever the
@@ -192,7 +191,7 @@ func TestServerAwayDuringClose(t *testing.T) {
 	if err := <-closed; err != nil {
 		t.Fatalf("close across a short outage: %v", err)
 	}
-	if got := readFile(t, a, "/blip"); string(got) != "survives a restart" {
+	if got := testkit.ReadFile(t, a, "/blip"); string(got) != "survives a restart" {
 		t.Fatalf("read %q", got)
 	}
 	// Down for good: EIO after the timeout, data kept under lost/. A
@@ -239,9 +238,9 @@ func TestDataChannel(t *testing.T) {
 	}
 	a := dial(t, plain.addr, t.TempDir(), 16<<20)
 	b := dial(t, plain.addr, t.TempDir(), 16<<20)
-	content := pattern(1<<20, 5)
-	writeFile(t, a, "/f", content)
-	if got := readFile(t, b, "/f"); !bytes.Equal(got, content) {
+	content := testkit.Pattern(1<<20, 5)
+	testkit.WriteFile(t, a, "/f", content)
+	if got := testkit.ReadFile(t, b, "/f"); !bytes.Equal(got, content) {
 		t.Fatal("read over gRPC differs")
 	}
 
@@ -262,142 +261,11 @@ func TestDataChannel(t *testing.T) {
 		t.Fatalf("malformed request: %+v %v", rep, err)
 	}
 	c := dial(t, srv.addr, t.TempDir(), 16<<20)
-	writeFile(t, c, "/g", content)
+	testkit.WriteFile(t, c, "/g", content)
 	d := dial(t, srv.addr, t.TempDir(), 16<<20)
-	if got := readFile(t, d, "/g"); !bytes.Equal(got, content) {
+	if got := testkit.ReadFile(t, d, "/g"); !bytes.Equal(got, content) {
 		t.Fatal("read over the data channel differs")
 	}
-}
-
-// relay forwards connections to a server and misbehaves once, as a
-// network or a broken peer would (mode "" never does). Paused, it holds
-// what it reads, as a link that is down but not broken would.
-type relay struct {
-	l      net.Listener
-	to     string
-	mode   string // "", "cut", "flip-down", "flip-up" or "refuse"
-	conns  atomic.Int32
-	faults atomic.Int32
-	struck atomic.Bool
-
-	mu     sync.Mutex
-	cond   *sync.Cond
-	paused bool
-	open   map[net.Conn]struct{} // both ends of every connection carried
-}
-
-// startRelay forwards connections to to, with the fault mode says; pause
-// holds every byte (a link down, not broken) and cut closes every
-// connection it carries, at any time.
-func startRelay(t *testing.T, to, mode string) *relay {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &relay{l: l, to: to, mode: mode, open: map[net.Conn]struct{}{}}
-	r.cond = sync.NewCond(&r.mu)
-	t.Cleanup(func() { r.pause(false); l.Close(); r.cut() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			r.conns.Add(1)
-			go r.serve(c)
-		}
-	}()
-	return r
-}
-
-func (r *relay) addr() string { return r.l.Addr().String() }
-
-func (r *relay) pause(on bool) {
-	r.mu.Lock()
-	r.paused = on
-	r.cond.Broadcast()
-	r.mu.Unlock()
-}
-
-// cut closes every connection the relay carries and returns how many.
-func (r *relay) cut() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for c := range r.open {
-		c.Close()
-	}
-	n := len(r.open) / 2
-	clear(r.open)
-	return n
-}
-
-// carry adds (or with done, removes and closes) a connection's two ends.
-func (r *relay) carry(done bool, cs ...net.Conn) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, c := range cs {
-		if done {
-			delete(r.open, c)
-			c.Close()
-		} else {
-			r.open[c] = struct{}{}
-		}
-	}
-}
-
-// faultAt is where in a connection's stream the fault strikes, in the
-// first connection that carries that much: well inside the data of a
-// chunk, past any header.
-const faultAt = 100_000
-
-func (r *relay) serve(c net.Conn) {
-	defer c.Close()
-	if r.mode == "refuse" {
-		r.faults.Add(1)
-		return
-	}
-	s, err := net.DialTimeout("tcp", r.to, 5*time.Second)
-	if err != nil {
-		return
-	}
-	r.carry(false, c, s)
-	defer r.carry(true, c, s)
-	pipe := func(dst, src net.Conn, fault bool) {
-		buf := make([]byte, 32<<10)
-		var at int
-		for {
-			n, err := src.Read(buf)
-			r.mu.Lock()
-			for r.paused {
-				r.cond.Wait()
-			}
-			r.mu.Unlock()
-			if n > 0 && fault && at <= faultAt && faultAt < at+n && r.struck.CompareAndSwap(false, true) {
-				if r.mode == "cut" {
-					dst.Write(buf[:faultAt-at])
-					r.faults.Add(1)
-					dst.Close()
-					src.Close()
-					return
-				}
-				buf[faultAt-at] ^= 0x20
-				r.faults.Add(1)
-			}
-			at += n
-			if n > 0 {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					break
-				}
-			}
-			if err != nil {
-				break
-			}
-		}
-		dst.Close()
-		src.Close()
-	}
-	go pipe(c, s, r.mode == "cut" || r.mode == "flip-down")
-	pipe(s, c, r.mode == "flip-up")
 }
 
 // Faults on the data channel, through a relay the server advertises: a
@@ -405,19 +273,19 @@ func (r *relay) serve(c net.Conn) {
 // up (a store), a channel that refuses every connection. The application
 // gets the right bytes every time, and the server stores the right bytes.
 func TestDataChannelFaults(t *testing.T) {
-	content := pattern(6<<20, 7)
-	for _, mode := range []string{"cut", "flip-down", "flip-up", "refuse"} {
-		t.Run(mode, func(t *testing.T) {
+	content := testkit.Pattern(6<<20, 7)
+	for _, fault := range []testkit.Fault{testkit.FaultCut, testkit.FaultFlipDown, testkit.FaultFlipUp, testkit.FaultRefuse} {
+		t.Run(string(fault), func(t *testing.T) {
 			dataAddr := freeAddr(t)
-			rl := startRelay(t, dataAddr, mode)
-			srv := startServer(t, t.TempDir(), "--data-listen", dataAddr, "--data-advertise", rl.addr())
-			if !strings.Contains(srv.logs.String(), "advertised as "+rl.addr()) {
+			rl := testkit.StartFaultyRelay(t, dataAddr, fault)
+			srv := startServer(t, t.TempDir(), "--data-listen", dataAddr, "--data-advertise", rl.Addr())
+			if !strings.Contains(srv.logs.String(), "advertised as "+rl.Addr()) {
 				t.Fatalf("relay not advertised: %s", srv.logs)
 			}
 			w := dial(t, srv.addr, "mem", 64<<20)
-			writeFile(t, w, "/f", content)
+			testkit.WriteFile(t, w, "/f", content)
 			r := dial(t, srv.addr, t.TempDir(), 64<<20)
-			if got := readFile(t, r, "/f"); !bytes.Equal(got, content) {
+			if got := testkit.ReadFile(t, r, "/f"); !bytes.Equal(got, content) {
 				t.Fatal("read through the faulty channel differs")
 			}
 			// What the server holds, read over gRPC only.
@@ -426,11 +294,11 @@ func TestDataChannelFaults(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer plain.Close()
-			if got := readFile(t, plain, "/f"); !bytes.Equal(got, content) {
+			if got := testkit.ReadFile(t, plain, "/f"); !bytes.Equal(got, content) {
 				t.Fatal("the server holds different bytes")
 			}
-			if rl.faults.Load() == 0 {
-				t.Fatalf("the relay never struck (%d connections)", rl.conns.Load())
+			if rl.Faults() == 0 {
+				t.Fatalf("the relay never struck (%d connections)", rl.Conns())
 			}
 		})
 	}

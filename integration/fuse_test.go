@@ -19,6 +19,7 @@ import (
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/mount"
 )
 
@@ -141,9 +142,9 @@ func makeTree(t *testing.T, dir string) {
 	for i := 0; i < 40; i++ {
 		p := filepath.Join(dir, fmt.Sprintf("pkg%d/sub%d/file%d.txt", i%5, i%3, i))
 		os.MkdirAll(filepath.Dir(p), 0o755)
-		os.WriteFile(p, pattern(100+i*997, byte(i)), 0o644)
+		os.WriteFile(p, testkit.Pattern(100+i*997, byte(i)), 0o644)
 	}
-	os.WriteFile(filepath.Join(dir, "big.bin"), pattern(3<<20+17, 99), 0o600)
+	os.WriteFile(filepath.Join(dir, "big.bin"), testkit.Pattern(3<<20+17, 99), 0o600)
 	os.Symlink("pkg0/sub0/file0.txt", filepath.Join(dir, "rel-link"))
 	os.Symlink("/etc/hostname", filepath.Join(dir, "abs-link"))
 	os.Link(filepath.Join(dir, "big.bin"), filepath.Join(dir, "big.hard"))
@@ -367,7 +368,7 @@ func TestFuseInvalidationStorm(t *testing.T) {
 	b := startMount(t, srv, t.TempDir())
 	const files = 4
 	for i := 0; i < files; i++ {
-		os.WriteFile(a.path(fmt.Sprintf("s%d", i)), pattern(300<<10, byte(i)), 0o644)
+		os.WriteFile(a.path(fmt.Sprintf("s%d", i)), testkit.Pattern(300<<10, byte(i)), 0o644)
 	}
 	stop := make(chan struct{})
 	errs := make(chan error, 16)
@@ -408,7 +409,7 @@ func TestFuseInvalidationStorm(t *testing.T) {
 	for w := 0; w < 2; w++ {
 		loop(func(n int) error {
 			name := a.path(fmt.Sprintf("s%d", (w+n)%files))
-			if err := os.WriteFile(name, pattern(100<<10+n, byte(n)), 0o644); err != nil {
+			if err := os.WriteFile(name, testkit.Pattern(100<<10+n, byte(n)), 0o644); err != nil {
 				return err
 			}
 			os.Rename(name, name+".tmp")
@@ -466,7 +467,7 @@ func TestFuseKilledDaemonRemount(t *testing.T) {
 	srv := startServer(t, t.TempDir(), "--lease", "2s")
 	cacheDir := t.TempDir()
 	m := startMount(t, srv, cacheDir)
-	content := pattern(2<<20, 7)
+	content := testkit.Pattern(2<<20, 7)
 	writeSynced(t, m.path("keep"), content)
 	os.ReadFile(m.path("keep"))
 	// Closed but not stored (write-back): the next daemon keeps it in lost/
@@ -532,7 +533,7 @@ func TestFusePassthrough(t *testing.T) {
 	if !strings.Contains(m.logs.String(), "cached reads by FUSE passthrough") {
 		t.Skipf("SKIP: passthrough unavailable here: %s", m.logs)
 	}
-	content := pattern(1<<20, 3)
+	content := testkit.Pattern(1<<20, 3)
 	os.WriteFile(m.path("p"), content, 0o644)
 	for i := 0; i < 3; i++ {
 		if got, _ := os.ReadFile(m.path("p")); !bytes.Equal(got, content) {
@@ -590,7 +591,7 @@ func TestFuseServerAway(t *testing.T) {
 	needFuse(t)
 	srv := startServer(t, t.TempDir())
 	m := startMount(t, srv, t.TempDir(), "--timeout", "2s")
-	content := pattern(700<<10, 4)
+	content := testkit.Pattern(700<<10, 4)
 	os.WriteFile(m.path("cached"), content, 0o644)
 	if got, _ := os.ReadFile(m.path("cached")); !bytes.Equal(got, content) {
 		t.Fatal("read differs")
@@ -718,7 +719,7 @@ func TestFuseForgottenNodesReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 200 {
-		writeFile(t, lib, fmt.Sprintf("/many/f%d", i), []byte("old"))
+		testkit.WriteFile(t, lib, fmt.Sprintf("/many/f%d", i), []byte("old"))
 	}
 	for i := range 200 {
 		if got, err := os.ReadFile(m.path(fmt.Sprintf("many/f%d", i))); err != nil || string(got) != "old" {
@@ -746,7 +747,7 @@ func TestFuseForgottenNodesReleased(t *testing.T) {
 	if n := nodes(func(n int64) bool { return n < 50 }); n >= 50 {
 		t.Fatalf("%d nodes still in memory after the kernel forgot the files", n)
 	}
-	writeFile(t, lib, "/many/f7", []byte("new"))
+	testkit.WriteFile(t, lib, "/many/f7", []byte("new"))
 	if got, err := os.ReadFile(m.path("many/f7")); err != nil || string(got) != "new" {
 		t.Fatalf("after another client's write: %q, %v", got, err)
 	}
@@ -769,7 +770,7 @@ func TestFuseBreakPastKernelLock(t *testing.T) {
 	if err := lib.Rename("/d/f0", "/d/f2"); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, lib, "/d/f0", []byte("new"))
+	testkit.WriteFile(t, lib, "/d/f0", []byte("new"))
 	select {
 	case err := <-renamed:
 		t.Fatalf("a's rename returned (%v) before the silent mount's break timed out: the directory was not locked", err)
@@ -849,7 +850,7 @@ func heldRename(t *testing.T, breakTimeout string, files map[string]string) (srv
 		}
 	}
 	for name, data := range files {
-		writeFile(t, lib, "/d/"+name, []byte(data))
+		testkit.WriteFile(t, lib, "/d/"+name, []byte(data))
 	}
 	a = startMount(t, srv, t.TempDir())
 	silent := startMount(t, srv, t.TempDir())
@@ -891,7 +892,7 @@ func TestFuseUmountStoresFirst(t *testing.T) {
 	}
 	const n = 300
 	for i := range n {
-		if err := os.WriteFile(m.path(fmt.Sprintf("d/f%d", i)), pattern(5000, byte(i)), 0o644); err != nil {
+		if err := os.WriteFile(m.path(fmt.Sprintf("d/f%d", i)), testkit.Pattern(5000, byte(i)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -908,7 +909,7 @@ func TestFuseUmountStoresFirst(t *testing.T) {
 	srv.restart()
 	c := dial(t, srv.addr, "mem", 64<<20)
 	for i := range n {
-		if got := readFile(t, c, fmt.Sprintf("/d/f%d", i)); !bytes.Equal(got, pattern(5000, byte(i))) {
+		if got := testkit.ReadFile(t, c, fmt.Sprintf("/d/f%d", i)); !bytes.Equal(got, testkit.Pattern(5000, byte(i))) {
 			t.Fatalf("/d/f%d after umount and the server's kill -9: %d bytes", i, len(got))
 		}
 	}

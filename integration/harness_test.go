@@ -269,38 +269,6 @@ func dial(t testing.TB, addr, cacheDir string, size int64) *client.Client {
 	return c
 }
 
-func writeFile(t testing.TB, c *client.Client, name string, data []byte) {
-	t.Helper()
-	f, err := c.Create(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Write(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func readFile(t testing.TB, c *client.Client, name string) []byte {
-	t.Helper()
-	b, err := tryRead(c, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-func tryRead(c *client.Client, name string) ([]byte, error) {
-	f, err := c.Open(name, os.O_RDONLY, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(f)
-}
-
 // run runs the hoard binary and returns its combined output and exit code.
 func run(t testing.TB, args ...string) (string, int) {
 	t.Helper()
@@ -313,14 +281,4 @@ func run(t testing.TB, args ...string) (string, int) {
 		t.Fatal(err)
 	}
 	return string(out), code
-}
-
-func pattern(n int, seed byte) []byte {
-	b := make([]byte, n)
-	x := uint32(seed) + 1
-	for i := range b {
-		x = x*1664525 + 1013904223
-		b[i] = byte(x >> 24)
-	}
-	return b
 }

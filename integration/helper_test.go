@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // helperMain is a second client process. By default it reads the file
@@ -50,7 +51,7 @@ func helperWriter(c *client.Client, name string, size int) int {
 		fmt.Println("create:", err)
 		return 1
 	}
-	if _, err := f.Write(pattern(size, 9)); err != nil {
+	if _, err := f.Write(testkit.Pattern(size, 9)); err != nil {
 		fmt.Println("write:", err)
 		return 1
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/lograte"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/server"
@@ -47,8 +48,8 @@ func anonRPC(t *testing.T, addr string) pb.FileServerClient {
 func TestServerRefusesSizesPastItsDisk(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	a := dial(t, srv.addr, "mem", 16<<20)
-	writeFile(t, a, "/keep", []byte("kept"))
-	writeFile(t, a, "/f", []byte("f"))
+	testkit.WriteFile(t, a, "/keep", []byte("kept"))
+	testkit.WriteFile(t, a, "/f", []byte("f"))
 	// Another client's lookup: the server knows /f (a made it under a
 	// directory delegation).
 	st, err := dial(t, srv.addr, "mem", 16<<20).Stat("/f")
@@ -84,14 +85,14 @@ func TestServerRefusesSizesPastItsDisk(t *testing.T) {
 	srv.kill9()
 	srv.restart()
 	b := dial(t, srv.addr, "mem", 16<<20)
-	if got := string(readFile(t, b, "/keep")); got != "kept" {
+	if got := string(testkit.ReadFile(t, b, "/keep")); got != "kept" {
 		t.Fatalf("after a restart /keep reads %q", got)
 	}
-	if got := string(readFile(t, b, "/f")); got != "f" {
+	if got := string(testkit.ReadFile(t, b, "/f")); got != "f" {
 		t.Fatalf("after a restart /f reads %q", got)
 	}
-	writeFile(t, b, "/f", []byte("written after"))
-	if got := string(readFile(t, b, "/f")); got != "written after" {
+	testkit.WriteFile(t, b, "/f", []byte("written after"))
+	if got := string(testkit.ReadFile(t, b, "/f")); got != "written after" {
 		t.Fatalf("/f reads %q", got)
 	}
 }
@@ -114,7 +115,7 @@ func TestServerBoundsSessions(t *testing.T) {
 		!strings.Contains(err.Error(), "refused") || !strings.Contains(err.Error(), "--max-sessions-per-peer") {
 		t.Fatalf("a fourth client from one address: %v", err)
 	}
-	writeFile(t, cs[1], "/x", []byte("still served"))
+	testkit.WriteFile(t, cs[1], "/x", []byte("still served"))
 	cs[0].Close()
 	var in *client.Client
 	var err error
@@ -145,7 +146,7 @@ func TestServerBoundsSessions(t *testing.T) {
 	if rss := rssKiB(t, srv.cmd.Process.Pid); rss > 200<<10 {
 		t.Fatalf("server RSS %d KiB after refusing 1,000 long names", rss)
 	}
-	if got := string(readFile(t, dial(t, srv.addr, "mem", 16<<20), "/x")); got != "still served" {
+	if got := string(testkit.ReadFile(t, dial(t, srv.addr, "mem", 16<<20), "/x")); got != "still served" {
 		t.Fatalf("read %q", got)
 	}
 }
@@ -176,7 +177,7 @@ func rssKiB(t *testing.T, pid int) int {
 func TestFlippedCacheByteNotServed(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	cacheDir := t.TempDir()
-	content := pattern(3<<20+100, 5)
+	content := testkit.Pattern(3<<20+100, 5)
 	local := filepath.Join(t.TempDir(), "in")
 	if err := os.WriteFile(local, content, 0o644); err != nil {
 		t.Fatal(err)
@@ -247,7 +248,7 @@ func TestCloseWithServerGone(t *testing.T) {
 	// Files written under delegations and not stored yet.
 	const unstored = 50
 	for i := range unstored {
-		writeFile(t, a, fmt.Sprintf("/d/u%02d", i), []byte(fmt.Sprintf("unstored %d", i)))
+		testkit.WriteFile(t, a, fmt.Sprintf("/d/u%02d", i), []byte(fmt.Sprintf("unstored %d", i)))
 	}
 	srv.kill9()
 	start := time.Now()

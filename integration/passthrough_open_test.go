@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // needPassthrough skips when the mount reads cached files through the
@@ -61,7 +63,7 @@ func TestFusePassthroughOpenNotRefused(t *testing.T) {
 	needPassthrough(t, m)
 
 	t.Run("own version", func(t *testing.T) {
-		data := pattern(1<<20, 5)
+		data := testkit.Pattern(1<<20, 5)
 		cachedFile(t, m, "own", data)
 		r, err := os.Open(m.path("own"))
 		if err != nil {
@@ -93,7 +95,7 @@ func TestFusePassthroughOpenNotRefused(t *testing.T) {
 
 	t.Run("another client's version", func(t *testing.T) {
 		other := startMount(t, srv, t.TempDir())
-		old, fresh := pattern(1<<20, 6), pattern(1<<20, 7)
+		old, fresh := testkit.Pattern(1<<20, 6), testkit.Pattern(1<<20, 7)
 		cachedFile(t, m, "theirs", old)
 		r, err := os.Open(m.path("theirs"))
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/policy"
+	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 func dialOpts(t *testing.T, o client.Options) *client.Client {
@@ -56,9 +57,9 @@ func TestPolicyRules(t *testing.T) {
 	if err := w.MountVolume("/stream", "__stream"); err != nil {
 		t.Fatal(err)
 	}
-	small := pattern(600<<10, 1)
+	small := testkit.Pattern(600<<10, 1)
 	for _, name := range []string{"/plain", "/__skip", "/stream/data", "/stream/++keep"} {
-		writeFile(t, w, name, small)
+		testkit.WriteFile(t, w, name, small)
 	}
 	c := dialOpts(t, client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 64 << 20})
 	cases := []struct {
@@ -120,11 +121,11 @@ func TestPolicyRules(t *testing.T) {
 func TestPolicyAuto(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	w := dial(t, srv.addr, "mem", 64<<20)
-	big := pattern(3<<20, 2)
-	filler := pattern(6<<20, 3)
-	writeFile(t, w, "/big", big)
-	writeFile(t, w, "/big2", big)
-	writeFile(t, w, "/filler", filler)
+	big := testkit.Pattern(3<<20, 2)
+	filler := testkit.Pattern(6<<20, 3)
+	testkit.WriteFile(t, w, "/big", big)
+	testkit.WriteFile(t, w, "/big2", big)
+	testkit.WriteFile(t, w, "/filler", filler)
 
 	roomy := dialOpts(t, client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 64 << 20, AutoMin: 1 << 20})
 	for range 2 {
@@ -184,7 +185,7 @@ func TestBypassWrites(t *testing.T) {
 	if !f.Bypassed() {
 		t.Fatal("__log is not bypassed")
 	}
-	want := pattern(9<<20+123, 4)
+	want := testkit.Pattern(9<<20+123, 4)
 	for off := 0; off < len(want); off += 100000 {
 		if _, err := f.Write(want[off:min(off+100000, len(want))]); err != nil {
 			t.Fatal(err)
@@ -207,7 +208,7 @@ func TestBypassWrites(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if got := readFile(t, b, "/__log"); !bytes.Equal(got, want) {
+	if got := testkit.ReadFile(t, b, "/__log"); !bytes.Equal(got, want) {
 		t.Fatal("another client reads different bytes")
 	}
 	if cached := a.Stats().BytesCached; cached != 0 {
@@ -218,7 +219,7 @@ func TestBypassWrites(t *testing.T) {
 	g.Truncate(10)
 	g.Write([]byte("end"))
 	g.Close()
-	if got := readFile(t, b, "/__log"); !bytes.Equal(got, append(want[:10:10], "end"...)) {
+	if got := testkit.ReadFile(t, b, "/__log"); !bytes.Equal(got, append(want[:10:10], "end"...)) {
 		t.Fatalf("after truncate and append: %q", got)
 	}
 }
@@ -233,14 +234,14 @@ func TestPolicySwitchKeepsWrites(t *testing.T) {
 	if err := a.SetPolicy("/f", policy.Bypass, false); err != nil {
 		t.Fatal(err)
 	}
-	if got := readFile(t, b, "/f"); string(got) != "written before the switch" {
+	if got := testkit.ReadFile(t, b, "/f"); string(got) != "written before the switch" {
 		t.Fatalf("after the switch the server has %q", got)
 	}
 	f.Write([]byte(" and after"))
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if got := readFile(t, b, "/f"); string(got) != "written before the switch and after" {
+	if got := testkit.ReadFile(t, b, "/f"); string(got) != "written before the switch and after" {
 		t.Fatalf("final %q", got)
 	}
 	g, _ := a.Open("/f", os.O_RDONLY, 0)
@@ -254,7 +255,7 @@ func TestPolicySwitchKeepsWrites(t *testing.T) {
 func TestPolicyCLI(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	w := dial(t, srv.addr, "mem", 16<<20)
-	writeFile(t, w, "/__x", []byte("x"))
+	testkit.WriteFile(t, w, "/__x", []byte("x"))
 	cacheDir := t.TempDir()
 	out, code := run(t, "cache", "policy", "/__x", "--server", srv.addr, "--cache", cacheDir)
 	if code != 0 || !strings.Contains(out, "bypass (name starts with __)") {
@@ -284,7 +285,7 @@ func TestPolicyCLI(t *testing.T) {
 		t.Fatalf("after set on the mount: %q", out)
 	}
 	// A bypassed file reads and writes correctly through the mount.
-	data := pattern(2<<20, 6)
+	data := testkit.Pattern(2<<20, 6)
 	if err := os.WriteFile(m.path("__big"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -300,8 +301,8 @@ func TestPolicyCLI(t *testing.T) {
 func TestBypassReadAcrossTruncate(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	w := dial(t, srv.addr, "mem", 64<<20)
-	old := pattern(8<<20, 1)
-	writeFile(t, w, "/__big", old)
+	old := testkit.Pattern(8<<20, 1)
+	testkit.WriteFile(t, w, "/__big", old)
 	r := dial(t, srv.addr, t.TempDir(), 64<<20)
 	f, err := r.Open("/__big", os.O_RDONLY, 0)
 	if err != nil {
@@ -326,7 +327,7 @@ func TestBypassReadAcrossTruncate(t *testing.T) {
 	// The read-ahead window reaches the end of the file: wait until it
 	// has all landed, beyond 2 MiB too.
 	waitFor(t, 10*time.Second, "the read-ahead of the whole file", func() bool { return r.Stats().BytesFetched >= int64(len(old)) })
-	fresh := pattern(2<<20, 2)
+	fresh := testkit.Pattern(2<<20, 2)
 	g, err := w.Open("/__big", os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -364,8 +365,8 @@ func TestBypassConcurrentReaders(t *testing.T) {
 	const files = 3
 	want := make([][]byte, files)
 	for i := range want {
-		want[i] = pattern(6<<20, byte(10+i))
-		writeFile(t, w, fmt.Sprintf("/__f%d", i), want[i])
+		want[i] = testkit.Pattern(6<<20, byte(10+i))
+		testkit.WriteFile(t, w, fmt.Sprintf("/__f%d", i), want[i])
 	}
 	r := dial(t, srv.addr, t.TempDir(), 64<<20)
 	errs := make(chan error, 2*files)

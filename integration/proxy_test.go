@@ -21,6 +21,7 @@ import (
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -67,7 +68,7 @@ func randomBytes(seed uint64, n int) []byte {
 func TestProxyReadThrough(t *testing.T) {
 	tmp, _, px, direct := proxied(t)
 	data := randomBytes(1, 3<<20+12345)
-	writeFile(t, direct, "/big", data)
+	testkit.WriteFile(t, direct, "/big", data)
 
 	const readers = 4
 	var wg sync.WaitGroup
@@ -106,7 +107,7 @@ func TestProxyReadThrough(t *testing.T) {
 
 	// A late reader, and a listing and a stat through the proxy.
 	late := dial(t, px.addr, "mem", 64<<20)
-	if got := readFile(t, late, "/big"); !bytes.Equal(got, data) {
+	if got := testkit.ReadFile(t, late, "/big"); !bytes.Equal(got, data) {
 		t.Fatal("a late client of the proxy read other bytes")
 	}
 	ents, err := late.ReadDir("/")
@@ -141,9 +142,9 @@ func TestProxyChainedBreaks(t *testing.T) {
 	a := dial(t, px.addr, filepath.Join(tmp, "a"), 64<<20)
 	b := dial(t, px.addr, filepath.Join(tmp, "b"), 64<<20)
 
-	writeFile(t, direct, "/f", []byte("one"))
+	testkit.WriteFile(t, direct, "/f", []byte("one"))
 	for _, c := range []*client.Client{a, b, direct} {
-		if got := string(readFile(t, c, "/f")); got != "one" {
+		if got := string(testkit.ReadFile(t, c, "/f")); got != "one" {
 			t.Fatalf("read %q, want one", got)
 		}
 	}
@@ -155,9 +156,9 @@ func TestProxyChainedBreaks(t *testing.T) {
 		data string
 	}{{direct, "origin client", "two"}, {a, "proxy client a", "three, longer"}, {b, "proxy client b", "4"}}
 	for _, step := range steps {
-		writeFile(t, step.who, "/f", []byte(step.data))
+		testkit.WriteFile(t, step.who, "/f", []byte(step.data))
 		for _, c := range []*client.Client{a, b, direct} {
-			if got := string(readFile(t, c, "/f")); got != step.data {
+			if got := string(testkit.ReadFile(t, c, "/f")); got != step.data {
 				t.Fatalf("after a write by the %s, a client read %q, want %q", step.name, got, step.data)
 			}
 		}
@@ -167,7 +168,7 @@ func TestProxyChainedBreaks(t *testing.T) {
 	if _, err := a.ReadDir("/"); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, direct, "/g", []byte("g"))
+	testkit.WriteFile(t, direct, "/g", []byte("g"))
 	if err := b.Mkdir("/d", 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +180,7 @@ func TestProxyChainedBreaks(t *testing.T) {
 		if err != nil || len(ents) != 1 || ents[0].Name != "g" {
 			t.Fatalf("listing of /d: %v %v, want g", ents, err)
 		}
-		if got := string(readFile(t, c, "/d/g")); got != "g" {
+		if got := string(testkit.ReadFile(t, c, "/d/g")); got != "g" {
 			t.Fatalf("read /d/g: %q", got)
 		}
 	}
@@ -205,16 +206,16 @@ func TestProxyBreaksSideBySide(t *testing.T) {
 	px := startProxy(t, origin, filepath.Join(tmp, "proxy"), "--break-timeout", "1300ms")
 	direct := dial(t, origin.addr, "mem", 64<<20)
 	names := []string{"/a", "/b"}
-	var links []*relay
+	var links []*testkit.Relay
 	for i, name := range names {
-		writeFile(t, direct, name, []byte(name))
-		link := startRelay(t, px.addr, "")
+		testkit.WriteFile(t, direct, name, []byte(name))
+		link := testkit.StartRelay(t, px.addr)
 		links = append(links, link)
 		// Each slow client holds a promise on one file, through the proxy.
-		readFile(t, dial(t, link.addr(), filepath.Join(tmp, fmt.Sprint("slow", i)), 64<<20), name)
+		testkit.ReadFile(t, dial(t, link.Addr(), filepath.Join(tmp, fmt.Sprint("slow", i)), 64<<20), name)
 	}
 	for _, l := range links {
-		l.pause(true)
+		l.Pause(true)
 	}
 	errs := make(chan error, len(names))
 	for _, name := range names {
@@ -233,7 +234,7 @@ func TestProxyBreaksSideBySide(t *testing.T) {
 		}
 	}
 	for _, l := range links {
-		l.pause(false)
+		l.Pause(false)
 	}
 	if r := proxyStats(t, px.addr).OriginResets; r != 0 {
 		t.Fatalf("the origin reset the proxy %d times: its two breaks were acknowledged one wait after the other", r)
@@ -262,7 +263,7 @@ func TestProxyDelegations(t *testing.T) {
 	}
 	a, b, direct := writeBack(px.addr, "a"), writeBack(px.addr, "b"), writeBack(origin.addr, "direct")
 
-	writeFile(t, a, "/f", []byte("from a"))
+	testkit.WriteFile(t, a, "/f", []byte("from a"))
 	if st := a.Stats(); st.WriteDelegations != 1 || st.DirtyBytes == 0 {
 		t.Fatalf("a holds %d write delegations and %d dirty bytes: want the file's, its writes not stored yet", st.WriteDelegations, st.DirtyBytes)
 	}
@@ -270,7 +271,7 @@ func TestProxyDelegations(t *testing.T) {
 		t.Fatalf("the proxy holds %d write delegations from the origin and gave %d: want 1 and 1", ps.OriginWriteDelegations, ps.Delegations)
 	}
 	// b conflicts with a only: the proxy recalls a's delegation.
-	if got := string(readFile(t, b, "/f")); got != "from a" {
+	if got := string(testkit.ReadFile(t, b, "/f")); got != "from a" {
 		t.Fatalf("b read %q through the proxy, want a's unstored %q", got, "from a")
 	}
 	if a.Stats().Recalls != 1 {
@@ -280,11 +281,11 @@ func TestProxyDelegations(t *testing.T) {
 		t.Fatalf("a conflict between two proxy clients reached the origin: %d recalls of the proxy, %d write delegations held", ps.OriginRecalls, ps.OriginWriteDelegations)
 	}
 	// b writes under a delegation of its own; the origin's client reads.
-	writeFile(t, b, "/f", []byte("from b, longer"))
+	testkit.WriteFile(t, b, "/f", []byte("from b, longer"))
 	if st := b.Stats(); st.WriteDelegations != 1 || st.DirtyBytes == 0 {
 		t.Fatalf("b holds %d write delegations and %d dirty bytes", st.WriteDelegations, st.DirtyBytes)
 	}
-	if got := string(readFile(t, direct, "/f")); got != "from b, longer" {
+	if got := string(testkit.ReadFile(t, direct, "/f")); got != "from b, longer" {
 		t.Fatalf("the origin's client read %q, want b's unstored %q", got, "from b, longer")
 	}
 	if ps := proxyStats(t, px.addr); ps.OriginRecalls != 1 || ps.OriginWriteDelegations != 0 {
@@ -296,7 +297,7 @@ func TestProxyDelegations(t *testing.T) {
 	// A short-lived file: made, written, closed and removed under a's
 	// delegation, it is never stored.
 	stores := a.Stats().Stores
-	writeFile(t, a, "/tmp", randomBytes(1, 1<<20))
+	testkit.WriteFile(t, a, "/tmp", randomBytes(1, 1<<20))
 	if err := a.Remove("/tmp"); err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +318,7 @@ func TestProxyDelegations(t *testing.T) {
 // through the proxy, and the reader sees the write.
 func TestProxyReadDelegationLater(t *testing.T) {
 	tmp, origin, px, direct := proxied(t)
-	writeFile(t, direct, "/r", []byte("first"))
+	testkit.WriteFile(t, direct, "/r", []byte("first"))
 	// The writer's delegation would have to be recalled first.
 	if err := direct.Close(); err != nil {
 		t.Fatal(err)
@@ -325,7 +326,7 @@ func TestProxyReadDelegationLater(t *testing.T) {
 	a := dial(t, px.addr, filepath.Join(tmp, "a"), 64<<20)
 	for range 2 {
 		before := a.Stats()
-		if got := string(readFile(t, a, "/r")); got != "first" {
+		if got := string(testkit.ReadFile(t, a, "/r")); got != "first" {
 			t.Fatalf("read %q through the proxy", got)
 		}
 		if st := a.Stats(); st.LocalOpens != before.LocalOpens+1 || st.ReadDelegations != 0 {
@@ -364,8 +365,8 @@ func TestProxyReadDelegationLater(t *testing.T) {
 	}
 
 	w := dial(t, origin.addr, "mem", 64<<20)
-	writeFile(t, w, "/r", []byte("second"))
-	if got := string(readFile(t, a, "/r")); got != "second" {
+	testkit.WriteFile(t, w, "/r", []byte("second"))
+	if got := string(testkit.ReadFile(t, a, "/r")); got != "second" {
 		t.Fatalf("after a write at the origin the proxy's client read %q", got)
 	}
 	if ps := proxyStats(t, px.addr); ps.OriginRecalls != 1 {
@@ -386,8 +387,8 @@ func TestProxyLostLease(t *testing.T) {
 	// File data on the control connection too: the relay is the only
 	// way from the proxy to the origin.
 	origin := startServer(t, filepath.Join(tmp, "origin"), "--lease", lease.String(), "--data-listen", "none")
-	link := startRelay(t, origin.addr, "")
-	px := startProxy(t, &serverProc{addr: link.addr()}, filepath.Join(tmp, "proxy"))
+	link := testkit.StartRelay(t, origin.addr)
+	px := startProxy(t, &serverProc{addr: link.Addr()}, filepath.Join(tmp, "proxy"))
 	cacheDir := filepath.Join(tmp, "a")
 	a, err := client.Dial(client.Options{Server: px.addr, CacheDir: cacheDir, CacheSize: 64 << 20, FlushAge: time.Hour, RPCTimeout: 10 * time.Second})
 	if err != nil {
@@ -400,17 +401,17 @@ func TestProxyLostLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := f.Write(pattern(1<<20, 3)); err != nil {
+	if _, err := f.Write(testkit.Pattern(1<<20, 3)); err != nil {
 		t.Fatal(err)
 	}
 	if st := a.Stats(); st.WriteDelegations != 1 || st.DirtyBytes != 1<<20 {
 		t.Fatalf("a holds %d write delegations, %d dirty bytes", st.WriteDelegations, st.DirtyBytes)
 	}
-	link.pause(true)
+	link.Pause(true)
 	start := time.Now()
-	writeFile(t, direct, "/w", []byte("from the origin's client"))
+	testkit.WriteFile(t, direct, "/w", []byte("from the origin's client"))
 	took := time.Since(start)
-	link.pause(false)
+	link.Pause(false)
 	if took > lease+2*time.Second {
 		t.Fatalf("the origin's writer waited %v for a proxy cut off (lease %v)", took, lease)
 	}
@@ -421,7 +422,7 @@ func TestProxyLostLease(t *testing.T) {
 	if err != nil || len(kept) != 1 || kept[0].Path != "/w" || kept[0].Size != 1<<20 {
 		t.Fatalf("lost data: %+v %v", kept, err)
 	}
-	if got := string(readFile(t, direct, "/w")); got != "from the origin's client" {
+	if got := string(testkit.ReadFile(t, direct, "/w")); got != "from the origin's client" {
 		t.Fatalf("the origin has %d bytes, not what its client wrote after the lease", len(got))
 	}
 }
@@ -434,17 +435,17 @@ func TestProxyDataChannel(t *testing.T) {
 	tmp := t.TempDir()
 	origin := startServer(t, filepath.Join(tmp, "origin"))
 	px, rl, dataAddr := relayedDataProxy(t, origin, filepath.Join(tmp, "proxy"))
-	if !strings.Contains(px.logs.String(), "data channel "+dataAddr+" advertised as "+rl.addr()) {
+	if !strings.Contains(px.logs.String(), "data channel "+dataAddr+" advertised as "+rl.Addr()) {
 		t.Fatalf("the proxy did not say where its data channel is: %s", px.logs)
 	}
 	direct := dial(t, origin.addr, "mem", 64<<20)
 	content := randomBytes(7, 3<<20+12345)
-	writeFile(t, direct, "/f", content)
+	testkit.WriteFile(t, direct, "/f", content)
 	c := dial(t, px.addr, "mem", 64<<20)
-	if !bytes.Equal(readFile(t, c, "/f"), content) {
+	if !bytes.Equal(testkit.ReadFile(t, c, "/f"), content) {
 		t.Fatal("a read through the proxy's data channel returned other bytes")
 	}
-	if rl.conns.Load() == 0 {
+	if rl.Conns() == 0 {
 		t.Fatal("the proxy's client did not use its data channel")
 	}
 	up := randomBytes(8, 1<<20)
@@ -457,7 +458,7 @@ func TestProxyDataChannel(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	if !bytes.Equal(readFile(t, direct, "/g"), up) {
+	if !bytes.Equal(testkit.ReadFile(t, direct, "/g"), up) {
 		t.Fatal("a store through the proxy's data channel reached the origin changed")
 	}
 
@@ -465,7 +466,7 @@ func TestProxyDataChannel(t *testing.T) {
 	if strings.Contains(plain.logs.String(), "data channel") {
 		t.Fatalf("a proxy opened a data channel without --data-listen: %s", plain.logs)
 	}
-	if !bytes.Equal(readFile(t, dial(t, plain.addr, "mem", 64<<20), "/f"), content) {
+	if !bytes.Equal(testkit.ReadFile(t, dial(t, plain.addr, "mem", 64<<20), "/f"), content) {
 		t.Fatal("a read through the proxy over gRPC returned other bytes")
 	}
 }
@@ -481,10 +482,10 @@ func TestProxyAsksForDataStreams(t *testing.T) {
 	direct := dial(t, origin.addr, "mem", 64<<20)
 	const files = 12
 	for i := range files {
-		writeFile(t, direct, fmt.Sprintf("/f%d", i), pattern(100<<10, byte(i)))
+		testkit.WriteFile(t, direct, fmt.Sprintf("/f%d", i), testkit.Pattern(100<<10, byte(i)))
 	}
 	c := dial(t, px.addr, "mem", 64<<20)
-	rl.pause(true)
+	rl.Pause(true)
 	got := make([][]byte, files)
 	errs := make([]error, files)
 	var wg sync.WaitGroup
@@ -492,15 +493,15 @@ func TestProxyAsksForDataStreams(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got[i], errs[i] = tryRead(c, fmt.Sprintf("/f%d", i))
+			got[i], errs[i] = testkit.TryRead(c, fmt.Sprintf("/f%d", i))
 		}()
 	}
-	eventually(2*time.Second, func() bool { return rl.conns.Load() >= files })
-	conns := rl.conns.Load()
-	rl.pause(false)
+	eventually(2*time.Second, func() bool { return rl.Conns() >= files })
+	conns := rl.Conns()
+	rl.Pause(false)
 	wg.Wait()
 	for i := range files {
-		if errs[i] != nil || !bytes.Equal(got[i], pattern(100<<10, byte(i))) {
+		if errs[i] != nil || !bytes.Equal(got[i], testkit.Pattern(100<<10, byte(i))) {
 			t.Fatalf("/f%d through the proxy: %d bytes, %v", i, len(got[i]), errs[i])
 		}
 	}
@@ -519,11 +520,11 @@ func TestProxyOriginAway(t *testing.T) {
 	px := startProxy(t, origin, filepath.Join(tmp, "proxy"), "--timeout", "2s")
 	direct := dial(t, origin.addr, "mem", 64<<20)
 	cached := randomBytes(2, 700<<10)
-	writeFile(t, direct, "/cached", cached)
-	writeFile(t, direct, "/cold", []byte("cold"))
+	testkit.WriteFile(t, direct, "/cached", cached)
+	testkit.WriteFile(t, direct, "/cold", []byte("cold"))
 	direct.Close()
 	warm := dial(t, px.addr, "mem", 64<<20)
-	if !bytes.Equal(readFile(t, warm, "/cached"), cached) {
+	if !bytes.Equal(testkit.ReadFile(t, warm, "/cached"), cached) {
 		t.Fatal("first read through the proxy")
 	}
 
@@ -531,7 +532,7 @@ func TestProxyOriginAway(t *testing.T) {
 	// A new client has nothing cached: every byte it reads comes from
 	// the proxy.
 	fresh := dial(t, px.addr, "mem", 64<<20)
-	if !bytes.Equal(readFile(t, fresh, "/cached"), cached) {
+	if !bytes.Equal(testkit.ReadFile(t, fresh, "/cached"), cached) {
 		t.Fatal("a file the proxy holds a promise on was not served with the origin away")
 	}
 	start := time.Now()
@@ -549,16 +550,16 @@ func TestProxyOriginAway(t *testing.T) {
 
 	origin.restart()
 	var got []byte
-	if !eventually(15*time.Second, func() bool { got, err = tryRead(fresh, "/cold"); return err == nil }) {
+	if !eventually(15*time.Second, func() bool { got, err = testkit.TryRead(fresh, "/cold"); return err == nil }) {
 		t.Fatalf("the proxy did not recover after the origin came back: %v", err)
 	}
 	if string(got) != "cold" {
 		t.Fatalf("read %q after the origin came back", got)
 	}
 	// And a change through the proxy reaches the restarted origin.
-	writeFile(t, fresh, "/after", []byte("after"))
+	testkit.WriteFile(t, fresh, "/after", []byte("after"))
 	again := dial(t, origin.addr, "mem", 64<<20)
-	if got := string(readFile(t, again, "/after")); got != "after" {
+	if got := string(testkit.ReadFile(t, again, "/after")); got != "after" {
 		t.Fatalf("origin has %q for a file written through the proxy", got)
 	}
 }
@@ -575,10 +576,10 @@ func TestProxyKilledMidFetch(t *testing.T) {
 	direct := dial(t, origin.addr, "mem", 64<<20)
 	small := randomBytes(3, 1<<20)
 	big := randomBytes(4, 64<<20)
-	writeFile(t, direct, "/small", small)
-	writeFile(t, direct, "/big", big)
+	testkit.WriteFile(t, direct, "/small", small)
+	testkit.WriteFile(t, direct, "/big", big)
 
-	if !bytes.Equal(readFile(t, dial(t, px.addr, "mem", 64<<20), "/small"), small) {
+	if !bytes.Equal(testkit.ReadFile(t, dial(t, px.addr, "mem", 64<<20), "/small"), small) {
 		t.Fatal("first read of /small through the proxy")
 	}
 	// What the restart finds of /small is what the store's index held at
@@ -616,10 +617,10 @@ func TestProxyKilledMidFetch(t *testing.T) {
 	px.restart()
 	before := proxyStats(t, px.addr)
 	r := dial(t, px.addr, "mem", 128<<20)
-	if !bytes.Equal(readFile(t, r, "/small"), small) {
+	if !bytes.Equal(testkit.ReadFile(t, r, "/small"), small) {
 		t.Fatal("after a crash and a torn chunk, /small read wrong through the proxy")
 	}
-	if !bytes.Equal(readFile(t, r, "/big"), big) {
+	if !bytes.Equal(testkit.ReadFile(t, r, "/big"), big) {
 		t.Fatal("after a crash mid-fetch, /big read wrong through the proxy")
 	}
 	after := proxyStats(t, px.addr)
@@ -663,7 +664,7 @@ func tear(t *testing.T, dir string, head []byte, cs int) {
 // goes on serving.
 func TestProxyUnknownFID(t *testing.T) {
 	_, _, px, direct := proxied(t)
-	writeFile(t, direct, "/f", []byte("here"))
+	testkit.WriteFile(t, direct, "/f", []byte("here"))
 	c := dial(t, px.addr, "mem", 64<<20)
 	st, err := c.Stat("/f")
 	if err != nil {
@@ -688,7 +689,7 @@ func TestProxyUnknownFID(t *testing.T) {
 	if _, err := c.FIDs().Volume("", 4242); pb.Errno(err) != syscall.ENOENT {
 		t.Fatalf("volume 4242 through the proxy: %v, want ENOENT", err)
 	}
-	if got := string(readFile(t, c, "/f")); got != "here" {
+	if got := string(testkit.ReadFile(t, c, "/f")); got != "here" {
 		t.Fatalf("after the bad requests the proxy served %q", got)
 	}
 	// A file removed at the origin: asked for again, the proxy finds it
@@ -740,9 +741,9 @@ func TestProxyDiskFull(t *testing.T) {
 	// disk, it finds the disk full halfway through this file.
 	px := startProxy(t, origin, filepath.Join(disk, "pc"), "--layout", "per-chunk", "--cache-size", "64M")
 	data := randomBytes(5, 40<<20)
-	writeFile(t, direct, "/f", data)
+	testkit.WriteFile(t, direct, "/f", data)
 	c := dial(t, px.addr, "mem", 128<<20)
-	if !bytes.Equal(readFile(t, c, "/f"), data) {
+	if !bytes.Equal(testkit.ReadFile(t, c, "/f"), data) {
 		t.Fatal("with the proxy's disk full, a read through it returned other bytes")
 	}
 	if s := proxyStats(t, px.addr); s.BytesUsed >= 24<<20 || s.BytesServed < int64(len(data)) {
@@ -769,23 +770,23 @@ func TestProxyDiskFull(t *testing.T) {
 		t.Fatal("a write through a proxy whose disk is full was acknowledged by fsync")
 	}
 	f.Close()
-	if !bytes.Equal(readFile(t, dial(t, px.addr, "mem", 128<<20), "/f"), data) {
+	if !bytes.Equal(testkit.ReadFile(t, dial(t, px.addr, "mem", 128<<20), "/f"), data) {
 		t.Fatal("after a failed write, a read through the proxy returned other bytes")
 	}
 	os.Remove(filepath.Join(disk, "pad"))
-	writeFile(t, w, "/h", []byte("room again"))
-	if got := string(readFile(t, direct, "/h")); got != "room again" {
+	testkit.WriteFile(t, w, "/h", []byte("room again"))
+	if got := string(testkit.ReadFile(t, direct, "/h")); got != "room again" {
 		t.Fatalf("the origin has %q for a write through the proxy once there was room", got)
 	}
 }
 
 // relayedDataProxy starts a proxy of origin in dir whose data channel
 // listens at dataAddr, behind a relay that counts the connections.
-func relayedDataProxy(t *testing.T, origin *serverProc, dir string) (px *serverProc, rl *relay, dataAddr string) {
+func relayedDataProxy(t *testing.T, origin *serverProc, dir string) (px *serverProc, rl *testkit.Relay, dataAddr string) {
 	t.Helper()
 	dataAddr = freeAddr(t)
-	rl = startRelay(t, dataAddr, "")
-	px = startProxy(t, origin, dir, "--data-listen", dataAddr, "--data-advertise", rl.addr())
+	rl = testkit.StartRelay(t, dataAddr)
+	px = startProxy(t, origin, dir, "--data-listen", dataAddr, "--data-advertise", rl.Addr())
 	return px, rl, dataAddr
 }
 
@@ -807,7 +808,7 @@ func TestProxyRestartKeepsWriteBack(t *testing.T) {
 	direct := dial(t, origin.addr, "mem", 64<<20)
 	for i := range 3 {
 		name := fmt.Sprintf("/f%d", i)
-		writeFile(t, a, name, []byte("unstored "+name))
+		testkit.WriteFile(t, a, name, []byte("unstored "+name))
 	}
 	if st := a.Stats(); st.WriteDelegations != 3 || st.DirtyBytes == 0 {
 		t.Fatalf("a holds %d write delegations and %d dirty bytes: want its writes unstored", st.WriteDelegations, st.DirtyBytes)
@@ -817,7 +818,7 @@ func TestProxyRestartKeepsWriteBack(t *testing.T) {
 	start := time.Now()
 	for i := range 3 {
 		name := fmt.Sprintf("/f%d", i)
-		if got := string(readFile(t, direct, name)); got != "unstored "+name {
+		if got := string(testkit.ReadFile(t, direct, name)); got != "unstored "+name {
 			t.Fatalf("the origin's client read %q from %s after the proxy's restart, want a's writes", got, name)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // A listing through the node API (what the mount's READDIRPLUS does)
@@ -21,7 +22,7 @@ func TestListingLearnsStatuses(t *testing.T) {
 	}
 	const n = 300
 	for i := range n {
-		writeFile(t, w, fmt.Sprintf("/d/f%03d", i), []byte("x"))
+		testkit.WriteFile(t, w, fmt.Sprintf("/d/f%03d", i), []byte("x"))
 	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
@@ -58,7 +59,7 @@ func TestReadAheadAcrossFiles(t *testing.T) {
 	}
 	const n = 200
 	for i := range n {
-		writeFile(t, w, fmt.Sprintf("/d/f%03d", i), pattern(1000+i, byte(i)))
+		testkit.WriteFile(t, w, fmt.Sprintf("/d/f%03d", i), testkit.Pattern(1000+i, byte(i)))
 	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
@@ -77,7 +78,7 @@ func TestReadAheadAcrossFiles(t *testing.T) {
 		got, err := io.ReadAll(io.NewSectionReader(f, 0, 1<<20))
 		var i int
 		fmt.Sscanf(name, "f%d", &i)
-		if err != nil || string(got) != string(pattern(1000+i, byte(i))) {
+		if err != nil || string(got) != string(testkit.Pattern(1000+i, byte(i))) {
 			t.Fatalf("read %s: %d bytes (%v)", name, len(got), err)
 		}
 	}

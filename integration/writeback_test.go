@@ -17,6 +17,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // Under a write delegation, opens and closes cost no RPC and the writes
@@ -27,8 +28,8 @@ func TestWriteBackAndRecall(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	a := dial(t, srv.addr, t.TempDir(), 64<<20)
 	b := dial(t, srv.addr, "mem", 64<<20)
-	v1 := pattern(3<<20+5, 1)
-	writeFile(t, a, "/f", v1)
+	v1 := testkit.Pattern(3<<20+5, 1)
+	testkit.WriteFile(t, a, "/f", v1)
 	if st := a.Stats(); st.WriteDelegations != 1 || st.DirtyBytes != int64(len(v1)) || st.Stores != 0 {
 		t.Fatalf("after a close under a write delegation: %d write delegations, %d dirty bytes, %d stores", st.WriteDelegations, st.DirtyBytes, st.Stores)
 	}
@@ -57,14 +58,14 @@ func TestWriteBackAndRecall(t *testing.T) {
 	}
 	want := append([]byte(nil), v1[:2<<20]...)
 	copy(want[10:], "XYZ")
-	if got := readFile(t, b, "/f"); !bytes.Equal(got, want) {
+	if got := testkit.ReadFile(t, b, "/f"); !bytes.Equal(got, want) {
 		t.Fatal("the reader did not see the writer's closed data")
 	}
 	if st := a.Stats(); st.Recalls < 1 || st.DirtyBytes != 0 || st.WriteDelegations != 0 {
 		t.Fatalf("after the recall: %d recalls, %d dirty bytes, %d write delegations", st.Recalls, st.DirtyBytes, st.WriteDelegations)
 	}
-	writeFile(t, a, "/f", []byte("v2"))
-	if got := readFile(t, b, "/f"); string(got) != "v2" {
+	testkit.WriteFile(t, a, "/f", []byte("v2"))
+	if got := testkit.ReadFile(t, b, "/f"); string(got) != "v2" {
 		t.Fatalf("the reader's next open: %q", got)
 	}
 }
@@ -82,7 +83,7 @@ func TestShortLivedFiles(t *testing.T) {
 		before := c.Stats().Stores
 		for i := 0; i < 20; i++ {
 			name := fmt.Sprintf("/tmp-%v-%d", deleg, i)
-			writeFile(t, c, name, pattern(100<<10, byte(i)))
+			testkit.WriteFile(t, c, name, testkit.Pattern(100<<10, byte(i)))
 			if err := c.Remove(name); err != nil {
 				t.Fatal(err)
 			}
@@ -110,7 +111,7 @@ func TestFlusher(t *testing.T) {
 	}
 	defer a.Close()
 	for i := 0; i < 10; i++ {
-		writeFile(t, a, fmt.Sprintf("/t%d", i), pattern(1<<20, byte(i)))
+		testkit.WriteFile(t, a, fmt.Sprintf("/t%d", i), testkit.Pattern(1<<20, byte(i)))
 	}
 	// Passing the start it stored down to lodirty, and then stays between
 	// lodirty and the start until more is written. It is done when each
@@ -136,7 +137,7 @@ func TestFlusher(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	writeFile(t, b, "/aged", pattern(1<<20, 1))
+	testkit.WriteFile(t, b, "/aged", testkit.Pattern(1<<20, 1))
 	if b.Stats().DirtyBytes == 0 {
 		t.Fatal("close stored the data under a write delegation")
 	}
@@ -158,10 +159,10 @@ func TestDirtyCacheFull(t *testing.T) {
 	defer a.Close()
 	b := dial(t, srv.addr, "mem", 64<<20)
 	for i := 0; i < 24; i++ {
-		writeFile(t, a, fmt.Sprintf("/full%d", i), pattern(1<<20, byte(i)))
+		testkit.WriteFile(t, a, fmt.Sprintf("/full%d", i), testkit.Pattern(1<<20, byte(i)))
 	}
 	for i := 0; i < 24; i++ {
-		if got := readFile(t, b, fmt.Sprintf("/full%d", i)); !bytes.Equal(got, pattern(1<<20, byte(i))) {
+		if got := testkit.ReadFile(t, b, fmt.Sprintf("/full%d", i)); !bytes.Equal(got, testkit.Pattern(1<<20, byte(i))) {
 			t.Fatalf("/full%d differs", i)
 		}
 	}
@@ -169,12 +170,12 @@ func TestDirtyCacheFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Write(pattern(1<<20, 1)); err != nil {
+	if _, err := f.Write(testkit.Pattern(1<<20, 1)); err != nil {
 		t.Fatal(err)
 	}
 	srv.kill9()
 	for i := 0; ; i++ {
-		_, err := f.Write(pattern(1<<20, 2))
+		_, err := f.Write(testkit.Pattern(1<<20, 2))
 		if errors.Is(err, syscall.ENOSPC) {
 			break
 		}
@@ -226,7 +227,7 @@ func TestLostLeaseKeepsData(t *testing.T) {
 			}
 			cmd.Process.Signal(how)
 			start := time.Now()
-			if got := readFile(t, b, name); len(got) != 0 {
+			if got := testkit.ReadFile(t, b, name); len(got) != 0 {
 				t.Fatalf("the reader saw %d bytes the holder never stored", len(got))
 			}
 			if took := time.Since(start); took > lease+2*time.Second {
@@ -249,7 +250,7 @@ func TestLostLeaseKeepsData(t *testing.T) {
 				t.Fatalf("lost data: %+v %v", kept, err)
 			}
 			data, _ := os.ReadFile(kept[0].Data)
-			if !bytes.Equal(data, pattern(1<<20, 9)) {
+			if !bytes.Equal(data, testkit.Pattern(1<<20, 9)) {
 				t.Fatal("the kept data differs from what was written")
 			}
 		})
@@ -263,23 +264,23 @@ func TestServerRestartWithDelegations(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	a := dial(t, srv.addr, t.TempDir(), 64<<20)
 	c := dial(t, srv.addr, "mem", 64<<20)
-	v1 := pattern(2<<20, 4)
-	writeFile(t, a, "/r", v1)
-	writeFile(t, a, "/g", []byte("g1"))
-	if got := readFile(t, c, "/g"); string(got) != "g1" {
+	v1 := testkit.Pattern(2<<20, 4)
+	testkit.WriteFile(t, a, "/r", v1)
+	testkit.WriteFile(t, a, "/g", []byte("g1"))
+	if got := testkit.ReadFile(t, c, "/g"); string(got) != "g1" {
 		t.Fatalf("before the restart: %q", got)
 	}
 	srv.kill9()
 	srv.restart()
 	b := dial(t, srv.addr, "mem", 64<<20)
-	if got := readFile(t, b, "/r"); !bytes.Equal(got, v1) {
+	if got := testkit.ReadFile(t, b, "/r"); !bytes.Equal(got, v1) {
 		t.Fatalf("after the restart the reader saw %d bytes, not the holder's %d", len(got), len(v1))
 	}
 	if a.Stats().Reclaimed < 1 {
 		t.Fatal("no delegation was reclaimed")
 	}
-	writeFile(t, b, "/g", []byte("g2"))
-	if got := readFile(t, c, "/g"); string(got) != "g2" {
+	testkit.WriteFile(t, b, "/g", []byte("g2"))
+	if got := testkit.ReadFile(t, c, "/g"); string(got) != "g2" {
 		t.Fatalf("a read delegation from before the restart served %q", got)
 	}
 }
@@ -291,8 +292,8 @@ func TestServerRestartWithDelegations(t *testing.T) {
 func TestReclaimDuringOwnRenameOver(t *testing.T) {
 	srv := startServer(t, t.TempDir(), "--grace", "2s")
 	a := dial(t, srv.addr, t.TempDir(), 64<<20)
-	writeFile(t, dialCons(t, srv, t.Name()+"-stored", true), "/f3", []byte("three"))
-	writeFile(t, a, "/f1", []byte("one"))
+	testkit.WriteFile(t, dialCons(t, srv, t.Name()+"-stored", true), "/f3", []byte("three"))
+	testkit.WriteFile(t, a, "/f1", []byte("one"))
 	srv.kill9()
 	renamed := make(chan error, 1)
 	go func() { renamed <- a.Rename("/f3", "/f1") }()
@@ -309,7 +310,7 @@ func TestReclaimDuringOwnRenameOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := dial(t, srv.addr, "mem", 64<<20)
-	if got := readFile(t, b, "/f1"); string(got) != "three" {
+	if got := testkit.ReadFile(t, b, "/f1"); string(got) != "three" {
 		t.Fatalf("f1 after the rename: %q", got)
 	}
 }
@@ -319,11 +320,11 @@ func TestReclaimDuringOwnRenameOver(t *testing.T) {
 // on the data channel holds the store on its way until the recall came.
 func TestRecallDuringFlush(t *testing.T) {
 	dataAddr := freeAddr(t)
-	rl := startRelay(t, dataAddr, "")
-	srv := startServer(t, t.TempDir(), "--data-listen", dataAddr, "--data-advertise", rl.addr())
+	rl := testkit.StartRelay(t, dataAddr)
+	srv := startServer(t, t.TempDir(), "--data-listen", dataAddr, "--data-advertise", rl.Addr())
 	a := dial(t, srv.addr, t.TempDir(), 64<<20)
 	b := dial(t, srv.addr, "mem", 64<<20)
-	v := pattern(4<<20, 5)
+	v := testkit.Pattern(4<<20, 5)
 	f, err := a.Create("/m")
 	if err != nil {
 		t.Fatal(err)
@@ -331,7 +332,7 @@ func TestRecallDuringFlush(t *testing.T) {
 	if _, err := f.Write(v); err != nil {
 		t.Fatal(err)
 	}
-	rl.pause(true)
+	rl.Pause(true)
 	before := a.Stats()
 	synced := make(chan error, 1)
 	go func() { synced <- f.Sync() }()
@@ -340,7 +341,7 @@ func TestRecallDuringFlush(t *testing.T) {
 	var got []byte
 	go func() {
 		var err error
-		got, err = tryRead(b, "/m")
+		got, err = testkit.TryRead(b, "/m")
 		read <- err
 	}()
 	waitFor(t, 10*time.Second, "the recall at the holder", func() bool { return a.Stats().Recalls > before.Recalls })
@@ -351,7 +352,7 @@ func TestRecallDuringFlush(t *testing.T) {
 		t.Fatalf("the opener's read ended (%v) while the holder's store was held", err)
 	default:
 	}
-	rl.pause(false)
+	rl.Pause(false)
 	if err := <-read; err != nil || !bytes.Equal(got, v) {
 		t.Fatalf("read during the holder's store: %d bytes, %v", len(got), err)
 	}
@@ -371,7 +372,7 @@ func TestWriteWhileRecalled(t *testing.T) {
 	a := dial(t, srv.addr, t.TempDir(), 64<<20)
 	b := dial(t, srv.addr, "mem", 64<<20)
 	const block, blocks = 64 << 10, 200
-	want := pattern(block*blocks, 6)
+	want := testkit.Pattern(block*blocks, 6)
 	f, err := a.Create("/w")
 	if err != nil {
 		t.Fatal(err)
@@ -392,7 +393,7 @@ func TestWriteWhileRecalled(t *testing.T) {
 	// The open comes once the writer is under way, and before it is done.
 	waitFor(t, 10*time.Second, "the writer under way", func() bool { return done.Load() >= 10 })
 	k := int(done.Load())
-	got := readFile(t, b, "/w")
+	got := testkit.ReadFile(t, b, "/w")
 	if k == blocks {
 		t.Fatal("the writer was done before the open: the test proves nothing")
 	}
@@ -405,7 +406,7 @@ func TestWriteWhileRecalled(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if got := readFile(t, b, "/w"); !bytes.Equal(got, want) {
+	if got := testkit.ReadFile(t, b, "/w"); !bytes.Equal(got, want) {
 		t.Fatal("after the writer's close the reader does not see every byte")
 	}
 }
@@ -420,7 +421,7 @@ func TestServerAwayWithWriteBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	writeFile(t, a, "/wb", []byte("kept through the outage"))
+	testkit.WriteFile(t, a, "/wb", []byte("kept through the outage"))
 	srv.kill9()
 	f, err := a.Open("/wb", os.O_WRONLY, 0) // local, under the delegation
 	if err != nil {
@@ -435,7 +436,7 @@ func TestServerAwayWithWriteBack(t *testing.T) {
 	}
 	srv.restart()
 	b := dial(t, srv.addr, "mem", 16<<20)
-	if got, err := tryRead(b, "/wb"); err != nil || string(got) != "kept through the outage" {
+	if got, err := testkit.TryRead(b, "/wb"); err != nil || string(got) != "kept through the outage" {
 		t.Fatalf("after the server came back: %q %v", got, err)
 	}
 }
@@ -449,7 +450,7 @@ func TestCloseReportsUnstored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, a, "/unstored", []byte("still here"))
+	testkit.WriteFile(t, a, "/unstored", []byte("still here"))
 	srv.kill9()
 	if err := a.Close(); err == nil || !strings.Contains(err.Error(), "/unstored") {
 		t.Fatalf("close of a client with unstored writes: %v", err)
@@ -499,8 +500,8 @@ func TestRemovedWhileDirty(t *testing.T) {
 // store instead.
 func TestRemoveWhileStoring(t *testing.T) {
 	dataAddr := freeAddr(t)
-	rl := startRelay(t, dataAddr, "")
-	srv := startServer(t, t.TempDir(), "--data-listen", dataAddr, "--data-advertise", rl.addr())
+	rl := testkit.StartRelay(t, dataAddr)
+	srv := startServer(t, t.TempDir(), "--data-listen", dataAddr, "--data-advertise", rl.Addr())
 	cache := t.TempDir()
 	c, err := client.Dial(client.Options{Server: srv.addr, CacheDir: cache, CacheSize: 64 << 20, NoDirDelegations: true})
 	if err != nil {
@@ -511,10 +512,10 @@ func TestRemoveWhileStoring(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Write(pattern(3000, 1)); err != nil {
+	if _, err := f.Write(testkit.Pattern(3000, 1)); err != nil {
 		t.Fatal(err)
 	}
-	rl.pause(true)
+	rl.Pause(true)
 	stores := c.Stats().Stores
 	synced := make(chan error, 1)
 	go func() { synced <- f.Sync() }()
@@ -526,7 +527,7 @@ func TestRemoveWhileStoring(t *testing.T) {
 		t.Errorf("the remove returned (%v) while a store of the file was under way", err)
 	case <-time.After(300 * time.Millisecond):
 	}
-	rl.pause(false)
+	rl.Pause(false)
 	if err := <-synced; err != nil {
 		t.Fatalf("sync: %v", err)
 	}
