@@ -11,29 +11,29 @@ import (
 	"github.com/hoardfs/hoard/node"
 )
 
-// bypassing is what an open that bypasses the cache (package bypass)
+// bypassClient is what an open that bypasses the cache (package bypass)
 // needs of the client, for the open's file.
-type bypassing struct{ f *File }
+type bypassClient struct{ f *File }
 
 func (f *File) openBypass(probation bool) *bypass.Open {
 	c := f.c
-	return bypass.New(bypassing{f}, bypass.Config{Name: f.name, FID: f.n.fid, ChunkSize: c.cache.ChunkSize(),
+	return bypass.New(bypassClient{f}, bypass.Config{Name: f.name, FID: f.n.fid, ChunkSize: c.cache.ChunkSize(),
 		Probation: probation, Timeout: c.opts.RPCTimeout, Log: c.log})
 }
 
-func (b bypassing) Status() (node.Status, error) { return b.f.c.fresh(b.f.n) }
+func (b bypassClient) Status() (node.Status, error) { return b.f.c.fresh(b.f.n) }
 
-func (b bypassing) FetchChunk(idx int64) ([]byte, uint64, error) { return b.f.n.fetchChunk(idx) }
+func (b bypassClient) FetchChunk(idx int64) ([]byte, uint64, error) { return b.f.n.fetchChunk(idx) }
 
-func (b bypassing) Store(args datapath.StoreArgs) error { return b.f.c.storeData(args, nil) }
+func (b bypassClient) Store(args datapath.StoreArgs) error { return b.f.c.storeData(args, nil) }
 
-func (b bypassing) Session() string { return b.f.c.conn.Session() }
+func (b bypassClient) Session() string { return b.f.c.conn.Session() }
 
-func (b bypassing) AwaitSession(deadline time.Time) string {
+func (b bypassClient) AwaitSession(deadline time.Time) string {
 	return b.f.c.conn.AwaitSession("", deadline)
 }
 
-func (b bypassing) KeepLost(ranges [][2]int64, read func(p []byte, off int64) error, size int64, trunc *uint64, cause error) error {
+func (b bypassClient) KeepLost(ranges [][2]int64, read func(p []byte, off int64) error, size int64, trunc *uint64, cause error) error {
 	c, name := b.f.c, b.f.name
 	where, err := c.saveLost(name, b.f.n.fid, ranges, read, size, trunc, cause)
 	if err != nil {
@@ -42,7 +42,7 @@ func (b bypassing) KeepLost(ranges [][2]int64, read func(p []byte, off int64) er
 	return &lost.Error{Path: name, Cause: cause, Kept: where}
 }
 
-func (b bypassing) Unpublished(o *bypass.Open, pending bool) {
+func (b bypassClient) Unpublished(o *bypass.Open, pending bool) {
 	if pending {
 		b.f.c.unpublished.add(b.f.n, o)
 	} else {
@@ -50,7 +50,7 @@ func (b bypassing) Unpublished(o *bypass.Open, pending bool) {
 	}
 }
 
-func (b bypassing) Missed() { b.f.c.cache.CountMiss(1) }
+func (b bypassClient) Missed() { b.f.c.cache.CountMiss(1) }
 
 // stageIndex holds, by node, the bypassed opens with writes not yet
 // published (Client.unpublished): a read of the node elsewhere in this

@@ -22,13 +22,13 @@ type FIDs struct{ c *Client }
 // FIDs is c's FID-level API.
 func (c *Client) FIDs() *FIDs { return &FIDs{c} }
 
-// NodeOf returns the Node for fid, known yet or not.
+// Node returns the Node for fid, known yet or not.
 func (p *FIDs) Node(fid node.FID) *Node { return p.c.node(fid) }
 
-// StatusOf returns n's status, from the cache while a promise is held.
+// Status returns n's status, from the cache while a promise is held.
 func (p *FIDs) Status(n *Node) (node.Status, error) { return p.c.fresh(n) }
 
-// LookupRaw finds name in dir, from the cache while a promise on dir is
+// Lookup finds name in dir, from the cache while a promise on dir is
 // held, and returns the status of dir the answer belongs to (a later one
 // could say a name is there that is gone); a mount point is returned as
 // itself.
@@ -36,7 +36,7 @@ func (p *FIDs) Lookup(dir *Node, name string) (*Node, node.Status, error) {
 	return p.c.lookupAt(dir, name)
 }
 
-// ListDir lists dir, from the cache while a promise on it is held, with
+// List lists dir, from the cache while a promise on it is held, with
 // the status of dir the listing belongs to.
 func (p *FIDs) List(dir *Node) ([]DirEntry, node.Status, error) {
 	for attempt := 0; attempt < 5; attempt++ {
@@ -76,7 +76,8 @@ func (p *FIDs) Create(m Make) (st, d node.Status, created bool, err error) {
 	return st, d, reply.Created, err
 }
 
-// LinkOp is LinkAt returning the file's status and dir's.
+// Link makes name in dir a hard link to target at the server, returning
+// the file's status and dir's; op names the request.
 func (p *FIDs) Link(dir *Node, name string, target *Node, op string) (st, d node.Status, err error) {
 	_, reply, err := p.c.linkAt(dir, name, target, op)
 	if err != nil {
@@ -85,8 +86,9 @@ func (p *FIDs) Link(dir *Node, name string, target *Node, op string) (st, d node
 	return twoStatuses(reply.Status, reply.Dir)
 }
 
-// RemoveOp is RemoveAt returning dir's status and that of the vnode that
-// lost the name (Nlink 0 if it is gone).
+// Remove removes name from dir at the server (an empty directory, with
+// dirOnly), returning dir's status and that of the vnode that lost the
+// name (Nlink 0 if it is gone).
 func (p *FIDs) Remove(dir *Node, name string, dirOnly bool, op string) (d, st node.Status, err error) {
 	reply, err := p.c.removeAt(dir, name, dirOnly, op)
 	if err != nil {
@@ -95,8 +97,9 @@ func (p *FIDs) Remove(dir *Node, name string, dirOnly bool, op string) (d, st no
 	return twoStatuses(reply.Dir, reply.Status)
 }
 
-// RenameOp is RenameAt returning the statuses of both directories, of the
-// moved vnode, and of the one the rename replaced, if any.
+// Rename renames sdir/sname to ddir/dname at the server, returning the
+// statuses of both directories, of the moved vnode, and of the one the
+// rename replaced, if any.
 func (p *FIDs) Rename(sdir *Node, sname string, ddir *Node, dname string, op string) (src, dst, moved node.Status, replaced *node.Status, err error) {
 	reply, err := p.c.renameAt(sdir, sname, ddir, dname, op)
 	if err != nil {
@@ -124,8 +127,8 @@ func twoStatuses(a, b *pb.Status) (sa, sb node.Status, err error) {
 	return sa, sb, err
 }
 
-// SetAttrChange is SetAttr for a change in the server's own terms (the
-// wire's mask bits).
+// SetAttr changes n's attributes at the server, in the server's own
+// terms (node.Change's mask bits).
 func (p *FIDs) SetAttr(n *Node, ch node.Change) (node.Status, error) {
 	req := &pb.SetAttrRequest{Mask: ch.Mask, Mode: ch.Mode, Uid: ch.UID, Gid: ch.GID, Size: ch.Size,
 		AtimeNs: ch.Atime.UnixNano(), MtimeNs: ch.Mtime.UnixNano()}

@@ -52,7 +52,7 @@ func (k *Nodes) Lookup(dir *Node, name string) (*Node, node.Status, error) {
 	return n, st, nil
 }
 
-// ReadDirNode lists dir, with the status of every entry learnt (a kernel
+// ReadDir lists dir, with the status of every entry learnt (a kernel
 // asks for them all: READDIRPLUS); mount points are listed as directories.
 func (k *Nodes) ReadDir(dir *Node) ([]DirEntry, error) {
 	ents, _, err := k.c.readDir(dir)
@@ -72,7 +72,7 @@ func (k *Nodes) ReadDir(dir *Node) ([]DirEntry, error) {
 	return out, nil
 }
 
-// OpenAt opens an already resolved file, named base in directory parent
+// Open opens an already resolved file, named base in directory parent
 // (nil if unknown: for its caching policy); name is kept for reports.
 func (k *Nodes) Open(n *Node, parent *Node, base, name string, flag int) (*File, error) {
 	return k.c.openFile(n, parent, base, name, flag, resolved)
@@ -99,13 +99,13 @@ func (k *Nodes) Create(m Make) (*Node, error) {
 	return n, err
 }
 
-// LinkAt makes name in dir a hard link to target.
+// Link makes name in dir a hard link to target.
 func (k *Nodes) Link(dir *Node, name string, target *Node) (*Node, error) {
 	n, _, err := k.c.linkAt(dir, name, target, "")
 	return n, err
 }
 
-// linkAt is LinkAt returning the server's reply.
+// linkAt is Link returning the server's reply; op names the request.
 func (c *Client) linkAt(dir *Node, name string, target *Node, op string) (*Node, *pb.LinkReply, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, nil, err
@@ -135,7 +135,7 @@ func (c *Client) linkAt(dir *Node, name string, target *Node, op string) (*Node,
 	return child, reply, c.changedDir(t, dir, reply.Dir, func(d *Node) { d.addDentLocked(name, child.fid, reply.Status.Type.ToType()) })
 }
 
-// RemoveAt removes name from dir: with dirOnly an empty directory (rmdir),
+// Remove removes name from dir: with dirOnly an empty directory (rmdir),
 // otherwise anything else (unlink).
 func (k *Nodes) Remove(dir *Node, name string, dirOnly bool) error {
 	if !dirOnly && k.c.removeHere(dir, name) {
@@ -145,7 +145,7 @@ func (k *Nodes) Remove(dir *Node, name string, dirOnly bool) error {
 	return err
 }
 
-// removeAt is RemoveAt returning the server's reply.
+// removeAt is Remove returning the server's reply; op names the request.
 func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.RemoveReply, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, err
@@ -173,7 +173,7 @@ func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.
 	return reply, c.changedDir(t, dir, reply.Dir, func(d *Node) { d.delDentLocked(name) })
 }
 
-// RenameAt renames sdir/sname to ddir/dname, replacing an existing target,
+// Rename renames sdir/sname to ddir/dname, replacing an existing target,
 // and returns the FID of the file it moved: the one sname named at the
 // server, which may not be the one the caller thought.
 func (k *Nodes) Rename(sdir *Node, sname string, ddir *Node, dname string) (node.FID, error) {
