@@ -204,6 +204,17 @@ func startWriter(t *testing.T, addr, name, cacheDir string, n int) (*exec.Cmd, i
 	return cmd, in, sc
 }
 
+// stopped reports whether process pid is stopped by a signal (state T in
+// /proc/PID/stat, after the command's parenthesised name).
+func stopped(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'T'
+}
+
 // A holder that stops answering loses its write delegation after the lease
 // and the conflicting opener goes on; when it wakes, its late store is
 // refused, fsync says EIO, and the data is kept in lost/ with its path.
@@ -226,6 +237,13 @@ func TestLostLeaseKeepsData(t *testing.T) {
 				waitIndexed(t, cacheDir, time.Now())
 			}
 			cmd.Process.Signal(how)
+			// A signal takes effect a moment after it is sent: a holder
+			// still running would answer the reader's recall.
+			if how == syscall.SIGKILL {
+				cmd.Wait()
+			} else {
+				waitFor(t, 5*time.Second, "the writer stopped", func() bool { return stopped(cmd.Process.Pid) })
+			}
 			start := time.Now()
 			if got := testkit.ReadFile(t, b, name); len(got) != 0 {
 				t.Fatalf("the reader saw %d bytes the holder never stored", len(got))
@@ -234,7 +252,6 @@ func TestLostLeaseKeepsData(t *testing.T) {
 				t.Fatalf("the reader waited %v for a silent holder (lease %v)", took, lease)
 			}
 			if how == syscall.SIGKILL {
-				cmd.Wait()
 				c := dial(t, srv.addr, cacheDir, 64<<20) // the next start keeps it in lost/
 				c.Close()
 			} else {
