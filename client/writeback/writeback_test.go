@@ -26,6 +26,10 @@ type world struct {
 	// gate, when set, holds every store until closed.
 	gate chan struct{}
 	in   atomic.Int32
+	// files are the dirty files DirtyBytes counts (set); bytes is what
+	// the flusher reported stored.
+	files []*file
+	bytes atomic.Int64
 }
 
 func (f *file) Dirty() (int64, time.Time, bool) {
@@ -52,36 +56,41 @@ func (f *file) Store(try bool) error {
 	return nil
 }
 
-func (w *world) total(fs ...*file) int64 {
+// set makes fs the world's files.
+func (w *world) set(fs ...*file) {
+	w.mu.Lock()
+	w.files = fs
+	w.mu.Unlock()
+}
+
+func (w *world) total() int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var t int64
-	for _, f := range fs {
+	for _, f := range w.files {
 		t += f.bytes
 	}
 	return t
 }
 
 // flusher with hidirty 1000 bytes: lodirty 500, start 750.
-func newTest(w *world, fs *[]*file, stored *atomic.Int64) *Flusher[*file] {
+func newTest(w *world) *Flusher[*file] {
 	return New[*file](Config{Age: 30 * time.Second, Window: 2,
 		Hi:         func() int64 { return 1000 },
-		DirtyBytes: func() int64 { return w.total(*fs...) },
-		Stored:     func(b int64) { stored.Add(b) }})
+		DirtyBytes: w.total,
+		Stored:     func(b int64) { w.bytes.Add(b) }})
 }
 
 var t0 = time.Unix(1_000_000, 0)
 
 func TestPassStoresWhatIsTooOld(t *testing.T) {
 	w := &world{}
-	var fs []*file
-	var stored atomic.Int64
-	fl := newTest(w, &fs, &stored)
+	fl := newTest(w)
 	old := &file{name: "old", w: w, bytes: 10, since: t0}
 	young := &file{name: "young", w: w, bytes: 10, since: t0.Add(20 * time.Second)}
 	never := &file{name: "no bound", w: w, bytes: 10}
-	fs = []*file{old, young, never}
-	for _, f := range fs {
+	w.set(old, young, never)
+	for _, f := range w.files {
 		fl.Add(f)
 	}
 	fl.Pass(t0.Add(29 * time.Second))
@@ -89,8 +98,8 @@ func TestPassStoresWhatIsTooOld(t *testing.T) {
 		t.Fatalf("stored %v before the age bound", w.stored)
 	}
 	fl.Pass(t0.Add(30 * time.Second))
-	if len(w.stored) != 1 || w.stored[0] != "old" || stored.Load() != 10 {
-		t.Fatalf("stored %v (%d bytes) at the age bound, want old", w.stored, stored.Load())
+	if len(w.stored) != 1 || w.stored[0] != "old" || w.bytes.Load() != 10 {
+		t.Fatalf("stored %v (%d bytes) at the age bound, want old", w.stored, w.bytes.Load())
 	}
 }
 
@@ -98,22 +107,20 @@ func TestPassStoresWhatIsTooOld(t *testing.T) {
 // under lodirty: files not open for writing first, oldest first.
 func TestPassStoresDownToLodirty(t *testing.T) {
 	w := &world{}
-	var fs []*file
-	var stored atomic.Int64
-	fl := newTest(w, &fs, &stored)
+	fl := newTest(w)
 	a := &file{name: "writing, oldest", w: w, bytes: 300, since: t0, writing: true}
 	b := &file{name: "closed, newer", w: w, bytes: 300, since: t0.Add(2 * time.Second)}
 	c := &file{name: "closed, older", w: w, bytes: 300, since: t0.Add(time.Second)}
-	fs = []*file{a, b, c}
-	for _, f := range fs {
+	w.set(a, b, c)
+	for _, f := range w.files {
 		fl.Add(f)
 	}
 	fl.Pass(t0.Add(3 * time.Second)) // 900 > 750: down to 500
 	if len(w.stored) != 2 || !contains(w.stored, c.name) || !contains(w.stored, b.name) {
 		t.Fatalf("stored %v, want the two closed files", w.stored)
 	}
-	if w.total(fs...) > 500 {
-		t.Fatalf("%d dirty bytes left, over lodirty", w.total(fs...))
+	if w.total() > 500 {
+		t.Fatalf("%d dirty bytes left, over lodirty", w.total())
 	}
 	w.stored = nil
 	fl.Pass(t0.Add(4 * time.Second))
@@ -135,14 +142,12 @@ func contains(xs []string, x string) bool {
 // file and any other a writer holds; Close's drain waits for them.
 func TestDrain(t *testing.T) {
 	w := &world{}
-	var fs []*file
-	var stored atomic.Int64
-	fl := newTest(w, &fs, &stored)
+	fl := newTest(w)
 	own := &file{name: "own", w: w, bytes: 1}
 	held := &file{name: "held", w: w, bytes: 1, busy: true}
 	free := &file{name: "free", w: w, bytes: 1}
-	fs = []*file{own, held, free}
-	for _, f := range fs {
+	w.set(own, held, free)
+	for _, f := range w.files {
 		fl.Add(f)
 	}
 	if !fl.Drain(own) {
@@ -162,11 +167,9 @@ func TestDrain(t *testing.T) {
 // whose store failed stays on the list for the next one.
 func TestNoFileStoredTwiceAtOnce(t *testing.T) {
 	w := &world{gate: make(chan struct{})}
-	var fs []*file
-	var stored atomic.Int64
-	fl := newTest(w, &fs, &stored)
+	fl := newTest(w)
 	f := &file{name: "f", w: w, bytes: 5, since: t0}
-	fs = []*file{f}
+	w.set(f)
 	fl.Add(f)
 	done := make(chan struct{})
 	go func() { fl.Pass(t0.Add(time.Hour)); close(done) }()
@@ -184,7 +187,7 @@ func TestNoFileStoredTwiceAtOnce(t *testing.T) {
 		t.Fatal("a removed file is still listed")
 	}
 	bad := &file{name: "bad", w: w, bytes: 5, since: t0, fail: context.DeadlineExceeded}
-	fs = []*file{bad}
+	w.set(bad)
 	fl.Add(bad)
 	fl.Pass(t0.Add(time.Hour))
 	if got := fl.Files(); len(got) != 1 || got[0] != bad {
@@ -196,17 +199,15 @@ func TestNoFileStoredTwiceAtOnce(t *testing.T) {
 // and Halt stops its loop.
 func TestRunWakesAboveStart(t *testing.T) {
 	w := &world{}
-	var fs []*file
-	var stored atomic.Int64
-	fl := newTest(w, &fs, &stored)
+	fl := newTest(w)
 	small := &file{name: "small", w: w, bytes: 100}
 	big := &file{name: "big", w: w, bytes: 800}
-	fs = []*file{small, big}
+	w.set(small, big)
 	ran := make(chan struct{})
 	go func() { fl.Run(context.Background(), nil); close(ran) }()
 	fl.Add(small)
 	fl.Add(big) // 900 > 750
-	for deadline := time.Now().Add(5 * time.Second); stored.Load() == 0; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); w.bytes.Load() == 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("passing the start threshold did not wake the flusher")
 		}
