@@ -22,6 +22,7 @@ type vtx struct {
 	cookies *bolt.Bucket
 	meta    *bolt.Bucket
 	inline  *bolt.Bucket // small files' bytes (inline.go)
+	acls    *bolt.Bucket // directories' ACLs (acl.go)
 	now     int64
 	garbage bool   // a data file was queued for deletion
 	dir     string // the store's directory, where data files are
@@ -33,7 +34,8 @@ func openVol(tx *bolt.Tx, id uint64) (*vtx, error) {
 		return nil, fmt.Errorf("volume %d: %w", id, syscall.ENOENT)
 	}
 	return &vtx{tx: tx, id: id, vnodes: vb.Bucket(bktVnodes), names: vb.Bucket(bktNames),
-		cookies: vb.Bucket(bktCookies), meta: vb.Bucket(bktVolMeta), inline: vb.Bucket(bktInline), now: time.Now().UnixNano()}, nil
+		cookies: vb.Bucket(bktCookies), meta: vb.Bucket(bktVolMeta), inline: vb.Bucket(bktInline), acls: vb.Bucket(bktACLs),
+		now: time.Now().UnixNano()}, nil
 }
 
 // get loads the vnode f names. A FID whose vnode is gone or whose uniquifier
@@ -132,6 +134,9 @@ func (v *vtx) unlinkVnode(vnode uint64, r *record) error {
 	}
 	if err := v.vnodes.Delete(u64(vnode)); err != nil {
 		return err
+	}
+	if r.Type == node.TypeDir {
+		return v.acls.Delete(u64(vnode))
 	}
 	if r.DataGen == genInline {
 		return v.inline.Delete(u64(vnode))
@@ -287,6 +292,11 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a node.Attr, targ
 		if err != nil {
 			return err
 		}
+		if t == node.TypeDir {
+			if err := v.inheritACL(dir.Vnode, vn); err != nil {
+				return err
+			}
+		}
 		if err := v.addEntry(dir.Vnode, &dr, name, vn, t); err != nil {
 			return err
 		}
@@ -300,7 +310,9 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a node.Attr, targ
 	return st, d, created, err
 }
 
-// Link adds name in dir for the existing non-directory target.
+// Link adds name in dir for the existing non-directory target. The
+// target's governing directory (acl.go) stays the one it was made or last
+// renamed into: a file has one ACL, whichever name it is reached by.
 func (s *Store) Link(dir node.FID, name string, target node.FID, op node.Op) (st, d node.Status, err error) {
 	if err := node.CheckName(name); err != nil {
 		return st, d, err
@@ -510,8 +522,15 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, o
 			v.touchDir(&sd)
 		}
 		if isDir && !same {
+			if err := v.keepACL(se.Vnode, mr); err != nil {
+				return err
+			}
 			sd.Nlink--
 			dd.Nlink++
+		}
+		if !same {
+			// A file moved to another directory is governed by that
+			// one's ACL from now on (acl.go).
 			mr.Parent = dst.Vnode
 		}
 		mr.Ctime = v.now

@@ -22,7 +22,7 @@ type record struct {
 	Mtime   int64
 	Ctime   int64
 	DataGen uint64 // which data file holds the bytes; 0: none yet (all zeros)
-	Parent  uint64 // directories: the parent directory's vnode (root: itself)
+	Parent  uint64 // directories: the parent's vnode (root: itself); others: the governing directory's (acl.go), 0 in old records
 	Cookie  uint64 // directories: the last readdir cookie handed out
 	Rdev    uint64 // device nodes
 	Target  string

@@ -37,12 +37,16 @@ var (
 	bktOps      = []byte("ops")      // node.Op → outcome (once.go)
 	bktOpTimes  = []byte("optimes")  // time, node.Op → nothing: for forgetting old outcomes
 	bktReserved = []byte("reserved") // volume, vnode → uniquifier: FIDs set aside (reserve.go)
+	bktGroups   = []byte("groups")   // group → owner, members (acl.go)
+	bktMemberOf = []byte("memberof") // user → the groups they are in
+	bktRevoked  = []byte("revoked")  // token id → expiry
 	// Per-volume sub-buckets.
 	bktVnodes  = []byte("vnodes")
 	bktNames   = []byte("names")
 	bktCookies = []byte("cookies")
 	bktVolMeta = []byte("vmeta")
 	bktInline  = []byte("inline") // vnode → a small file's bytes (inline.go)
+	bktACLs    = []byte("acls")   // directory vnode → its ACL (acl.go)
 
 	keyEpoch     = []byte("epoch")
 	keyNextVol   = []byte("nextvol")
@@ -51,9 +55,11 @@ var (
 	keyFormat    = []byte("format")
 )
 
-// formatVersion 3 added the volumes' inline buckets; a store of format 2
-// is upgraded when opened.
-const formatVersion = 3
+// formatVersion 3 added the volumes' inline buckets, 4 their acls
+// buckets and the store's groups and revoked tokens; a store of format 2
+// or 3 is upgraded when opened (it has no ACLs: every directory has the
+// default, acl.go).
+const formatVersion = 4
 
 // Store is an open server data directory.
 type Store struct {
@@ -123,19 +129,24 @@ func Open(dir string) (*Store, error) {
 
 func (s *Store) init() error {
 	return s.db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bktMeta, bktVolumes, bktVolNames, bktPending, bktGarbage, bktOps, bktOpTimes, bktReserved} {
+		for _, b := range [][]byte{bktMeta, bktVolumes, bktVolNames, bktPending, bktGarbage, bktOps, bktOpTimes, bktReserved,
+			bktGroups, bktMemberOf, bktRevoked} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
 		meta := tx.Bucket(bktMeta)
 		f := meta.Get(keyFormat)
-		if f != nil && getU64(f) != formatVersion && getU64(f) != 2 {
+		if f != nil && (getU64(f) < 2 || getU64(f) > formatVersion) {
 			return fmt.Errorf("format version %d, this hoard reads %d", getU64(f), formatVersion)
 		}
 		if err := tx.Bucket(bktVolumes).ForEachBucket(func(k []byte) error {
-			_, err := tx.Bucket(bktVolumes).Bucket(k).CreateBucketIfNotExists(bktInline)
-			return err
+			for _, b := range [][]byte{bktInline, bktACLs} {
+				if _, err := tx.Bucket(bktVolumes).Bucket(k).CreateBucketIfNotExists(b); err != nil {
+					return err
+				}
+			}
+			return nil
 		}); err != nil {
 			return err
 		}
@@ -257,7 +268,7 @@ func createVolume(tx *bolt.Tx, name string) (node.Volume, error) {
 	if err != nil {
 		return node.Volume{}, err
 	}
-	for _, b := range [][]byte{bktVnodes, bktNames, bktCookies, bktVolMeta, bktInline} {
+	for _, b := range [][]byte{bktVnodes, bktNames, bktCookies, bktVolMeta, bktInline, bktACLs} {
 		if _, err := vb.CreateBucket(b); err != nil {
 			return node.Volume{}, err
 		}
