@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/anishathalye/porcupine v1.3.1
+	github.com/golang-jwt/jwt/v5 v5.3.1
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.10
