@@ -110,7 +110,7 @@ func fuseBench(bin, addr, scratch string) error {
 		mnt := filepath.Join(scratch, fmt.Sprintf("mnt-%v", pt))
 		cache := filepath.Join(scratch, fmt.Sprintf("fcache-%v", pt))
 		os.MkdirAll(mnt, 0o755)
-		args := []string{"mount", "--server", addr, "--cache", cache, "--cache-size", fmt.Sprint(big + 2<<30), "--daemon", fmt.Sprintf("--passthrough=%v", pt), mnt}
+		args := []string{"mount", "--insecure", "--server", addr, "--cache", cache, "--cache-size", fmt.Sprint(big + 2<<30), "--daemon", fmt.Sprintf("--passthrough=%v", pt), mnt}
 		if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
 			return fmt.Errorf("mount: %v: %s", err, out)
 		}

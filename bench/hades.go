@@ -362,7 +362,7 @@ func readChecked(cl *client.Client, path string, size int64, c content, buf []by
 
 // proxyStats is `hoard proxy stats --json` of the proxy at addr.
 func proxyStats(bin, addr string) (*pb.ProxyStatsReply, error) {
-	out, err := exec.Command(bin, "proxy", "stats", "--proxy", addr, "--json").Output()
+	out, err := exec.Command(bin, "proxy", "stats", "--insecure", "--proxy", addr, "--json").Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {

@@ -38,7 +38,7 @@ func nacheBench(bin, scratch string) error {
 		if err != nil {
 			return err
 		}
-		args := []string{"proxy", "--origin", o.shaped(), "--cache", filepath.Join(dir, "proxy"), "--cache-size", "256M", "--layout", proxystore.Pooled}
+		args := []string{"proxy", "--insecure", "--origin", o.shaped(), "--cache", filepath.Join(dir, "proxy"), "--cache-size", "256M", "--layout", proxystore.Pooled}
 		name := "delegations"
 		if !deleg {
 			args = append(args, "--no-delegations")

@@ -168,7 +168,7 @@ func (o *origin) write(fn func(w *client.Client) error) error {
 // store sized for data bytes (the pooled layout allocates all of it).
 func startProxy(bin string, o *origin, dir string, data int64, layout string) (string, int, func(), error) {
 	size := data + data/4 + 64<<20
-	args := []string{"proxy", "--origin", o.shaped(), "--cache", dir, "--cache-size", fmt.Sprint(size), "--layout", layout}
+	args := []string{"proxy", "--insecure", "--origin", o.shaped(), "--cache", dir, "--cache-size", fmt.Sprint(size), "--layout", layout}
 	if *pxData {
 		args = append(args, "--data-listen=")
 	}

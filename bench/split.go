@@ -77,7 +77,7 @@ func splitBench(bin, addr, scratch string) error {
 				r, err := func() (cpuRun, error) {
 					os.RemoveAll(cache)
 					pidfile := filepath.Join(scratch, "t34.pid")
-					out, err := exec.Command(bin, "mount", "--server", addr, "--cache", cache, "--cache-size", fmt.Sprint(s+512<<20),
+					out, err := exec.Command(bin, "mount", "--insecure", "--server", addr, "--cache", cache, "--cache-size", fmt.Sprint(s+512<<20),
 						"--data-streams", fmt.Sprint(cf.streams), "--daemon", "--pidfile", pidfile, mnt).CombinedOutput()
 					if err != nil {
 						return cpuRun{}, fmt.Errorf("mount: %v: %s", err, out)

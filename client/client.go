@@ -11,6 +11,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -78,6 +79,11 @@ type Options struct {
 	// reclaims come through it). Not for a client whose cache may hold a
 	// killed process's half-done writes: those go to lost/.
 	KeepSession bool
+	// TLS secures the connection with the cell's CA (cell.UserTLS); nil
+	// talks plain TCP, to a server run insecure.
+	TLS *tls.Config
+	// Token is the user's, sent with every request; empty: anonymous.
+	Token string
 	// Name identifies this client in the server's logs.
 	Name   string
 	Logger *slog.Logger
@@ -222,7 +228,7 @@ func Dial(opts Options) (*Client, error) {
 	}
 	c.flusher = newFlusher(c)
 	cfg := conn.Config{Server: opts.Server, Name: opts.Name, RPCTimeout: opts.RPCTimeout,
-		DataStreams: opts.DataStreams, NoDataChannel: opts.NoDataChannel, Log: opts.Logger}
+		DataStreams: opts.DataStreams, NoDataChannel: opts.NoDataChannel, TLS: opts.TLS, Token: opts.Token, Log: opts.Logger}
 	if opts.KeepSession && opts.CacheDir != "" {
 		cfg.SessionFile = filepath.Join(opts.CacheDir, "session")
 	}
@@ -257,6 +263,13 @@ func Dial(opts Options) (*Client, error) {
 		switch status.Code(err) {
 		case codes.ResourceExhausted, codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied:
 			return nil, fmt.Errorf("server %s refused this client: %s", opts.Server, status.Convert(err).Message())
+		}
+		if errors.Is(err, syscall.EACCES) {
+			who := "its token's user"
+			if opts.Token == "" {
+				who = "anonymous (no token: log in with hoard login)"
+			}
+			return nil, fmt.Errorf("server %s: the root volume is not open to %s: %w", opts.Server, who, err)
 		}
 		return nil, fmt.Errorf("server %s unreachable: %w", opts.Server, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
@@ -264,6 +265,24 @@ func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, opene
 	return n, createdHow(created), err
 }
 
+// permitted refuses an open of an existing file that the rights the
+// server gave with st (its user's) do not allow, even with the bytes in
+// the cache: an ACL change breaks the promises on the files it governs,
+// and the status got again says what is left. A status the client made
+// itself knows none. As in Unix, a file just created is open as its
+// creator asked, whatever mode it was given.
+func permitted(st node.Status, flag int) error {
+	r := access.Rights(st.Rights)
+	if st.Rights&node.RightsKnown == 0 {
+		return nil
+	}
+	acc := flag & syscall.O_ACCMODE
+	if acc != os.O_WRONLY && r&access.Read == 0 || acc != os.O_RDONLY && r&access.Write == 0 {
+		return syscall.EACCES
+	}
+	return nil
+}
+
 func createdHow(created bool) openedBy {
 	if created {
 		return createMade
@@ -303,6 +322,11 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 		return nil, errOf("open", name, syscall.EISDIR)
 	default:
 		return nil, errOf("open", name, syscall.EINVAL)
+	}
+	if how == resolved {
+		if err := permitted(st, flag); err != nil {
+			return nil, errOf("open", name, err)
+		}
 	}
 	if f.writable() {
 		// Remembered with the cache entry, so that writes a crash strands

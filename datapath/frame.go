@@ -11,12 +11,15 @@ import (
 	"github.com/hoardfs/hoard/node"
 )
 
-// The bulk-data channel's framing: plain TCP, a small binary header each
-// way, then the bytes as they are (sent with sendfile by the server), each
-// run of bytes followed by its CRC32C so that a torn or corrupted transfer
-// is caught end to end rather than cached.
+// The bulk-data channel's framing: TCP (in TLS on a secure server), a
+// small binary header each way, then the bytes as they are (sent with
+// sendfile by an insecure server), each run of bytes followed by its
+// CRC32C so that a torn or corrupted transfer is caught end to end rather
+// than cached.
 //
-//	request: magic "HDF2" | op u8 | session len u16 + bytes | fid 3×u64 | offset u64 | length u64
+//	request: magic "HDF3" | op u8 | session len u16 + bytes | user len u16 + bytes |
+//	         fid 3×u64 | offset u64 | length u64
+//	  user:  the user's token, as gRPC's "authorization" carries it (none: anonymous)
 //	  fetch: nothing more; length is the byte range's
 //	  store: length bytes of hoardpb.StoreRequest (no data), then pieces
 //	         offset u64 | n u32 | n bytes | crc u32, ended by a piece with n = 0
@@ -26,7 +29,7 @@ import (
 // The magic is the version: a server that does not know it answers
 // ErrProtocol and closes the connection, and the client falls back to the
 // gRPC path.
-const magic = 0x48444632 // "HDF2"
+const magic = 0x48444633 // "HDF3"
 
 // Operations.
 const (
@@ -39,6 +42,7 @@ const (
 	MaxFetch   = 64 << 20
 	MaxPiece   = 4 << 20
 	maxSession = 256
+	maxUser    = 4096
 	maxStatus  = 64 << 10
 	maxMessage = 4096
 	maxOffset  = 1 << 62
@@ -65,6 +69,7 @@ func Checksum(crc uint32, p []byte) uint32 { return crc32.Update(crc, castagnoli
 type Request struct {
 	Op      uint8
 	Session string
+	User    string
 	FID     node.FID
 	Offset  uint64
 	Length  uint64
@@ -76,6 +81,8 @@ func AppendRequest(b []byte, r Request) []byte {
 	b = append(b, r.Op)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(r.Session)))
 	b = append(b, r.Session...)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(r.User)))
+	b = append(b, r.User...)
 	for _, v := range []uint64{r.FID.Volume, r.FID.Vnode, r.FID.Unique, r.Offset, r.Length} {
 		b = binary.BigEndian.AppendUint64(b, v)
 	}
@@ -104,12 +111,21 @@ func ReadRequest(r *bufio.Reader) (Request, error) {
 	if sl > maxSession {
 		return req, fmt.Errorf("%w: session of %d bytes", ErrBadRequest, sl)
 	}
-	rest := make([]byte, sl+40)
+	sess := make([]byte, sl+2)
+	if _, err := io.ReadFull(r, sess); err != nil {
+		return req, err
+	}
+	req.Session = string(sess[:sl])
+	ul := int(binary.BigEndian.Uint16(sess[sl:]))
+	if ul > maxUser {
+		return req, fmt.Errorf("%w: user token of %d bytes", ErrBadRequest, ul)
+	}
+	rest := make([]byte, ul+40)
 	if _, err := io.ReadFull(r, rest); err != nil {
 		return req, err
 	}
-	req.Session = string(rest[:sl])
-	v := func(i int) uint64 { return binary.BigEndian.Uint64(rest[sl+8*i:]) }
+	req.User = string(rest[:ul])
+	v := func(i int) uint64 { return binary.BigEndian.Uint64(rest[ul+8*i:]) }
 	req.FID = node.FID{Volume: v(0), Vnode: v(1), Unique: v(2)}
 	req.Offset, req.Length = v(3), v(4)
 	limit := uint64(MaxFetch)

@@ -3,15 +3,18 @@ package datapath
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -27,6 +30,7 @@ import (
 // fallback (the gRPC streams) when the channel fails.
 type Split struct {
 	addr     string
+	tls      *tls.Config // nil: plain TCP
 	session  func() string
 	fallback Path
 	conns    chan *dataConn // idle connections
@@ -42,10 +46,18 @@ type dataConn struct {
 	pooled bool // taken from the pool: it may have idled past the server's timeout
 }
 
-// NewSplit uses up to streams connections to addr; session gives the
-// client's current session for promise grants.
-func NewSplit(addr string, streams int, fallback Path, session func() string) *Split {
-	s := &Split{addr: addr, session: session, fallback: fallback,
+// NewSplit uses up to streams connections to addr, in TLS with tlsc if it
+// is not nil; session gives the client's current session for promise
+// grants.
+func NewSplit(addr string, streams int, fallback Path, session func() string, tlsc *tls.Config) *Split {
+	if tlsc != nil {
+		tlsc = tlsc.Clone()
+		tlsc.NextProtos = []string{ALPN}
+		if host, _, err := net.SplitHostPort(addr); err == nil && tlsc.ServerName == "" {
+			tlsc.ServerName = host
+		}
+	}
+	s := &Split{addr: addr, tls: tlsc, session: session, fallback: fallback,
 		conns: make(chan *dataConn, streams), slots: make(chan struct{}, streams)}
 	for i := 0; i < streams; i++ {
 		s.slots <- struct{}{}
@@ -76,8 +88,7 @@ func (s *Split) get(ctx context.Context) (*dataConn, error) {
 		select {
 		case dc = <-s.conns:
 		case <-s.slots:
-			d := net.Dialer{Timeout: 5 * time.Second}
-			conn, err := d.DialContext(ctx, "tcp", s.addr)
+			conn, err := s.dial(ctx)
 			if err != nil {
 				s.slots <- struct{}{}
 				return nil, err
@@ -89,6 +100,30 @@ func (s *Split) get(ctx context.Context) (*dataConn, error) {
 	}
 	dc.pooled = true
 	return dc, nil
+}
+
+// ALPN names the data channel's protocol in its TLS handshake.
+const ALPN = "hoard-data/3"
+
+// dial opens a data connection; in TLS, the handshake is done by the
+// time it returns, so that a refusal is told apart from a slow reply.
+func (s *Split) dial(ctx context.Context) (net.Conn, error) {
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if s.tls == nil {
+		return d.DialContext(ctx, "tcp", s.addr)
+	}
+	td := tls.Dialer{NetDialer: &d, Config: s.tls}
+	return td.DialContext(ctx, "tcp", s.addr)
+}
+
+// userOf is the token of the user a call of ctx is made for, as the
+// connection put it in the gRPC metadata.
+func userOf(ctx context.Context) string {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	if v := md.Get(pb.UserMetadata); len(v) > 0 {
+		return strings.TrimPrefix(v[len(v)-1], "Bearer ")
+	}
+	return ""
 }
 
 func (s *Split) put(dc *dataConn, broken bool) {
@@ -287,7 +322,7 @@ func closedByPeer(err error) bool {
 func (dc *dataConn) fetch(ctx context.Context, session string, fid node.FID, off, n int64) (node.Status, time.Duration, []byte, error) {
 	n = min(n, MaxFetch)
 	dc.deadline(ctx)
-	req := AppendRequest(nil, Request{Op: OpFetch, Session: session, FID: fid, Offset: uint64(off), Length: uint64(n)})
+	req := AppendRequest(nil, Request{Op: OpFetch, Session: session, User: userOf(ctx), FID: fid, Offset: uint64(off), Length: uint64(n)})
 	if _, err := dc.conn.Write(req); err != nil {
 		return node.Status{}, 0, nil, err
 	}
@@ -304,7 +339,7 @@ func (dc *dataConn) store(ctx context.Context, session string, a StoreArgs) (nod
 	if err != nil {
 		return node.Status{}, 0, &final{err}
 	}
-	out := append(AppendRequest(nil, Request{Op: OpStore, Session: session, FID: a.FID, Length: uint64(len(hdr))}), hdr...)
+	out := append(AppendRequest(nil, Request{Op: OpStore, Session: session, User: userOf(ctx), FID: a.FID, Length: uint64(len(hdr))}), hdr...)
 	// A small store goes out in one write, its end included: each write is
 	// a system call, and often a packet of its own.
 	whole := a.bytes() <= smallStore

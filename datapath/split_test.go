@@ -175,7 +175,7 @@ func TestSplitFetch(t *testing.T) {
 	data := bytes.Repeat([]byte("0123456789"), 100000)
 	srv := newFakeServer(t, data, 0)
 	fb := &fallbackPath{}
-	s := NewSplit(srv.l.Addr().String(), 2, fb, func() string { return "1.1" })
+	s := NewSplit(srv.l.Addr().String(), 2, fb, func() string { return "1.1" }, nil)
 	defer s.Close()
 	for _, r := range [][2]int64{{0, 262144}, {500000, 262144}, {999990, 100}, {2000000, 10}} {
 		st, got, err := fetch(t, s, testFID, r[0], r[1])
@@ -206,7 +206,7 @@ func TestSplitRetriesBadReplies(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			srv := newFakeServer(t, data, fl)
 			fb := &fallbackPath{}
-			s := NewSplit(srv.l.Addr().String(), 2, fb, func() string { return "" })
+			s := NewSplit(srv.l.Addr().String(), 2, fb, func() string { return "" }, nil)
 			defer s.Close()
 			_, got, err := fetch(t, s, testFID, 0, int64(len(data)))
 			if err != nil || !bytes.Equal(got, data) {
@@ -229,7 +229,7 @@ func TestSplitFallsBack(t *testing.T) {
 	for name, addr := range map[string]string{"closed": closed, "refusing": refusing.l.Addr().String()} {
 		t.Run(name, func(t *testing.T) {
 			fb := &fallbackPath{}
-			s := NewSplit(addr, 2, fb, func() string { return "" })
+			s := NewSplit(addr, 2, fb, func() string { return "" }, nil)
 			defer s.Close()
 			for i := 1; i <= 3; i++ {
 				_, got, err := fetch(t, s, testFID, 0, 10)
@@ -253,7 +253,7 @@ func TestSplitFallsBack(t *testing.T) {
 func TestSplitRedialsClosedIdle(t *testing.T) {
 	srv := newFakeServer(t, []byte("fresh"), idleClose)
 	fb := &fallbackPath{}
-	s := NewSplit(srv.l.Addr().String(), 2, fb, func() string { return "" })
+	s := NewSplit(srv.l.Addr().String(), 2, fb, func() string { return "" }, nil)
 	defer s.Close()
 	ctx := context.Background()
 	a, err := s.get(ctx)
@@ -287,7 +287,7 @@ func TestSplitStore(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			srv := newFakeServer(t, nil, fl)
 			fb := &fallbackPath{}
-			s := NewSplit(srv.l.Addr().String(), 2, fb, func() string { return "" })
+			s := NewSplit(srv.l.Addr().String(), 2, fb, func() string { return "" }, nil)
 			defer s.Close()
 			st, _, err := s.Store(context.Background(), StoreArgs{FID: testFID,
 				Ranges: []Range{{0, int64(len(want))}},
@@ -332,7 +332,7 @@ func TestFrameRoundTrip(t *testing.T) {
 // bytes without panicking, and what it accepts is within bounds.
 func FuzzReadRequest(f *testing.F) {
 	f.Add(AppendRequest(nil, Request{Op: OpFetch, Session: "1.1", FID: testFID, Length: 10}))
-	f.Add([]byte("HDF2\x01\xff\xff"))
+	f.Add([]byte("HDF3\x01\xff\xff"))
 	f.Add(append(AppendPiece(AppendRequest(nil, Request{Op: OpStore, FID: testFID}), 0, 3), "abc\x00\x00\x00\x00"...))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		req, err := ReadRequest(bufio.NewReader(bytes.NewReader(b)))

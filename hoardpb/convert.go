@@ -17,6 +17,10 @@ const Version = 1
 // ClientMetadata is the gRPC metadata key carrying "<epoch>.<client id>".
 const ClientMetadata = "hoard-client"
 
+// UserMetadata is the gRPC metadata key carrying "Bearer <token>": the
+// user a request acts for, with a token the cell issued.
+const UserMetadata = "authorization"
+
 // OpMetadata is the gRPC metadata key naming a request that changes the
 // namespace, the same in every attempt, so that one sent again after a
 // lost reply is not carried out twice (node.Op).
@@ -97,6 +101,7 @@ func FromStatus(s node.Status, cb time.Duration) *Status {
 		CallbackMs:  uint64(cb / time.Millisecond),
 		Rdev:        s.Rdev,
 		Blocks:      s.Blocks,
+		Rights:      uint32(s.Rights),
 	}
 }
 
@@ -121,6 +126,7 @@ func (s *Status) ToStatus() (node.Status, time.Duration, error) {
 		Target:      s.Target,
 		Rdev:        s.Rdev,
 		Blocks:      s.Blocks,
+		Rights:      uint8(s.Rights),
 	}, time.Duration(s.CallbackMs) * time.Millisecond, nil
 }
 

@@ -38,7 +38,7 @@ func init() {
 }
 
 func bypassWriter() int {
-	c, err := client.Dial(client.Options{Server: os.Getenv("HOARD_TEST_SERVER"), CacheDir: os.Getenv("HOARD_TEST_CACHE"),
+	c, err := cellDial(client.Options{Server: os.Getenv("HOARD_TEST_SERVER"), CacheDir: os.Getenv("HOARD_TEST_CACHE"),
 		DialTimeout: 5 * time.Second, RPCTimeout: 3 * time.Second, NoDataChannel: os.Getenv("HOARD_TEST_GRPC") != ""})
 	if err != nil {
 		fmt.Println("dial:", err)

@@ -929,7 +929,7 @@ func dialConsWith(t *testing.T, srv *serverProc, name string, o client.Options) 
 	}
 	o.Server, o.CacheDir, o.CacheSize, o.Name = srv.addr, t.TempDir(), 64<<20, name
 	o.DialTimeout, o.RPCTimeout, o.Logger = 5*time.Second, 10*time.Second, log
-	c, err := client.Dial(o)
+	c, err := cellDial(o)
 	if err != nil {
 		t.Fatal(err)
 	}

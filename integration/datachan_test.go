@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -26,16 +27,18 @@ import (
 // dataChanAddr is where srv said its data channel listens.
 func dataChanAddr(t *testing.T, srv *serverProc) string {
 	t.Helper()
-	m := regexp.MustCompile(`data channel (\S+)\)`).FindStringSubmatch(srv.logs.String())
+	m := regexp.MustCompile(`data channel ([^ ,)]+)`).FindStringSubmatch(srv.logs.String())
 	if m == nil {
 		t.Fatalf("no data channel advertised: %s", srv.logs)
 	}
 	return m[1]
 }
 
-// dialFrom connects to addr from the loopback address ip (127.0.0.0/8 is
-// all loopback: each is a peer of its own).
-func dialFrom(t *testing.T, ip, addr string) net.Conn {
+// dialRawFrom connects to addr from the loopback address ip (127.0.0.0/8
+// is all loopback: each is a peer of its own), in plain TCP: what a
+// flood sends, and what the server's refusal, which precedes TLS, is
+// read on.
+func dialRawFrom(t *testing.T, ip, addr string) net.Conn {
 	t.Helper()
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
 	c, err := d.Dial("tcp", addr)
@@ -43,6 +46,27 @@ func dialFrom(t *testing.T, ip, addr string) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// dialFrom is dialRawFrom in TLS, as a client speaks the channel.
+func dialFrom(t *testing.T, ip, addr string) net.Conn {
+	t.Helper()
+	c := tls.Client(dialRawFrom(t, ip, addr), dataTLS(t))
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := c.Handshake(); err != nil {
+		t.Fatalf("data channel handshake: %v", err)
+	}
+	c.SetDeadline(time.Time{})
+	return c
+}
+
+// dataTLS is the TLS config a client of the tests' cell speaks the data
+// channel with.
+func dataTLS(t *testing.T) *tls.Config {
+	t.Helper()
+	c := cellTLS(t)
+	c.NextProtos, c.ServerName = []string{datapath.ALPN}, "127.0.0.1"
 	return c
 }
 
@@ -71,7 +95,7 @@ func dataFetches(srv *serverProc) int {
 // channel, so that it holds none of its connections.
 func writeOverGRPC(t *testing.T, srv *serverProc, name string, data []byte) {
 	t.Helper()
-	w, err := client.Dial(client.Options{Server: srv.addr, NoDataChannel: true, DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second})
+	w, err := cellDial(client.Options{Server: srv.addr, NoDataChannel: true, DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,10 +143,16 @@ func TestDataChanFlood(t *testing.T) {
 			ip = "127.0.0.2"
 		}
 		if i == perPeer {
-			expectRefused(t, dialFrom(t, "127.0.0.1", addr), "8 connections open from 127.0.0.1")
+			expectRefused(t, dialRawFrom(t, "127.0.0.1", addr), "8 connections open from 127.0.0.1")
 		}
 		opened := time.Now()
-		c := dialFrom(t, ip, addr)
+		// A few bytes that are not TLS hold a connection as long as a
+		// request begun does: the handshake waits for a whole record.
+		dial := dialRawFrom
+		if i == 1 {
+			dial = dialFrom
+		}
+		c := dial(t, ip, addr)
 		switch {
 		case i == 1:
 			trickle = c
@@ -137,7 +167,7 @@ func TestDataChanFlood(t *testing.T) {
 			closed[i] = time.Since(opened)
 		}()
 	}
-	expectRefused(t, dialFrom(t, "127.0.0.3", addr), "12 connections open,")
+	expectRefused(t, dialRawFrom(t, "127.0.0.3", addr), "12 connections open,")
 	// A request trickling in a byte every 100 ms, 4.7 s in all.
 	go func() {
 		for _, b := range datapath.AppendRequest(nil, datapath.Request{Op: datapath.OpFetch, FID: noFile, Length: 1}) {
@@ -166,7 +196,7 @@ func TestDataChanFlood(t *testing.T) {
 	flood := min(5000, int(nofile.Cur)-256) // this process's descriptors
 	conns := make([]net.Conn, flood)
 	for i := range conns {
-		conns[i] = dialFrom(t, "127.0.0.4", addr)
+		conns[i] = dialRawFrom(t, "127.0.0.4", addr)
 		conns[i].Write([]byte("HDF"))
 	}
 	admitted := 0
@@ -290,7 +320,7 @@ func TestDataChanPastFdLimit(t *testing.T) {
 	}
 	var flood []net.Conn
 	for range 100 {
-		c := dialFrom(t, "127.0.0.1", addr)
+		c := dialRawFrom(t, "127.0.0.1", addr)
 		c.Write([]byte("HDF"))
 		flood = append(flood, c)
 	}

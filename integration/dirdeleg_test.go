@@ -474,7 +474,7 @@ func cutOffHolder(t *testing.T, lease time.Duration) holderCase {
 	tmp := t.TempDir()
 	srv := startServer(t, filepath.Join(tmp, "srv"), "--lease", lease.String())
 	hc := holderCase{link: testkit.StartRelay(t, srv.addr), cacheDir: filepath.Join(tmp, "a")}
-	a, err := client.Dial(client.Options{Server: hc.link.Addr(), CacheDir: hc.cacheDir, CacheSize: 64 << 20, NoDataChannel: true, RPCTimeout: 10 * time.Second})
+	a, err := cellDial(client.Options{Server: hc.link.Addr(), CacheDir: hc.cacheDir, CacheSize: 64 << 20, NoDataChannel: true, RPCTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

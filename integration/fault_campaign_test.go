@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,9 +22,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/hoardfs/hoard/client"
@@ -231,7 +230,7 @@ func (c *campaign) dialCache(name, addr, cache string, o client.Options) *client
 	c.t.Helper()
 	o.Server, o.CacheDir, o.CacheSize, o.Name = addr, cache, 64<<20, name
 	o.DialTimeout, o.RPCTimeout, o.Logger = 5*time.Second, 10*time.Second, slog.New(slog.DiscardHandler)
-	cl, err := client.Dial(o)
+	cl, err := cellDial(o)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -464,12 +463,7 @@ func errText(err error) string {
 func (c *campaign) hostile() {
 	t := c.t
 	fail := func(f string, a ...any) { t.Errorf("round %d, hostile: "+f, append([]any{c.rounds}, a...)...) }
-	conn, err := grpc.NewClient(c.srv.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	rpc := pb.NewFileServerClient(conn)
+	rpc := pb.NewFileServerClient(cellGRPC(t, c.srv.addr))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	vol, err := rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: "root"})
@@ -514,7 +508,7 @@ func (c *campaign) hostile() {
 		}
 	}
 	// Garbage on the data channel.
-	g, err := net.DialTimeout("tcp", c.dataAddr, 5*time.Second)
+	g, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", c.dataAddr, dataTLS(t))
 	if err != nil {
 		fail("data channel: %v", err)
 		return

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,9 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -87,12 +84,7 @@ func TestServerDiskFull(t *testing.T) {
 // client sends.
 func TestServerRefusesBadRequests(t *testing.T) {
 	srv := startServer(t, t.TempDir())
-	conn, err := grpc.NewClient(srv.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	rpc := pb.NewFileServerClient(conn)
+	rpc := pb.NewFileServerClient(cellGRPC(t, srv.addr))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	vol, err := rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: "root"})
@@ -173,7 +165,7 @@ func metadataCtx(ctx context.Context, session string) context.Context {
 func TestServerAwayDuringClose(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	cacheDir := t.TempDir()
-	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: cacheDir, CacheSize: 16 << 20, RPCTimeout: 3 * time.Second, NoDelegations: true})
+	a, err := cellDial(client.Options{Server: srv.addr, CacheDir: cacheDir, CacheSize: 16 << 20, RPCTimeout: 3 * time.Second, NoDelegations: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,15 +237,11 @@ func TestDataChannel(t *testing.T) {
 	}
 
 	srv := startServer(t, t.TempDir())
-	m := regexp.MustCompile(`data channel (\S+)\)`).FindStringSubmatch(srv.logs.String())
+	m := regexp.MustCompile(`data channel ([^ ,)]+)`).FindStringSubmatch(srv.logs.String())
 	if m == nil {
 		t.Fatalf("no data channel advertised: %s", srv.logs)
 	}
-	conn, err := net.Dial("tcp", m[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialFrom(t, "127.0.0.1", m[1])
 	conn.SetDeadline(time.Now().Add(5 * time.Second))
 	conn.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
 	rep, err := datapath.ReadReply(bufio.NewReader(conn))
@@ -289,7 +277,7 @@ func TestDataChannelFaults(t *testing.T) {
 				t.Fatal("read through the faulty channel differs")
 			}
 			// What the server holds, read over gRPC only.
-			plain, err := client.Dial(client.Options{Server: srv.addr, NoDataChannel: true, DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second})
+			plain, err := cellDial(client.Options{Server: srv.addr, NoDataChannel: true, DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}

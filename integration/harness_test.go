@@ -4,6 +4,7 @@ package integration
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -17,7 +18,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 )
 
 var hoardBin string
@@ -62,7 +67,90 @@ func TestMain(m *testing.M) {
 		}
 		defer os.RemoveAll(dir)
 	}
-	os.Exit(m.Run())
+	cleanup, err := makeTestCell()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
+}
+
+// The tests' cell: every server and proxy they start belongs to it, and
+// every client acts as its admin unless a test says otherwise. HOARD_CA
+// and HOARD_TOKEN say so to the hoard commands the tests run, and to
+// their helper processes.
+var testCell struct {
+	dir, proxyDir, admin string
+}
+
+func makeTestCell() (func(), error) {
+	dir, err := os.MkdirTemp("", "hoard-cell-")
+	if err != nil {
+		return nil, err
+	}
+	cellDir, proxyDir := filepath.Join(dir, "cell"), filepath.Join(dir, "proxy")
+	for _, args := range [][]string{
+		{"cell", "init", "--dir", cellDir, "--name", "test"},
+		{"cell", "cert", "--dir", cellDir, "--proxy", "testproxy", "--out", proxyDir},
+	} {
+		if out, err := exec.Command(hoardBin, args...).CombinedOutput(); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("hoard %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	tok, err := os.ReadFile(filepath.Join(cellDir, cell.AdminTokenFile))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	testCell.dir, testCell.proxyDir, testCell.admin = cellDir, proxyDir, strings.TrimSpace(string(tok))
+	os.Setenv("HOARD_CA", filepath.Join(cellDir, cell.CAFile))
+	os.Setenv("HOARD_TOKEN", testCell.admin)
+	return func() { os.RemoveAll(dir) }, nil
+}
+
+// cellGRPC opens a bare gRPC connection to addr in the tests' cell:
+// TLS with its CA, each request with the token in HOARD_TOKEN.
+func cellGRPC(t testing.TB, addr string) *grpc.ClientConn {
+	t.Helper()
+	ca, err := cell.LoadCA(os.Getenv("HOARD_CA"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cell.UserTLS(ca))),
+		grpc.WithPerRPCCredentials(bearer(os.Getenv("HOARD_TOKEN"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// bearer sends a token with every request.
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{pb.UserMetadata: "Bearer " + string(b)}, nil
+}
+
+func (bearer) RequireTransportSecurity() bool { return true }
+
+// cellDial is client.Dial in the tests' cell: over TLS with its CA, with
+// the token in HOARD_TOKEN (the admin's, unless a test set another).
+func cellDial(o client.Options) (*client.Client, error) {
+	if o.TLS == nil {
+		ca, err := cell.LoadCA(os.Getenv("HOARD_CA"))
+		if err != nil {
+			return nil, err
+		}
+		o.TLS = cell.UserTLS(ca)
+	}
+	if o.Token == "" {
+		o.Token = os.Getenv("HOARD_TOKEN")
+	}
+	return client.Dial(o)
 }
 
 // logBuf collects a process's log lines while the test reads them.
@@ -111,14 +199,14 @@ func freeAddr(t testing.TB) string {
 // startServer starts a server on a fresh port with its data in data.
 func startServer(t testing.TB, data string, extra ...string) *serverProc {
 	t.Helper()
-	return startProc(t, "server", data, []string{"server", "--data", data}, extra)
+	return startProc(t, "server", data, []string{"server", "--data", data, "--cell", testCell.dir}, extra)
 }
 
 // startProxy starts a proxy of origin on a fresh port, its cache in dir.
 func startProxy(t testing.TB, origin *serverProc, dir string, extra ...string) *serverProc {
 	t.Helper()
 	// The pooled store allocates its size at start: keep tests' small.
-	return startProc(t, "proxy", dir, []string{"proxy", "--origin", origin.addr, "--cache", dir, "--cache-size", "256M"}, extra)
+	return startProc(t, "proxy", dir, []string{"proxy", "--origin", origin.addr, "--cache", dir, "--cache-size", "256M", "--cell", testCell.proxyDir}, extra)
 }
 
 func startProc(t testing.TB, what, data string, base, extra []string) *serverProc {
@@ -261,7 +349,7 @@ func dial(t testing.TB, addr, cacheDir string, size int64) *client.Client {
 	if cacheDir == "mem" {
 		cacheDir = ""
 	}
-	c, err := client.Dial(client.Options{Server: addr, CacheDir: cacheDir, CacheSize: size, DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second})
+	c, err := cellDial(client.Options{Server: addr, CacheDir: cacheDir, CacheSize: size, DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

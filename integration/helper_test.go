@@ -21,7 +21,7 @@ import (
 // reports what fsync and close say: a client that lost its lease, or dies,
 // with dirty data.
 func helperMain() int {
-	c, err := client.Dial(client.Options{Server: os.Getenv("HOARD_TEST_SERVER"), CacheDir: os.Getenv("HOARD_TEST_CACHE"), DialTimeout: 5 * time.Second})
+	c, err := cellDial(client.Options{Server: os.Getenv("HOARD_TEST_SERVER"), CacheDir: os.Getenv("HOARD_TEST_CACHE"), DialTimeout: 5 * time.Second})
 	if err != nil {
 		fmt.Println("dial:", err)
 		return 1

@@ -15,9 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/hoardfs/hoard/cache"
@@ -31,15 +29,10 @@ import (
 	"github.com/hoardfs/hoard/vnode"
 )
 
-// anonRPC is a protocol-level client with no session.
+// anonRPC is a protocol-level client with no session (the admin's token).
 func anonRPC(t *testing.T, addr string) pb.FileServerClient {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return pb.NewFileServerClient(conn)
+	return pb.NewFileServerClient(cellGRPC(t, addr))
 }
 
 // Sizes the server's disk cannot give a file are refused (EFBIG) before
@@ -105,13 +98,13 @@ func TestServerBoundsSessions(t *testing.T) {
 	srv := startServer(t, t.TempDir(), "--max-sessions-per-peer", "3")
 	var cs []*client.Client
 	for range 3 {
-		c, err := client.Dial(client.Options{Server: srv.addr, CacheSize: 16 << 20})
+		c, err := cellDial(client.Options{Server: srv.addr, CacheSize: 16 << 20})
 		if err != nil {
 			t.Fatal(err)
 		}
 		cs = append(cs, c)
 	}
-	if _, err := client.Dial(client.Options{Server: srv.addr, CacheSize: 16 << 20}); err == nil ||
+	if _, err := cellDial(client.Options{Server: srv.addr, CacheSize: 16 << 20}); err == nil ||
 		!strings.Contains(err.Error(), "refused") || !strings.Contains(err.Error(), "--max-sessions-per-peer") {
 		t.Fatalf("a fourth client from one address: %v", err)
 	}
@@ -120,7 +113,7 @@ func TestServerBoundsSessions(t *testing.T) {
 	var in *client.Client
 	var err error
 	if !eventually(10*time.Second, func() bool {
-		in, err = client.Dial(client.Options{Server: srv.addr, CacheSize: 16 << 20})
+		in, err = cellDial(client.Options{Server: srv.addr, CacheSize: 16 << 20})
 		return err == nil
 	}) {
 		t.Fatalf("no client gets in after one of three left: %v", err)
@@ -223,7 +216,7 @@ func TestCloseWithServerGone(t *testing.T) {
 	cacheDir := t.TempDir()
 	var logs bytes.Buffer
 	lh := lograte.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}), 10*time.Second, 5) // as hoard's commands log
-	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: cacheDir, CacheSize: 64 << 20, RPCTimeout: 10 * time.Second, Logger: slog.New(lh)})
+	a, err := cellDial(client.Options{Server: srv.addr, CacheDir: cacheDir, CacheSize: 64 << 20, RPCTimeout: 10 * time.Second, Logger: slog.New(lh)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 func dialOpts(t *testing.T, o client.Options) *client.Client {
 	t.Helper()
 	o.DialTimeout, o.RPCTimeout = 5*time.Second, 10*time.Second
-	c, err := client.Dial(o)
+	c, err := cellDial(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
@@ -29,11 +28,7 @@ import (
 // stats does.
 func proxyStats(t *testing.T, addr string) *pb.ProxyStatsReply {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := cellGRPC(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	r, err := pb.NewProxyClient(conn).Stats(ctx, &pb.ProxyStatsRequest{}, grpc.WaitForReady(true))
@@ -253,7 +248,7 @@ func TestProxyDelegations(t *testing.T) {
 	origin := startServer(t, filepath.Join(tmp, "origin"))
 	px := startProxy(t, origin, filepath.Join(tmp, "proxy"))
 	writeBack := func(addr, name string) *client.Client {
-		c, err := client.Dial(client.Options{Server: addr, CacheDir: filepath.Join(tmp, name), CacheSize: 64 << 20,
+		c, err := cellDial(client.Options{Server: addr, CacheDir: filepath.Join(tmp, name), CacheSize: 64 << 20,
 			FlushAge: time.Hour, RPCTimeout: 10 * time.Second, Name: name})
 		if err != nil {
 			t.Fatal(err)
@@ -390,7 +385,7 @@ func TestProxyLostLease(t *testing.T) {
 	link := testkit.StartRelay(t, origin.addr)
 	px := startProxy(t, &serverProc{addr: link.Addr()}, filepath.Join(tmp, "proxy"))
 	cacheDir := filepath.Join(tmp, "a")
-	a, err := client.Dial(client.Options{Server: px.addr, CacheDir: cacheDir, CacheSize: 64 << 20, FlushAge: time.Hour, RPCTimeout: 10 * time.Second})
+	a, err := cellDial(client.Options{Server: px.addr, CacheDir: cacheDir, CacheSize: 64 << 20, FlushAge: time.Hour, RPCTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -586,7 +581,7 @@ func TestProxyKilledMidFetch(t *testing.T) {
 	// the kill: kill once it holds all of /small.
 	waitIndexed(t, filepath.Join(pdir, "store"), time.Now())
 
-	c, err := client.Dial(client.Options{Server: px.addr, CacheSize: 128 << 20, RPCTimeout: 2 * time.Second})
+	c, err := cellDial(client.Options{Server: px.addr, CacheSize: 128 << 20, RPCTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -729,7 +724,7 @@ func TestProxyDiskFull(t *testing.T) {
 	origin := startServer(t, filepath.Join(tmp, "origin"))
 	direct := dial(t, origin.addr, "mem", 64<<20)
 
-	out, code := run(t, "proxy", "--origin", origin.addr, "--cache", filepath.Join(disk, "big"), "--cache-size", "64M", "--listen", freeAddr(t))
+	out, code := run(t, "proxy", "--cell", testCell.proxyDir, "--origin", origin.addr, "--cache", filepath.Join(disk, "big"), "--cache-size", "64M", "--listen", freeAddr(t))
 	if code != 2 || !strings.Contains(out, "no room") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
 		t.Fatalf("a pooled store larger than the disk: exit %d, %q; want exit 2 and one line saying there is no room", code, out)
 	}
@@ -799,7 +794,7 @@ func TestProxyRestartKeepsWriteBack(t *testing.T) {
 	tmp := t.TempDir()
 	origin := startServer(t, filepath.Join(tmp, "origin"), "--log-level", "debug")
 	px := startProxy(t, origin, filepath.Join(tmp, "proxy"), "--log-level", "debug")
-	a, err := client.Dial(client.Options{Server: px.addr, CacheDir: filepath.Join(tmp, "a"), CacheSize: 64 << 20,
+	a, err := cellDial(client.Options{Server: px.addr, CacheDir: filepath.Join(tmp, "a"), CacheSize: 64 << 20,
 		FlushAge: time.Hour, RPCTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)

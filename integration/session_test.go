@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -85,12 +84,9 @@ func TestForgedSessionsRefused(t *testing.T) {
 		session string
 		errno   uint32
 	}{{"", datapath.ErrSession}, {again.welcome.Session, 0}} {
-		conn, err := net.Dial("tcp", again.welcome.DataAddr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		conn := dialFrom(t, "127.0.0.1", again.welcome.DataAddr)
 		conn.SetDeadline(time.Now().Add(10 * time.Second))
-		conn.Write(datapath.AppendRequest(nil, datapath.Request{Op: datapath.OpFetch, Session: c.session, FID: fid, Length: 4}))
+		conn.Write(datapath.AppendRequest(nil, datapath.Request{Op: datapath.OpFetch, Session: c.session, User: testCell.admin, FID: fid, Length: 4}))
 		rep, err := datapath.ReadReply(bufio.NewReader(conn))
 		conn.Close()
 		if err != nil || rep.Errno != c.errno {

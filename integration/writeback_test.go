@@ -75,7 +75,7 @@ func TestWriteBackAndRecall(t *testing.T) {
 func TestShortLivedFiles(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	for _, deleg := range []bool{true, false} {
-		c, err := client.Dial(client.Options{Server: srv.addr, NoDelegations: !deleg})
+		c, err := cellDial(client.Options{Server: srv.addr, NoDelegations: !deleg})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +105,7 @@ func TestFlusher(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	// 16 MiB with 256 KiB chunks: hidirty 4 MiB + 20 chunks (36 chunks),
 	// lodirty 18 chunks, start at 27.
-	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 16 << 20, FlushAge: time.Hour})
+	a, err := cellDial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 16 << 20, FlushAge: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestFlusher(t *testing.T) {
 	holds(t, 1500*time.Millisecond, fmt.Sprintf("the flusher stays below the start threshold at %d dirty bytes", st.DirtyBytes),
 		func() bool { return a.Stats().DirtyBytes == st.DirtyBytes })
 
-	b, err := client.Dial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), FlushAge: time.Second})
+	b, err := cellDial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), FlushAge: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestFlusher(t *testing.T) {
 // ENOSPC.
 func TestDirtyCacheFull(t *testing.T) {
 	srv := startServer(t, t.TempDir())
-	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 4 << 20, FlushAge: time.Hour, RPCTimeout: 2 * time.Second})
+	a, err := cellDial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 4 << 20, FlushAge: time.Hour, RPCTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +433,7 @@ func TestWriteWhileRecalled(t *testing.T) {
 // the holder reclaims its delegation and the data reaches other clients.
 func TestServerAwayWithWriteBack(t *testing.T) {
 	srv := startServer(t, t.TempDir())
-	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), RPCTimeout: 2 * time.Second})
+	a, err := cellDial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), RPCTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -463,7 +463,7 @@ func TestServerAwayWithWriteBack(t *testing.T) {
 func TestCloseReportsUnstored(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	cacheDir := t.TempDir()
-	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: cacheDir, RPCTimeout: time.Second})
+	a, err := cellDial(client.Options{Server: srv.addr, CacheDir: cacheDir, RPCTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,7 +484,7 @@ func TestCloseReportsUnstored(t *testing.T) {
 func TestRemovedWhileDirty(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	cacheDir := t.TempDir()
-	a, err := client.Dial(client.Options{Server: srv.addr, CacheDir: cacheDir})
+	a, err := cellDial(client.Options{Server: srv.addr, CacheDir: cacheDir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -520,7 +520,7 @@ func TestRemoveWhileStoring(t *testing.T) {
 	rl := testkit.StartRelay(t, dataAddr)
 	srv := startServer(t, t.TempDir(), "--data-listen", dataAddr, "--data-advertise", rl.Addr())
 	cache := t.TempDir()
-	c, err := client.Dial(client.Options{Server: srv.addr, CacheDir: cache, CacheSize: 64 << 20, NoDirDelegations: true})
+	c, err := cellDial(client.Options{Server: srv.addr, CacheDir: cache, CacheSize: 64 << 20, NoDirDelegations: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,7 +106,14 @@ type Status struct {
 	// Blocks is the 512-byte blocks the data takes on the server (a sparse
 	// file's holes take none), for st_blocks: du and quotas add these up.
 	Blocks uint64
+	// Rights is what the user of the request that got this status may do
+	// with the file (access.Rights, with RightsKnown set): not the
+	// file's, the asker's. Zero in a status the client made itself.
+	Rights uint8
 }
+
+// RightsKnown marks Status.Rights as the server's answer.
+const RightsKnown = 1 << 7
 
 // MaxName is the longest name a directory entry may have, in bytes.
 const MaxName = 255

@@ -27,6 +27,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -69,7 +70,11 @@ type Options struct {
 	// NoDelegations: the proxy takes none from the origin, so it gives
 	// its clients none either (hoard proxy --no-delegations).
 	NoDelegations bool
-	Logger        *slog.Logger
+	// TLS secures the connection to the origin, with the proxy's cell
+	// certificate (cell.Identity.ClientTLS); nil: plain TCP, to an
+	// insecure origin.
+	TLS    *tls.Config
+	Logger *slog.Logger
 }
 
 // Proxy is the server.Backend of a caching proxy.
@@ -105,6 +110,10 @@ type Proxy struct {
 	// handled before the grant would not find the grant to recall.
 	recalls uint64
 	askers  sync.WaitGroup
+	// acls are the origin's ACLs governing files, kept under promises
+	// (acl.go); aclGen counts the breaks that dropped some.
+	acls   map[node.FID]aclCopy
+	aclGen uint64
 }
 
 // metaCacheSize bounds the client cache the proxy keeps the origin's
@@ -137,11 +146,11 @@ func Open(o Options) (p *Proxy, err error) {
 	if err != nil {
 		return nil, err
 	}
-	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, log: o.Logger, upstream: map[node.FID]uint64{}, asking: map[node.FID]bool{}, noDeleg: o.NoDelegations}
+	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, log: o.Logger, upstream: map[node.FID]uint64{}, asking: map[node.FID]bool{}, noDeleg: o.NoDelegations, acls: map[node.FID]aclCopy{}}
 	host, _ := os.Hostname()
 	p.c, err = client.Dial(client.Options{
 		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: metaCacheSize,
-		RPCTimeout: o.Timeout, DialTimeout: o.Timeout,
+		RPCTimeout: o.Timeout, DialTimeout: o.Timeout, TLS: o.TLS,
 		DataStreams:   OriginStreams,
 		NoDelegations: o.NoDelegations,
 		// Its clients' creates go to the origin as they come.
@@ -195,6 +204,7 @@ func (p *Proxy) OriginStats() client.Stats { return p.c.Stats() }
 // invalidate passes a break from the origin on to the proxy's clients; the
 // origin hears the acknowledgement once this returns.
 func (p *Proxy) invalidate(fids []node.FID) {
+	p.forgetACLs(fids)
 	if s := p.srv.Load(); s != nil {
 		s.Invalidate(fids)
 	}

@@ -35,7 +35,9 @@ mkdir -p "$work/mnt"
 server=$!
 for _ in $(seq 50); do grep -qs serving "$work/server.log" && break; sleep 0.1; done
 addr=$(sed -n 's/.* on \(127\.0\.0\.1:[0-9]*\) .*/\1/p' "$work/server.log" | head -1)
-"$bin" mount --server "$addr" --cache "$work/cache" --daemon "$work/mnt" 2>/dev/null
+# As root with the cell's admin token: pjdfstest needs chown and setuid.
+cell=$work/data/cell
+"$bin" mount --server "$addr" --cache "$work/cache" --ca "$cell/ca.crt" --token "$cell/admin.token" --daemon "$work/mnt" 2>/dev/null
 mkdir -m 755 "$work/mnt/pjd"
 status=0
 cfg=$PWD/conformance/pjdfstest.toml

@@ -11,3 +11,5 @@ t=${FUZZTIME:-150000x}
 go test -run='^$' -fuzz='^FuzzRequests$' -fuzztime="$t" ./server
 go test -run='^$' -fuzz='^FuzzCheckName$' -fuzztime="$t" ./node
 go test -run='^$' -fuzz='^FuzzReadRequest$' -fuzztime="$t" ./datapath
+go test -run='^$' -fuzz='^FuzzVerify$' -fuzztime="$t" ./cell
+go test -run='^$' -fuzz='^FuzzDecodeACL$' -fuzztime="$t" ./access

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make run`: start a single-node hoard server with its data in a local
-# directory, mount it with FUSE next to it, say how to use both, and stop
-# everything on Ctrl-C.
+# directory (on the first start it makes its cell there: a CA, its TLS
+# certificate and an admin token), mount it with FUSE next to it as that
+# admin, say how to use both, and stop everything on Ctrl-C.
 set -euo pipefail
 bin=$1 data=$2 listen=$3
 top=$(dirname "$data")
@@ -12,6 +13,10 @@ if "$bin" umount "$mnt" >/dev/null 2>&1; then echo "hoard: cleared a stale mount
 
 "$bin" server --data "$data" --listen "$listen" --log-level info &
 server=$!
+cell=$data/cell
+# The cell's CA and admin token, for this script's client commands.
+export HOARD_CA=$cell/ca.crt
+sec=(--token "$cell/admin.token")
 mounted=
 cleanup() {
   if [ -n "$mounted" ]; then "$bin" umount "$mnt" || true; fi
@@ -22,20 +27,22 @@ trap cleanup EXIT
 trap 'exit 0' INT TERM
 
 for _ in $(seq 50); do
-  "$bin" ls / --server "$listen" --cache "" >/dev/null 2>&1 && break
+  [ -f "$cell/admin.token" ] && "$bin" ls / --server "$listen" --cache "" "${sec[@]}" >/dev/null 2>&1 && break
   sleep 0.1
 done
 
-if "$bin" mount --server "$listen" --cache "$cache" --daemon "$mnt"; then
+if "$bin" mount --server "$listen" --cache "$cache" "${sec[@]}" --daemon "$mnt"; then
   mounted=1
   cat <<MSG
 
-hoard is running.
+hoard is running, over TLS 1.3, for the users of cell tokens.
   server:  $listen, data in $data
-  mounted: $mnt (cache in $cache)
+  cell:    $cell (its CA ca.crt, and admin.token: a token for its admin)
+  mounted: $mnt as that admin (cache in $cache)
 Use it like any directory, from another shell:
   cp README.md $mnt/ && ls -l $mnt && cat $mnt/README.md
-Or with the client commands:
+Or with the client commands, once you log in with the admin token:
+  $bin login --ca $cell/ca.crt --file $cell/admin.token
   $bin ls -l / --server $listen
   $bin cache stats --cache $cache
 Stop with Ctrl-C (unmounts and stops the server).
@@ -43,8 +50,10 @@ MSG
 else
   cat <<MSG
 
-hoard server is running on $listen (data in $data), but the FUSE mount failed
-(see the message above). The client commands work without it:
+hoard server is running on $listen (data in $data, cell in $cell), but the
+FUSE mount failed (see the message above). The client commands work without
+it, once you log in with the cell's admin token:
+  $bin login --ca $cell/ca.crt --file $cell/admin.token
   $bin put README.md /README.md --server $listen
   $bin ls -l / --server $listen
 Stop with Ctrl-C.

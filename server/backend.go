@@ -1,8 +1,11 @@
 package server
 
 import (
+	"fmt"
+	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/callback"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/vnode"
@@ -35,6 +38,11 @@ type Backend interface {
 	Reserve(volume uint64, n int) ([]node.FID, error)
 	CreateReserved(dir node.FID, fs []node.Reserved, rm []node.Removed, op node.Op) (made, removed []node.Status, d node.Status, err error)
 	StatFS(volume uint64) (node.FSStat, error)
+	// GoverningACL is the directory whose ACL governs f, and that ACL;
+	// SetACLEntry gives who the rights r in directory dir (0: none) and
+	// returns its ACL as it is now.
+	GoverningACL(f node.FID) (node.FID, access.ACL, error)
+	SetACLEntry(dir node.FID, who string, r access.Rights) (access.ACL, error)
 
 	// ReadAt reads file bytes for user (the client's name until there
 	// is authentication) along with the status of the version they
@@ -87,6 +95,23 @@ func (l local) BeginUpdate(f node.FID, _ uint64, _ bool) (Update, error) {
 }
 
 func (local) PromiseLimit(node.FID) time.Duration { return 1<<63 - 1 }
+
+// SetACLEntry reads and writes dir's ACL; the server holds dir busy
+// across it, and ACL changes are an administrator's, rare and slow.
+func (l local) SetACLEntry(dir node.FID, who string, r access.Rights) (access.ACL, error) {
+	_, cur, err := l.Store.GoverningACL(dir)
+	if err != nil {
+		return nil, err
+	}
+	acl := cur.Set(who, r)
+	if len(acl) > access.MaxEntries {
+		return nil, fmt.Errorf("set acl: more than %d entries: %w", access.MaxEntries, syscall.ENOSPC)
+	}
+	if _, err := l.Store.SetACL(dir, acl); err != nil {
+		return nil, err
+	}
+	return acl, nil
+}
 
 func (local) Delegation(node.FID, bool) (callback.DelegKind, func() bool) {
 	return callback.DelegWrite, nil

@@ -10,6 +10,9 @@ import (
 // change is a request that changes files or the namespace, as its handler
 // states it: op.make runs the frame they all share.
 type change struct {
+	// check, if set, refuses the change before anything is held or
+	// recalled: the caller may not make it.
+	check func(o *op) error
 	// hold are the FIDs no delegation is granted on until the change is
 	// made (busy); recall are more FIDs whose delegations other clients,
 	// as hold's, give back before it is made.
@@ -25,6 +28,11 @@ func (s *Server) change(ctx context.Context, c change) (*op, error) {
 	o, err := s.beginChange(ctx, callback.Changing)
 	if err != nil {
 		return nil, err
+	}
+	if c.check != nil {
+		if err := c.check(o); err != nil {
+			return nil, err
+		}
 	}
 	return o, o.make(ctx, c)
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/callback"
 	"github.com/hoardfs/hoard/connlimit"
 	"github.com/hoardfs/hoard/datapath"
@@ -35,12 +37,19 @@ func (s *Server) ServeData(l net.Listener, advertise string) {
 	}
 	s.dataAddr.Store(&advertise)
 	// A flood's lines are thinned by the process's log (lograte).
-	lim := connlimit.New(l, s.cfg.MaxDataConns, s.cfg.MaxDataConnsPerPeer, func(conn net.Conn, why error) {
+	var lim net.Listener = connlimit.New(l, s.cfg.MaxDataConns, s.cfg.MaxDataConnsPerPeer, func(conn net.Conn, why error) {
 		// A client reads this as a channel it cannot use, and moves the
 		// transfer to gRPC.
 		conn.Write(datapath.AppendError(nil, datapath.ErrProtocol, "data connection refused: "+why.Error()))
 		s.log.Warn("data connection refused", "from", conn.RemoteAddr(), "why", why)
 	})
+	if s.cfg.TLS != nil {
+		// The handshake happens at the first read, under the deadline
+		// of the connection's first request.
+		c := s.cfg.TLS.Clone()
+		c.NextProtos = []string{datapath.ALPN}
+		lim = tls.NewListener(lim, c)
+	}
 	go s.acceptData(lim)
 }
 
@@ -116,6 +125,12 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 		return replyError(conn, fmt.Errorf("fetch: zero fid: %w", syscall.EINVAL))
 	}
 	o := s.opFor(id)
+	if o.who, err = s.connWho(req.User, conn); err == nil {
+		err = o.may(req.FID, access.Read, "read")
+	}
+	if err != nil {
+		return replyError(conn, err)
+	}
 	if _, err := s.recallFor(context.Background(), o, false, req.FID); err != nil {
 		return replyError(conn, err)
 	}
@@ -208,7 +223,9 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 	}
 	if failed == nil {
 		o = s.opFor(id)
-		x, failed = s.beginStore(o, &hdr)
+		if o.who, failed = s.connWho(req.User, conn); failed == nil {
+			x, failed = s.beginStore(o, &hdr)
+		}
 	}
 	if x != nil {
 		defer x.release()

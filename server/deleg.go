@@ -32,6 +32,9 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 	if err != nil {
 		return nil, s.fail("Open", err)
 	}
+	if err := o.mayOpen(st, req.Write); err != nil {
+		return nil, err
+	}
 	if !callback.Delegates(o.id, st.Type, req.Write, req.DelegationOnly) {
 		return &pb.OpenReply{Status: o.status(st)}, nil
 	}

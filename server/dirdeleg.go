@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
@@ -71,6 +72,9 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 	if o.id == 0 {
 		return nil, s.fail("Reserve", fmt.Errorf("reserve: only for a connected client: %w", syscall.EINVAL))
 	}
+	if o.who.Anonymous() {
+		return nil, refuse(o.who, "reserve file ids", syscall.EACCES)
+	}
 	s.mu.Lock()
 	if s.reserved[o.id]+int(req.Count) > MaxReservedPerSession {
 		s.mu.Unlock()
@@ -129,6 +133,21 @@ func (s *Server) CreateReserved(ctx context.Context, req *pb.CreateReservedReque
 	o, err := s.beginChange(ctx, callback.Reclaiming)
 	if err != nil {
 		return nil, err
+	}
+	if len(rm) > 0 {
+		if err := o.may(dir, access.Delete, "remove files"); err != nil {
+			return nil, err
+		}
+	}
+	if len(fs) > 0 {
+		if err := o.may(dir, access.Insert, "create files"); err != nil {
+			return nil, err
+		}
+	}
+	for i := range fs {
+		if err := o.own(fs[i].Name, node.TypeFile, &fs[i].Attr); err != nil {
+			return nil, err
+		}
 	}
 	if o.id == 0 || req.State == 0 {
 		return nil, s.fail("CreateReserved", fmt.Errorf("create reserved in %v: no delegation named: %w", dir, syscall.EINVAL))

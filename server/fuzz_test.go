@@ -5,10 +5,13 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hoardfs/hoard/access"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/vnode"
@@ -20,9 +23,15 @@ type fakeStream struct {
 	grpc.ServerStream
 	in   []*pb.StoreRequest
 	sent int
+	ctx  context.Context // nil: the admin's
 }
 
-func (f *fakeStream) Context() context.Context  { return context.Background() }
+func (f *fakeStream) Context() context.Context {
+	if f.ctx == nil {
+		return as("admin")
+	}
+	return f.ctx
+}
 func (f *fakeStream) Send(*pb.FetchReply) error { f.sent++; return nil }
 func (f *fakeStream) SendAndClose(*pb.StoreReply) error {
 	f.sent++
@@ -59,11 +68,34 @@ func newFuzzServer(t testing.TB) (*Server, node.FID) {
 	u.WriteAt([]byte("hello fuzz"), 0)
 	u.Commit(false, st.Mtime, "")
 	store.Create(v.Root, "d", node.TypeDir, node.Attr{Mode: 0o755}, "", true, "")
+	// Alice may do all but administer the root; others go by its
+	// default ACL.
+	if _, err := store.SetACL(v.Root, access.DefaultACL().Set("alice", access.All&^access.Administer)); err != nil {
+		t.Fatal(err)
+	}
 	cfg := DefaultConfig()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.Users, cfg.Principals = namedUsers{}, store
 	s := New(Local(store), cfg)
 	t.Cleanup(s.Shutdown)
 	return s, st.FID
+}
+
+// namedUsers takes a token for the name of its user: "admin" is the
+// cell's admin, any other name a user with uid 1000.
+type namedUsers struct{}
+
+func (namedUsers) Identify(token string) (access.Identity, time.Time, error) {
+	return access.Identity{User: token, UID: 1000, Admin: token == "admin"}, time.Now().Add(time.Hour), nil
+}
+
+// as is ctx for a request of user's (none: anonymous).
+func as(user string) context.Context {
+	ctx := context.Background()
+	if user == "" {
+		return ctx
+	}
+	return metadata.NewIncomingContext(ctx, metadata.Pairs(pb.UserMetadata, "Bearer "+user))
 }
 
 // A fetch cannot make the server send a reply per few bytes: pieces
@@ -71,7 +103,7 @@ func newFuzzServer(t testing.TB) (*Server, node.FID) {
 // file in pieces of 7 bytes hung the fuzzer).
 func TestFetchPieceFloor(t *testing.T) {
 	s, f := newFuzzServer(t)
-	if _, err := s.SetAttr(context.Background(), &pb.SetAttrRequest{Fid: pb.FromFID(f), Mask: node.SetSize, Size: 1 << 20}); err != nil {
+	if _, err := s.SetAttr(as("admin"), &pb.SetAttrRequest{Fid: pb.FromFID(f), Mask: node.SetSize, Size: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	stream := &fakeStream{}
@@ -115,9 +147,17 @@ func FuzzRequests(f *testing.F) {
 	seed(15, &pb.ReturnRequest{Fid: fid, State: 1, Readers: 1 << 30})
 	seed(17, &pb.ReserveRequest{Volume: 1, Count: 1 << 20})
 	seed(18, &pb.CreateReservedRequest{Dir: root, State: 1, Files: []*pb.ReservedFile{{Name: "..", Fid: fid}}})
-	ctx := context.Background()
+	seed(19, &pb.GetACLRequest{Fid: fid})
+	seed(20, &pb.SetACLRequest{Dir: root, Who: "system:anyuser", Rights: 0xff})
+	seed(20+32, &pb.SetACLRequest{Dir: root, Who: "bob", Rights: 3})
+	seed(21, &pb.ChangeGroupRequest{Change: pb.ChangeGroupRequest_CHANGE_ADD, Group: "g", Member: "system:anyuser"})
+	seed(22, &pb.RevokeTokenRequest{Id: "x"})
+	seed(3+64, &pb.CreateRequest{Dir: root, Name: "dev", Type: pb.FileType_FILE_TYPE_CHARDEV, Mode: 0o4755})
+	users := []string{"alice", "admin", "", "bob"}
 	f.Fuzz(func(t *testing.T, kind uint8, data []byte) {
-		switch kind % 19 {
+		// The kind's top bits pick who asks.
+		ctx := as(users[kind>>5%4])
+		switch kind & 31 % 23 {
 		case 0:
 			m := &pb.LookupRequest{}
 			if proto.Unmarshal(data, m) == nil {
@@ -161,12 +201,12 @@ func FuzzRequests(f *testing.F) {
 		case 8:
 			m := &pb.FetchRequest{}
 			if proto.Unmarshal(data, m) == nil {
-				s.Fetch(m, &fakeStream{})
+				s.Fetch(m, &fakeStream{ctx: ctx})
 			}
 		case 9:
 			m := &pb.StoreRequest{}
 			if proto.Unmarshal(data, m) == nil && m.Offset < 1<<30 && m.Size < 1<<30 {
-				s.Store(&fakeStream{in: []*pb.StoreRequest{m}})
+				s.Store(&fakeStream{in: []*pb.StoreRequest{m}, ctx: ctx})
 			}
 		case 10:
 			m := &pb.GetVolumeRequest{}
@@ -212,6 +252,26 @@ func FuzzRequests(f *testing.F) {
 			m := &pb.CreateReservedRequest{}
 			if proto.Unmarshal(data, m) == nil {
 				s.CreateReserved(ctx, m)
+			}
+		case 19:
+			m := &pb.GetACLRequest{}
+			if proto.Unmarshal(data, m) == nil {
+				s.GetACL(ctx, m)
+			}
+		case 20:
+			m := &pb.SetACLRequest{}
+			if proto.Unmarshal(data, m) == nil {
+				s.SetACL(ctx, m)
+			}
+		case 21:
+			m := &pb.ChangeGroupRequest{}
+			if proto.Unmarshal(data, m) == nil {
+				s.ChangeGroup(ctx, m)
+			}
+		case 22:
+			m := &pb.RevokeTokenRequest{}
+			if proto.Unmarshal(data, m) == nil {
+				s.RevokeToken(ctx, m)
 			}
 		}
 	})

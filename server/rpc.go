@@ -2,12 +2,12 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
@@ -28,9 +28,14 @@ func fromVolume(v node.Volume) *pb.Volume {
 	return &pb.Volume{Id: v.ID, Name: v.Name, Root: pb.FromFID(v.Root), CreatedNs: v.Created.UnixNano()}
 }
 
+// GetVolume, ListVolumes and StatFS tell of a volume only those who may
+// look in its root directory.
 func (s *Server) GetVolume(ctx context.Context, req *pb.GetVolumeRequest) (*pb.Volume, error) {
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var v node.Volume
-	var err error
 	switch {
 	case req.Name != "" && req.Id == 0:
 		v, err = s.store.VolumeByName(req.Name)
@@ -42,22 +47,38 @@ func (s *Server) GetVolume(ctx context.Context, req *pb.GetVolumeRequest) (*pb.V
 	if err != nil {
 		return nil, s.fail("GetVolume", err)
 	}
+	if err := o.may(v.Root, access.Lookup, "look up volume "+v.Name); err != nil {
+		return nil, err
+	}
 	return fromVolume(v), nil
 }
 
 func (s *Server) ListVolumes(ctx context.Context, req *pb.ListVolumesRequest) (*pb.ListVolumesReply, error) {
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
 	vs, err := s.store.Volumes()
 	if err != nil {
 		return nil, s.fail("ListVolumes", err)
 	}
 	out := &pb.ListVolumesReply{}
 	for _, v := range vs {
-		out.Volumes = append(out.Volumes, fromVolume(v))
+		if o.may(v.Root, access.Lookup, "") == nil {
+			out.Volumes = append(out.Volumes, fromVolume(v))
+		}
 	}
 	return out, nil
 }
 
 func (s *Server) CreateVolume(ctx context.Context, req *pb.CreateVolumeRequest) (*pb.Volume, error) {
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.admin("create volume " + req.Name); err != nil {
+		return nil, err
+	}
 	v, err := s.store.CreateVolume(req.Name)
 	if err != nil {
 		return nil, s.fail("CreateVolume", err)
@@ -67,7 +88,7 @@ func (s *Server) CreateVolume(ctx context.Context, req *pb.CreateVolumeRequest) 
 }
 
 func (s *Server) Lookup(ctx context.Context, req *pb.LookupRequest) (*pb.LookupReply, error) {
-	o, dir, err := s.beginRead(ctx, "Lookup", req.Dir)
+	o, dir, err := s.beginRead(ctx, "Lookup", req.Dir, access.Lookup)
 	if err != nil {
 		return nil, err
 	}
@@ -109,10 +130,12 @@ func (s *Server) GetStatus(ctx context.Context, req *pb.GetStatusRequest) (*pb.G
 		if err == nil {
 			st, err = s.store.GetStatus(f)
 		}
+		if err == nil {
+			// A stat needs l on the directory, as in AFS.
+			err = o.mayStatus(st, access.Lookup, "stat")
+		}
 		if err != nil {
-			errno := syscall.EIO
-			errors.As(err, &errno)
-			out.Results[i] = &pb.StatusResult{Errno: int32(errno)}
+			out.Results[i] = &pb.StatusResult{Errno: int32(pb.Errno(err))}
 			continue
 		}
 		out.Results[i] = &pb.StatusResult{Status: o.status(st)}
@@ -121,7 +144,7 @@ func (s *Server) GetStatus(ctx context.Context, req *pb.GetStatusRequest) (*pb.G
 }
 
 func (s *Server) ReadDir(ctx context.Context, req *pb.ReadDirRequest) (*pb.ReadDirReply, error) {
-	o, dir, err := s.beginRead(ctx, "ReadDir", req.Dir)
+	o, dir, err := s.beginRead(ctx, "ReadDir", req.Dir, access.Lookup)
 	if err != nil {
 		return nil, err
 	}
@@ -147,8 +170,11 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	}
 	reply := &pb.CreateReply{}
 	var st, d node.Status
-	o, err := s.change(ctx, change{hold: []node.FID{dir}, store: func(o *op) (_ []node.FID, err error) {
-		st, d, reply.Created, err = s.store.Create(dir, req.Name, t, node.Attr{Mode: req.Mode, UID: req.Uid, GID: req.Gid, Rdev: req.Rdev}, req.Target, req.Exclusive, o.once)
+	attr := node.Attr{Mode: req.Mode, UID: req.Uid, GID: req.Gid, Rdev: req.Rdev}
+	o, err := s.change(ctx, change{hold: []node.FID{dir}, check: func(o *op) error {
+		return o.mayCreate(dir, req.Name, t, &attr)
+	}, store: func(o *op) (_ []node.FID, err error) {
+		st, d, reply.Created, err = s.store.Create(dir, req.Name, t, attr, req.Target, req.Exclusive, o.once)
 		if err != nil {
 			return nil, s.fail("Create", err)
 		}
@@ -209,7 +235,9 @@ func (s *Server) Link(ctx context.Context, req *pb.LinkRequest) (*pb.LinkReply, 
 	}
 	dir, target := fids[0], fids[1]
 	var st, d node.Status
-	o, err := s.change(ctx, change{hold: []node.FID{dir}, recall: []node.FID{target}, store: func(o *op) (_ []node.FID, err error) {
+	o, err := s.change(ctx, change{hold: []node.FID{dir}, recall: []node.FID{target}, check: func(o *op) error {
+		return firstErr(o.may(dir, access.Insert, "link into a directory"), o.may(target, access.Lookup, "link to a file"), o.sameDir(target, dir))
+	}, store: func(o *op) (_ []node.FID, err error) {
 		if st, d, err = s.store.Link(dir, req.Name, target, o.once); err != nil {
 			return nil, s.fail("Link", err)
 		}
@@ -227,7 +255,9 @@ func (s *Server) Remove(ctx context.Context, req *pb.RemoveRequest) (*pb.RemoveR
 		return nil, s.fail("Remove", err)
 	}
 	var d, st node.Status
-	o, err := s.change(ctx, change{hold: []node.FID{dir}, store: func(o *op) (_ []node.FID, err error) {
+	o, err := s.change(ctx, change{hold: []node.FID{dir}, check: func(o *op) error {
+		return o.may(dir, access.Delete, "remove from a directory")
+	}, store: func(o *op) (_ []node.FID, err error) {
 		// A delegation granted on the file now could only be recalled
 		// once it is removed: its holder's writes would be refused.
 		if err := o.hold(ctx, s.named(dir, req.Name)); err != nil {
@@ -253,7 +283,13 @@ func (s *Server) Rename(ctx context.Context, req *pb.RenameRequest) (*pb.RenameR
 	src, dst := fids[0], fids[1]
 	var res node.RenameResult
 	out := &pb.RenameReply{}
-	o, err := s.change(ctx, change{hold: fids, store: func(o *op) (_ []node.FID, err error) {
+	o, err := s.change(ctx, change{hold: fids, check: func(o *op) error {
+		err := firstErr(o.may(src, access.Delete, "rename out of a directory"), o.may(dst, access.Insert, "rename into a directory"))
+		if err == nil && len(s.named(dst, req.DstName)) > 0 {
+			err = o.may(dst, access.Delete, "replace in a directory")
+		}
+		return err
+	}, store: func(o *op) (_ []node.FID, err error) {
 		// As for a remove: none is granted on the files while the rename
 		// is under way, which may take the replaced one's last name.
 		if err := o.hold(ctx, append(s.named(src, req.SrcName), s.named(dst, req.DstName)...)); err != nil {
@@ -295,7 +331,9 @@ func (s *Server) SetAttr(ctx context.Context, req *pb.SetAttrRequest) (*pb.SetAt
 		return nil, s.fail("SetAttr", fmt.Errorf("setattr %v: mask %#x: %w", f, req.Mask, syscall.EINVAL))
 	}
 	var st node.Status
-	o, err := s.change(ctx, change{recall: []node.FID{f}, store: func(o *op) (_ []node.FID, err error) {
+	o, err := s.change(ctx, change{recall: []node.FID{f}, check: func(o *op) error {
+		return o.maySetAttr(f, req)
+	}, store: func(o *op) (_ []node.FID, err error) {
 		st, err = s.store.SetAttr(f, node.Change{Mask: req.Mask, Mode: req.Mode, UID: req.Uid, GID: req.Gid,
 			Size: req.Size, Atime: time.Unix(0, req.AtimeNs), Mtime: time.Unix(0, req.MtimeNs)})
 		if err != nil {
@@ -310,8 +348,16 @@ func (s *Server) SetAttr(ctx context.Context, req *pb.SetAttrRequest) (*pb.SetAt
 }
 
 func (s *Server) StatFS(ctx context.Context, req *pb.StatFSRequest) (*pb.StatFSReply, error) {
-	if _, err := s.store.VolumeByID(req.Volume); err != nil {
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.store.VolumeByID(req.Volume)
+	if err != nil {
 		return nil, s.fail("StatFS", err)
+	}
+	if err := o.may(v.Root, access.Lookup, "statfs"); err != nil {
+		return nil, err
 	}
 	fs, err := s.store.StatFS(req.Volume)
 	if err != nil {
@@ -338,6 +384,9 @@ func (s *Server) Fetch(req *pb.FetchRequest, stream pb.FileServer_FetchServer) e
 	piece = min(max(piece, minPiece), maxPiece)
 	o, err := s.begin(stream.Context())
 	if err != nil {
+		return err
+	}
+	if err := o.may(f, access.Read, "read"); err != nil {
 		return err
 	}
 	if _, err := s.recallFor(stream.Context(), o, false, f); err != nil {
@@ -454,6 +503,9 @@ func (s *Server) beginStore(o *op, hdr *pb.StoreRequest) (*storing, error) {
 	}
 	if err := vnode.CheckOp(node.Op(hdr.Op)); err != nil {
 		return nil, fmt.Errorf("store %v: %w", f, err)
+	}
+	if err := o.mayStore(f); err != nil {
+		return nil, err
 	}
 	if hdr.Stage != "" {
 		st, err := s.stageFor(o, f, hdr)

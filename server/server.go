@@ -7,6 +7,7 @@ package server
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/callback"
 	"github.com/hoardfs/hoard/connlimit"
 	pb "github.com/hoardfs/hoard/hoardpb"
@@ -76,7 +78,16 @@ type Config struct {
 	// Key makes session tokens (session.go): LoadKey's, kept across
 	// restarts; if nil, a new one for this process alone, and clients of
 	// an earlier life cannot prove their reclaims.
-	Key    []byte
+	Key []byte
+	// Users says whom a request's token makes its caller (auth.go);
+	// with none the server is insecure: every request acts as an admin.
+	// Principals keeps the groups and revoked tokens the access RPCs
+	// change (nil: a proxy's, which are its origin's).
+	Users      Users
+	Principals Principals
+	// TLS, if set, secures the bulk-data channel as the caller secures
+	// the gRPC one (cell.Identity.ServerTLS).
+	TLS    *tls.Config
 	Logger *slog.Logger
 }
 
@@ -121,6 +132,8 @@ type Server struct {
 	stopped   sync.WaitGroup
 	grace     callback.Grace
 	dataAddr  atomic.Pointer[string] // the bulk-data channel, once it listens
+	// users remembers verified tokens; nil on an insecure server.
+	users *users
 }
 
 type conn struct {
@@ -152,6 +165,9 @@ func New(store Backend, cfg Config) *Server {
 		wake:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		grace:    callback.NewGrace(store.Epoch(), time.Now(), cfg.Grace, cfg.Lease),
+	}
+	if cfg.Users != nil {
+		s.users = newUsers(cfg.Users)
 	}
 	if s.key == nil {
 		s.key = make([]byte, keySize)
@@ -337,6 +353,12 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 	if len(hello.Name) > MaxClientName {
 		return status.Errorf(codes.InvalidArgument, "connect: a client name of %d bytes, more than %d", len(hello.Name), MaxClientName)
 	}
+	// A session is the machine's, and anonymous may hold one; a token
+	// that does not check out is refused here, at once, not at the
+	// first request.
+	if _, err := s.identify(stream.Context()); err != nil {
+		return err
+	}
 	from := peerHost(stream.Context())
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
@@ -434,9 +456,12 @@ type op struct {
 	since uint64
 	// once names a namespace change for its retries (beginChange).
 	once node.Op
-	// user is who the caller acts for: its name, until there is
-	// authentication.
+	// user names the client in a proxy's requests to its origin.
 	user string
+	// who is whom the request acts for (auth.go); dirRights the ACL
+	// rights it has on the directories this request looked at.
+	who       access.Identity
+	dirRights map[node.FID]access.Rights
 	// held are the FIDs its change keeps busy until made (op.hold).
 	held []node.FID
 }
@@ -486,10 +511,14 @@ func (s *Server) beginOn(ctx context.Context, method string, pf *pb.FID) (*op, n
 	return o, f, err
 }
 
-// beginRead is beginOn for a read of the file's status or data: other
-// clients' write delegations on it are recalled first.
-func (s *Server) beginRead(ctx context.Context, method string, pf *pb.FID) (*op, node.FID, error) {
+// beginRead is beginOn for a read of the file's status or data, which
+// the caller must have need on: other clients' write delegations on it
+// are recalled first.
+func (s *Server) beginRead(ctx context.Context, method string, pf *pb.FID, need access.Rights) (*op, node.FID, error) {
 	o, f, err := s.beginOn(ctx, method, pf)
+	if err == nil {
+		err = o.may(f, need, strings.ToLower(method))
+	}
 	if err == nil {
 		_, err = s.recallFor(ctx, o, false, f)
 	}
@@ -501,7 +530,13 @@ func (s *Server) begin(ctx context.Context) (*op, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.opFor(id), nil
+	who, err := s.identify(ctx)
+	if err != nil {
+		return nil, err
+	}
+	o := s.opFor(id)
+	o.who = who
+	return o, nil
 }
 
 // opFor starts an operation of client id; every request renews the
@@ -513,8 +548,12 @@ func (s *Server) opFor(id callback.ClientID) *op {
 	return &op{s: s, id: id, since: s.cb.Seq(), user: s.cb.Name(id)}
 }
 
-// status converts st for the reply, granting the caller a promise on it.
+// status converts st for the reply, granting the caller a promise on it,
+// with the caller's rights on it.
 func (o *op) status(st node.Status) *pb.Status {
+	if r, err := o.rightsOf(st); err == nil {
+		st.Rights = uint8(r) | node.RightsKnown
+	}
 	if o.id == 0 {
 		return pb.FromStatus(st, 0)
 	}

@@ -7,6 +7,7 @@ package conn
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
@@ -46,7 +48,13 @@ type Config struct {
 	// next process continues this one's line of sessions (a restarted
 	// proxy: its clients' reclaims find its delegations).
 	SessionFile string
-	Log         *slog.Logger
+	// TLS secures both channels with the cell's CA (cell.UserTLS); nil
+	// talks plain TCP, to an insecure server only.
+	TLS *tls.Config
+	// Token is the user's token, sent with every request; empty: the
+	// client is anonymous.
+	Token string
+	Log   *slog.Logger
 }
 
 // Handler hears what the back channel says. Its methods run on the back
@@ -103,8 +111,12 @@ type Conn struct {
 
 // New prepares a connection to cfg.Server; Start begins its sessions.
 func New(cfg Config, h Handler) (*Conn, error) {
+	creds := insecure.NewCredentials()
+	if cfg.TLS != nil {
+		creds = credentials.NewTLS(cfg.TLS)
+	}
 	cc, err := grpc.NewClient(cfg.Server,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)),
 		grpc.WithInitialWindowSize(8<<20), grpc.WithInitialConnWindowSize(64<<20),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
@@ -214,7 +226,7 @@ func (c *Conn) backChannel(first chan<- error) {
 // runSession runs one Connect stream until it fails. The first call reports
 // the handshake's outcome on first.
 func (c *Conn) runSession(first chan<- error) error {
-	ctx, cancel := context.WithCancel(c.ctx)
+	ctx, cancel := context.WithCancel(user(c.ctx, c.cfg.Token))
 	defer cancel()
 	stream, err := c.rpc.Connect(ctx)
 	if err != nil {
@@ -331,7 +343,7 @@ func (c *Conn) useDataChannel(addr string, streams int) {
 	}
 	next := &dataPath{Path: c.grpc, addr: addr, streams: streams}
 	if addr != "" {
-		next.Path = datapath.NewSplit(addr, streams, c.grpc, func() string { return *c.session.Load() })
+		next.Path = datapath.NewSplit(addr, streams, c.grpc, func() string { return *c.session.Load() }, c.cfg.TLS)
 	}
 	c.data.Store(next)
 	if sp, ok := old.Path.(*datapath.Split); ok {
@@ -398,13 +410,19 @@ func (c *Conn) setSession(s string) {
 // session the server no longer knows (it restarted, or dropped us) is
 // re-established once and the call retried.
 func (c *Conn) Call(fn func(ctx context.Context) error) error {
-	return c.callTimeout(c.cfg.RPCTimeout, fn)
+	return c.callTimeout(c.cfg.RPCTimeout, c.cfg.Token, fn)
+}
+
+// CallAs is Call for the user of token, not the connection's own: a
+// proxy asks its origin who its own clients are.
+func (c *Conn) CallAs(token string, fn func(ctx context.Context) error) error {
+	return c.callTimeout(c.cfg.RPCTimeout, token, fn)
 }
 
 // CallData is Call for bulk transfers, whose time grows with their size;
 // a dead server is still noticed by the connection's keepalive.
 func (c *Conn) CallData(fn func(ctx context.Context) error) error {
-	return c.callTimeout(time.Hour, fn)
+	return c.callTimeout(time.Hour, c.cfg.Token, fn)
 }
 
 // CallOnce is Call for a request that changes the namespace: every
@@ -420,7 +438,7 @@ func (c *Conn) CallOnce(op string, fn func(ctx context.Context) error) error {
 	})
 }
 
-func (c *Conn) callTimeout(timeout time.Duration, fn func(ctx context.Context) error) error {
+func (c *Conn) callTimeout(timeout time.Duration, token string, fn func(ctx context.Context) error) error {
 	// A server that is down for a moment (a restart) is waited for, up to
 	// the RPC timeout, rather than failing the call at once. Unavailable
 	// may come after the request reached the server (the connection broke
@@ -442,7 +460,7 @@ func (c *Conn) callTimeout(timeout time.Duration, fn func(ctx context.Context) e
 				return status.Errorf(codes.Unavailable, "server %s: no session for %v", c.cfg.Server, c.cfg.RPCTimeout)
 			}
 		}
-		ctx, cancel := c.rpcContext(timeout)
+		ctx, cancel := c.rpcContext(timeout, token)
 		sent := time.Now()
 		err := fn(ctx)
 		cancel()
@@ -473,8 +491,16 @@ func (c *Conn) callTimeout(timeout time.Duration, fn func(ctx context.Context) e
 	}
 }
 
-func (c *Conn) rpcContext(timeout time.Duration) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(c.ctx, timeout)
+// user has ctx's requests made for the user of token (none: anonymous).
+func user(ctx context.Context, token string) context.Context {
+	if token == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, pb.UserMetadata, "Bearer "+token)
+}
+
+func (c *Conn) rpcContext(timeout time.Duration, token string) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(user(c.ctx, token), timeout)
 	if s := *c.session.Load(); s != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, pb.ClientMetadata, s)
 	}

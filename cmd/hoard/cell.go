@@ -141,10 +141,9 @@ runs it. Without --host the certificate is valid for NAME, localhost,
 
 // tokenCmd is the parent of the token commands.
 func tokenCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "token", Short: "issue tokens to the cell's users",
+	cmd := &cobra.Command{Use: "token", Short: "issue and revoke the cell's users' tokens",
 		Example: `  hoard token issue --cell /etc/hoard/cell --user alice --uid 1001 > alice.token`}
-	cmd.AddCommand(tokenIssueCmd())
-	// More token commands (revoke) are added here.
+	cmd.AddCommand(tokenIssueCmd(), tokenRevokeCmd())
 	return cmd
 }
 
@@ -175,7 +174,7 @@ made). The token alone is printed on stdout; what it says goes to stderr.
 			}
 			iss, err := cell.LoadIssuer(dir)
 			if err != nil {
-				return err
+				return usageError{err}
 			}
 			token, c, err := iss.Issue(cell.Claims{User: user, UID: uid, Admin: admin}, expires)
 			if err != nil {

@@ -33,6 +33,7 @@ type clientFlags struct {
 	noDirDeleg bool
 	// cacheGiven: --cache was on the command line (not the default).
 	cacheGiven bool
+	sec        securityFlags
 }
 
 func defaultCacheDir() string {
@@ -61,6 +62,7 @@ func (cf *clientFlags) add(f *pflag.FlagSet) {
 	f.IntVar(&cf.streams, "data-streams", 4, "connections to the server's bulk-data channel, or as many as the server asks for if more (a proxy with a data channel asks for 16); 0: file data over the control connection")
 	f.BoolVar(&cf.noDeleg, "no-delegations", false, "take no delegations: every open and close goes to the server, writes are stored at close")
 	f.BoolVar(&cf.noDirDeleg, "no-dir-delegations", false, "take no delegations on directories: every create goes to the server at once")
+	cf.sec.add(f)
 }
 
 // options turns the flags into client options.
@@ -83,7 +85,11 @@ func (cf *clientFlags) options() (client.Options, error) {
 	if cf.streams < 0 || cf.streams > 64 {
 		return client.Options{}, usagef("--data-streams %d: want 0 to 64", cf.streams)
 	}
-	return client.Options{Server: cf.server, CacheDir: cf.cache, CacheSize: size, BypassThreshold: threshold,
+	tlsc, token, err := cf.sec.resolve()
+	if err != nil {
+		return client.Options{}, err
+	}
+	return client.Options{Server: cf.server, TLS: tlsc, Token: token, CacheDir: cf.cache, CacheSize: size, BypassThreshold: threshold,
 		DataStreams: cf.streams, NoDataChannel: cf.streams == 0, NoDelegations: cf.noDeleg, NoDirDelegations: cf.noDirDeleg, DialTimeout: cf.timeout, RPCTimeout: max(cf.timeout, 30*time.Second)}, nil
 }
 

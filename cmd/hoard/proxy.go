@@ -5,16 +5,19 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/hoardfs/hoard/cell"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/proxy"
 	"github.com/hoardfs/hoard/proxystore"
@@ -27,9 +30,9 @@ func proxyCmd() *cobra.Command {
 	// origin's own break timeout (2 s by default): give up on a silent
 	// client of the proxy sooner than the origin gives up on the proxy.
 	cfg.BreakTimeout = time.Second
-	var origin, listen, dir, size, layout, dataListen, dataAdvertise string
+	var origin, listen, dir, size, layout, dataListen, dataAdvertise, cellDir string
 	var timeout, fast time.Duration
-	var noDeleg bool
+	var noDeleg, insecure bool
 	cmd := &cobra.Command{
 		Use:   "proxy --origin ADDR --cache DIR [--listen 127.0.0.1:7200]",
 		Short: "run a caching proxy: clients point at it as at a server, and it serves them from its cache of the origin",
@@ -57,6 +60,15 @@ func proxyCmd() *cobra.Command {
 			if err := checkDataFlags(dataListen, dataAdvertise); err != nil {
 				return err
 			}
+			if insecure == (cellDir != "") {
+				return usagef("--cell DIR is required (the proxy's identity: hoard cell cert --proxy NAME makes one), or --insecure for an insecure origin")
+			}
+			var id *cell.Identity
+			if !insecure {
+				if id, err = cell.Load(cellDir); err != nil {
+					return usageError{err}
+				}
+			}
 			lis, err := net.Listen("tcp", listen)
 			if err != nil {
 				return usagef("--listen %s: %v", listen, err)
@@ -69,8 +81,12 @@ func proxyCmd() *cobra.Command {
 			if dataLis != nil {
 				defer dataLis.Close()
 			}
-			p, err := proxy.Open(proxy.Options{Origin: origin, Dir: dir, CacheSize: n, Timeout: timeout,
-				Layout: layout, FastFetch: fast, NoDelegations: noDeleg, Logger: slog.Default()})
+			popts := proxy.Options{Origin: origin, Dir: dir, CacheSize: n, Timeout: timeout,
+				Layout: layout, FastFetch: fast, NoDelegations: noDeleg, Logger: slog.Default()}
+			if id != nil {
+				popts.TLS = id.ClientTLS()
+			}
+			p, err := proxy.Open(popts)
 			if err != nil {
 				return usagef("proxy of %s in %s: %v", origin, dir, err)
 			}
@@ -81,17 +97,28 @@ func proxyCmd() *cobra.Command {
 			cfg.Logger = slog.Default()
 			cfg.Lease = p.Lease()
 			cfg.DataStreams = proxy.OriginStreams
+			var creds credentials.TransportCredentials
+			secNote := "insecure"
+			if id != nil {
+				cfg.Users, cfg.TLS = p.Users(), id.ServerTLS()
+				creds = credentials.NewTLS(id.ServerTLS())
+				secNote = fmt.Sprintf("cell %s, TLS 1.3", id.Cell)
+			} else {
+				fmt.Fprintf(os.Stderr, "hoard proxy: "+insecureNote+"\n", lis.Addr())
+			}
 			srv := server.New(p, cfg)
 			p.Serve(srv)
 			defer srv.Shutdown()
 			dataNote := serveData(srv, dataLis, dataAdvertise)
-			return serve("proxy", srv, lis, fmt.Sprintf("serving %s from cache %s (%s) on %s (epoch %d, %s)", origin, dir, layout, lis.Addr(), p.Epoch(), dataNote),
+			return serve("proxy", srv, lis, creds, fmt.Sprintf("serving %s from cache %s (%s) on %s (epoch %d, %s, %s)", origin, dir, layout, lis.Addr(), p.Epoch(), dataNote, secNote),
 				func(g *grpc.Server) { pb.RegisterProxyServer(g, statsServer{p: p, srv: srv}) })
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&origin, "origin", "", "the file server to cache, host:port")
 	f.StringVar(&listen, "listen", "127.0.0.1:7200", "address to serve clients on")
+	f.StringVar(&cellDir, "cell", "", "the proxy's cell identity: a directory with ca.crt, host.crt and host.key, made by hoard cell cert --proxy NAME")
+	f.BoolVar(&insecure, "insecure", false, "talk to an insecure origin and serve without TLS or authentication (benchmarks only)")
 	f.StringVar(&dir, "cache", "", "directory of the proxy's cache (created if missing)")
 	f.StringVar(&size, "cache-size", "10G", "size of the disk store of file data, e.g. 512M, 10G (the pooled layout allocates it at once)")
 	f.StringVar(&layout, "layout", proxystore.Pooled, "disk store layout: pooled (large preallocated files, chunks placed by file and user) or per-chunk (one file per chunk)")
@@ -129,6 +156,7 @@ func proxyStatsCmd() *cobra.Command {
 	var addr string
 	var timeout time.Duration
 	var asJSON bool
+	var sec securityFlags
 	cmd := &cobra.Command{
 		Use:   "stats --proxy ADDR",
 		Short: "a running proxy's hit ratio, bytes served and fetched from the origin, store fragmentation, evictions",
@@ -137,7 +165,15 @@ func proxyStatsCmd() *cobra.Command {
 			if _, _, err := net.SplitHostPort(addr); err != nil {
 				return usagef("--proxy %q: %v", addr, err)
 			}
-			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			tlsc, _, err := sec.resolve()
+			if err != nil {
+				return err
+			}
+			creds := insecure.NewCredentials()
+			if tlsc != nil {
+				creds = credentials.NewTLS(tlsc)
+			}
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 			if err != nil {
 				return usagef("--proxy %s: %v", addr, err)
 			}
@@ -166,6 +202,7 @@ func proxyStatsCmd() *cobra.Command {
 	cmd.Flags().StringVar(&addr, "proxy", "127.0.0.1:7200", "the proxy's address")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for the proxy")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the counters as JSON")
+	sec.add(cmd.Flags())
 	return cmd
 }
 

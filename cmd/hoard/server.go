@@ -13,6 +13,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	insecurecreds "google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
 	pb "github.com/hoardfs/hoard/hoardpb"
@@ -22,7 +24,8 @@ import (
 
 func serverCmd() *cobra.Command {
 	cfg := server.DefaultConfig()
-	var data, listen, dataListen, dataAdvertise, profile string
+	var data, listen, dataListen, dataAdvertise, profile, cellDir string
+	var insecure bool
 	cmd := &cobra.Command{
 		Use:   "server --data DIR [--listen 127.0.0.1:7100]",
 		Short: "run a file server whose volumes live in DIR",
@@ -44,6 +47,9 @@ func serverCmd() *cobra.Command {
 			}
 			if err := checkDataFlags(dataListen, dataAdvertise); err != nil {
 				return err
+			}
+			if insecure && cellDir != "" {
+				return usagef("--insecure and --cell: pick one")
 			}
 			stop, err := startProfile(profile)
 			if err != nil {
@@ -72,16 +78,35 @@ func serverCmd() *cobra.Command {
 			if cfg.Key, err = server.LoadKey(filepath.Join(store.Dir(), "session.key")); err != nil {
 				return err
 			}
+			var creds credentials.TransportCredentials
+			secNote := "insecure"
+			if insecure {
+				fmt.Fprintf(os.Stderr, "hoard server: "+insecureNote+"\n", lis.Addr())
+			} else {
+				id, made, err := serverCell(cellDir, store.Dir(), lis)
+				if err != nil {
+					return err
+				}
+				if made {
+					fmt.Fprintf(os.Stderr, "hoard server: %s\n", madeNote(id, filepath.Join(store.Dir(), "cell")))
+				}
+				if creds, err = secureServer(&cfg, id, store); err != nil {
+					return err
+				}
+				secNote = fmt.Sprintf("cell %s, TLS 1.3", id.Cell)
+			}
 			cfg.Logger = slog.Default()
 			srv := server.New(server.Local(store), cfg)
 			defer srv.Shutdown()
 			dataNote := serveData(srv, dataLis, dataAdvertise)
-			return serve("server", srv, lis, fmt.Sprintf("serving %s on %s (epoch %d, %s)", store.Dir(), lis.Addr(), store.Epoch(), dataNote))
+			return serve("server", srv, lis, creds, fmt.Sprintf("serving %s on %s (epoch %d, %s, %s)", store.Dir(), lis.Addr(), store.Epoch(), dataNote, secNote))
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&data, "data", "", "directory holding the server's volumes (created if missing)")
 	f.StringVar(&listen, "listen", "127.0.0.1:7100", "address to serve on")
+	f.StringVar(&cellDir, "cell", "", "the server's cell identity: a directory with ca.crt, host.crt and host.key (hoard cell init, hoard cell cert); default DIR/cell, made on the first start")
+	f.BoolVar(&insecure, "insecure", false, "serve without TLS or authentication: every request may do anything (benchmarks only)")
 	dataFlags(f, &dataListen, &dataAdvertise, "", "")
 	f.DurationVar(&cfg.PromiseTTL, "promise-ttl", cfg.PromiseTTL, "lifetime of a callback promise")
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break")
@@ -169,8 +194,11 @@ const maxStreams = 1024
 
 // serve answers srv's RPCs on lis until SIGTERM or SIGINT, announcing
 // itself (`hoard NAME: banner`) once it listens.
-func serve(name string, srv *server.Server, lis net.Listener, banner string, register ...func(*grpc.Server)) error {
-	g := grpc.NewServer(
+func serve(name string, srv *server.Server, lis net.Listener, creds credentials.TransportCredentials, banner string, register ...func(*grpc.Server)) error {
+	if creds == nil {
+		creds = insecurecreds.NewCredentials()
+	}
+	g := grpc.NewServer(grpc.Creds(creds),
 		grpc.UnaryInterceptor(srv.Trace), grpc.StreamInterceptor(srv.TraceStream),
 		grpc.MaxRecvMsgSize(16<<20),
 		// A connection's concurrent requests, and the time it has to say

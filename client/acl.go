@@ -1,0 +1,160 @@
+package client
+
+import (
+	"context"
+	"time"
+
+	"github.com/hoardfs/hoard/access"
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+)
+
+// Access control: who the client's token makes it, ACLs, groups and
+// revoked tokens, all decided by the server.
+
+// WhoAmI is whom the server takes this client's requests to come from.
+func (c *Client) WhoAmI() (access.Identity, error) {
+	var r *pb.WhoAmIReply
+	err := c.conn.Call(func(ctx context.Context) (err error) {
+		r, err = c.rpc.WhoAmI(ctx, &pb.WhoAmIRequest{})
+		return err
+	})
+	if err != nil {
+		return access.Identity{}, errOf("whoami", "", err)
+	}
+	return access.Identity{User: r.User, UID: r.Uid, Admin: r.Admin, Groups: r.Groups}, nil
+}
+
+// WhoIs is whom the server takes the bearer of token to be.
+func (c *Client) WhoIs(token string) (access.Identity, error) {
+	var r *pb.WhoAmIReply
+	err := c.conn.CallAs(token, func(ctx context.Context) (err error) {
+		r, err = c.rpc.WhoAmI(ctx, &pb.WhoAmIRequest{})
+		return err
+	})
+	if err != nil {
+		return access.Identity{}, err
+	}
+	return access.Identity{User: r.User, UID: r.Uid, Admin: r.Admin, Groups: r.Groups}, nil
+}
+
+// ACL is the access control list governing a file or directory.
+type ACL struct {
+	// Dir is the directory whose list it is (a file's own directory).
+	Dir node.FID
+	// Entries are its entries; Mine the caller's own rights there.
+	Entries access.ACL
+	Mine    access.Rights
+}
+
+func toACL(r *pb.ACLReply) ACL {
+	a := ACL{Dir: r.Dir.ToFID(), Mine: access.Rights(r.Rights)}
+	for _, e := range r.Entries {
+		a.Entries = append(a.Entries, access.Entry{Who: e.Who, Rights: access.Rights(e.Rights)})
+	}
+	return a
+}
+
+// GetACL reads the ACL governing name.
+func (c *Client) GetACL(name string) (ACL, error) {
+	n, err := c.resolve(name, true)
+	if err != nil {
+		return ACL{}, errOf("get acl", name, err)
+	}
+	a, err := c.FIDs().ACL(n.fid)
+	return a, errOf("get acl", name, err)
+}
+
+// ACL reads the ACL governing f.
+func (p *FIDs) ACL(f node.FID) (ACL, error) {
+	var r *pb.ACLReply
+	err := p.c.conn.Call(func(ctx context.Context) (err error) {
+		r, err = p.c.rpc.GetACL(ctx, &pb.GetACLRequest{Fid: pb.FromFID(f)})
+		return err
+	})
+	if err != nil {
+		return ACL{}, err
+	}
+	return toACL(r), nil
+}
+
+// SetACL gives who the rights r in directory name (none: removes who's
+// entry), and returns the list as it is now.
+func (c *Client) SetACL(name, who string, r access.Rights) (ACL, error) {
+	n, err := c.resolve(name, true)
+	if err != nil {
+		return ACL{}, errOf("set acl", name, err)
+	}
+	a, err := c.FIDs().SetACL(n.fid, who, r)
+	return a, errOf("set acl", name, err)
+}
+
+// SetACL gives who the rights r in directory dir.
+func (p *FIDs) SetACL(dir node.FID, who string, r access.Rights) (ACL, error) {
+	var out *pb.ACLReply
+	err := p.c.conn.Call(func(ctx context.Context) (err error) {
+		out, err = p.c.rpc.SetACL(ctx, &pb.SetACLRequest{Dir: pb.FromFID(dir), Who: who, Rights: uint32(r)})
+		return err
+	})
+	if err != nil {
+		return ACL{}, err
+	}
+	return toACL(out), nil
+}
+
+// GroupChange is what ChangeGroup does.
+type GroupChange = pb.ChangeGroupRequest_Change
+
+// Group changes, as ChangeGroup names them.
+const (
+	GroupCreate = pb.ChangeGroupRequest_CHANGE_CREATE
+	GroupDelete = pb.ChangeGroupRequest_CHANGE_DELETE
+	GroupAdd    = pb.ChangeGroupRequest_CHANGE_ADD
+	GroupRemove = pb.ChangeGroupRequest_CHANGE_REMOVE
+)
+
+// ChangeGroup creates or deletes group, or adds or removes member.
+func (c *Client) ChangeGroup(change GroupChange, group, member string) error {
+	err := c.conn.Call(func(ctx context.Context) error {
+		_, err := c.rpc.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: change, Group: group, Member: member})
+		return err
+	})
+	return errOf("group", group, err)
+}
+
+// Group is a protection group and its members.
+type Group struct {
+	Name, Owner string
+	Members     []string
+}
+
+// Groups lists the server's groups.
+func (c *Client) Groups() ([]Group, error) {
+	var r *pb.ListGroupsReply
+	err := c.conn.Call(func(ctx context.Context) (err error) {
+		r, err = c.rpc.ListGroups(ctx, &pb.ListGroupsRequest{})
+		return err
+	})
+	if err != nil {
+		return nil, errOf("groups", "", err)
+	}
+	gs := make([]Group, len(r.Groups))
+	for i, g := range r.Groups {
+		gs[i] = Group{Name: g.Name, Owner: g.Owner, Members: g.Members}
+	}
+	return gs, nil
+}
+
+// RevokeToken has the server refuse the token id from now on; expires is
+// when it lapses anyway (zero: unknown).
+func (c *Client) RevokeToken(id string, expires time.Time) error {
+	var ns int64
+	if !expires.IsZero() {
+		ns = expires.UnixNano()
+	}
+	err := c.conn.Call(func(ctx context.Context) error {
+		_, err := c.rpc.RevokeToken(ctx, &pb.RevokeTokenRequest{Id: id, ExpiresNs: ns})
+		return err
+	})
+	return errOf("revoke token", id, err)
+}
