@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -155,7 +156,10 @@ func mountCell(bin, addr, mnt, cacheDir string, flags ...string) (func(), error)
 	if err := os.MkdirAll(mnt, 0o755); err != nil {
 		return nil, err
 	}
-	args := append([]string{"mount", "--insecure", "--server", addr, "--cache", cacheDir, "--daemon"}, flags...)
+	args := append([]string{"mount", "--server", addr, "--cache", cacheDir, "--daemon"}, flags...)
+	if !slices.Contains(flags, "--ca") {
+		args = append(args, "--insecure")
+	}
 	if out, err := exec.Command(bin, append(args, mnt)...).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("mount: %v: %s", err, out)
 	}

@@ -73,6 +73,11 @@ type Options struct {
 	// ChunkSize applies when the cache is created: a power of two from
 	// 4 KiB to 64 MiB, default 256 KiB. An existing cache keeps its own.
 	ChunkSize int64
+	// Key, if set (KeySize bytes), encrypts the cache files (sealed.go);
+	// the cache then starts empty, and refuses a directory holding
+	// writes not yet stored, which only the key they were written under
+	// could read.
+	Key []byte
 }
 
 // Range is a byte range.
@@ -86,6 +91,8 @@ type Cache struct {
 	// idx and spare are nil for a memory cache.
 	idx   *chunkindex.Index
 	spare *spares
+	// sealer encrypts the cache files; nil: they are plain.
+	sealer *sealer
 
 	mu      sync.Mutex
 	entries map[node.FID]*Entry
@@ -154,7 +161,13 @@ func Open(o Options) (*Cache, error) {
 		pending: map[*Entry]bool{}, gauges: map[string]int64{}, openFiles: list.New(),
 		stop: make(chan struct{})}
 	if o.Dir == "" {
-		return c, nil
+		return c, nil // memory is not a disk to steal
+	}
+	if o.Key != nil {
+		var err error
+		if c.sealer, err = newSealer(o.Key); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.openDir(); err != nil {
 		if c.idx != nil {
@@ -193,6 +206,11 @@ func (c *Cache) openDir() error {
 		}
 		if err := c.openIndex(); err != nil {
 			return fmt.Errorf("cache directory %s: %w", dir, err)
+		}
+	}
+	if c.sealer != nil {
+		if err := c.forgetAll(); err != nil {
+			return err
 		}
 	}
 	if !c.idx.Clean() {
@@ -359,6 +377,28 @@ func (c *Cache) removeOrphans() {
 	if n > 0 {
 		slog.Info("cache: removed files of entries dropped before an unclean shutdown", "dir", c.dir, "files", n)
 	}
+}
+
+// forgetAll empties an encrypted cache as it opens: its files are
+// unreadable without the key of the process that wrote them. Writes not
+// yet stored are not dropped: the cache refuses to open.
+func (c *Cache) forgetAll() error {
+	if n := c.dirtyBytes.Load(); n > 0 {
+		return fmt.Errorf("cache directory %s holds %d bytes of writes not yet stored: open it once without encryption to store them", c.dir, n)
+	}
+	c.entries = map[node.FID]*Entry{}
+	c.lru.Init()
+	c.lruLen.Store(0)
+	c.used = 0
+	c.stats.chunks.Store(0)
+	if err := c.idx.Reset(); err != nil {
+		return fmt.Errorf("cache directory %s: %w", c.dir, err)
+	}
+	if err := c.openIndex(); err != nil {
+		return fmt.Errorf("cache directory %s: %w", c.dir, err)
+	}
+	c.removeOrphans()
+	return nil
 }
 
 func (c *Cache) markPending(e *Entry) {

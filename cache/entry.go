@@ -58,7 +58,7 @@ type Entry struct {
 	// goes to a new file rather than under their feet.
 	pins int
 
-	file     *os.File
+	file     cacheFile
 	openElem *list.Element // in Cache.openFiles (Cache.mu)
 	mem      map[int64][]byte
 }
@@ -85,8 +85,8 @@ func (c *Cache) filePath(fid node.FID) string {
 // Path is the cache file, for handing to the kernel as a passthrough
 // backing file; empty in a memory cache.
 func (e *Entry) Path() string {
-	if e.c.dir == "" {
-		return ""
+	if e.c.dir == "" || e.c.sealer != nil {
+		return "" // the kernel would read ciphertext
 	}
 	return e.path()
 }
@@ -271,6 +271,12 @@ func (e *Entry) openFileLocked() error {
 		return err
 	}
 	e.file = f
+	if e.c.sealer != nil {
+		if e.file, err = e.c.sealer.seal(f, e.fid); err != nil {
+			f.Close()
+			return err
+		}
+	}
 	e.c.fileOpened(e)
 	return nil
 }
