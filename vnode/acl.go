@@ -124,9 +124,9 @@ func (v *vtx) keepACL(vn uint64, r record) error {
 	return v.acls.Put(u64(vn), a.Encode())
 }
 
-// ACLDir is the directory whose ACL governs f: f itself when a
+// aclDirOf is the directory whose ACL governs f: f itself when a
 // directory, else its record's Parent (0: the volume root).
-func (s *Store) ACLDir(f node.FID) (node.FID, error) {
+func (s *Store) aclDirOf(f node.FID) (node.FID, error) {
 	var dir node.FID
 	err := s.view(f.Volume, func(v *vtx) (err error) {
 		dir, _, err = v.aclDir(f)
@@ -135,9 +135,9 @@ func (s *Store) ACLDir(f node.FID) (node.FID, error) {
 	return dir, err
 }
 
-// ACL is directory dir's ACL: its own entry, else (walking Parent links
+// aclOf is directory dir's ACL: its own entry, else (walking Parent links
 // up to the root) the nearest ancestor's, else access.DefaultACL().
-func (s *Store) ACL(dir node.FID) (access.ACL, error) {
+func (s *Store) aclOf(dir node.FID) (access.ACL, error) {
 	var a access.ACL
 	err := s.view(dir.Volume, func(v *vtx) error {
 		r, err := v.getDir(dir)
@@ -174,7 +174,7 @@ func (s *Store) SetACL(dir node.FID, a access.ACL) (node.Status, error) {
 	return st, err
 }
 
-// GoverningACL is ACLDir then ACL in one read transaction, for the
+// GoverningACL is aclDirOf then aclOf in one read transaction, for the
 // server's check of every request.
 func (s *Store) GoverningACL(f node.FID) (dir node.FID, a access.ACL, err error) {
 	err = s.view(f.Volume, func(v *vtx) error {
@@ -467,8 +467,8 @@ func (s *Store) Revoked(id string) (bool, error) {
 	return revoked, err
 }
 
-// Revocations lists the revoked tokens with their expiries.
-func (s *Store) Revocations() (map[string]time.Time, error) {
+// revocations lists the revoked tokens with their expiries.
+func (s *Store) revocations() (map[string]time.Time, error) {
 	m := map[string]time.Time{}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bktRevoked).ForEach(func(k, b []byte) error {

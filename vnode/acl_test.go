@@ -16,7 +16,7 @@ import (
 
 func mustACL(t *testing.T, s *Store, dir node.FID) access.ACL {
 	t.Helper()
-	a, err := s.ACL(dir)
+	a, err := s.aclOf(dir)
 	if err != nil {
 		t.Fatalf("acl of %v: %v", dir, err)
 	}
@@ -32,7 +32,7 @@ func wantACL(t *testing.T, s *Store, dir node.FID, want access.ACL) {
 
 func wantACLDir(t *testing.T, s *Store, f, want node.FID) {
 	t.Helper()
-	got, err := s.ACLDir(f)
+	got, err := s.aclDirOf(f)
 	if err != nil || got != want {
 		t.Fatalf("acl dir of %v: %v %v, want %v", f, got, err, want)
 	}
@@ -112,7 +112,7 @@ func TestSetACLErrors(t *testing.T) {
 	f := mustCreate(t, s, r, "f", node.TypeFile).FID
 	_, err := s.SetACL(f, access.DefaultACL())
 	wantErrno(t, err, syscall.ENOTDIR)
-	_, err = s.ACL(f)
+	_, err = s.aclOf(f)
 	wantErrno(t, err, syscall.ENOTDIR)
 
 	var big access.ACL
@@ -131,7 +131,7 @@ func TestSetACLErrors(t *testing.T) {
 
 	stale := f
 	stale.Unique++
-	_, err = s.ACLDir(stale)
+	_, err = s.aclDirOf(stale)
 	wantErrno(t, err, syscall.ESTALE)
 	_, _, err = s.GoverningACL(stale)
 	wantErrno(t, err, syscall.ESTALE)
@@ -141,7 +141,7 @@ func TestSetACLErrors(t *testing.T) {
 	}
 	_, err = s.SetACL(d, access.DefaultACL())
 	wantErrno(t, err, syscall.ESTALE)
-	_, err = s.ACL(d)
+	_, err = s.aclOf(d)
 	wantErrno(t, err, syscall.ESTALE)
 }
 
@@ -489,14 +489,14 @@ func TestRevoked(t *testing.T) {
 	}
 	s.Close()
 	s = open(t, dir)
-	m, err := s.Revocations()
+	m, err := s.revocations()
 	if err != nil || len(m) != 2 || !m["t1"].Equal(soon) || !m["t2"].Equal(later) {
 		t.Fatalf("revocations %v %v", m, err)
 	}
 	if err := s.PruneRevoked(now); err != nil {
 		t.Fatal(err)
 	}
-	if m, _ := s.Revocations(); len(m) != 2 {
+	if m, _ := s.revocations(); len(m) != 2 {
 		t.Fatalf("pruned before expiry: %v", m)
 	}
 	if err := s.PruneRevoked(soon.Add(time.Second)); err != nil {
@@ -510,7 +510,7 @@ func TestRevoked(t *testing.T) {
 	}
 	s.Close()
 	s = open(t, dir)
-	if m, _ := s.Revocations(); len(m) != 1 || !m["t2"].Equal(later) {
+	if m, _ := s.revocations(); len(m) != 1 || !m["t2"].Equal(later) {
 		t.Fatalf("after reopening: %v", m)
 	}
 }

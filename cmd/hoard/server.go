@@ -61,6 +61,10 @@ func serverCmd() *cobra.Command {
 				return usageError{err}
 			}
 			defer store.Close()
+			// Revocations of tokens expired since are dropped.
+			if err := store.PruneRevoked(time.Now()); err != nil {
+				slog.Warn("revoked tokens not pruned", "err", err)
+			}
 			for f, why := range store.Quarantined() {
 				slog.Error("file quarantined: its last store could not be carried out; it answers EIO until a start that can", "fid", f, "err", why)
 			}
