@@ -698,3 +698,48 @@ func TestSecurityACLChangeReachesMount(t *testing.T) {
 		t.Fatalf("alice lists /pub with no rights: %v", names)
 	}
 }
+
+// A proxy checks its clients as the origin would, against the origin's
+// ACLs: what bob's read left in its store, alice does not get.
+func TestSecurityThroughProxy(t *testing.T) {
+	w := newSecureWorld(t)
+	px := startProxy(t, w.srv, filepath.Join(t.TempDir(), "proxy"))
+	bob := dialAs(t, px.addr, w.bobTok)
+	if got, err := testkit.TryRead(bob, "/bob/secret"); err != nil || string(got) != "bob's secret" {
+		t.Fatalf("bob through the proxy: %q, %v", got, err)
+	}
+	alice := dialAs(t, px.addr, w.aliceTok)
+	if _, err := testkit.TryRead(alice, "/bob/secret"); !errors.Is(err, fs.ErrPermission) {
+		t.Fatalf("alice reads bob's secret from the proxy: %v", err)
+	}
+	if got, err := testkit.TryRead(alice, "/pub/doc"); err != nil || string(got) != "for everyone" {
+		t.Fatalf("alice through the proxy: %q, %v", got, err)
+	}
+	// An ACL change at the origin reaches the proxy before it returns.
+	mustACL(t, w.admin, "/bob", "alice", access.Read|access.Lookup)
+	if got, err := testkit.TryRead(alice, "/bob/secret"); err != nil || string(got) != "bob's secret" {
+		t.Fatalf("alice, given r and l on /bob, through the proxy: %q, %v", got, err)
+	}
+	mustACL(t, w.admin, "/bob", "alice", 0)
+	if _, err := testkit.TryRead(alice, "/bob/secret"); !errors.Is(err, fs.ErrPermission) {
+		t.Fatalf("alice reads bob's secret through the proxy after her rights went: %v", err)
+	}
+	bad := badTokens(t, w)
+	before := snapshot(t, w.srv.addr)
+	for what, tok := range map[string]string{"anonymous": "", "forged": bad["forged"], "revoked": bad["revoked"], "alice": w.aliceTok} {
+		p := newProbe(t, px.addr, cellTLS(t), tok)
+		for _, a := range w.attacks() {
+			if a.name == "CreateReserved" {
+				continue // a proxy takes no directory delegations at all
+			}
+			ctx, cancel := p.ctx()
+			if err := a.do(ctx, p.rpc); !refused(err) {
+				t.Errorf("%s through the proxy: %s: %v, want it refused", what, a.name, err)
+			}
+			cancel()
+		}
+	}
+	if after := snapshot(t, w.srv.addr); after != before {
+		t.Fatalf("the origin changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
