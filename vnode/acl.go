@@ -335,32 +335,16 @@ func (s *Store) AddMember(group, user string) error {
 	if access.IsSystem(user) {
 		return fmt.Errorf("group %q: %s is no user: %w", group, user, syscall.EINVAL)
 	}
-	return s.update(func(tx *bolt.Tx) error {
-		g, ok, err := getGroup(tx, group)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return noGroup(group)
-		}
-		i, found := slices.BinarySearch(g.Members, user)
-		if found {
-			return nil
-		}
-		if len(g.Members) >= MaxMembers {
-			return fmt.Errorf("group %q has %d members, the most: %w", group, len(g.Members), syscall.EMLINK)
-		}
-		g.Members = slices.Insert(g.Members, i, user)
-		if err := putGroup(tx, g); err != nil {
-			return err
-		}
-		return setMemberOf(tx, user, group, true)
-	})
+	return s.member(group, user, true)
 }
 
 // RemoveMember removes user from group: ENOENT if there is no such group,
 // nothing if user is no member (so that a retry succeeds).
-func (s *Store) RemoveMember(group, user string) error {
+func (s *Store) RemoveMember(group, user string) error { return s.member(group, user, false) }
+
+// member makes user a member of group, or not, in one transaction with
+// the user's index of groups.
+func (s *Store) member(group, user string, in bool) error {
 	return s.update(func(tx *bolt.Tx) error {
 		g, ok, err := getGroup(tx, group)
 		if err != nil {
@@ -370,14 +354,20 @@ func (s *Store) RemoveMember(group, user string) error {
 			return noGroup(group)
 		}
 		i, found := slices.BinarySearch(g.Members, user)
-		if !found {
+		switch {
+		case found == in:
 			return nil
+		case in && len(g.Members) >= MaxMembers:
+			return fmt.Errorf("group %q has %d members, the most: %w", group, len(g.Members), syscall.EMLINK)
+		case in:
+			g.Members = slices.Insert(g.Members, i, user)
+		default:
+			g.Members = slices.Delete(g.Members, i, i+1)
 		}
-		g.Members = slices.Delete(g.Members, i, i+1)
 		if err := putGroup(tx, g); err != nil {
 			return err
 		}
-		return setMemberOf(tx, user, group, false)
+		return setMemberOf(tx, user, group, in)
 	})
 }
 
