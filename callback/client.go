@@ -85,6 +85,13 @@ func (c *Client) Granted(t Ticket, fid node.FID, ttl time.Duration, epoch uint64
 	return true
 }
 
+// Intact reports whether what a reply to ticket t says of fid still
+// stands: no break of fid, reset or epoch change arrived since Begin. (A
+// client keeps what else the reply told, its user's rights, only then.)
+func (c *Client) Intact(t Ticket, fid node.FID) bool {
+	return t.epoch == c.epoch && c.resetAt <= t.at && c.broken[fid] <= t.at
+}
+
 // End marks the ticket's RPC finished, so break records no outstanding
 // ticket can need any more are pruned.
 func (c *Client) End(t Ticket) {

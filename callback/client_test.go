@@ -91,6 +91,34 @@ func TestClientTicketRace(t *testing.T) {
 	}
 }
 
+// Intact says what Granted would of a reply, without a promise: a break
+// of the FID, a reset or a new epoch since Begin voids it.
+func TestClientIntact(t *testing.T) {
+	c := newClient(1)
+	c.Break(fid(1))
+	tk := c.Begin(t0)
+	if !c.Intact(tk, fid(1)) {
+		t.Fatal("a break before the request voided its reply")
+	}
+	c.Break(fid(1))
+	if c.Intact(tk, fid(1)) || !c.Intact(tk, fid(2)) {
+		t.Fatalf("after a break of fid 1: intact %v and %v, want false and true", c.Intact(tk, fid(1)), c.Intact(tk, fid(2)))
+	}
+	c.End(tk)
+	tk = c.Begin(t0)
+	c.Reset()
+	if c.Intact(tk, fid(2)) {
+		t.Fatal("a reply from before a reset is intact")
+	}
+	c.End(tk)
+	tk = c.Begin(t0)
+	c.SetEpoch(2)
+	if c.Intact(tk, fid(2)) {
+		t.Fatal("a reply from another epoch is intact")
+	}
+	c.End(tk)
+}
+
 func TestClientResetDuringTicket(t *testing.T) {
 	c := newClient(1)
 	tk0 := c.Begin(t0)

@@ -28,7 +28,7 @@ func (c *Client) WhoAmI() (access.Identity, error) {
 // WhoIs is whom the server takes the bearer of token to be.
 func (c *Client) WhoIs(token string) (access.Identity, error) {
 	var r *pb.WhoAmIReply
-	err := c.conn.CallAs(token, func(ctx context.Context) (err error) {
+	err := c.conn.As(token).Call(func(ctx context.Context) (err error) {
 		r, err = c.rpc.WhoAmI(ctx, &pb.WhoAmIRequest{})
 		return err
 	})

@@ -19,10 +19,11 @@ type dirAhead struct {
 // maxAhead bounds the window, in files.
 const maxAhead = 64
 
-// readAheadIn notes an open for reading of the file named base in dir and
-// fetches ahead the small files after it, if the opens keep to the
-// listing's order.
-func (c *Client) readAheadIn(dir *Node, base string) {
+// readAheadIn notes an open for reading of the file named base in dir, by
+// u, and fetches ahead the small files after it, as u, if the opens keep
+// to the listing's order. (What u may not read the server refuses; what it
+// fetched is served to others only as their own rights allow.)
+func (c *Client) readAheadIn(dir *Node, base string, u User) {
 	if !c.listed(dir) {
 		return
 	}
@@ -67,6 +68,6 @@ func (c *Client) readAheadIn(dir *Node, base string) {
 		if st := n.status(); st.Size == 0 || int64(st.Size) > cs || n.entry.Present(0) {
 			continue
 		}
-		n.fetch([]int64{0}, false)
+		n.fetch([]int64{0}, false, u)
 	}
 }

@@ -21,11 +21,15 @@ func (f *File) openBypass(probation bool) *bypass.Open {
 		Probation: probation, Timeout: c.opts.RPCTimeout, Log: c.log})
 }
 
-func (b bypassClient) Status() (node.Status, error) { return b.f.c.fresh(b.f.n) }
+func (b bypassClient) Status() (node.Status, error) { return b.f.c.fresh(b.f.n, b.f.u) }
 
-func (b bypassClient) FetchChunk(idx int64) ([]byte, uint64, error) { return b.f.n.fetchChunk(idx) }
+func (b bypassClient) FetchChunk(idx int64) ([]byte, uint64, error) {
+	return b.f.n.fetchChunk(idx, b.f.u)
+}
 
-func (b bypassClient) Store(args datapath.StoreArgs) error { return b.f.c.storeData(args, nil) }
+func (b bypassClient) Store(args datapath.StoreArgs) error {
+	return b.f.c.storeData(args, b.f.u, nil)
+}
 
 func (b bypassClient) Session() string { return b.f.c.conn.Session() }
 

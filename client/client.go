@@ -133,7 +133,10 @@ func (o *Options) defaults() {
 
 // Client is a connected cache manager. Its methods are safe for concurrent use.
 type Client struct {
-	opts  Options
+	opts Options
+	// self is the client's own user (Options.Token): the path API and
+	// FIDs act as it, and Nodes until told otherwise (Nodes.As).
+	self  User
 	log   *slog.Logger
 	conn  *conn.Conn
 	rpc   pb.FileServerClient // conn's; calls go through conn.Call
@@ -214,6 +217,7 @@ func Dial(opts Options) (*Client, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
 		opts:      opts,
+		self:      NewUser(opts.Token),
 		log:       opts.Logger,
 		cache:     ch,
 		cb:        callback.NewClient(),
@@ -256,7 +260,7 @@ func Dial(opts Options) (*Client, error) {
 		err = c.recoverDirty()
 	}
 	if err == nil {
-		c.root, err = c.volumeRoot("root")
+		c.root, err = c.volumeRoot("root", c.self)
 	}
 	if err != nil {
 		c.Close()
@@ -420,6 +424,7 @@ func (c *Client) resetPromises() {
 	all := make([]node.FID, 0, len(c.nodes))
 	for f, n := range c.nodes {
 		n.valid.Store(false)
+		n.dropRights()
 		all = append(all, f)
 	}
 	c.nodesMu.Unlock()
@@ -430,14 +435,16 @@ func (c *Client) resetPromises() {
 	}
 }
 
-// invalidate clears the valid flag of fids. Cached data and listings stay:
-// the next use revalidates them by DataVersion and keeps them if unchanged.
+// invalidate clears the valid flag of fids, and the users' rights learnt
+// under their promises. Cached data and listings stay: the next use
+// revalidates them by DataVersion and keeps them if unchanged.
 func (c *Client) invalidate(fids []node.FID) {
 	c.nodesMu.Lock()
 	defer c.nodesMu.Unlock()
 	for _, f := range fids {
 		if n := c.nodes[f]; n != nil {
 			n.valid.Store(false)
+			n.dropRights()
 		}
 	}
 }

@@ -75,8 +75,9 @@ func (c *Client) current(n *Node) bool {
 // grant broke the promise and waited for the acknowledgement, and a new
 // promise is given only after such a delegation was recalled), so the
 // reader sees every close before its open, as close-to-open wants. Asking
-// the server would cost every open of a cached file a round trip.
-func (c *Client) openDeleg(n *Node, write bool) error {
+// the server would cost every open of a cached file a round trip. (The
+// opener's rights were checked first: permitted.) The server is asked as u.
+func (c *Client) openDeleg(n *Node, write bool, u User) error {
 	if !c.delegating() {
 		return nil
 	}
@@ -88,7 +89,7 @@ func (c *Client) openDeleg(n *Node, write bool) error {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.OpenReply
-	err := c.conn.Call(func(ctx context.Context) (err error) {
+	err := c.as(u).Call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write})
 		return err
 	})
@@ -97,7 +98,7 @@ func (c *Client) openDeleg(n *Node, write bool) error {
 	}
 	n.addOpen(write, reply.Recorded)
 	c.delegated(t, n, reply.Kind, reply.State)
-	_, err = c.learnPB(t, reply.Status)
+	_, err = c.learnPB(t, reply.Status, u)
 	return err
 }
 
@@ -113,8 +114,8 @@ func (c *Client) held(n *Node) (callback.Held, bool) {
 }
 
 // delegate gets this client a delegation on file n without opening it
-// (FIDs.Delegate).
-func (c *Client) delegate(n *Node, write bool) (callback.Held, bool) {
+// (FIDs.Delegate), asking as u, whose rights the server checks.
+func (c *Client) delegate(n *Node, write bool, u User) (callback.Held, bool) {
 	if !c.delegating() {
 		return callback.Held{}, false
 	}
@@ -137,7 +138,7 @@ func (c *Client) delegate(n *Node, write bool) (callback.Held, bool) {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.OpenReply
-	err := c.conn.Call(func(ctx context.Context) (err error) {
+	err := c.as(u).Call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write, DelegationOnly: true})
 		return err
 	})
@@ -145,7 +146,7 @@ func (c *Client) delegate(n *Node, write bool) (callback.Held, bool) {
 		n.refused()
 		return callback.Held{}, false
 	}
-	c.learnPB(t, reply.Status)
+	c.learnPB(t, reply.Status, u)
 	h, ok := c.delegated(t, n, reply.Kind, reply.State)
 	if !ok || h.Recalled || write && h.Kind != callback.DelegWrite {
 		n.refused()
@@ -204,9 +205,9 @@ func (n *Node) addOpen(write, recorded bool) {
 	}
 }
 
-// closeDeleg records the close of an open of n, telling the server when
-// it recorded one.
-func (c *Client) closeDeleg(n *Node, write bool) error {
+// closeDeleg records the close of an open of n by u, telling the server
+// when it recorded one.
+func (c *Client) closeDeleg(n *Node, write bool, u User) error {
 	if !c.delegating() {
 		return nil
 	}
@@ -230,11 +231,11 @@ func (c *Client) closeDeleg(n *Node, write bool) error {
 		c.counters.localCloses.Add(1)
 		return nil
 	}
-	return c.closeOne(n.fid, write)
+	return c.closeOne(n.fid, write, u)
 }
 
-func (c *Client) closeOne(fid node.FID, write bool) error {
-	return c.conn.Call(func(ctx context.Context) error {
+func (c *Client) closeOne(fid node.FID, write bool, u User) error {
+	return c.as(u).Call(func(ctx context.Context) error {
 		_, err := c.rpc.Close(ctx, &pb.CloseRequest{Fid: pb.FromFID(fid), Write: write})
 		return err
 	})
@@ -244,7 +245,7 @@ func (c *Client) closeOne(fid node.FID, write bool) error {
 // it recorded and that are closed.
 func (c *Client) closeRecorded(fid node.FID, r, w int) {
 	for i := range r + w {
-		if err := c.closeOne(fid, i >= r); err != nil {
+		if err := c.closeOne(fid, i >= r, c.self); err != nil {
 			c.log.Warn("close not recorded", "fid", fid, "err", err)
 			return
 		}
@@ -290,6 +291,7 @@ func (c *Client) dirtied(n *Node) {
 func (c *Client) stored(n *Node) {
 	n.mu.Lock()
 	n.dirtyState, n.dirtySince = 0, time.Time{}
+	n.writer, n.wrote = User{}, false
 	n.mu.Unlock()
 	c.flusher.Remove(dirtyNode{n})
 }
@@ -353,7 +355,7 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 	} else if n != nil {
 		n.wmu.Lock()
 		defer n.wmu.Unlock()
-		if err := c.storeBack(n, true); err != nil && !kept(err) {
+		if err := c.storeBack(n, true, c.writerOf(n)); err != nil && !kept(err) {
 			// Could not store (server unreachable): keep the data and
 			// the delegation; the server revokes it after a lease and
 			// the next store discovers that.
@@ -392,21 +394,23 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 	c.cbMu.Unlock()
 }
 
-// storeBack stores n's dirty data (wmu held). Data the server refuses for
-// good (its delegation is gone, no space, not allowed) goes to lost/: the
+// storeBack stores n's dirty data as u (wmu held): the user of the file
+// stored, or, in the background, whoever wrote it (writerOf). Data the
+// server refuses for good (its delegation is gone, no space, not allowed)
+// goes to lost/: the
 // error says so and, if the store was the flusher's or a recall's, the
 // next Sync or Close of the file reports it. Other errors (server
 // unreachable) leave the data dirty, to be stored later. A file removed
 // here under its directory's delegation has nothing to store: its remove
 // goes to the server instead (settle), before anybody else gets at it.
-func (c *Client) storeBack(n *Node, background bool) error {
+func (c *Client) storeBack(n *Node, background bool, u User) error {
 	if dir := n.removedIn.Load(); dir != nil {
 		if err := c.settle(dir); err != nil && !refusedCreate(err) {
 			return err
 		}
 		return nil // refused: the file is back (loseMade)
 	}
-	err := n.storeLocked(true)
+	err := n.storeLocked(true, u)
 	n.mu.Lock()
 	cached := n.entry != nil
 	n.mu.Unlock()
@@ -467,7 +471,8 @@ func kept(err error) bool {
 }
 
 // reclaim asks a new session (after a reconnection or a server restart)
-// for the write delegation dirty data of n was made under. If the server
+// for the write delegation dirty data of n was made under, as the user who
+// wrote it: the server checks that user's right to write. If the server
 // no longer has it for this client (revoked after the lease), the data is
 // kept in lost/.
 func (c *Client) reclaim(n *Node, state uint64) {
@@ -479,16 +484,17 @@ func (c *Client) reclaim(n *Node, state uint64) {
 	if !mine || !n.localChanges() {
 		return
 	}
+	u := c.writerOf(n)
 	est, _ := n.entry.Status()
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.OpenReply
-	err := c.conn.Call(func(ctx context.Context) (err error) {
+	err := c.as(u).Call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: true, Reclaim: state, BaseVersion: est.DataVersion})
 		return err
 	})
 	if err != nil {
-		c.storeBack(n, true) // refused with the old state: kept in lost/
+		c.storeBack(n, true, u) // refused with the old state: kept in lost/
 		return
 	}
 	c.counters.reclaims.Add(1)
@@ -502,13 +508,13 @@ func (c *Client) reclaim(n *Node, state uint64) {
 	}
 	n.mu.Unlock()
 	if reply.Recorded {
-		c.closeOne(n.fid, true)
+		c.closeOne(n.fid, true, u)
 	}
-	c.learnPB(t, reply.Status)
+	c.learnPB(t, reply.Status, u)
 	if !covered {
 		// Nothing keeps the data this client's to store later (the grant
 		// came back across yet another new session): stored now.
-		c.storeBack(n, true)
+		c.storeBack(n, true, u)
 	}
 }
 
@@ -548,7 +554,7 @@ func (c *Client) dropDelegations(reclaim bool) {
 			c.spawn(func() {
 				n.wmu.Lock()
 				defer n.wmu.Unlock()
-				c.storeBack(n, true)
+				c.storeBack(n, true, c.writerOf(n))
 			})
 		}
 	}

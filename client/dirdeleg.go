@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
@@ -59,8 +60,8 @@ const reserveBatch = 64
 func (n *Node) made() *Node { return n.madeIn.Load() }
 
 // dirDelegation is the write delegation held on dir for making files in
-// it, getting one if it can be had; the listing is then complete.
-func (c *Client) dirDelegation(dir *Node) (callback.Held, bool) {
+// it, getting one as u if it can be had; the listing is then complete.
+func (c *Client) dirDelegation(dir *Node, u User) (callback.Held, bool) {
 	if c.opts.NoDirDelegations || !c.delegating() || !c.conn.Ready() {
 		// Not with the server away: a create then fails, saying so,
 		// rather than pile up files the server may never take.
@@ -74,7 +75,7 @@ func (c *Client) dirDelegation(dir *Node) (callback.Held, bool) {
 		if recent {
 			return callback.Held{}, false
 		}
-		if h, ok = c.delegate(dir, true); !ok {
+		if h, ok = c.delegate(dir, true, u); !ok {
 			return callback.Held{}, false
 		}
 	}
@@ -84,10 +85,20 @@ func (c *Client) dirDelegation(dir *Node) (callback.Held, bool) {
 	if c.listed(dir) {
 		return h, true
 	}
-	if _, _, err := c.readDir(dir); err != nil {
+	if _, _, err := c.readDir(dir, u); err != nil {
 		return callback.Held{}, false
 	}
 	return h, c.listed(dir)
+}
+
+// mayHere reports whether u is known to have the rights need on dir, to
+// change it here under this client's delegation: the delegation is the
+// client's, whoever asked for it, so each user's own rights are checked
+// as the server would check them. Not known: the change goes to the
+// server, which decides (and says u's rights in its reply).
+func (c *Client) mayHere(dir *Node, u User, need access.Rights) bool {
+	st, ok := c.cachedAs(dir, u)
+	return ok && st.Rights&node.RightsKnown != 0 && access.Rights(st.Rights)&need == need
 }
 
 // listed reports whether dir's whole listing is cached and current: every
@@ -102,15 +113,16 @@ func (c *Client) listed(dir *Node) bool {
 	return dir.dents.isComplete()
 }
 
-// makeHere makes regular file name in dir without asking the server, if
-// a delegation on dir allows (ok). An existing file is returned instead
-// unless excl, as by a create at the server.
-func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl bool) (n *Node, created, ok bool, err error) {
-	h, held := c.dirDelegation(dir)
-	if !held {
+// makeHere makes regular file name in dir for u without asking the
+// server, if a delegation on dir and u's rights there allow (ok). An
+// existing file is returned instead unless excl, as by a create at the
+// server. The settle creates it as u.
+func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl bool, u User) (n *Node, created, ok bool, err error) {
+	h, held := c.dirDelegation(dir, u)
+	if !held || !c.mayHere(dir, u, access.Insert) {
 		return nil, false, false, nil
 	}
-	fid, life, err := c.reserved(dir.fid.Volume)
+	fid, life, err := c.reserved(dir.fid.Volume, u)
 	if err != nil {
 		return nil, false, false, nil // made at the server instead
 	}
@@ -133,7 +145,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 		case excl || d.typ != node.TypeFile:
 			return nil, false, true, fmt.Errorf("%s: %w", name, syscall.EEXIST)
 		}
-		n, err := c.lookup(dir, name)
+		n, err := c.lookup(dir, name, u)
 		return n, false, true, err
 	}
 	defer dir.nsmu.Unlock()
@@ -142,6 +154,10 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	n.mu.Lock()
 	n.st = node.Status{FID: fid, Type: node.TypeFile, Mode: mode & 0o7777, UID: who.UID, GID: who.GID, Nlink: 1,
 		DataVersion: 1, Atime: now, Mtime: now, Ctime: now}
+	// Its maker's, whom a status the client made says nothing to
+	// (permitted): the server decides, at the settle and the stores.
+	// Anyone else asks the server, which a settle comes before.
+	n.rights = map[userKey]uint8{u.key: 0}
 	n.entry = c.cache.Entry(fid)
 	err = n.entry.SetStatus(n.st, false)
 	n.dirtySince = now // the flusher's age bound covers the create
@@ -154,7 +170,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	dir.mu.Lock()
 	dir.changedHere(now)
 	dir.addDentLocked(name, fid, node.TypeFile)
-	dir.madeFiles.push(name, n, false)
+	dir.madeFiles.push(name, n, false, u)
 	if dir.madeState == 0 {
 		dir.madeState, dir.madeBase = h.State, dir.st.DataVersion
 	}
@@ -170,13 +186,14 @@ func (dir *Node) changedHere(now time.Time) {
 	dir.st.Mtime, dir.st.Ctime = now, now
 }
 
-// reserved takes a FID reserved in volume, reserving more when none is
-// left, and the server life it was reserved in. resMu is not held across
-// the Reserve call: a new session's newLife takes it before the session
+// reserved takes a FID reserved in volume, reserving more (as u: the
+// server reserves for users, not anonymous callers) when none is left,
+// and the server life it was reserved in. resMu is not held across the
+// Reserve call: a new session's newLife takes it before the session
 // carries any request, the call's retries among them. One call per volume
 // is under way at a time (reserving); FIDs it brings from a life that
 // ended meanwhile are dropped, and the next pass asks again.
-func (c *Client) reserved(volume uint64) (node.FID, uint64, error) {
+func (c *Client) reserved(volume uint64, u User) (node.FID, uint64, error) {
 	for {
 		c.resMu.Lock()
 		life := c.fidsLife
@@ -188,7 +205,7 @@ func (c *Client) reserved(volume uint64) (node.FID, uint64, error) {
 		c.resMu.Unlock()
 		_, err, _ := c.reserving.Do(strconv.FormatUint(volume, 10), func() (any, error) {
 			var reply *pb.ReserveReply
-			err := c.conn.Call(func(ctx context.Context) (err error) {
+			err := c.as(u).Call(func(ctx context.Context) (err error) {
 				reply, err = c.rpc.Reserve(ctx, &pb.ReserveRequest{Volume: volume, Count: reserveBatch})
 				return err
 			})
@@ -240,15 +257,15 @@ func (c *Client) newLife(epoch uint64) {
 	c.resMu.Unlock()
 }
 
-// removeHere removes name from dir without asking the server, under a
-// delegation on dir (done). A file made here and not yet created there
-// never will be; one created there is removed there at the settle
-// (removeLater).
-func (c *Client) removeHere(dir *Node, name string) (done bool) {
+// removeHere removes name from dir for u without asking the server,
+// under a delegation on dir (done), if u may remove names there. A file
+// made here and not yet created there never will be; one created there
+// is removed there at the settle (removeLater), as u.
+func (c *Client) removeHere(dir *Node, name string, u User) (done bool) {
 	dir.mu.Lock()
 	d, ok := dir.dents.get(name)
 	dir.mu.Unlock()
-	if !ok || d.typ != node.TypeFile {
+	if !ok || d.typ != node.TypeFile || !c.mayHere(dir, u, access.Delete) {
 		return false
 	}
 	c.nodesMu.Lock()
@@ -258,7 +275,7 @@ func (c *Client) removeHere(dir *Node, name string) (done bool) {
 	case n == nil:
 		return false
 	case n.made() == nil:
-		return c.removeLater(dir, name, n)
+		return c.removeLater(dir, name, n, u)
 	case n.made() != dir:
 		return false
 	}
@@ -296,7 +313,7 @@ func (c *Client) removeHere(dir *Node, name string) (done bool) {
 // finds it after the remove returned. Its cached data, unstored writes
 // included, goes at once; the flusher's age bound settles the remove as
 // it stores writes.
-func (c *Client) removeLater(dir *Node, name string, n *Node) bool {
+func (c *Client) removeLater(dir *Node, name string, n *Node, u User) bool {
 	if h, ok := c.delegation(dir); !ok || h.Kind != callback.DelegWrite || h.Recalled || !c.writeHere(n) {
 		return false
 	}
@@ -320,7 +337,7 @@ func (c *Client) removeLater(dir *Node, name string, n *Node) bool {
 	}
 	dir.changedHere(now)
 	dir.delDentLocked(name)
-	dir.madeFiles.push(name, n, true)
+	dir.madeFiles.push(name, n, true, u)
 	if dir.madeState == 0 {
 		dir.madeState, dir.madeBase = h.State, dir.st.DataVersion
 	}
@@ -340,11 +357,12 @@ func (c *Client) removeLater(dir *Node, name string, n *Node) bool {
 }
 
 // renameHere renames a file made in dir and not yet created at the
-// server to a free name in dir without asking it (done), returning the
-// file's FID: the settle creates it under the new name. (A mount's silly
-// rename of a file still open when it is removed is one.)
-func (c *Client) renameHere(dir *Node, from, to string) (node.FID, bool) {
-	if err := node.CheckName(to); err != nil || from == to {
+// server to a free name in dir without asking it (done), for u, who must
+// be known to have the rights a rename there needs; it returns the file's
+// FID: the settle creates it under the new name. (A mount's silly rename
+// of a file still open when it is removed is one.)
+func (c *Client) renameHere(dir *Node, from, to string, u User) (node.FID, bool) {
+	if err := node.CheckName(to); err != nil || from == to || !c.mayHere(dir, u, access.Insert|access.Delete) {
 		return node.FID{}, false
 	}
 	dir.nsmu.Lock()
@@ -488,7 +506,7 @@ func (c *Client) storeBare(ns []*Node) {
 			c.flusher.Wake()
 			continue
 		}
-		if err := c.storeBack(n, true); err != nil {
+		if err := c.storeBack(n, true, c.writerOf(n)); err != nil {
 			c.log.Warn("a settled file's writes not stored yet", "fid", n.fid, "err", err)
 		}
 		n.wmu.Unlock()
@@ -543,9 +561,11 @@ func fidBefore(a, b node.FID) bool {
 	return a.Vnode < b.Vnode
 }
 
-// settleSome creates up to maxSettle of dir's made files (nsmu held) and
-// reports whether more are left, and which it created without their write
-// delegation.
+// settleSome creates up to maxSettle of dir's made files (nsmu held), as
+// the user who made the first of them, with those after it that user
+// made (the server checks that user's rights, and makes the files that
+// user's), and reports whether more are left, and which it created
+// without their write delegation.
 func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 	dir.mu.Lock()
 	made := dir.madeFiles.first(maxSettle)
@@ -572,7 +592,8 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.CreateReservedReply
-	err = c.conn.CallOnce("", func(ctx context.Context) (err error) {
+	u := made[0].u
+	err = c.as(u).CallOnce("", func(ctx context.Context) (err error) {
 		reply, err = c.rpc.CreateReserved(ctx, req)
 		return err
 	})
@@ -590,7 +611,7 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 		c.forget(m.n)
 	}
 	for i, m := range created {
-		if _, err := c.learnPB(t, reply.Files[i]); err != nil {
+		if _, err := c.learnPB(t, reply.Files[i], u); err != nil {
 			return false, bare, err
 		}
 		covered := false
@@ -609,7 +630,7 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 			bare = append(bare, m.n)
 		}
 	}
-	if _, err := c.learnPB(t, reply.Dir); err != nil {
+	if _, err := c.learnPB(t, reply.Dir, u); err != nil {
 		return false, bare, err
 	}
 	dir.mu.Lock()

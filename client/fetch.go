@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"syscall"
 
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/datapath"
@@ -12,11 +13,12 @@ import (
 )
 
 // fetch brings chunks idxs of n into the cache, one RPC per chunk in
-// parallel; concurrent readers and read-ahead of the same chunk share one
-// fetch (n.fetches). With wait it returns once all are in, along with any
-// chunks that had to be kept in memory; without, it returns at once
-// (read-ahead).
-func (n *Node) fetch(idxs []int64, wait bool) (map[int64][]byte, error) {
+// parallel, as u; concurrent readers and read-ahead of the same chunk
+// share one fetch (n.fetches: a reader may wait for another user's, of
+// bytes its own rights let it read). With wait it returns once all are
+// in, along with any chunks that had to be kept in memory; without, it
+// returns at once (read-ahead).
+func (n *Node) fetch(idxs []int64, wait bool, u User) (map[int64][]byte, error) {
 	type pending struct {
 		idx int64
 		ch  <-chan singleflight.Result
@@ -26,7 +28,7 @@ func (n *Node) fetch(idxs []int64, wait bool) (map[int64][]byte, error) {
 		if n.entry.Present(idx) {
 			continue
 		}
-		ch := n.fetches.DoChan(strconv.FormatInt(idx, 10), func() (any, error) { return n.fetchOne(idx) })
+		ch := n.fetches.DoChan(strconv.FormatInt(idx, 10), func() (any, error) { return n.fetchOne(idx, u) })
 		calls = append(calls, pending{idx, ch})
 	}
 	if !wait {
@@ -36,6 +38,12 @@ func (n *Node) fetch(idxs []int64, wait bool) (map[int64][]byte, error) {
 	var firstErr error
 	for _, p := range calls {
 		r := <-p.ch
+		if r.Shared && Errno(r.Err) == syscall.EACCES {
+			// Maybe another user's fetch, refused that user: asked again
+			// as u, whose own rights decide.
+			v, err := n.fetchOne(p.idx, u)
+			r = singleflight.Result{Val: v, Err: err}
+		}
 		data, _ := r.Val.([]byte)
 		switch {
 		case r.Err != nil:
@@ -52,17 +60,17 @@ func (n *Node) fetch(idxs []int64, wait bool) (map[int64][]byte, error) {
 	return mem, firstErr
 }
 
-// fetchOne fetches chunk idx into the cache. It returns the chunk's bytes
-// only when they could not be cached (no evictable space): the waiting
-// readers are served from them instead.
-func (n *Node) fetchOne(idx int64) ([]byte, error) {
+// fetchOne fetches chunk idx into the cache, as u. It returns the chunk's
+// bytes only when they could not be cached (no evictable space): the
+// waiting readers are served from them instead.
+func (n *Node) fetchOne(idx int64, u User) ([]byte, error) {
 	c := n.c
 	n.fetching.Add(1)
 	defer n.fetching.Add(-1)
 	if n.entry.Present(idx) {
 		return nil, nil // a fetch that ended as this one was asked for
 	}
-	buf, dv, err := n.fetchChunk(idx)
+	buf, dv, err := n.fetchChunk(idx, u)
 	if err != nil || len(buf) == 0 {
 		return nil, err // past the end: nothing to cache
 	}
@@ -78,9 +86,9 @@ func (n *Node) fetchOne(idx int64) ([]byte, error) {
 	return nil, nil
 }
 
-// fetchChunk fetches chunk idx into memory, learning the status and
+// fetchChunk fetches chunk idx into memory as u, learning the status and
 // promise that come with it; the data is of version dv, whole.
-func (n *Node) fetchChunk(idx int64) (buf []byte, dv uint64, err error) {
+func (n *Node) fetchChunk(idx int64, u User) (buf []byte, dv uint64, err error) {
 	c := n.c
 	if err := c.settleFor(n); err != nil {
 		return nil, 0, err
@@ -95,7 +103,7 @@ func (n *Node) fetchChunk(idx int64) (buf []byte, dv uint64, err error) {
 	pieces := 0
 	t := c.begin()
 	defer c.end(t)
-	err = c.conn.CallData(func(ctx context.Context) error {
+	err = c.as(u).CallData(func(ctx context.Context) error {
 		buf, pieces = nil, 0
 		st, ttl, err := c.conn.Data().Fetch(ctx, n.fid, idx*cs, cs, int(cs), func(off int64, pdv uint64, data []byte) error {
 			if pieces > 0 && pdv != dv {
@@ -113,7 +121,7 @@ func (n *Node) fetchChunk(idx int64) (buf []byte, dv uint64, err error) {
 			return nil
 		})
 		if err == nil {
-			_, err = c.learn(t, st, ttl)
+			_, err = c.learn(t, st, ttl, u)
 		}
 		return err
 	})

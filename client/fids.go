@@ -13,7 +13,9 @@ import (
 )
 
 // FIDs is the FID-level API: what a protocol adapter needs that serves
-// other clients by FID (the proxy). Nothing here crosses a mount point:
+// other clients by FID (the proxy). It acts as the client's own user (a
+// proxy checks its own clients' rights itself). Nothing here crosses a
+// mount point:
 // the adapter's own clients do that. Every status returned is the one the
 // answer belongs to, and every change is made at the server before it
 // returns.
@@ -26,21 +28,21 @@ func (c *Client) FIDs() *FIDs { return &FIDs{c} }
 func (p *FIDs) Node(fid node.FID) *Node { return p.c.node(fid) }
 
 // Status returns n's status, from the cache while a promise is held.
-func (p *FIDs) Status(n *Node) (node.Status, error) { return p.c.fresh(n) }
+func (p *FIDs) Status(n *Node) (node.Status, error) { return p.c.fresh(n, p.c.self) }
 
 // Lookup finds name in dir, from the cache while a promise on dir is
 // held, and returns the status of dir the answer belongs to (a later one
 // could say a name is there that is gone); a mount point is returned as
 // itself.
 func (p *FIDs) Lookup(dir *Node, name string) (*Node, node.Status, error) {
-	return p.c.lookupAt(dir, name)
+	return p.c.lookupAt(dir, name, p.c.self)
 }
 
 // List lists dir, from the cache while a promise on it is held, with
 // the status of dir the listing belongs to.
 func (p *FIDs) List(dir *Node) ([]DirEntry, node.Status, error) {
 	for attempt := 0; attempt < 5; attempt++ {
-		ents, dv, err := p.c.readDir(dir)
+		ents, dv, err := p.c.readDir(dir, p.c.self)
 		if err != nil {
 			return nil, node.Status{}, err
 		}
@@ -54,7 +56,7 @@ func (p *FIDs) List(dir *Node) ([]DirEntry, node.Status, error) {
 // FetchChunk fetches chunk idx of n from the server, past the cache: the
 // bytes of data version dv, whole (short only at the end of the file).
 func (p *FIDs) FetchChunk(n *Node, idx int64) (data []byte, dv uint64, err error) {
-	return n.fetchChunk(idx)
+	return n.fetchChunk(idx, p.c.self)
 }
 
 // ChunkSize is the unit FetchChunk fetches.
@@ -68,7 +70,7 @@ func (p *FIDs) ChunkSize() int64 { return p.c.cache.ChunkSize() }
 // Create makes m at the server, returning the new (or existing) file's
 // status, whether the create made it, and its directory's status.
 func (p *FIDs) Create(m Make) (st, d node.Status, created bool, err error) {
-	_, reply, err := p.c.createAt(m)
+	_, reply, err := p.c.createAt(m, p.c.self)
 	if err != nil {
 		return st, d, false, err
 	}
@@ -79,7 +81,7 @@ func (p *FIDs) Create(m Make) (st, d node.Status, created bool, err error) {
 // Link makes name in dir a hard link to target at the server, returning
 // the file's status and dir's; op names the request.
 func (p *FIDs) Link(dir *Node, name string, target *Node, op string) (st, d node.Status, err error) {
-	_, reply, err := p.c.linkAt(dir, name, target, op)
+	_, reply, err := p.c.linkAt(dir, name, target, op, p.c.self)
 	if err != nil {
 		return st, d, err
 	}
@@ -90,7 +92,7 @@ func (p *FIDs) Link(dir *Node, name string, target *Node, op string) (st, d node
 // dirOnly), returning dir's status and that of the vnode that lost the
 // name (Nlink 0 if it is gone).
 func (p *FIDs) Remove(dir *Node, name string, dirOnly bool, op string) (d, st node.Status, err error) {
-	reply, err := p.c.removeAt(dir, name, dirOnly, op)
+	reply, err := p.c.removeAt(dir, name, dirOnly, op, p.c.self)
 	if err != nil {
 		return d, st, err
 	}
@@ -101,7 +103,7 @@ func (p *FIDs) Remove(dir *Node, name string, dirOnly bool, op string) (d, st no
 // statuses of both directories, of the moved vnode, and of the one the
 // rename replaced, if any.
 func (p *FIDs) Rename(sdir *Node, sname string, ddir *Node, dname string, op string) (src, dst, moved node.Status, replaced *node.Status, err error) {
-	reply, err := p.c.renameAt(sdir, sname, ddir, dname, op)
+	reply, err := p.c.renameAt(sdir, sname, ddir, dname, op, p.c.self)
 	if err != nil {
 		return src, dst, moved, nil, err
 	}
@@ -132,7 +134,7 @@ func twoStatuses(a, b *pb.Status) (sa, sb node.Status, err error) {
 func (p *FIDs) SetAttr(n *Node, ch node.Change) (node.Status, error) {
 	req := &pb.SetAttrRequest{Mask: ch.Mask, Mode: ch.Mode, Uid: ch.UID, Gid: ch.GID, Size: ch.Size,
 		AtimeNs: ch.Atime.UnixNano(), MtimeNs: ch.Mtime.UnixNano()}
-	if err := p.c.setattr(n, req); err != nil {
+	if err := p.c.setattr(n, req, p.c.self); err != nil {
 		return node.Status{}, err
 	}
 	return n.status(), nil
@@ -145,7 +147,7 @@ func (p *FIDs) StoreThrough(args datapath.StoreArgs) (node.Status, error) {
 	n := p.c.node(args.FID)
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if err := p.c.storeData(args, nil); err != nil {
+	if err := p.c.storeData(args, p.c.self, nil); err != nil {
 		return node.Status{}, err
 	}
 	return n.status(), nil
@@ -177,11 +179,11 @@ func (p *FIDs) Volume(name string, id uint64) (Volume, error) {
 }
 
 // StatFS reports the space of the server holding a volume.
-func (p *FIDs) StatFS(volume uint64) (node.FSStat, error) { return p.c.statFS(volume) }
+func (p *FIDs) StatFS(volume uint64) (node.FSStat, error) { return p.c.statFS(volume, p.c.self) }
 
-func (c *Client) statFS(volume uint64) (node.FSStat, error) {
+func (c *Client) statFS(volume uint64, u User) (node.FSStat, error) {
 	var r *pb.StatFSReply
-	err := c.conn.Call(func(ctx context.Context) (err error) {
+	err := c.as(u).Call(func(ctx context.Context) (err error) {
 		r, err = c.rpc.StatFS(ctx, &pb.StatFSRequest{Volume: volume})
 		return err
 	})
@@ -204,7 +206,9 @@ func (p *FIDs) Held(n *Node) (callback.Held, bool) { return p.c.held(n) }
 // delegations for its own clients, whose opens are its to count. It
 // returns the delegation held afterwards, or none (the server refused, or
 // grants none).
-func (p *FIDs) Delegate(n *Node, write bool) (callback.Held, bool) { return p.c.delegate(n, write) }
+func (p *FIDs) Delegate(n *Node, write bool) (callback.Held, bool) {
+	return p.c.delegate(n, write, p.c.self)
+}
 
 // Lease is the delegation lease the server announced (0: it grants none).
 func (p *FIDs) Lease() time.Duration { return time.Duration(p.c.lease.Load()) }

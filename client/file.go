@@ -47,10 +47,14 @@ type fileData struct {
 }
 
 // File is an open hoard file. ReadAt and WriteAt may be called concurrently;
-// Read, Write and Seek share the file offset.
+// Read, Write and Seek share the file offset. It acts as the user who
+// opened it: its reads, writes, stores and close carry that user's token,
+// and the user's rights were checked at the open, as Unix checks a file's
+// mode once, at open(2).
 type File struct {
 	c      *Client
 	n      *Node
+	u      User
 	name   string
 	flags  int
 	closed atomic.Bool
@@ -145,20 +149,20 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 
 // readSlow revalidates, fetches what is missing and reads.
 func (f *File) readSlow(p []byte, off int64) (int, error) {
-	n, _, err := f.n.read(p, off)
+	n, _, err := f.n.read(p, off, f.u)
 	return n, err
 }
 
-// read revalidates n, fetches what is missing and reads, and returns the
-// status of the version the bytes belong to: a read that a new version
-// overtook (its chunks replaced the ones read) is read again.
-func (n *Node) read(p []byte, off int64) (int, node.Status, error) {
+// read revalidates n, fetches what is missing and reads, for u, and
+// returns the status of the version the bytes belong to: a read that a
+// new version overtook (its chunks replaced the ones read) is read again.
+func (n *Node) read(p []byte, off int64, u User) (int, node.Status, error) {
 	for attempt := 0; ; attempt++ {
-		st, err := n.c.fresh(n)
+		st, err := n.c.fresh(n, u)
 		if err != nil {
 			return 0, st, err
 		}
-		k, err := n.readFetching(p, off)
+		k, err := n.readFetching(p, off, u)
 		if errors.Is(err, cache.ErrStale) && attempt < 3 {
 			continue // the file changed under the fetch: revalidate and retry
 		}
@@ -171,7 +175,7 @@ func (n *Node) read(p []byte, off int64) (int, node.Status, error) {
 			// churn it. Served past the cache, as a bypassed read is,
 			// unless local changes make the cache the only copy.
 			if !n.localChanges() {
-				k, err = n.readPast(p, off, st)
+				k, err = n.readPast(p, off, st, u)
 			}
 		}
 		if est, ok := n.entry.Status(); ok && est.DataVersion != st.DataVersion && attempt < 3 {
@@ -181,8 +185,8 @@ func (n *Node) read(p []byte, off int64) (int, node.Status, error) {
 	}
 }
 
-// readFetching reads p at off, fetching the chunks that are missing.
-func (n *Node) readFetching(p []byte, off int64) (int, error) {
+// readFetching reads p at off, fetching the chunks that are missing as u.
+func (n *Node) readFetching(p []byte, off int64, u User) (int, error) {
 	missing := n.entry.Missing(off, int64(len(p)))
 	if len(missing) == 0 {
 		k, err := n.entry.ReadAt(p, off)
@@ -192,7 +196,7 @@ func (n *Node) readFetching(p []byte, off int64) (int, error) {
 		return k, err
 	}
 	n.c.cache.CountMiss(1)
-	got, err := n.fetch(missing, true)
+	got, err := n.fetch(missing, true, u)
 	if err != nil {
 		return 0, err
 	}
@@ -205,12 +209,12 @@ func (n *Node) readFetching(p []byte, off int64) (int, error) {
 }
 
 // readPast serves a read of a file without local changes, at status st,
-// from chunks fetched into memory, none cached.
-func (n *Node) readPast(p []byte, off int64, st node.Status) (int, error) {
+// from chunks fetched into memory as u, none cached.
+func (n *Node) readPast(p []byte, off int64, st node.Status, u User) (int, error) {
 	cs := n.c.cache.ChunkSize()
 	mem := map[int64][]byte{}
 	for idx := off / cs; idx*cs < min(off+int64(len(p)), int64(st.Size)); idx++ {
-		data, dv, err := n.fetchChunk(idx)
+		data, dv, err := n.fetchChunk(idx, u)
 		if err != nil {
 			return 0, err
 		}
@@ -278,7 +282,7 @@ func (f *File) readAhead(off, n int64) {
 	from := (off + n + cs - 1) / cs
 	missing := f.n.entry.Missing(from*cs, w*cs)
 	if len(missing) > 0 && f.n.valid.Load() {
-		go f.n.fetch(missing, false)
+		go f.n.fetch(missing, false, f.u)
 	}
 }
 
@@ -336,7 +340,7 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 	n := f.n
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if _, err := f.c.fresh(n); err != nil {
+	if _, err := f.c.fresh(n, f.u); err != nil {
 		return 0, f.pathErr("write", err)
 	}
 	if appending {
@@ -349,10 +353,10 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if err := n.prepareWrite(off, int64(len(p))); err != nil {
+	if err := n.prepareWrite(off, int64(len(p)), f.u); err != nil {
 		return 0, f.pathErr("write", err)
 	}
-	n.touch()
+	n.touch(f.u)
 	k, err := n.entry.WriteAt(p, off)
 	for attempt := 0; (errors.Is(err, cache.ErrNoSpace) || errors.Is(err, cache.ErrMiss)) && attempt < 3; attempt++ {
 		// Everything left is dirty, or the room the write took evicted a
@@ -360,11 +364,11 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 		// file's writes and the flusher's (stored chunks are evictable),
 		// fetch again and try again. Only when nothing could be stored
 		// is the writer told ENOSPC.
-		serr := f.c.storeBack(n, false)
+		serr := f.c.storeBack(n, false, f.u)
 		if !f.c.flusher.Drain(dirtyNode{n}) && serr != nil {
 			return k, f.pathErr("write", &rpcError{syscall.ENOSPC, serr})
 		}
-		if err = n.prepareWrite(off, int64(len(p))); err == nil {
+		if err = n.prepareWrite(off, int64(len(p)), f.u); err == nil {
 			k, err = n.entry.WriteAt(p, off)
 		}
 	}
@@ -377,10 +381,11 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 	return k, f.pathErr("write", err)
 }
 
-// prepareWrite fetches the chunks a write covers only in part, so that a
-// cached chunk is always whole: what the write does not cover must hold the
-// server's bytes. Chunks wholly past the server's data need nothing.
-func (n *Node) prepareWrite(off, length int64) error {
+// prepareWrite fetches the chunks a write covers only in part, as u, so
+// that a cached chunk is always whole: what the write does not cover must
+// hold the server's bytes. Chunks wholly past the server's data need
+// nothing.
+func (n *Node) prepareWrite(off, length int64, u User) error {
 	cs := n.c.cache.ChunkSize()
 	n.mu.Lock()
 	remote := int64(n.st.Size)
@@ -401,7 +406,7 @@ func (n *Node) prepareWrite(off, length int64) error {
 	if len(need) == 0 {
 		return nil
 	}
-	mem, err := n.fetch(need, true)
+	mem, err := n.fetch(need, true, u)
 	if err != nil {
 		return err
 	}
@@ -444,19 +449,20 @@ func (f *File) Truncate(size int64) error {
 	n := f.n
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if _, err := f.c.fresh(n); err != nil {
+	if _, err := f.c.fresh(n, f.u); err != nil {
 		return f.pathErr("truncate", err)
 	}
-	return f.pathErr("truncate", n.truncateLocked(uint64(size)))
+	return f.pathErr("truncate", n.truncateLocked(uint64(size), f.u))
 }
 
-func (n *Node) truncateLocked(size uint64) error {
-	n.touch()
+// truncateLocked truncates n in the cache, for u (wmu held).
+func (n *Node) truncateLocked(size uint64, u User) error {
+	n.touch(u)
 	err := n.entry.Truncate(int64(size))
 	if errors.Is(err, cache.ErrMiss) {
 		// The chunk the new end falls in keeps its first part: fetch it.
 		cs := n.c.cache.ChunkSize()
-		if _, err = n.fetch([]int64{int64(size) / cs}, true); err == nil {
+		if _, err = n.fetch([]int64{int64(size) / cs}, true, u); err == nil {
 			err = n.entry.Truncate(int64(size))
 		}
 	}
@@ -482,7 +488,7 @@ func (f *File) Sync() error {
 	defer f.n.wmu.Unlock()
 	err := f.rescan()
 	if err == nil {
-		err = f.c.storeBack(f.n, false)
+		err = f.c.storeBack(f.n, false, f.u)
 	}
 	if err == nil {
 		err = f.n.takeLost()
@@ -494,8 +500,8 @@ func (f *File) Sync() error {
 }
 
 // storeLocked sends the dirty ranges and any truncation to the server as
-// one atomic commit. Called with wmu held.
-func (n *Node) storeLocked(sync bool) error {
+// one atomic commit, as u. Called with wmu held.
+func (n *Node) storeLocked(sync bool, u User) error {
 	if err := n.c.settleFor(n); err != nil {
 		return err
 	}
@@ -530,7 +536,7 @@ func (n *Node) storeLocked(sync bool) error {
 	for _, r := range ranges {
 		args.Ranges = append(args.Ranges, datapath.Range{Off: r.Off, Len: r.Len})
 	}
-	return n.c.storeData(args, func(st node.Status) error {
+	return n.c.storeData(args, u, func(st node.Status) error {
 		if err := n.entry.Cleaned(ranges, st); err != nil {
 			return err
 		}
@@ -544,9 +550,9 @@ func (n *Node) storeLocked(sync bool) error {
 	})
 }
 
-// storeData runs one store, lets stored update local state from the new
-// status, then records the status and the promise that came with it.
-func (c *Client) storeData(args datapath.StoreArgs, stored func(st node.Status) error) error {
+// storeData runs one store as u, lets stored update local state from the
+// new status, then records the status and the promise that came with it.
+func (c *Client) storeData(args datapath.StoreArgs, u User, stored func(st node.Status) error) error {
 	t := c.begin()
 	defer c.end(t)
 	var st node.Status
@@ -557,7 +563,7 @@ func (c *Client) storeData(args datapath.StoreArgs, stored func(st node.Status) 
 		// before a lost reply is not made again over later stores.
 		args.Op = string(node.NewOp())
 	}
-	err := c.conn.CallData(func(ctx context.Context) (err error) {
+	err := c.as(u).CallData(func(ctx context.Context) (err error) {
 		st, ttl, err = c.conn.Data().Store(ctx, args)
 		return err
 	})
@@ -567,7 +573,7 @@ func (c *Client) storeData(args datapath.StoreArgs, stored func(st node.Status) 
 	if err != nil {
 		return err
 	}
-	_, err = c.learn(t, st, ttl)
+	_, err = c.learn(t, st, ttl, u)
 	return err
 }
 
@@ -602,7 +608,7 @@ func (f *File) uncount() error {
 		f.n.mu.Unlock()
 	}
 	if f.counted {
-		return f.c.closeDeleg(f.n, f.writable())
+		return f.c.closeDeleg(f.n, f.writable(), f.u)
 	}
 	return nil
 }
@@ -637,7 +643,7 @@ func (f *File) flush(op string) error {
 		err = n.takeLost()
 	} else {
 		if err == nil {
-			if err = n.storeLocked(true); n.goneHere(err) {
+			if err = n.storeLocked(true, f.u); n.goneHere(err) {
 				err = nil
 			}
 		}
@@ -670,7 +676,7 @@ func (f *File) Stat() (node.Status, error) {
 		st, err := bp.Status()
 		return st, f.pathErr("stat", err)
 	}
-	st, err := f.c.fresh(f.n)
+	st, err := f.c.fresh(f.n, f.u)
 	return st, f.pathErr("stat", err)
 }
 
@@ -683,7 +689,7 @@ func (f *File) Seek(offset int64, whence int) (int64, error) {
 	case io.SeekCurrent:
 		offset += f.off
 	case io.SeekEnd:
-		st, err := f.c.fresh(f.n)
+		st, err := f.c.fresh(f.n, f.u)
 		if bp := f.bp.Load(); bp != nil {
 			st, err = bp.Status() // with its unpublished writes
 		}

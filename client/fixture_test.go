@@ -46,6 +46,8 @@ type testServer struct {
 	dataAddr string // the data channel's, fixed across restarts; "" without one
 	cfg      server.Config
 	noData   bool
+	// tokens, when set, has the server check users' tokens (secure).
+	tokens server.Tokens
 
 	mu      sync.Mutex
 	running bool
@@ -64,6 +66,10 @@ type serverOpt func(*testServer)
 func withConfig(f func(*server.Config)) serverOpt {
 	return func(s *testServer) { f(&s.cfg) }
 }
+
+// secure has the server check the users' tokens with tokens, and their
+// rights (over plain TCP: the tokens are what the tests are about).
+func secure(tokens server.Tokens) serverOpt { return func(s *testServer) { s.tokens = tokens } }
 
 // withoutDataChannel runs the server without a bulk-data channel: file
 // contents go over gRPC.
@@ -161,6 +167,9 @@ func (s *testServer) start() {
 	if cfg.Key, err = server.LoadKey(filepath.Join(store.Dir(), "session.key")); err != nil {
 		store.Close()
 		s.t.Fatal(err)
+	}
+	if s.tokens != nil {
+		cfg.Users, cfg.Principals = server.CellUsers(s.tokens, store), store
 	}
 	srv := server.New(server.Local(store), cfg)
 	addr := s.addr

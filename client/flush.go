@@ -14,6 +14,10 @@ type writeBack struct {
 	// them was made, for the flusher's age bound.
 	dirtyState uint64
 	dirtySince time.Time
+	// writer made the last unstored write (wrote: one was made since the
+	// client started): a store in the background is made as that user.
+	writer User
+	wrote  bool
 	// lostErr: the flusher or a recall could not deliver this file's
 	// writes and kept them in lost/; the next Sync or Close reports it.
 	lostErr error
@@ -44,7 +48,7 @@ func (d dirtyNode) Store(try bool) error {
 	} else if !n.wmu.TryLock() {
 		return writeback.ErrBusy
 	}
-	err := n.c.storeBack(n, true)
+	err := n.c.storeBack(n, true, n.c.writerOf(n))
 	n.wmu.Unlock()
 	if err != nil && !kept(err) {
 		n.c.log.Debug("flusher: store failed; will retry", "fid", n.fid, "err", err)

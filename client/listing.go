@@ -121,20 +121,21 @@ type madeList struct {
 }
 
 // madeFile is a file made in a directory and not yet created at the
-// server, or (removed) one removed from it here and not yet there.
+// server, or (removed) one removed from it here and not yet there, by u.
 type madeFile struct {
 	name    string
 	n       *Node
 	removed bool
+	u       User
 }
 
 func (m *madeList) len() int { return m.files.Len() }
 
-func (m *madeList) push(name string, n *Node, removed bool) {
+func (m *madeList) push(name string, n *Node, removed bool, u User) {
 	if m.at == nil {
 		m.at = map[node.FID]*list.Element{}
 	}
-	m.at[n.fid] = m.files.PushBack(&madeFile{name: name, n: n, removed: removed})
+	m.at[n.fid] = m.files.PushBack(&madeFile{name: name, n: n, removed: removed, u: u})
 }
 
 // find is the made file fid, nil if there is none.
@@ -152,11 +153,16 @@ func (m *madeList) remove(fid node.FID) {
 	}
 }
 
-// first copies out the first k made files (all, if fewer).
+// first copies out the first k made files (all, if fewer), up to the
+// first made by another user than the first: one settle is one user's.
 func (m *madeList) first(k int) []madeFile {
 	out := make([]madeFile, 0, min(k, m.len()))
 	for e := m.files.Front(); e != nil && len(out) < k; e = e.Next() {
-		out = append(out, *e.Value.(*madeFile))
+		f := *e.Value.(*madeFile)
+		if len(out) > 0 && f.u != out[0].u {
+			break
+		}
+		out = append(out, f)
 	}
 	return out
 }

@@ -69,7 +69,7 @@ func TestMadeListOrder(t *testing.T) {
 	ns := make([]*Node, 10)
 	for i := range ns {
 		ns[i] = &Node{fid: node.FID{Volume: 1, Vnode: uint64(i + 2), Unique: 1}}
-		m.push(fmt.Sprint("f", i), ns[i], i == 7)
+		m.push(fmt.Sprint("f", i), ns[i], i == 7, User{})
 	}
 	m.remove(ns[3].fid)
 	m.find(ns[5].fid).name = "renamed"
@@ -83,5 +83,25 @@ func TestMadeListOrder(t *testing.T) {
 	m.dropFirst(4)
 	if got := m.first(100); m.len() != 5 || got[0].name != "renamed" || got[4].n != ns[9] || !got[2].removed || got[1].removed {
 		t.Fatalf("after dropping 4: %d left, %v", m.len(), got)
+	}
+}
+
+// One settle is one user's: the files made by a user after the first
+// one's wait for the next.
+func TestMadeListFirstIsOneUsers(t *testing.T) {
+	var m madeList
+	alice, bob := NewUser("alice's token"), NewUser("bob's token")
+	for i, u := range []User{alice, alice, bob, alice} {
+		m.push(fmt.Sprint("f", i), &Node{fid: node.FID{Volume: 1, Vnode: uint64(i + 2), Unique: 1}}, false, u)
+	}
+	for _, want := range []struct {
+		n int
+		u User
+	}{{2, alice}, {1, bob}, {1, alice}} {
+		got := m.first(100)
+		if len(got) != want.n || got[0].u != want.u {
+			t.Fatalf("first: %d files of %v, want %d of %v", len(got), got[0].u.key, want.n, want.u.key)
+		}
+		m.dropFirst(len(got))
 	}
 }

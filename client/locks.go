@@ -26,6 +26,8 @@ package client
 //     Released before calling the client (untrack: Release, added: Hold)
 //     and before kernel notifications (notify copies the inodes first).
 //  3. invalQueue.mu and its cond: pending, added, done. Innermost in mount.
+//     users.mu (the local users' tokens) is a leaf too: held only to read
+//     or change its map, taking nothing.
 //
 // client
 //
@@ -54,13 +56,18 @@ package client
 //     drops it for the call, which one caller per volume makes
 //     (Client.reserving), so a new session's newLife never waits for it.
 // 10. nodesMu: nodes, forgotten, writes of Node.forgot. Short. Under it
-//     Node.mu, one node at a time (dropDelegations, madeDirs).
-// 11. Node.mu: st and the fields of Node's groups (fileData, writeBack,
-//     fileDeleg, dirListing, dirDeleg) not said to be under another lock;
-//     madeFiles, madeState and madeBase change with nsmu held as well.
-//     Under it only cache calls (cache.Entry, Entry methods): it may wait
-//     for cache-file I/O (learn's SetStatus punches holes), never for an
-//     RPC or another goroutine. No other client lock is taken under it.
+//     Node.mu, one node at a time (dropDelegations, madeDirs; invalidate
+//     and resetPromises, which drop the users' rights with the promises).
+// 11. Node.mu: st, rights and the fields of Node's groups (fileData,
+//     writeBack, fileDeleg, dirListing, dirDeleg) not said to be under
+//     another lock; madeFiles, madeState and madeBase change with nsmu
+//     held as well. Under it only cache calls (cache.Entry, Entry
+//     methods): it may wait for cache-file I/O (learn's SetStatus punches
+//     holes), never for an RPC or another goroutine. No other client lock
+//     is taken under it but cbMu, a leaf: learn installs a reply's promise
+//     and its user's rights with its status, so that a break (cb.Break,
+//     then invalidate, which drops the rights under Node.mu) comes wholly
+//     before them, voiding them, or after.
 // 12. Leaves, which take nothing: cbMu (cb's promises, delegations and
 //     lease), conn.Conn.mu (sessionC), writeback.Flusher.mu (dirty), bgMu
 //     (closing), volMu (vols), stageIndex.mu, policy.Ghosts.mu, the

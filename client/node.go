@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
@@ -27,7 +28,8 @@ import (
 //   - dirDeleg (dirdeleg.go): files made and removed under a directory's
 //     delegation.
 //
-// mu guards st and every field of the groups not said to be otherwise.
+// mu guards st, rights and every field of the groups not said to be
+// otherwise.
 type Node struct {
 	c     *Client
 	fid   node.FID
@@ -37,6 +39,10 @@ type Node struct {
 
 	mu sync.Mutex
 	st node.Status
+	// rights are users' rights on the node as the server said them
+	// (Status.Rights), learnt with st under the promise held and dropped
+	// with it (user.go); a file made here has its maker's, unknown (0).
+	rights map[userKey]uint8
 
 	fileData
 	writeBack
@@ -53,6 +59,11 @@ func (n *Node) FID() node.FID { return n.fid }
 func (n *Node) status() node.Status {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.statusLocked()
+}
+
+// statusLocked is status with mu held.
+func (n *Node) statusLocked() node.Status {
 	st := n.st
 	if n.entry != nil {
 		if est, ok := n.entry.Status(); ok && est.DataVersion > st.DataVersion {
@@ -81,10 +92,11 @@ func localBlocks(server uint64, size uint64, e *cache.Entry) uint64 {
 	return b
 }
 
-// touch records a local change's time (wmu held).
-func (n *Node) touch() {
+// touch records a local change's time, and who made it (wmu held).
+func (n *Node) touch(u User) {
 	n.mu.Lock()
 	n.modified = time.Now()
+	n.writer, n.wrote = u, true
 	n.mu.Unlock()
 }
 
@@ -119,12 +131,18 @@ func (c *Client) end(t callback.Ticket) {
 	c.cb.End(t)
 }
 
-// learn records a status from the server and the promise that came with it.
-// DataVersions only grow, so a reply older than what is known is ignored
-// rather than allowed to roll the node back.
-func (c *Client) learn(t callback.Ticket, st node.Status, ttl time.Duration) (*Node, error) {
+// learn records a status from the server's reply to a request of u's, the
+// promise that came with it, and u's rights in it. DataVersions only grow,
+// so a reply older than what is known is ignored rather than allowed to
+// roll the node back. A status that changed drops the other users'
+// rights (a new mode or owner may change them): they ask again. u's are
+// kept only if no break voided the reply meanwhile, checked with the
+// promise under one hold of mu, so that a break's invalidate, which
+// drops them, comes either after or before both.
+func (c *Client) learn(t callback.Ticket, st node.Status, ttl time.Duration, u User) (*Node, error) {
 	n := c.node(st.FID)
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	known := !n.st.FID.IsZero()
 	have := n.st.DataVersion
 	if n.entry != nil {
@@ -135,30 +153,32 @@ func (c *Client) learn(t callback.Ticket, st node.Status, ttl time.Duration) (*N
 		}
 	}
 	if known && (st.DataVersion < have || st.DataVersion == n.st.DataVersion && st.Ctime.Before(n.st.Ctime)) {
-		n.mu.Unlock()
 		return n, nil
 	}
 	if !known || st.DataVersion != n.st.DataVersion {
 		n.dents = nil
+	}
+	if known && (st.DataVersion != n.st.DataVersion || !st.Ctime.Equal(n.st.Ctime)) {
+		n.rights = nil
 	}
 	if st.Type == node.TypeFile {
 		if n.entry == nil {
 			n.entry = c.cache.Entry(st.FID)
 		}
 		if err := n.syncEntry(st); err != nil {
-			n.mu.Unlock()
 			return nil, err
 		}
 	}
 	n.st = st
-	n.mu.Unlock()
-	if ttl > 0 {
-		c.cbMu.Lock()
-		if c.cb.Granted(t, st.FID, ttl, c.cb.Epoch()) {
-			n.valid.Store(true)
-		}
-		c.cbMu.Unlock()
+	c.cbMu.Lock()
+	granted := ttl > 0 && c.cb.Granted(t, st.FID, ttl, c.cb.Epoch())
+	if granted {
+		n.valid.Store(true)
 	}
+	if granted || ttl <= 0 && c.cb.Intact(t, st.FID) {
+		n.setRightsLocked(u, st.Rights)
+	}
+	c.cbMu.Unlock()
 	return n, nil
 }
 
@@ -177,18 +197,22 @@ func (n *Node) syncEntry(st node.Status) error {
 }
 
 // learnPB is learn for a status in wire form.
-func (c *Client) learnPB(t callback.Ticket, ps *pb.Status) (*Node, error) {
+func (c *Client) learnPB(t callback.Ticket, ps *pb.Status, u User) (*Node, error) {
 	st, ttl, err := ps.ToStatus()
 	if err != nil {
 		return nil, err
 	}
-	return c.learn(t, st, ttl)
+	return c.learn(t, st, ttl, u)
 }
 
-// fresh returns n's status, asking the server only when no promise is held.
-func (c *Client) fresh(n *Node) (node.Status, error) {
-	if c.current(n) {
-		return n.status(), nil
+// fresh returns n's status with u's rights in it, asking the server, as
+// u, unless a promise is held and u's rights are known: the first time a
+// user is served what the cache holds, the server says what that user
+// may do with it. A refusal (EACCES) is u's alone: the node and what
+// other users learnt of it stay.
+func (c *Client) fresh(n *Node, u User) (node.Status, error) {
+	if st, ok := c.cachedAs(n, u); ok {
+		return st, nil
 	}
 	if err := c.settleFor(n); err != nil {
 		return node.Status{}, err
@@ -196,7 +220,7 @@ func (c *Client) fresh(n *Node) (node.Status, error) {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.GetStatusReply
-	err := c.conn.Call(func(ctx context.Context) (err error) {
+	err := c.as(u).Call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.GetStatus(ctx, &pb.GetStatusRequest{Fids: []*pb.FID{pb.FromFID(n.fid)}})
 		return err
 	})
@@ -213,10 +237,13 @@ func (c *Client) fresh(n *Node) (node.Status, error) {
 		return node.Status{}, syscall.Errno(e)
 	}
 	c.counters.revalidations.Add(1)
-	if _, err := c.learnPB(t, reply.Results[0].Status); err != nil {
+	ps := reply.Results[0].Status
+	if _, err := c.learnPB(t, ps, u); err != nil {
 		return node.Status{}, err
 	}
-	return n.status(), nil
+	st := n.status()
+	st.Rights = uint8(ps.GetRights())
+	return st, nil
 }
 
 // bulkStatus is how many statuses one GetStatus asks for (the server
@@ -226,14 +253,16 @@ const bulkStatus = 1024
 // statusAll learns, in bulk, the status (and promise) of each of ents that
 // is not current, as AFS's InlineBulkStatus does: a kernel that lists a
 // directory with attributes looks up every entry, a round trip each
-// otherwise. Entries gone meanwhile are skipped: a lookup finds out.
-func (c *Client) statusAll(ents []DirEntry) error {
+// otherwise. Entries gone meanwhile, or not u's to see, are skipped: a
+// lookup finds out. Those current but with u's rights unknown are asked
+// too: the kernel's next open or stat of one would ask alone.
+func (c *Client) statusAll(ents []DirEntry, u User) error {
 	var todo []*pb.FID
 	for _, e := range ents {
 		c.nodesMu.Lock()
 		n := c.nodes[e.FID]
 		c.nodesMu.Unlock()
-		if n == nil || !c.current(n) {
+		if _, ok := c.cachedAs(n, u); !ok {
 			todo = append(todo, pb.FromFID(e.FID))
 		}
 	}
@@ -242,7 +271,7 @@ func (c *Client) statusAll(ents []DirEntry) error {
 		todo = todo[len(batch):]
 		t := c.begin()
 		var reply *pb.GetStatusReply
-		err := c.conn.Call(func(ctx context.Context) (err error) {
+		err := c.as(u).Call(func(ctx context.Context) (err error) {
 			reply, err = c.rpc.GetStatus(ctx, &pb.GetStatusRequest{Fids: batch})
 			return err
 		})
@@ -251,7 +280,7 @@ func (c *Client) statusAll(ents []DirEntry) error {
 		}
 		for i := 0; err == nil && i < len(batch); i++ {
 			if r := reply.Results[i]; r.Errno == 0 {
-				_, err = c.learnPB(t, r.Status)
+				_, err = c.learnPB(t, r.Status, u)
 			}
 		}
 		c.end(t)
@@ -308,15 +337,15 @@ func (dir *Node) addDent(dv uint64, name string, child *Node, typ node.Type) {
 	dir.addDentLocked(name, child.fid, typ)
 }
 
-// changedDir applies our own change to a cached listing: when the reply's
-// version is exactly one past the cached one nobody else came between, so
-// the listing can be patched instead of dropped.
-func (c *Client) changedDir(t callback.Ticket, dir *Node, ps *pb.Status, patch func(dir *Node)) error {
+// changedDir applies our own change, made as u, to a cached listing: when
+// the reply's version is exactly one past the cached one nobody else came
+// between, so the listing can be patched instead of dropped.
+func (c *Client) changedDir(t callback.Ticket, dir *Node, ps *pb.Status, u User, patch func(dir *Node)) error {
 	dir.mu.Lock()
 	before := dir.st.DataVersion
 	dents := dir.dents
 	dir.mu.Unlock()
-	if _, err := c.learnPB(t, ps); err != nil {
+	if _, err := c.learnPB(t, ps, u); err != nil {
 		return err
 	}
 	dir.mu.Lock()
@@ -377,32 +406,53 @@ func (c *Client) replaceNamed(dir *Node, name string) (done func()) {
 	}
 }
 
-// lookup finds name in dir, from the cache when dir's promise is valid.
-func (c *Client) lookup(dir *Node, name string) (*Node, error) {
-	n, _, err := c.lookupAt(dir, name)
+// lookup finds name in dir for u, from the cache when dir's promise is
+// valid.
+func (c *Client) lookup(dir *Node, name string, u User) (*Node, error) {
+	n, _, err := c.lookupAt(dir, name, u)
 	return n, err
 }
 
 // lookupAt is lookup that also returns the status of dir the answer
-// belongs to.
-func (c *Client) lookupAt(dir *Node, name string) (*Node, node.Status, error) {
+// belongs to. An answer from the cache needs u's right to look in dir
+// (l), as the server's would: known, or asked for first.
+func (c *Client) lookupAt(dir *Node, name string, u User) (*Node, node.Status, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, node.Status{}, err
 	}
-	if c.current(dir) {
+	for asked := false; c.current(dir); asked = true {
 		dir.mu.Lock()
 		d, ok := dir.dents.get(name)
 		complete := dir.dents.isComplete()
-		st := dir.st
 		dir.mu.Unlock()
+		var n *Node
 		if ok {
 			c.nodesMu.Lock()
-			n := c.nodes[d.fid]
+			n = c.nodes[d.fid]
 			c.nodesMu.Unlock()
-			if n != nil && c.current(n) {
-				return n, st, nil
+			if n == nil || !c.current(n) {
+				break
 			}
-		} else if complete && c.current(dir) {
+		} else if !complete {
+			break
+		}
+		st, known := dir.statusAs(u)
+		if !known {
+			if asked {
+				break
+			}
+			if _, err := c.fresh(dir, u); err != nil {
+				return nil, node.Status{}, err
+			}
+			continue
+		}
+		if !allows(st, access.Lookup) {
+			return nil, node.Status{}, syscall.EACCES
+		}
+		if ok {
+			return n, st, nil
+		}
+		if c.current(dir) {
 			return nil, st, syscall.ENOENT
 		}
 	}
@@ -412,7 +462,7 @@ func (c *Client) lookupAt(dir *Node, name string) (*Node, node.Status, error) {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.LookupReply
-	err := c.conn.Call(func(ctx context.Context) (err error) {
+	err := c.as(u).Call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Lookup(ctx, &pb.LookupRequest{Dir: pb.FromFID(dir.fid), Name: name})
 		return err
 	})
@@ -423,10 +473,10 @@ func (c *Client) lookupAt(dir *Node, name string) (*Node, node.Status, error) {
 	if err != nil {
 		return nil, node.Status{}, err
 	}
-	if _, err := c.learnPB(t, reply.Dir); err != nil {
+	if _, err := c.learnPB(t, reply.Dir, u); err != nil {
 		return nil, node.Status{}, err
 	}
-	child, err := c.learnPB(t, reply.Status)
+	child, err := c.learnPB(t, reply.Status, u)
 	if err != nil {
 		return nil, node.Status{}, err
 	}
@@ -434,14 +484,22 @@ func (c *Client) lookupAt(dir *Node, name string) (*Node, node.Status, error) {
 	return child, dst, nil
 }
 
-// readDir lists dir completely, from the cache when possible. A listing
-// fetched in pages is only kept if the directory did not change between
-// pages; otherwise it is fetched again.
+// readDir lists dir completely for u, from the cache when possible (with
+// u's right to list it, l, known or asked for first). A listing fetched
+// in pages is only kept if the directory did not change between pages;
+// otherwise it is fetched again.
 // It also returns the DataVersion the listing belongs to, 0 if the
 // directory kept changing while it was fetched.
-func (c *Client) readDir(dir *Node) ([]DirEntry, uint64, error) {
+func (c *Client) readDir(dir *Node, u User) ([]DirEntry, uint64, error) {
 	for attempt := 0; ; attempt++ {
-		if c.current(dir) {
+		if c.listed(dir) {
+			st, err := c.fresh(dir, u)
+			if err != nil {
+				return nil, 0, err
+			}
+			if !allows(st, access.Lookup) {
+				return nil, 0, syscall.EACCES
+			}
 			dir.mu.Lock()
 			if dir.dents.isComplete() {
 				out := dir.dents.entries()
@@ -451,7 +509,7 @@ func (c *Client) readDir(dir *Node) ([]DirEntry, uint64, error) {
 			}
 			dir.mu.Unlock()
 		}
-		out, dv, consistent, err := c.fetchDir(dir)
+		out, dv, consistent, err := c.fetchDir(dir, u)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -471,7 +529,7 @@ func (c *Client) readDir(dir *Node) ([]DirEntry, uint64, error) {
 	}
 }
 
-func (c *Client) fetchDir(dir *Node) (out []DirEntry, dv uint64, consistent bool, err error) {
+func (c *Client) fetchDir(dir *Node, u User) (out []DirEntry, dv uint64, consistent bool, err error) {
 	if err := c.settle(dir); err != nil {
 		return nil, 0, false, err
 	}
@@ -481,14 +539,14 @@ func (c *Client) fetchDir(dir *Node) (out []DirEntry, dv uint64, consistent bool
 	consistent = true
 	for first := true; ; first = false {
 		var reply *pb.ReadDirReply
-		err := c.conn.Call(func(ctx context.Context) (err error) {
+		err := c.as(u).Call(func(ctx context.Context) (err error) {
 			reply, err = c.rpc.ReadDir(ctx, &pb.ReadDirRequest{Dir: pb.FromFID(dir.fid), Cookie: cookie, MaxEntries: 4096})
 			return err
 		})
 		if err != nil {
 			return nil, 0, false, err
 		}
-		if _, err := c.learnPB(t, reply.Dir); err != nil {
+		if _, err := c.learnPB(t, reply.Dir, u); err != nil {
 			return nil, 0, false, err
 		}
 		if first {
@@ -509,13 +567,13 @@ func (c *Client) fetchDir(dir *Node) (out []DirEntry, dv uint64, consistent bool
 	}
 }
 
-// volumeRoot returns the root directory of the named volume.
-func (c *Client) volumeRoot(name string) (*Node, error) {
+// volumeRoot returns the root directory of the named volume, for u.
+func (c *Client) volumeRoot(name string, u User) (*Node, error) {
 	c.volMu.Lock()
 	v := c.vols[name]
 	c.volMu.Unlock()
 	if v == nil {
-		err := c.conn.Call(func(ctx context.Context) (err error) {
+		err := c.as(u).Call(func(ctx context.Context) (err error) {
 			v, err = c.rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: name})
 			return err
 		})
@@ -527,7 +585,7 @@ func (c *Client) volumeRoot(name string) (*Node, error) {
 		c.volMu.Unlock()
 	}
 	n := c.node(v.Root.ToFID())
-	if _, err := c.fresh(n); err != nil {
+	if _, err := c.fresh(n, u); err != nil {
 		return nil, err
 	}
 	return n, nil

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/client/policy"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
@@ -16,21 +17,39 @@ import (
 // mount) needs, where the kernel resolves names one directory at a time.
 // Mount points are crossed here, so the adapter sees them as the
 // directories they lead to.
-type Nodes struct{ c *Client }
+//
+// A Nodes acts for one user (As): every request it makes carries that
+// user's token, and what the cache holds is served only as that user's
+// rights allow. A view bound to its user, rather than a User argument to
+// every method, because a kernel adapter learns the user once per kernel
+// request and then makes several calls for it: the view cannot mix users
+// up between them, makes no copy of the cache's state (it is two words),
+// and leaves the methods as they were for callers that have one user.
+type Nodes struct {
+	c *Client
+	u User
+}
 
-// Nodes is c's node-level API.
-func (c *Client) Nodes() *Nodes { return &Nodes{c} }
+// Nodes is c's node-level API, acting as c's own user (Options.Token).
+func (c *Client) Nodes() *Nodes { return &Nodes{c, c.self} }
+
+// As is k's API acting for u instead. Open files remember the user that
+// opened them (File).
+func (k *Nodes) As(u User) *Nodes { return &Nodes{k.c, u} }
+
+// User is the user k acts for.
+func (k *Nodes) User() User { return k.u }
 
 // Root is the root directory of the root volume.
 func (k *Nodes) Root() *Node { return k.c.root }
 
 // Getattr returns n's status, from the cache while a promise is held.
 func (k *Nodes) Getattr(n *Node) (node.Status, error) {
-	st, err := k.c.fresh(n)
+	st, err := k.c.fresh(n, k.u)
 	if err == nil && st.Type == node.TypeMountPoint {
 		var root *Node
-		if root, err = k.c.volumeRoot(st.Target); err == nil {
-			st, err = k.c.fresh(root)
+		if root, err = k.c.volumeRoot(st.Target, k.u); err == nil {
+			st, err = k.c.fresh(root, k.u)
 		}
 	}
 	return st, err
@@ -38,13 +57,13 @@ func (k *Nodes) Getattr(n *Node) (node.Status, error) {
 
 // Lookup finds name in dir, crossing a mount point to the root of its volume.
 func (k *Nodes) Lookup(dir *Node, name string) (*Node, node.Status, error) {
-	n, err := k.c.lookup(dir, name)
+	n, err := k.c.lookup(dir, name, k.u)
 	if err != nil {
 		return nil, node.Status{}, err
 	}
 	st := n.status()
 	if st.Type == node.TypeMountPoint {
-		if n, err = k.c.volumeRoot(st.Target); err != nil {
+		if n, err = k.c.volumeRoot(st.Target, k.u); err != nil {
 			return nil, node.Status{}, err
 		}
 		st = n.status()
@@ -55,11 +74,11 @@ func (k *Nodes) Lookup(dir *Node, name string) (*Node, node.Status, error) {
 // ReadDir lists dir, with the status of every entry learnt (a kernel
 // asks for them all: READDIRPLUS); mount points are listed as directories.
 func (k *Nodes) ReadDir(dir *Node) ([]DirEntry, error) {
-	ents, _, err := k.c.readDir(dir)
+	ents, _, err := k.c.readDir(dir, k.u)
 	if err != nil {
 		return nil, err
 	}
-	if err := k.c.statusAll(ents); err != nil {
+	if err := k.c.statusAll(ents, k.u); err != nil {
 		return nil, err
 	}
 	out := make([]DirEntry, len(ents))
@@ -75,7 +94,7 @@ func (k *Nodes) ReadDir(dir *Node) ([]DirEntry, error) {
 // Open opens an already resolved file, named base in directory parent
 // (nil if unknown: for its caching policy); name is kept for reports.
 func (k *Nodes) Open(n *Node, parent *Node, base, name string, flag int) (*File, error) {
-	return k.c.openFile(n, parent, base, name, flag, resolved)
+	return k.c.openFile(n, parent, base, name, flag, resolved, k.u)
 }
 
 // CreateOpen is Create of a regular file followed by Open, except that
@@ -84,29 +103,29 @@ func (k *Nodes) Open(n *Node, parent *Node, base, name string, flag int) (*File,
 // reports.
 func (k *Nodes) CreateOpen(m Make, path string, flag int) (*Node, *File, error) {
 	m.Type = node.TypeFile
-	n, created, err := k.c.create(m)
+	n, created, err := k.c.create(m, k.u)
 	if err != nil {
 		return nil, nil, err
 	}
-	f, err := k.c.openFile(n, m.Dir, m.Name, path, flag, createdHow(created))
+	f, err := k.c.openFile(n, m.Dir, m.Name, path, flag, createdHow(created), k.u)
 	return n, f, err
 }
 
 // Create makes m: a file, directory, symlink, mount point or special
 // file. With m.Excl unset an existing regular file is returned instead.
 func (k *Nodes) Create(m Make) (*Node, error) {
-	n, _, err := k.c.create(m)
+	n, _, err := k.c.create(m, k.u)
 	return n, err
 }
 
 // Link makes name in dir a hard link to target.
 func (k *Nodes) Link(dir *Node, name string, target *Node) (*Node, error) {
-	n, _, err := k.c.linkAt(dir, name, target, "")
+	n, _, err := k.c.linkAt(dir, name, target, "", k.u)
 	return n, err
 }
 
-// linkAt is Link returning the server's reply; op names the request.
-func (c *Client) linkAt(dir *Node, name string, target *Node, op string) (*Node, *pb.LinkReply, error) {
+// linkAt is Link as u returning the server's reply; op names the request.
+func (c *Client) linkAt(dir *Node, name string, target *Node, op string, u User) (*Node, *pb.LinkReply, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, nil, err
 	}
@@ -121,32 +140,33 @@ func (c *Client) linkAt(dir *Node, name string, target *Node, op string) (*Node,
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.LinkReply
-	err := c.conn.CallOnce(op, func(ctx context.Context) (err error) {
+	err := c.as(u).CallOnce(op, func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Link(ctx, &pb.LinkRequest{Dir: pb.FromFID(dir.fid), Name: name, Target: pb.FromFID(target.fid)})
 		return err
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	child, err := c.learnPB(t, reply.Status)
+	child, err := c.learnPB(t, reply.Status, u)
 	if err != nil {
 		return nil, nil, err
 	}
-	return child, reply, c.changedDir(t, dir, reply.Dir, func(d *Node) { d.addDentLocked(name, child.fid, reply.Status.Type.ToType()) })
+	return child, reply, c.changedDir(t, dir, reply.Dir, u, func(d *Node) { d.addDentLocked(name, child.fid, reply.Status.Type.ToType()) })
 }
 
 // Remove removes name from dir: with dirOnly an empty directory (rmdir),
 // otherwise anything else (unlink).
 func (k *Nodes) Remove(dir *Node, name string, dirOnly bool) error {
-	if !dirOnly && k.c.removeHere(dir, name) {
+	if !dirOnly && k.c.removeHere(dir, name, k.u) {
 		return nil
 	}
-	_, err := k.c.removeAt(dir, name, dirOnly, "")
+	_, err := k.c.removeAt(dir, name, dirOnly, "", k.u)
 	return err
 }
 
-// removeAt is Remove returning the server's reply; op names the request.
-func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.RemoveReply, error) {
+// removeAt is Remove as u returning the server's reply; op names the
+// request.
+func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string, u User) (*pb.RemoveReply, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, err
 	}
@@ -162,15 +182,15 @@ func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.RemoveReply
-	err := c.conn.CallOnce(op, func(ctx context.Context) (err error) {
+	err := c.as(u).CallOnce(op, func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Remove(ctx, &pb.RemoveRequest{Dir: pb.FromFID(dir.fid), Name: name, DirOnly: dirOnly})
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	c.removed(t, reply.Status)
-	return reply, c.changedDir(t, dir, reply.Dir, func(d *Node) { d.delDentLocked(name) })
+	c.removed(t, reply.Status, u)
+	return reply, c.changedDir(t, dir, reply.Dir, u, func(d *Node) { d.delDentLocked(name) })
 }
 
 // Rename renames sdir/sname to ddir/dname, replacing an existing target,
@@ -178,11 +198,11 @@ func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string) (*pb.
 // server, which may not be the one the caller thought.
 func (k *Nodes) Rename(sdir *Node, sname string, ddir *Node, dname string) (node.FID, error) {
 	if sdir == ddir {
-		if fid, ok := k.c.renameHere(sdir, sname, dname); ok {
+		if fid, ok := k.c.renameHere(sdir, sname, dname, k.u); ok {
 			return fid, nil
 		}
 	}
-	reply, err := k.c.renameAt(sdir, sname, ddir, dname, "")
+	reply, err := k.c.renameAt(sdir, sname, ddir, dname, "", k.u)
 	if err != nil {
 		return node.FID{}, err
 	}
@@ -228,7 +248,7 @@ func (k *Nodes) SetAttr(n *Node, a Attr) (node.Status, error) {
 	if req.Mask == 0 {
 		return k.Getattr(n)
 	}
-	if err := k.c.setattr(n, req); err != nil {
+	if err := k.c.setattr(n, req, k.u); err != nil {
 		return node.Status{}, err
 	}
 	return n.status(), nil
@@ -237,7 +257,8 @@ func (k *Nodes) SetAttr(n *Node, a Attr) (node.Status, error) {
 // TruncateHere truncates n in the cache if a write delegation is held on
 // it, as a write there stays local, and reports whether it did; if not,
 // SetAttr truncates at the server. The kernel sends open(O_TRUNC) as a
-// truncation by name.
+// truncation by name. Only a user known to have the right to write the
+// file truncates it here; the server decides for the others.
 func (k *Nodes) TruncateHere(n *Node, size uint64) (bool, error) {
 	n.mu.Lock()
 	bypassed := n.bypassing > 0
@@ -245,12 +266,15 @@ func (k *Nodes) TruncateHere(n *Node, size uint64) (bool, error) {
 	if bypassed || !k.c.writeHere(n) || n.entry == nil {
 		return false, nil
 	}
+	if st, ok := n.statusAs(k.u); !ok || !allows(st, access.Write) {
+		return false, nil
+	}
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
 	if !k.c.writeHere(n) {
 		return false, nil // recalled meanwhile
 	}
-	return true, n.truncateLocked(size)
+	return true, n.truncateLocked(size, k.u)
 }
 
 // PromiseLeft is how long n's callback promise still holds: how long a
@@ -338,13 +362,17 @@ func Errno(err error) syscall.Errno {
 func (k *Nodes) TruncateStored(n *Node, size uint64) (node.Status, error) {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if _, err := k.c.fresh(n); err != nil {
+	st, err := k.c.fresh(n, k.u)
+	if err != nil {
 		return node.Status{}, err
 	}
-	if err := n.truncateLocked(size); err != nil {
+	if !allows(st, access.Write) {
+		return node.Status{}, syscall.EACCES // before the cache file is cut
+	}
+	if err := n.truncateLocked(size, k.u); err != nil {
 		return node.Status{}, err
 	}
-	if err := n.storeLocked(true); err != nil {
+	if err := n.storeLocked(true, k.u); err != nil {
 		return node.Status{}, err
 	}
 	return n.status(), nil
@@ -413,13 +441,19 @@ func (c *Client) dropForgotten(now time.Time) {
 
 // Policy is the caching policy of n, opened as base in parent.
 func (k *Nodes) Policy(n *Node, parent *Node, base string) (policy.Decision, error) {
-	return k.c.policyAt(n, parent, base)
+	return k.c.policyAt(n, parent, base, k.u)
 }
 
 // SetPolicy sets n's caching policy (and, if recursive, its subtree's).
 func (k *Nodes) SetPolicy(n *Node, mode string, recursive bool) error {
-	return k.c.setPolicyAt(n, mode, recursive)
+	return k.c.setPolicyAt(n, mode, recursive, k.u)
 }
 
 // StatFS reports the space of the server holding the root volume.
-func (k *Nodes) StatFS() (FSStat, error) { return k.c.StatFS() }
+func (k *Nodes) StatFS() (FSStat, error) {
+	fs, err := k.c.statFS(k.c.root.fid.Volume, k.u)
+	if err != nil {
+		return FSStat{}, errOf("statfs", "/", err)
+	}
+	return fs, nil
+}

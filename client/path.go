@@ -53,8 +53,9 @@ func splitPath(p string) ([]string, error) {
 	return comps, nil
 }
 
-// resolve walks p from the root. Mount points and relative symlinks are
-// followed in the middle of a path, and at its end when follow is set.
+// resolve walks p from the root, as the client's own user. Mount points
+// and relative symlinks are followed in the middle of a path, and at its
+// end when follow is set.
 func (c *Client) resolve(p string, follow bool) (*Node, error) {
 	comps, err := splitPath(p)
 	if err != nil {
@@ -64,10 +65,10 @@ func (c *Client) resolve(p string, follow bool) (*Node, error) {
 walk:
 	cur := c.root
 	for i, name := range comps {
-		if cur, err = c.enterDir(cur); err != nil {
+		if cur, err = c.enterDir(cur, c.self); err != nil {
 			return nil, err
 		}
-		child, err := c.lookup(cur, name)
+		child, err := c.lookup(cur, name, c.self)
 		if err != nil {
 			return nil, err
 		}
@@ -87,7 +88,7 @@ walk:
 			}
 			goto walk
 		case st.Type == node.TypeMountPoint && (!last || follow):
-			if child, err = c.volumeRoot(st.Target); err != nil {
+			if child, err = c.volumeRoot(st.Target, c.self); err != nil {
 				return nil, err
 			}
 		}
@@ -96,9 +97,9 @@ walk:
 	return cur, nil
 }
 
-// enterDir makes sure n is a directory to look names up in.
-func (c *Client) enterDir(n *Node) (*Node, error) {
-	st, err := c.fresh(n)
+// enterDir makes sure n is a directory for u to look names up in.
+func (c *Client) enterDir(n *Node, u User) (*Node, error) {
+	st, err := c.fresh(n, u)
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +107,7 @@ func (c *Client) enterDir(n *Node) (*Node, error) {
 	case node.TypeDir:
 		return n, nil
 	case node.TypeMountPoint:
-		return c.volumeRoot(st.Target)
+		return c.volumeRoot(st.Target, u)
 	}
 	return nil, syscall.ENOTDIR
 }
@@ -124,7 +125,7 @@ func (c *Client) resolveParent(p string) (*Node, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	if dir, err = c.enterDir(dir); err != nil {
+	if dir, err = c.enterDir(dir, c.self); err != nil {
 		return nil, "", err
 	}
 	return dir, comps[len(comps)-1], nil
@@ -170,19 +171,19 @@ type Make struct {
 	Op string
 }
 
-// create makes m. With m.Excl unset an existing regular file is returned
-// instead (created=false). A new file comes with a write delegation when
-// the client takes them (it is about to be opened).
-func (c *Client) create(m Make) (*Node, bool, error) {
+// create makes m as u. With m.Excl unset an existing regular file is
+// returned instead (created=false). A new file comes with a write
+// delegation when the client takes them (it is about to be opened).
+func (c *Client) create(m Make, u User) (*Node, bool, error) {
 	if m.Type == node.TypeFile && m.Op == "" {
 		if err := node.CheckName(m.Name); err != nil {
 			return nil, false, err
 		}
-		if n, created, ok, err := c.makeHere(m.Dir, m.Name, m.Mode, m.Who, m.Excl); ok {
+		if n, created, ok, err := c.makeHere(m.Dir, m.Name, m.Mode, m.Who, m.Excl, u); ok {
 			return n, created, err
 		}
 	}
-	n, reply, err := c.createAt(m)
+	n, reply, err := c.createAt(m, u)
 	if err != nil {
 		return nil, false, err
 	}
@@ -190,7 +191,7 @@ func (c *Client) create(m Make) (*Node, bool, error) {
 }
 
 // createAt is create at the server, returning its reply.
-func (c *Client) createAt(m Make) (*Node, *pb.CreateReply, error) {
+func (c *Client) createAt(m Make, u User) (*Node, *pb.CreateReply, error) {
 	dir, name, t := m.Dir, m.Name, m.Type
 	if err := node.CheckName(name); err != nil {
 		return nil, nil, err
@@ -203,7 +204,7 @@ func (c *Client) createAt(m Make) (*Node, *pb.CreateReply, error) {
 	tk := c.begin()
 	defer c.end(tk)
 	var reply *pb.CreateReply
-	err := c.conn.CallOnce(m.Op, func(ctx context.Context) (err error) {
+	err := c.as(u).CallOnce(m.Op, func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Create(ctx, &pb.CreateRequest{Dir: pb.FromFID(dir.fid), Name: name, Type: pb.FromType(t),
 			Mode: m.Mode, Uid: m.Who.UID, Gid: m.Who.GID, Target: m.Target, Rdev: m.Rdev, Exclusive: m.Excl, Open: t == node.TypeFile && c.delegating()})
 		return err
@@ -211,16 +212,16 @@ func (c *Client) createAt(m Make) (*Node, *pb.CreateReply, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	child, err := c.learnPB(tk, reply.Status)
+	child, err := c.learnPB(tk, reply.Status, u)
 	if err != nil {
 		return nil, nil, err
 	}
 	c.delegated(tk, child, reply.Kind, reply.State)
 	if !reply.Created {
-		_, err := c.learnPB(tk, reply.Dir)
+		_, err := c.learnPB(tk, reply.Dir, u)
 		return child, reply, err
 	}
-	err = c.changedDir(tk, dir, reply.Dir, func(d *Node) { d.addDentLocked(name, child.fid, t) })
+	err = c.changedDir(tk, dir, reply.Dir, u, func(d *Node) { d.addDentLocked(name, child.fid, t) })
 	dir.addDent(reply.Dir.DataVersion, name, child, t) // even when no listing was cached
 	return child, reply, err
 }
@@ -234,7 +235,7 @@ func (c *Client) Open(name string, flag int, perm os.FileMode) (*File, error) {
 		return nil, errOf("open", name, err)
 	}
 	parent, base := c.parentOf(name)
-	return c.openFile(n, parent, base, name, flag, how)
+	return c.openFile(n, parent, base, name, flag, how, c.self)
 }
 
 // openedBy says how the Node an open opens was come by.
@@ -256,7 +257,7 @@ func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, opene
 	if err != nil {
 		return nil, resolved, err
 	}
-	n, created, err := c.create(Make{Dir: dir, Name: base, Type: node.TypeFile, Mode: unixMode(perm), Who: c.creator(), Excl: flag&os.O_EXCL != 0})
+	n, created, err := c.create(Make{Dir: dir, Name: base, Type: node.TypeFile, Mode: unixMode(perm), Who: c.creator(), Excl: flag&os.O_EXCL != 0}, c.self)
 	if Errno(err) == syscall.EEXIST && flag&os.O_EXCL == 0 {
 		// Exists as something else: a symlink to follow, or a directory.
 		n, err = c.resolve(name, true)
@@ -265,19 +266,15 @@ func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, opene
 	return n, createdHow(created), err
 }
 
-// permitted refuses an open of an existing file that the rights the
-// server gave with st (its user's) do not allow, even with the bytes in
-// the cache: an ACL change breaks the promises on the files it governs,
-// and the status got again says what is left. A status the client made
-// itself knows none. As in Unix, a file just created is open as its
-// creator asked, whatever mode it was given.
+// permitted refuses an open of an existing file that the opener's rights
+// in st (fresh's, the server's word for that user) do not allow, even
+// with the bytes in the cache: an ACL change breaks the promises on the
+// files it governs, and the status got again says what is left. A status
+// the client made itself knows none. As in Unix, a file just created is
+// open as its creator asked, whatever mode it was given.
 func permitted(st node.Status, flag int) error {
-	r := access.Rights(st.Rights)
-	if st.Rights&node.RightsKnown == 0 {
-		return nil
-	}
 	acc := flag & syscall.O_ACCMODE
-	if acc != os.O_WRONLY && r&access.Read == 0 || acc != os.O_RDONLY && r&access.Write == 0 {
+	if acc != os.O_WRONLY && !allows(st, access.Read) || acc != os.O_RDONLY && !allows(st, access.Write) {
 		return syscall.EACCES
 	}
 	return nil
@@ -290,30 +287,37 @@ func createdHow(created bool) openedBy {
 	return createFound
 }
 
-// openFile opens an already resolved node, named base in parent (nil if
-// unknown) for its caching policy, and name in error reports. A file a
-// create just answered with is opened as that answer has it, without
-// asking the server again, and the open does not fail if the file is gone
-// by then (another client removed it): the create succeeded, and through
-// FUSE the kernel would take a failure (ESTALE) as a reason to create the
-// file a second time. What is written to a file that is gone is kept in
-// lost/, as always.
-func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, how openedBy) (*File, error) {
-	st := n.status()
-	switch how {
-	case createMade:
-		flag &^= os.O_TRUNC
-	case resolved:
-		var err error
-		if st, err = c.fresh(n); err != nil {
-			return nil, errOf("open", name, err)
-		}
-	}
+// openFile opens an already resolved node for u, named base in parent
+// (nil if unknown) for its caching policy, and name in error reports. A
+// file a create just answered with is opened as that answer has it,
+// without asking the server again, and the open does not fail if the
+// file is gone by then (another client removed it): the create
+// succeeded, and through FUSE the kernel would take a failure (ESTALE) as
+// a reason to create the file a second time. What is written to a file
+// that is gone is kept in lost/, as always. A file the create found is
+// opened as an open of it would be: as u's rights allow.
+func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, how openedBy, u User) (*File, error) {
 	gone := func(err error) bool {
 		e := Errno(err) // a server's answer is a gRPC status, not an errno
 		return how != resolved && (e == syscall.ESTALE || e == syscall.ENOENT)
 	}
-	f := &File{c: c, n: n, name: name, flags: flag}
+	st := n.status()
+	check := how != createMade
+	switch how {
+	case createMade:
+		flag &^= os.O_TRUNC
+	default:
+		fst, err := c.fresh(n, u)
+		switch {
+		case err == nil:
+			st = fst
+		case gone(err):
+			check = false
+		default:
+			return nil, errOf("open", name, err)
+		}
+	}
+	f := &File{c: c, n: n, u: u, name: name, flags: flag}
 	switch st.Type {
 	case node.TypeFile:
 	case node.TypeDir:
@@ -323,7 +327,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 	default:
 		return nil, errOf("open", name, syscall.EINVAL)
 	}
-	if how == resolved {
+	if check {
 		if err := permitted(st, flag); err != nil {
 			return nil, errOf("open", name, err)
 		}
@@ -337,7 +341,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 	}
 	f.decision = c.decide(n, parent, base, true)
 	if f.decision.Bypass {
-		if err := c.leaveCache(n); err != nil {
+		if err := c.leaveCache(n, u); err != nil {
 			return nil, errOf("open", name, err)
 		}
 		f.bp.Store(f.openBypass(f.decision.Probation))
@@ -345,7 +349,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 		n.bypassing++
 		n.mu.Unlock()
 	} else if c.delegating() {
-		switch err := c.openDeleg(n, f.writable()); {
+		switch err := c.openDeleg(n, f.writable(), u); {
 		case err == nil:
 			f.counted = true
 		case !gone(err):
@@ -353,7 +357,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 		}
 	}
 	if !f.decision.Bypass && f.readable() && parent != nil {
-		c.readAheadIn(parent, base)
+		c.readAheadIn(parent, base, u)
 	}
 	if f.writable() && flag&os.O_TRUNC != 0 {
 		err := f.Truncate(0)
@@ -369,10 +373,10 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 	return f, nil
 }
 
-// leaveCache readies a cached file for bypass: a file made here is
+// leaveCache readies a cached file for bypass by u: a file made here is
 // created at the server and local writes are stored first, so nothing is
 // lost or read stale by the bypassing open.
-func (c *Client) leaveCache(n *Node) error {
+func (c *Client) leaveCache(n *Node, u User) error {
 	if err := c.settleFor(n); err != nil {
 		return err // bypassing reads and writes go to the server
 	}
@@ -381,7 +385,7 @@ func (c *Client) leaveCache(n *Node) error {
 	}
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	return n.storeLocked(true)
+	return n.storeLocked(true, u)
 }
 
 // Create creates or truncates a file for reading and writing.
@@ -400,7 +404,7 @@ func (c *Client) stat(op, name string, follow bool) (node.Status, error) {
 	if err != nil {
 		return node.Status{}, errOf(op, name, err)
 	}
-	st, err := c.fresh(n)
+	st, err := c.fresh(n, c.self)
 	return st, errOf(op, name, err)
 }
 
@@ -408,12 +412,12 @@ func (c *Client) stat(op, name string, follow bool) (node.Status, error) {
 func (c *Client) ReadDir(name string) ([]DirEntry, error) {
 	n, err := c.resolve(name, true)
 	if err == nil {
-		n, err = c.enterDir(n)
+		n, err = c.enterDir(n, c.self)
 	}
 	if err != nil {
 		return nil, errOf("readdir", name, err)
 	}
-	ents, _, err := c.readDir(n)
+	ents, _, err := c.readDir(n, c.self)
 	return ents, errOf("readdir", name, err)
 }
 
@@ -421,7 +425,7 @@ func (c *Client) ReadDir(name string) ([]DirEntry, error) {
 func (c *Client) Mkdir(name string, perm os.FileMode) error {
 	dir, base, err := c.resolveParent(name)
 	if err == nil {
-		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeDir, Mode: unixMode(perm), Who: c.creator(), Excl: true})
+		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeDir, Mode: unixMode(perm), Who: c.creator(), Excl: true}, c.self)
 	}
 	return errOf("mkdir", name, err)
 }
@@ -430,7 +434,7 @@ func (c *Client) Mkdir(name string, perm os.FileMode) error {
 func (c *Client) Symlink(target, link string) error {
 	dir, base, err := c.resolveParent(link)
 	if err == nil {
-		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeSymlink, Mode: 0o777, Who: c.creator(), Target: target, Excl: true})
+		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeSymlink, Mode: 0o777, Who: c.creator(), Target: target, Excl: true}, c.self)
 	}
 	return errOf("symlink", link, err)
 }
@@ -441,7 +445,7 @@ func (c *Client) Readlink(name string) (string, error) {
 	if err != nil {
 		return "", errOf("readlink", name, err)
 	}
-	st, err := c.fresh(n)
+	st, err := c.fresh(n, c.self)
 	if err == nil && st.Type != node.TypeSymlink {
 		err = syscall.EINVAL
 	}
@@ -453,7 +457,7 @@ func (c *Client) Readlink(name string) (string, error) {
 func (c *Client) MountVolume(name, volume string) error {
 	dir, base, err := c.resolveParent(name)
 	if err == nil {
-		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeMountPoint, Mode: 0o755, Who: c.creator(), Target: volume, Excl: true})
+		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeMountPoint, Mode: 0o755, Who: c.creator(), Target: volume, Excl: true}, c.self)
 	}
 	return errOf("mount", name, err)
 }
@@ -494,10 +498,10 @@ func (c *Client) remove(name string) error {
 	return err
 }
 
-// removed updates a vnode that lost a name: forgotten when it is gone,
-// given the status the server replied with otherwise (a delegation would
-// go on serving the one from before).
-func (c *Client) removed(t callback.Ticket, ps *pb.Status) {
+// removed updates a vnode that lost a name by u's request: forgotten when
+// it is gone, given the status the server replied with otherwise (a
+// delegation would go on serving the one from before).
+func (c *Client) removed(t callback.Ticket, ps *pb.Status, u User) {
 	st, _, err := ps.ToStatus()
 	if err != nil {
 		return
@@ -517,7 +521,7 @@ func (c *Client) removed(t callback.Ticket, ps *pb.Status) {
 		return
 	}
 	c.node(st.FID).valid.Store(false)
-	c.learn(t, st, 0)
+	c.learn(t, st, 0, u)
 }
 
 // Rename renames oldname to newname, replacing newname if it exists (and
@@ -539,9 +543,9 @@ func (c *Client) rename(oldname, newname string) error {
 	return err
 }
 
-// renameAt renames and returns the server's reply; op names the request
-// for its retries ("": a new name).
-func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op string) (*pb.RenameReply, error) {
+// renameAt renames as u and returns the server's reply; op names the
+// request for its retries ("": a new name).
+func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op string, u User) (*pb.RenameReply, error) {
 	if err := node.CheckName(sbase); err != nil {
 		return nil, err
 	}
@@ -560,7 +564,7 @@ func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.RenameReply
-	err := c.conn.CallOnce(op, func(ctx context.Context) (err error) {
+	err := c.as(u).CallOnce(op, func(ctx context.Context) (err error) {
 		reply, err = c.rpc.Rename(ctx, &pb.RenameRequest{SrcDir: pb.FromFID(sdir.fid), SrcName: sbase, DstDir: pb.FromFID(ddir.fid), DstName: dbase})
 		return err
 	})
@@ -568,27 +572,27 @@ func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op
 		return nil, err
 	}
 	if reply.Replaced != nil {
-		c.removed(t, reply.Replaced)
+		c.removed(t, reply.Replaced, u)
 	}
-	moved, err := c.learnPB(t, reply.Status)
+	moved, err := c.learnPB(t, reply.Status, u)
 	if err != nil {
 		return nil, err
 	}
 	typ := reply.Status.Type.ToType()
 	if sdir == ddir {
-		return reply, c.changedDir(t, sdir, reply.DstDir, func(d *Node) {
+		return reply, c.changedDir(t, sdir, reply.DstDir, u, func(d *Node) {
 			d.delDentLocked(sbase)
 			d.addDentLocked(dbase, moved.fid, typ)
 		})
 	}
-	if err := c.changedDir(t, sdir, reply.SrcDir, func(d *Node) { d.delDentLocked(sbase) }); err != nil {
+	if err := c.changedDir(t, sdir, reply.SrcDir, u, func(d *Node) { d.delDentLocked(sbase) }); err != nil {
 		return nil, err
 	}
-	return reply, c.changedDir(t, ddir, reply.DstDir, func(d *Node) { d.addDentLocked(dbase, moved.fid, typ) })
+	return reply, c.changedDir(t, ddir, reply.DstDir, u, func(d *Node) { d.addDentLocked(dbase, moved.fid, typ) })
 }
 
-// setattr changes status fields of an already resolved node.
-func (c *Client) setattr(n *Node, req *pb.SetAttrRequest) error {
+// setattr changes status fields of an already resolved node, as u.
+func (c *Client) setattr(n *Node, req *pb.SetAttrRequest, u User) error {
 	if err := c.settleFor(n); err != nil {
 		return err
 	}
@@ -597,7 +601,7 @@ func (c *Client) setattr(n *Node, req *pb.SetAttrRequest) error {
 		// new size or modification time.
 		n.wmu.Lock()
 		defer n.wmu.Unlock()
-		if err := c.storeBack(n, false); err != nil {
+		if err := c.storeBack(n, false, u); err != nil {
 			return err
 		}
 	}
@@ -605,21 +609,21 @@ func (c *Client) setattr(n *Node, req *pb.SetAttrRequest) error {
 	t := c.begin()
 	defer c.end(t)
 	var reply *pb.SetAttrReply
-	err := c.conn.Call(func(ctx context.Context) (err error) {
+	err := c.as(u).Call(func(ctx context.Context) (err error) {
 		reply, err = c.rpc.SetAttr(ctx, req)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	_, err = c.learnPB(t, reply.Status)
+	_, err = c.learnPB(t, reply.Status, u)
 	return err
 }
 
 func (c *Client) setattrPath(op, name string, req *pb.SetAttrRequest) error {
 	n, err := c.resolve(name, true)
 	if err == nil {
-		err = c.setattr(n, req)
+		err = c.setattr(n, req, c.self)
 	}
 	return errOf(op, name, err)
 }
@@ -673,7 +677,7 @@ type FSStat = node.FSStat
 
 // StatFS reports the server's space.
 func (c *Client) StatFS() (FSStat, error) {
-	fs, err := c.statFS(c.root.fid.Volume)
+	fs, err := c.statFS(c.root.fid.Volume, c.self)
 	if err != nil {
 		return FSStat{}, errOf("statfs", "/", err)
 	}

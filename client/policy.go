@@ -59,12 +59,12 @@ func (c *Client) PolicyOf(name string) (policy.Decision, error) {
 		return policy.Decision{}, errOf("policy", name, err)
 	}
 	parent, base := c.parentOf(name)
-	return c.policyAt(n, parent, base)
+	return c.policyAt(n, parent, base, c.self)
 }
 
-// policyAt is PolicyOf for a resolved node opened as base in parent.
-func (c *Client) policyAt(n *Node, parent *Node, base string) (policy.Decision, error) {
-	st, err := c.fresh(n)
+// policyAt is PolicyOf for a resolved node opened as base in parent, for u.
+func (c *Client) policyAt(n *Node, parent *Node, base string, u User) (policy.Decision, error) {
+	st, err := c.fresh(n, u)
 	if err != nil {
 		return policy.Decision{}, err
 	}
@@ -88,12 +88,12 @@ func (c *Client) SetPolicy(name, mode string, recursive bool) error {
 	if err != nil {
 		return errOf("policy", name, err)
 	}
-	return errOf("policy", name, c.setPolicyAt(n, mode, recursive))
+	return errOf("policy", name, c.setPolicyAt(n, mode, recursive, c.self))
 }
 
-// setPolicyAt is SetPolicy for a resolved node.
-func (c *Client) setPolicyAt(n *Node, mode string, recursive bool) error {
-	st, err := c.fresh(n)
+// setPolicyAt is SetPolicy for a resolved node, by u.
+func (c *Client) setPolicyAt(n *Node, mode string, recursive bool, u User) error {
+	st, err := c.fresh(n, u)
 	if err != nil {
 		return err
 	}
@@ -107,7 +107,7 @@ func (c *Client) setPolicyAt(n *Node, mode string, recursive bool) error {
 	}
 	if st.Type == node.TypeFile && mode == policy.Bypass {
 		n.wmu.Lock()
-		err := n.storeLocked(true)
+		err := n.storeLocked(true, u)
 		if err == nil {
 			err = e.Invalidate()
 		}
@@ -119,7 +119,7 @@ func (c *Client) setPolicyAt(n *Node, mode string, recursive bool) error {
 	if st.Type != node.TypeDir || !recursive {
 		return nil
 	}
-	ents, _, err := c.readDir(n)
+	ents, _, err := c.readDir(n, u)
 	if err != nil {
 		return err
 	}
@@ -127,11 +127,11 @@ func (c *Client) setPolicyAt(n *Node, mode string, recursive bool) error {
 		if ent.Type != node.TypeFile && ent.Type != node.TypeDir {
 			continue
 		}
-		child, err := c.lookup(n, ent.Name)
+		child, err := c.lookup(n, ent.Name, u)
 		if err != nil {
 			return err
 		}
-		if err := c.setPolicyAt(child, mode, true); err != nil {
+		if err := c.setPolicyAt(child, mode, true, u); err != nil {
 			return err
 		}
 	}

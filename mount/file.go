@@ -25,10 +25,12 @@ const (
 	modeServed
 )
 
-// handle is one open file: reads and writes go to the cache manager.
+// handle is one open file: reads and writes go to the cache manager, as
+// the user who opened it (the File's), whose view of the client k is.
 type handle struct {
 	h    *hnode
 	f    *client.File
+	k    *client.Nodes
 	mode openMode
 }
 

@@ -48,9 +48,10 @@ type hnode struct {
 	// pageVersion is the data version the kernel's page cache may hold.
 	pageVersion uint64
 	// A file unlinked while open lives on under a hidden name until its
-	// last close removes it.
+	// last close removes it, as the user who unlinked it.
 	sillyDir  *hnode
 	sillyName string
+	sillyBy   *client.Nodes
 	// issued are the names of a directory the kernel was given since its
 	// last invalidation; see child.
 	issued map[string]struct{}
@@ -180,7 +181,7 @@ func (h *hnode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*f
 	if e := h.stale(); e != 0 {
 		return nil, e
 	}
-	n, st, err := h.m.c.Lookup(h.n, name)
+	n, st, err := h.m.as(ctx).Lookup(h.n, name)
 	if err != nil {
 		return nil, errno(err)
 	}
@@ -194,7 +195,11 @@ func (h *hnode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut)
 			return e
 		}
 	}
-	st, err := h.m.c.Getattr(h.n)
+	k := h.m.as(ctx)
+	if fh := ourHandle(f); fh != nil {
+		k = fh.k // fstat: an open file's status is its opener's to see
+	}
+	st, err := k.Getattr(h.n)
 	if e := errno(err); e == syscall.ESTALE || e == syscall.ENOENT {
 		if f == nil && !h.isOpen() {
 			return e
@@ -258,18 +263,18 @@ func (h *hnode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn
 				return errno(err)
 			}
 		case direct:
-			if _, err := h.m.c.TruncateStored(h.n, size); err != nil {
+			if _, err := h.m.as(ctx).TruncateStored(h.n, size); err != nil {
 				return errno(err)
 			}
 		default:
-			if here, err := h.m.c.TruncateHere(h.n, size); err != nil {
+			if here, err := h.m.as(ctx).TruncateHere(h.n, size); err != nil {
 				return errno(err)
 			} else if !here {
 				a.Size = &size
 			}
 		}
 	}
-	st, err := h.m.c.SetAttr(h.n, a)
+	st, err := h.m.as(ctx).SetAttr(h.n, a)
 	if err != nil {
 		return errno(err)
 	}
@@ -279,7 +284,7 @@ func (h *hnode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn
 }
 
 func (h *hnode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	ents, err := h.m.c.ReadDir(h.n)
+	ents, err := h.m.as(ctx).ReadDir(h.n)
 	if err != nil {
 		return nil, errno(err)
 	}
@@ -302,7 +307,7 @@ func (h *hnode) make(ctx context.Context, name string, t node.Type, mode uint32,
 	if e := h.stale(); e != 0 {
 		return nil, e
 	}
-	n, err := h.m.c.Create(client.Make{Dir: h.n, Name: name, Type: t, Mode: mode & 0o7777, Who: caller(ctx), Target: target, Rdev: rdev, Excl: true})
+	n, err := h.m.as(ctx).Create(client.Make{Dir: h.n, Name: name, Type: t, Mode: mode & 0o7777, Who: caller(ctx), Target: target, Rdev: rdev, Excl: true})
 	if err != nil {
 		return nil, errno(err)
 	}
@@ -311,7 +316,7 @@ func (h *hnode) make(ctx context.Context, name string, t node.Type, mode uint32,
 
 // made answers a request that made name for n.
 func (h *hnode) made(ctx context.Context, name string, n *client.Node, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	st, err := h.m.c.Getattr(n)
+	st, err := h.m.as(ctx).Getattr(n)
 	if err != nil {
 		return nil, errno(err)
 	}
@@ -352,7 +357,7 @@ func (h *hnode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	if e := h.stale(); e != 0 {
 		return nil, e
 	}
-	st, err := h.m.c.Getattr(h.n)
+	st, err := h.m.as(ctx).Getattr(h.n)
 	if err != nil {
 		return nil, errno(err)
 	}
@@ -370,7 +375,7 @@ func (h *hnode) Link(ctx context.Context, target fs.InodeEmbedder, name string, 
 	if e := staleAny(h, t); e != 0 {
 		return nil, e
 	}
-	n, err := h.m.c.Link(h.n, name, t.n)
+	n, err := h.m.as(ctx).Link(h.n, name, t.n)
 	if err != nil {
 		return nil, errno(err)
 	}
@@ -391,7 +396,7 @@ func (h *hnode) Unlink(ctx context.Context, name string) syscall.Errno {
 	if c := h.GetChild(name); c != nil {
 		if ch, ok := c.Operations().(*hnode); ok && ch.isOpen() {
 			if ch.hiddenAs(h, name) {
-				if err := h.m.c.Remove(h.n, name, false); err != nil {
+				if err := h.m.as(ctx).Remove(h.n, name, false); err != nil {
 					return errno(err)
 				}
 				ch.unhide(h, name)
@@ -399,21 +404,21 @@ func (h *hnode) Unlink(ctx context.Context, name string) syscall.Errno {
 			}
 			// No kernel notification here: this handler runs under the
 			// directory's lock, and the kernel drops the name itself.
-			return h.hide(name, ch)
+			return h.hide(h.m.as(ctx), name, ch)
 		}
 	}
-	return errno(h.m.c.Remove(h.n, name, false))
+	return errno(h.m.as(ctx).Remove(h.n, name, false))
 }
 
-// hide renames name, the open file ch, to a hidden name in h, removed at
-// its last close (silly rename).
-func (h *hnode) hide(name string, ch *hnode) syscall.Errno {
+// hide renames name, the open file ch, to a hidden name in h, for the
+// user of k, which removes it at its last close (silly rename).
+func (h *hnode) hide(k *client.Nodes, name string, ch *hnode) syscall.Errno {
 	silly := fmt.Sprintf(".hoard-unlinked-%x-%x", ino(ch.n.FID()), time.Now().UnixNano())
-	if _, err := h.m.c.Rename(h.n, name, h.n, silly); err != nil {
+	if _, err := k.Rename(h.n, name, h.n, silly); err != nil {
 		return errno(err)
 	}
 	ch.mu.Lock()
-	ch.sillyDir, ch.sillyName = h, silly
+	ch.sillyDir, ch.sillyName, ch.sillyBy = h, silly, k
 	ch.mu.Unlock()
 	return 0
 }
@@ -428,7 +433,7 @@ func (h *hnode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if e := h.stale(); e != 0 {
 		return e
 	}
-	return errno(h.m.c.Remove(h.n, name, true))
+	return errno(h.m.as(ctx).Remove(h.n, name, true))
 }
 
 func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
@@ -442,7 +447,7 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 	switch flags {
 	case 0:
 	case unix.RENAME_NOREPLACE:
-		if _, _, err := h.m.c.Lookup(np.n, newName); err == nil {
+		if _, _, err := h.m.as(ctx).Lookup(np.n, newName); err == nil {
 			return syscall.EEXIST
 		} else if errno(err) != syscall.ENOENT {
 			return errno(err)
@@ -455,12 +460,12 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 	// opens go on reading and writing it until the last is closed.
 	if c := np.GetChild(newName); c != nil && flags == 0 && c != h.GetChild(name) {
 		if ch, ok := c.Operations().(*hnode); ok && ch.isOpen() && !ch.hiddenAs(np, newName) {
-			if e := np.hide(newName, ch); e != 0 {
+			if e := np.hide(h.m.as(ctx), newName, ch); e != 0 {
 				return e
 			}
 		}
 	}
-	moved, err := h.m.c.Rename(h.n, name, np.n, newName)
+	moved, err := h.m.as(ctx).Rename(h.n, name, np.n, newName)
 	if err != nil {
 		return errno(err)
 	}
@@ -505,7 +510,7 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 }
 
 func (h *hnode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	st, err := h.m.c.StatFS()
+	st, err := h.m.as(ctx).StatFS()
 	if err != nil {
 		return errno(err)
 	}
@@ -526,13 +531,14 @@ func (h *hnode) Create(ctx context.Context, name string, flags uint32, mode uint
 	}
 	full := "/" + path.Join(h.Path(h.Root()), name)
 	// The kernel hands us offsets for O_APPEND itself.
-	n, f, err := h.m.c.CreateOpen(client.Make{Dir: h.n, Name: name, Mode: mode & 0o7777, Who: caller(ctx), Excl: flags&syscall.O_EXCL != 0}, full, int(flags)&^os.O_APPEND)
+	k := h.m.as(ctx)
+	n, f, err := k.CreateOpen(client.Make{Dir: h.n, Name: name, Mode: mode & 0o7777, Who: caller(ctx), Excl: flags&syscall.O_EXCL != 0}, full, int(flags)&^os.O_APPEND)
 	if err != nil {
 		h.m.log.Debug("create failed", "path", full, "err", err)
 		return nil, nil, 0, errno(err)
 	}
 	inode := h.child(ctx, name, n, n.Status(), out)
-	fh, fuseFlags, e := inode.Operations().(*hnode).handleFor(f)
+	fh, fuseFlags, e := inode.Operations().(*hnode).handleFor(k, f)
 	return inode, fh, fuseFlags, e
 }
 
@@ -542,12 +548,13 @@ func (h *hnode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, 
 		return nil, 0, e
 	}
 	base, pn := h.parentNode()
-	f, err := h.m.c.Open(h.n, pn, base, "/"+h.Path(h.Root()), int(flags)&^os.O_APPEND)
+	k := h.m.as(ctx)
+	f, err := k.Open(h.n, pn, base, "/"+h.Path(h.Root()), int(flags)&^os.O_APPEND)
 	if err != nil {
 		h.m.log.Debug("open failed", "fid", h.n.FID(), "err", err)
 		return nil, 0, errno(err)
 	}
-	return h.handleFor(f)
+	return h.handleFor(k, f)
 }
 
 // handleFor picks how the kernel reads the open file f: straight from the cache file
@@ -558,13 +565,14 @@ func (h *hnode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, 
 // It also keeps one backing file per inode: an open while that file holds
 // an older version than the current one is marked passthrough but served
 // by the daemon (FOPEN_DIRECT_IO, which the kernel puts before
-// passthrough), so it sees the current version and never fails.
-func (h *hnode) handleFor(f *client.File) (fs.FileHandle, uint32, syscall.Errno) {
+// passthrough), so it sees the current version and never fails. k is the
+// view of the user who opened it.
+func (h *hnode) handleFor(k *client.Nodes, f *client.File) (fs.FileHandle, uint32, syscall.Errno) {
 	st := h.n.Status()
 	writable := f.Writable()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	fh := &handle{h: h, f: f}
+	fh := &handle{h: h, f: f, k: k}
 	if f.Bypassed() && h.ptOpens == 0 {
 		// Bypass: no page cache either; data goes from the network to
 		// the read reply.
@@ -682,7 +690,7 @@ func (h *hnode) unhide(dir *hnode, name string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.sillyDir == dir && h.sillyName == name {
-		h.sillyDir, h.sillyName = nil, ""
+		h.sillyDir, h.sillyName, h.sillyBy = nil, "", nil
 	}
 }
 
@@ -700,13 +708,14 @@ func (h *hnode) released(mode openMode) {
 	}
 	var dir *hnode
 	var silly string
+	var by *client.Nodes
 	if h.ptOpens+h.cachedOpens == 0 && h.sillyDir != nil {
-		dir, silly = h.sillyDir, h.sillyName
-		h.sillyDir, h.sillyName = nil, ""
+		dir, silly, by = h.sillyDir, h.sillyName, h.sillyBy
+		h.sillyDir, h.sillyName, h.sillyBy = nil, "", nil
 	}
 	h.mu.Unlock()
 	if dir != nil {
-		if err := h.m.c.Remove(dir.n, silly, false); err != nil {
+		if err := by.Remove(dir.n, silly, false); err != nil {
 			h.m.log.Warn("removing an unlinked file at its last close", "name", silly, "err", err)
 		}
 	}
@@ -780,7 +789,7 @@ func (h *hnode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32,
 		return 0, syscall.ENODATA
 	}
 	base, parent := h.parentNode()
-	d, err := h.m.c.Policy(h.n, parent, base)
+	d, err := h.m.as(ctx).Policy(h.n, parent, base)
 	if err != nil {
 		return 0, errno(err)
 	}
@@ -807,7 +816,7 @@ func (h *hnode) Setxattr(ctx context.Context, attr string, data []byte, flags ui
 	default:
 		return syscall.EINVAL
 	}
-	return errno(h.m.c.SetPolicy(h.n, mode, opt == "recursive"))
+	return errno(h.m.as(ctx).SetPolicy(h.n, mode, opt == "recursive"))
 }
 
 func (h *hnode) Removexattr(ctx context.Context, attr string) syscall.Errno {

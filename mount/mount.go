@@ -1,6 +1,7 @@
 package mount
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log"
@@ -30,13 +31,21 @@ type Options struct {
 	// repeated reads instead.
 	Passthrough bool
 	// Debug logs every FUSE request.
-	Debug  bool
-	Logger *slog.Logger
+	Debug bool
+	// SingleUser acts for every local user with the client's own token,
+	// leaving them apart to the kernel's mode bits; otherwise each user
+	// acts with the token they handed the mount (Login), and one with none
+	// is anonymous. A mount a user other than root starts is single-user
+	// (the kernel lets no other user in).
+	SingleUser bool
+	Logger     *slog.Logger
 }
 
 // Mount is a mounted hoard file system.
 type Mount struct {
-	c      *client.Nodes
+	c      *client.Nodes // the client's own user's
+	users  *users
+	single bool
 	dir    string
 	server *fuse.Server
 	log    *slog.Logger
@@ -75,7 +84,7 @@ func New(o Options) *Mount {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	m := &Mount{log: o.Logger, inodes: map[node.FID]*hnode{}, older: map[node.FID][]*hnode{}, gens: map[node.FID]uint64{}, refs: map[*client.Node]int{}, passthrough: o.Passthrough}
+	m := &Mount{log: o.Logger, inodes: map[node.FID]*hnode{}, older: map[node.FID][]*hnode{}, gens: map[node.FID]uint64{}, refs: map[*client.Node]int{}, passthrough: o.Passthrough, single: o.SingleUser}
 	m.queue = newInvalQueue(m.notify)
 	return m
 }
@@ -328,13 +337,15 @@ func CheckFuse() error {
 
 // Serve mounts c's root volume at dir and serves it until Unmount.
 func (m *Mount) Serve(c *client.Client, dir string, debug bool) error {
+	asRoot := os.Geteuid() == 0
 	m.c, m.dir = c.Nodes(), dir
+	m.single = m.single || !asRoot
+	m.users = newUsers(m.c, uint32(os.Getuid()), m.single)
 	root := &hnode{m: m, n: m.c.Root()}
 	rootSt, err := m.c.Getattr(m.c.Root())
 	if err != nil {
 		return err
 	}
-	asRoot := os.Geteuid() == 0
 	opts := &fs.Options{
 		MountOptions: fuse.MountOptions{
 			FsName:      "hoard",
@@ -384,6 +395,20 @@ func (m *Mount) reportReadPath(asRoot bool) {
 		m.log.Info("cached reads: FUSE passthrough from the cache files", "mountpoint", m.dir)
 	}
 }
+
+// as is the client's view for the caller of the kernel request of ctx.
+func (m *Mount) as(ctx context.Context) *client.Nodes { return m.users.of(ctx) }
+
+// SingleUser reports whether every local user acts with the mount's own
+// token (Options.SingleUser).
+func (m *Mount) SingleUser() bool { return m.single }
+
+// Login has the local user uid act as u from now on (hoard login). On a
+// single-user mount only the uid that started it may, for everyone.
+func (m *Mount) Login(uid uint32, u client.User) error { return m.users.set(uid, u) }
+
+// Logout makes the local user uid anonymous from now on (hoard logout).
+func (m *Mount) Logout(uid uint32) error { return m.users.drop(uid) }
 
 // Passthrough reports whether passthrough opens are in use.
 func (m *Mount) Passthrough() bool { return m.passthrough }

@@ -36,8 +36,12 @@ server=$!
 for _ in $(seq 50); do grep -qs serving "$work/server.log" && break; sleep 0.1; done
 addr=$(sed -n 's/.* on \(127\.0\.0\.1:[0-9]*\) .*/\1/p' "$work/server.log" | head -1)
 # As root with the cell's admin token: pjdfstest needs chown and setuid.
+# --single-user: pjdfstest switches to other uids to test the mode bits;
+# on a multi-user mount those uids, which never ran hoard login, would be
+# anonymous and refused everything, where the suite expects the mode bits
+# (which the kernel checks) to decide.
 cell=$work/data/cell
-"$bin" mount --server "$addr" --cache "$work/cache" --ca "$cell/ca.crt" --token "$cell/admin.token" --daemon "$work/mnt" 2>/dev/null
+"$bin" mount --server "$addr" --cache "$work/cache" --ca "$cell/ca.crt" --token "$cell/admin.token" --single-user --daemon "$work/mnt" 2>/dev/null
 mkdir -m 755 "$work/mnt/pjd"
 status=0
 cfg=$PWD/conformance/pjdfstest.toml

@@ -38,7 +38,8 @@ if "$bin" mount --server "$listen" --cache "$cache" "${sec[@]}" --daemon "$mnt";
 hoard is running, over TLS 1.3, for the users of cell tokens.
   server:  $listen, data in $data
   cell:    $cell (its CA ca.crt, and admin.token: a token for its admin)
-  mounted: $mnt as that admin (cache in $cache)
+  mounted: $mnt as that admin for whoever started it (cache in $cache);
+           other local users act with their own tokens (hoard login)
 Use it like any directory, from another shell:
   cp README.md $mnt/ && ls -l $mnt && cat $mnt/README.md
 Or with the client commands, once you log in with the admin token:

@@ -406,34 +406,47 @@ func (c *Conn) setSession(s string) {
 	close(old)
 }
 
-// Call runs a control RPC with the session identity and a deadline. A
-// session the server no longer knows (it restarted, or dropped us) is
-// re-established once and the call retried.
-func (c *Conn) Call(fn func(ctx context.Context) error) error {
-	return c.callTimeout(c.cfg.RPCTimeout, c.cfg.Token, fn)
+// Call runs a control RPC with the session identity and a deadline, as
+// the connection's own user (Config.Token): what belongs to the session
+// (returns, renewals) and what the client asks for itself. A session the
+// server no longer knows (it restarted, or dropped us) is re-established
+// once and the call retried.
+func (c *Conn) Call(fn func(ctx context.Context) error) error { return c.As(c.cfg.Token).Call(fn) }
+
+// Caller makes calls on the connection for one user: the session is the
+// machine's, the user each request's (the server checks the user's
+// rights on every request that touches a file).
+type Caller struct {
+	c     *Conn
+	token string
 }
 
-// CallAs is Call for the user of token, not the connection's own: a
-// proxy asks its origin who its own clients are.
-func (c *Conn) CallAs(token string, fn func(ctx context.Context) error) error {
-	return c.callTimeout(c.cfg.RPCTimeout, token, fn)
+// As is the connection's Caller for the user of token ("": anonymous): a
+// mount serves each local user with their own token, and a proxy asks
+// its origin who its own clients are.
+func (c *Conn) As(token string) Caller { return Caller{c, token} }
+
+// Call runs a control RPC as the Caller's user (see Conn.Call).
+func (a Caller) Call(fn func(ctx context.Context) error) error {
+	return a.c.callTimeout(a.c.cfg.RPCTimeout, a.token, fn)
 }
 
 // CallData is Call for bulk transfers, whose time grows with their size;
-// a dead server is still noticed by the connection's keepalive.
-func (c *Conn) CallData(fn func(ctx context.Context) error) error {
-	return c.callTimeout(time.Hour, c.cfg.Token, fn)
+// a dead server is still noticed by the connection's keepalive. The data
+// channel takes the user's token from the call's context.
+func (a Caller) CallData(fn func(ctx context.Context) error) error {
+	return a.c.callTimeout(time.Hour, a.token, fn)
 }
 
 // CallOnce is Call for a request that changes the namespace: every
 // attempt carries the same op id, so that an attempt whose reply was lost
 // but which the server carried out is not carried out again (node.Op).
 // op is the id, or "" for a new one.
-func (c *Conn) CallOnce(op string, fn func(ctx context.Context) error) error {
+func (a Caller) CallOnce(op string, fn func(ctx context.Context) error) error {
 	if op == "" {
 		op = string(node.NewOp())
 	}
-	return c.Call(func(ctx context.Context) error {
+	return a.Call(func(ctx context.Context) error {
 		return fn(metadata.AppendToOutgoingContext(ctx, pb.OpMetadata, op))
 	})
 }

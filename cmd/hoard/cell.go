@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/hoardfs/hoard/cell"
+	"github.com/hoardfs/hoard/mount/loginsock"
 )
 
 func cellCmd() *cobra.Command {
@@ -205,7 +206,9 @@ func loginCmd() *cobra.Command {
 		Short: "store a token (from F or stdin), so hoard's clients act as its user",
 		Long: `Store a token, read from F or stdin, with the cell's CA certificate if given,
 under the user's configuration directory ($XDG_CONFIG_HOME/hoard or
-~/.config/hoard). Its cell becomes the default one.`,
+~/.config/hoard). Its cell becomes the default one. The mounts running on
+this machine are told too (as AFS's aklog tells its cache manager): from
+then on they act for the user who runs this with the token.`,
 		Example: `  hoard login --ca /etc/hoard/cell/ca.crt --file /etc/hoard/cell/admin.token
   hoard token issue --cell /etc/hoard/cell --user alice --uid 1001 | hoard login`,
 		Args: cobra.NoArgs,
@@ -232,6 +235,7 @@ under the user's configuration directory ($XDG_CONFIG_HOME/hoard or
 				return err
 			}
 			fmt.Printf("logged in to cell %s as %s until %s\n", l.Cell, l.Claims.User, l.Claims.Expires.Format(time.RFC3339))
+			tellMounts(loginsock.Request{Op: "login", Token: token})
 			return nil
 		},
 	}
@@ -329,7 +333,7 @@ func logoutCmd() *cobra.Command {
 	var name string
 	cmd := &cobra.Command{
 		Use:   "logout [--cell NAME]",
-		Short: "forget the token of a cell (the default one if none is named)",
+		Short: "forget the token of a cell (the default one if none is named); the mounts of that cell running here forget it too",
 		Example: `  hoard logout
   hoard logout --cell lab`,
 		Args: cobra.NoArgs,
@@ -352,9 +356,30 @@ func logoutCmd() *cobra.Command {
 				return err
 			}
 			fmt.Printf("logged out of cell %s\n", name)
+			tellMounts(loginsock.Request{Op: "logout", Cell: name})
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&name, "cell", "", "the cell to log out of (default: the default cell)")
 	return cmd
+}
+
+// tellMounts hands req to every mount running here that this user may
+// reach, saying which it told; a mount that does not answer or refuses
+// is noted and skipped: the login stands.
+func tellMounts(req loginsock.Request) {
+	for _, sock := range loginsock.Sockets() {
+		rep, err := loginsock.Tell(sock, req)
+		switch {
+		case err != nil:
+			if u := errors.Unwrap(err); u != nil {
+				err = u
+			}
+			fmt.Fprintf(os.Stderr, "hoard: note: the mount socket %s does not answer (%v); skipped\n", sock, err)
+		case rep.Error != "":
+			fmt.Fprintf(os.Stderr, "hoard: note: the mount at %s: %s\n", first(rep.Mount, sock), rep.Error)
+		default:
+			fmt.Printf("told the mount at %s\n", rep.Mount)
+		}
+	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"os"
@@ -16,10 +17,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/dirs"
 	"github.com/hoardfs/hoard/mount"
+	"github.com/hoardfs/hoard/mount/loginsock"
 )
 
 // readyFD is the descriptor a daemonized mount reports success on.
@@ -27,7 +30,7 @@ const readyFD = 3
 
 func mountCmd() *cobra.Command {
 	var cf clientFlags
-	var daemon, passthrough, debug bool
+	var daemon, passthrough, debug, singleUser bool
 	var pidfile, logfile, profile string
 	cmd := &cobra.Command{
 		Use:   "mount [flags] MOUNTPOINT",
@@ -53,7 +56,7 @@ func mountCmd() *cobra.Command {
 				return err
 			}
 			defer stop()
-			m := mount.New(mount.Options{Passthrough: passthrough, Logger: slog.Default()})
+			m := mount.New(mount.Options{Passthrough: passthrough, SingleUser: singleUser, Logger: slog.Default()})
 			o.RPCTimeout, o.OnInvalidate = cf.timeout, m.Invalidate
 			c, err := client.Dial(o)
 			if err != nil {
@@ -66,6 +69,11 @@ func mountCmd() *cobra.Command {
 			}()
 			if err := m.Serve(c, dir, debug); err != nil {
 				return err
+			}
+			if logins, err := listenLogins(m, dir, cf.sec.caCert); err != nil {
+				slog.Warn("hoard login cannot reach this mount", "err", err)
+			} else if logins != nil {
+				defer logins.Close()
 			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
@@ -101,6 +109,7 @@ func mountCmd() *cobra.Command {
 	cmd.Flags().StringVar(&logfile, "logfile", "", "with --daemon: log here (default: <cache>/mount.log)")
 	cmd.Flags().BoolVar(&passthrough, "passthrough", true, "let the kernel read wholly cached files straight from the cache (Linux ≥ 6.9, root)")
 	cmd.Flags().BoolVar(&debug, "debug", false, "log every FUSE request")
+	cmd.Flags().BoolVar(&singleUser, "single-user", false, "act for every local user with this mount's token, leaving them apart to the files' mode bits (default for root: each user acts with the token they handed it with hoard login, others anonymously)")
 	profileFlag(cmd.Flags(), &profile)
 	return cmd
 }
@@ -298,4 +307,70 @@ func procState(stat []byte) string {
 		return f[0]
 	}
 	return ""
+}
+
+// listenLogins opens m's login socket (package loginsock): hoard login
+// hands it the token of the local user who runs it, checked with the
+// cell's CA (ca; nil, an insecure mount, takes none). nil, nil: there is
+// nowhere to listen.
+func listenLogins(m *mount.Mount, dir string, ca *x509.Certificate) (*loginsock.Server, error) {
+	if ca == nil {
+		return nil, nil
+	}
+	v, err := cell.NewVerifier(ca, nil)
+	if err != nil {
+		return nil, err
+	}
+	where := loginsock.Dir()
+	if where == "" {
+		slog.Info("no login socket: $XDG_RUNTIME_DIR is not set; restart the mount to change its token")
+		return nil, nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	s, err := loginsock.Listen(where, abs, logins{m, v}, slog.Default())
+	if err != nil {
+		return nil, err
+	}
+	who := "each local user with the token they log in with (hoard login), anonymous until then"
+	if m.SingleUser() {
+		who = "every local user with this mount's token"
+	}
+	slog.Info("acting for "+who, "login socket", s.Path())
+	return s, nil
+}
+
+// logins is what the login socket does to a mount.
+type logins struct {
+	m *mount.Mount
+	v *cell.Verifier
+}
+
+// Login checks token with the cell's CA (a forged, altered, expired or
+// foreign one is refused) and makes it uid's. The server still checks it
+// on every request (a revoked one).
+func (l logins) Login(uid uint32, token string) (string, error) {
+	c, err := l.v.Verify(token)
+	if err != nil {
+		return "", err
+	}
+	if err := l.m.Login(uid, client.NewUser(token)); err != nil {
+		return "", err
+	}
+	slog.Info("logged in", "uid", uid, "user", c.User, "until", c.Expires.Format(time.RFC3339))
+	return c.User, nil
+}
+
+// Logout makes uid anonymous, if the mount is of cellName ("": any).
+func (l logins) Logout(uid uint32, cellName string) error {
+	if cellName != "" && cellName != l.v.Cell() {
+		return fmt.Errorf("this mount is of cell %s", l.v.Cell())
+	}
+	if err := l.m.Logout(uid); err != nil {
+		return err
+	}
+	slog.Info("logged out", "uid", uid)
+	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -85,6 +86,9 @@ func madeNote(id *cell.Identity, dir string) string {
 type securityFlags struct {
 	ca, token string
 	insecure  bool
+	// caCert is the CA resolve found (nil: insecure): a mount checks the
+	// tokens its users hand it with it.
+	caCert *x509.Certificate
 }
 
 func (sf *securityFlags) add(f *pflag.FlagSet) {
@@ -114,6 +118,7 @@ func (sf *securityFlags) resolve() (*tls.Config, string, error) {
 	if err != nil {
 		return nil, "", usageError{err}
 	}
+	sf.caCert = ca
 	tok := os.Getenv("HOARD_TOKEN")
 	if sf.token != "" {
 		b, err := os.ReadFile(sf.token)

@@ -1,0 +1,130 @@
+package client
+
+import (
+	"crypto/sha256"
+	"fmt"
+
+	"github.com/hoardfs/hoard/access"
+	"github.com/hoardfs/hoard/client/conn"
+	"github.com/hoardfs/hoard/node"
+)
+
+// Users. Every request that touches a file carries the token of the user
+// it is made for, and the server checks that user's rights on it. The
+// session, and what belongs to it (promises, delegations, their breaks,
+// recalls, returns and renewals), is the client's own, as in AFS's cache
+// manager, which serves each local user with that user's tokens.
+//
+// What the cache holds is shared among users, so a user's rights on a
+// node are kept with the node (Node.rights), under the same promise as
+// its status: learnt from the server's replies to that user's requests
+// (Status.Rights is the requester's), dropped with the promise or when
+// the status changes. Cached bytes, statuses and listings are served to a
+// user only under a promise and with that user's rights known; otherwise
+// the server is asked, as that user.
+
+// User is whom a request acts for: an opaque credential made from a token
+// of the cell. The zero User is anonymous: it gets what the ACLs grant
+// system:anyuser. Users are comparable: equal tokens make equal Users.
+type User struct {
+	token string
+	key   userKey
+}
+
+// userKey names a user in the nodes' rights: the token's SHA-256 (the
+// zero key is anonymous). A new token is a new key, so nothing learnt
+// under another token of the same person is used for it.
+type userKey [32]byte
+
+// NewUser is the user of token ("": anonymous).
+func NewUser(token string) User {
+	if token == "" {
+		return User{}
+	}
+	return User{token: token, key: sha256.Sum256([]byte(token))}
+}
+
+// Anonymous reports whether u has no token.
+func (u User) Anonymous() bool { return u.token == "" }
+
+// String names u without its token (printed or logged, a User must not
+// give it away): a short prefix of its key.
+func (u User) String() string {
+	if u.Anonymous() {
+		return "anonymous"
+	}
+	return fmt.Sprintf("user %x", u.key[:6])
+}
+
+// GoString is String, for %#v.
+func (u User) GoString() string { return u.String() }
+
+// as is the connection's caller for u.
+func (c *Client) as(u User) conn.Caller { return c.conn.As(u.token) }
+
+// maxRightsUsers bounds the users whose rights a node keeps: a node
+// rarely has more than a few users, and past the bound the map starts
+// again (those users ask the server again).
+const maxRightsUsers = 64
+
+// setRightsLocked records u's rights r on n, if the server said them
+// (mu held).
+func (n *Node) setRightsLocked(u User, r uint8) {
+	if r&node.RightsKnown == 0 {
+		return
+	}
+	if n.rights == nil || len(n.rights) >= maxRightsUsers {
+		n.rights = make(map[userKey]uint8, 1)
+	}
+	n.rights[u.key] = r
+}
+
+// dropRights forgets every user's rights on n: its promise went.
+func (n *Node) dropRights() {
+	n.mu.Lock()
+	n.rights = nil
+	n.mu.Unlock()
+}
+
+// statusAs is n's status with u's rights in it, if they are known: the
+// status is then u's to be served (under a promise: cachedAs).
+func (n *Node) statusAs(u User) (node.Status, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	r, ok := n.rights[u.key]
+	if !ok {
+		return node.Status{}, false
+	}
+	st := n.statusLocked()
+	st.Rights = r
+	return st, true
+}
+
+// cachedAs is n's status for u when it may be served from the cache: a
+// promise or delegation is held and u's rights are known (not for a nil
+// n: a node not known).
+func (c *Client) cachedAs(n *Node, u User) (node.Status, bool) {
+	if n == nil || !c.current(n) {
+		return node.Status{}, false
+	}
+	return n.statusAs(u)
+}
+
+// allows reports whether the rights in st (its user's) grant need. A
+// status the server gave no rights with (one the client made itself)
+// allows: the server decides then.
+func allows(st node.Status, need access.Rights) bool {
+	return st.Rights&node.RightsKnown == 0 || access.Rights(st.Rights)&need == need
+}
+
+// writerOf is whom n's unstored writes are stored as: the user who made
+// the last of them, or the client's own for writes it found in the cache
+// at its start.
+func (c *Client) writerOf(n *Node) User {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.wrote {
+		return n.writer
+	}
+	return c.self
+}

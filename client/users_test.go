@@ -1,0 +1,181 @@
+package client_test
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hoardfs/hoard/access"
+	"github.com/hoardfs/hoard/cell"
+	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/testkit"
+	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/server"
+)
+
+// One client serving many users (a multi-user mount): each user's requests
+// carry that user's token, and what the cache holds is served to a user
+// only as the server said that user may.
+
+// usersCell makes a cell and returns its token checker and a maker of its
+// users' tokens.
+func usersCell(t *testing.T) (*cell.Verifier, func(user string, uid uint32, admin bool) string) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "cell")
+	must(t, cell.Init(dir, cell.InitOptions{Name: "test"}))
+	id, err := cell.Load(dir)
+	must(t, err)
+	v, err := cell.NewVerifier(id.CA, nil)
+	must(t, err)
+	iss, err := cell.LoadIssuer(dir)
+	must(t, err)
+	return v, func(user string, uid uint32, admin bool) string {
+		tok, _, err := iss.Issue(cell.Claims{User: user, UID: uid, Admin: admin}, time.Hour)
+		must(t, err)
+		return tok
+	}
+}
+
+// wantEACCES fails unless err stands for EACCES, as the mount answers.
+func wantEACCES(t *testing.T, what string, err error) {
+	t.Helper()
+	if client.Errno(err) != syscall.EACCES {
+		t.Fatalf("%s: %v, want EACCES", what, err)
+	}
+}
+
+func token(tok string) clientOpt { return func(o *client.Options) { o.Token = tok } }
+
+// private makes dir, for who alone.
+func private(t *testing.T, admin *client.Client, dir, who string) {
+	t.Helper()
+	must(t, admin.Mkdir(dir, 0o777))
+	_, err := admin.SetACL(dir, who, access.All)
+	must(t, err)
+	_, err = admin.SetACL(dir, access.AuthUser, 0)
+	must(t, err)
+}
+
+// readNode reads file n in dir through k, or fails as k's open does.
+func readNode(k *client.Nodes, dir, n *client.Node, name string) ([]byte, error) {
+	f, err := k.Open(n, dir, name, name, os.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
+}
+
+func TestUsersShareTheCacheNotTheRights(t *testing.T) {
+	v, issue := usersCell(t)
+	adminTok, aliceTok, bobTok := issue("admin", 0, true), issue("alice", 1001, false), issue("bob", 1002, false)
+	s := startServer(t, secure(v))
+	admin := s.dial(t, memCache(), token(adminTok))
+	private(t, admin, "/bob", "bob")
+	secret := []byte("bob's secret")
+	testkit.WriteFile(t, s.dial(t, memCache(), token(bobTok)), "/bob/secret", secret)
+	// A client of the admin's token, serving bob and alice.
+	c := s.dial(t, token(adminTok))
+	bob, alice := c.Nodes().As(client.NewUser(bobTok)), c.Nodes().As(client.NewUser(aliceTok))
+	dir, _, err := bob.Lookup(bob.Root(), "bob")
+	must(t, err)
+	n, _, err := bob.Lookup(dir, "secret")
+	must(t, err)
+	if got, err := readNode(bob, dir, n, "secret"); err != nil || string(got) != string(secret) {
+		t.Fatalf("bob reads %q, %v", got, err)
+	}
+	if _, err := bob.ReadDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	// Bob is served from the cache now: no request.
+	rpcs := c.Stats().RPCs
+	if got, err := readNode(bob, dir, n, "secret"); err != nil || string(got) != string(secret) {
+		t.Fatalf("bob reads %q, %v again", got, err)
+	}
+	if _, err := bob.ReadDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Stats().RPCs - rpcs; got != 0 {
+		t.Fatalf("bob's cached read and listing took %d requests", got)
+	}
+	// Alice is asked about, as herself, and refused all of it.
+	_, _, err = alice.Lookup(dir, "secret")
+	wantEACCES(t, "alice's lookup", err)
+	_, err = alice.Getattr(n)
+	wantEACCES(t, "alice's stat", err)
+	_, err = readNode(alice, dir, n, "secret")
+	wantEACCES(t, "alice's read", err)
+	_, err = alice.ReadDir(dir)
+	wantEACCES(t, "alice's listing", err)
+	_, err = alice.SetAttr(n, client.Attr{Size: new(uint64)})
+	wantEACCES(t, "alice's truncation", err)
+	wantEACCES(t, "alice's remove", alice.Remove(dir, "secret", false))
+	// Her refusals dropped nothing of bob's: still no request for him.
+	rpcs = c.Stats().RPCs
+	if got, err := readNode(bob, dir, n, "secret"); err != nil || string(got) != string(secret) {
+		t.Fatalf("bob reads %q, %v after alice", got, err)
+	}
+	if got := c.Stats().RPCs - rpcs; got != 0 {
+		t.Fatalf("bob's cached read took %d requests after alice's refusals", got)
+	}
+	// A new token of bob's is asked about again (rights are the token's).
+	bob2 := c.Nodes().As(client.NewUser(issue("bob", 1002, false)))
+	rpcs = c.Stats().RPCs
+	if got, err := readNode(bob2, dir, n, "secret"); err != nil || string(got) != string(secret) {
+		t.Fatalf("bob's new token reads %q, %v", got, err)
+	}
+	if c.Stats().RPCs == rpcs {
+		t.Fatal("a new token was served from the cache without asking the server")
+	}
+	wantFile(t, admin, "/bob/secret", secret)
+}
+
+// Writes kept back under a delegation, and files made under a
+// directory's, reach the server later as the user who wrote or made them,
+// not as the client's own user: here anonymous, whom the server lets
+// write nothing. Files two users made in one directory are each made as
+// their maker (and owned by them).
+func TestUsersWriteBackAsTheWriter(t *testing.T) {
+	v, issue := usersCell(t)
+	adminTok, aliceTok, bobTok := issue("admin", 0, true), issue("alice", 1001, false), issue("bob", 1002, false)
+	s := startServer(t, secure(v), withConfig(func(c *server.Config) { c.DirDelegations = server.DirAny }))
+	admin := s.dial(t, memCache(), token(adminTok))
+	_, err := admin.SetACL("/", access.AnyUser, access.Lookup) // for the anonymous client to start
+	must(t, err)
+	private(t, admin, "/shared", "alice")
+	_, err = admin.SetACL("/shared", "bob", access.All)
+	must(t, err)
+	c := s.dial(t)
+	alice, bob := c.Nodes().As(client.NewUser(aliceTok)), c.Nodes().As(client.NewUser(bobTok))
+	files := []struct {
+		name string
+		k    *client.Nodes
+		uid  uint32
+	}{{"a1", alice, 1001}, {"b1", bob, 1002}, {"a2", alice, 1001}}
+	// Bob first learns his rights there: a user not known to have them
+	// makes files at the server instead.
+	_, _, err = bob.Lookup(bob.Root(), "shared")
+	must(t, err)
+	for _, f := range files {
+		dir, _, err := f.k.Lookup(f.k.Root(), "shared")
+		must(t, err)
+		_, h, err := f.k.CreateOpen(client.Make{Dir: dir, Name: f.name, Mode: 0o644, Who: client.Creator{UID: f.uid, GID: f.uid}}, "/shared/"+f.name, os.O_RDWR|os.O_CREATE)
+		must(t, err)
+		_, err = h.Write([]byte(f.name))
+		must(t, err)
+		must(t, h.Close())
+	}
+	if st := c.Stats(); st.DirtyBytes == 0 || st.MadeHere != int64(len(files)) {
+		t.Fatalf("not kept back: %d bytes dirty, %d of %d files made here", st.DirtyBytes, st.MadeHere, len(files))
+	}
+	must(t, c.Close()) // stores it all, or says what it lost
+	for _, f := range files {
+		wantFile(t, admin, "/shared/"+f.name, []byte(f.name))
+		if st, err := admin.Stat("/shared/" + f.name); err != nil || st.UID != f.uid || st.Type != node.TypeFile {
+			t.Fatalf("/shared/%s: %+v, %v: want it uid %d's", f.name, st, err, f.uid)
+		}
+	}
+}
