@@ -44,6 +44,9 @@ type Options struct {
 	CacheDir string
 	// CacheSize is the cache's hard limit in bytes (default 1 GiB).
 	CacheSize int64
+	// CacheKey, if set (cache.KeySize bytes), encrypts the cache files on
+	// disk (cache.Options.Key): the cache starts empty.
+	CacheKey []byte
 	// ChunkSize is used when a cache is created (default 256 KiB).
 	ChunkSize int64
 	// DialTimeout bounds how long Dial waits for the server (default 5 s).
@@ -210,7 +213,7 @@ func Dial(opts Options) (*Client, error) {
 	if opts.Server == "" {
 		return nil, errors.New("no server address given")
 	}
-	ch, err := cache.Open(cache.Options{Dir: opts.CacheDir, Size: opts.CacheSize, ChunkSize: opts.ChunkSize})
+	ch, err := cache.Open(cache.Options{Dir: opts.CacheDir, Size: opts.CacheSize, ChunkSize: opts.ChunkSize, Key: opts.CacheKey})
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -741,5 +742,49 @@ func TestSecurityThroughProxy(t *testing.T) {
 	}
 	if after := snapshot(t, w.srv.addr); after != before {
 		t.Fatalf("the origin changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+// An encrypted cache holds nothing a stolen disk could read, and a
+// mount started again over it starts empty and reads the files anew.
+func TestSecurityEncryptedCache(t *testing.T) {
+	w := newSecureWorld(t)
+	marker := strings.Repeat("plaintext marker ", 20000)
+	writeAs(t, w.admin, "/pub/big", marker)
+	cacheDir := t.TempDir()
+	m := startMount(t, w.srv, cacheDir, "--cache-encrypt")
+	if !strings.Contains(m.logs.String(), "through the kernel page cache") {
+		t.Fatalf("an encrypted cache is read by passthrough: %s", m.logs)
+	}
+	big := filepath.Join(m.dir, "pub", "big")
+	for range 2 {
+		if got, err := os.ReadFile(big); err != nil || string(got) != marker {
+			t.Fatalf("read through the encrypted mount: %d bytes, %v", len(got), err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(m.dir, "pub", "new"), []byte(marker), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cached := 0
+	filepath.Walk(filepath.Join(cacheDir, "files"), func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			b, _ := os.ReadFile(p)
+			if bytes.Contains(b, []byte("plaintext marker")) {
+				t.Errorf("cache file %s holds plaintext", p)
+			}
+			cached += len(b)
+		}
+		return nil
+	})
+	if cached < len(marker) {
+		t.Fatalf("%d bytes in the cache's files: the file was not cached", cached)
+	}
+	if got := testkit.ReadFile(t, w.admin, "/pub/new"); string(got) != marker {
+		t.Fatalf("the encrypted mount's write, at the server: %d bytes", len(got))
+	}
+	m.stop()
+	m.start(w.srv)
+	if got, err := os.ReadFile(big); err != nil || string(got) != marker {
+		t.Fatalf("read after a restart of the encrypted mount: %d bytes, %v", len(got), err)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"crypto/rand"
 	"crypto/x509"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
@@ -30,7 +32,7 @@ const readyFD = 3
 
 func mountCmd() *cobra.Command {
 	var cf clientFlags
-	var daemon, passthrough, debug, singleUser bool
+	var daemon, passthrough, debug, singleUser, encrypt bool
 	var pidfile, logfile, profile string
 	cmd := &cobra.Command{
 		Use:   "mount [flags] MOUNTPOINT",
@@ -56,6 +58,18 @@ func mountCmd() *cobra.Command {
 				return err
 			}
 			defer stop()
+			if encrypt {
+				if o.CacheDir == "" {
+					return usagef("--cache-encrypt: the cache is in memory (--cache \"\"): there is no disk to encrypt")
+				}
+				// The key is this process's alone; writes are stored at
+				// close, as a crash would leave them unreadable.
+				o.CacheKey = make([]byte, cache.KeySize)
+				if _, err := rand.Read(o.CacheKey); err != nil {
+					return err
+				}
+				o.NoDelegations, o.NoDirDelegations, passthrough = true, true, false
+			}
 			m := mount.New(mount.Options{Passthrough: passthrough, SingleUser: singleUser, Logger: slog.Default()})
 			o.RPCTimeout, o.OnInvalidate = cf.timeout, m.Invalidate
 			c, err := client.Dial(o)
@@ -109,6 +123,7 @@ func mountCmd() *cobra.Command {
 	cmd.Flags().StringVar(&logfile, "logfile", "", "with --daemon: log here (default: <cache>/mount.log)")
 	cmd.Flags().BoolVar(&passthrough, "passthrough", true, "let the kernel read wholly cached files straight from the cache (Linux ≥ 6.9, root)")
 	cmd.Flags().BoolVar(&debug, "debug", false, "log every FUSE request")
+	cmd.Flags().BoolVar(&encrypt, "cache-encrypt", false, "keep the cache files encrypted with a key held only in this process's memory (a stolen disk shows nothing of them); the cache starts empty, passthrough and delegations are off (docs/security.md)")
 	cmd.Flags().BoolVar(&singleUser, "single-user", false, "act for every local user with this mount's token, leaving them apart to the files' mode bits (default for root: each user acts with the token they handed it with hoard login, others anonymously)")
 	profileFlag(cmd.Flags(), &profile)
 	return cmd
