@@ -317,9 +317,22 @@ func receivePiece(br *bufio.Reader, n int, use func(p []byte, crc uint32)) error
 // checksum is the CRC32C of n bytes of file from off, zeros past have
 // (the file's length when it was pinned) or its end.
 func checksum(file *os.File, have, off, n int64) (uint32, error) {
-	buf := datapath.GetBuffer(int(min(n, 1<<20)))
-	defer datapath.PutBuffer(buf)
 	var crc uint32
+	err := eachRun(file, have, off, n, func(p []byte) error {
+		crc = datapath.Checksum(crc, p)
+		return nil
+	})
+	return crc, err
+}
+
+// runSize is how much of a file eachRun reads at a time.
+const runSize = 256 << 10
+
+// eachRun hands fn the n bytes of file from off, a run at a time, with
+// zeros past have (as sendData sends them).
+func eachRun(file *os.File, have, off, n int64, fn func(p []byte) error) error {
+	buf := datapath.GetBuffer(int(min(n, runSize)))
+	defer datapath.PutBuffer(buf)
 	for n > 0 {
 		p := buf[:min(n, int64(len(buf)))]
 		k := 0
@@ -327,14 +340,16 @@ func checksum(file *os.File, have, off, n int64) (uint32, error) {
 			var err error
 			k, err = file.ReadAt(p[:min(int64(len(p)), have-off)], off)
 			if err != nil && err != io.EOF {
-				return 0, err
+				return err
 			}
 		}
 		clear(p[k:])
-		crc = datapath.Checksum(crc, p)
+		if err := fn(p); err != nil {
+			return err
+		}
 		off, n = off+int64(len(p)), n-int64(len(p))
 	}
-	return crc, nil
+	return nil
 }
 
 // dataWriteTimeout bounds one data-channel reply, and one store piece's

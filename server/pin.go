@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"net"
+	"syscall"
 
 	"google.golang.org/protobuf/proto"
 
@@ -76,6 +77,30 @@ func sendPin(conn net.Conn, o *op, p *vnode.Pinned, req datapath.Request) (dv ui
 		reply := datapath.AppendOK(nil, status, n)
 		reply = append(reply, b...)
 		_, werr = conn.Write(datapath.AppendCRC(reply, datapath.Checksum(0, b)))
+		return st.DataVersion, werr, nil, false
+	}
+	if _, direct := conn.(syscall.Conn); !direct {
+		// TLS: the bytes go through the process anyway, so they are
+		// read once, checksummed and sent (a change meanwhile spoils
+		// the reply: the client asks again).
+		if _, werr = conn.Write(datapath.AppendOK(nil, status, n)); werr != nil {
+			return st.DataVersion, werr, nil, false
+		}
+		var crc uint32
+		err := eachRun(p.File, p.Have, int64(req.Offset), int64(n), func(b []byte) error {
+			crc = datapath.Checksum(crc, b)
+			_, werr = conn.Write(b)
+			return werr
+		})
+		switch {
+		case werr != nil:
+			return st.DataVersion, werr, nil, false
+		case err != nil:
+			return st.DataVersion, err, nil, false // mid-reply: the connection is out of step
+		case p.Spoiled():
+			return st.DataVersion, errSpoiled, nil, false
+		}
+		_, werr = conn.Write(datapath.AppendCRC(nil, crc))
 		return st.DataVersion, werr, nil, false
 	}
 	// The checksum costs a read of the range from the page cache
