@@ -109,9 +109,6 @@ func LoadIssuer(dir string) (*Issuer, error) {
 	return &Issuer{key: key, cell: name, now: time.Now}, nil
 }
 
-// Cell is the name of the cell whose tokens i issues.
-func (i *Issuer) Cell() string { return i.cell }
-
 // Issue signs a token for c.User (required, 1..64 chars of [a-zA-Z0-9._@-],
 // not beginning with "system:"), lasting ttl (>0); it fills Cell, ID,
 // Issued (now) and Expires, and returns the token and the claims as issued.

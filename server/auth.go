@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -59,7 +58,7 @@ type Principals interface {
 	Revoked(id string) (bool, error)
 }
 
-// insecure is whom every request acts for on a server without Tokens.
+// insecure is whom every request acts for on a server without Users.
 var insecure = access.Identity{User: "insecure", Admin: true}
 
 // CellUsers checks tokens with the cell's key, against the revocations
@@ -145,9 +144,6 @@ func (u *users) identify(token string) (access.Identity, error) {
 	u.mu.Unlock()
 	return id, nil
 }
-
-// Secure reports whether the server checks who its callers are.
-func (s *Server) Secure() bool { return s.users != nil }
 
 // identify is who the request of ctx acts for: its token's user;
 // anonymous without one, or, with no token on a connection whose
@@ -271,9 +267,6 @@ func (o *op) admin(what string) error {
 	}
 	return refuse(o.who, what, syscall.EPERM)
 }
-
-// errNoUser refuses what anonymous callers may not do at all.
-var errNoUser = errors.New("anonymous: log in first (hoard login)")
 
 // firstErr is the first of errs that is not nil.
 func firstErr(errs ...error) error {
