@@ -135,30 +135,38 @@ func Init(dir string, o InitOptions) error {
 		return err
 	}
 
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("cell directory %s: %s", dir, why(err))
-	}
 	// The CA last: until its certificate is there the cell does not exist
 	// (Exists), and a failed Init can simply be run again.
-	files := []struct {
-		name string
-		data []byte
-		perm fs.FileMode
-		excl bool
-	}{
-		{KeyFile, hostKeyPEM, 0o600, false},
-		{CertFile, certPEM(hostCert.Raw), 0o644, false},
-		{AdminTokenFile, []byte(token + "\n"), 0o600, false},
-		{CAKeyFile, caKeyPEM, 0o600, true},
-		{CAFile, certPEM(ca.Raw), 0o644, true},
+	return writeAll(dir, fmt.Errorf("cell already initialised in %s", dir),
+		idFile{KeyFile, hostKeyPEM, 0o600, false},
+		idFile{CertFile, certPEM(hostCert.Raw), 0o644, false},
+		idFile{AdminTokenFile, []byte(token + "\n"), 0o600, false},
+		idFile{CAKeyFile, caKeyPEM, 0o600, true},
+		idFile{CAFile, certPEM(ca.Raw), 0o644, true})
+}
+
+// idFile is one file of an identity directory; an exclusive one is never
+// written over.
+type idFile struct {
+	name string
+	data []byte
+	perm fs.FileMode
+	excl bool
+}
+
+// writeAll makes dir (0700) and writes files into it in order; exists is
+// the error when an exclusive one is there already.
+func writeAll(dir string, exists error, files ...idFile) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("%s: %s", dir, why(err))
 	}
 	for _, f := range files {
 		err := writeFile(filepath.Join(dir, f.name), f.data, f.perm, f.excl)
 		if errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("cell already initialised in %s", dir)
+			return exists
 		}
 		if err != nil {
-			return fmt.Errorf("cell %s: writing %s: %s", dir, f.name, why(err))
+			return fmt.Errorf("%s: writing %s: %s", dir, f.name, why(err))
 		}
 	}
 	return nil
@@ -198,8 +206,9 @@ func IssueCert(cellDir, outDir string, role Role, name string, hosts []string) e
 		return err
 	}
 	out := filepath.Join(outDir, CertFile)
+	exists := fmt.Errorf("%s already exists: a certificate is not overwritten (remove it first to issue another)", out)
 	if _, err := os.Lstat(out); err == nil {
-		return fmt.Errorf("%s already exists: a certificate is not overwritten (remove it first to issue another)", out)
+		return exists
 	}
 	key, cert, err := newLeaf(ca, caKey, role, name, dns, ips, time.Now())
 	if err != nil {
@@ -209,29 +218,11 @@ func IssueCert(cellDir, outDir string, role Role, name string, hosts []string) e
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(outDir, 0o700); err != nil {
-		return fmt.Errorf("%s: %s", outDir, why(err))
-	}
 	// The certificate last: its presence is what refuses a second issue.
-	for _, f := range []struct {
-		name string
-		data []byte
-		perm fs.FileMode
-		excl bool
-	}{
-		{KeyFile, kp, 0o600, false},
-		{CAFile, certPEM(ca.Raw), 0o644, false},
-		{CertFile, certPEM(cert.Raw), 0o644, true},
-	} {
-		err := writeFile(filepath.Join(outDir, f.name), f.data, f.perm, f.excl)
-		if errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("%s already exists: a certificate is not overwritten (remove it first to issue another)", out)
-		}
-		if err != nil {
-			return fmt.Errorf("%s: writing %s: %s", outDir, f.name, why(err))
-		}
-	}
-	return nil
+	return writeAll(outDir, exists,
+		idFile{KeyFile, kp, 0o600, false},
+		idFile{CAFile, certPEM(ca.Raw), 0o644, false},
+		idFile{CertFile, certPEM(cert.Raw), 0o644, true})
 }
 
 // loadCA reads the CA key and certificate of the cell in dir, and checks
