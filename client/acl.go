@@ -14,15 +14,8 @@ import (
 
 // WhoAmI is whom the server takes this client's requests to come from.
 func (c *Client) WhoAmI() (access.Identity, error) {
-	var r *pb.WhoAmIReply
-	err := c.conn.Call(func(ctx context.Context) (err error) {
-		r, err = c.rpc.WhoAmI(ctx, &pb.WhoAmIRequest{})
-		return err
-	})
-	if err != nil {
-		return access.Identity{}, errOf("whoami", "", err)
-	}
-	return access.Identity{User: r.User, UID: r.Uid, Admin: r.Admin, Groups: r.Groups}, nil
+	id, err := c.WhoIs(c.self.token)
+	return id, errOf("whoami", "", err)
 }
 
 // WhoIs is whom the server takes the bearer of token to be.
