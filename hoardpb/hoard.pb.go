@@ -202,7 +202,7 @@ func (x ChangeGroupRequest_Change) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ChangeGroupRequest_Change.Descriptor instead.
 func (ChangeGroupRequest_Change) EnumDescriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{48, 0}
+	return file_hoard_proto_rawDescGZIP(), []int{59, 0}
 }
 
 type FID struct {
@@ -1191,11 +1191,16 @@ func (*Ping) Descriptor() ([]byte, []int) {
 }
 
 type Volume struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Root          *FID                   `protobuf:"bytes,3,opt,name=root,proto3" json:"root,omitempty"`
-	CreatedNs     int64                  `protobuf:"varint,4,opt,name=created_ns,json=createdNs,proto3" json:"created_ns,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Root      *FID                   `protobuf:"bytes,3,opt,name=root,proto3" json:"root,omitempty"`
+	CreatedNs int64                  `protobuf:"varint,4,opt,name=created_ns,json=createdNs,proto3" json:"created_ns,omitempty"`
+	// quota bounds the bytes of the volume's files (0: none); used is what
+	// they hold now, files how many vnodes the volume has.
+	Quota         uint64 `protobuf:"varint,5,opt,name=quota,proto3" json:"quota,omitempty"`
+	Used          uint64 `protobuf:"varint,6,opt,name=used,proto3" json:"used,omitempty"`
+	Files         uint64 `protobuf:"varint,7,opt,name=files,proto3" json:"files,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1258,6 +1263,601 @@ func (x *Volume) GetCreatedNs() int64 {
 	return 0
 }
 
+func (x *Volume) GetQuota() uint64 {
+	if x != nil {
+		return x.Quota
+	}
+	return 0
+}
+
+func (x *Volume) GetUsed() uint64 {
+	if x != nil {
+		return x.Used
+	}
+	return 0
+}
+
+func (x *Volume) GetFiles() uint64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+// Site is one file server of the cell as the location database knows it.
+type Site struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// addr is where its gRPC service listens (host:port).
+	Addr          string `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Site) Reset() {
+	*x = Site{}
+	mi := &file_hoard_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Site) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Site) ProtoMessage() {}
+
+func (x *Site) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Site.ProtoReflect.Descriptor instead.
+func (*Site) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Site) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Site) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+// Location says where a volume lives: its read-write site and its
+// read-only sites, as the answering server's copy of the cell's location
+// database has them.
+type Location struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Rw    *Site                  `protobuf:"bytes,3,opt,name=rw,proto3" json:"rw,omitempty"`
+	Ro    []*Site                `protobuf:"bytes,4,rep,name=ro,proto3" json:"ro,omitempty"`
+	// released is the DataVersion of the volume's root at its last release
+	// (0: never released).
+	Released      uint64 `protobuf:"varint,5,opt,name=released,proto3" json:"released,omitempty"`
+	CreatedNs     int64  `protobuf:"varint,6,opt,name=created_ns,json=createdNs,proto3" json:"created_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Location) Reset() {
+	*x = Location{}
+	mi := &file_hoard_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Location) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Location) ProtoMessage() {}
+
+func (x *Location) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Location.ProtoReflect.Descriptor instead.
+func (*Location) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Location) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *Location) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Location) GetRw() *Site {
+	if x != nil {
+		return x.Rw
+	}
+	return nil
+}
+
+func (x *Location) GetRo() []*Site {
+	if x != nil {
+		return x.Ro
+	}
+	return nil
+}
+
+func (x *Location) GetReleased() uint64 {
+	if x != nil {
+		return x.Released
+	}
+	return 0
+}
+
+func (x *Location) GetCreatedNs() int64 {
+	if x != nil {
+		return x.CreatedNs
+	}
+	return 0
+}
+
+type LocateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one of name and id.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Id            uint64 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocateRequest) Reset() {
+	*x = LocateRequest{}
+	mi := &file_hoard_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocateRequest) ProtoMessage() {}
+
+func (x *LocateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocateRequest.ProtoReflect.Descriptor instead.
+func (*LocateRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *LocateRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *LocateRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+type ListLocationsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLocationsRequest) Reset() {
+	*x = ListLocationsRequest{}
+	mi := &file_hoard_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLocationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLocationsRequest) ProtoMessage() {}
+
+func (x *ListLocationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLocationsRequest.ProtoReflect.Descriptor instead.
+func (*ListLocationsRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{17}
+}
+
+type ListLocationsReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Locations     []*Location            `protobuf:"bytes,1,rep,name=locations,proto3" json:"locations,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLocationsReply) Reset() {
+	*x = ListLocationsReply{}
+	mi := &file_hoard_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLocationsReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLocationsReply) ProtoMessage() {}
+
+func (x *ListLocationsReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLocationsReply.ProtoReflect.Descriptor instead.
+func (*ListLocationsReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ListLocationsReply) GetLocations() []*Location {
+	if x != nil {
+		return x.Locations
+	}
+	return nil
+}
+
+type ServerInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Site  *Site                  `protobuf:"bytes,1,opt,name=site,proto3" json:"site,omitempty"`
+	// alive: the server holds its lease in the location database now.
+	Alive         bool   `protobuf:"varint,2,opt,name=alive,proto3" json:"alive,omitempty"`
+	Capacity      uint64 `protobuf:"varint,3,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	Free          uint64 `protobuf:"varint,4,opt,name=free,proto3" json:"free,omitempty"`
+	Volumes       uint32 `protobuf:"varint,5,opt,name=volumes,proto3" json:"volumes,omitempty"`
+	StartedNs     int64  `protobuf:"varint,6,opt,name=started_ns,json=startedNs,proto3" json:"started_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServerInfo) Reset() {
+	*x = ServerInfo{}
+	mi := &file_hoard_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServerInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServerInfo) ProtoMessage() {}
+
+func (x *ServerInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
+func (*ServerInfo) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ServerInfo) GetSite() *Site {
+	if x != nil {
+		return x.Site
+	}
+	return nil
+}
+
+func (x *ServerInfo) GetAlive() bool {
+	if x != nil {
+		return x.Alive
+	}
+	return false
+}
+
+func (x *ServerInfo) GetCapacity() uint64 {
+	if x != nil {
+		return x.Capacity
+	}
+	return 0
+}
+
+func (x *ServerInfo) GetFree() uint64 {
+	if x != nil {
+		return x.Free
+	}
+	return 0
+}
+
+func (x *ServerInfo) GetVolumes() uint32 {
+	if x != nil {
+		return x.Volumes
+	}
+	return 0
+}
+
+func (x *ServerInfo) GetStartedNs() int64 {
+	if x != nil {
+		return x.StartedNs
+	}
+	return 0
+}
+
+type ListServersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListServersRequest) Reset() {
+	*x = ListServersRequest{}
+	mi := &file_hoard_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListServersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListServersRequest) ProtoMessage() {}
+
+func (x *ListServersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListServersRequest.ProtoReflect.Descriptor instead.
+func (*ListServersRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{20}
+}
+
+type ListServersReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Servers       []*ServerInfo          `protobuf:"bytes,1,rep,name=servers,proto3" json:"servers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListServersReply) Reset() {
+	*x = ListServersReply{}
+	mi := &file_hoard_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListServersReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListServersReply) ProtoMessage() {}
+
+func (x *ListServersReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListServersReply.ProtoReflect.Descriptor instead.
+func (*ListServersReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ListServersReply) GetServers() []*ServerInfo {
+	if x != nil {
+		return x.Servers
+	}
+	return nil
+}
+
+type SetVolumeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// quota in bytes; 0 removes it.
+	Quota         uint64 `protobuf:"varint,2,opt,name=quota,proto3" json:"quota,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetVolumeRequest) Reset() {
+	*x = SetVolumeRequest{}
+	mi := &file_hoard_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetVolumeRequest) ProtoMessage() {}
+
+func (x *SetVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetVolumeRequest.ProtoReflect.Descriptor instead.
+func (*SetVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *SetVolumeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetVolumeRequest) GetQuota() uint64 {
+	if x != nil {
+		return x.Quota
+	}
+	return 0
+}
+
+type RemoveVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveVolumeRequest) Reset() {
+	*x = RemoveVolumeRequest{}
+	mi := &file_hoard_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveVolumeRequest) ProtoMessage() {}
+
+func (x *RemoveVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveVolumeRequest.ProtoReflect.Descriptor instead.
+func (*RemoveVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RemoveVolumeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RemoveVolumeReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveVolumeReply) Reset() {
+	*x = RemoveVolumeReply{}
+	mi := &file_hoard_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveVolumeReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveVolumeReply) ProtoMessage() {}
+
+func (x *RemoveVolumeReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveVolumeReply.ProtoReflect.Descriptor instead.
+func (*RemoveVolumeReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{24}
+}
+
 type GetVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Exactly one of name and id.
@@ -1269,7 +1869,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[14]
+	mi := &file_hoard_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1881,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[14]
+	mi := &file_hoard_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1894,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{14}
+	return file_hoard_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetVolumeRequest) GetName() string {
@@ -1319,7 +1919,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_hoard_proto_msgTypes[15]
+	mi := &file_hoard_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1931,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[15]
+	mi := &file_hoard_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1944,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{15}
+	return file_hoard_proto_rawDescGZIP(), []int{26}
 }
 
 type ListVolumesReply struct {
@@ -1356,7 +1956,7 @@ type ListVolumesReply struct {
 
 func (x *ListVolumesReply) Reset() {
 	*x = ListVolumesReply{}
-	mi := &file_hoard_proto_msgTypes[16]
+	mi := &file_hoard_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1968,7 @@ func (x *ListVolumesReply) String() string {
 func (*ListVolumesReply) ProtoMessage() {}
 
 func (x *ListVolumesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[16]
+	mi := &file_hoard_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1981,7 @@ func (x *ListVolumesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesReply.ProtoReflect.Descriptor instead.
 func (*ListVolumesReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{16}
+	return file_hoard_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListVolumesReply) GetVolumes() []*Volume {
@@ -1392,15 +1992,19 @@ func (x *ListVolumesReply) GetVolumes() []*Volume {
 }
 
 type CreateVolumeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// on names the server to place it on (empty: the one with most free
+	// space). A server asked for a volume placed elsewhere passes the
+	// request on to that server.
+	On            string `protobuf:"bytes,2,opt,name=on,proto3" json:"on,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[17]
+	mi := &file_hoard_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +2016,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[17]
+	mi := &file_hoard_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,12 +2029,19 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{17}
+	return file_hoard_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateVolumeRequest) GetOn() string {
+	if x != nil {
+		return x.On
 	}
 	return ""
 }
@@ -1445,7 +2056,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_hoard_proto_msgTypes[18]
+	mi := &file_hoard_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +2068,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[18]
+	mi := &file_hoard_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +2081,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{18}
+	return file_hoard_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *LookupRequest) GetDir() *FID {
@@ -1497,7 +2108,7 @@ type LookupReply struct {
 
 func (x *LookupReply) Reset() {
 	*x = LookupReply{}
-	mi := &file_hoard_proto_msgTypes[19]
+	mi := &file_hoard_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +2120,7 @@ func (x *LookupReply) String() string {
 func (*LookupReply) ProtoMessage() {}
 
 func (x *LookupReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[19]
+	mi := &file_hoard_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +2133,7 @@ func (x *LookupReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupReply.ProtoReflect.Descriptor instead.
 func (*LookupReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{19}
+	return file_hoard_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *LookupReply) GetStatus() *Status {
@@ -1548,7 +2159,7 @@ type GetStatusRequest struct {
 
 func (x *GetStatusRequest) Reset() {
 	*x = GetStatusRequest{}
-	mi := &file_hoard_proto_msgTypes[20]
+	mi := &file_hoard_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +2171,7 @@ func (x *GetStatusRequest) String() string {
 func (*GetStatusRequest) ProtoMessage() {}
 
 func (x *GetStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[20]
+	mi := &file_hoard_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,7 +2184,7 @@ func (x *GetStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetStatusRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{20}
+	return file_hoard_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetStatusRequest) GetFids() []*FID {
@@ -1594,7 +2205,7 @@ type StatusResult struct {
 
 func (x *StatusResult) Reset() {
 	*x = StatusResult{}
-	mi := &file_hoard_proto_msgTypes[21]
+	mi := &file_hoard_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +2217,7 @@ func (x *StatusResult) String() string {
 func (*StatusResult) ProtoMessage() {}
 
 func (x *StatusResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[21]
+	mi := &file_hoard_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +2230,7 @@ func (x *StatusResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResult.ProtoReflect.Descriptor instead.
 func (*StatusResult) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{21}
+	return file_hoard_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatusResult) GetStatus() *Status {
@@ -1645,7 +2256,7 @@ type GetStatusReply struct {
 
 func (x *GetStatusReply) Reset() {
 	*x = GetStatusReply{}
-	mi := &file_hoard_proto_msgTypes[22]
+	mi := &file_hoard_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1657,7 +2268,7 @@ func (x *GetStatusReply) String() string {
 func (*GetStatusReply) ProtoMessage() {}
 
 func (x *GetStatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[22]
+	mi := &file_hoard_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1670,7 +2281,7 @@ func (x *GetStatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatusReply.ProtoReflect.Descriptor instead.
 func (*GetStatusReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{22}
+	return file_hoard_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetStatusReply) GetResults() []*StatusResult {
@@ -1692,7 +2303,7 @@ type ReadDirRequest struct {
 
 func (x *ReadDirRequest) Reset() {
 	*x = ReadDirRequest{}
-	mi := &file_hoard_proto_msgTypes[23]
+	mi := &file_hoard_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +2315,7 @@ func (x *ReadDirRequest) String() string {
 func (*ReadDirRequest) ProtoMessage() {}
 
 func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[23]
+	mi := &file_hoard_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +2328,7 @@ func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirRequest.ProtoReflect.Descriptor instead.
 func (*ReadDirRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{23}
+	return file_hoard_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReadDirRequest) GetDir() *FID {
@@ -1754,7 +2365,7 @@ type DirEntry struct {
 
 func (x *DirEntry) Reset() {
 	*x = DirEntry{}
-	mi := &file_hoard_proto_msgTypes[24]
+	mi := &file_hoard_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +2377,7 @@ func (x *DirEntry) String() string {
 func (*DirEntry) ProtoMessage() {}
 
 func (x *DirEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[24]
+	mi := &file_hoard_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +2390,7 @@ func (x *DirEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirEntry.ProtoReflect.Descriptor instead.
 func (*DirEntry) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{24}
+	return file_hoard_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DirEntry) GetName() string {
@@ -1821,7 +2432,7 @@ type ReadDirReply struct {
 
 func (x *ReadDirReply) Reset() {
 	*x = ReadDirReply{}
-	mi := &file_hoard_proto_msgTypes[25]
+	mi := &file_hoard_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +2444,7 @@ func (x *ReadDirReply) String() string {
 func (*ReadDirReply) ProtoMessage() {}
 
 func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[25]
+	mi := &file_hoard_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +2457,7 @@ func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirReply.ProtoReflect.Descriptor instead.
 func (*ReadDirReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{25}
+	return file_hoard_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReadDirReply) GetEntries() []*DirEntry {
@@ -1895,7 +2506,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_hoard_proto_msgTypes[26]
+	mi := &file_hoard_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1907,7 +2518,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[26]
+	mi := &file_hoard_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1920,7 +2531,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{26}
+	return file_hoard_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CreateRequest) GetDir() *FID {
@@ -2007,7 +2618,7 @@ type CreateReply struct {
 
 func (x *CreateReply) Reset() {
 	*x = CreateReply{}
-	mi := &file_hoard_proto_msgTypes[27]
+	mi := &file_hoard_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2019,7 +2630,7 @@ func (x *CreateReply) String() string {
 func (*CreateReply) ProtoMessage() {}
 
 func (x *CreateReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[27]
+	mi := &file_hoard_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2032,7 +2643,7 @@ func (x *CreateReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReply.ProtoReflect.Descriptor instead.
 func (*CreateReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{27}
+	return file_hoard_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CreateReply) GetStatus() *Status {
@@ -2081,7 +2692,7 @@ type LinkRequest struct {
 
 func (x *LinkRequest) Reset() {
 	*x = LinkRequest{}
-	mi := &file_hoard_proto_msgTypes[28]
+	mi := &file_hoard_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2093,7 +2704,7 @@ func (x *LinkRequest) String() string {
 func (*LinkRequest) ProtoMessage() {}
 
 func (x *LinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[28]
+	mi := &file_hoard_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2106,7 +2717,7 @@ func (x *LinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkRequest.ProtoReflect.Descriptor instead.
 func (*LinkRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{28}
+	return file_hoard_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *LinkRequest) GetDir() *FID {
@@ -2140,7 +2751,7 @@ type LinkReply struct {
 
 func (x *LinkReply) Reset() {
 	*x = LinkReply{}
-	mi := &file_hoard_proto_msgTypes[29]
+	mi := &file_hoard_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2763,7 @@ func (x *LinkReply) String() string {
 func (*LinkReply) ProtoMessage() {}
 
 func (x *LinkReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[29]
+	mi := &file_hoard_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2776,7 @@ func (x *LinkReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkReply.ProtoReflect.Descriptor instead.
 func (*LinkReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{29}
+	return file_hoard_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *LinkReply) GetStatus() *Status {
@@ -2194,7 +2805,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_hoard_proto_msgTypes[30]
+	mi := &file_hoard_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2206,7 +2817,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[30]
+	mi := &file_hoard_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2219,7 +2830,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{30}
+	return file_hoard_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RemoveRequest) GetDir() *FID {
@@ -2254,7 +2865,7 @@ type RemoveReply struct {
 
 func (x *RemoveReply) Reset() {
 	*x = RemoveReply{}
-	mi := &file_hoard_proto_msgTypes[31]
+	mi := &file_hoard_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2266,7 +2877,7 @@ func (x *RemoveReply) String() string {
 func (*RemoveReply) ProtoMessage() {}
 
 func (x *RemoveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[31]
+	mi := &file_hoard_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2279,7 +2890,7 @@ func (x *RemoveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReply.ProtoReflect.Descriptor instead.
 func (*RemoveReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{31}
+	return file_hoard_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RemoveReply) GetDir() *Status {
@@ -2308,7 +2919,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_hoard_proto_msgTypes[32]
+	mi := &file_hoard_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2320,7 +2931,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[32]
+	mi := &file_hoard_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2333,7 +2944,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{32}
+	return file_hoard_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RenameRequest) GetSrcDir() *FID {
@@ -2377,7 +2988,7 @@ type RenameReply struct {
 
 func (x *RenameReply) Reset() {
 	*x = RenameReply{}
-	mi := &file_hoard_proto_msgTypes[33]
+	mi := &file_hoard_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2389,7 +3000,7 @@ func (x *RenameReply) String() string {
 func (*RenameReply) ProtoMessage() {}
 
 func (x *RenameReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[33]
+	mi := &file_hoard_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2402,7 +3013,7 @@ func (x *RenameReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameReply.ProtoReflect.Descriptor instead.
 func (*RenameReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{33}
+	return file_hoard_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RenameReply) GetSrcDir() *Status {
@@ -2450,7 +3061,7 @@ type SetAttrRequest struct {
 
 func (x *SetAttrRequest) Reset() {
 	*x = SetAttrRequest{}
-	mi := &file_hoard_proto_msgTypes[34]
+	mi := &file_hoard_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2462,7 +3073,7 @@ func (x *SetAttrRequest) String() string {
 func (*SetAttrRequest) ProtoMessage() {}
 
 func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[34]
+	mi := &file_hoard_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2475,7 +3086,7 @@ func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrRequest.ProtoReflect.Descriptor instead.
 func (*SetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{34}
+	return file_hoard_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SetAttrRequest) GetFid() *FID {
@@ -2543,7 +3154,7 @@ type SetAttrReply struct {
 
 func (x *SetAttrReply) Reset() {
 	*x = SetAttrReply{}
-	mi := &file_hoard_proto_msgTypes[35]
+	mi := &file_hoard_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2555,7 +3166,7 @@ func (x *SetAttrReply) String() string {
 func (*SetAttrReply) ProtoMessage() {}
 
 func (x *SetAttrReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[35]
+	mi := &file_hoard_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2568,7 +3179,7 @@ func (x *SetAttrReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrReply.ProtoReflect.Descriptor instead.
 func (*SetAttrReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{35}
+	return file_hoard_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SetAttrReply) GetStatus() *Status {
@@ -2587,7 +3198,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_hoard_proto_msgTypes[36]
+	mi := &file_hoard_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2599,7 +3210,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[36]
+	mi := &file_hoard_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2612,7 +3223,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{36}
+	return file_hoard_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *StatFSRequest) GetVolume() uint64 {
@@ -2635,7 +3246,7 @@ type StatFSReply struct {
 
 func (x *StatFSReply) Reset() {
 	*x = StatFSReply{}
-	mi := &file_hoard_proto_msgTypes[37]
+	mi := &file_hoard_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2647,7 +3258,7 @@ func (x *StatFSReply) String() string {
 func (*StatFSReply) ProtoMessage() {}
 
 func (x *StatFSReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[37]
+	mi := &file_hoard_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2660,7 +3271,7 @@ func (x *StatFSReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSReply.ProtoReflect.Descriptor instead.
 func (*StatFSReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{37}
+	return file_hoard_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *StatFSReply) GetBlockSize() uint64 {
@@ -2711,7 +3322,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_hoard_proto_msgTypes[38]
+	mi := &file_hoard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2723,7 +3334,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[38]
+	mi := &file_hoard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2736,7 +3347,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{38}
+	return file_hoard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *FetchRequest) GetFid() *FID {
@@ -2782,7 +3393,7 @@ type FetchReply struct {
 
 func (x *FetchReply) Reset() {
 	*x = FetchReply{}
-	mi := &file_hoard_proto_msgTypes[39]
+	mi := &file_hoard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2794,7 +3405,7 @@ func (x *FetchReply) String() string {
 func (*FetchReply) ProtoMessage() {}
 
 func (x *FetchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[39]
+	mi := &file_hoard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2807,7 +3418,7 @@ func (x *FetchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchReply.ProtoReflect.Descriptor instead.
 func (*FetchReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{39}
+	return file_hoard_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *FetchReply) GetStatus() *Status {
@@ -2878,7 +3489,7 @@ type StoreRequest struct {
 
 func (x *StoreRequest) Reset() {
 	*x = StoreRequest{}
-	mi := &file_hoard_proto_msgTypes[40]
+	mi := &file_hoard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2890,7 +3501,7 @@ func (x *StoreRequest) String() string {
 func (*StoreRequest) ProtoMessage() {}
 
 func (x *StoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[40]
+	mi := &file_hoard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2903,7 +3514,7 @@ func (x *StoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRequest.ProtoReflect.Descriptor instead.
 func (*StoreRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{40}
+	return file_hoard_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *StoreRequest) GetFid() *FID {
@@ -3013,7 +3624,7 @@ type StoreReply struct {
 
 func (x *StoreReply) Reset() {
 	*x = StoreReply{}
-	mi := &file_hoard_proto_msgTypes[41]
+	mi := &file_hoard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3025,7 +3636,7 @@ func (x *StoreReply) String() string {
 func (*StoreReply) ProtoMessage() {}
 
 func (x *StoreReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[41]
+	mi := &file_hoard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3038,7 +3649,7 @@ func (x *StoreReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreReply.ProtoReflect.Descriptor instead.
 func (*StoreReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{41}
+	return file_hoard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *StoreReply) GetStatus() *Status {
@@ -3056,7 +3667,7 @@ type WhoAmIRequest struct {
 
 func (x *WhoAmIRequest) Reset() {
 	*x = WhoAmIRequest{}
-	mi := &file_hoard_proto_msgTypes[42]
+	mi := &file_hoard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3068,7 +3679,7 @@ func (x *WhoAmIRequest) String() string {
 func (*WhoAmIRequest) ProtoMessage() {}
 
 func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[42]
+	mi := &file_hoard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3081,7 +3692,7 @@ func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
 func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{42}
+	return file_hoard_proto_rawDescGZIP(), []int{53}
 }
 
 type WhoAmIReply struct {
@@ -3099,7 +3710,7 @@ type WhoAmIReply struct {
 
 func (x *WhoAmIReply) Reset() {
 	*x = WhoAmIReply{}
-	mi := &file_hoard_proto_msgTypes[43]
+	mi := &file_hoard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3111,7 +3722,7 @@ func (x *WhoAmIReply) String() string {
 func (*WhoAmIReply) ProtoMessage() {}
 
 func (x *WhoAmIReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[43]
+	mi := &file_hoard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3124,7 +3735,7 @@ func (x *WhoAmIReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIReply.ProtoReflect.Descriptor instead.
 func (*WhoAmIReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{43}
+	return file_hoard_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WhoAmIReply) GetUser() string {
@@ -3172,7 +3783,7 @@ type ACLEntry struct {
 
 func (x *ACLEntry) Reset() {
 	*x = ACLEntry{}
-	mi := &file_hoard_proto_msgTypes[44]
+	mi := &file_hoard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3184,7 +3795,7 @@ func (x *ACLEntry) String() string {
 func (*ACLEntry) ProtoMessage() {}
 
 func (x *ACLEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[44]
+	mi := &file_hoard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3197,7 +3808,7 @@ func (x *ACLEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLEntry.ProtoReflect.Descriptor instead.
 func (*ACLEntry) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{44}
+	return file_hoard_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ACLEntry) GetWho() string {
@@ -3223,7 +3834,7 @@ type GetACLRequest struct {
 
 func (x *GetACLRequest) Reset() {
 	*x = GetACLRequest{}
-	mi := &file_hoard_proto_msgTypes[45]
+	mi := &file_hoard_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3235,7 +3846,7 @@ func (x *GetACLRequest) String() string {
 func (*GetACLRequest) ProtoMessage() {}
 
 func (x *GetACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[45]
+	mi := &file_hoard_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3248,7 +3859,7 @@ func (x *GetACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLRequest.ProtoReflect.Descriptor instead.
 func (*GetACLRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{45}
+	return file_hoard_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GetACLRequest) GetFid() *FID {
@@ -3270,7 +3881,7 @@ type SetACLRequest struct {
 
 func (x *SetACLRequest) Reset() {
 	*x = SetACLRequest{}
-	mi := &file_hoard_proto_msgTypes[46]
+	mi := &file_hoard_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3282,7 +3893,7 @@ func (x *SetACLRequest) String() string {
 func (*SetACLRequest) ProtoMessage() {}
 
 func (x *SetACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[46]
+	mi := &file_hoard_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3295,7 +3906,7 @@ func (x *SetACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetACLRequest.ProtoReflect.Descriptor instead.
 func (*SetACLRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{46}
+	return file_hoard_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SetACLRequest) GetDir() *FID {
@@ -3332,7 +3943,7 @@ type ACLReply struct {
 
 func (x *ACLReply) Reset() {
 	*x = ACLReply{}
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3344,7 +3955,7 @@ func (x *ACLReply) String() string {
 func (*ACLReply) ProtoMessage() {}
 
 func (x *ACLReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3357,7 +3968,7 @@ func (x *ACLReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLReply.ProtoReflect.Descriptor instead.
 func (*ACLReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{47}
+	return file_hoard_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ACLReply) GetDir() *FID {
@@ -3393,7 +4004,7 @@ type ChangeGroupRequest struct {
 
 func (x *ChangeGroupRequest) Reset() {
 	*x = ChangeGroupRequest{}
-	mi := &file_hoard_proto_msgTypes[48]
+	mi := &file_hoard_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3405,7 +4016,7 @@ func (x *ChangeGroupRequest) String() string {
 func (*ChangeGroupRequest) ProtoMessage() {}
 
 func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[48]
+	mi := &file_hoard_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3418,7 +4029,7 @@ func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupRequest.ProtoReflect.Descriptor instead.
 func (*ChangeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{48}
+	return file_hoard_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ChangeGroupRequest) GetChange() ChangeGroupRequest_Change {
@@ -3450,7 +4061,7 @@ type ChangeGroupReply struct {
 
 func (x *ChangeGroupReply) Reset() {
 	*x = ChangeGroupReply{}
-	mi := &file_hoard_proto_msgTypes[49]
+	mi := &file_hoard_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3462,7 +4073,7 @@ func (x *ChangeGroupReply) String() string {
 func (*ChangeGroupReply) ProtoMessage() {}
 
 func (x *ChangeGroupReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[49]
+	mi := &file_hoard_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3475,7 +4086,7 @@ func (x *ChangeGroupReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupReply.ProtoReflect.Descriptor instead.
 func (*ChangeGroupReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{49}
+	return file_hoard_proto_rawDescGZIP(), []int{60}
 }
 
 type ListGroupsRequest struct {
@@ -3486,7 +4097,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_hoard_proto_msgTypes[50]
+	mi := &file_hoard_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3498,7 +4109,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[50]
+	mi := &file_hoard_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3511,7 +4122,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{50}
+	return file_hoard_proto_rawDescGZIP(), []int{61}
 }
 
 type Group struct {
@@ -3525,7 +4136,7 @@ type Group struct {
 
 func (x *Group) Reset() {
 	*x = Group{}
-	mi := &file_hoard_proto_msgTypes[51]
+	mi := &file_hoard_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3537,7 +4148,7 @@ func (x *Group) String() string {
 func (*Group) ProtoMessage() {}
 
 func (x *Group) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[51]
+	mi := &file_hoard_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3550,7 +4161,7 @@ func (x *Group) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Group.ProtoReflect.Descriptor instead.
 func (*Group) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{51}
+	return file_hoard_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *Group) GetName() string {
@@ -3583,7 +4194,7 @@ type ListGroupsReply struct {
 
 func (x *ListGroupsReply) Reset() {
 	*x = ListGroupsReply{}
-	mi := &file_hoard_proto_msgTypes[52]
+	mi := &file_hoard_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3595,7 +4206,7 @@ func (x *ListGroupsReply) String() string {
 func (*ListGroupsReply) ProtoMessage() {}
 
 func (x *ListGroupsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[52]
+	mi := &file_hoard_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3608,7 +4219,7 @@ func (x *ListGroupsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsReply.ProtoReflect.Descriptor instead.
 func (*ListGroupsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{52}
+	return file_hoard_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ListGroupsReply) GetGroups() []*Group {
@@ -3630,7 +4241,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_hoard_proto_msgTypes[53]
+	mi := &file_hoard_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3642,7 +4253,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[53]
+	mi := &file_hoard_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3655,7 +4266,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{53}
+	return file_hoard_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -3680,7 +4291,7 @@ type RevokeTokenReply struct {
 
 func (x *RevokeTokenReply) Reset() {
 	*x = RevokeTokenReply{}
-	mi := &file_hoard_proto_msgTypes[54]
+	mi := &file_hoard_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3692,7 +4303,7 @@ func (x *RevokeTokenReply) String() string {
 func (*RevokeTokenReply) ProtoMessage() {}
 
 func (x *RevokeTokenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[54]
+	mi := &file_hoard_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3705,7 +4316,7 @@ func (x *RevokeTokenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenReply.ProtoReflect.Descriptor instead.
 func (*RevokeTokenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{54}
+	return file_hoard_proto_rawDescGZIP(), []int{65}
 }
 
 type ReserveRequest struct {
@@ -3718,7 +4329,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_hoard_proto_msgTypes[55]
+	mi := &file_hoard_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3730,7 +4341,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[55]
+	mi := &file_hoard_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3743,7 +4354,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{55}
+	return file_hoard_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ReserveRequest) GetVolume() uint64 {
@@ -3769,7 +4380,7 @@ type ReserveReply struct {
 
 func (x *ReserveReply) Reset() {
 	*x = ReserveReply{}
-	mi := &file_hoard_proto_msgTypes[56]
+	mi := &file_hoard_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3781,7 +4392,7 @@ func (x *ReserveReply) String() string {
 func (*ReserveReply) ProtoMessage() {}
 
 func (x *ReserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[56]
+	mi := &file_hoard_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3794,7 +4405,7 @@ func (x *ReserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveReply.ProtoReflect.Descriptor instead.
 func (*ReserveReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{56}
+	return file_hoard_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ReserveReply) GetFids() []*FID {
@@ -3818,7 +4429,7 @@ type ReservedFile struct {
 
 func (x *ReservedFile) Reset() {
 	*x = ReservedFile{}
-	mi := &file_hoard_proto_msgTypes[57]
+	mi := &file_hoard_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3830,7 +4441,7 @@ func (x *ReservedFile) String() string {
 func (*ReservedFile) ProtoMessage() {}
 
 func (x *ReservedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[57]
+	mi := &file_hoard_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3843,7 +4454,7 @@ func (x *ReservedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservedFile.ProtoReflect.Descriptor instead.
 func (*ReservedFile) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{57}
+	return file_hoard_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ReservedFile) GetName() string {
@@ -3900,7 +4511,7 @@ type RemovedFile struct {
 
 func (x *RemovedFile) Reset() {
 	*x = RemovedFile{}
-	mi := &file_hoard_proto_msgTypes[58]
+	mi := &file_hoard_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3912,7 +4523,7 @@ func (x *RemovedFile) String() string {
 func (*RemovedFile) ProtoMessage() {}
 
 func (x *RemovedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[58]
+	mi := &file_hoard_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3925,7 +4536,7 @@ func (x *RemovedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovedFile.ProtoReflect.Descriptor instead.
 func (*RemovedFile) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{58}
+	return file_hoard_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RemovedFile) GetName() string {
@@ -3961,7 +4572,7 @@ type CreateReservedRequest struct {
 
 func (x *CreateReservedRequest) Reset() {
 	*x = CreateReservedRequest{}
-	mi := &file_hoard_proto_msgTypes[59]
+	mi := &file_hoard_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3973,7 +4584,7 @@ func (x *CreateReservedRequest) String() string {
 func (*CreateReservedRequest) ProtoMessage() {}
 
 func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[59]
+	mi := &file_hoard_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3986,7 +4597,7 @@ func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedRequest.ProtoReflect.Descriptor instead.
 func (*CreateReservedRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{59}
+	return file_hoard_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *CreateReservedRequest) GetDir() *FID {
@@ -4038,7 +4649,7 @@ type CreateReservedReply struct {
 
 func (x *CreateReservedReply) Reset() {
 	*x = CreateReservedReply{}
-	mi := &file_hoard_proto_msgTypes[60]
+	mi := &file_hoard_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4050,7 +4661,7 @@ func (x *CreateReservedReply) String() string {
 func (*CreateReservedReply) ProtoMessage() {}
 
 func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[60]
+	mi := &file_hoard_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4063,7 +4674,7 @@ func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedReply.ProtoReflect.Descriptor instead.
 func (*CreateReservedReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{60}
+	return file_hoard_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *CreateReservedReply) GetDir() *Status {
@@ -4118,7 +4729,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_hoard_proto_msgTypes[61]
+	mi := &file_hoard_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4130,7 +4741,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[61]
+	mi := &file_hoard_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4143,7 +4754,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{61}
+	return file_hoard_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *OpenRequest) GetFid() *FID {
@@ -4195,7 +4806,7 @@ type OpenReply struct {
 
 func (x *OpenReply) Reset() {
 	*x = OpenReply{}
-	mi := &file_hoard_proto_msgTypes[62]
+	mi := &file_hoard_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4207,7 +4818,7 @@ func (x *OpenReply) String() string {
 func (*OpenReply) ProtoMessage() {}
 
 func (x *OpenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[62]
+	mi := &file_hoard_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4220,7 +4831,7 @@ func (x *OpenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenReply.ProtoReflect.Descriptor instead.
 func (*OpenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{62}
+	return file_hoard_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *OpenReply) GetStatus() *Status {
@@ -4261,7 +4872,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_hoard_proto_msgTypes[63]
+	mi := &file_hoard_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4273,7 +4884,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[63]
+	mi := &file_hoard_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4286,7 +4897,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{63}
+	return file_hoard_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *CloseRequest) GetFid() *FID {
@@ -4311,7 +4922,7 @@ type CloseReply struct {
 
 func (x *CloseReply) Reset() {
 	*x = CloseReply{}
-	mi := &file_hoard_proto_msgTypes[64]
+	mi := &file_hoard_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4323,7 +4934,7 @@ func (x *CloseReply) String() string {
 func (*CloseReply) ProtoMessage() {}
 
 func (x *CloseReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[64]
+	mi := &file_hoard_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4336,7 +4947,7 @@ func (x *CloseReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseReply.ProtoReflect.Descriptor instead.
 func (*CloseReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{64}
+	return file_hoard_proto_rawDescGZIP(), []int{75}
 }
 
 // Return gives a delegation back after its dirty data was stored; readers
@@ -4354,7 +4965,7 @@ type ReturnRequest struct {
 
 func (x *ReturnRequest) Reset() {
 	*x = ReturnRequest{}
-	mi := &file_hoard_proto_msgTypes[65]
+	mi := &file_hoard_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4366,7 +4977,7 @@ func (x *ReturnRequest) String() string {
 func (*ReturnRequest) ProtoMessage() {}
 
 func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[65]
+	mi := &file_hoard_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4379,7 +4990,7 @@ func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{65}
+	return file_hoard_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ReturnRequest) GetFid() *FID {
@@ -4418,7 +5029,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_hoard_proto_msgTypes[66]
+	mi := &file_hoard_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4430,7 +5041,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[66]
+	mi := &file_hoard_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4443,7 +5054,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{66}
+	return file_hoard_proto_rawDescGZIP(), []int{77}
 }
 
 type RenewReply struct {
@@ -4454,7 +5065,7 @@ type RenewReply struct {
 
 func (x *RenewReply) Reset() {
 	*x = RenewReply{}
-	mi := &file_hoard_proto_msgTypes[67]
+	mi := &file_hoard_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4466,7 +5077,7 @@ func (x *RenewReply) String() string {
 func (*RenewReply) ProtoMessage() {}
 
 func (x *RenewReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[67]
+	mi := &file_hoard_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4479,7 +5090,7 @@ func (x *RenewReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewReply.ProtoReflect.Descriptor instead.
 func (*RenewReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{67}
+	return file_hoard_proto_rawDescGZIP(), []int{78}
 }
 
 type ReturnReply struct {
@@ -4492,7 +5103,7 @@ type ReturnReply struct {
 
 func (x *ReturnReply) Reset() {
 	*x = ReturnReply{}
-	mi := &file_hoard_proto_msgTypes[68]
+	mi := &file_hoard_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4504,7 +5115,7 @@ func (x *ReturnReply) String() string {
 func (*ReturnReply) ProtoMessage() {}
 
 func (x *ReturnReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[68]
+	mi := &file_hoard_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4517,7 +5128,7 @@ func (x *ReturnReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnReply.ProtoReflect.Descriptor instead.
 func (*ReturnReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{68}
+	return file_hoard_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ReturnReply) GetAccepted() bool {
@@ -4535,7 +5146,7 @@ type ProxyStatsRequest struct {
 
 func (x *ProxyStatsRequest) Reset() {
 	*x = ProxyStatsRequest{}
-	mi := &file_hoard_proto_msgTypes[69]
+	mi := &file_hoard_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4547,7 +5158,7 @@ func (x *ProxyStatsRequest) String() string {
 func (*ProxyStatsRequest) ProtoMessage() {}
 
 func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[69]
+	mi := &file_hoard_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4560,7 +5171,7 @@ func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsRequest.ProtoReflect.Descriptor instead.
 func (*ProxyStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{69}
+	return file_hoard_proto_rawDescGZIP(), []int{80}
 }
 
 // ProxyStatsReply: the proxy's disk store. Hits and misses count chunk
@@ -4610,7 +5221,7 @@ type ProxyStatsReply struct {
 
 func (x *ProxyStatsReply) Reset() {
 	*x = ProxyStatsReply{}
-	mi := &file_hoard_proto_msgTypes[70]
+	mi := &file_hoard_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4622,7 +5233,7 @@ func (x *ProxyStatsReply) String() string {
 func (*ProxyStatsReply) ProtoMessage() {}
 
 func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[70]
+	mi := &file_hoard_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4635,7 +5246,7 @@ func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsReply.ProtoReflect.Descriptor instead.
 func (*ProxyStatsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{70}
+	return file_hoard_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ProxyStatsReply) GetOrigin() string {
@@ -4876,21 +5487,60 @@ const file_hoard_proto_rawDesc = "" +
 	"\x06Revoke\x12!\n" +
 	"\x04fids\x18\x01 \x03(\v2\r.hoard.v1.FIDR\x04fids\x12\x16\n" +
 	"\x06states\x18\x02 \x03(\x04R\x06states\"\x06\n" +
-	"\x04Ping\"n\n" +
+	"\x04Ping\"\xae\x01\n" +
 	"\x06Volume\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12!\n" +
 	"\x04root\x18\x03 \x01(\v2\r.hoard.v1.FIDR\x04root\x12\x1d\n" +
 	"\n" +
-	"created_ns\x18\x04 \x01(\x03R\tcreatedNs\"6\n" +
+	"created_ns\x18\x04 \x01(\x03R\tcreatedNs\x12\x14\n" +
+	"\x05quota\x18\x05 \x01(\x04R\x05quota\x12\x12\n" +
+	"\x04used\x18\x06 \x01(\x04R\x04used\x12\x14\n" +
+	"\x05files\x18\a \x01(\x04R\x05files\".\n" +
+	"\x04Site\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xa9\x01\n" +
+	"\bLocation\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1e\n" +
+	"\x02rw\x18\x03 \x01(\v2\x0e.hoard.v1.SiteR\x02rw\x12\x1e\n" +
+	"\x02ro\x18\x04 \x03(\v2\x0e.hoard.v1.SiteR\x02ro\x12\x1a\n" +
+	"\breleased\x18\x05 \x01(\x04R\breleased\x12\x1d\n" +
+	"\n" +
+	"created_ns\x18\x06 \x01(\x03R\tcreatedNs\"3\n" +
+	"\rLocateRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\"\x16\n" +
+	"\x14ListLocationsRequest\"F\n" +
+	"\x12ListLocationsReply\x120\n" +
+	"\tlocations\x18\x01 \x03(\v2\x12.hoard.v1.LocationR\tlocations\"\xaf\x01\n" +
+	"\n" +
+	"ServerInfo\x12\"\n" +
+	"\x04site\x18\x01 \x01(\v2\x0e.hoard.v1.SiteR\x04site\x12\x14\n" +
+	"\x05alive\x18\x02 \x01(\bR\x05alive\x12\x1a\n" +
+	"\bcapacity\x18\x03 \x01(\x04R\bcapacity\x12\x12\n" +
+	"\x04free\x18\x04 \x01(\x04R\x04free\x12\x18\n" +
+	"\avolumes\x18\x05 \x01(\rR\avolumes\x12\x1d\n" +
+	"\n" +
+	"started_ns\x18\x06 \x01(\x03R\tstartedNs\"\x14\n" +
+	"\x12ListServersRequest\"B\n" +
+	"\x10ListServersReply\x12.\n" +
+	"\aservers\x18\x01 \x03(\v2\x14.hoard.v1.ServerInfoR\aservers\"<\n" +
+	"\x10SetVolumeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05quota\x18\x02 \x01(\x04R\x05quota\")\n" +
+	"\x13RemoveVolumeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x13\n" +
+	"\x11RemoveVolumeReply\"6\n" +
 	"\x10GetVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\"\x14\n" +
 	"\x12ListVolumesRequest\">\n" +
 	"\x10ListVolumesReply\x12*\n" +
-	"\avolumes\x18\x01 \x03(\v2\x10.hoard.v1.VolumeR\avolumes\")\n" +
+	"\avolumes\x18\x01 \x03(\v2\x10.hoard.v1.VolumeR\avolumes\"9\n" +
 	"\x13CreateVolumeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"D\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
+	"\x02on\x18\x02 \x01(\tR\x02on\"D\n" +
 	"\rLookupRequest\x12\x1f\n" +
 	"\x03dir\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03dir\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"[\n" +
@@ -5155,13 +5805,18 @@ const file_hoard_proto_rawDesc = "" +
 	"DELEG_NONE\x10\x00\x12\x0e\n" +
 	"\n" +
 	"DELEG_READ\x10\x01\x12\x0f\n" +
-	"\vDELEG_WRITE\x10\x022\xfa\f\n" +
+	"\vDELEG_WRITE\x10\x022\xd0\x0f\n" +
 	"\n" +
 	"FileServer\x127\n" +
 	"\aConnect\x12\x13.hoard.v1.ClientMsg\x1a\x13.hoard.v1.ServerMsg(\x010\x01\x129\n" +
 	"\tGetVolume\x12\x1a.hoard.v1.GetVolumeRequest\x1a\x10.hoard.v1.Volume\x12G\n" +
 	"\vListVolumes\x12\x1c.hoard.v1.ListVolumesRequest\x1a\x1a.hoard.v1.ListVolumesReply\x12?\n" +
-	"\fCreateVolume\x12\x1d.hoard.v1.CreateVolumeRequest\x1a\x10.hoard.v1.Volume\x128\n" +
+	"\fCreateVolume\x12\x1d.hoard.v1.CreateVolumeRequest\x1a\x10.hoard.v1.Volume\x129\n" +
+	"\tSetVolume\x12\x1a.hoard.v1.SetVolumeRequest\x1a\x10.hoard.v1.Volume\x12J\n" +
+	"\fRemoveVolume\x12\x1d.hoard.v1.RemoveVolumeRequest\x1a\x1b.hoard.v1.RemoveVolumeReply\x125\n" +
+	"\x06Locate\x12\x17.hoard.v1.LocateRequest\x1a\x12.hoard.v1.Location\x12M\n" +
+	"\rListLocations\x12\x1e.hoard.v1.ListLocationsRequest\x1a\x1c.hoard.v1.ListLocationsReply\x12G\n" +
+	"\vListServers\x12\x1c.hoard.v1.ListServersRequest\x1a\x1a.hoard.v1.ListServersReply\x128\n" +
 	"\x06Lookup\x12\x17.hoard.v1.LookupRequest\x1a\x15.hoard.v1.LookupReply\x12A\n" +
 	"\tGetStatus\x12\x1a.hoard.v1.GetStatusRequest\x1a\x18.hoard.v1.GetStatusReply\x12;\n" +
 	"\aReadDir\x12\x18.hoard.v1.ReadDirRequest\x1a\x16.hoard.v1.ReadDirReply\x128\n" +
@@ -5202,7 +5857,7 @@ func file_hoard_proto_rawDescGZIP() []byte {
 }
 
 var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
+var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
 var file_hoard_proto_goTypes = []any{
 	(FileType)(0),                  // 0: hoard.v1.FileType
 	(DelegKind)(0),                 // 1: hoard.v1.DelegKind
@@ -5221,196 +5876,222 @@ var file_hoard_proto_goTypes = []any{
 	(*Revoke)(nil),                 // 14: hoard.v1.Revoke
 	(*Ping)(nil),                   // 15: hoard.v1.Ping
 	(*Volume)(nil),                 // 16: hoard.v1.Volume
-	(*GetVolumeRequest)(nil),       // 17: hoard.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),     // 18: hoard.v1.ListVolumesRequest
-	(*ListVolumesReply)(nil),       // 19: hoard.v1.ListVolumesReply
-	(*CreateVolumeRequest)(nil),    // 20: hoard.v1.CreateVolumeRequest
-	(*LookupRequest)(nil),          // 21: hoard.v1.LookupRequest
-	(*LookupReply)(nil),            // 22: hoard.v1.LookupReply
-	(*GetStatusRequest)(nil),       // 23: hoard.v1.GetStatusRequest
-	(*StatusResult)(nil),           // 24: hoard.v1.StatusResult
-	(*GetStatusReply)(nil),         // 25: hoard.v1.GetStatusReply
-	(*ReadDirRequest)(nil),         // 26: hoard.v1.ReadDirRequest
-	(*DirEntry)(nil),               // 27: hoard.v1.DirEntry
-	(*ReadDirReply)(nil),           // 28: hoard.v1.ReadDirReply
-	(*CreateRequest)(nil),          // 29: hoard.v1.CreateRequest
-	(*CreateReply)(nil),            // 30: hoard.v1.CreateReply
-	(*LinkRequest)(nil),            // 31: hoard.v1.LinkRequest
-	(*LinkReply)(nil),              // 32: hoard.v1.LinkReply
-	(*RemoveRequest)(nil),          // 33: hoard.v1.RemoveRequest
-	(*RemoveReply)(nil),            // 34: hoard.v1.RemoveReply
-	(*RenameRequest)(nil),          // 35: hoard.v1.RenameRequest
-	(*RenameReply)(nil),            // 36: hoard.v1.RenameReply
-	(*SetAttrRequest)(nil),         // 37: hoard.v1.SetAttrRequest
-	(*SetAttrReply)(nil),           // 38: hoard.v1.SetAttrReply
-	(*StatFSRequest)(nil),          // 39: hoard.v1.StatFSRequest
-	(*StatFSReply)(nil),            // 40: hoard.v1.StatFSReply
-	(*FetchRequest)(nil),           // 41: hoard.v1.FetchRequest
-	(*FetchReply)(nil),             // 42: hoard.v1.FetchReply
-	(*StoreRequest)(nil),           // 43: hoard.v1.StoreRequest
-	(*StoreReply)(nil),             // 44: hoard.v1.StoreReply
-	(*WhoAmIRequest)(nil),          // 45: hoard.v1.WhoAmIRequest
-	(*WhoAmIReply)(nil),            // 46: hoard.v1.WhoAmIReply
-	(*ACLEntry)(nil),               // 47: hoard.v1.ACLEntry
-	(*GetACLRequest)(nil),          // 48: hoard.v1.GetACLRequest
-	(*SetACLRequest)(nil),          // 49: hoard.v1.SetACLRequest
-	(*ACLReply)(nil),               // 50: hoard.v1.ACLReply
-	(*ChangeGroupRequest)(nil),     // 51: hoard.v1.ChangeGroupRequest
-	(*ChangeGroupReply)(nil),       // 52: hoard.v1.ChangeGroupReply
-	(*ListGroupsRequest)(nil),      // 53: hoard.v1.ListGroupsRequest
-	(*Group)(nil),                  // 54: hoard.v1.Group
-	(*ListGroupsReply)(nil),        // 55: hoard.v1.ListGroupsReply
-	(*RevokeTokenRequest)(nil),     // 56: hoard.v1.RevokeTokenRequest
-	(*RevokeTokenReply)(nil),       // 57: hoard.v1.RevokeTokenReply
-	(*ReserveRequest)(nil),         // 58: hoard.v1.ReserveRequest
-	(*ReserveReply)(nil),           // 59: hoard.v1.ReserveReply
-	(*ReservedFile)(nil),           // 60: hoard.v1.ReservedFile
-	(*RemovedFile)(nil),            // 61: hoard.v1.RemovedFile
-	(*CreateReservedRequest)(nil),  // 62: hoard.v1.CreateReservedRequest
-	(*CreateReservedReply)(nil),    // 63: hoard.v1.CreateReservedReply
-	(*OpenRequest)(nil),            // 64: hoard.v1.OpenRequest
-	(*OpenReply)(nil),              // 65: hoard.v1.OpenReply
-	(*CloseRequest)(nil),           // 66: hoard.v1.CloseRequest
-	(*CloseReply)(nil),             // 67: hoard.v1.CloseReply
-	(*ReturnRequest)(nil),          // 68: hoard.v1.ReturnRequest
-	(*RenewRequest)(nil),           // 69: hoard.v1.RenewRequest
-	(*RenewReply)(nil),             // 70: hoard.v1.RenewReply
-	(*ReturnReply)(nil),            // 71: hoard.v1.ReturnReply
-	(*ProxyStatsRequest)(nil),      // 72: hoard.v1.ProxyStatsRequest
-	(*ProxyStatsReply)(nil),        // 73: hoard.v1.ProxyStatsReply
+	(*Site)(nil),                   // 17: hoard.v1.Site
+	(*Location)(nil),               // 18: hoard.v1.Location
+	(*LocateRequest)(nil),          // 19: hoard.v1.LocateRequest
+	(*ListLocationsRequest)(nil),   // 20: hoard.v1.ListLocationsRequest
+	(*ListLocationsReply)(nil),     // 21: hoard.v1.ListLocationsReply
+	(*ServerInfo)(nil),             // 22: hoard.v1.ServerInfo
+	(*ListServersRequest)(nil),     // 23: hoard.v1.ListServersRequest
+	(*ListServersReply)(nil),       // 24: hoard.v1.ListServersReply
+	(*SetVolumeRequest)(nil),       // 25: hoard.v1.SetVolumeRequest
+	(*RemoveVolumeRequest)(nil),    // 26: hoard.v1.RemoveVolumeRequest
+	(*RemoveVolumeReply)(nil),      // 27: hoard.v1.RemoveVolumeReply
+	(*GetVolumeRequest)(nil),       // 28: hoard.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),     // 29: hoard.v1.ListVolumesRequest
+	(*ListVolumesReply)(nil),       // 30: hoard.v1.ListVolumesReply
+	(*CreateVolumeRequest)(nil),    // 31: hoard.v1.CreateVolumeRequest
+	(*LookupRequest)(nil),          // 32: hoard.v1.LookupRequest
+	(*LookupReply)(nil),            // 33: hoard.v1.LookupReply
+	(*GetStatusRequest)(nil),       // 34: hoard.v1.GetStatusRequest
+	(*StatusResult)(nil),           // 35: hoard.v1.StatusResult
+	(*GetStatusReply)(nil),         // 36: hoard.v1.GetStatusReply
+	(*ReadDirRequest)(nil),         // 37: hoard.v1.ReadDirRequest
+	(*DirEntry)(nil),               // 38: hoard.v1.DirEntry
+	(*ReadDirReply)(nil),           // 39: hoard.v1.ReadDirReply
+	(*CreateRequest)(nil),          // 40: hoard.v1.CreateRequest
+	(*CreateReply)(nil),            // 41: hoard.v1.CreateReply
+	(*LinkRequest)(nil),            // 42: hoard.v1.LinkRequest
+	(*LinkReply)(nil),              // 43: hoard.v1.LinkReply
+	(*RemoveRequest)(nil),          // 44: hoard.v1.RemoveRequest
+	(*RemoveReply)(nil),            // 45: hoard.v1.RemoveReply
+	(*RenameRequest)(nil),          // 46: hoard.v1.RenameRequest
+	(*RenameReply)(nil),            // 47: hoard.v1.RenameReply
+	(*SetAttrRequest)(nil),         // 48: hoard.v1.SetAttrRequest
+	(*SetAttrReply)(nil),           // 49: hoard.v1.SetAttrReply
+	(*StatFSRequest)(nil),          // 50: hoard.v1.StatFSRequest
+	(*StatFSReply)(nil),            // 51: hoard.v1.StatFSReply
+	(*FetchRequest)(nil),           // 52: hoard.v1.FetchRequest
+	(*FetchReply)(nil),             // 53: hoard.v1.FetchReply
+	(*StoreRequest)(nil),           // 54: hoard.v1.StoreRequest
+	(*StoreReply)(nil),             // 55: hoard.v1.StoreReply
+	(*WhoAmIRequest)(nil),          // 56: hoard.v1.WhoAmIRequest
+	(*WhoAmIReply)(nil),            // 57: hoard.v1.WhoAmIReply
+	(*ACLEntry)(nil),               // 58: hoard.v1.ACLEntry
+	(*GetACLRequest)(nil),          // 59: hoard.v1.GetACLRequest
+	(*SetACLRequest)(nil),          // 60: hoard.v1.SetACLRequest
+	(*ACLReply)(nil),               // 61: hoard.v1.ACLReply
+	(*ChangeGroupRequest)(nil),     // 62: hoard.v1.ChangeGroupRequest
+	(*ChangeGroupReply)(nil),       // 63: hoard.v1.ChangeGroupReply
+	(*ListGroupsRequest)(nil),      // 64: hoard.v1.ListGroupsRequest
+	(*Group)(nil),                  // 65: hoard.v1.Group
+	(*ListGroupsReply)(nil),        // 66: hoard.v1.ListGroupsReply
+	(*RevokeTokenRequest)(nil),     // 67: hoard.v1.RevokeTokenRequest
+	(*RevokeTokenReply)(nil),       // 68: hoard.v1.RevokeTokenReply
+	(*ReserveRequest)(nil),         // 69: hoard.v1.ReserveRequest
+	(*ReserveReply)(nil),           // 70: hoard.v1.ReserveReply
+	(*ReservedFile)(nil),           // 71: hoard.v1.ReservedFile
+	(*RemovedFile)(nil),            // 72: hoard.v1.RemovedFile
+	(*CreateReservedRequest)(nil),  // 73: hoard.v1.CreateReservedRequest
+	(*CreateReservedReply)(nil),    // 74: hoard.v1.CreateReservedReply
+	(*OpenRequest)(nil),            // 75: hoard.v1.OpenRequest
+	(*OpenReply)(nil),              // 76: hoard.v1.OpenReply
+	(*CloseRequest)(nil),           // 77: hoard.v1.CloseRequest
+	(*CloseReply)(nil),             // 78: hoard.v1.CloseReply
+	(*ReturnRequest)(nil),          // 79: hoard.v1.ReturnRequest
+	(*RenewRequest)(nil),           // 80: hoard.v1.RenewRequest
+	(*RenewReply)(nil),             // 81: hoard.v1.RenewReply
+	(*ReturnReply)(nil),            // 82: hoard.v1.ReturnReply
+	(*ProxyStatsRequest)(nil),      // 83: hoard.v1.ProxyStatsRequest
+	(*ProxyStatsReply)(nil),        // 84: hoard.v1.ProxyStatsReply
 }
 var file_hoard_proto_depIdxs = []int32{
-	3,  // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
-	0,  // 1: hoard.v1.Status.type:type_name -> hoard.v1.FileType
-	7,  // 2: hoard.v1.ClientMsg.hello:type_name -> hoard.v1.Hello
-	8,  // 3: hoard.v1.ClientMsg.ack:type_name -> hoard.v1.Ack
-	10, // 4: hoard.v1.ServerMsg.welcome:type_name -> hoard.v1.Welcome
-	11, // 5: hoard.v1.ServerMsg.break:type_name -> hoard.v1.Break
-	12, // 6: hoard.v1.ServerMsg.reset:type_name -> hoard.v1.Reset
-	15, // 7: hoard.v1.ServerMsg.ping:type_name -> hoard.v1.Ping
-	13, // 8: hoard.v1.ServerMsg.recall:type_name -> hoard.v1.Recall
-	14, // 9: hoard.v1.ServerMsg.revoke:type_name -> hoard.v1.Revoke
-	3,  // 10: hoard.v1.Break.fids:type_name -> hoard.v1.FID
-	3,  // 11: hoard.v1.Recall.fids:type_name -> hoard.v1.FID
-	3,  // 12: hoard.v1.Revoke.fids:type_name -> hoard.v1.FID
-	3,  // 13: hoard.v1.Volume.root:type_name -> hoard.v1.FID
-	16, // 14: hoard.v1.ListVolumesReply.volumes:type_name -> hoard.v1.Volume
-	3,  // 15: hoard.v1.LookupRequest.dir:type_name -> hoard.v1.FID
-	4,  // 16: hoard.v1.LookupReply.status:type_name -> hoard.v1.Status
-	4,  // 17: hoard.v1.LookupReply.dir:type_name -> hoard.v1.Status
-	3,  // 18: hoard.v1.GetStatusRequest.fids:type_name -> hoard.v1.FID
-	4,  // 19: hoard.v1.StatusResult.status:type_name -> hoard.v1.Status
-	24, // 20: hoard.v1.GetStatusReply.results:type_name -> hoard.v1.StatusResult
-	3,  // 21: hoard.v1.ReadDirRequest.dir:type_name -> hoard.v1.FID
-	3,  // 22: hoard.v1.DirEntry.fid:type_name -> hoard.v1.FID
-	0,  // 23: hoard.v1.DirEntry.type:type_name -> hoard.v1.FileType
-	27, // 24: hoard.v1.ReadDirReply.entries:type_name -> hoard.v1.DirEntry
-	4,  // 25: hoard.v1.ReadDirReply.dir:type_name -> hoard.v1.Status
-	3,  // 26: hoard.v1.CreateRequest.dir:type_name -> hoard.v1.FID
-	0,  // 27: hoard.v1.CreateRequest.type:type_name -> hoard.v1.FileType
-	4,  // 28: hoard.v1.CreateReply.status:type_name -> hoard.v1.Status
-	4,  // 29: hoard.v1.CreateReply.dir:type_name -> hoard.v1.Status
-	1,  // 30: hoard.v1.CreateReply.kind:type_name -> hoard.v1.DelegKind
-	3,  // 31: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
-	3,  // 32: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
-	4,  // 33: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
-	4,  // 34: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
-	3,  // 35: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
-	4,  // 36: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
-	4,  // 37: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
-	3,  // 38: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
-	3,  // 39: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
-	4,  // 40: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
-	4,  // 41: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
-	4,  // 42: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
-	4,  // 43: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
-	3,  // 44: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
-	4,  // 45: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
-	3,  // 46: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
-	4,  // 47: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
-	3,  // 48: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
-	4,  // 49: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
-	3,  // 50: hoard.v1.GetACLRequest.fid:type_name -> hoard.v1.FID
-	3,  // 51: hoard.v1.SetACLRequest.dir:type_name -> hoard.v1.FID
-	3,  // 52: hoard.v1.ACLReply.dir:type_name -> hoard.v1.FID
-	47, // 53: hoard.v1.ACLReply.entries:type_name -> hoard.v1.ACLEntry
-	2,  // 54: hoard.v1.ChangeGroupRequest.change:type_name -> hoard.v1.ChangeGroupRequest.Change
-	54, // 55: hoard.v1.ListGroupsReply.groups:type_name -> hoard.v1.Group
-	3,  // 56: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
-	3,  // 57: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
-	3,  // 58: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
-	3,  // 59: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
-	60, // 60: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
-	61, // 61: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
-	4,  // 62: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
-	4,  // 63: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
-	4,  // 64: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
-	3,  // 65: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
-	4,  // 66: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
-	1,  // 67: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
-	3,  // 68: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
-	3,  // 69: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
-	6,  // 70: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
-	17, // 71: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
-	18, // 72: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
-	20, // 73: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
-	21, // 74: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
-	23, // 75: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
-	26, // 76: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
-	29, // 77: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
-	31, // 78: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
-	33, // 79: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
-	35, // 80: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
-	37, // 81: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
-	39, // 82: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
-	41, // 83: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
-	43, // 84: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
-	64, // 85: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
-	66, // 86: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
-	68, // 87: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
-	69, // 88: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
-	58, // 89: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
-	62, // 90: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
-	45, // 91: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
-	48, // 92: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
-	49, // 93: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
-	51, // 94: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
-	53, // 95: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
-	56, // 96: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
-	72, // 97: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
-	9,  // 98: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
-	16, // 99: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
-	19, // 100: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
-	16, // 101: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
-	22, // 102: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
-	25, // 103: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
-	28, // 104: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
-	30, // 105: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
-	32, // 106: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
-	34, // 107: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
-	36, // 108: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
-	38, // 109: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
-	40, // 110: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
-	42, // 111: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
-	44, // 112: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
-	65, // 113: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
-	67, // 114: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
-	71, // 115: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
-	70, // 116: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
-	59, // 117: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
-	63, // 118: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
-	46, // 119: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
-	50, // 120: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
-	50, // 121: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
-	52, // 122: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
-	55, // 123: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
-	57, // 124: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
-	73, // 125: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
-	98, // [98:126] is the sub-list for method output_type
-	70, // [70:98] is the sub-list for method input_type
-	70, // [70:70] is the sub-list for extension type_name
-	70, // [70:70] is the sub-list for extension extendee
-	0,  // [0:70] is the sub-list for field type_name
+	3,   // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
+	0,   // 1: hoard.v1.Status.type:type_name -> hoard.v1.FileType
+	7,   // 2: hoard.v1.ClientMsg.hello:type_name -> hoard.v1.Hello
+	8,   // 3: hoard.v1.ClientMsg.ack:type_name -> hoard.v1.Ack
+	10,  // 4: hoard.v1.ServerMsg.welcome:type_name -> hoard.v1.Welcome
+	11,  // 5: hoard.v1.ServerMsg.break:type_name -> hoard.v1.Break
+	12,  // 6: hoard.v1.ServerMsg.reset:type_name -> hoard.v1.Reset
+	15,  // 7: hoard.v1.ServerMsg.ping:type_name -> hoard.v1.Ping
+	13,  // 8: hoard.v1.ServerMsg.recall:type_name -> hoard.v1.Recall
+	14,  // 9: hoard.v1.ServerMsg.revoke:type_name -> hoard.v1.Revoke
+	3,   // 10: hoard.v1.Break.fids:type_name -> hoard.v1.FID
+	3,   // 11: hoard.v1.Recall.fids:type_name -> hoard.v1.FID
+	3,   // 12: hoard.v1.Revoke.fids:type_name -> hoard.v1.FID
+	3,   // 13: hoard.v1.Volume.root:type_name -> hoard.v1.FID
+	17,  // 14: hoard.v1.Location.rw:type_name -> hoard.v1.Site
+	17,  // 15: hoard.v1.Location.ro:type_name -> hoard.v1.Site
+	18,  // 16: hoard.v1.ListLocationsReply.locations:type_name -> hoard.v1.Location
+	17,  // 17: hoard.v1.ServerInfo.site:type_name -> hoard.v1.Site
+	22,  // 18: hoard.v1.ListServersReply.servers:type_name -> hoard.v1.ServerInfo
+	16,  // 19: hoard.v1.ListVolumesReply.volumes:type_name -> hoard.v1.Volume
+	3,   // 20: hoard.v1.LookupRequest.dir:type_name -> hoard.v1.FID
+	4,   // 21: hoard.v1.LookupReply.status:type_name -> hoard.v1.Status
+	4,   // 22: hoard.v1.LookupReply.dir:type_name -> hoard.v1.Status
+	3,   // 23: hoard.v1.GetStatusRequest.fids:type_name -> hoard.v1.FID
+	4,   // 24: hoard.v1.StatusResult.status:type_name -> hoard.v1.Status
+	35,  // 25: hoard.v1.GetStatusReply.results:type_name -> hoard.v1.StatusResult
+	3,   // 26: hoard.v1.ReadDirRequest.dir:type_name -> hoard.v1.FID
+	3,   // 27: hoard.v1.DirEntry.fid:type_name -> hoard.v1.FID
+	0,   // 28: hoard.v1.DirEntry.type:type_name -> hoard.v1.FileType
+	38,  // 29: hoard.v1.ReadDirReply.entries:type_name -> hoard.v1.DirEntry
+	4,   // 30: hoard.v1.ReadDirReply.dir:type_name -> hoard.v1.Status
+	3,   // 31: hoard.v1.CreateRequest.dir:type_name -> hoard.v1.FID
+	0,   // 32: hoard.v1.CreateRequest.type:type_name -> hoard.v1.FileType
+	4,   // 33: hoard.v1.CreateReply.status:type_name -> hoard.v1.Status
+	4,   // 34: hoard.v1.CreateReply.dir:type_name -> hoard.v1.Status
+	1,   // 35: hoard.v1.CreateReply.kind:type_name -> hoard.v1.DelegKind
+	3,   // 36: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
+	3,   // 37: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
+	4,   // 38: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
+	4,   // 39: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
+	3,   // 40: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
+	4,   // 41: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
+	4,   // 42: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
+	3,   // 43: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
+	3,   // 44: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
+	4,   // 45: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
+	4,   // 46: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
+	4,   // 47: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
+	4,   // 48: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
+	3,   // 49: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
+	4,   // 50: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
+	3,   // 51: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
+	4,   // 52: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
+	3,   // 53: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
+	4,   // 54: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
+	3,   // 55: hoard.v1.GetACLRequest.fid:type_name -> hoard.v1.FID
+	3,   // 56: hoard.v1.SetACLRequest.dir:type_name -> hoard.v1.FID
+	3,   // 57: hoard.v1.ACLReply.dir:type_name -> hoard.v1.FID
+	58,  // 58: hoard.v1.ACLReply.entries:type_name -> hoard.v1.ACLEntry
+	2,   // 59: hoard.v1.ChangeGroupRequest.change:type_name -> hoard.v1.ChangeGroupRequest.Change
+	65,  // 60: hoard.v1.ListGroupsReply.groups:type_name -> hoard.v1.Group
+	3,   // 61: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
+	3,   // 62: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
+	3,   // 63: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
+	3,   // 64: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
+	71,  // 65: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
+	72,  // 66: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
+	4,   // 67: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
+	4,   // 68: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
+	4,   // 69: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
+	3,   // 70: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
+	4,   // 71: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
+	1,   // 72: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
+	3,   // 73: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
+	3,   // 74: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
+	6,   // 75: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
+	28,  // 76: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
+	29,  // 77: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
+	31,  // 78: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
+	25,  // 79: hoard.v1.FileServer.SetVolume:input_type -> hoard.v1.SetVolumeRequest
+	26,  // 80: hoard.v1.FileServer.RemoveVolume:input_type -> hoard.v1.RemoveVolumeRequest
+	19,  // 81: hoard.v1.FileServer.Locate:input_type -> hoard.v1.LocateRequest
+	20,  // 82: hoard.v1.FileServer.ListLocations:input_type -> hoard.v1.ListLocationsRequest
+	23,  // 83: hoard.v1.FileServer.ListServers:input_type -> hoard.v1.ListServersRequest
+	32,  // 84: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
+	34,  // 85: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
+	37,  // 86: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
+	40,  // 87: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
+	42,  // 88: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
+	44,  // 89: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
+	46,  // 90: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
+	48,  // 91: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
+	50,  // 92: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
+	52,  // 93: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
+	54,  // 94: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
+	75,  // 95: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
+	77,  // 96: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
+	79,  // 97: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
+	80,  // 98: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
+	69,  // 99: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
+	73,  // 100: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
+	56,  // 101: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
+	59,  // 102: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
+	60,  // 103: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
+	62,  // 104: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
+	64,  // 105: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
+	67,  // 106: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
+	83,  // 107: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
+	9,   // 108: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
+	16,  // 109: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
+	30,  // 110: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
+	16,  // 111: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
+	16,  // 112: hoard.v1.FileServer.SetVolume:output_type -> hoard.v1.Volume
+	27,  // 113: hoard.v1.FileServer.RemoveVolume:output_type -> hoard.v1.RemoveVolumeReply
+	18,  // 114: hoard.v1.FileServer.Locate:output_type -> hoard.v1.Location
+	21,  // 115: hoard.v1.FileServer.ListLocations:output_type -> hoard.v1.ListLocationsReply
+	24,  // 116: hoard.v1.FileServer.ListServers:output_type -> hoard.v1.ListServersReply
+	33,  // 117: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
+	36,  // 118: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
+	39,  // 119: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
+	41,  // 120: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
+	43,  // 121: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
+	45,  // 122: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
+	47,  // 123: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
+	49,  // 124: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
+	51,  // 125: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
+	53,  // 126: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
+	55,  // 127: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
+	76,  // 128: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
+	78,  // 129: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
+	82,  // 130: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
+	81,  // 131: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
+	70,  // 132: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
+	74,  // 133: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
+	57,  // 134: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
+	61,  // 135: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
+	61,  // 136: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
+	63,  // 137: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
+	66,  // 138: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
+	68,  // 139: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
+	84,  // 140: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
+	108, // [108:141] is the sub-list for method output_type
+	75,  // [75:108] is the sub-list for method input_type
+	75,  // [75:75] is the sub-list for extension type_name
+	75,  // [75:75] is the sub-list for extension extendee
+	0,   // [0:75] is the sub-list for field type_name
 }
 
 func init() { file_hoard_proto_init() }
@@ -5436,7 +6117,7 @@ func file_hoard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoard_proto_rawDesc), len(file_hoard_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   71,
+			NumMessages:   82,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

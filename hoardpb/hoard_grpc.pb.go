@@ -36,6 +36,11 @@ const (
 	FileServer_GetVolume_FullMethodName      = "/hoard.v1.FileServer/GetVolume"
 	FileServer_ListVolumes_FullMethodName    = "/hoard.v1.FileServer/ListVolumes"
 	FileServer_CreateVolume_FullMethodName   = "/hoard.v1.FileServer/CreateVolume"
+	FileServer_SetVolume_FullMethodName      = "/hoard.v1.FileServer/SetVolume"
+	FileServer_RemoveVolume_FullMethodName   = "/hoard.v1.FileServer/RemoveVolume"
+	FileServer_Locate_FullMethodName         = "/hoard.v1.FileServer/Locate"
+	FileServer_ListLocations_FullMethodName  = "/hoard.v1.FileServer/ListLocations"
+	FileServer_ListServers_FullMethodName    = "/hoard.v1.FileServer/ListServers"
 	FileServer_Lookup_FullMethodName         = "/hoard.v1.FileServer/Lookup"
 	FileServer_GetStatus_FullMethodName      = "/hoard.v1.FileServer/GetStatus"
 	FileServer_ReadDir_FullMethodName        = "/hoard.v1.FileServer/ReadDir"
@@ -69,6 +74,12 @@ type FileServerClient interface {
 	GetVolume(ctx context.Context, in *GetVolumeRequest, opts ...grpc.CallOption) (*Volume, error)
 	ListVolumes(ctx context.Context, in *ListVolumesRequest, opts ...grpc.CallOption) (*ListVolumesReply, error)
 	CreateVolume(ctx context.Context, in *CreateVolumeRequest, opts ...grpc.CallOption) (*Volume, error)
+	SetVolume(ctx context.Context, in *SetVolumeRequest, opts ...grpc.CallOption) (*Volume, error)
+	RemoveVolume(ctx context.Context, in *RemoveVolumeRequest, opts ...grpc.CallOption) (*RemoveVolumeReply, error)
+	// The cell: any server answers from its copy of the location database.
+	Locate(ctx context.Context, in *LocateRequest, opts ...grpc.CallOption) (*Location, error)
+	ListLocations(ctx context.Context, in *ListLocationsRequest, opts ...grpc.CallOption) (*ListLocationsReply, error)
+	ListServers(ctx context.Context, in *ListServersRequest, opts ...grpc.CallOption) (*ListServersReply, error)
 	Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupReply, error)
 	GetStatus(ctx context.Context, in *GetStatusRequest, opts ...grpc.CallOption) (*GetStatusReply, error)
 	ReadDir(ctx context.Context, in *ReadDirRequest, opts ...grpc.CallOption) (*ReadDirReply, error)
@@ -155,6 +166,56 @@ func (c *fileServerClient) CreateVolume(ctx context.Context, in *CreateVolumeReq
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Volume)
 	err := c.cc.Invoke(ctx, FileServer_CreateVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fileServerClient) SetVolume(ctx context.Context, in *SetVolumeRequest, opts ...grpc.CallOption) (*Volume, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Volume)
+	err := c.cc.Invoke(ctx, FileServer_SetVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fileServerClient) RemoveVolume(ctx context.Context, in *RemoveVolumeRequest, opts ...grpc.CallOption) (*RemoveVolumeReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveVolumeReply)
+	err := c.cc.Invoke(ctx, FileServer_RemoveVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fileServerClient) Locate(ctx context.Context, in *LocateRequest, opts ...grpc.CallOption) (*Location, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Location)
+	err := c.cc.Invoke(ctx, FileServer_Locate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fileServerClient) ListLocations(ctx context.Context, in *ListLocationsRequest, opts ...grpc.CallOption) (*ListLocationsReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListLocationsReply)
+	err := c.cc.Invoke(ctx, FileServer_ListLocations_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fileServerClient) ListServers(ctx context.Context, in *ListServersRequest, opts ...grpc.CallOption) (*ListServersReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListServersReply)
+	err := c.cc.Invoke(ctx, FileServer_ListServers_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -411,6 +472,12 @@ type FileServerServer interface {
 	GetVolume(context.Context, *GetVolumeRequest) (*Volume, error)
 	ListVolumes(context.Context, *ListVolumesRequest) (*ListVolumesReply, error)
 	CreateVolume(context.Context, *CreateVolumeRequest) (*Volume, error)
+	SetVolume(context.Context, *SetVolumeRequest) (*Volume, error)
+	RemoveVolume(context.Context, *RemoveVolumeRequest) (*RemoveVolumeReply, error)
+	// The cell: any server answers from its copy of the location database.
+	Locate(context.Context, *LocateRequest) (*Location, error)
+	ListLocations(context.Context, *ListLocationsRequest) (*ListLocationsReply, error)
+	ListServers(context.Context, *ListServersRequest) (*ListServersReply, error)
 	Lookup(context.Context, *LookupRequest) (*LookupReply, error)
 	GetStatus(context.Context, *GetStatusRequest) (*GetStatusReply, error)
 	ReadDir(context.Context, *ReadDirRequest) (*ReadDirReply, error)
@@ -471,6 +538,21 @@ func (UnimplementedFileServerServer) ListVolumes(context.Context, *ListVolumesRe
 }
 func (UnimplementedFileServerServer) CreateVolume(context.Context, *CreateVolumeRequest) (*Volume, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateVolume not implemented")
+}
+func (UnimplementedFileServerServer) SetVolume(context.Context, *SetVolumeRequest) (*Volume, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetVolume not implemented")
+}
+func (UnimplementedFileServerServer) RemoveVolume(context.Context, *RemoveVolumeRequest) (*RemoveVolumeReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveVolume not implemented")
+}
+func (UnimplementedFileServerServer) Locate(context.Context, *LocateRequest) (*Location, error) {
+	return nil, status.Error(codes.Unimplemented, "method Locate not implemented")
+}
+func (UnimplementedFileServerServer) ListLocations(context.Context, *ListLocationsRequest) (*ListLocationsReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListLocations not implemented")
+}
+func (UnimplementedFileServerServer) ListServers(context.Context, *ListServersRequest) (*ListServersReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListServers not implemented")
 }
 func (UnimplementedFileServerServer) Lookup(context.Context, *LookupRequest) (*LookupReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Lookup not implemented")
@@ -619,6 +701,96 @@ func _FileServer_CreateVolume_Handler(srv interface{}, ctx context.Context, dec 
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(FileServerServer).CreateVolume(ctx, req.(*CreateVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FileServer_SetVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).SetVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_SetVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).SetVolume(ctx, req.(*SetVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FileServer_RemoveVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).RemoveVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_RemoveVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).RemoveVolume(ctx, req.(*RemoveVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FileServer_Locate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LocateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).Locate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_Locate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).Locate(ctx, req.(*LocateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FileServer_ListLocations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListLocationsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).ListLocations(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_ListLocations_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).ListLocations(ctx, req.(*ListLocationsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FileServer_ListServers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListServersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).ListServers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_ListServers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).ListServers(ctx, req.(*ListServersRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1037,6 +1209,26 @@ var FileServer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CreateVolume",
 			Handler:    _FileServer_CreateVolume_Handler,
+		},
+		{
+			MethodName: "SetVolume",
+			Handler:    _FileServer_SetVolume_Handler,
+		},
+		{
+			MethodName: "RemoveVolume",
+			Handler:    _FileServer_RemoveVolume_Handler,
+		},
+		{
+			MethodName: "Locate",
+			Handler:    _FileServer_Locate_Handler,
+		},
+		{
+			MethodName: "ListLocations",
+			Handler:    _FileServer_ListLocations_Handler,
+		},
+		{
+			MethodName: "ListServers",
+			Handler:    _FileServer_ListServers_Handler,
 		},
 		{
 			MethodName: "Lookup",
