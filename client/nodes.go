@@ -449,9 +449,10 @@ func (k *Nodes) SetPolicy(n *Node, mode string, recursive bool) error {
 	return k.c.setPolicyAt(n, mode, recursive, k.u)
 }
 
-// StatFS reports the space of the server holding the root volume.
-func (k *Nodes) StatFS() (FSStat, error) {
-	fs, err := k.c.statFS(k.c.root.fid.Volume, k.u)
+// StatFS reports the space of the server holding n's volume, or of the
+// volume itself if it has a quota.
+func (k *Nodes) StatFS(n *Node) (FSStat, error) {
+	fs, err := k.c.statFS(n.fid.Volume, k.u)
 	if err != nil {
 		return FSStat{}, errOf("statfs", "/", err)
 	}

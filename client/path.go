@@ -29,6 +29,9 @@ type Volume struct {
 	Name    string
 	Root    node.FID
 	Created time.Time
+	// Quota bounds the bytes of the volume's files (0: none); Used is
+	// what they hold, Files how many files and directories it has.
+	Quota, Used, Files uint64
 }
 
 // maxLinks bounds symlink hops in one path resolution, as Linux's 40.
@@ -685,7 +688,7 @@ func (c *Client) StatFS() (FSStat, error) {
 }
 
 func toVolume(v *pb.Volume) Volume {
-	return Volume{ID: v.Id, Name: v.Name, Root: v.Root.ToFID(), Created: time.Unix(0, v.CreatedNs)}
+	return Volume{ID: v.Id, Name: v.Name, Root: v.Root.ToFID(), Created: time.Unix(0, v.CreatedNs), Quota: v.Quota, Used: v.Used, Files: v.Files}
 }
 
 // CreateVolume makes a new volume; MountVolume attaches it to the tree.

@@ -510,7 +510,7 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 }
 
 func (h *hnode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	st, err := h.m.as(ctx).StatFS()
+	st, err := h.m.as(ctx).StatFS(h.n)
 	if err != nil {
 		return errno(err)
 	}

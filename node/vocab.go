@@ -101,4 +101,7 @@ type Volume struct {
 	Name    string
 	Root    FID
 	Created time.Time
+	// Quota bounds the bytes of the volume's regular files (0: none);
+	// Used is what they hold, Files how many vnodes the volume has.
+	Quota, Used, Files uint64
 }

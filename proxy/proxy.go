@@ -346,11 +346,17 @@ func nextEpoch(path string) (uint64, error) {
 func (p *Proxy) Epoch() uint64 { return p.epoch }
 
 func fromVolume(v client.Volume) node.Volume {
-	return node.Volume{ID: v.ID, Name: v.Name, Root: v.Root, Created: v.Created}
+	return node.Volume{ID: v.ID, Name: v.Name, Root: v.Root, Created: v.Created, Quota: v.Quota, Used: v.Used, Files: v.Files}
 }
 
 func (p *Proxy) CreateVolume(name string) (node.Volume, error) {
 	v, err := p.c.CreateVolume(name)
+	return fromVolume(v), unwrap(err)
+}
+
+// SetQuota sets the quota at the origin, which enforces it.
+func (p *Proxy) SetQuota(name string, quota uint64) (node.Volume, error) {
+	v, err := p.c.SetQuota(name, quota)
 	return fromVolume(v), unwrap(err)
 }
 

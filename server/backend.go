@@ -23,6 +23,8 @@ type Backend interface {
 	VolumeByName(name string) (node.Volume, error)
 	VolumeByID(id uint64) (node.Volume, error)
 	Volumes() ([]node.Volume, error)
+	// SetQuota bounds the bytes of a volume's files (0: no bound).
+	SetQuota(name string, quota uint64) (node.Volume, error)
 
 	GetStatus(f node.FID) (node.Status, error)
 	Lookup(dir node.FID, name string) (child, d node.Status, err error)
@@ -80,7 +82,19 @@ func Local(store *vnode.Store) Backend { return local{store} }
 
 type local struct{ *vnode.Store }
 
-func (l local) StatFS(uint64) (node.FSStat, error) { return l.Store.StatFS() }
+// StatFS is the data directory's file system, shrunk to the volume's
+// quota if it has one.
+func (l local) StatFS(volume uint64) (node.FSStat, error) {
+	fs, err := l.Store.StatFS()
+	if err != nil {
+		return fs, err
+	}
+	v, err := l.Store.VolumeByID(volume)
+	if err != nil {
+		return node.FSStat{}, err
+	}
+	return withQuota(fs, v), nil
+}
 
 func (l local) ReadAt(f node.FID, p []byte, off int64, _ string) (int, node.Status, error) {
 	return l.Store.ReadAt(f, p, off)

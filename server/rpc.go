@@ -25,7 +25,7 @@ const (
 )
 
 func fromVolume(v node.Volume) *pb.Volume {
-	return &pb.Volume{Id: v.ID, Name: v.Name, Root: pb.FromFID(v.Root), CreatedNs: v.Created.UnixNano()}
+	return &pb.Volume{Id: v.ID, Name: v.Name, Root: pb.FromFID(v.Root), CreatedNs: v.Created.UnixNano(), Quota: v.Quota, Used: v.Used, Files: v.Files}
 }
 
 // GetVolume, ListVolumes and StatFS tell of a volume only those who may

@@ -256,9 +256,13 @@ func (u *Update) Commit(sync bool, mtime time.Time, op node.Op) (node.Status, er
 	}
 	var r record
 	var oldInline []byte
+	var q room
 	err := s.view(f.Volume, func(v *vtx) (err error) {
 		r, err = v.get(f)
 		oldInline = v.inlineData(f.Vnode, &r)
+		if _, made := v.findOp(op); !made {
+			q = v.room()
+		}
 		return err
 	})
 	if err != nil {
@@ -281,6 +285,11 @@ func (u *Update) Commit(sync bool, mtime time.Time, op node.Op) (node.Status, er
 	}
 	if p.size > uint64(s.maxSize) {
 		return node.Status{}, fmt.Errorf("store %v: size %d: %w", f, p.size, syscall.EFBIG)
+	}
+	// Over the quota as it is now: refused before any byte is moved.
+	// publish checks again, in the transaction that counts the growth.
+	if err := q.check(r.Size, p.size); err != nil {
+		return node.Status{}, fmt.Errorf("store %v: %w", f, err)
 	}
 	if p.size <= inlineMax {
 		data, err := u.content(r, oldInline, cut, p.size, ranges)
@@ -367,6 +376,9 @@ func (s *Store) publish(f node.FID, op node.Op, size uint64, mtime time.Time, ap
 		r, err := v.get(f)
 		if err != nil {
 			return err
+		}
+		if err := v.resize(r.Size, size); err != nil {
+			return fmt.Errorf("store %v: %w", f, err)
 		}
 		if err := apply(v, &r); err != nil {
 			return err

@@ -117,6 +117,9 @@ func (v *vtx) alloc(r *record) (uint64, error) {
 		return 0, err
 	}
 	r.Unique = uq
+	if err := v.countVnode(1); err != nil {
+		return 0, err
+	}
 	return vn, v.put(vn, r)
 }
 
@@ -134,6 +137,14 @@ func (v *vtx) unlinkVnode(vnode uint64, r *record) error {
 	}
 	if err := v.vnodes.Delete(u64(vnode)); err != nil {
 		return err
+	}
+	if err := v.countVnode(-1); err != nil {
+		return err
+	}
+	if r.Type == node.TypeFile {
+		if err := v.resize(r.Size, 0); err != nil {
+			return err
+		}
 	}
 	if r.Type == node.TypeDir {
 		return v.acls.Delete(u64(vnode))

@@ -175,6 +175,9 @@ func (s *Store) CreateReserved(dir node.FID, fs []node.Reserved, rm []node.Remov
 			if err := v.put(f.FID.Vnode, &r); err != nil {
 				return err
 			}
+			if err := v.countVnode(1); err != nil {
+				return err
+			}
 			if err := v.addEntry(dir.Vnode, &dr, f.Name, f.FID.Vnode, node.TypeFile); err != nil {
 				return err
 			}

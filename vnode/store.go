@@ -56,10 +56,12 @@ var (
 )
 
 // formatVersion 3 added the volumes' inline buckets, 4 their acls
-// buckets and the store's groups and revoked tokens; a store of format 2
-// or 3 is upgraded when opened (it has no ACLs: every directory has the
-// default, acl.go).
-const formatVersion = 4
+// buckets and the store's groups and revoked tokens, 5 their counts of
+// bytes and vnodes (quota.go); a store of format 2 to 4 is upgraded when
+// opened (it has no ACLs: every directory has the default, acl.go; its
+// counts are made). An older hoard refuses format 5: it would not keep
+// the counts.
+const formatVersion = 5
 
 // Store is an open server data directory.
 type Store struct {
@@ -141,10 +143,14 @@ func (s *Store) init() error {
 			return fmt.Errorf("format version %d, this hoard reads %d", getU64(f), formatVersion)
 		}
 		if err := tx.Bucket(bktVolumes).ForEachBucket(func(k []byte) error {
+			vb := tx.Bucket(bktVolumes).Bucket(k)
 			for _, b := range [][]byte{bktInline, bktACLs} {
-				if _, err := tx.Bucket(bktVolumes).Bucket(k).CreateBucketIfNotExists(b); err != nil {
+				if _, err := vb.CreateBucketIfNotExists(b); err != nil {
 					return err
 				}
+			}
+			if vb.Bucket(bktVolMeta).Get(keyUsed) == nil {
+				return countUsage(vb)
 			}
 			return nil
 		}); err != nil {
@@ -280,6 +286,7 @@ func createVolume(tx *bolt.Tx, name string) (node.Volume, error) {
 	for _, kv := range [][2][]byte{
 		{keyNextVnode, u64(1)}, {keyUnique, u64(1)},
 		{[]byte("name"), []byte(name)}, {[]byte("created"), u64(uint64(now))},
+		{keyUsed, u64(0)}, {keyFiles, u64(1)}, // the root directory
 	} {
 		if err := vm.Put(kv[0], kv[1]); err != nil {
 			return node.Volume{}, err
@@ -301,6 +308,9 @@ func volumeOf(id uint64, vb *bolt.Bucket) node.Volume {
 		Name:    string(vm.Get([]byte("name"))),
 		Root:    node.FID{Volume: id, Vnode: 1, Unique: 1},
 		Created: time.Unix(0, int64(getU64(vm.Get([]byte("created"))))),
+		Quota:   getU64(vm.Get(keyQuota)),
+		Used:    getU64(vm.Get(keyUsed)),
+		Files:   getU64(vm.Get(keyFiles)),
 	}
 }
 

@@ -2,11 +2,14 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/hoardfs/hoard/cache"
@@ -33,17 +36,82 @@ func volCmd() *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tROOT\tCREATED")
+			fmt.Fprintln(tw, "ID\tNAME\tROOT\tQUOTA\tUSED\tCREATED")
 			for _, v := range vs {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", v.ID, v.Name, v.Root, v.Created.Format(time.RFC3339))
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", v.ID, v.Name, v.Root, quotaString(v.Quota), humanSize(v.Used), v.Created.Format(time.RFC3339))
 			}
 			return tw.Flush()
 		}),
+		volSetCmd(),
 		withClient("mount VOLUME PATH", "attach a volume at PATH (an AFS-style mount point)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
 			return c.MountVolume(args[1], args[0])
 		}),
 	)
 	return cmd
+}
+
+func volSetCmd() *cobra.Command {
+	var size string
+	var quota uint64
+	// Checked before dialling: a usage error, whether a server answers
+	// or not.
+	checkQuota := func(cmd *cobra.Command, args []string) error {
+		if !cmd.Flags().Changed("quota") {
+			return usagef("hoard vol set: --quota SIZE is required")
+		}
+		var err error
+		if quota, err = parseQuota(size); err != nil {
+			return usagef("--quota %q: %v, or 0 for none", size, err)
+		}
+		return nil
+	}
+	cmd := withClient("set NAME --quota SIZE", "set a volume's quota (admins): the most its files may hold", cobra.MatchAll(cobra.ExactArgs(1), checkQuota),
+		func(f *pflag.FlagSet) {
+			f.StringVar(&size, "quota", "", "quota, e.g. 500M, 10G; 0 removes it")
+		},
+		func(c *client.Client, args []string) error {
+			v, err := c.SetQuota(args[0], quota)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("volume %s: quota %s, %s used\n", v.Name, quotaString(v.Quota), humanSize(v.Used))
+			return nil
+		})
+	cmd.Example = "  hoard vol set proj --quota 10G\n  hoard vol set proj --quota 0"
+	return cmd
+}
+
+// parseQuota reads a quota: a size as parseSize reads it, or 0 for none.
+func parseQuota(s string) (uint64, error) {
+	if strings.TrimSpace(s) == "0" {
+		return 0, nil
+	}
+	n, err := parseSize(s)
+	return uint64(n), err
+}
+
+func quotaString(q uint64) string {
+	if q == 0 {
+		return "none"
+	}
+	return humanSize(q)
+}
+
+// humanSize renders n bytes as df -h does, in units parseSize reads:
+// 512, 1.5K, 500M, 10G.
+func humanSize(n uint64) string {
+	if n < 1<<10 {
+		return fmt.Sprint(n)
+	}
+	f, unit := float64(n), 0
+	for f >= 1<<10 && unit < len("KMGTPE") {
+		f /= 1 << 10
+		unit++
+	}
+	if f < 10 && f != math.Trunc(f) {
+		return fmt.Sprintf("%.1f%c", f, "KMGTPE"[unit-1])
+	}
+	return fmt.Sprintf("%.0f%c", f, "KMGTPE"[unit-1])
 }
 
 func cacheCmd() *cobra.Command {

@@ -1,0 +1,151 @@
+package integration
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hoardfs/hoard/internal/testkit"
+)
+
+// A volume's quota, set with hoard vol set: a writer on a mount is told
+// EDQUOT by the fsync whose store would take the volume past it (by the
+// close, without write-back; never by a write, which only reaches the
+// cache), and the bytes refused never reach the server; statfs in the
+// volume shows the quota; removing a file makes room again.
+func TestQuotaThroughMount(t *testing.T) {
+	needFuse(t)
+	srv := startServer(t, t.TempDir())
+	c := dial(t, srv.addr, "mem", 16<<20)
+	if _, err := c.CreateVolume("capped"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.MountVolume("/capped", "capped"); err != nil {
+		t.Fatal(err)
+	}
+	hoard := func(args ...string) (string, int) {
+		return run(t, append(args, "--server", srv.addr, "--cache", "")...)
+	}
+	for _, bad := range [][]string{{"vol", "set", "capped"}, {"vol", "set", "capped", "--quota", "lots"}} {
+		if out, code := hoard(bad...); code != 2 {
+			t.Fatalf("hoard %s: exit %d, want 2: %s", strings.Join(bad, " "), code, out)
+		}
+	}
+	if out, code := hoard("vol", "set", "capped", "--quota", "4M"); code != 0 {
+		t.Fatalf("vol set: exit %d: %s", code, out)
+	}
+	alice := dialAs(t, srv.addr, issue(t, "alice", 1001))
+	if _, err := alice.SetQuota("capped", 0); !errors.Is(err, syscall.EPERM) {
+		t.Fatalf("a user who is no admin set a quota: %v", err)
+	}
+	listed := func(quota, used string) {
+		t.Helper()
+		out, code := hoard("vol", "list")
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); code == 0 && len(f) == 6 && f[1] == "capped" {
+				if f[3] != quota || f[4] != used {
+					t.Fatalf("vol list shows quota %s, used %s; want %s, %s:\n%s", f[3], f[4], quota, used, out)
+				}
+				return
+			}
+		}
+		t.Fatalf("vol list: exit %d, no volume capped:\n%s", code, out)
+	}
+	listed("4M", "0")
+
+	m := startMount(t, srv, t.TempDir())
+	dir := m.path("capped")
+	space := func(p string) (total, free uint64) {
+		t.Helper()
+		var sf unix.Statfs_t
+		if err := unix.Statfs(p, &sf); err != nil {
+			t.Fatal(err)
+		}
+		if sf.Bfree != sf.Bavail {
+			t.Fatalf("statfs of %s: %d blocks free, %d available", p, sf.Bfree, sf.Bavail)
+		}
+		return sf.Blocks * uint64(sf.Bsize), sf.Bavail * uint64(sf.Bsize)
+	}
+	if total, free := space(dir); total != 4<<20 || free != 4<<20 {
+		t.Fatalf("statfs in the volume: %d bytes, %d free; want the quota, all free", total, free)
+	}
+	if total, _ := space(m.dir); total == 4<<20 {
+		t.Fatal("statfs of the root volume, which has no quota, shows the other's")
+	}
+
+	// Writes land in the cache; the fsync that stores them is refused.
+	mib := testkit.Pattern(1<<20, 1)
+	f, err := os.Create(filepath.Join(dir, "fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 5; i++ {
+		if _, err := f.Write(mib); err != nil {
+			t.Fatalf("write of MiB %d: %v", i, err)
+		}
+		err := f.Sync()
+		switch {
+		case i < 5 && err != nil:
+			t.Fatalf("fsync of %d MiB under a quota of 4: %v", i, err)
+		case i == 5 && !errors.Is(err, syscall.EDQUOT):
+			t.Fatalf("fsync of 5 MiB under a quota of 4: %v, want EDQUOT", err)
+		}
+	}
+	f.Close()
+	if st, err := c.Stat("/capped/fill"); err != nil || st.Size != 4<<20 {
+		t.Fatalf("at the server after the refused store: %+v %v", st, err)
+	}
+	if total, free := space(dir); total != 4<<20 || free != 0 {
+		t.Fatalf("statfs in the full volume: %d bytes, %d free", total, free)
+	}
+	listed("4M", "4M")
+
+	// Full: even a small file is refused, until a remove makes room.
+	writeSync := func(name string) error {
+		t.Helper()
+		g, err := os.Create(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		if _, err := g.Write(mib[:1000]); err != nil {
+			t.Fatalf("write of %s: %v", name, err)
+		}
+		return g.Sync()
+	}
+	if err := writeSync("more"); !errors.Is(err, syscall.EDQUOT) {
+		t.Fatalf("fsync in the full volume: %v, want EDQUOT", err)
+	}
+	// Without write-back the store is made at close, which reports it.
+	nd := startMount(t, srv, t.TempDir(), "--no-delegations")
+	h, err := os.Create(nd.path("capped/closed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Write(mib[:1000]); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Close(); !errors.Is(err, syscall.EDQUOT) {
+		t.Fatalf("close in the full volume, no write-back: %v, want EDQUOT", err)
+	}
+	if err := os.Remove(filepath.Join(dir, "fill")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the removed file's bytes freed", func() bool {
+		_, free := space(dir)
+		return free == 4<<20
+	})
+	if err := writeSync("again"); err != nil {
+		t.Fatalf("fsync after a remove made room: %v", err)
+	}
+	if st, err := c.Stat("/capped/again"); err != nil || st.Size != 1000 {
+		t.Fatalf("at the server: %+v %v", st, err)
+	}
+	listed("4M", "1000")
+}
