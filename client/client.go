@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -168,7 +169,13 @@ type Client struct {
 
 	volMu sync.Mutex
 	vols  map[string]*pb.Volume
-	root  *Node
+	// root is the root volume's root directory (Dial's Client only).
+	root *Node
+	// sites are the cell's servers this client reaches, shared by their
+	// Clients; ownsCache is set on the one Dial made, which closes the
+	// others and the cache they share.
+	sites     *sites
+	ownsCache bool
 
 	// resMu guards fids: FIDs reserved for files made here, by volume,
 	// in server life fidsLife.
@@ -217,6 +224,31 @@ func Dial(opts Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	sessionFile := ""
+	if opts.KeepSession && opts.CacheDir != "" {
+		sessionFile = filepath.Join(opts.CacheDir, "session")
+	}
+	c, err := start(opts, ch, sessionFile)
+	if err != nil {
+		ch.Close()
+		return nil, err
+	}
+	c.ownsCache = true
+	c.sites = newSites(c)
+	if err = c.recoverDirty(); err == nil {
+		c.root, err = c.volumeRoot(node.RootVolume, c.self)
+	}
+	if err != nil {
+		c.Close()
+		return nil, dialErr(opts, err)
+	}
+	return c, nil
+}
+
+// start connects a Client to opts.Server, using cache ch, and waits for
+// the server's welcome: Dial's first server, or another of the cell's
+// (sites.go).
+func start(opts Options, ch *cache.Cache, sessionFile string) (*Client, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
 		opts:      opts,
@@ -234,14 +266,11 @@ func Dial(opts Options) (*Client, error) {
 		cancel:    cancel,
 	}
 	c.flusher = newFlusher(c)
-	cfg := conn.Config{Server: opts.Server, Name: opts.Name, RPCTimeout: opts.RPCTimeout,
+	cfg := conn.Config{Server: opts.Server, Name: opts.Name, RPCTimeout: opts.RPCTimeout, SessionFile: sessionFile,
 		DataStreams: opts.DataStreams, NoDataChannel: opts.NoDataChannel, TLS: opts.TLS, Token: opts.Token, Log: opts.Logger}
-	if opts.KeepSession && opts.CacheDir != "" {
-		cfg.SessionFile = filepath.Join(opts.CacheDir, "session")
-	}
+	var err error
 	if c.conn, err = conn.New(cfg, handler{c}); err != nil {
 		cancel()
-		ch.Close()
 		return nil, err
 	}
 	c.rpc = c.conn.RPC()
@@ -259,28 +288,30 @@ func Dial(opts Options) (*Client, error) {
 	case <-time.After(opts.DialTimeout):
 		err = fmt.Errorf("no answer within %v", opts.DialTimeout)
 	}
-	if err == nil {
-		err = c.recoverDirty()
-	}
-	if err == nil {
-		c.root, err = c.volumeRoot("root", c.self)
-	}
 	if err != nil {
 		c.Close()
-		switch status.Code(err) {
-		case codes.ResourceExhausted, codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied:
-			return nil, fmt.Errorf("server %s refused this client: %s", opts.Server, status.Convert(err).Message())
-		}
-		if errors.Is(err, syscall.EACCES) {
-			who := "its token's user"
-			if opts.Token == "" {
-				who = "anonymous (no token: log in with hoard login)"
-			}
-			return nil, fmt.Errorf("server %s: the root volume is not open to %s: %w", opts.Server, who, err)
-		}
-		return nil, fmt.Errorf("server %s unreachable: %w", opts.Server, err)
+		return nil, dialErr(opts, err)
 	}
 	return c, nil
+}
+
+// dialErr says why a server could not be used, in a line.
+func dialErr(opts Options, err error) error {
+	switch status.Code(err) {
+	case codes.ResourceExhausted, codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied:
+		return fmt.Errorf("server %s refused this client: %s", opts.Server, status.Convert(err).Message())
+	}
+	if errors.Is(err, syscall.EACCES) {
+		who := "its token's user"
+		if opts.Token == "" {
+			who = "anonymous (no token: log in with hoard login)"
+		}
+		return fmt.Errorf("server %s: the root volume is not open to %s: %w", opts.Server, who, err)
+	}
+	if strings.HasPrefix(err.Error(), "server ") {
+		return err // said already
+	}
+	return fmt.Errorf("server %s unreachable: %w", opts.Server, err)
 }
 
 // Close stores what the flusher still holds, gives delegations back, stops
@@ -289,6 +320,10 @@ func Dial(opts Options) (*Client, error) {
 // waited for until closeWait after Close began, not an RPC timeout per
 // request: a client whose server is gone stops in seconds.
 func (c *Client) Close() error {
+	var errs []error
+	if c.ownsCache {
+		errs = append(errs, c.sites.close())
+	}
 	c.conn.GiveUp(time.Now().Add(closeWait))
 	lost := c.flushAll()
 	c.returnAll()
@@ -300,7 +335,11 @@ func (c *Client) Close() error {
 	c.bgMu.Unlock()
 	c.bg.Wait()
 	c.setGauges()
-	return errors.Join(lost, c.cache.Close())
+	errs = append(errs, lost)
+	if c.ownsCache {
+		errs = append(errs, c.cache.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // closeWait is how long Close waits for an unreachable server.

@@ -78,6 +78,10 @@ func (c *Client) current(n *Node) bool {
 // the server would cost every open of a cached file a round trip. (The
 // opener's rights were checked first: permitted.) The server is asked as u.
 func (c *Client) openDeleg(n *Node, write bool, u User) error {
+	if n.c != c {
+		return n.c.openDeleg(n, write, u)
+	}
+
 	if !c.delegating() {
 		return nil
 	}
@@ -109,6 +113,10 @@ const refusedFor = time.Second
 
 // held is the delegation this client holds on n now (FIDs.Held).
 func (c *Client) held(n *Node) (callback.Held, bool) {
+	if n.c != c {
+		return n.c.held(n)
+	}
+
 	h, ok := c.delegation(n)
 	return h, ok && !h.Recalled
 }
@@ -116,6 +124,10 @@ func (c *Client) held(n *Node) (callback.Held, bool) {
 // delegate gets this client a delegation on file n without opening it
 // (FIDs.Delegate), asking as u, whose rights the server checks.
 func (c *Client) delegate(n *Node, write bool, u User) (callback.Held, bool) {
+	if n.c != c {
+		return n.c.delegate(n, write, u)
+	}
+
 	if !c.delegating() {
 		return callback.Held{}, false
 	}
@@ -708,8 +720,11 @@ func (c *Client) returnAll() {
 
 // setGauges publishes what `hoard cache stats` shows of another process;
 // the flush rate is over the time since the last call (a second, from the
-// expirer).
+// expirer). The first server's Client publishes for all (Stats).
 func (c *Client) setGauges() {
+	if !c.ownsCache {
+		return
+	}
 	st := c.Stats()
 	now := time.Now()
 	if dt := now.Sub(c.rate.at).Seconds(); !c.rate.at.IsZero() && dt > 0 {

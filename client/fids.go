@@ -24,8 +24,16 @@ type FIDs struct{ c *Client }
 // FIDs is c's FID-level API.
 func (c *Client) FIDs() *FIDs { return &FIDs{c} }
 
-// Node returns the Node for fid, known yet or not.
-func (p *FIDs) Node(fid node.FID) *Node { return p.c.node(fid) }
+// Node returns the Node for fid, known yet or not, at the server of the
+// cell holding its volume. A volume that cannot be located yet gets a
+// Node at the first server, which answers for it with an error.
+func (p *FIDs) Node(fid node.FID) *Node {
+	s, err := p.c.siteOfID(fid.Volume, p.c.self)
+	if err != nil {
+		s = p.c
+	}
+	return s.node(fid)
+}
 
 // Status returns n's status, from the cache while a promise is held.
 func (p *FIDs) Status(n *Node) (node.Status, error) { return p.c.fresh(n, p.c.self) }
@@ -144,10 +152,10 @@ func (p *FIDs) SetAttr(n *Node, ch node.Change) (node.Status, error) {
 // client): args.Read supplies its bytes. It returns the file's new status.
 // The cached chunks of the old version are dropped.
 func (p *FIDs) StoreThrough(args datapath.StoreArgs) (node.Status, error) {
-	n := p.c.node(args.FID)
+	n := p.Node(args.FID)
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if err := p.c.storeData(args, p.c.self, nil); err != nil {
+	if err := n.c.storeData(args, p.c.self, nil); err != nil {
 		return node.Status{}, err
 	}
 	return n.status(), nil
@@ -156,30 +164,47 @@ func (p *FIDs) StoreThrough(args datapath.StoreArgs) (node.Status, error) {
 // Volume finds a volume by name or, with name empty, by id. Volumes are
 // remembered: their names and roots never change.
 func (p *FIDs) Volume(name string, id uint64) (Volume, error) {
-	p.c.volMu.Lock()
-	for _, v := range p.c.vols {
+	var s *Client
+	var err error
+	if name != "" {
+		s, err = p.c.siteOf(name, p.c.self)
+	} else {
+		s, err = p.c.siteOfID(id, p.c.self)
+	}
+	if err != nil {
+		return Volume{}, err
+	}
+	s.volMu.Lock()
+	for _, v := range s.vols {
 		if name != "" && v.Name == name || name == "" && v.Id == id {
-			p.c.volMu.Unlock()
+			s.volMu.Unlock()
 			return toVolume(v), nil
 		}
 	}
-	p.c.volMu.Unlock()
+	s.volMu.Unlock()
 	var v *pb.Volume
-	err := p.c.conn.Call(func(ctx context.Context) (err error) {
-		v, err = p.c.rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: name, Id: id})
+	err = s.conn.Call(func(ctx context.Context) (err error) {
+		v, err = s.rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: name, Id: id})
 		return err
 	})
 	if err != nil {
 		return Volume{}, err
 	}
-	p.c.volMu.Lock()
-	p.c.vols[v.Name] = v
-	p.c.volMu.Unlock()
+	s.volMu.Lock()
+	s.vols[v.Name] = v
+	s.volMu.Unlock()
 	return toVolume(v), nil
 }
 
-// StatFS reports the space of the server holding a volume.
-func (p *FIDs) StatFS(volume uint64) (node.FSStat, error) { return p.c.statFS(volume, p.c.self) }
+// StatFS reports the space of a volume (its quota), or of the server
+// holding it.
+func (p *FIDs) StatFS(volume uint64) (node.FSStat, error) {
+	s, err := p.c.siteOfID(volume, p.c.self)
+	if err != nil {
+		return node.FSStat{}, err
+	}
+	return s.statFS(volume, p.c.self)
+}
 
 func (c *Client) statFS(volume uint64, u User) (node.FSStat, error) {
 	var r *pb.StatFSReply

@@ -211,6 +211,10 @@ func (c *Client) learnPB(t callback.Ticket, ps *pb.Status, u User) (*Node, error
 // may do with it. A refusal (EACCES) is u's alone: the node and what
 // other users learnt of it stay.
 func (c *Client) fresh(n *Node, u User) (node.Status, error) {
+	if n.c != c {
+		return n.c.fresh(n, u)
+	}
+
 	if st, ok := c.cachedAs(n, u); ok {
 		return st, nil
 	}
@@ -409,6 +413,10 @@ func (c *Client) replaceNamed(dir *Node, name string) (done func()) {
 // lookup finds name in dir for u, from the cache when dir's promise is
 // valid.
 func (c *Client) lookup(dir *Node, name string, u User) (*Node, error) {
+	if dir.c != c {
+		return dir.c.lookup(dir, name, u)
+	}
+
 	n, _, err := c.lookupAt(dir, name, u)
 	return n, err
 }
@@ -417,6 +425,10 @@ func (c *Client) lookup(dir *Node, name string, u User) (*Node, error) {
 // belongs to. An answer from the cache needs u's right to look in dir
 // (l), as the server's would: known, or asked for first.
 func (c *Client) lookupAt(dir *Node, name string, u User) (*Node, node.Status, error) {
+	if dir.c != c {
+		return dir.c.lookupAt(dir, name, u)
+	}
+
 	if err := node.CheckName(name); err != nil {
 		return nil, node.Status{}, err
 	}
@@ -491,6 +503,10 @@ func (c *Client) lookupAt(dir *Node, name string, u User) (*Node, node.Status, e
 // It also returns the DataVersion the listing belongs to, 0 if the
 // directory kept changing while it was fetched.
 func (c *Client) readDir(dir *Node, u User) ([]DirEntry, uint64, error) {
+	if dir.c != c {
+		return dir.c.readDir(dir, u)
+	}
+
 	for attempt := 0; ; attempt++ {
 		if c.listed(dir) {
 			st, err := c.fresh(dir, u)
@@ -530,6 +546,10 @@ func (c *Client) readDir(dir *Node, u User) ([]DirEntry, uint64, error) {
 }
 
 func (c *Client) fetchDir(dir *Node, u User) (out []DirEntry, dv uint64, consistent bool, err error) {
+	if dir.c != c {
+		return dir.c.fetchDir(dir, u)
+	}
+
 	if err := c.settle(dir); err != nil {
 		return nil, 0, false, err
 	}
@@ -568,7 +588,23 @@ func (c *Client) fetchDir(dir *Node, u User) (out []DirEntry, dv uint64, consist
 }
 
 // volumeRoot returns the root directory of the named volume, for u.
+// A volume not where its kept location says (removed, or made again
+// elsewhere) is located again, once.
 func (c *Client) volumeRoot(name string, u User) (*Node, error) {
+	for again := false; ; again = true {
+		site, err := c.siteOf(name, u)
+		if err != nil {
+			return nil, err
+		}
+		n, err := site.rootOf(name, u)
+		if err == nil || again || !c.sites.stale(name, err) {
+			return n, err
+		}
+	}
+}
+
+// rootOf is volumeRoot at the server holding the volume.
+func (c *Client) rootOf(name string, u User) (*Node, error) {
 	c.volMu.Lock()
 	v := c.vols[name]
 	c.volMu.Unlock()

@@ -45,11 +45,11 @@ func (k *Nodes) Root() *Node { return k.c.root }
 
 // Getattr returns n's status, from the cache while a promise is held.
 func (k *Nodes) Getattr(n *Node) (node.Status, error) {
-	st, err := k.c.fresh(n, k.u)
+	st, err := n.c.fresh(n, k.u)
 	if err == nil && st.Type == node.TypeMountPoint {
 		var root *Node
-		if root, err = k.c.volumeRoot(st.Target, k.u); err == nil {
-			st, err = k.c.fresh(root, k.u)
+		if root, err = n.c.volumeRoot(st.Target, k.u); err == nil {
+			st, err = root.c.fresh(root, k.u)
 		}
 	}
 	return st, err
@@ -57,13 +57,13 @@ func (k *Nodes) Getattr(n *Node) (node.Status, error) {
 
 // Lookup finds name in dir, crossing a mount point to the root of its volume.
 func (k *Nodes) Lookup(dir *Node, name string) (*Node, node.Status, error) {
-	n, err := k.c.lookup(dir, name, k.u)
+	n, err := dir.c.lookup(dir, name, k.u)
 	if err != nil {
 		return nil, node.Status{}, err
 	}
 	st := n.status()
 	if st.Type == node.TypeMountPoint {
-		if n, err = k.c.volumeRoot(st.Target, k.u); err != nil {
+		if n, err = dir.c.volumeRoot(st.Target, k.u); err != nil {
 			return nil, node.Status{}, err
 		}
 		st = n.status()
@@ -74,11 +74,11 @@ func (k *Nodes) Lookup(dir *Node, name string) (*Node, node.Status, error) {
 // ReadDir lists dir, with the status of every entry learnt (a kernel
 // asks for them all: READDIRPLUS); mount points are listed as directories.
 func (k *Nodes) ReadDir(dir *Node) ([]DirEntry, error) {
-	ents, _, err := k.c.readDir(dir, k.u)
+	ents, _, err := dir.c.readDir(dir, k.u)
 	if err != nil {
 		return nil, err
 	}
-	if err := k.c.statusAll(ents, k.u); err != nil {
+	if err := dir.c.statusAll(ents, k.u); err != nil {
 		return nil, err
 	}
 	out := make([]DirEntry, len(ents))
@@ -94,7 +94,7 @@ func (k *Nodes) ReadDir(dir *Node) ([]DirEntry, error) {
 // Open opens an already resolved file, named base in directory parent
 // (nil if unknown: for its caching policy); name is kept for reports.
 func (k *Nodes) Open(n *Node, parent *Node, base, name string, flag int) (*File, error) {
-	return k.c.openFile(n, parent, base, name, flag, resolved, k.u)
+	return n.c.openFile(n, parent, base, name, flag, resolved, k.u)
 }
 
 // CreateOpen is Create of a regular file followed by Open, except that
@@ -103,29 +103,37 @@ func (k *Nodes) Open(n *Node, parent *Node, base, name string, flag int) (*File,
 // reports.
 func (k *Nodes) CreateOpen(m Make, path string, flag int) (*Node, *File, error) {
 	m.Type = node.TypeFile
-	n, created, err := k.c.create(m, k.u)
+	c := m.Dir.c
+	n, created, err := c.create(m, k.u)
 	if err != nil {
 		return nil, nil, err
 	}
-	f, err := k.c.openFile(n, m.Dir, m.Name, path, flag, createdHow(created), k.u)
+	f, err := c.openFile(n, m.Dir, m.Name, path, flag, createdHow(created), k.u)
 	return n, f, err
 }
 
 // Create makes m: a file, directory, symlink, mount point or special
 // file. With m.Excl unset an existing regular file is returned instead.
 func (k *Nodes) Create(m Make) (*Node, error) {
-	n, _, err := k.c.create(m, k.u)
+	n, _, err := m.Dir.c.create(m, k.u)
 	return n, err
 }
 
 // Link makes name in dir a hard link to target.
 func (k *Nodes) Link(dir *Node, name string, target *Node) (*Node, error) {
-	n, _, err := k.c.linkAt(dir, name, target, "", k.u)
+	n, _, err := dir.c.linkAt(dir, name, target, "", k.u)
 	return n, err
 }
 
 // linkAt is Link as u returning the server's reply; op names the request.
 func (c *Client) linkAt(dir *Node, name string, target *Node, op string, u User) (*Node, *pb.LinkReply, error) {
+	if dir.c != c {
+		return dir.c.linkAt(dir, name, target, op, u)
+	}
+	if target.c != c {
+		return nil, nil, syscall.EXDEV // another server's volume
+	}
+
 	if err := node.CheckName(name); err != nil {
 		return nil, nil, err
 	}
@@ -157,16 +165,20 @@ func (c *Client) linkAt(dir *Node, name string, target *Node, op string, u User)
 // Remove removes name from dir: with dirOnly an empty directory (rmdir),
 // otherwise anything else (unlink).
 func (k *Nodes) Remove(dir *Node, name string, dirOnly bool) error {
-	if !dirOnly && k.c.removeHere(dir, name, k.u) {
+	if !dirOnly && dir.c.removeHere(dir, name, k.u) {
 		return nil
 	}
-	_, err := k.c.removeAt(dir, name, dirOnly, "", k.u)
+	_, err := dir.c.removeAt(dir, name, dirOnly, "", k.u)
 	return err
 }
 
 // removeAt is Remove as u returning the server's reply; op names the
 // request.
 func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string, u User) (*pb.RemoveReply, error) {
+	if dir.c != c {
+		return dir.c.removeAt(dir, name, dirOnly, op, u)
+	}
+
 	if err := node.CheckName(name); err != nil {
 		return nil, err
 	}
@@ -198,11 +210,11 @@ func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string, u Use
 // server, which may not be the one the caller thought.
 func (k *Nodes) Rename(sdir *Node, sname string, ddir *Node, dname string) (node.FID, error) {
 	if sdir == ddir {
-		if fid, ok := k.c.renameHere(sdir, sname, dname, k.u); ok {
+		if fid, ok := sdir.c.renameHere(sdir, sname, dname, k.u); ok {
 			return fid, nil
 		}
 	}
-	reply, err := k.c.renameAt(sdir, sname, ddir, dname, "", k.u)
+	reply, err := sdir.c.renameAt(sdir, sname, ddir, dname, "", k.u)
 	if err != nil {
 		return node.FID{}, err
 	}
@@ -248,7 +260,7 @@ func (k *Nodes) SetAttr(n *Node, a Attr) (node.Status, error) {
 	if req.Mask == 0 {
 		return k.Getattr(n)
 	}
-	if err := k.c.setattr(n, req, k.u); err != nil {
+	if err := n.c.setattr(n, req, k.u); err != nil {
 		return node.Status{}, err
 	}
 	return n.status(), nil
@@ -263,7 +275,7 @@ func (k *Nodes) TruncateHere(n *Node, size uint64) (bool, error) {
 	n.mu.Lock()
 	bypassed := n.bypassing > 0
 	n.mu.Unlock()
-	if bypassed || !k.c.writeHere(n) || n.entry == nil {
+	if bypassed || !n.c.writeHere(n) || n.entry == nil {
 		return false, nil
 	}
 	if st, ok := n.statusAs(k.u); !ok || !allows(st, access.Write) {
@@ -271,7 +283,7 @@ func (k *Nodes) TruncateHere(n *Node, size uint64) (bool, error) {
 	}
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if !k.c.writeHere(n) {
+	if !n.c.writeHere(n) {
 		return false, nil // recalled meanwhile
 	}
 	return true, n.truncateLocked(size, k.u)
@@ -282,9 +294,13 @@ func (k *Nodes) TruncateHere(n *Node, size uint64) (bool, error) {
 // made here has its directory's: nobody else can reach it before a settle
 // hands it to the server, and one that leaves it uncovered (without a
 // write delegation of its own) says so (OnInvalidate).
-func (k *Nodes) PromiseLeft(n *Node) time.Duration { return k.c.promiseLeft(n) }
+func (k *Nodes) PromiseLeft(n *Node) time.Duration { return n.c.promiseLeft(n) }
 
 func (c *Client) promiseLeft(n *Node) time.Duration {
+	if n.c != c {
+		return n.c.promiseLeft(n)
+	}
+
 	if dir := n.made(); dir != nil {
 		n = dir
 	}
@@ -362,7 +378,7 @@ func Errno(err error) syscall.Errno {
 func (k *Nodes) TruncateStored(n *Node, size uint64) (node.Status, error) {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	st, err := k.c.fresh(n, k.u)
+	st, err := n.c.fresh(n, k.u)
 	if err != nil {
 		return node.Status{}, err
 	}
@@ -386,13 +402,14 @@ func (k *Nodes) TruncateStored(n *Node, size uint64) (node.Status, error) {
 // racing the kernel's forget can hand n to the kernel again, which Hold
 // then says, and a Node the kernel holds must stay the one for its FID.
 func (k *Nodes) Release(n *Node) {
-	if n == k.c.root {
+	c := n.c
+	if n == c.sites.first.root {
 		return
 	}
-	k.c.nodesMu.Lock()
+	c.nodesMu.Lock()
 	n.forgot.Store(time.Now().UnixNano())
-	k.c.forgotten[n] = struct{}{}
-	k.c.nodesMu.Unlock()
+	c.forgotten[n] = struct{}{}
+	c.nodesMu.Unlock()
 }
 
 // Hold says the kernel was handed n (again).
@@ -400,10 +417,11 @@ func (k *Nodes) Hold(n *Node) {
 	if n.forgot.Load() == 0 {
 		return
 	}
-	k.c.nodesMu.Lock()
+	c := n.c
+	c.nodesMu.Lock()
 	n.forgot.Store(0)
-	delete(k.c.forgotten, n)
-	k.c.nodesMu.Unlock()
+	delete(c.forgotten, n)
+	c.nodesMu.Unlock()
 }
 
 // releaseAfter is how long a forgotten Node is kept before it is dropped.
@@ -441,18 +459,18 @@ func (c *Client) dropForgotten(now time.Time) {
 
 // Policy is the caching policy of n, opened as base in parent.
 func (k *Nodes) Policy(n *Node, parent *Node, base string) (policy.Decision, error) {
-	return k.c.policyAt(n, parent, base, k.u)
+	return n.c.policyAt(n, parent, base, k.u)
 }
 
 // SetPolicy sets n's caching policy (and, if recursive, its subtree's).
 func (k *Nodes) SetPolicy(n *Node, mode string, recursive bool) error {
-	return k.c.setPolicyAt(n, mode, recursive, k.u)
+	return n.c.setPolicyAt(n, mode, recursive, k.u)
 }
 
-// StatFS reports the space of the server holding n's volume, or of the
-// volume itself if it has a quota.
+// StatFS reports the space of n's volume: its quota if it has one, or
+// the space of the server holding it.
 func (k *Nodes) StatFS(n *Node) (FSStat, error) {
-	fs, err := k.c.statFS(n.fid.Volume, k.u)
+	fs, err := n.c.statFS(n.fid.Volume, k.u)
 	if err != nil {
 		return FSStat{}, errOf("statfs", "/", err)
 	}

@@ -178,6 +178,10 @@ type Make struct {
 // returned instead (created=false). A new file comes with a write
 // delegation when the client takes them (it is about to be opened).
 func (c *Client) create(m Make, u User) (*Node, bool, error) {
+	if m.Dir.c != c {
+		return m.Dir.c.create(m, u)
+	}
+
 	if m.Type == node.TypeFile && m.Op == "" {
 		if err := node.CheckName(m.Name); err != nil {
 			return nil, false, err
@@ -195,6 +199,10 @@ func (c *Client) create(m Make, u User) (*Node, bool, error) {
 
 // createAt is create at the server, returning its reply.
 func (c *Client) createAt(m Make, u User) (*Node, *pb.CreateReply, error) {
+	if m.Dir.c != c {
+		return m.Dir.c.createAt(m, u)
+	}
+
 	dir, name, t := m.Dir, m.Name, m.Type
 	if err := node.CheckName(name); err != nil {
 		return nil, nil, err
@@ -300,6 +308,10 @@ func createdHow(created bool) openedBy {
 // that is gone is kept in lost/, as always. A file the create found is
 // opened as an open of it would be: as u's rights allow.
 func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, how openedBy, u User) (*File, error) {
+	if n.c != c {
+		return n.c.openFile(n, parent, base, name, flag, how, u)
+	}
+
 	gone := func(err error) bool {
 		e := Errno(err) // a server's answer is a gRPC status, not an errno
 		return how != resolved && (e == syscall.ESTALE || e == syscall.ENOENT)
@@ -549,6 +561,13 @@ func (c *Client) rename(oldname, newname string) error {
 // renameAt renames as u and returns the server's reply; op names the
 // request for its retries ("": a new name).
 func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op string, u User) (*pb.RenameReply, error) {
+	if sdir.c != ddir.c {
+		return nil, syscall.EXDEV // another server's volume
+	}
+	if sdir.c != c {
+		return sdir.c.renameAt(sdir, sbase, ddir, dbase, op, u)
+	}
+
 	if err := node.CheckName(sbase); err != nil {
 		return nil, err
 	}
@@ -596,6 +615,10 @@ func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op
 
 // setattr changes status fields of an already resolved node, as u.
 func (c *Client) setattr(n *Node, req *pb.SetAttrRequest, u User) error {
+	if n.c != c {
+		return n.c.setattr(n, req, u)
+	}
+
 	if err := c.settleFor(n); err != nil {
 		return err
 	}
@@ -680,7 +703,7 @@ type FSStat = node.FSStat
 
 // StatFS reports the server's space.
 func (c *Client) StatFS() (FSStat, error) {
-	fs, err := c.statFS(c.root.fid.Volume, c.self)
+	fs, err := c.root.c.statFS(c.root.fid.Volume, c.self)
 	if err != nil {
 		return FSStat{}, errOf("statfs", "/", err)
 	}
@@ -689,19 +712,6 @@ func (c *Client) StatFS() (FSStat, error) {
 
 func toVolume(v *pb.Volume) Volume {
 	return Volume{ID: v.Id, Name: v.Name, Root: v.Root.ToFID(), Created: time.Unix(0, v.CreatedNs), Quota: v.Quota, Used: v.Used, Files: v.Files}
-}
-
-// CreateVolume makes a new volume; MountVolume attaches it to the tree.
-func (c *Client) CreateVolume(name string) (Volume, error) {
-	var v *pb.Volume
-	err := c.conn.Call(func(ctx context.Context) (err error) {
-		v, err = c.rpc.CreateVolume(ctx, &pb.CreateVolumeRequest{Name: name})
-		return err
-	})
-	if err != nil {
-		return Volume{}, errOf("create volume", name, err)
-	}
-	return toVolume(v), nil
 }
 
 // Volumes lists the cell's volumes.

@@ -36,8 +36,46 @@ type Stats struct {
 	Nodes int
 }
 
-// Stats reports counters for tests, benchmarks and `hoard cache stats`.
+// Stats reports counters for tests, benchmarks and `hoard cache stats`:
+// of every server of the cell the client reaches.
 func (c *Client) Stats() Stats {
+	st := c.siteStats()
+	if c.ownsCache {
+		c.sites.each(func(o *Client) {
+			if o != c {
+				st.add(o.siteStats())
+			}
+		})
+	}
+	return st
+}
+
+// add adds o's protocol counters to st (the cache's are shared).
+func (st *Stats) add(o Stats) {
+	st.RPCs += o.RPCs
+	st.Breaks += o.Breaks
+	st.Resets += o.Resets
+	st.Revalidations += o.Revalidations
+	st.Dropped += o.Dropped
+	st.Stores += o.Stores
+	st.Promises += o.Promises
+	st.ReadDelegations += o.ReadDelegations
+	st.WriteDelegations += o.WriteDelegations
+	st.LocalOpens += o.LocalOpens
+	st.LocalCloses += o.LocalCloses
+	st.Recalls += o.Recalls
+	st.Revoked += o.Revoked
+	st.Reclaimed += o.Reclaimed
+	st.Flushed += o.Flushed
+	st.MadeHere += o.MadeHere
+	st.MadeDropped += o.MadeDropped
+	st.Settled += o.Settled
+	st.RemovedHere += o.RemovedHere
+	st.Nodes += o.Nodes
+}
+
+// siteStats are Stats of this server's Client alone.
+func (c *Client) siteStats() Stats {
 	c.cbMu.Lock()
 	r, w := c.cb.Delegations()
 	c.cbMu.Unlock()

@@ -1349,8 +1349,10 @@ type Location struct {
 	Ro    []*Site                `protobuf:"bytes,4,rep,name=ro,proto3" json:"ro,omitempty"`
 	// released is the DataVersion of the volume's root at its last release
 	// (0: never released).
-	Released      uint64 `protobuf:"varint,5,opt,name=released,proto3" json:"released,omitempty"`
-	CreatedNs     int64  `protobuf:"varint,6,opt,name=created_ns,json=createdNs,proto3" json:"created_ns,omitempty"`
+	Released  uint64 `protobuf:"varint,5,opt,name=released,proto3" json:"released,omitempty"`
+	CreatedNs int64  `protobuf:"varint,6,opt,name=created_ns,json=createdNs,proto3" json:"created_ns,omitempty"`
+	// here: the answering server holds the read-write volume.
+	Here          bool `protobuf:"varint,7,opt,name=here,proto3" json:"here,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1425,6 +1427,13 @@ func (x *Location) GetCreatedNs() int64 {
 		return x.CreatedNs
 	}
 	return 0
+}
+
+func (x *Location) GetHere() bool {
+	if x != nil {
+		return x.Here
+	}
+	return false
 }
 
 type LocateRequest struct {
@@ -5499,7 +5508,7 @@ const file_hoard_proto_rawDesc = "" +
 	"\x05files\x18\a \x01(\x04R\x05files\".\n" +
 	"\x04Site\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
-	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xa9\x01\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xbd\x01\n" +
 	"\bLocation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1e\n" +
@@ -5507,7 +5516,8 @@ const file_hoard_proto_rawDesc = "" +
 	"\x02ro\x18\x04 \x03(\v2\x0e.hoard.v1.SiteR\x02ro\x12\x1a\n" +
 	"\breleased\x18\x05 \x01(\x04R\breleased\x12\x1d\n" +
 	"\n" +
-	"created_ns\x18\x06 \x01(\x03R\tcreatedNs\"3\n" +
+	"created_ns\x18\x06 \x01(\x03R\tcreatedNs\x12\x12\n" +
+	"\x04here\x18\a \x01(\bR\x04here\"3\n" +
 	"\rLocateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\"\x16\n" +

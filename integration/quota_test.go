@@ -48,7 +48,7 @@ func TestQuotaThroughMount(t *testing.T) {
 		t.Helper()
 		out, code := hoard("vol", "list")
 		for _, line := range strings.Split(out, "\n") {
-			if f := strings.Fields(line); code == 0 && len(f) == 6 && f[1] == "capped" {
+			if f := strings.Fields(line); code == 0 && len(f) == 8 && f[1] == "capped" {
 				if f[3] != quota || f[4] != used {
 					t.Fatalf("vol list shows quota %s, used %s; want %s, %s:\n%s", f[3], f[4], quota, used, out)
 				}

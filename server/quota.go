@@ -18,6 +18,9 @@ func (s *Server) SetVolume(ctx context.Context, req *pb.SetVolumeRequest) (*pb.V
 	if err := o.admin("set volume " + req.Name); err != nil {
 		return nil, err
 	}
+	if err := s.notHereByName(req.Name); err != nil {
+		return nil, err
+	}
 	v, err := s.store.SetQuota(req.Name, req.Quota)
 	if err != nil {
 		return nil, s.fail("SetVolume", err)

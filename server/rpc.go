@@ -79,7 +79,12 @@ func (s *Server) CreateVolume(ctx context.Context, req *pb.CreateVolumeRequest) 
 	if err := o.admin("create volume " + req.Name); err != nil {
 		return nil, err
 	}
-	v, err := s.store.CreateVolume(req.Name)
+	var v node.Volume
+	if s.cfg.Cell != nil {
+		v, err = s.createInCell(ctx, req)
+	} else {
+		v, err = s.store.CreateVolume(req.Name)
+	}
 	if err != nil {
 		return nil, s.fail("CreateVolume", err)
 	}
@@ -172,6 +177,11 @@ func (s *Server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	var st, d node.Status
 	attr := node.Attr{Mode: req.Mode, UID: req.Uid, GID: req.Gid, Rdev: req.Rdev}
 	o, err := s.change(ctx, change{hold: []node.FID{dir}, check: func(o *op) error {
+		if t == node.TypeMountPoint {
+			if err := s.volumeExists(req.Target); err != nil {
+				return s.fail("Create", fmt.Errorf("mount point %s: %w", req.Name, err))
+			}
+		}
 		return o.mayCreate(dir, req.Name, t, &attr)
 	}, store: func(o *op) (_ []node.FID, err error) {
 		st, d, reply.Created, err = s.store.Create(dir, req.Name, t, attr, req.Target, req.Exclusive, o.once)

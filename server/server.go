@@ -87,7 +87,10 @@ type Config struct {
 	Principals Principals
 	// TLS, if set, secures the bulk-data channel as the caller secures
 	// the gRPC one (cell.Identity.ServerTLS).
-	TLS    *tls.Config
+	TLS *tls.Config
+	// Cell, if set, is the cell this file server is one of: where its
+	// volumes are placed, and who answers location lookups.
+	Cell   *Cell
 	Logger *slog.Logger
 }
 
@@ -621,7 +624,8 @@ func checkFIDs(what string, pfs ...*pb.FID) ([]node.FID, error) {
 // fail logs unexpected errors and converts any error for the wire. An
 // errno error from the server behind a proxy counts as an errno.
 func (s *Server) fail(method string, err error) error {
-	if errno := pb.Errno(err); errno == syscall.EIO || errno == syscall.ENOSPC {
+	// A refusal (the volume is at another server) is no fault.
+	if errno := pb.Errno(err); (errno == syscall.EIO || errno == syscall.ENOSPC) && status.Code(err) != codes.FailedPrecondition {
 		s.log.Warn(method+" failed", "err", err)
 	}
 	return pb.Err(err)

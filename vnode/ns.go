@@ -284,9 +284,6 @@ func (s *Store) Create(dir node.FID, name string, t node.Type, a node.Attr, targ
 			st, d = v.statusOf(&cr, e.Vnode), v.statusOf(&dr, dir.Vnode)
 			return err
 		}
-		if t == node.TypeMountPoint && v.tx.Bucket(bktVolNames).Get([]byte(target)) == nil {
-			return fmt.Errorf("mount point %s: volume %q: %w", name, target, syscall.ENOENT)
-		}
 		r := record{Type: t, Mode: a.Mode & 0o7777, UID: a.UID, GID: a.GID, Nlink: 1, DV: 1,
 			Atime: v.now, Mtime: v.now, Ctime: v.now, Target: target, Parent: dir.Vnode}
 		if t == node.TypeCharDev || t == node.TypeBlockDev {

@@ -18,11 +18,13 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/hoardfs/hoard/dirs"
 	"github.com/hoardfs/hoard/node"
@@ -167,7 +169,7 @@ func (s *Store) init() error {
 			return err
 		}
 		if tx.Bucket(bktVolNames).Get([]byte(node.RootVolume)) == nil {
-			_, err := createVolume(tx, node.RootVolume)
+			_, err := createVolume(tx, 0, node.RootVolume)
 			return err
 		}
 		return nil
@@ -257,7 +259,9 @@ func getU64(b []byte) uint64 {
 
 // --- volumes ---
 
-func createVolume(tx *bolt.Tx, name string) (node.Volume, error) {
+// createVolume makes volume name with id, or, with id 0, the next id
+// this store has not given.
+func createVolume(tx *bolt.Tx, id uint64, name string) (node.Volume, error) {
 	if err := node.CheckVolumeName(name); err != nil {
 		return node.Volume{}, err
 	}
@@ -266,11 +270,18 @@ func createVolume(tx *bolt.Tx, name string) (node.Volume, error) {
 		return node.Volume{}, fmt.Errorf("volume %s: %w", name, syscall.EEXIST)
 	}
 	meta := tx.Bucket(bktMeta)
-	id := getU64(meta.Get(keyNextVol)) + 1
-	if err := meta.Put(keyNextVol, u64(id)); err != nil {
-		return node.Volume{}, err
+	if id == 0 {
+		id = getU64(meta.Get(keyNextVol)) + 1
+	}
+	if id > getU64(meta.Get(keyNextVol)) {
+		if err := meta.Put(keyNextVol, u64(id)); err != nil {
+			return node.Volume{}, err
+		}
 	}
 	vb, err := tx.Bucket(bktVolumes).CreateBucket(u64(id))
+	if errors.Is(err, bolterrors.ErrBucketExists) {
+		return node.Volume{}, fmt.Errorf("volume id %d: %w", id, syscall.EEXIST)
+	}
 	if err != nil {
 		return node.Volume{}, err
 	}
@@ -316,12 +327,40 @@ func volumeOf(id uint64, vb *bolt.Bucket) node.Volume {
 
 // CreateVolume makes a new, empty volume.
 func (s *Store) CreateVolume(name string) (node.Volume, error) {
+	return s.CreateVolumeID(0, name)
+}
+
+// CreateVolumeID makes a new, empty volume with the id a cell's location
+// database gave it (0: the next this store has not given).
+func (s *Store) CreateVolumeID(id uint64, name string) (node.Volume, error) {
 	var v node.Volume
 	err := s.update(func(tx *bolt.Tx) (err error) {
-		v, err = createVolume(tx, name)
+		v, err = createVolume(tx, id, name)
 		return err
 	})
 	return v, err
+}
+
+// RemoveVolume deletes volume id, its metadata in one transaction and
+// then its data files. Files still open keep their bytes until closed,
+// as any removed file does.
+func (s *Store) RemoveVolume(id uint64) error {
+	var name string
+	err := s.update(func(tx *bolt.Tx) error {
+		vb := tx.Bucket(bktVolumes).Bucket(u64(id))
+		if vb == nil {
+			return fmt.Errorf("volume %d: %w", id, syscall.ENOENT)
+		}
+		name = string(vb.Bucket(bktVolMeta).Get([]byte("name")))
+		if err := tx.Bucket(bktVolumes).DeleteBucket(u64(id)); err != nil {
+			return err
+		}
+		return tx.Bucket(bktVolNames).Delete([]byte(name))
+	})
+	if err != nil {
+		return err
+	}
+	return os.RemoveAll(filepath.Join(s.dir, "data", strconv.FormatUint(id, 10)))
 }
 
 // VolumeByName finds a volume; ENOENT if there is none.
@@ -372,4 +411,28 @@ func (s *Store) update(fn func(tx *bolt.Tx) error) error {
 		return fmt.Errorf("metadata: %w", syscall.ENOSPC)
 	}
 	return err
+}
+
+// Pristine reports whether volume id is as createVolume made it: its
+// root directory alone, never changed.
+func (s *Store) Pristine(id uint64) bool {
+	pristine := false
+	s.db.View(func(tx *bolt.Tx) error {
+		vb := tx.Bucket(bktVolumes).Bucket(u64(id))
+		if vb == nil {
+			return nil
+		}
+		vn := vb.Bucket(bktVnodes)
+		k, b := vn.Cursor().First()
+		if k == nil || getU64(k) != 1 {
+			return nil
+		}
+		if next, _ := vn.Cursor().Last(); getU64(next) != 1 {
+			return nil
+		}
+		r, err := decodeRecord(b)
+		pristine = err == nil && r.DV == 1
+		return nil
+	})
+	return pristine
 }

@@ -54,7 +54,7 @@ func main() {
 		return nil
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(serverCmd(), proxyCmd(), volCmd(), cacheCmd(), mountCmd(), umountCmd())
+	root.AddCommand(serverCmd(), etcdCmd(), proxyCmd(), volCmd(), cacheCmd(), mountCmd(), umountCmd())
 	root.AddCommand(cellCmd(), tokenCmd(), loginCmd(), logoutCmd(), tokensCmd(), whoamiCmd(), aclCmd(), groupCmd())
 	root.AddCommand(fileCmds()...)
 	root.SetHelpCommand(&cobra.Command{Use: "help [command]", Short: "help about any command",

@@ -17,6 +17,7 @@ import (
 	insecurecreds "google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/hoardfs/hoard/cell"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/server"
 	"github.com/hoardfs/hoard/vnode"
@@ -26,6 +27,7 @@ func serverCmd() *cobra.Command {
 	cfg := server.DefaultConfig()
 	var data, listen, dataListen, dataAdvertise, profile, cellDir string
 	var insecure bool
+	var cf cellFlags
 	cmd := &cobra.Command{
 		Use:   "server --data DIR [--listen 127.0.0.1:7100]",
 		Short: "run a file server whose volumes live in DIR",
@@ -83,12 +85,13 @@ func serverCmd() *cobra.Command {
 				return err
 			}
 			var creds credentials.TransportCredentials
+			var id *cell.Identity
 			secNote := "insecure"
 			if insecure {
 				fmt.Fprintf(os.Stderr, "hoard server: "+insecureNote+"\n", lis.Addr())
 			} else {
-				id, made, err := serverCell(cellDir, store.Dir(), lis)
-				if err != nil {
+				var made bool
+				if id, made, err = serverCell(cellDir, store.Dir(), lis); err != nil {
 					return err
 				}
 				if made {
@@ -99,19 +102,30 @@ func serverCmd() *cobra.Command {
 				}
 				secNote = fmt.Sprintf("cell %s, TLS 1.3", id.Cell)
 			}
+			if cellDir == "" {
+				cellDir = filepath.Join(store.Dir(), "cell")
+			}
+			sc, leave, cellNote, err := cf.join(store, id, cellDir, lis)
+			if err != nil {
+				return err
+			}
+			defer leave()
+			cfg.Cell = sc
 			cfg.Logger = slog.Default()
 			srv := server.New(server.Local(store), cfg)
 			defer srv.Shutdown()
 			dataNote := serveData(srv, dataLis, dataAdvertise)
-			return serve("server", srv, lis, creds, fmt.Sprintf("serving %s on %s (epoch %d, %s, %s)", store.Dir(), lis.Addr(), store.Epoch(), dataNote, secNote))
+			return serve("server", srv, lis, creds, fmt.Sprintf("serving %s on %s (epoch %d, %s, %s); %s", store.Dir(), lis.Addr(), store.Epoch(), dataNote, secNote, cellNote))
 		},
 	}
+	cmd.AddCommand(serverListCmd())
 	f := cmd.Flags()
 	f.StringVar(&data, "data", "", "directory holding the server's volumes (created if missing)")
 	f.StringVar(&listen, "listen", "127.0.0.1:7100", "address to serve on")
 	f.StringVar(&cellDir, "cell", "", "the server's cell identity: a directory with ca.crt, host.crt and host.key (hoard cell init, hoard cell cert); default DIR/cell, made on the first start")
 	f.BoolVar(&insecure, "insecure", false, "serve without TLS or authentication: every request may do anything (benchmarks only)")
 	dataFlags(f, &dataListen, &dataAdvertise, "", "")
+	cf.add(f)
 	f.DurationVar(&cfg.PromiseTTL, "promise-ttl", cfg.PromiseTTL, "lifetime of a callback promise")
 	f.DurationVar(&cfg.BreakTimeout, "break-timeout", cfg.BreakTimeout, "how long a change waits for a silent client to acknowledge a break")
 	f.DurationVar(&cfg.Ping, "ping", cfg.Ping, "back-channel keepalive interval")

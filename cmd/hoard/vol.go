@@ -20,27 +20,51 @@ import (
 )
 
 func volCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "vol", Short: "manage volumes"}
+	var on string
+	cmd := &cobra.Command{Use: "vol", Short: "manage the cell's volumes"}
 	cmd.AddCommand(
-		withClient("create NAME", "create a volume", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
-			v, err := c.CreateVolume(args[0])
-			if err != nil {
-				return err
-			}
-			fmt.Printf("volume %s created, id %d; attach it with: hoard vol mount %s PATH\n", v.Name, v.ID, v.Name)
-			return nil
-		}),
-		withClient("list", "list volumes", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
-			vs, err := c.Volumes()
+		withClient("create NAME [--on SERVER]", "create a volume, on the server of the cell with the most free space unless told", cobra.ExactArgs(1),
+			func(f *pflag.FlagSet) {
+				f.StringVar(&on, "on", "", "the server to place it on (hoard server list names them)")
+			},
+			func(c *client.Client, args []string) error {
+				v, err := c.CreateVolumeOn(args[0], on)
+				if err != nil {
+					return err
+				}
+				fmt.Printf("volume %s created, id %d; attach it with: hoard vol mount %s PATH\n", v.Name, v.ID, v.Name)
+				return nil
+			}),
+		withClient("list", "list the cell's volumes: where each lives, its quota and use", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
+			vs, err := c.VolumeInfos()
 			if err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tROOT\tQUOTA\tUSED\tCREATED")
+			fmt.Fprintln(tw, "ID\tNAME\tSERVER\tQUOTA\tUSED\tFILES\tREAD-ONLY\tCREATED")
 			for _, v := range vs {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", v.ID, v.Name, v.Root, quotaString(v.Quota), humanSize(v.Used), v.Created.Format(time.RFC3339))
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", v.Volume.ID, v.Volume.Name, orDash(v.RW.Name), quotaString(v.Quota), humanSize(v.Used), v.Files,
+					siteNames(v.RO), v.Volume.Created.Format(time.RFC3339))
 			}
 			return tw.Flush()
+		}),
+		withClient("examine NAME", "show where a volume lives, its sites, quota, use and files", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
+			v, err := c.Examine(args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Printf("volume %s, id %d, created %s\n", v.Volume.Name, v.Volume.ID, v.Volume.Created.Format(time.RFC3339))
+			fmt.Printf("  read-write at %s (%s)\n", orDash(v.RW.Name), orDash(v.RW.Addr))
+			fmt.Printf("  read-only at  %s\n", siteNames(v.RO))
+			fmt.Printf("  quota %s, used %s, %d files\n", quotaString(v.Quota), humanSize(v.Used), v.Files)
+			return nil
+		}),
+		withClient("remove NAME", "delete a volume and everything in it (admins)", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
+			if err := c.RemoveVolume(args[0]); err != nil {
+				return err
+			}
+			fmt.Printf("volume %s removed\n", args[0])
+			return nil
 		}),
 		volSetCmd(),
 		withClient("mount VOLUME PATH", "attach a volume at PATH (an AFS-style mount point)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
@@ -233,4 +257,19 @@ func policyCmd() *cobra.Command {
 	cf.add(cmd.Flags())
 	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "set it on everything under a directory too")
 	return cmd
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func siteNames(ss []client.Site) string {
+	names := make([]string, len(ss))
+	for i, s := range ss {
+		names[i] = s.Name
+	}
+	return orDash(strings.Join(names, ","))
 }

@@ -1,0 +1,246 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/status"
+
+	pb "github.com/hoardfs/hoard/hoardpb"
+)
+
+// Site is a file server of the cell.
+type Site struct {
+	Name, Addr string
+}
+
+// Location is where a volume lives.
+type Location struct {
+	ID   uint64
+	Name string
+	// RW holds the read-write volume; RO the read-only copies.
+	RW Site
+	RO []Site
+	// Released is the root's DataVersion at the last release (0: never).
+	Released uint64
+	Created  time.Time
+}
+
+// Server is a file server as the location database has it.
+type Server struct {
+	Site
+	Alive          bool
+	Capacity, Free uint64
+	Volumes        int
+	Started        time.Time
+}
+
+func toSite(s *pb.Site) Site { return Site{Name: s.GetName(), Addr: s.GetAddr()} }
+
+func toLocation(l *pb.Location) Location {
+	out := Location{ID: l.Id, Name: l.Name, RW: toSite(l.Rw), Released: l.Released, Created: time.Unix(0, l.CreatedNs)}
+	for _, ro := range l.Ro {
+		out.RO = append(out.RO, toSite(ro))
+	}
+	return out
+}
+
+// whereIs is the location a server's refusal points to: the volume the
+// request was about is at another server.
+func whereIs(err error) *pb.Location {
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		return nil
+	}
+	for _, d := range st.Details() {
+		if l, ok := d.(*pb.Location); ok && l.Rw != nil {
+			return l
+		}
+	}
+	return nil
+}
+
+// atVolume runs call at the first server and, if it answers that the
+// volume is at another, there: call is told which server it asks (on).
+func (c *Client) atVolume(call func(s *Client, on string) error) error {
+	err := call(c.sites.first, "")
+	if l := whereIs(err); l != nil {
+		s, serr := c.sites.site(l.Rw)
+		if serr != nil {
+			return serr
+		}
+		return call(s, l.Rw.Name)
+	}
+	return err
+}
+
+// CreateVolume makes a new volume on the server of the cell with the most
+// free space; MountVolume attaches it to the tree.
+func (c *Client) CreateVolume(name string) (Volume, error) { return c.CreateVolumeOn(name, "") }
+
+// CreateVolumeOn makes a new volume on server on ("": where the cell
+// places it).
+func (c *Client) CreateVolumeOn(name, on string) (Volume, error) {
+	var v *pb.Volume
+	err := c.atVolume(func(s *Client, there string) error {
+		if there != "" {
+			on = there
+		}
+		return s.conn.Call(func(ctx context.Context) (err error) {
+			v, err = s.rpc.CreateVolume(ctx, &pb.CreateVolumeRequest{Name: name, On: on})
+			return err
+		})
+	})
+	if err != nil {
+		return Volume{}, cellErrOf("create volume", name, err)
+	}
+	return toVolume(v), nil
+}
+
+// RemoveVolume deletes a volume and everything in it, wherever it is.
+func (c *Client) RemoveVolume(name string) error {
+	err := c.atVolume(func(s *Client, _ string) error {
+		return s.conn.Call(func(ctx context.Context) error {
+			_, err := s.rpc.RemoveVolume(ctx, &pb.RemoveVolumeRequest{Name: name})
+			return err
+		})
+	})
+	c.sites.mu.Lock()
+	delete(c.sites.locs, name)
+	c.sites.mu.Unlock()
+	return cellErrOf("remove volume", name, err)
+}
+
+// ask calls the first server, which answers for the cell from its copy
+// of the location database; a refusal is an error of op on name.
+func ask[T any](c *Client, op, name string, call func(context.Context, pb.FileServerClient) (T, error)) (T, error) {
+	var out T
+	f := c.sites.first
+	err := f.conn.Call(func(ctx context.Context) (err error) {
+		out, err = call(ctx, f.rpc)
+		return err
+	})
+	return out, cellErrOf(op, name, err)
+}
+
+// Locate says where volume name lives, asking the server (not the
+// locations this client keeps).
+func (c *Client) Locate(name string) (Location, error) {
+	l, err := ask(c, "locate volume", name, func(ctx context.Context, rpc pb.FileServerClient) (*pb.Location, error) {
+		return rpc.Locate(ctx, &pb.LocateRequest{Name: name})
+	})
+	if err != nil {
+		return Location{}, err
+	}
+	return toLocation(l), nil
+}
+
+// Servers lists the cell's file servers.
+func (c *Client) Servers() ([]Server, error) {
+	r, err := ask(c, "list servers", "", func(ctx context.Context, rpc pb.FileServerClient) (*pb.ListServersReply, error) {
+		return rpc.ListServers(ctx, &pb.ListServersRequest{})
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Server, len(r.Servers))
+	for i, s := range r.Servers {
+		out[i] = Server{Site: toSite(s.Site), Alive: s.Alive, Capacity: s.Capacity, Free: s.Free,
+			Volumes: int(s.Volumes), Started: time.Unix(0, s.StartedNs)}
+	}
+	return out, nil
+}
+
+// VolumeInfo is a volume as its server has it (sizes, quota) and where
+// it lives.
+type VolumeInfo struct {
+	Volume
+	Location
+}
+
+// VolumeInfos lists every volume of the cell with its sizes: one request
+// to each server holding some.
+func (c *Client) VolumeInfos() ([]VolumeInfo, error) {
+	r, err := ask(c, "list volumes", "", func(ctx context.Context, rpc pb.FileServerClient) (*pb.ListLocationsReply, error) {
+		return rpc.ListLocations(ctx, &pb.ListLocationsRequest{})
+	})
+	if err != nil {
+		return nil, err
+	}
+	sizes := map[*Client]map[uint64]*pb.Volume{}
+	out := make([]VolumeInfo, 0, len(r.Locations))
+	for _, l := range r.Locations {
+		info := VolumeInfo{Location: toLocation(l), Volume: Volume{ID: l.Id, Name: l.Name, Created: time.Unix(0, l.CreatedNs)}}
+		s, err := c.siteFor(l)
+		if err != nil {
+			return nil, err
+		}
+		if sizes[s] == nil {
+			var vr *pb.ListVolumesReply
+			if err := s.conn.Call(func(ctx context.Context) (err error) {
+				vr, err = s.rpc.ListVolumes(ctx, &pb.ListVolumesRequest{})
+				return err
+			}); err != nil {
+				return nil, cellErrOf("list volumes", l.Rw.GetName(), err)
+			}
+			sizes[s] = map[uint64]*pb.Volume{}
+			for _, v := range vr.Volumes {
+				sizes[s][v.Id] = v
+			}
+		}
+		if v := sizes[s][l.Id]; v != nil {
+			info.Volume = toVolume(v)
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// Examine is one volume with its sizes and where it lives.
+func (c *Client) Examine(name string) (VolumeInfo, error) {
+	l, err := ask(c, "examine volume", name, func(ctx context.Context, rpc pb.FileServerClient) (*pb.Location, error) {
+		return rpc.Locate(ctx, &pb.LocateRequest{Name: name})
+	})
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	s, err := c.siteFor(l)
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	var v *pb.Volume
+	if err := s.conn.Call(func(ctx context.Context) (err error) {
+		v, err = s.rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: name})
+		return err
+	}); err != nil {
+		return VolumeInfo{}, cellErrOf("examine volume", name, err)
+	}
+	return VolumeInfo{Volume: toVolume(v), Location: toLocation(l)}, nil
+}
+
+// cellError is a refusal of a cell operation in the server's words (no
+// such server, the name taken, the lease lost say more than an errno),
+// still an errno to errors.Is.
+type cellError struct {
+	msg   string
+	errno syscall.Errno
+}
+
+func (e *cellError) Error() string { return e.msg }
+func (e *cellError) Unwrap() error { return e.errno }
+
+func cellErrOf(op, name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if name != "" {
+		op += " " + name
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return &cellError{op + ": " + st.Message(), pb.Errno(err)}
+}

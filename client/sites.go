@@ -1,0 +1,214 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sync/singleflight"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/hoardfs/hoard/hoardpb"
+)
+
+// sites are the file servers of a cell one client reaches: the server it
+// was dialled to, and a Client of its own for each other server it found
+// a volume on, all sharing the first's cache (FIDs are unique in a cell).
+// A Node belongs to the Client of the server holding its volume, and
+// every request about it goes there: the internal methods pass a node of
+// another Client on to it.
+//
+// Locations are asked of the first server, which answers from its copy
+// of the cell's location database (clients never talk to etcd), and kept
+// for the client's life.
+type sites struct {
+	first *Client
+
+	mu     sync.Mutex
+	byName map[string]*Client      // other servers' Clients, by server name
+	locs   map[string]*pb.Location // by volume name
+	byID   map[uint64]*pb.Location
+	closed bool
+
+	dialing singleflight.Group
+}
+
+func newSites(first *Client) *sites {
+	return &sites{first: first, byName: map[string]*Client{}, locs: map[string]*pb.Location{}, byID: map[uint64]*pb.Location{}}
+}
+
+// locate is where volume name lives, asked of the first server as u.
+// A server from before cells (no Locate) holds every volume it knows.
+func (s *sites) locate(name string, u User) (*pb.Location, error) {
+	s.mu.Lock()
+	l := s.locs[name]
+	s.mu.Unlock()
+	if l != nil {
+		return l, nil
+	}
+	return s.ask(&pb.LocateRequest{Name: name}, u)
+}
+
+// locateID is locate of the volume with id (a FID's, for a proxy).
+func (s *sites) locateID(id uint64, u User) (*pb.Location, error) {
+	s.mu.Lock()
+	l := s.byID[id]
+	s.mu.Unlock()
+	if l != nil {
+		return l, nil
+	}
+	return s.ask(&pb.LocateRequest{Id: id}, u)
+}
+
+// ask asks the first server where a volume is, and keeps the answer.
+func (s *sites) ask(req *pb.LocateRequest, u User) (*pb.Location, error) {
+	var l *pb.Location
+	c := s.first
+	err := c.as(u).Call(func(ctx context.Context) (err error) {
+		l, err = c.rpc.Locate(ctx, req)
+		return err
+	})
+	if status.Code(err) == codes.Unimplemented {
+		l, err = &pb.Location{Id: req.Id, Name: req.Name, Here: true}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if l.Name != "" {
+		s.locs[l.Name] = l
+	}
+	if l.Id != 0 {
+		s.byID[l.Id] = l
+	}
+	s.mu.Unlock()
+	return l, nil
+}
+
+// stale forgets what is kept of volume name when err says it is not
+// where it was thought, and reports whether it should be located again.
+func (s *sites) stale(name string, err error) bool {
+	if whereIs(err) == nil && pb.Errno(err) != syscall.ENOENT && pb.Errno(err) != syscall.ESTALE {
+		return false
+	}
+	s.mu.Lock()
+	if l := s.locs[name]; l != nil {
+		delete(s.byID, l.Id)
+	}
+	delete(s.locs, name)
+	s.mu.Unlock()
+	s.each(func(c *Client) {
+		c.volMu.Lock()
+		delete(c.vols, name)
+		c.volMu.Unlock()
+	})
+	return true
+}
+
+// siteOf is the Client of the server holding volume name.
+func (c *Client) siteOf(name string, u User) (*Client, error) {
+	s := c.sites
+	l, err := s.locate(name, u)
+	if err != nil {
+		return nil, err
+	}
+	return c.siteFor(l)
+}
+
+// siteFor is the Client of the server holding the volume l names.
+func (c *Client) siteFor(l *pb.Location) (*Client, error) {
+	if l.Here {
+		return c.sites.first, nil
+	}
+	return c.sites.site(l.Rw)
+}
+
+// siteOfID is the Client of the server holding volume id.
+func (c *Client) siteOfID(id uint64, u User) (*Client, error) {
+	l, err := c.sites.locateID(id, u)
+	if err != nil {
+		return nil, err
+	}
+	return c.siteFor(l)
+}
+
+// site is the Client of server to, dialled on first use.
+func (s *sites) site(to *pb.Site) (*Client, error) {
+	if to.GetName() == "" || to.GetAddr() == "" {
+		return nil, fmt.Errorf("the location database names no address for a server: %w", errors.ErrUnsupported)
+	}
+	s.mu.Lock()
+	c := s.byName[to.Name]
+	s.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	v, err, _ := s.dialing.Do(to.Name, func() (any, error) {
+		s.mu.Lock()
+		if c := s.byName[to.Name]; c != nil || s.closed {
+			s.mu.Unlock()
+			if c == nil {
+				return nil, errors.New("client closed")
+			}
+			return c, nil
+		}
+		s.mu.Unlock()
+		opts := s.first.opts
+		opts.Server = to.Addr
+		sessionFile := ""
+		if opts.KeepSession && opts.CacheDir != "" {
+			sessionFile = filepath.Join(opts.CacheDir, "session."+to.Name)
+		}
+		c, err := start(opts, s.first.cache, sessionFile)
+		if err != nil {
+			return nil, fmt.Errorf("server %s of the cell: %w", to.Name, err)
+		}
+		c.sites = s
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.closed {
+			go c.Close()
+			return nil, errors.New("client closed")
+		}
+		s.byName[to.Name] = c
+		return c, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*Client), nil
+}
+
+// each calls fn for every Client of the cell's servers, the first too.
+func (s *sites) each(fn func(*Client)) {
+	s.mu.Lock()
+	cs := []*Client{s.first}
+	for _, c := range s.byName {
+		cs = append(cs, c)
+	}
+	s.mu.Unlock()
+	for _, c := range cs {
+		fn(c)
+	}
+}
+
+// close closes the other servers' Clients (the first's Close calls it
+// before its own).
+func (s *sites) close() error {
+	s.mu.Lock()
+	s.closed = true
+	cs := make([]*Client, 0, len(s.byName))
+	for _, c := range s.byName {
+		cs = append(cs, c)
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, c := range cs {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}

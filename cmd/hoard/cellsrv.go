@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/hoardfs/hoard/cell"
+	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/server"
+	"github.com/hoardfs/hoard/vldb"
+	"github.com/hoardfs/hoard/vnode"
+)
+
+// cellFlags are how a server finds its cell's location database and
+// names itself there.
+type cellFlags struct {
+	etcd, etcdListen, name, advertise string
+}
+
+func (c *cellFlags) add(f *pflag.FlagSet) {
+	f.StringVar(&c.etcd, "etcd", "", "the cell's etcd: client URLs, comma-separated (another server's embedded member, or a cluster); default: run a member of its own, in DIR/etcd")
+	f.StringVar(&c.etcdListen, "etcd-listen", "127.0.0.1:0", "client address of the embedded etcd member (other servers join the cell with --etcd at it)")
+	f.StringVar(&c.name, "name", "", "this server's name in the cell (default: its certificate's name; with --insecure, the --advertise address)")
+	f.StringVar(&c.advertise, "advertise", "", "address clients are told to reach this server at (default: the --listen address)")
+}
+
+// leaseTTL is how long a server stays alive in the location database
+// after its last renewal: a stopped server is seen stopped at once (it
+// gives its lease back), a killed one within this.
+const leaseTTL = 10 * time.Second
+
+// joinCell opens the location database (starting the embedded member if
+// no --etcd is given), makes it and store agree (server.JoinCell) and
+// registers this server. stop undoes it; note says what it joined.
+func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, lis net.Listener) (sc *server.Cell, stop func(), note string, err error) {
+	if c.etcd != "" && c.etcdListen != "127.0.0.1:0" {
+		return nil, nil, "", usagef("--etcd and --etcd-listen: the first joins an etcd elsewhere, the second configures the member of its own; pick one")
+	}
+	var member *vldb.Member
+	stops := []func(){}
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	cfg := vldb.Config{Log: slog.Default()}
+	if id != nil {
+		cfg.TLS = id.ClientTLS()
+	}
+	if c.etcd != "" {
+		cfg.Endpoints = strings.Split(c.etcd, ",")
+	} else {
+		mc := vldb.MemberConfig{Dir: filepath.Join(store.Dir(), "etcd"), ClientAddr: c.etcdListen}
+		if id != nil {
+			mc.CertFile, mc.KeyFile, mc.CAFile = filepath.Join(cellDir, cell.CertFile), filepath.Join(cellDir, cell.KeyFile), filepath.Join(cellDir, cell.CAFile)
+		}
+		if member, err = vldb.StartMember(mc); err != nil {
+			return nil, nil, "", err
+		}
+		stops = append(stops, member.Close)
+		cfg.Endpoints = []string{member.Endpoint}
+	}
+	db, err := vldb.Open(cfg)
+	if err != nil {
+		stop()
+		return nil, nil, "", err
+	}
+	stops = append(stops, func() { db.Close() })
+	addr := c.advertise
+	if addr == "" {
+		addr = lis.Addr().String()
+	}
+	name := c.name
+	switch {
+	case name != "":
+	case id != nil:
+		name = id.Name
+	default:
+		name = addr
+	}
+	if err := server.JoinCell(store, db, name); err != nil {
+		stop()
+		return nil, nil, "", err
+	}
+	space := func() (uint64, uint64) {
+		fs, err := store.StatFS()
+		if err != nil {
+			return 0, 0
+		}
+		return fs.Blocks * fs.BlockSize, fs.BlocksFree * fs.BlockSize
+	}
+	capacity, free := space()
+	if err := db.Register(vldb.Server{Name: name, Addr: addr, Capacity: capacity, Free: free}, leaseTTL); err != nil {
+		stop()
+		return nil, nil, "", err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(30 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				capacity, free := space()
+				if err := db.SetSpace(ctx, name, capacity, free); err != nil && ctx.Err() == nil {
+					slog.Warn("free space not recorded in the location database", "err", err)
+				}
+			}
+		}
+	}()
+	stops = append(stops, func() { cancel(); <-done })
+	note = fmt.Sprintf("server %s of the cell at etcd %s", name, strings.Join(cfg.Endpoints, ","))
+	if member != nil {
+		note = fmt.Sprintf("server %s; the cell's etcd member of its own at %s (other servers join with --etcd %s)", name, member.Endpoint, member.Endpoint)
+	}
+	return &server.Cell{DB: db, Name: name}, stop, note, nil
+}
+
+func serverListCmd() *cobra.Command {
+	return withClient("list", "list the cell's file servers: liveness, volumes, space", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
+		ss, err := c.Servers()
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tADDRESS\tALIVE\tVOLUMES\tFREE\tCAPACITY\tSTARTED")
+		for _, s := range ss {
+			alive := "no"
+			if s.Alive {
+				alive = "yes"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.Name, s.Addr, alive, s.Volumes, humanSize(s.Free), humanSize(s.Capacity), s.Started.Format(time.RFC3339))
+		}
+		return tw.Flush()
+	})
+}
+
+// etcdCmd runs one member of an etcd cluster for a cell's location
+// database: the etcd project's own server, built into hoard, so that a
+// cell of three or five members needs no other program.
+func etcdCmd() *cobra.Command {
+	var mc vldb.MemberConfig
+	var cellDir string
+	var insecure bool
+	cmd := &cobra.Command{
+		Use:   "etcd --name NAME --data DIR --client ADDR --peer ADDR --cluster NAME=URL,...",
+		Short: "run a member of an etcd cluster for the cell's location database",
+		Example: "  hoard etcd --name e1 --data /var/lib/hoard-etcd --cell /etc/hoard/cell \\\n" +
+			"    --client 10.0.0.1:2379 --peer 10.0.0.1:2380 \\\n" +
+			"    --cluster e1=https://10.0.0.1:2380,e2=https://10.0.0.2:2380,e3=https://10.0.0.3:2380",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if mc.Name == "" || mc.Dir == "" || mc.ClientAddr == "" || mc.PeerAddr == "" {
+				return usagef("hoard etcd: needs --name, --data, --client and --peer")
+			}
+			if insecure == (cellDir != "") {
+				return usagef("hoard etcd: give --cell DIR (a server's cell directory: its certificates secure the member) or --insecure")
+			}
+			if cellDir != "" {
+				if _, err := cell.Load(cellDir); err != nil {
+					return usageError{err}
+				}
+				mc.CertFile, mc.KeyFile, mc.CAFile = filepath.Join(cellDir, cell.CertFile), filepath.Join(cellDir, cell.KeyFile), filepath.Join(cellDir, cell.CAFile)
+			}
+			m, err := vldb.StartMember(mc)
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			fmt.Fprintf(os.Stderr, "hoard etcd: member %s serving clients at %s\n", mc.Name, m.Endpoint)
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+			<-sig
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&mc.Name, "name", "", "the member's name in its cluster")
+	f.StringVar(&mc.Dir, "data", "", "directory holding the member's data")
+	f.StringVar(&mc.ClientAddr, "client", "", "address its clients (the cell's servers) reach it at")
+	f.StringVar(&mc.PeerAddr, "peer", "", "address the other members reach it at")
+	f.StringVar(&mc.Cluster, "cluster", "", "every member of the first start: NAME=https://PEER,... (http:// with --insecure)")
+	f.StringVar(&cellDir, "cell", "", "a cell directory with ca.crt, host.crt and host.key: peers and clients must show certificates of this cell")
+	f.BoolVar(&insecure, "insecure", false, "plain TCP, no certificates (tests and benchmarks only)")
+	return cmd
+}

@@ -1,0 +1,280 @@
+package integration
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/testkit"
+)
+
+// etcdProc is a running `hoard etcd` member.
+type etcdProc struct {
+	cmd    *exec.Cmd
+	client string // its client URL
+	logs   *logBuf
+}
+
+// startEtcd starts a cluster of n members, secured with the tests'
+// cell, and waits until each serves.
+func startEtcd(t *testing.T, n int) []*etcdProc {
+	t.Helper()
+	names := make([]string, n)
+	peers := make([]string, n)
+	clients := make([]string, n)
+	var cluster []string
+	for i := range n {
+		names[i], peers[i], clients[i] = fmt.Sprintf("e%d", i+1), freeAddr(t), freeAddr(t)
+		cluster = append(cluster, names[i]+"=https://"+peers[i])
+	}
+	ms := make([]*etcdProc, n)
+	ready := make(chan int, n)
+	for i := range n {
+		m := &etcdProc{client: "https://" + clients[i], logs: &logBuf{}}
+		m.cmd = exec.Command(hoardBin, "etcd", "--name", names[i], "--data", t.TempDir(), "--cell", testCell.dir,
+			"--client", clients[i], "--peer", peers[i], "--cluster", strings.Join(cluster, ","))
+		stderr, _ := m.cmd.StderrPipe()
+		if err := m.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			sc := bufio.NewScanner(stderr)
+			for sc.Scan() {
+				m.logs.WriteString(sc.Text() + "\n")
+				if strings.Contains(sc.Text(), "serving clients") {
+					ready <- i
+				}
+			}
+		}()
+		ms[i] = m
+		t.Cleanup(func() {
+			m.kill9()
+			if t.Failed() {
+				t.Logf("etcd %s log:\n%s", names[i], m.logs)
+			}
+		})
+	}
+	for range n {
+		select {
+		case <-ready:
+		case <-time.After(time.Minute):
+			t.Fatal("the etcd cluster did not come up within a minute")
+		}
+	}
+	return ms
+}
+
+func (m *etcdProc) kill9() {
+	if m.cmd != nil && m.cmd.Process != nil {
+		m.cmd.Process.Signal(syscall.SIGKILL)
+		m.cmd.Wait()
+		m.cmd = nil
+	}
+}
+
+// cellOf3 starts three file servers, s1 to s3, on a three-member etcd
+// cluster; s1 first, so that it holds the root volume.
+func cellOf3(t *testing.T) ([]*etcdProc, []*serverProc) {
+	t.Helper()
+	members := startEtcd(t, 3)
+	urls := make([]string, len(members))
+	for i, m := range members {
+		urls[i] = m.client
+	}
+	var srvs []*serverProc
+	for i := range 3 {
+		srvs = append(srvs, startServer(t, t.TempDir(), "--etcd", strings.Join(urls, ","), "--name", fmt.Sprintf("s%d", i+1)))
+	}
+	return members, srvs
+}
+
+// waitAlive waits until the cell lists want servers, all alive.
+func waitAlive(t *testing.T, c *client.Client, want int) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ss, err := c.Servers()
+		alive := 0
+		for _, s := range ss {
+			if s.Alive {
+				alive++
+			}
+		}
+		if err == nil && alive == want && len(ss) == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("servers: %+v %v; want %d alive", ss, err, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Three servers, one namespace: a volume on each, reached through one
+// mount dialled to one of them; the location database survives one etcd
+// member's death (a volume is still made), and with two dead, location
+// changes fail in a line while file I/O on resolved volumes goes on.
+func TestCellThreeServers(t *testing.T) {
+	needFuse(t)
+	members, srvs := cellOf3(t)
+	c := dial(t, srvs[0].addr, "mem", 16<<20)
+	waitAlive(t, c, 3)
+	for i := range 3 {
+		name := fmt.Sprintf("v%d", i+1)
+		if _, err := c.CreateVolumeOn(name, fmt.Sprintf("s%d", i+1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.MountVolume("/"+name, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The mount goes to s2, which holds neither the root nor v1 nor v3.
+	m := startMount(t, srvs[1], t.TempDir())
+	// 100 KiB each: past the inline size, so a data file at its server.
+	body := func(round, p string) string { return strings.Repeat(round+p, 100<<10/len(round+p)+1) }
+	write := func(round string) {
+		t.Helper()
+		for i := range 3 {
+			p := m.path(fmt.Sprintf("v%d/%s", i+1, round))
+			f, err := os.Create(p)
+			if err == nil {
+				_, err = f.WriteString(body(round, p))
+			}
+			if err == nil {
+				err = f.Sync() // at its server now, not only in the cache
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+		}
+		for i := range 3 {
+			p := m.path(fmt.Sprintf("v%d/%s", i+1, round))
+			if b, err := os.ReadFile(p); err != nil || string(b) != body(round, p) {
+				t.Fatalf("read %s: %d bytes, %v", p, len(b), err)
+			}
+		}
+	}
+	write("first")
+	// Each volume's bytes are at its own server, and only there.
+	for i := range 3 {
+		info, err := c.Examine(fmt.Sprintf("v%d", i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("s%d", i+1); info.RW.Name != want || info.Used == 0 || info.Files != 2 {
+			t.Fatalf("v%d: %+v; want at %s with one file", i+1, info, want)
+		}
+		for j, s := range srvs {
+			_, err := os.Stat(filepath.Join(s.data, "data", fmt.Sprint(info.Volume.ID)))
+			if j == i && err != nil || j != i && err == nil {
+				t.Fatalf("v%d (id %d) at server s%d: %v", i+1, info.Volume.ID, j+1, err)
+			}
+		}
+	}
+	// A mount point to a volume no server has is refused.
+	if err := c.MountVolume("/nowhere", "nowhere"); !os.IsNotExist(err) {
+		t.Fatalf("mount point to no volume: %v", err)
+	}
+
+	members[0].kill9()
+	if _, err := c.CreateVolume("after-one"); err != nil {
+		t.Fatalf("a volume made with one etcd member of three dead: %v", err)
+	}
+	write("second")
+
+	members[1].kill9()
+	start := time.Now()
+	out, code := run(t, "vol", "create", "after-two", "--server", srvs[0].addr, "--cache", "")
+	if code != 1 || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, "location database") {
+		t.Fatalf("vol create with two etcd members of three dead: exit %d: %q", code, out)
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Fatalf("the refusal took %v", took)
+	}
+	write("third")
+}
+
+// Bad input to the cell's commands: one line, exit 1 or 2, nothing made.
+func TestCellBadInput(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	hoard := func(args ...string) (string, int) {
+		return run(t, append(args, "--server", srv.addr, "--cache", "")...)
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"vol", "create", "x", "--on", "nosuch"}, 1, "no server nosuch"},
+		{[]string{"vol", "create", "root"}, 1, "exists"},
+		{[]string{"vol", "create", "bad/name"}, 1, "bad name"},
+		{[]string{"vol", "remove", "nosuch"}, 1, "no such"},
+		{[]string{"vol", "remove", "root"}, 1, "not removed"},
+		{[]string{"vol", "examine", "nosuch"}, 1, "no such"},
+	} {
+		out, code := hoard(tc.args...)
+		if code != tc.code || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, tc.says) {
+			t.Errorf("hoard %s: exit %d, %q; want exit %d saying %q", strings.Join(tc.args, " "), code, out, tc.code, tc.says)
+		}
+	}
+	out, _ := hoard("vol", "list")
+	if strings.Count(strings.TrimSpace(out), "\n") != 1 {
+		t.Fatalf("after bad input, volumes besides root:\n%s", out)
+	}
+	// An etcd nobody serves: the server does not start, and says why.
+	out, code := run(t, "server", "--data", t.TempDir(), "--listen", freeAddr(t), "--cell", testCell.dir, "--etcd", "https://"+freeAddr(t))
+	if code == 0 || !strings.Contains(out, "does not answer") {
+		t.Fatalf("server with a dead --etcd: exit %d: %s", code, out)
+	}
+}
+
+// A proxy in front of a cell: dialled to one server, it resolves every
+// volume like a client, fetches each from its own server, and passes on
+// the breaks each server sends.
+func TestCellProxy(t *testing.T) {
+	_, srvs := cellOf3(t)
+	admin := dial(t, srvs[0].addr, "mem", 16<<20)
+	waitAlive(t, admin, 3)
+	for i := range 3 {
+		name := fmt.Sprintf("v%d", i+1)
+		if _, err := admin.CreateVolumeOn(name, fmt.Sprintf("s%d", i+1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.MountVolume("/"+name, name); err != nil {
+			t.Fatal(err)
+		}
+		testkit.WriteFile(t, admin, "/"+name+"/f", []byte("one "+name))
+	}
+	px := startProxy(t, srvs[1], t.TempDir())
+	a := dial(t, px.addr, t.TempDir(), 64<<20)
+	for i := range 3 {
+		p := fmt.Sprintf("/v%d/f", i+1)
+		if got := string(testkit.ReadFile(t, a, p)); got != fmt.Sprintf("one v%d", i+1) {
+			t.Fatalf("read %s through the proxy: %q", p, got)
+		}
+	}
+	// A change at s3 (dialled there directly) breaks the proxy's promise
+	// and its client's before it returns; one through the proxy reaches s1.
+	direct := dial(t, srvs[2].addr, "mem", 16<<20)
+	testkit.WriteFile(t, direct, "/v3/f", []byte("two"))
+	if got := string(testkit.ReadFile(t, a, "/v3/f")); got != "two" {
+		t.Fatalf("after a change at s3, the proxy's client read %q", got)
+	}
+	testkit.WriteFile(t, a, "/v1/g", []byte("made through the proxy"))
+	info, err := admin.Examine("v1")
+	if err != nil || info.Files != 3 {
+		t.Fatalf("v1 at s1 after a create through the proxy: %+v %v", info, err)
+	}
+	if err := a.Rename("/v1/g", "/v2/g"); !errors.Is(err, syscall.EXDEV) {
+		t.Fatalf("rename across volumes through the proxy: %v, want EXDEV", err)
+	}
+}
