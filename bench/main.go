@@ -34,7 +34,7 @@ var (
 	dirFlag   = flag.String("dir", "", "scratch directory on the disk to measure (default: a temp dir under the current directory)")
 	readSize  = flag.Int("read", 1<<20, "read size for the large file")
 	profile   = flag.String("cpuprofile", "", "write a CPU profile of the disk-cache cold fetches here")
-	only      = flag.String("only", "all", "which part to run: lib (the library), fuse (the mount), split (Selective Caching's Tables 3 and 4), stat (stat latency during a bulk fetch), mixed (admission policies on a mixed workload), postmark (the cacheDAFS thesis's Postmark, delegations on and off; not in all), proxy (clients of a proxy vs of a distant origin; not in all), hades (the Hades thesis's figures 6.1-6.3, the proxy's store layouts; not in all), build (compiling a C tree from mounts, direct and through a proxy; not in all), nache (clients' scratch files through a proxy, its delegations on and off; not in all), tree (cp -r, postmark, find | xargs cat, tar, rm -r, dd and fio on local disk, bindfs and hoard at doubling file counts; not in all), secure (TLS, tokens and ACLs vs --insecure; not in all), cell (the location database up to 100,000 volumes; not in all), all")
+	only      = flag.String("only", "all", "which part to run: lib (the library), fuse (the mount), split (Selective Caching's Tables 3 and 4), stat (stat latency during a bulk fetch), mixed (admission policies on a mixed workload), postmark (the cacheDAFS thesis's Postmark, delegations on and off; not in all), proxy (clients of a proxy vs of a distant origin; not in all), hades (the Hades thesis's figures 6.1-6.3, the proxy's store layouts; not in all), build (compiling a C tree from mounts, direct and through a proxy; not in all), nache (clients' scratch files through a proxy, its delegations on and off; not in all), tree (cp -r, postmark, find | xargs cat, tar, rm -r, dd and fio on local disk, bindfs and hoard at doubling file counts; not in all), secure (TLS, tokens and ACLs vs --insecure; not in all), cell (the location database up to 100,000 volumes; not in all), move (moving a volume between servers; not in all), all")
 	statSize  = flag.Int64("stat-size", 4<<30, "bytes fetched while stat latency is measured")
 	streams   = flag.Int("streams", 0, "data-channel connections per client (0: the client's default)")
 )
@@ -93,9 +93,11 @@ func run() error {
 		return secureBench(bin, scratch)
 	case "cell":
 		return cellBench(bin, scratch)
+	case "move":
+		return moveBench(bin, scratch)
 	case "lib", "all":
 	default:
-		return fmt.Errorf("-only %q: want lib, fuse, split, stat, mixed, postmark, proxy, hades, build, nache, tree, secure, cell or all", *only)
+		return fmt.Errorf("-only %q: want lib, fuse, split, stat, mixed, postmark, proxy, hades, build, nache, tree, secure, cell, move or all", *only)
 	}
 
 	// The large file: written once locally and once into hoard.

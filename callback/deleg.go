@@ -153,7 +153,7 @@ func (s *Server) Delegable(id ClientID, fid node.FID, write bool, now time.Time)
 // not starve a writer waiting for one), no change to it is (busy.go), and
 // id is not backing off (RecallBackoff).
 func (s *Server) delegable(id ClientID, fid node.FID, write bool, now time.Time) bool {
-	return s.cfg.Lease > 0 && !s.othersOpen(id, fid, write) && !s.recalling(fid) && s.busy[fid] == 0 && !now.Before(s.clients[id].noDelegUntil)
+	return s.cfg.Lease > 0 && !s.quiet[fid.Volume] && !s.othersOpen(id, fid, write) && !s.recalling(fid) && s.busy[fid] == 0 && !now.Before(s.clients[id].noDelegUntil)
 }
 
 // recalling reports whether a recall of a delegation on fid is under way.

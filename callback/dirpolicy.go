@@ -41,7 +41,7 @@ func Delegates(id ClientID, t node.Type, write, only bool) bool {
 // client has the directory cached (it would lose its promise, and a
 // kernel its names).
 func (s *Server) DirDelegable(id ClientID, dir node.FID, now time.Time) bool {
-	if s.busy[dir] > 0 {
+	if s.busy[dir] > 0 || s.quiet[dir.Volume] {
 		return false
 	}
 	if kind, _ := s.Delegation(id, dir); kind == DelegWrite {

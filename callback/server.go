@@ -177,6 +177,8 @@ type Server struct {
 	nextState   uint64
 	// busy counts the changes under way on each FID (busy.go).
 	busy map[node.FID]int
+	// quiet are the volumes nothing is granted on (quiet.go).
+	quiet map[uint64]bool
 }
 
 type breakRecord struct {
@@ -316,7 +318,7 @@ func (s *Server) Seq() uint64 { return s.breakSeq }
 // to make room; those messages belong to no round.
 func (s *Server) Grant(id ClientID, fid node.FID, since uint64, now time.Time) (ttl time.Duration, msgs []Msg, ok bool) {
 	c := s.clients[id]
-	if c == nil || s.brokenSince(fid, since) {
+	if c == nil || s.brokenSince(fid, since) || s.quiet[fid.Volume] {
 		return 0, nil, false
 	}
 	expiry := now.Add(s.cfg.PromiseTTL)

@@ -54,13 +54,13 @@ func (c *Client) GetACL(name string) (ACL, error) {
 	if err != nil {
 		return ACL{}, errOf("get acl", name, err)
 	}
-	a, err := n.c.FIDs().ACL(n.fid)
+	a, err := n.at().FIDs().ACL(n.fid)
 	return a, errOf("get acl", name, err)
 }
 
 // ACL reads the ACL governing f, at the server holding its volume.
 func (p *FIDs) ACL(f node.FID) (ACL, error) {
-	s := p.Node(f).c
+	s := p.Node(f).at()
 	var r *pb.ACLReply
 	err := s.conn.Call(func(ctx context.Context) (err error) {
 		r, err = s.rpc.GetACL(ctx, &pb.GetACLRequest{Fid: pb.FromFID(f)})
@@ -79,14 +79,14 @@ func (c *Client) SetACL(name, who string, r access.Rights) (ACL, error) {
 	if err != nil {
 		return ACL{}, errOf("set acl", name, err)
 	}
-	a, err := n.c.FIDs().SetACL(n.fid, who, r)
+	a, err := n.at().FIDs().SetACL(n.fid, who, r)
 	return a, errOf("set acl", name, err)
 }
 
 // SetACL gives who the rights r in directory dir, at the server holding
 // its volume.
 func (p *FIDs) SetACL(dir node.FID, who string, r access.Rights) (ACL, error) {
-	s := p.Node(dir).c
+	s := p.Node(dir).at()
 	var out *pb.ACLReply
 	err := s.conn.Call(func(ctx context.Context) (err error) {
 		out, err = s.rpc.SetACL(ctx, &pb.SetACLRequest{Dir: pb.FromFID(dir), Who: who, Rights: uint32(r)})

@@ -26,6 +26,8 @@ type Location struct {
 	// Released is the root's DataVersion at the last release (0: never).
 	Released uint64
 	Created  time.Time
+	// Moving names the server an unfinished move is taking it to.
+	Moving string
 }
 
 // Server is a file server as the location database has it.
@@ -40,7 +42,7 @@ type Server struct {
 func toSite(s *pb.Site) Site { return Site{Name: s.GetName(), Addr: s.GetAddr()} }
 
 func toLocation(l *pb.Location) Location {
-	out := Location{ID: l.Id, Name: l.Name, RW: toSite(l.Rw), Released: l.Released, Created: time.Unix(0, l.CreatedNs)}
+	out := Location{ID: l.Id, Name: l.Name, RW: toSite(l.Rw), Released: l.Released, Created: time.Unix(0, l.CreatedNs), Moving: l.Moving}
 	for _, ro := range l.Ro {
 		out.RO = append(out.RO, toSite(ro))
 	}

@@ -228,13 +228,14 @@ func Dial(opts Options) (*Client, error) {
 	if opts.KeepSession && opts.CacheDir != "" {
 		sessionFile = filepath.Join(opts.CacheDir, "session")
 	}
-	c, err := start(opts, ch, sessionFile)
+	ss := newSites()
+	c, err := start(opts, ch, sessionFile, ss)
 	if err != nil {
 		ch.Close()
 		return nil, err
 	}
 	c.ownsCache = true
-	c.sites = newSites(c)
+	ss.first = c
 	if err = c.recoverDirty(); err == nil {
 		c.root, err = c.volumeRoot(node.RootVolume, c.self)
 	}
@@ -248,9 +249,10 @@ func Dial(opts Options) (*Client, error) {
 // start connects a Client to opts.Server, using cache ch, and waits for
 // the server's welcome: Dial's first server, or another of the cell's
 // (sites.go).
-func start(opts Options, ch *cache.Cache, sessionFile string) (*Client, error) {
+func start(opts Options, ch *cache.Cache, sessionFile string, ss *sites) (*Client, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
+		sites:     ss,
 		opts:      opts,
 		self:      NewUser(opts.Token),
 		log:       opts.Logger,
@@ -267,7 +269,12 @@ func start(opts Options, ch *cache.Cache, sessionFile string) (*Client, error) {
 	}
 	c.flusher = newFlusher(c)
 	cfg := conn.Config{Server: opts.Server, Name: opts.Name, RPCTimeout: opts.RPCTimeout, SessionFile: sessionFile,
-		DataStreams: opts.DataStreams, NoDataChannel: opts.NoDataChannel, TLS: opts.TLS, Token: opts.Token, Log: opts.Logger}
+		DataStreams: opts.DataStreams, NoDataChannel: opts.NoDataChannel, TLS: opts.TLS, Token: opts.Token, Log: opts.Logger,
+		OnRefused: func(err error) {
+			if l := whereIs(err); l != nil && l.Id != 0 {
+				c.sites.moved(l)
+			}
+		}}
 	var err error
 	if c.conn, err = conn.New(cfg, handler{c}); err != nil {
 		cancel()

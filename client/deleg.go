@@ -78,10 +78,16 @@ func (c *Client) current(n *Node) bool {
 // the server would cost every open of a cached file a round trip. (The
 // opener's rights were checked first: permitted.) The server is asked as u.
 func (c *Client) openDeleg(n *Node, write bool, u User) error {
-	if n.c != c {
-		return n.c.openDeleg(n, write, u)
+	at := n.at()
+	err := at.openDelegHere(n, write, u)
+	if relocated(n, at, err, false) {
+		return n.at().openDelegHere(n, write, u)
 	}
+	return err
+}
 
+// openDelegHere is openDeleg at the Client of the server holding n.
+func (c *Client) openDelegHere(n *Node, write bool, u User) error {
 	if !c.delegating() {
 		return nil
 	}
@@ -113,8 +119,8 @@ const refusedFor = time.Second
 
 // held is the delegation this client holds on n now (FIDs.Held).
 func (c *Client) held(n *Node) (callback.Held, bool) {
-	if n.c != c {
-		return n.c.held(n)
+	if n.at() != c {
+		return n.at().held(n)
 	}
 
 	h, ok := c.delegation(n)
@@ -124,8 +130,8 @@ func (c *Client) held(n *Node) (callback.Held, bool) {
 // delegate gets this client a delegation on file n without opening it
 // (FIDs.Delegate), asking as u, whose rights the server checks.
 func (c *Client) delegate(n *Node, write bool, u User) (callback.Held, bool) {
-	if n.c != c {
-		return n.c.delegate(n, write, u)
+	if n.at() != c {
+		return n.at().delegate(n, write, u)
 	}
 
 	if !c.delegating() {
@@ -459,7 +465,7 @@ func (n *Node) goneHere(err error) bool {
 	if err == nil || !gone || pb.Errno(err) != syscall.ESTALE {
 		return false
 	}
-	n.c.log.Debug("dirty data of a file removed here dropped", "fid", n.fid)
+	n.at().log.Debug("dirty data of a file removed here dropped", "fid", n.fid)
 	return true
 }
 

@@ -62,8 +62,8 @@ func (n *Node) made() *Node { return n.madeIn.Load() }
 // dirDelegation is the write delegation held on dir for making files in
 // it, getting one as u if it can be had; the listing is then complete.
 func (c *Client) dirDelegation(dir *Node, u User) (callback.Held, bool) {
-	if dir.c != c {
-		return dir.c.dirDelegation(dir, u)
+	if dir.at() != c {
+		return dir.at().dirDelegation(dir, u)
 	}
 
 	if c.opts.NoDirDelegations || !c.delegating() || !c.conn.Ready() {
@@ -571,8 +571,8 @@ func fidBefore(a, b node.FID) bool {
 // user's), and reports whether more are left, and which it created
 // without their write delegation.
 func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
-	if dir.c != c {
-		return dir.c.settleSome(dir)
+	if dir.at() != c {
+		return dir.at().settleSome(dir)
 	}
 
 	dir.mu.Lock()

@@ -64,7 +64,7 @@ func (n *Node) fetch(idxs []int64, wait bool, u User) (map[int64][]byte, error) 
 // bytes only when they could not be cached (no evictable space): the
 // waiting readers are served from them instead.
 func (n *Node) fetchOne(idx int64, u User) ([]byte, error) {
-	c := n.c
+	c := n.at()
 	n.fetching.Add(1)
 	defer n.fetching.Add(-1)
 	if n.entry.Present(idx) {
@@ -89,7 +89,7 @@ func (n *Node) fetchOne(idx int64, u User) ([]byte, error) {
 // fetchChunk fetches chunk idx into memory as u, learning the status and
 // promise that come with it; the data is of version dv, whole.
 func (n *Node) fetchChunk(idx int64, u User) (buf []byte, dv uint64, err error) {
-	c := n.c
+	c := n.at()
 	if err := c.settleFor(n); err != nil {
 		return nil, 0, err
 	}

@@ -155,7 +155,7 @@ func (p *FIDs) StoreThrough(args datapath.StoreArgs) (node.Status, error) {
 	n := p.Node(args.FID)
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if err := n.c.storeData(args, p.c.self, nil); err != nil {
+	if err := n.at().storeData(args, p.c.self, nil); err != nil {
 		return node.Status{}, err
 	}
 	return n.status(), nil

@@ -52,7 +52,7 @@ type fileData struct {
 // and the user's rights were checked at the open, as Unix checks a file's
 // mode once, at open(2).
 type File struct {
-	c      *Client
+	// n is the file; its Client (n.at) is the one of its server.
 	n      *Node
 	u      User
 	name   string
@@ -125,7 +125,7 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	bp := f.bp.Load()
 	// Writes other opens here left unpublished are this client's own:
 	// they are published first, so that it reads them.
-	f.c.publishFor(f.n, bp)
+	f.n.at().publishFor(f.n, bp)
 	if bp != nil {
 		n, admit, err := bp.ReadAt(p, off)
 		if !admit {
@@ -137,7 +137,7 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	if f.n.valid.Load() {
 		n, err := f.n.entry.ReadAt(p, off)
 		if err != cache.ErrMiss {
-			f.c.cache.CountHit(1)
+			f.n.at().cache.CountHit(1)
 			f.readAhead(off, int64(n))
 			return n, f.pathErr("read", err)
 		}
@@ -158,7 +158,7 @@ func (f *File) readSlow(p []byte, off int64) (int, error) {
 // new version overtook (its chunks replaced the ones read) is read again.
 func (n *Node) read(p []byte, off int64, u User) (int, node.Status, error) {
 	for attempt := 0; ; attempt++ {
-		st, err := n.c.fresh(n, u)
+		st, err := n.at().fresh(n, u)
 		if err != nil {
 			return 0, st, err
 		}
@@ -191,11 +191,11 @@ func (n *Node) readFetching(p []byte, off int64, u User) (int, error) {
 	if len(missing) == 0 {
 		k, err := n.entry.ReadAt(p, off)
 		if err != cache.ErrMiss {
-			n.c.cache.CountHit(1)
+			n.at().cache.CountHit(1)
 		}
 		return k, err
 	}
-	n.c.cache.CountMiss(1)
+	n.at().cache.CountMiss(1)
 	got, err := n.fetch(missing, true, u)
 	if err != nil {
 		return 0, err
@@ -211,7 +211,7 @@ func (n *Node) readFetching(p []byte, off int64, u User) (int, error) {
 // readPast serves a read of a file without local changes, at status st,
 // from chunks fetched into memory as u, none cached.
 func (n *Node) readPast(p []byte, off int64, st node.Status, u User) (int, error) {
-	cs := n.c.cache.ChunkSize()
+	cs := n.at().cache.ChunkSize()
 	mem := map[int64][]byte{}
 	for idx := off / cs; idx*cs < min(off+int64(len(p)), int64(st.Size)); idx++ {
 		data, dv, err := n.fetchChunk(idx, u)
@@ -223,14 +223,14 @@ func (n *Node) readPast(p []byte, off int64, st node.Status, u User) (int, error
 		}
 		mem[idx] = data
 	}
-	n.c.cache.CountBypassed(int64(len(mem)))
+	n.at().cache.CountBypassed(int64(len(mem)))
 	return n.readMixed(p, off, mem)
 }
 
 // readMixed serves a read from chunks held in memory where the cache could
 // not take them, and from the cache elsewhere.
 func (n *Node) readMixed(p []byte, off int64, mem map[int64][]byte) (int, error) {
-	cs := n.c.cache.ChunkSize()
+	cs := n.at().cache.ChunkSize()
 	st, _ := n.entry.Status()
 	size := int64(st.Size)
 	if off >= size {
@@ -271,7 +271,7 @@ func (f *File) readAhead(off, n int64) {
 		f.window.Store(0)
 		return
 	}
-	cs := f.c.cache.ChunkSize()
+	cs := f.n.at().cache.ChunkSize()
 	w := f.window.Load()
 	if w == 0 {
 		w = 2
@@ -340,7 +340,7 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 	n := f.n
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if _, err := f.c.fresh(n, f.u); err != nil {
+	if _, err := f.n.at().fresh(n, f.u); err != nil {
 		return 0, f.pathErr("write", err)
 	}
 	if appending {
@@ -364,8 +364,8 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 		// file's writes and the flusher's (stored chunks are evictable),
 		// fetch again and try again. Only when nothing could be stored
 		// is the writer told ENOSPC.
-		serr := f.c.storeBack(n, false, f.u)
-		if !f.c.flusher.Drain(dirtyNode{n}) && serr != nil {
+		serr := f.n.at().storeBack(n, false, f.u)
+		if !f.n.at().flusher.Drain(dirtyNode{n}) && serr != nil {
 			return k, f.pathErr("write", &rpcError{syscall.ENOSPC, serr})
 		}
 		if err = n.prepareWrite(off, int64(len(p)), f.u); err == nil {
@@ -376,7 +376,7 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 		err = syscall.ENOSPC
 	}
 	if k > 0 {
-		f.c.dirtied(n)
+		f.n.at().dirtied(n)
 	}
 	return k, f.pathErr("write", err)
 }
@@ -386,7 +386,7 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 // hold the server's bytes. Chunks wholly past the server's data need
 // nothing.
 func (n *Node) prepareWrite(off, length int64, u User) error {
-	cs := n.c.cache.ChunkSize()
+	cs := n.at().cache.ChunkSize()
 	n.mu.Lock()
 	remote := int64(n.st.Size)
 	n.mu.Unlock()
@@ -449,7 +449,7 @@ func (f *File) Truncate(size int64) error {
 	n := f.n
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if _, err := f.c.fresh(n, f.u); err != nil {
+	if _, err := f.n.at().fresh(n, f.u); err != nil {
 		return f.pathErr("truncate", err)
 	}
 	return f.pathErr("truncate", n.truncateLocked(uint64(size), f.u))
@@ -461,13 +461,13 @@ func (n *Node) truncateLocked(size uint64, u User) error {
 	err := n.entry.Truncate(int64(size))
 	if errors.Is(err, cache.ErrMiss) {
 		// The chunk the new end falls in keeps its first part: fetch it.
-		cs := n.c.cache.ChunkSize()
+		cs := n.at().cache.ChunkSize()
 		if _, err = n.fetch([]int64{int64(size) / cs}, true, u); err == nil {
 			err = n.entry.Truncate(int64(size))
 		}
 	}
 	if err == nil {
-		n.c.dirtied(n)
+		n.at().dirtied(n)
 	}
 	return err
 }
@@ -488,7 +488,7 @@ func (f *File) Sync() error {
 	defer f.n.wmu.Unlock()
 	err := f.rescan()
 	if err == nil {
-		err = f.c.storeBack(f.n, false, f.u)
+		err = f.n.at().storeBack(f.n, false, f.u)
 	}
 	if err == nil {
 		err = f.n.takeLost()
@@ -502,7 +502,7 @@ func (f *File) Sync() error {
 // storeLocked sends the dirty ranges and any truncation to the server as
 // one atomic commit, as u. Called with wmu held.
 func (n *Node) storeLocked(sync bool, u User) error {
-	if err := n.c.settleFor(n); err != nil {
+	if err := n.at().settleFor(n); err != nil {
 		return err
 	}
 	n.mu.Lock()
@@ -536,18 +536,26 @@ func (n *Node) storeLocked(sync bool, u User) error {
 	for _, r := range ranges {
 		args.Ranges = append(args.Ranges, datapath.Range{Off: r.Off, Len: r.Len})
 	}
-	return n.c.storeData(args, u, func(st node.Status) error {
+	stored := func(st node.Status) error {
 		if err := n.entry.Cleaned(ranges, st); err != nil {
 			return err
 		}
-		n.c.stored(n)
+		n.at().stored(n)
 		if st.DataVersion != est.DataVersion+1 {
 			// Another client's store came between: the clean chunks we
 			// kept may predate it.
 			return n.entry.Invalidate()
 		}
 		return nil
-	})
+	}
+	at := n.at()
+	err := at.storeData(args, u, stored)
+	if relocated(n, at, err, true) {
+		// The volume moved; the old server's delegation went with it.
+		args.DelegState = 0
+		err = n.at().storeData(args, u, stored)
+	}
+	return err
 }
 
 // storeData runs one store as u, lets stored update local state from the
@@ -593,7 +601,7 @@ func (f *File) Close() error {
 		last := f.n.files == 0 && f.n.unlinked
 		f.n.mu.Unlock()
 		if last {
-			f.c.dropUnread(f.n)
+			f.n.at().dropUnread(f.n)
 		}
 	}
 	return err
@@ -608,7 +616,7 @@ func (f *File) uncount() error {
 		f.n.mu.Unlock()
 	}
 	if f.counted {
-		return f.c.closeDeleg(f.n, f.writable(), f.u)
+		return f.n.at().closeDeleg(f.n, f.writable(), f.u)
 	}
 	return nil
 }
@@ -636,9 +644,9 @@ func (f *File) flush(op string) error {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
 	err := f.rescan()
-	if err == nil && f.c.writeBack(n) {
+	if err == nil && f.n.at().writeBack(n) {
 		if n.localChanges() {
-			f.c.dirtied(n) // writes through passthrough did not say so
+			f.n.at().dirtied(n) // writes through passthrough did not say so
 		}
 		err = n.takeLost()
 	} else {
@@ -648,7 +656,7 @@ func (f *File) flush(op string) error {
 			}
 		}
 		if err != nil {
-			err = n.c.keepLost(n, f.name, err)
+			err = n.at().keepLost(n, f.name, err)
 		} else {
 			err = n.takeLost()
 		}
@@ -676,7 +684,7 @@ func (f *File) Stat() (node.Status, error) {
 		st, err := bp.Status()
 		return st, f.pathErr("stat", err)
 	}
-	st, err := f.c.fresh(f.n, f.u)
+	st, err := f.n.at().fresh(f.n, f.u)
 	return st, f.pathErr("stat", err)
 }
 
@@ -689,7 +697,7 @@ func (f *File) Seek(offset int64, whence int) (int64, error) {
 	case io.SeekCurrent:
 		offset += f.off
 	case io.SeekEnd:
-		st, err := f.c.fresh(f.n, f.u)
+		st, err := f.n.at().fresh(f.n, f.u)
 		if bp := f.bp.Load(); bp != nil {
 			st, err = bp.Status() // with its unpublished writes
 		}

@@ -48,10 +48,10 @@ func (d dirtyNode) Store(try bool) error {
 	} else if !n.wmu.TryLock() {
 		return writeback.ErrBusy
 	}
-	err := n.c.storeBack(n, true, n.c.writerOf(n))
+	err := n.at().storeBack(n, true, n.at().writerOf(n))
 	n.wmu.Unlock()
 	if err != nil && !kept(err) {
-		n.c.log.Debug("flusher: store failed; will retry", "fid", n.fid, "err", err)
+		n.at().log.Debug("flusher: store failed; will retry", "fid", n.fid, "err", err)
 	}
 	return err
 }

@@ -31,7 +31,9 @@ import (
 // mu guards st, rights and every field of the groups not said to be
 // otherwise.
 type Node struct {
-	c     *Client
+	// site is the Client of the server holding the node's volume: it
+	// changes when the volume moves (handOver).
+	site  atomic.Pointer[Client]
 	fid   node.FID
 	valid atomic.Bool
 	// forgot is when the kernel forgot the node (Release), 0 while held.
@@ -50,6 +52,9 @@ type Node struct {
 	dirListing
 	dirDeleg
 }
+
+// at is the Client of the server holding n's volume now.
+func (n *Node) at() *Client { return n.site.Load() }
 
 // FID is the node's file identifier.
 func (n *Node) FID() node.FID { return n.fid }
@@ -112,7 +117,8 @@ func (c *Client) node(fid node.FID) *Node {
 	defer c.nodesMu.Unlock()
 	n := c.nodes[fid]
 	if n == nil {
-		n = &Node{c: c, fid: fid}
+		n = &Node{fid: fid}
+		n.site.Store(c)
 		c.nodes[fid] = n
 	}
 	return n
@@ -191,7 +197,7 @@ func (n *Node) syncEntry(st node.Status) error {
 		st.Size = old.Size
 	}
 	if ok && old.DataVersion != st.DataVersion {
-		n.c.counters.dropped.Add(1)
+		n.at().counters.dropped.Add(1)
 	}
 	return n.entry.SetStatus(st, false)
 }
@@ -211,10 +217,16 @@ func (c *Client) learnPB(t callback.Ticket, ps *pb.Status, u User) (*Node, error
 // may do with it. A refusal (EACCES) is u's alone: the node and what
 // other users learnt of it stay.
 func (c *Client) fresh(n *Node, u User) (node.Status, error) {
-	if n.c != c {
-		return n.c.fresh(n, u)
+	at := n.at()
+	a, err := at.freshHere(n, u)
+	if relocated(n, at, err, false) {
+		return n.at().freshHere(n, u)
 	}
+	return a, err
+}
 
+// freshHere is fresh at the Client of the server holding n.
+func (c *Client) freshHere(n *Node, u User) (node.Status, error) {
 	if st, ok := c.cachedAs(n, u); ok {
 		return st, nil
 	}
@@ -413,8 +425,8 @@ func (c *Client) replaceNamed(dir *Node, name string) (done func()) {
 // lookup finds name in dir for u, from the cache when dir's promise is
 // valid.
 func (c *Client) lookup(dir *Node, name string, u User) (*Node, error) {
-	if dir.c != c {
-		return dir.c.lookup(dir, name, u)
+	if dir.at() != c {
+		return dir.at().lookup(dir, name, u)
 	}
 
 	n, _, err := c.lookupAt(dir, name, u)
@@ -425,10 +437,16 @@ func (c *Client) lookup(dir *Node, name string, u User) (*Node, error) {
 // belongs to. An answer from the cache needs u's right to look in dir
 // (l), as the server's would: known, or asked for first.
 func (c *Client) lookupAt(dir *Node, name string, u User) (*Node, node.Status, error) {
-	if dir.c != c {
-		return dir.c.lookupAt(dir, name, u)
+	at := dir.at()
+	a, b, err := at.lookupAtHere(dir, name, u)
+	if relocated(dir, at, err, false) {
+		return dir.at().lookupAtHere(dir, name, u)
 	}
+	return a, b, err
+}
 
+// lookupAtHere is lookupAt at the Client of the server holding dir.
+func (c *Client) lookupAtHere(dir *Node, name string, u User) (*Node, node.Status, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, node.Status{}, err
 	}
@@ -503,10 +521,16 @@ func (c *Client) lookupAt(dir *Node, name string, u User) (*Node, node.Status, e
 // It also returns the DataVersion the listing belongs to, 0 if the
 // directory kept changing while it was fetched.
 func (c *Client) readDir(dir *Node, u User) ([]DirEntry, uint64, error) {
-	if dir.c != c {
-		return dir.c.readDir(dir, u)
+	at := dir.at()
+	a, b, err := at.readDirHere(dir, u)
+	if relocated(dir, at, err, false) {
+		return dir.at().readDirHere(dir, u)
 	}
+	return a, b, err
+}
 
+// readDirHere is readDir at the Client of the server holding dir.
+func (c *Client) readDirHere(dir *Node, u User) ([]DirEntry, uint64, error) {
 	for attempt := 0; ; attempt++ {
 		if c.listed(dir) {
 			st, err := c.fresh(dir, u)
@@ -546,8 +570,8 @@ func (c *Client) readDir(dir *Node, u User) ([]DirEntry, uint64, error) {
 }
 
 func (c *Client) fetchDir(dir *Node, u User) (out []DirEntry, dv uint64, consistent bool, err error) {
-	if dir.c != c {
-		return dir.c.fetchDir(dir, u)
+	if dir.at() != c {
+		return dir.at().fetchDir(dir, u)
 	}
 
 	if err := c.settle(dir); err != nil {

@@ -45,11 +45,11 @@ func (k *Nodes) Root() *Node { return k.c.root }
 
 // Getattr returns n's status, from the cache while a promise is held.
 func (k *Nodes) Getattr(n *Node) (node.Status, error) {
-	st, err := n.c.fresh(n, k.u)
+	st, err := n.at().fresh(n, k.u)
 	if err == nil && st.Type == node.TypeMountPoint {
 		var root *Node
-		if root, err = n.c.volumeRoot(st.Target, k.u); err == nil {
-			st, err = root.c.fresh(root, k.u)
+		if root, err = n.at().volumeRoot(st.Target, k.u); err == nil {
+			st, err = root.at().fresh(root, k.u)
 		}
 	}
 	return st, err
@@ -57,13 +57,13 @@ func (k *Nodes) Getattr(n *Node) (node.Status, error) {
 
 // Lookup finds name in dir, crossing a mount point to the root of its volume.
 func (k *Nodes) Lookup(dir *Node, name string) (*Node, node.Status, error) {
-	n, err := dir.c.lookup(dir, name, k.u)
+	n, err := dir.at().lookup(dir, name, k.u)
 	if err != nil {
 		return nil, node.Status{}, err
 	}
 	st := n.status()
 	if st.Type == node.TypeMountPoint {
-		if n, err = dir.c.volumeRoot(st.Target, k.u); err != nil {
+		if n, err = dir.at().volumeRoot(st.Target, k.u); err != nil {
 			return nil, node.Status{}, err
 		}
 		st = n.status()
@@ -74,11 +74,11 @@ func (k *Nodes) Lookup(dir *Node, name string) (*Node, node.Status, error) {
 // ReadDir lists dir, with the status of every entry learnt (a kernel
 // asks for them all: READDIRPLUS); mount points are listed as directories.
 func (k *Nodes) ReadDir(dir *Node) ([]DirEntry, error) {
-	ents, _, err := dir.c.readDir(dir, k.u)
+	ents, _, err := dir.at().readDir(dir, k.u)
 	if err != nil {
 		return nil, err
 	}
-	if err := dir.c.statusAll(ents, k.u); err != nil {
+	if err := dir.at().statusAll(ents, k.u); err != nil {
 		return nil, err
 	}
 	out := make([]DirEntry, len(ents))
@@ -94,7 +94,7 @@ func (k *Nodes) ReadDir(dir *Node) ([]DirEntry, error) {
 // Open opens an already resolved file, named base in directory parent
 // (nil if unknown: for its caching policy); name is kept for reports.
 func (k *Nodes) Open(n *Node, parent *Node, base, name string, flag int) (*File, error) {
-	return n.c.openFile(n, parent, base, name, flag, resolved, k.u)
+	return n.at().openFile(n, parent, base, name, flag, resolved, k.u)
 }
 
 // CreateOpen is Create of a regular file followed by Open, except that
@@ -103,7 +103,7 @@ func (k *Nodes) Open(n *Node, parent *Node, base, name string, flag int) (*File,
 // reports.
 func (k *Nodes) CreateOpen(m Make, path string, flag int) (*Node, *File, error) {
 	m.Type = node.TypeFile
-	c := m.Dir.c
+	c := m.Dir.at()
 	n, created, err := c.create(m, k.u)
 	if err != nil {
 		return nil, nil, err
@@ -115,22 +115,29 @@ func (k *Nodes) CreateOpen(m Make, path string, flag int) (*Node, *File, error) 
 // Create makes m: a file, directory, symlink, mount point or special
 // file. With m.Excl unset an existing regular file is returned instead.
 func (k *Nodes) Create(m Make) (*Node, error) {
-	n, _, err := m.Dir.c.create(m, k.u)
+	n, _, err := m.Dir.at().create(m, k.u)
 	return n, err
 }
 
 // Link makes name in dir a hard link to target.
 func (k *Nodes) Link(dir *Node, name string, target *Node) (*Node, error) {
-	n, _, err := dir.c.linkAt(dir, name, target, "", k.u)
+	n, _, err := dir.at().linkAt(dir, name, target, "", k.u)
 	return n, err
 }
 
 // linkAt is Link as u returning the server's reply; op names the request.
 func (c *Client) linkAt(dir *Node, name string, target *Node, op string, u User) (*Node, *pb.LinkReply, error) {
-	if dir.c != c {
-		return dir.c.linkAt(dir, name, target, op, u)
+	at := dir.at()
+	a, b, err := at.linkAtHere(dir, name, target, op, u)
+	if relocated(dir, at, err, false) {
+		return dir.at().linkAtHere(dir, name, target, op, u)
 	}
-	if target.c != c {
+	return a, b, err
+}
+
+// linkAtHere is linkAt at the Client of the server holding dir.
+func (c *Client) linkAtHere(dir *Node, name string, target *Node, op string, u User) (*Node, *pb.LinkReply, error) {
+	if target.at() != c {
 		return nil, nil, syscall.EXDEV // another server's volume
 	}
 
@@ -165,20 +172,26 @@ func (c *Client) linkAt(dir *Node, name string, target *Node, op string, u User)
 // Remove removes name from dir: with dirOnly an empty directory (rmdir),
 // otherwise anything else (unlink).
 func (k *Nodes) Remove(dir *Node, name string, dirOnly bool) error {
-	if !dirOnly && dir.c.removeHere(dir, name, k.u) {
+	if !dirOnly && dir.at().removeHere(dir, name, k.u) {
 		return nil
 	}
-	_, err := dir.c.removeAt(dir, name, dirOnly, "", k.u)
+	_, err := dir.at().removeAt(dir, name, dirOnly, "", k.u)
 	return err
 }
 
 // removeAt is Remove as u returning the server's reply; op names the
 // request.
 func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string, u User) (*pb.RemoveReply, error) {
-	if dir.c != c {
-		return dir.c.removeAt(dir, name, dirOnly, op, u)
+	at := dir.at()
+	a, err := at.removeAtHere(dir, name, dirOnly, op, u)
+	if relocated(dir, at, err, false) {
+		return dir.at().removeAtHere(dir, name, dirOnly, op, u)
 	}
+	return a, err
+}
 
+// removeAtHere is removeAt at the Client of the server holding dir.
+func (c *Client) removeAtHere(dir *Node, name string, dirOnly bool, op string, u User) (*pb.RemoveReply, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, err
 	}
@@ -210,11 +223,11 @@ func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string, u Use
 // server, which may not be the one the caller thought.
 func (k *Nodes) Rename(sdir *Node, sname string, ddir *Node, dname string) (node.FID, error) {
 	if sdir == ddir {
-		if fid, ok := sdir.c.renameHere(sdir, sname, dname, k.u); ok {
+		if fid, ok := sdir.at().renameHere(sdir, sname, dname, k.u); ok {
 			return fid, nil
 		}
 	}
-	reply, err := sdir.c.renameAt(sdir, sname, ddir, dname, "", k.u)
+	reply, err := sdir.at().renameAt(sdir, sname, ddir, dname, "", k.u)
 	if err != nil {
 		return node.FID{}, err
 	}
@@ -260,7 +273,7 @@ func (k *Nodes) SetAttr(n *Node, a Attr) (node.Status, error) {
 	if req.Mask == 0 {
 		return k.Getattr(n)
 	}
-	if err := n.c.setattr(n, req, k.u); err != nil {
+	if err := n.at().setattr(n, req, k.u); err != nil {
 		return node.Status{}, err
 	}
 	return n.status(), nil
@@ -275,7 +288,7 @@ func (k *Nodes) TruncateHere(n *Node, size uint64) (bool, error) {
 	n.mu.Lock()
 	bypassed := n.bypassing > 0
 	n.mu.Unlock()
-	if bypassed || !n.c.writeHere(n) || n.entry == nil {
+	if bypassed || !n.at().writeHere(n) || n.entry == nil {
 		return false, nil
 	}
 	if st, ok := n.statusAs(k.u); !ok || !allows(st, access.Write) {
@@ -283,7 +296,7 @@ func (k *Nodes) TruncateHere(n *Node, size uint64) (bool, error) {
 	}
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if !n.c.writeHere(n) {
+	if !n.at().writeHere(n) {
 		return false, nil // recalled meanwhile
 	}
 	return true, n.truncateLocked(size, k.u)
@@ -294,11 +307,11 @@ func (k *Nodes) TruncateHere(n *Node, size uint64) (bool, error) {
 // made here has its directory's: nobody else can reach it before a settle
 // hands it to the server, and one that leaves it uncovered (without a
 // write delegation of its own) says so (OnInvalidate).
-func (k *Nodes) PromiseLeft(n *Node) time.Duration { return n.c.promiseLeft(n) }
+func (k *Nodes) PromiseLeft(n *Node) time.Duration { return n.at().promiseLeft(n) }
 
 func (c *Client) promiseLeft(n *Node) time.Duration {
-	if n.c != c {
-		return n.c.promiseLeft(n)
+	if n.at() != c {
+		return n.at().promiseLeft(n)
 	}
 
 	if dir := n.made(); dir != nil {
@@ -320,7 +333,7 @@ func (c *Client) promiseLeft(n *Node) time.Duration {
 // cache file can then stand in for the file (FUSE passthrough). Unstored
 // writes are in the cache file too.
 func (n *Node) Complete() bool {
-	return n.c.current(n) && n.entry != nil && n.entry.Complete()
+	return n.at().current(n) && n.entry != nil && n.entry.Complete()
 }
 
 // CachePath is n's cache file, empty for a memory cache.
@@ -378,7 +391,7 @@ func Errno(err error) syscall.Errno {
 func (k *Nodes) TruncateStored(n *Node, size uint64) (node.Status, error) {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	st, err := n.c.fresh(n, k.u)
+	st, err := n.at().fresh(n, k.u)
 	if err != nil {
 		return node.Status{}, err
 	}
@@ -402,7 +415,7 @@ func (k *Nodes) TruncateStored(n *Node, size uint64) (node.Status, error) {
 // racing the kernel's forget can hand n to the kernel again, which Hold
 // then says, and a Node the kernel holds must stay the one for its FID.
 func (k *Nodes) Release(n *Node) {
-	c := n.c
+	c := n.at()
 	if n == c.sites.first.root {
 		return
 	}
@@ -417,7 +430,7 @@ func (k *Nodes) Hold(n *Node) {
 	if n.forgot.Load() == 0 {
 		return
 	}
-	c := n.c
+	c := n.at()
 	c.nodesMu.Lock()
 	n.forgot.Store(0)
 	delete(c.forgotten, n)
@@ -459,18 +472,18 @@ func (c *Client) dropForgotten(now time.Time) {
 
 // Policy is the caching policy of n, opened as base in parent.
 func (k *Nodes) Policy(n *Node, parent *Node, base string) (policy.Decision, error) {
-	return n.c.policyAt(n, parent, base, k.u)
+	return n.at().policyAt(n, parent, base, k.u)
 }
 
 // SetPolicy sets n's caching policy (and, if recursive, its subtree's).
 func (k *Nodes) SetPolicy(n *Node, mode string, recursive bool) error {
-	return n.c.setPolicyAt(n, mode, recursive, k.u)
+	return n.at().setPolicyAt(n, mode, recursive, k.u)
 }
 
 // StatFS reports the space of n's volume: its quota if it has one, or
 // the space of the server holding it.
 func (k *Nodes) StatFS(n *Node) (FSStat, error) {
-	fs, err := n.c.statFS(n.fid.Volume, k.u)
+	fs, err := n.at().statFS(n.fid.Volume, k.u)
 	if err != nil {
 		return FSStat{}, errOf("statfs", "/", err)
 	}

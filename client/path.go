@@ -178,8 +178,8 @@ type Make struct {
 // returned instead (created=false). A new file comes with a write
 // delegation when the client takes them (it is about to be opened).
 func (c *Client) create(m Make, u User) (*Node, bool, error) {
-	if m.Dir.c != c {
-		return m.Dir.c.create(m, u)
+	if m.Dir.at() != c {
+		return m.Dir.at().create(m, u)
 	}
 
 	if m.Type == node.TypeFile && m.Op == "" {
@@ -199,10 +199,16 @@ func (c *Client) create(m Make, u User) (*Node, bool, error) {
 
 // createAt is create at the server, returning its reply.
 func (c *Client) createAt(m Make, u User) (*Node, *pb.CreateReply, error) {
-	if m.Dir.c != c {
-		return m.Dir.c.createAt(m, u)
+	at := m.Dir.at()
+	a, b, err := at.createAtHere(m, u)
+	if relocated(m.Dir, at, err, false) {
+		return m.Dir.at().createAtHere(m, u)
 	}
+	return a, b, err
+}
 
+// createAtHere is createAt at the Client of the server holding m.Dir.
+func (c *Client) createAtHere(m Make, u User) (*Node, *pb.CreateReply, error) {
 	dir, name, t := m.Dir, m.Name, m.Type
 	if err := node.CheckName(name); err != nil {
 		return nil, nil, err
@@ -308,8 +314,8 @@ func createdHow(created bool) openedBy {
 // that is gone is kept in lost/, as always. A file the create found is
 // opened as an open of it would be: as u's rights allow.
 func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, how openedBy, u User) (*File, error) {
-	if n.c != c {
-		return n.c.openFile(n, parent, base, name, flag, how, u)
+	if n.at() != c {
+		return n.at().openFile(n, parent, base, name, flag, how, u)
 	}
 
 	gone := func(err error) bool {
@@ -332,7 +338,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 			return nil, errOf("open", name, err)
 		}
 	}
-	f := &File{c: c, n: n, u: u, name: name, flags: flag}
+	f := &File{n: n, u: u, name: name, flags: flag}
 	switch st.Type {
 	case node.TypeFile:
 	case node.TypeDir:
@@ -561,13 +567,19 @@ func (c *Client) rename(oldname, newname string) error {
 // renameAt renames as u and returns the server's reply; op names the
 // request for its retries ("": a new name).
 func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op string, u User) (*pb.RenameReply, error) {
-	if sdir.c != ddir.c {
+	at := sdir.at()
+	a, err := at.renameAtHere(sdir, sbase, ddir, dbase, op, u)
+	if relocated(sdir, at, err, false) {
+		return sdir.at().renameAtHere(sdir, sbase, ddir, dbase, op, u)
+	}
+	return a, err
+}
+
+// renameAtHere is renameAt at the Client of the server holding sdir.
+func (c *Client) renameAtHere(sdir *Node, sbase string, ddir *Node, dbase string, op string, u User) (*pb.RenameReply, error) {
+	if sdir.at() != ddir.at() {
 		return nil, syscall.EXDEV // another server's volume
 	}
-	if sdir.c != c {
-		return sdir.c.renameAt(sdir, sbase, ddir, dbase, op, u)
-	}
-
 	if err := node.CheckName(sbase); err != nil {
 		return nil, err
 	}
@@ -615,10 +627,16 @@ func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op
 
 // setattr changes status fields of an already resolved node, as u.
 func (c *Client) setattr(n *Node, req *pb.SetAttrRequest, u User) error {
-	if n.c != c {
-		return n.c.setattr(n, req, u)
+	at := n.at()
+	err := at.setattrHere(n, req, u)
+	if relocated(n, at, err, false) {
+		return n.at().setattrHere(n, req, u)
 	}
+	return err
+}
 
+// setattrHere is setattr at the Client of the server holding n.
+func (c *Client) setattrHere(n *Node, req *pb.SetAttrRequest, u User) error {
 	if err := c.settleFor(n); err != nil {
 		return err
 	}
@@ -703,7 +721,7 @@ type FSStat = node.FSStat
 
 // StatFS reports the server's space.
 func (c *Client) StatFS() (FSStat, error) {
-	fs, err := c.root.c.statFS(c.root.fid.Volume, c.self)
+	fs, err := c.root.at().statFS(c.root.fid.Volume, c.self)
 	if err != nil {
 		return FSStat{}, errOf("statfs", "/", err)
 	}

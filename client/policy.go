@@ -64,8 +64,8 @@ func (c *Client) PolicyOf(name string) (policy.Decision, error) {
 
 // policyAt is PolicyOf for a resolved node opened as base in parent, for u.
 func (c *Client) policyAt(n *Node, parent *Node, base string, u User) (policy.Decision, error) {
-	if n.c != c {
-		return n.c.policyAt(n, parent, base, u)
+	if n.at() != c {
+		return n.at().policyAt(n, parent, base, u)
 	}
 
 	st, err := c.fresh(n, u)
@@ -97,8 +97,8 @@ func (c *Client) SetPolicy(name, mode string, recursive bool) error {
 
 // setPolicyAt is SetPolicy for a resolved node, by u.
 func (c *Client) setPolicyAt(n *Node, mode string, recursive bool, u User) error {
-	if n.c != c {
-		return n.c.setPolicyAt(n, mode, recursive, u)
+	if n.at() != c {
+		return n.at().setPolicyAt(n, mode, recursive, u)
 	}
 
 	st, err := c.fresh(n, u)

@@ -32,13 +32,17 @@ type sites struct {
 	byName map[string]*Client      // other servers' Clients, by server name
 	locs   map[string]*pb.Location // by volume name
 	byID   map[uint64]*pb.Location
-	closed bool
+	// firstName is the first server's name in the cell, once a location
+	// answered by it as its own said it.
+	firstName string
+	closed    bool
 
 	dialing singleflight.Group
+	moving  singleflight.Group
 }
 
-func newSites(first *Client) *sites {
-	return &sites{first: first, byName: map[string]*Client{}, locs: map[string]*pb.Location{}, byID: map[uint64]*pb.Location{}}
+func newSites() *sites {
+	return &sites{byName: map[string]*Client{}, locs: map[string]*pb.Location{}, byID: map[uint64]*pb.Location{}}
 }
 
 // locate is where volume name lives, asked of the first server as u.
@@ -79,6 +83,9 @@ func (s *sites) ask(req *pb.LocateRequest, u User) (*pb.Location, error) {
 		return nil, err
 	}
 	s.mu.Lock()
+	if l.Here && l.Rw.GetName() != "" {
+		s.firstName = l.Rw.Name
+	}
 	if l.Name != "" {
 		s.locs[l.Name] = l
 	}
@@ -95,6 +102,12 @@ func (s *sites) stale(name string, err error) bool {
 	if whereIs(err) == nil && pb.Errno(err) != syscall.ENOENT && pb.Errno(err) != syscall.ESTALE {
 		return false
 	}
+	s.forget(name)
+	return true
+}
+
+// forget drops what is kept of volume name: where it is, its root.
+func (s *sites) forget(name string) {
 	s.mu.Lock()
 	if l := s.locs[name]; l != nil {
 		delete(s.byID, l.Id)
@@ -106,7 +119,6 @@ func (s *sites) stale(name string, err error) bool {
 		delete(c.vols, name)
 		c.volMu.Unlock()
 	})
-	return true
 }
 
 // siteOf is the Client of the server holding volume name.
@@ -163,11 +175,10 @@ func (s *sites) site(to *pb.Site) (*Client, error) {
 		if opts.KeepSession && opts.CacheDir != "" {
 			sessionFile = filepath.Join(opts.CacheDir, "session."+to.Name)
 		}
-		c, err := start(opts, s.first.cache, sessionFile)
+		c, err := start(opts, s.first.cache, sessionFile, s)
 		if err != nil {
 			return nil, fmt.Errorf("server %s of the cell: %w", to.Name, err)
 		}
-		c.sites = s
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.closed {
@@ -181,6 +192,112 @@ func (s *sites) site(to *pb.Site) (*Client, error) {
 		return nil, err
 	}
 	return v.(*Client), nil
+}
+
+// moved follows a volume to the server holding it now, as l (another
+// server's refusal) says: the nodes of the volume move to that server's
+// Client, without their promises (the old server broke them before the
+// move) and without taking their locks (the caller may hold one). The
+// refusal is believed over the first server's copy of the location
+// database, which may not have seen the move yet.
+func (s *sites) moved(l *pb.Location) {
+	s.moving.Do(fmt.Sprint(l.Id), func() (any, error) {
+		to, err := s.siteOfRW(l.Rw)
+		if err != nil {
+			return nil, err
+		}
+		s.movedTo(l.Id, to)
+		return nil, nil
+	})
+}
+
+// movedTo hands volume id's nodes to Client to, and forgets where the
+// volume was.
+func (s *sites) movedTo(id uint64, to *Client) {
+	s.mu.Lock()
+	if old := s.byID[id]; old != nil {
+		delete(s.locs, old.Name)
+	}
+	delete(s.byID, id)
+	s.mu.Unlock()
+	s.each(func(c *Client) {
+		if c != to {
+			c.handOver(id, to)
+		}
+	})
+}
+
+// siteOfRW is the Client of the server rw names: the first server's own
+// when it is that one (by its name in the cell, or its address).
+func (s *sites) siteOfRW(rw *pb.Site) (*Client, error) {
+	s.mu.Lock()
+	first := s.firstName
+	s.mu.Unlock()
+	if rw.GetName() == first || rw.GetAddr() == s.first.opts.Server {
+		return s.first, nil
+	}
+	return s.site(rw)
+}
+
+// relocated reports whether err, from Client at about node n, came of
+// n's volume moving away from at's server, and n now belongs to another
+// Client: its refusal said so (and moved followed it), or, where stale
+// is set (requests about n itself, which its server should know), the
+// server no longer has it, which the first server is asked about.
+func relocated(n *Node, at *Client, err error, stale bool) bool {
+	if err == nil {
+		return false
+	}
+	if n.at() != at {
+		return true
+	}
+	if stale && (errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESTALE) || pb.Errno(err) == syscall.ENOENT || pb.Errno(err) == syscall.ESTALE) {
+		// The data channel says no more than that: the first server's
+		// copy of the location database is asked.
+		switch l, err := at.sites.ask(&pb.LocateRequest{Id: n.fid.Volume}, at.self); {
+		case err != nil:
+		case l.Here:
+			at.sites.movedTo(l.Id, at.sites.first)
+		default:
+			at.sites.moved(l)
+		}
+	}
+	return n.at() != at
+}
+
+// handOver gives c's nodes of volume vol to Client to.
+func (c *Client) handOver(vol uint64, to *Client) {
+	var ns []*Node
+	c.nodesMu.Lock()
+	for fid, n := range c.nodes {
+		if fid.Volume == vol {
+			ns = append(ns, n)
+			delete(c.nodes, fid)
+			delete(c.forgotten, n)
+		}
+	}
+	c.nodesMu.Unlock()
+	if len(ns) == 0 {
+		return
+	}
+	c.cbMu.Lock()
+	for _, n := range ns {
+		c.cb.Break(n.fid)
+	}
+	c.cbMu.Unlock()
+	c.resMu.Lock()
+	delete(c.fids, vol)
+	c.resMu.Unlock()
+	to.nodesMu.Lock()
+	for _, n := range ns {
+		n.valid.Store(false)
+		n.site.Store(to)
+		if _, ok := to.nodes[n.fid]; !ok {
+			to.nodes[n.fid] = n
+		}
+	}
+	to.nodesMu.Unlock()
+	c.log.Info("volume moved; its files follow it", "volume", vol, "files", len(ns), "to", to.opts.Server)
 }
 
 // each calls fn for every Client of the cell's servers, the first too.

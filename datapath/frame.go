@@ -58,6 +58,10 @@ const (
 	// ErrProtocol: the request was malformed, or of a version the server
 	// does not speak; the client falls back to the gRPC path.
 	ErrProtocol = 0xFFFF0003
+	// ErrElsewhere: the server does not hold the file's volume now (it
+	// moved, or is being handed over); the client sends the call over
+	// gRPC, whose answer says where, or to send it again.
+	ErrElsewhere = 0xFFFF0004
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

@@ -154,7 +154,7 @@ func (s *Split) Fetch(ctx context.Context, fid node.FID, off, n int64, piece int
 			return err
 		})
 	})
-	if errors.Is(err, errChannelDown) {
+	if errors.Is(err, errChannelDown) && s.fallback != nil {
 		return s.fallback.Fetch(ctx, fid, off, n, piece, sink)
 	}
 	return st, ttl, err
@@ -173,7 +173,7 @@ func (s *Split) Store(ctx context.Context, a StoreArgs) (node.Status, time.Durat
 			return err
 		})
 	})
-	if errors.Is(err, errChannelDown) {
+	if errors.Is(err, errChannelDown) && s.fallback != nil {
 		return s.fallback.Store(ctx, a)
 	}
 	return st, ttl, err
@@ -255,6 +255,8 @@ func (dc *dataConn) answer(ctx context.Context, wait time.Duration, want func(st
 		return node.Status{}, 0, nil, &final{status.Error(codes.Unauthenticated, rep.Message)}
 	case ErrChecksum, ErrProtocol:
 		return node.Status{}, 0, nil, fmt.Errorf("data channel: %s", rep.Message)
+	case ErrElsewhere:
+		return node.Status{}, 0, nil, &final{errChannelDown} // this call only
 	default:
 		return node.Status{}, 0, nil, &final{pb.Err(fmt.Errorf("%s: %w", rep.Message, syscall.Errno(rep.Errno)))}
 	}

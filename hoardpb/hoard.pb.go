@@ -150,6 +150,71 @@ func (DelegKind) EnumDescriptor() ([]byte, []int) {
 	return file_hoard_proto_rawDescGZIP(), []int{1}
 }
 
+type MoveVolumeRequest_Step int32
+
+const (
+	// BEGIN (at the source): record the move in the location database.
+	MoveVolumeRequest_BEGIN MoveVolumeRequest_Step = 0
+	// QUIESCE (at the source): grant no more promises or delegations on
+	// the volume, and break and recall those held (writers store what
+	// they hold).
+	MoveVolumeRequest_QUIESCE MoveVolumeRequest_Step = 1
+	// FREEZE (at the source): refuse changes to the volume from now on
+	// (clients wait and try again), once those under way are done.
+	MoveVolumeRequest_FREEZE MoveVolumeRequest_Step = 2
+	// COMMIT (at the source): the target holds the volume from now on;
+	// the source drops its copy.
+	MoveVolumeRequest_COMMIT MoveVolumeRequest_Step = 3
+	// ABORT (at either): undo an unfinished move; the source serves the
+	// volume as before, the target drops what it received.
+	MoveVolumeRequest_ABORT MoveVolumeRequest_Step = 4
+)
+
+// Enum value maps for MoveVolumeRequest_Step.
+var (
+	MoveVolumeRequest_Step_name = map[int32]string{
+		0: "BEGIN",
+		1: "QUIESCE",
+		2: "FREEZE",
+		3: "COMMIT",
+		4: "ABORT",
+	}
+	MoveVolumeRequest_Step_value = map[string]int32{
+		"BEGIN":   0,
+		"QUIESCE": 1,
+		"FREEZE":  2,
+		"COMMIT":  3,
+		"ABORT":   4,
+	}
+)
+
+func (x MoveVolumeRequest_Step) Enum() *MoveVolumeRequest_Step {
+	p := new(MoveVolumeRequest_Step)
+	*p = x
+	return p
+}
+
+func (x MoveVolumeRequest_Step) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MoveVolumeRequest_Step) Descriptor() protoreflect.EnumDescriptor {
+	return file_hoard_proto_enumTypes[2].Descriptor()
+}
+
+func (MoveVolumeRequest_Step) Type() protoreflect.EnumType {
+	return &file_hoard_proto_enumTypes[2]
+}
+
+func (x MoveVolumeRequest_Step) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MoveVolumeRequest_Step.Descriptor instead.
+func (MoveVolumeRequest_Step) EnumDescriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{30, 0}
+}
+
 type ChangeGroupRequest_Change int32
 
 const (
@@ -189,11 +254,11 @@ func (x ChangeGroupRequest_Change) String() string {
 }
 
 func (ChangeGroupRequest_Change) Descriptor() protoreflect.EnumDescriptor {
-	return file_hoard_proto_enumTypes[2].Descriptor()
+	return file_hoard_proto_enumTypes[3].Descriptor()
 }
 
 func (ChangeGroupRequest_Change) Type() protoreflect.EnumType {
-	return &file_hoard_proto_enumTypes[2]
+	return &file_hoard_proto_enumTypes[3]
 }
 
 func (x ChangeGroupRequest_Change) Number() protoreflect.EnumNumber {
@@ -202,7 +267,7 @@ func (x ChangeGroupRequest_Change) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ChangeGroupRequest_Change.Descriptor instead.
 func (ChangeGroupRequest_Change) EnumDescriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{59, 0}
+	return file_hoard_proto_rawDescGZIP(), []int{66, 0}
 }
 
 type FID struct {
@@ -1352,7 +1417,9 @@ type Location struct {
 	Released  uint64 `protobuf:"varint,5,opt,name=released,proto3" json:"released,omitempty"`
 	CreatedNs int64  `protobuf:"varint,6,opt,name=created_ns,json=createdNs,proto3" json:"created_ns,omitempty"`
 	// here: the answering server holds the read-write volume.
-	Here          bool `protobuf:"varint,7,opt,name=here,proto3" json:"here,omitempty"`
+	Here bool `protobuf:"varint,7,opt,name=here,proto3" json:"here,omitempty"`
+	// moving names the server an unfinished move is taking it to.
+	Moving        string `protobuf:"bytes,8,opt,name=moving,proto3" json:"moving,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1434,6 +1501,13 @@ func (x *Location) GetHere() bool {
 		return x.Here
 	}
 	return false
+}
+
+func (x *Location) GetMoving() string {
+	if x != nil {
+		return x.Moving
+	}
+	return ""
 }
 
 type LocateRequest struct {
@@ -1867,6 +1941,471 @@ func (*RemoveVolumeReply) Descriptor() ([]byte, []int) {
 	return file_hoard_proto_rawDescGZIP(), []int{24}
 }
 
+// FileVersion names one data file of a volume: the file (vnode,
+// uniquifier), which data file holds its bytes (gen) and the version.
+type FileVersion struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vnode         uint64                 `protobuf:"varint,1,opt,name=vnode,proto3" json:"vnode,omitempty"`
+	Unique        uint64                 `protobuf:"varint,2,opt,name=unique,proto3" json:"unique,omitempty"`
+	Gen           uint64                 `protobuf:"varint,3,opt,name=gen,proto3" json:"gen,omitempty"`
+	Dv            uint64                 `protobuf:"varint,4,opt,name=dv,proto3" json:"dv,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileVersion) Reset() {
+	*x = FileVersion{}
+	mi := &file_hoard_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileVersion) ProtoMessage() {}
+
+func (x *FileVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileVersion.ProtoReflect.Descriptor instead.
+func (*FileVersion) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *FileVersion) GetVnode() uint64 {
+	if x != nil {
+		return x.Vnode
+	}
+	return 0
+}
+
+func (x *FileVersion) GetUnique() uint64 {
+	if x != nil {
+		return x.Unique
+	}
+	return 0
+}
+
+func (x *FileVersion) GetGen() uint64 {
+	if x != nil {
+		return x.Gen
+	}
+	return 0
+}
+
+func (x *FileVersion) GetDv() uint64 {
+	if x != nil {
+		return x.Dv
+	}
+	return 0
+}
+
+// MetaKV is one key of a volume's metadata as the server's store keeps it.
+type MetaKV struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Bucket        []byte                 `protobuf:"bytes,1,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Key           []byte                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Value         []byte                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetaKV) Reset() {
+	*x = MetaKV{}
+	mi := &file_hoard_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetaKV) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetaKV) ProtoMessage() {}
+
+func (x *MetaKV) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetaKV.ProtoReflect.Descriptor instead.
+func (*MetaKV) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *MetaKV) GetBucket() []byte {
+	if x != nil {
+		return x.Bucket
+	}
+	return nil
+}
+
+func (x *MetaKV) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *MetaKV) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+type DumpVolumeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// have: data files the receiving server holds from an earlier pass;
+	// those still current are not sent again.
+	Have          []*FileVersion `protobuf:"bytes,2,rep,name=have,proto3" json:"have,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DumpVolumeRequest) Reset() {
+	*x = DumpVolumeRequest{}
+	mi := &file_hoard_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DumpVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DumpVolumeRequest) ProtoMessage() {}
+
+func (x *DumpVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DumpVolumeRequest.ProtoReflect.Descriptor instead.
+func (*DumpVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *DumpVolumeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DumpVolumeRequest) GetHave() []*FileVersion {
+	if x != nil {
+		return x.Have
+	}
+	return nil
+}
+
+// DumpPiece is one message of a volume's dump: first the volume's whole
+// metadata, then the data files not in have, each in order, then an end.
+type DumpPiece struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Volume uint64                 `protobuf:"varint,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Name   string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Meta   []*MetaKV              `protobuf:"bytes,3,rep,name=meta,proto3" json:"meta,omitempty"`
+	// file, offset, data: a run of file's bytes.
+	File   *FileVersion `protobuf:"bytes,4,opt,name=file,proto3" json:"file,omitempty"`
+	Offset uint64       `protobuf:"varint,5,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data   []byte       `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
+	// abandoned: file changed while it was read; what came of it is
+	// dropped (the next pass sends it).
+	Abandoned bool `protobuf:"varint,7,opt,name=abandoned,proto3" json:"abandoned,omitempty"`
+	// end: the last piece; kept lists the files of have not sent because
+	// they are still current.
+	End           bool           `protobuf:"varint,8,opt,name=end,proto3" json:"end,omitempty"`
+	Kept          []*FileVersion `protobuf:"bytes,9,rep,name=kept,proto3" json:"kept,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DumpPiece) Reset() {
+	*x = DumpPiece{}
+	mi := &file_hoard_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DumpPiece) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DumpPiece) ProtoMessage() {}
+
+func (x *DumpPiece) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DumpPiece.ProtoReflect.Descriptor instead.
+func (*DumpPiece) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *DumpPiece) GetVolume() uint64 {
+	if x != nil {
+		return x.Volume
+	}
+	return 0
+}
+
+func (x *DumpPiece) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DumpPiece) GetMeta() []*MetaKV {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *DumpPiece) GetFile() *FileVersion {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
+func (x *DumpPiece) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *DumpPiece) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *DumpPiece) GetAbandoned() bool {
+	if x != nil {
+		return x.Abandoned
+	}
+	return false
+}
+
+func (x *DumpPiece) GetEnd() bool {
+	if x != nil {
+		return x.End
+	}
+	return false
+}
+
+func (x *DumpPiece) GetKept() []*FileVersion {
+	if x != nil {
+		return x.Kept
+	}
+	return nil
+}
+
+type RestoreVolumeReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// have: the data files the receiver holds now, current as of this pass.
+	Have          []*FileVersion `protobuf:"bytes,1,rep,name=have,proto3" json:"have,omitempty"`
+	Abandoned     uint32         `protobuf:"varint,2,opt,name=abandoned,proto3" json:"abandoned,omitempty"`
+	Bytes         uint64         `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreVolumeReply) Reset() {
+	*x = RestoreVolumeReply{}
+	mi := &file_hoard_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreVolumeReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreVolumeReply) ProtoMessage() {}
+
+func (x *RestoreVolumeReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreVolumeReply.ProtoReflect.Descriptor instead.
+func (*RestoreVolumeReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *RestoreVolumeReply) GetHave() []*FileVersion {
+	if x != nil {
+		return x.Have
+	}
+	return nil
+}
+
+func (x *RestoreVolumeReply) GetAbandoned() uint32 {
+	if x != nil {
+		return x.Abandoned
+	}
+	return 0
+}
+
+func (x *RestoreVolumeReply) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+type MoveVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	To            string                 `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	Step          MoveVolumeRequest_Step `protobuf:"varint,3,opt,name=step,proto3,enum=hoard.v1.MoveVolumeRequest_Step" json:"step,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveVolumeRequest) Reset() {
+	*x = MoveVolumeRequest{}
+	mi := &file_hoard_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveVolumeRequest) ProtoMessage() {}
+
+func (x *MoveVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveVolumeRequest.ProtoReflect.Descriptor instead.
+func (*MoveVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *MoveVolumeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MoveVolumeRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+func (x *MoveVolumeRequest) GetStep() MoveVolumeRequest_Step {
+	if x != nil {
+		return x.Step
+	}
+	return MoveVolumeRequest_BEGIN
+}
+
+type MoveVolumeReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Location      *Location              `protobuf:"bytes,1,opt,name=location,proto3" json:"location,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveVolumeReply) Reset() {
+	*x = MoveVolumeReply{}
+	mi := &file_hoard_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveVolumeReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveVolumeReply) ProtoMessage() {}
+
+func (x *MoveVolumeReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveVolumeReply.ProtoReflect.Descriptor instead.
+func (*MoveVolumeReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *MoveVolumeReply) GetLocation() *Location {
+	if x != nil {
+		return x.Location
+	}
+	return nil
+}
+
 type GetVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Exactly one of name and id.
@@ -1878,7 +2417,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[25]
+	mi := &file_hoard_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +2429,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[25]
+	mi := &file_hoard_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +2442,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{25}
+	return file_hoard_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetVolumeRequest) GetName() string {
@@ -1928,7 +2467,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_hoard_proto_msgTypes[26]
+	mi := &file_hoard_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2479,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[26]
+	mi := &file_hoard_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2492,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{26}
+	return file_hoard_proto_rawDescGZIP(), []int{33}
 }
 
 type ListVolumesReply struct {
@@ -1965,7 +2504,7 @@ type ListVolumesReply struct {
 
 func (x *ListVolumesReply) Reset() {
 	*x = ListVolumesReply{}
-	mi := &file_hoard_proto_msgTypes[27]
+	mi := &file_hoard_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2516,7 @@ func (x *ListVolumesReply) String() string {
 func (*ListVolumesReply) ProtoMessage() {}
 
 func (x *ListVolumesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[27]
+	mi := &file_hoard_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2529,7 @@ func (x *ListVolumesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesReply.ProtoReflect.Descriptor instead.
 func (*ListVolumesReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{27}
+	return file_hoard_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListVolumesReply) GetVolumes() []*Volume {
@@ -2013,7 +2552,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[28]
+	mi := &file_hoard_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2025,7 +2564,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[28]
+	mi := &file_hoard_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2038,7 +2577,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{28}
+	return file_hoard_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -2065,7 +2604,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_hoard_proto_msgTypes[29]
+	mi := &file_hoard_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2077,7 +2616,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[29]
+	mi := &file_hoard_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2090,7 +2629,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{29}
+	return file_hoard_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *LookupRequest) GetDir() *FID {
@@ -2117,7 +2656,7 @@ type LookupReply struct {
 
 func (x *LookupReply) Reset() {
 	*x = LookupReply{}
-	mi := &file_hoard_proto_msgTypes[30]
+	mi := &file_hoard_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2129,7 +2668,7 @@ func (x *LookupReply) String() string {
 func (*LookupReply) ProtoMessage() {}
 
 func (x *LookupReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[30]
+	mi := &file_hoard_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2142,7 +2681,7 @@ func (x *LookupReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupReply.ProtoReflect.Descriptor instead.
 func (*LookupReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{30}
+	return file_hoard_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *LookupReply) GetStatus() *Status {
@@ -2168,7 +2707,7 @@ type GetStatusRequest struct {
 
 func (x *GetStatusRequest) Reset() {
 	*x = GetStatusRequest{}
-	mi := &file_hoard_proto_msgTypes[31]
+	mi := &file_hoard_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2180,7 +2719,7 @@ func (x *GetStatusRequest) String() string {
 func (*GetStatusRequest) ProtoMessage() {}
 
 func (x *GetStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[31]
+	mi := &file_hoard_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2193,7 +2732,7 @@ func (x *GetStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetStatusRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{31}
+	return file_hoard_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetStatusRequest) GetFids() []*FID {
@@ -2214,7 +2753,7 @@ type StatusResult struct {
 
 func (x *StatusResult) Reset() {
 	*x = StatusResult{}
-	mi := &file_hoard_proto_msgTypes[32]
+	mi := &file_hoard_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2226,7 +2765,7 @@ func (x *StatusResult) String() string {
 func (*StatusResult) ProtoMessage() {}
 
 func (x *StatusResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[32]
+	mi := &file_hoard_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2239,7 +2778,7 @@ func (x *StatusResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResult.ProtoReflect.Descriptor instead.
 func (*StatusResult) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{32}
+	return file_hoard_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *StatusResult) GetStatus() *Status {
@@ -2265,7 +2804,7 @@ type GetStatusReply struct {
 
 func (x *GetStatusReply) Reset() {
 	*x = GetStatusReply{}
-	mi := &file_hoard_proto_msgTypes[33]
+	mi := &file_hoard_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2277,7 +2816,7 @@ func (x *GetStatusReply) String() string {
 func (*GetStatusReply) ProtoMessage() {}
 
 func (x *GetStatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[33]
+	mi := &file_hoard_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2290,7 +2829,7 @@ func (x *GetStatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatusReply.ProtoReflect.Descriptor instead.
 func (*GetStatusReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{33}
+	return file_hoard_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetStatusReply) GetResults() []*StatusResult {
@@ -2312,7 +2851,7 @@ type ReadDirRequest struct {
 
 func (x *ReadDirRequest) Reset() {
 	*x = ReadDirRequest{}
-	mi := &file_hoard_proto_msgTypes[34]
+	mi := &file_hoard_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2324,7 +2863,7 @@ func (x *ReadDirRequest) String() string {
 func (*ReadDirRequest) ProtoMessage() {}
 
 func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[34]
+	mi := &file_hoard_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2337,7 +2876,7 @@ func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirRequest.ProtoReflect.Descriptor instead.
 func (*ReadDirRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{34}
+	return file_hoard_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReadDirRequest) GetDir() *FID {
@@ -2374,7 +2913,7 @@ type DirEntry struct {
 
 func (x *DirEntry) Reset() {
 	*x = DirEntry{}
-	mi := &file_hoard_proto_msgTypes[35]
+	mi := &file_hoard_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +2925,7 @@ func (x *DirEntry) String() string {
 func (*DirEntry) ProtoMessage() {}
 
 func (x *DirEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[35]
+	mi := &file_hoard_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +2938,7 @@ func (x *DirEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirEntry.ProtoReflect.Descriptor instead.
 func (*DirEntry) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{35}
+	return file_hoard_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DirEntry) GetName() string {
@@ -2441,7 +2980,7 @@ type ReadDirReply struct {
 
 func (x *ReadDirReply) Reset() {
 	*x = ReadDirReply{}
-	mi := &file_hoard_proto_msgTypes[36]
+	mi := &file_hoard_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2453,7 +2992,7 @@ func (x *ReadDirReply) String() string {
 func (*ReadDirReply) ProtoMessage() {}
 
 func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[36]
+	mi := &file_hoard_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2466,7 +3005,7 @@ func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirReply.ProtoReflect.Descriptor instead.
 func (*ReadDirReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{36}
+	return file_hoard_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReadDirReply) GetEntries() []*DirEntry {
@@ -2515,7 +3054,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_hoard_proto_msgTypes[37]
+	mi := &file_hoard_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2527,7 +3066,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[37]
+	mi := &file_hoard_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2540,7 +3079,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{37}
+	return file_hoard_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CreateRequest) GetDir() *FID {
@@ -2627,7 +3166,7 @@ type CreateReply struct {
 
 func (x *CreateReply) Reset() {
 	*x = CreateReply{}
-	mi := &file_hoard_proto_msgTypes[38]
+	mi := &file_hoard_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2639,7 +3178,7 @@ func (x *CreateReply) String() string {
 func (*CreateReply) ProtoMessage() {}
 
 func (x *CreateReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[38]
+	mi := &file_hoard_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2652,7 +3191,7 @@ func (x *CreateReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReply.ProtoReflect.Descriptor instead.
 func (*CreateReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{38}
+	return file_hoard_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateReply) GetStatus() *Status {
@@ -2701,7 +3240,7 @@ type LinkRequest struct {
 
 func (x *LinkRequest) Reset() {
 	*x = LinkRequest{}
-	mi := &file_hoard_proto_msgTypes[39]
+	mi := &file_hoard_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2713,7 +3252,7 @@ func (x *LinkRequest) String() string {
 func (*LinkRequest) ProtoMessage() {}
 
 func (x *LinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[39]
+	mi := &file_hoard_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2726,7 +3265,7 @@ func (x *LinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkRequest.ProtoReflect.Descriptor instead.
 func (*LinkRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{39}
+	return file_hoard_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *LinkRequest) GetDir() *FID {
@@ -2760,7 +3299,7 @@ type LinkReply struct {
 
 func (x *LinkReply) Reset() {
 	*x = LinkReply{}
-	mi := &file_hoard_proto_msgTypes[40]
+	mi := &file_hoard_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2772,7 +3311,7 @@ func (x *LinkReply) String() string {
 func (*LinkReply) ProtoMessage() {}
 
 func (x *LinkReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[40]
+	mi := &file_hoard_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2785,7 +3324,7 @@ func (x *LinkReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkReply.ProtoReflect.Descriptor instead.
 func (*LinkReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{40}
+	return file_hoard_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *LinkReply) GetStatus() *Status {
@@ -2814,7 +3353,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_hoard_proto_msgTypes[41]
+	mi := &file_hoard_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2826,7 +3365,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[41]
+	mi := &file_hoard_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2839,7 +3378,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{41}
+	return file_hoard_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveRequest) GetDir() *FID {
@@ -2874,7 +3413,7 @@ type RemoveReply struct {
 
 func (x *RemoveReply) Reset() {
 	*x = RemoveReply{}
-	mi := &file_hoard_proto_msgTypes[42]
+	mi := &file_hoard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2886,7 +3425,7 @@ func (x *RemoveReply) String() string {
 func (*RemoveReply) ProtoMessage() {}
 
 func (x *RemoveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[42]
+	mi := &file_hoard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2899,7 +3438,7 @@ func (x *RemoveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReply.ProtoReflect.Descriptor instead.
 func (*RemoveReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{42}
+	return file_hoard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RemoveReply) GetDir() *Status {
@@ -2928,7 +3467,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_hoard_proto_msgTypes[43]
+	mi := &file_hoard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2940,7 +3479,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[43]
+	mi := &file_hoard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2953,7 +3492,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{43}
+	return file_hoard_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RenameRequest) GetSrcDir() *FID {
@@ -2997,7 +3536,7 @@ type RenameReply struct {
 
 func (x *RenameReply) Reset() {
 	*x = RenameReply{}
-	mi := &file_hoard_proto_msgTypes[44]
+	mi := &file_hoard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3009,7 +3548,7 @@ func (x *RenameReply) String() string {
 func (*RenameReply) ProtoMessage() {}
 
 func (x *RenameReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[44]
+	mi := &file_hoard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3022,7 +3561,7 @@ func (x *RenameReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameReply.ProtoReflect.Descriptor instead.
 func (*RenameReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{44}
+	return file_hoard_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RenameReply) GetSrcDir() *Status {
@@ -3070,7 +3609,7 @@ type SetAttrRequest struct {
 
 func (x *SetAttrRequest) Reset() {
 	*x = SetAttrRequest{}
-	mi := &file_hoard_proto_msgTypes[45]
+	mi := &file_hoard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3082,7 +3621,7 @@ func (x *SetAttrRequest) String() string {
 func (*SetAttrRequest) ProtoMessage() {}
 
 func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[45]
+	mi := &file_hoard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3095,7 +3634,7 @@ func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrRequest.ProtoReflect.Descriptor instead.
 func (*SetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{45}
+	return file_hoard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SetAttrRequest) GetFid() *FID {
@@ -3163,7 +3702,7 @@ type SetAttrReply struct {
 
 func (x *SetAttrReply) Reset() {
 	*x = SetAttrReply{}
-	mi := &file_hoard_proto_msgTypes[46]
+	mi := &file_hoard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3175,7 +3714,7 @@ func (x *SetAttrReply) String() string {
 func (*SetAttrReply) ProtoMessage() {}
 
 func (x *SetAttrReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[46]
+	mi := &file_hoard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3188,7 +3727,7 @@ func (x *SetAttrReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrReply.ProtoReflect.Descriptor instead.
 func (*SetAttrReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{46}
+	return file_hoard_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *SetAttrReply) GetStatus() *Status {
@@ -3207,7 +3746,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3219,7 +3758,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3232,7 +3771,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{47}
+	return file_hoard_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *StatFSRequest) GetVolume() uint64 {
@@ -3255,7 +3794,7 @@ type StatFSReply struct {
 
 func (x *StatFSReply) Reset() {
 	*x = StatFSReply{}
-	mi := &file_hoard_proto_msgTypes[48]
+	mi := &file_hoard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3267,7 +3806,7 @@ func (x *StatFSReply) String() string {
 func (*StatFSReply) ProtoMessage() {}
 
 func (x *StatFSReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[48]
+	mi := &file_hoard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3280,7 +3819,7 @@ func (x *StatFSReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSReply.ProtoReflect.Descriptor instead.
 func (*StatFSReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{48}
+	return file_hoard_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *StatFSReply) GetBlockSize() uint64 {
@@ -3331,7 +3870,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_hoard_proto_msgTypes[49]
+	mi := &file_hoard_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3343,7 +3882,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[49]
+	mi := &file_hoard_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3356,7 +3895,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{49}
+	return file_hoard_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *FetchRequest) GetFid() *FID {
@@ -3402,7 +3941,7 @@ type FetchReply struct {
 
 func (x *FetchReply) Reset() {
 	*x = FetchReply{}
-	mi := &file_hoard_proto_msgTypes[50]
+	mi := &file_hoard_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3414,7 +3953,7 @@ func (x *FetchReply) String() string {
 func (*FetchReply) ProtoMessage() {}
 
 func (x *FetchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[50]
+	mi := &file_hoard_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3427,7 +3966,7 @@ func (x *FetchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchReply.ProtoReflect.Descriptor instead.
 func (*FetchReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{50}
+	return file_hoard_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *FetchReply) GetStatus() *Status {
@@ -3498,7 +4037,7 @@ type StoreRequest struct {
 
 func (x *StoreRequest) Reset() {
 	*x = StoreRequest{}
-	mi := &file_hoard_proto_msgTypes[51]
+	mi := &file_hoard_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3510,7 +4049,7 @@ func (x *StoreRequest) String() string {
 func (*StoreRequest) ProtoMessage() {}
 
 func (x *StoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[51]
+	mi := &file_hoard_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3523,7 +4062,7 @@ func (x *StoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRequest.ProtoReflect.Descriptor instead.
 func (*StoreRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{51}
+	return file_hoard_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StoreRequest) GetFid() *FID {
@@ -3633,7 +4172,7 @@ type StoreReply struct {
 
 func (x *StoreReply) Reset() {
 	*x = StoreReply{}
-	mi := &file_hoard_proto_msgTypes[52]
+	mi := &file_hoard_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3645,7 +4184,7 @@ func (x *StoreReply) String() string {
 func (*StoreReply) ProtoMessage() {}
 
 func (x *StoreReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[52]
+	mi := &file_hoard_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3658,7 +4197,7 @@ func (x *StoreReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreReply.ProtoReflect.Descriptor instead.
 func (*StoreReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{52}
+	return file_hoard_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *StoreReply) GetStatus() *Status {
@@ -3676,7 +4215,7 @@ type WhoAmIRequest struct {
 
 func (x *WhoAmIRequest) Reset() {
 	*x = WhoAmIRequest{}
-	mi := &file_hoard_proto_msgTypes[53]
+	mi := &file_hoard_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3688,7 +4227,7 @@ func (x *WhoAmIRequest) String() string {
 func (*WhoAmIRequest) ProtoMessage() {}
 
 func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[53]
+	mi := &file_hoard_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3701,7 +4240,7 @@ func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
 func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{53}
+	return file_hoard_proto_rawDescGZIP(), []int{60}
 }
 
 type WhoAmIReply struct {
@@ -3719,7 +4258,7 @@ type WhoAmIReply struct {
 
 func (x *WhoAmIReply) Reset() {
 	*x = WhoAmIReply{}
-	mi := &file_hoard_proto_msgTypes[54]
+	mi := &file_hoard_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3731,7 +4270,7 @@ func (x *WhoAmIReply) String() string {
 func (*WhoAmIReply) ProtoMessage() {}
 
 func (x *WhoAmIReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[54]
+	mi := &file_hoard_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3744,7 +4283,7 @@ func (x *WhoAmIReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIReply.ProtoReflect.Descriptor instead.
 func (*WhoAmIReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{54}
+	return file_hoard_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *WhoAmIReply) GetUser() string {
@@ -3792,7 +4331,7 @@ type ACLEntry struct {
 
 func (x *ACLEntry) Reset() {
 	*x = ACLEntry{}
-	mi := &file_hoard_proto_msgTypes[55]
+	mi := &file_hoard_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3804,7 +4343,7 @@ func (x *ACLEntry) String() string {
 func (*ACLEntry) ProtoMessage() {}
 
 func (x *ACLEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[55]
+	mi := &file_hoard_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3817,7 +4356,7 @@ func (x *ACLEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLEntry.ProtoReflect.Descriptor instead.
 func (*ACLEntry) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{55}
+	return file_hoard_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ACLEntry) GetWho() string {
@@ -3843,7 +4382,7 @@ type GetACLRequest struct {
 
 func (x *GetACLRequest) Reset() {
 	*x = GetACLRequest{}
-	mi := &file_hoard_proto_msgTypes[56]
+	mi := &file_hoard_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3855,7 +4394,7 @@ func (x *GetACLRequest) String() string {
 func (*GetACLRequest) ProtoMessage() {}
 
 func (x *GetACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[56]
+	mi := &file_hoard_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3868,7 +4407,7 @@ func (x *GetACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLRequest.ProtoReflect.Descriptor instead.
 func (*GetACLRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{56}
+	return file_hoard_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *GetACLRequest) GetFid() *FID {
@@ -3890,7 +4429,7 @@ type SetACLRequest struct {
 
 func (x *SetACLRequest) Reset() {
 	*x = SetACLRequest{}
-	mi := &file_hoard_proto_msgTypes[57]
+	mi := &file_hoard_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3902,7 +4441,7 @@ func (x *SetACLRequest) String() string {
 func (*SetACLRequest) ProtoMessage() {}
 
 func (x *SetACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[57]
+	mi := &file_hoard_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3915,7 +4454,7 @@ func (x *SetACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetACLRequest.ProtoReflect.Descriptor instead.
 func (*SetACLRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{57}
+	return file_hoard_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *SetACLRequest) GetDir() *FID {
@@ -3952,7 +4491,7 @@ type ACLReply struct {
 
 func (x *ACLReply) Reset() {
 	*x = ACLReply{}
-	mi := &file_hoard_proto_msgTypes[58]
+	mi := &file_hoard_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3964,7 +4503,7 @@ func (x *ACLReply) String() string {
 func (*ACLReply) ProtoMessage() {}
 
 func (x *ACLReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[58]
+	mi := &file_hoard_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3977,7 +4516,7 @@ func (x *ACLReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLReply.ProtoReflect.Descriptor instead.
 func (*ACLReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{58}
+	return file_hoard_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ACLReply) GetDir() *FID {
@@ -4013,7 +4552,7 @@ type ChangeGroupRequest struct {
 
 func (x *ChangeGroupRequest) Reset() {
 	*x = ChangeGroupRequest{}
-	mi := &file_hoard_proto_msgTypes[59]
+	mi := &file_hoard_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4025,7 +4564,7 @@ func (x *ChangeGroupRequest) String() string {
 func (*ChangeGroupRequest) ProtoMessage() {}
 
 func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[59]
+	mi := &file_hoard_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4038,7 +4577,7 @@ func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupRequest.ProtoReflect.Descriptor instead.
 func (*ChangeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{59}
+	return file_hoard_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ChangeGroupRequest) GetChange() ChangeGroupRequest_Change {
@@ -4070,7 +4609,7 @@ type ChangeGroupReply struct {
 
 func (x *ChangeGroupReply) Reset() {
 	*x = ChangeGroupReply{}
-	mi := &file_hoard_proto_msgTypes[60]
+	mi := &file_hoard_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4082,7 +4621,7 @@ func (x *ChangeGroupReply) String() string {
 func (*ChangeGroupReply) ProtoMessage() {}
 
 func (x *ChangeGroupReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[60]
+	mi := &file_hoard_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4095,7 +4634,7 @@ func (x *ChangeGroupReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupReply.ProtoReflect.Descriptor instead.
 func (*ChangeGroupReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{60}
+	return file_hoard_proto_rawDescGZIP(), []int{67}
 }
 
 type ListGroupsRequest struct {
@@ -4106,7 +4645,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_hoard_proto_msgTypes[61]
+	mi := &file_hoard_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4118,7 +4657,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[61]
+	mi := &file_hoard_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4131,7 +4670,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{61}
+	return file_hoard_proto_rawDescGZIP(), []int{68}
 }
 
 type Group struct {
@@ -4145,7 +4684,7 @@ type Group struct {
 
 func (x *Group) Reset() {
 	*x = Group{}
-	mi := &file_hoard_proto_msgTypes[62]
+	mi := &file_hoard_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4157,7 +4696,7 @@ func (x *Group) String() string {
 func (*Group) ProtoMessage() {}
 
 func (x *Group) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[62]
+	mi := &file_hoard_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4170,7 +4709,7 @@ func (x *Group) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Group.ProtoReflect.Descriptor instead.
 func (*Group) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{62}
+	return file_hoard_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *Group) GetName() string {
@@ -4203,7 +4742,7 @@ type ListGroupsReply struct {
 
 func (x *ListGroupsReply) Reset() {
 	*x = ListGroupsReply{}
-	mi := &file_hoard_proto_msgTypes[63]
+	mi := &file_hoard_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4215,7 +4754,7 @@ func (x *ListGroupsReply) String() string {
 func (*ListGroupsReply) ProtoMessage() {}
 
 func (x *ListGroupsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[63]
+	mi := &file_hoard_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4228,7 +4767,7 @@ func (x *ListGroupsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsReply.ProtoReflect.Descriptor instead.
 func (*ListGroupsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{63}
+	return file_hoard_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListGroupsReply) GetGroups() []*Group {
@@ -4250,7 +4789,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_hoard_proto_msgTypes[64]
+	mi := &file_hoard_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4262,7 +4801,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[64]
+	mi := &file_hoard_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4275,7 +4814,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{64}
+	return file_hoard_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -4300,7 +4839,7 @@ type RevokeTokenReply struct {
 
 func (x *RevokeTokenReply) Reset() {
 	*x = RevokeTokenReply{}
-	mi := &file_hoard_proto_msgTypes[65]
+	mi := &file_hoard_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4312,7 +4851,7 @@ func (x *RevokeTokenReply) String() string {
 func (*RevokeTokenReply) ProtoMessage() {}
 
 func (x *RevokeTokenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[65]
+	mi := &file_hoard_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4325,7 +4864,7 @@ func (x *RevokeTokenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenReply.ProtoReflect.Descriptor instead.
 func (*RevokeTokenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{65}
+	return file_hoard_proto_rawDescGZIP(), []int{72}
 }
 
 type ReserveRequest struct {
@@ -4338,7 +4877,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_hoard_proto_msgTypes[66]
+	mi := &file_hoard_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4350,7 +4889,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[66]
+	mi := &file_hoard_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4363,7 +4902,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{66}
+	return file_hoard_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ReserveRequest) GetVolume() uint64 {
@@ -4389,7 +4928,7 @@ type ReserveReply struct {
 
 func (x *ReserveReply) Reset() {
 	*x = ReserveReply{}
-	mi := &file_hoard_proto_msgTypes[67]
+	mi := &file_hoard_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4401,7 +4940,7 @@ func (x *ReserveReply) String() string {
 func (*ReserveReply) ProtoMessage() {}
 
 func (x *ReserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[67]
+	mi := &file_hoard_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4414,7 +4953,7 @@ func (x *ReserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveReply.ProtoReflect.Descriptor instead.
 func (*ReserveReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{67}
+	return file_hoard_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ReserveReply) GetFids() []*FID {
@@ -4438,7 +4977,7 @@ type ReservedFile struct {
 
 func (x *ReservedFile) Reset() {
 	*x = ReservedFile{}
-	mi := &file_hoard_proto_msgTypes[68]
+	mi := &file_hoard_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4450,7 +4989,7 @@ func (x *ReservedFile) String() string {
 func (*ReservedFile) ProtoMessage() {}
 
 func (x *ReservedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[68]
+	mi := &file_hoard_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4463,7 +5002,7 @@ func (x *ReservedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservedFile.ProtoReflect.Descriptor instead.
 func (*ReservedFile) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{68}
+	return file_hoard_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ReservedFile) GetName() string {
@@ -4520,7 +5059,7 @@ type RemovedFile struct {
 
 func (x *RemovedFile) Reset() {
 	*x = RemovedFile{}
-	mi := &file_hoard_proto_msgTypes[69]
+	mi := &file_hoard_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4532,7 +5071,7 @@ func (x *RemovedFile) String() string {
 func (*RemovedFile) ProtoMessage() {}
 
 func (x *RemovedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[69]
+	mi := &file_hoard_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4545,7 +5084,7 @@ func (x *RemovedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovedFile.ProtoReflect.Descriptor instead.
 func (*RemovedFile) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{69}
+	return file_hoard_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *RemovedFile) GetName() string {
@@ -4581,7 +5120,7 @@ type CreateReservedRequest struct {
 
 func (x *CreateReservedRequest) Reset() {
 	*x = CreateReservedRequest{}
-	mi := &file_hoard_proto_msgTypes[70]
+	mi := &file_hoard_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4593,7 +5132,7 @@ func (x *CreateReservedRequest) String() string {
 func (*CreateReservedRequest) ProtoMessage() {}
 
 func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[70]
+	mi := &file_hoard_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4606,7 +5145,7 @@ func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedRequest.ProtoReflect.Descriptor instead.
 func (*CreateReservedRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{70}
+	return file_hoard_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *CreateReservedRequest) GetDir() *FID {
@@ -4658,7 +5197,7 @@ type CreateReservedReply struct {
 
 func (x *CreateReservedReply) Reset() {
 	*x = CreateReservedReply{}
-	mi := &file_hoard_proto_msgTypes[71]
+	mi := &file_hoard_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4670,7 +5209,7 @@ func (x *CreateReservedReply) String() string {
 func (*CreateReservedReply) ProtoMessage() {}
 
 func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[71]
+	mi := &file_hoard_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4683,7 +5222,7 @@ func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedReply.ProtoReflect.Descriptor instead.
 func (*CreateReservedReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{71}
+	return file_hoard_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *CreateReservedReply) GetDir() *Status {
@@ -4738,7 +5277,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_hoard_proto_msgTypes[72]
+	mi := &file_hoard_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4750,7 +5289,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[72]
+	mi := &file_hoard_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4763,7 +5302,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{72}
+	return file_hoard_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *OpenRequest) GetFid() *FID {
@@ -4815,7 +5354,7 @@ type OpenReply struct {
 
 func (x *OpenReply) Reset() {
 	*x = OpenReply{}
-	mi := &file_hoard_proto_msgTypes[73]
+	mi := &file_hoard_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4827,7 +5366,7 @@ func (x *OpenReply) String() string {
 func (*OpenReply) ProtoMessage() {}
 
 func (x *OpenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[73]
+	mi := &file_hoard_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4840,7 +5379,7 @@ func (x *OpenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenReply.ProtoReflect.Descriptor instead.
 func (*OpenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{73}
+	return file_hoard_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *OpenReply) GetStatus() *Status {
@@ -4881,7 +5420,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_hoard_proto_msgTypes[74]
+	mi := &file_hoard_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4893,7 +5432,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[74]
+	mi := &file_hoard_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4906,7 +5445,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{74}
+	return file_hoard_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CloseRequest) GetFid() *FID {
@@ -4931,7 +5470,7 @@ type CloseReply struct {
 
 func (x *CloseReply) Reset() {
 	*x = CloseReply{}
-	mi := &file_hoard_proto_msgTypes[75]
+	mi := &file_hoard_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4943,7 +5482,7 @@ func (x *CloseReply) String() string {
 func (*CloseReply) ProtoMessage() {}
 
 func (x *CloseReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[75]
+	mi := &file_hoard_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4956,7 +5495,7 @@ func (x *CloseReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseReply.ProtoReflect.Descriptor instead.
 func (*CloseReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{75}
+	return file_hoard_proto_rawDescGZIP(), []int{82}
 }
 
 // Return gives a delegation back after its dirty data was stored; readers
@@ -4974,7 +5513,7 @@ type ReturnRequest struct {
 
 func (x *ReturnRequest) Reset() {
 	*x = ReturnRequest{}
-	mi := &file_hoard_proto_msgTypes[76]
+	mi := &file_hoard_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4986,7 +5525,7 @@ func (x *ReturnRequest) String() string {
 func (*ReturnRequest) ProtoMessage() {}
 
 func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[76]
+	mi := &file_hoard_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4999,7 +5538,7 @@ func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{76}
+	return file_hoard_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ReturnRequest) GetFid() *FID {
@@ -5038,7 +5577,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_hoard_proto_msgTypes[77]
+	mi := &file_hoard_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5050,7 +5589,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[77]
+	mi := &file_hoard_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5063,7 +5602,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{77}
+	return file_hoard_proto_rawDescGZIP(), []int{84}
 }
 
 type RenewReply struct {
@@ -5074,7 +5613,7 @@ type RenewReply struct {
 
 func (x *RenewReply) Reset() {
 	*x = RenewReply{}
-	mi := &file_hoard_proto_msgTypes[78]
+	mi := &file_hoard_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5086,7 +5625,7 @@ func (x *RenewReply) String() string {
 func (*RenewReply) ProtoMessage() {}
 
 func (x *RenewReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[78]
+	mi := &file_hoard_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5099,7 +5638,7 @@ func (x *RenewReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewReply.ProtoReflect.Descriptor instead.
 func (*RenewReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{78}
+	return file_hoard_proto_rawDescGZIP(), []int{85}
 }
 
 type ReturnReply struct {
@@ -5112,7 +5651,7 @@ type ReturnReply struct {
 
 func (x *ReturnReply) Reset() {
 	*x = ReturnReply{}
-	mi := &file_hoard_proto_msgTypes[79]
+	mi := &file_hoard_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5124,7 +5663,7 @@ func (x *ReturnReply) String() string {
 func (*ReturnReply) ProtoMessage() {}
 
 func (x *ReturnReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[79]
+	mi := &file_hoard_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5137,7 +5676,7 @@ func (x *ReturnReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnReply.ProtoReflect.Descriptor instead.
 func (*ReturnReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{79}
+	return file_hoard_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ReturnReply) GetAccepted() bool {
@@ -5155,7 +5694,7 @@ type ProxyStatsRequest struct {
 
 func (x *ProxyStatsRequest) Reset() {
 	*x = ProxyStatsRequest{}
-	mi := &file_hoard_proto_msgTypes[80]
+	mi := &file_hoard_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5167,7 +5706,7 @@ func (x *ProxyStatsRequest) String() string {
 func (*ProxyStatsRequest) ProtoMessage() {}
 
 func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[80]
+	mi := &file_hoard_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5180,7 +5719,7 @@ func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsRequest.ProtoReflect.Descriptor instead.
 func (*ProxyStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{80}
+	return file_hoard_proto_rawDescGZIP(), []int{87}
 }
 
 // ProxyStatsReply: the proxy's disk store. Hits and misses count chunk
@@ -5230,7 +5769,7 @@ type ProxyStatsReply struct {
 
 func (x *ProxyStatsReply) Reset() {
 	*x = ProxyStatsReply{}
-	mi := &file_hoard_proto_msgTypes[81]
+	mi := &file_hoard_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5242,7 +5781,7 @@ func (x *ProxyStatsReply) String() string {
 func (*ProxyStatsReply) ProtoMessage() {}
 
 func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[81]
+	mi := &file_hoard_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5255,7 +5794,7 @@ func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsReply.ProtoReflect.Descriptor instead.
 func (*ProxyStatsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{81}
+	return file_hoard_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ProxyStatsReply) GetOrigin() string {
@@ -5508,7 +6047,7 @@ const file_hoard_proto_rawDesc = "" +
 	"\x05files\x18\a \x01(\x04R\x05files\".\n" +
 	"\x04Site\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
-	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xbd\x01\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xd5\x01\n" +
 	"\bLocation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1e\n" +
@@ -5517,7 +6056,8 @@ const file_hoard_proto_rawDesc = "" +
 	"\breleased\x18\x05 \x01(\x04R\breleased\x12\x1d\n" +
 	"\n" +
 	"created_ns\x18\x06 \x01(\x03R\tcreatedNs\x12\x12\n" +
-	"\x04here\x18\a \x01(\bR\x04here\"3\n" +
+	"\x04here\x18\a \x01(\bR\x04here\x12\x16\n" +
+	"\x06moving\x18\b \x01(\tR\x06moving\"3\n" +
 	"\rLocateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\"\x16\n" +
@@ -5541,7 +6081,47 @@ const file_hoard_proto_rawDesc = "" +
 	"\x05quota\x18\x02 \x01(\x04R\x05quota\")\n" +
 	"\x13RemoveVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x13\n" +
-	"\x11RemoveVolumeReply\"6\n" +
+	"\x11RemoveVolumeReply\"]\n" +
+	"\vFileVersion\x12\x14\n" +
+	"\x05vnode\x18\x01 \x01(\x04R\x05vnode\x12\x16\n" +
+	"\x06unique\x18\x02 \x01(\x04R\x06unique\x12\x10\n" +
+	"\x03gen\x18\x03 \x01(\x04R\x03gen\x12\x0e\n" +
+	"\x02dv\x18\x04 \x01(\x04R\x02dv\"H\n" +
+	"\x06MetaKV\x12\x16\n" +
+	"\x06bucket\x18\x01 \x01(\fR\x06bucket\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\"R\n" +
+	"\x11DumpVolumeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
+	"\x04have\x18\x02 \x03(\v2\x15.hoard.v1.FileVersionR\x04have\"\x8f\x02\n" +
+	"\tDumpPiece\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\x04R\x06volume\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12$\n" +
+	"\x04meta\x18\x03 \x03(\v2\x10.hoard.v1.MetaKVR\x04meta\x12)\n" +
+	"\x04file\x18\x04 \x01(\v2\x15.hoard.v1.FileVersionR\x04file\x12\x16\n" +
+	"\x06offset\x18\x05 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04data\x18\x06 \x01(\fR\x04data\x12\x1c\n" +
+	"\tabandoned\x18\a \x01(\bR\tabandoned\x12\x10\n" +
+	"\x03end\x18\b \x01(\bR\x03end\x12)\n" +
+	"\x04kept\x18\t \x03(\v2\x15.hoard.v1.FileVersionR\x04kept\"s\n" +
+	"\x12RestoreVolumeReply\x12)\n" +
+	"\x04have\x18\x01 \x03(\v2\x15.hoard.v1.FileVersionR\x04have\x12\x1c\n" +
+	"\tabandoned\x18\x02 \x01(\rR\tabandoned\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\"\xb0\x01\n" +
+	"\x11MoveVolumeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\x124\n" +
+	"\x04step\x18\x03 \x01(\x0e2 .hoard.v1.MoveVolumeRequest.StepR\x04step\"A\n" +
+	"\x04Step\x12\t\n" +
+	"\x05BEGIN\x10\x00\x12\v\n" +
+	"\aQUIESCE\x10\x01\x12\n" +
+	"\n" +
+	"\x06FREEZE\x10\x02\x12\n" +
+	"\n" +
+	"\x06COMMIT\x10\x03\x12\t\n" +
+	"\x05ABORT\x10\x04\"A\n" +
+	"\x0fMoveVolumeReply\x12.\n" +
+	"\blocation\x18\x01 \x01(\v2\x12.hoard.v1.LocationR\blocation\"6\n" +
 	"\x10GetVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\"\x14\n" +
@@ -5815,7 +6395,7 @@ const file_hoard_proto_rawDesc = "" +
 	"DELEG_NONE\x10\x00\x12\x0e\n" +
 	"\n" +
 	"DELEG_READ\x10\x01\x12\x0f\n" +
-	"\vDELEG_WRITE\x10\x022\xd0\x0f\n" +
+	"\vDELEG_WRITE\x10\x022\x9e\x11\n" +
 	"\n" +
 	"FileServer\x127\n" +
 	"\aConnect\x12\x13.hoard.v1.ClientMsg\x1a\x13.hoard.v1.ServerMsg(\x010\x01\x129\n" +
@@ -5823,7 +6403,12 @@ const file_hoard_proto_rawDesc = "" +
 	"\vListVolumes\x12\x1c.hoard.v1.ListVolumesRequest\x1a\x1a.hoard.v1.ListVolumesReply\x12?\n" +
 	"\fCreateVolume\x12\x1d.hoard.v1.CreateVolumeRequest\x1a\x10.hoard.v1.Volume\x129\n" +
 	"\tSetVolume\x12\x1a.hoard.v1.SetVolumeRequest\x1a\x10.hoard.v1.Volume\x12J\n" +
-	"\fRemoveVolume\x12\x1d.hoard.v1.RemoveVolumeRequest\x1a\x1b.hoard.v1.RemoveVolumeReply\x125\n" +
+	"\fRemoveVolume\x12\x1d.hoard.v1.RemoveVolumeRequest\x1a\x1b.hoard.v1.RemoveVolumeReply\x12@\n" +
+	"\n" +
+	"DumpVolume\x12\x1b.hoard.v1.DumpVolumeRequest\x1a\x13.hoard.v1.DumpPiece0\x01\x12D\n" +
+	"\rRestoreVolume\x12\x13.hoard.v1.DumpPiece\x1a\x1c.hoard.v1.RestoreVolumeReply(\x01\x12D\n" +
+	"\n" +
+	"MoveVolume\x12\x1b.hoard.v1.MoveVolumeRequest\x1a\x19.hoard.v1.MoveVolumeReply\x125\n" +
 	"\x06Locate\x12\x17.hoard.v1.LocateRequest\x1a\x12.hoard.v1.Location\x12M\n" +
 	"\rListLocations\x12\x1e.hoard.v1.ListLocationsRequest\x1a\x1c.hoard.v1.ListLocationsReply\x12G\n" +
 	"\vListServers\x12\x1c.hoard.v1.ListServersRequest\x1a\x1a.hoard.v1.ListServersReply\x128\n" +
@@ -5866,242 +6451,263 @@ func file_hoard_proto_rawDescGZIP() []byte {
 	return file_hoard_proto_rawDescData
 }
 
-var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
+var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 89)
 var file_hoard_proto_goTypes = []any{
 	(FileType)(0),                  // 0: hoard.v1.FileType
 	(DelegKind)(0),                 // 1: hoard.v1.DelegKind
-	(ChangeGroupRequest_Change)(0), // 2: hoard.v1.ChangeGroupRequest.Change
-	(*FID)(nil),                    // 3: hoard.v1.FID
-	(*Status)(nil),                 // 4: hoard.v1.Status
-	(*Error)(nil),                  // 5: hoard.v1.Error
-	(*ClientMsg)(nil),              // 6: hoard.v1.ClientMsg
-	(*Hello)(nil),                  // 7: hoard.v1.Hello
-	(*Ack)(nil),                    // 8: hoard.v1.Ack
-	(*ServerMsg)(nil),              // 9: hoard.v1.ServerMsg
-	(*Welcome)(nil),                // 10: hoard.v1.Welcome
-	(*Break)(nil),                  // 11: hoard.v1.Break
-	(*Reset)(nil),                  // 12: hoard.v1.Reset
-	(*Recall)(nil),                 // 13: hoard.v1.Recall
-	(*Revoke)(nil),                 // 14: hoard.v1.Revoke
-	(*Ping)(nil),                   // 15: hoard.v1.Ping
-	(*Volume)(nil),                 // 16: hoard.v1.Volume
-	(*Site)(nil),                   // 17: hoard.v1.Site
-	(*Location)(nil),               // 18: hoard.v1.Location
-	(*LocateRequest)(nil),          // 19: hoard.v1.LocateRequest
-	(*ListLocationsRequest)(nil),   // 20: hoard.v1.ListLocationsRequest
-	(*ListLocationsReply)(nil),     // 21: hoard.v1.ListLocationsReply
-	(*ServerInfo)(nil),             // 22: hoard.v1.ServerInfo
-	(*ListServersRequest)(nil),     // 23: hoard.v1.ListServersRequest
-	(*ListServersReply)(nil),       // 24: hoard.v1.ListServersReply
-	(*SetVolumeRequest)(nil),       // 25: hoard.v1.SetVolumeRequest
-	(*RemoveVolumeRequest)(nil),    // 26: hoard.v1.RemoveVolumeRequest
-	(*RemoveVolumeReply)(nil),      // 27: hoard.v1.RemoveVolumeReply
-	(*GetVolumeRequest)(nil),       // 28: hoard.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),     // 29: hoard.v1.ListVolumesRequest
-	(*ListVolumesReply)(nil),       // 30: hoard.v1.ListVolumesReply
-	(*CreateVolumeRequest)(nil),    // 31: hoard.v1.CreateVolumeRequest
-	(*LookupRequest)(nil),          // 32: hoard.v1.LookupRequest
-	(*LookupReply)(nil),            // 33: hoard.v1.LookupReply
-	(*GetStatusRequest)(nil),       // 34: hoard.v1.GetStatusRequest
-	(*StatusResult)(nil),           // 35: hoard.v1.StatusResult
-	(*GetStatusReply)(nil),         // 36: hoard.v1.GetStatusReply
-	(*ReadDirRequest)(nil),         // 37: hoard.v1.ReadDirRequest
-	(*DirEntry)(nil),               // 38: hoard.v1.DirEntry
-	(*ReadDirReply)(nil),           // 39: hoard.v1.ReadDirReply
-	(*CreateRequest)(nil),          // 40: hoard.v1.CreateRequest
-	(*CreateReply)(nil),            // 41: hoard.v1.CreateReply
-	(*LinkRequest)(nil),            // 42: hoard.v1.LinkRequest
-	(*LinkReply)(nil),              // 43: hoard.v1.LinkReply
-	(*RemoveRequest)(nil),          // 44: hoard.v1.RemoveRequest
-	(*RemoveReply)(nil),            // 45: hoard.v1.RemoveReply
-	(*RenameRequest)(nil),          // 46: hoard.v1.RenameRequest
-	(*RenameReply)(nil),            // 47: hoard.v1.RenameReply
-	(*SetAttrRequest)(nil),         // 48: hoard.v1.SetAttrRequest
-	(*SetAttrReply)(nil),           // 49: hoard.v1.SetAttrReply
-	(*StatFSRequest)(nil),          // 50: hoard.v1.StatFSRequest
-	(*StatFSReply)(nil),            // 51: hoard.v1.StatFSReply
-	(*FetchRequest)(nil),           // 52: hoard.v1.FetchRequest
-	(*FetchReply)(nil),             // 53: hoard.v1.FetchReply
-	(*StoreRequest)(nil),           // 54: hoard.v1.StoreRequest
-	(*StoreReply)(nil),             // 55: hoard.v1.StoreReply
-	(*WhoAmIRequest)(nil),          // 56: hoard.v1.WhoAmIRequest
-	(*WhoAmIReply)(nil),            // 57: hoard.v1.WhoAmIReply
-	(*ACLEntry)(nil),               // 58: hoard.v1.ACLEntry
-	(*GetACLRequest)(nil),          // 59: hoard.v1.GetACLRequest
-	(*SetACLRequest)(nil),          // 60: hoard.v1.SetACLRequest
-	(*ACLReply)(nil),               // 61: hoard.v1.ACLReply
-	(*ChangeGroupRequest)(nil),     // 62: hoard.v1.ChangeGroupRequest
-	(*ChangeGroupReply)(nil),       // 63: hoard.v1.ChangeGroupReply
-	(*ListGroupsRequest)(nil),      // 64: hoard.v1.ListGroupsRequest
-	(*Group)(nil),                  // 65: hoard.v1.Group
-	(*ListGroupsReply)(nil),        // 66: hoard.v1.ListGroupsReply
-	(*RevokeTokenRequest)(nil),     // 67: hoard.v1.RevokeTokenRequest
-	(*RevokeTokenReply)(nil),       // 68: hoard.v1.RevokeTokenReply
-	(*ReserveRequest)(nil),         // 69: hoard.v1.ReserveRequest
-	(*ReserveReply)(nil),           // 70: hoard.v1.ReserveReply
-	(*ReservedFile)(nil),           // 71: hoard.v1.ReservedFile
-	(*RemovedFile)(nil),            // 72: hoard.v1.RemovedFile
-	(*CreateReservedRequest)(nil),  // 73: hoard.v1.CreateReservedRequest
-	(*CreateReservedReply)(nil),    // 74: hoard.v1.CreateReservedReply
-	(*OpenRequest)(nil),            // 75: hoard.v1.OpenRequest
-	(*OpenReply)(nil),              // 76: hoard.v1.OpenReply
-	(*CloseRequest)(nil),           // 77: hoard.v1.CloseRequest
-	(*CloseReply)(nil),             // 78: hoard.v1.CloseReply
-	(*ReturnRequest)(nil),          // 79: hoard.v1.ReturnRequest
-	(*RenewRequest)(nil),           // 80: hoard.v1.RenewRequest
-	(*RenewReply)(nil),             // 81: hoard.v1.RenewReply
-	(*ReturnReply)(nil),            // 82: hoard.v1.ReturnReply
-	(*ProxyStatsRequest)(nil),      // 83: hoard.v1.ProxyStatsRequest
-	(*ProxyStatsReply)(nil),        // 84: hoard.v1.ProxyStatsReply
+	(MoveVolumeRequest_Step)(0),    // 2: hoard.v1.MoveVolumeRequest.Step
+	(ChangeGroupRequest_Change)(0), // 3: hoard.v1.ChangeGroupRequest.Change
+	(*FID)(nil),                    // 4: hoard.v1.FID
+	(*Status)(nil),                 // 5: hoard.v1.Status
+	(*Error)(nil),                  // 6: hoard.v1.Error
+	(*ClientMsg)(nil),              // 7: hoard.v1.ClientMsg
+	(*Hello)(nil),                  // 8: hoard.v1.Hello
+	(*Ack)(nil),                    // 9: hoard.v1.Ack
+	(*ServerMsg)(nil),              // 10: hoard.v1.ServerMsg
+	(*Welcome)(nil),                // 11: hoard.v1.Welcome
+	(*Break)(nil),                  // 12: hoard.v1.Break
+	(*Reset)(nil),                  // 13: hoard.v1.Reset
+	(*Recall)(nil),                 // 14: hoard.v1.Recall
+	(*Revoke)(nil),                 // 15: hoard.v1.Revoke
+	(*Ping)(nil),                   // 16: hoard.v1.Ping
+	(*Volume)(nil),                 // 17: hoard.v1.Volume
+	(*Site)(nil),                   // 18: hoard.v1.Site
+	(*Location)(nil),               // 19: hoard.v1.Location
+	(*LocateRequest)(nil),          // 20: hoard.v1.LocateRequest
+	(*ListLocationsRequest)(nil),   // 21: hoard.v1.ListLocationsRequest
+	(*ListLocationsReply)(nil),     // 22: hoard.v1.ListLocationsReply
+	(*ServerInfo)(nil),             // 23: hoard.v1.ServerInfo
+	(*ListServersRequest)(nil),     // 24: hoard.v1.ListServersRequest
+	(*ListServersReply)(nil),       // 25: hoard.v1.ListServersReply
+	(*SetVolumeRequest)(nil),       // 26: hoard.v1.SetVolumeRequest
+	(*RemoveVolumeRequest)(nil),    // 27: hoard.v1.RemoveVolumeRequest
+	(*RemoveVolumeReply)(nil),      // 28: hoard.v1.RemoveVolumeReply
+	(*FileVersion)(nil),            // 29: hoard.v1.FileVersion
+	(*MetaKV)(nil),                 // 30: hoard.v1.MetaKV
+	(*DumpVolumeRequest)(nil),      // 31: hoard.v1.DumpVolumeRequest
+	(*DumpPiece)(nil),              // 32: hoard.v1.DumpPiece
+	(*RestoreVolumeReply)(nil),     // 33: hoard.v1.RestoreVolumeReply
+	(*MoveVolumeRequest)(nil),      // 34: hoard.v1.MoveVolumeRequest
+	(*MoveVolumeReply)(nil),        // 35: hoard.v1.MoveVolumeReply
+	(*GetVolumeRequest)(nil),       // 36: hoard.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),     // 37: hoard.v1.ListVolumesRequest
+	(*ListVolumesReply)(nil),       // 38: hoard.v1.ListVolumesReply
+	(*CreateVolumeRequest)(nil),    // 39: hoard.v1.CreateVolumeRequest
+	(*LookupRequest)(nil),          // 40: hoard.v1.LookupRequest
+	(*LookupReply)(nil),            // 41: hoard.v1.LookupReply
+	(*GetStatusRequest)(nil),       // 42: hoard.v1.GetStatusRequest
+	(*StatusResult)(nil),           // 43: hoard.v1.StatusResult
+	(*GetStatusReply)(nil),         // 44: hoard.v1.GetStatusReply
+	(*ReadDirRequest)(nil),         // 45: hoard.v1.ReadDirRequest
+	(*DirEntry)(nil),               // 46: hoard.v1.DirEntry
+	(*ReadDirReply)(nil),           // 47: hoard.v1.ReadDirReply
+	(*CreateRequest)(nil),          // 48: hoard.v1.CreateRequest
+	(*CreateReply)(nil),            // 49: hoard.v1.CreateReply
+	(*LinkRequest)(nil),            // 50: hoard.v1.LinkRequest
+	(*LinkReply)(nil),              // 51: hoard.v1.LinkReply
+	(*RemoveRequest)(nil),          // 52: hoard.v1.RemoveRequest
+	(*RemoveReply)(nil),            // 53: hoard.v1.RemoveReply
+	(*RenameRequest)(nil),          // 54: hoard.v1.RenameRequest
+	(*RenameReply)(nil),            // 55: hoard.v1.RenameReply
+	(*SetAttrRequest)(nil),         // 56: hoard.v1.SetAttrRequest
+	(*SetAttrReply)(nil),           // 57: hoard.v1.SetAttrReply
+	(*StatFSRequest)(nil),          // 58: hoard.v1.StatFSRequest
+	(*StatFSReply)(nil),            // 59: hoard.v1.StatFSReply
+	(*FetchRequest)(nil),           // 60: hoard.v1.FetchRequest
+	(*FetchReply)(nil),             // 61: hoard.v1.FetchReply
+	(*StoreRequest)(nil),           // 62: hoard.v1.StoreRequest
+	(*StoreReply)(nil),             // 63: hoard.v1.StoreReply
+	(*WhoAmIRequest)(nil),          // 64: hoard.v1.WhoAmIRequest
+	(*WhoAmIReply)(nil),            // 65: hoard.v1.WhoAmIReply
+	(*ACLEntry)(nil),               // 66: hoard.v1.ACLEntry
+	(*GetACLRequest)(nil),          // 67: hoard.v1.GetACLRequest
+	(*SetACLRequest)(nil),          // 68: hoard.v1.SetACLRequest
+	(*ACLReply)(nil),               // 69: hoard.v1.ACLReply
+	(*ChangeGroupRequest)(nil),     // 70: hoard.v1.ChangeGroupRequest
+	(*ChangeGroupReply)(nil),       // 71: hoard.v1.ChangeGroupReply
+	(*ListGroupsRequest)(nil),      // 72: hoard.v1.ListGroupsRequest
+	(*Group)(nil),                  // 73: hoard.v1.Group
+	(*ListGroupsReply)(nil),        // 74: hoard.v1.ListGroupsReply
+	(*RevokeTokenRequest)(nil),     // 75: hoard.v1.RevokeTokenRequest
+	(*RevokeTokenReply)(nil),       // 76: hoard.v1.RevokeTokenReply
+	(*ReserveRequest)(nil),         // 77: hoard.v1.ReserveRequest
+	(*ReserveReply)(nil),           // 78: hoard.v1.ReserveReply
+	(*ReservedFile)(nil),           // 79: hoard.v1.ReservedFile
+	(*RemovedFile)(nil),            // 80: hoard.v1.RemovedFile
+	(*CreateReservedRequest)(nil),  // 81: hoard.v1.CreateReservedRequest
+	(*CreateReservedReply)(nil),    // 82: hoard.v1.CreateReservedReply
+	(*OpenRequest)(nil),            // 83: hoard.v1.OpenRequest
+	(*OpenReply)(nil),              // 84: hoard.v1.OpenReply
+	(*CloseRequest)(nil),           // 85: hoard.v1.CloseRequest
+	(*CloseReply)(nil),             // 86: hoard.v1.CloseReply
+	(*ReturnRequest)(nil),          // 87: hoard.v1.ReturnRequest
+	(*RenewRequest)(nil),           // 88: hoard.v1.RenewRequest
+	(*RenewReply)(nil),             // 89: hoard.v1.RenewReply
+	(*ReturnReply)(nil),            // 90: hoard.v1.ReturnReply
+	(*ProxyStatsRequest)(nil),      // 91: hoard.v1.ProxyStatsRequest
+	(*ProxyStatsReply)(nil),        // 92: hoard.v1.ProxyStatsReply
 }
 var file_hoard_proto_depIdxs = []int32{
-	3,   // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
+	4,   // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
 	0,   // 1: hoard.v1.Status.type:type_name -> hoard.v1.FileType
-	7,   // 2: hoard.v1.ClientMsg.hello:type_name -> hoard.v1.Hello
-	8,   // 3: hoard.v1.ClientMsg.ack:type_name -> hoard.v1.Ack
-	10,  // 4: hoard.v1.ServerMsg.welcome:type_name -> hoard.v1.Welcome
-	11,  // 5: hoard.v1.ServerMsg.break:type_name -> hoard.v1.Break
-	12,  // 6: hoard.v1.ServerMsg.reset:type_name -> hoard.v1.Reset
-	15,  // 7: hoard.v1.ServerMsg.ping:type_name -> hoard.v1.Ping
-	13,  // 8: hoard.v1.ServerMsg.recall:type_name -> hoard.v1.Recall
-	14,  // 9: hoard.v1.ServerMsg.revoke:type_name -> hoard.v1.Revoke
-	3,   // 10: hoard.v1.Break.fids:type_name -> hoard.v1.FID
-	3,   // 11: hoard.v1.Recall.fids:type_name -> hoard.v1.FID
-	3,   // 12: hoard.v1.Revoke.fids:type_name -> hoard.v1.FID
-	3,   // 13: hoard.v1.Volume.root:type_name -> hoard.v1.FID
-	17,  // 14: hoard.v1.Location.rw:type_name -> hoard.v1.Site
-	17,  // 15: hoard.v1.Location.ro:type_name -> hoard.v1.Site
-	18,  // 16: hoard.v1.ListLocationsReply.locations:type_name -> hoard.v1.Location
-	17,  // 17: hoard.v1.ServerInfo.site:type_name -> hoard.v1.Site
-	22,  // 18: hoard.v1.ListServersReply.servers:type_name -> hoard.v1.ServerInfo
-	16,  // 19: hoard.v1.ListVolumesReply.volumes:type_name -> hoard.v1.Volume
-	3,   // 20: hoard.v1.LookupRequest.dir:type_name -> hoard.v1.FID
-	4,   // 21: hoard.v1.LookupReply.status:type_name -> hoard.v1.Status
-	4,   // 22: hoard.v1.LookupReply.dir:type_name -> hoard.v1.Status
-	3,   // 23: hoard.v1.GetStatusRequest.fids:type_name -> hoard.v1.FID
-	4,   // 24: hoard.v1.StatusResult.status:type_name -> hoard.v1.Status
-	35,  // 25: hoard.v1.GetStatusReply.results:type_name -> hoard.v1.StatusResult
-	3,   // 26: hoard.v1.ReadDirRequest.dir:type_name -> hoard.v1.FID
-	3,   // 27: hoard.v1.DirEntry.fid:type_name -> hoard.v1.FID
-	0,   // 28: hoard.v1.DirEntry.type:type_name -> hoard.v1.FileType
-	38,  // 29: hoard.v1.ReadDirReply.entries:type_name -> hoard.v1.DirEntry
-	4,   // 30: hoard.v1.ReadDirReply.dir:type_name -> hoard.v1.Status
-	3,   // 31: hoard.v1.CreateRequest.dir:type_name -> hoard.v1.FID
-	0,   // 32: hoard.v1.CreateRequest.type:type_name -> hoard.v1.FileType
-	4,   // 33: hoard.v1.CreateReply.status:type_name -> hoard.v1.Status
-	4,   // 34: hoard.v1.CreateReply.dir:type_name -> hoard.v1.Status
-	1,   // 35: hoard.v1.CreateReply.kind:type_name -> hoard.v1.DelegKind
-	3,   // 36: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
-	3,   // 37: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
-	4,   // 38: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
-	4,   // 39: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
-	3,   // 40: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
-	4,   // 41: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
-	4,   // 42: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
-	3,   // 43: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
-	3,   // 44: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
-	4,   // 45: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
-	4,   // 46: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
-	4,   // 47: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
-	4,   // 48: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
-	3,   // 49: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
-	4,   // 50: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
-	3,   // 51: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
-	4,   // 52: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
-	3,   // 53: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
-	4,   // 54: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
-	3,   // 55: hoard.v1.GetACLRequest.fid:type_name -> hoard.v1.FID
-	3,   // 56: hoard.v1.SetACLRequest.dir:type_name -> hoard.v1.FID
-	3,   // 57: hoard.v1.ACLReply.dir:type_name -> hoard.v1.FID
-	58,  // 58: hoard.v1.ACLReply.entries:type_name -> hoard.v1.ACLEntry
-	2,   // 59: hoard.v1.ChangeGroupRequest.change:type_name -> hoard.v1.ChangeGroupRequest.Change
-	65,  // 60: hoard.v1.ListGroupsReply.groups:type_name -> hoard.v1.Group
-	3,   // 61: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
-	3,   // 62: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
-	3,   // 63: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
-	3,   // 64: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
-	71,  // 65: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
-	72,  // 66: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
-	4,   // 67: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
-	4,   // 68: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
-	4,   // 69: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
-	3,   // 70: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
-	4,   // 71: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
-	1,   // 72: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
-	3,   // 73: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
-	3,   // 74: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
-	6,   // 75: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
-	28,  // 76: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
-	29,  // 77: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
-	31,  // 78: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
-	25,  // 79: hoard.v1.FileServer.SetVolume:input_type -> hoard.v1.SetVolumeRequest
-	26,  // 80: hoard.v1.FileServer.RemoveVolume:input_type -> hoard.v1.RemoveVolumeRequest
-	19,  // 81: hoard.v1.FileServer.Locate:input_type -> hoard.v1.LocateRequest
-	20,  // 82: hoard.v1.FileServer.ListLocations:input_type -> hoard.v1.ListLocationsRequest
-	23,  // 83: hoard.v1.FileServer.ListServers:input_type -> hoard.v1.ListServersRequest
-	32,  // 84: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
-	34,  // 85: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
-	37,  // 86: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
-	40,  // 87: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
-	42,  // 88: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
-	44,  // 89: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
-	46,  // 90: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
-	48,  // 91: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
-	50,  // 92: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
-	52,  // 93: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
-	54,  // 94: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
-	75,  // 95: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
-	77,  // 96: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
-	79,  // 97: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
-	80,  // 98: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
-	69,  // 99: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
-	73,  // 100: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
-	56,  // 101: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
-	59,  // 102: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
-	60,  // 103: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
-	62,  // 104: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
-	64,  // 105: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
-	67,  // 106: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
-	83,  // 107: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
-	9,   // 108: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
-	16,  // 109: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
-	30,  // 110: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
-	16,  // 111: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
-	16,  // 112: hoard.v1.FileServer.SetVolume:output_type -> hoard.v1.Volume
-	27,  // 113: hoard.v1.FileServer.RemoveVolume:output_type -> hoard.v1.RemoveVolumeReply
-	18,  // 114: hoard.v1.FileServer.Locate:output_type -> hoard.v1.Location
-	21,  // 115: hoard.v1.FileServer.ListLocations:output_type -> hoard.v1.ListLocationsReply
-	24,  // 116: hoard.v1.FileServer.ListServers:output_type -> hoard.v1.ListServersReply
-	33,  // 117: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
-	36,  // 118: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
-	39,  // 119: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
-	41,  // 120: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
-	43,  // 121: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
-	45,  // 122: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
-	47,  // 123: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
-	49,  // 124: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
-	51,  // 125: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
-	53,  // 126: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
-	55,  // 127: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
-	76,  // 128: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
-	78,  // 129: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
-	82,  // 130: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
-	81,  // 131: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
-	70,  // 132: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
-	74,  // 133: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
-	57,  // 134: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
-	61,  // 135: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
-	61,  // 136: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
-	63,  // 137: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
-	66,  // 138: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
-	68,  // 139: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
-	84,  // 140: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
-	108, // [108:141] is the sub-list for method output_type
-	75,  // [75:108] is the sub-list for method input_type
-	75,  // [75:75] is the sub-list for extension type_name
-	75,  // [75:75] is the sub-list for extension extendee
-	0,   // [0:75] is the sub-list for field type_name
+	8,   // 2: hoard.v1.ClientMsg.hello:type_name -> hoard.v1.Hello
+	9,   // 3: hoard.v1.ClientMsg.ack:type_name -> hoard.v1.Ack
+	11,  // 4: hoard.v1.ServerMsg.welcome:type_name -> hoard.v1.Welcome
+	12,  // 5: hoard.v1.ServerMsg.break:type_name -> hoard.v1.Break
+	13,  // 6: hoard.v1.ServerMsg.reset:type_name -> hoard.v1.Reset
+	16,  // 7: hoard.v1.ServerMsg.ping:type_name -> hoard.v1.Ping
+	14,  // 8: hoard.v1.ServerMsg.recall:type_name -> hoard.v1.Recall
+	15,  // 9: hoard.v1.ServerMsg.revoke:type_name -> hoard.v1.Revoke
+	4,   // 10: hoard.v1.Break.fids:type_name -> hoard.v1.FID
+	4,   // 11: hoard.v1.Recall.fids:type_name -> hoard.v1.FID
+	4,   // 12: hoard.v1.Revoke.fids:type_name -> hoard.v1.FID
+	4,   // 13: hoard.v1.Volume.root:type_name -> hoard.v1.FID
+	18,  // 14: hoard.v1.Location.rw:type_name -> hoard.v1.Site
+	18,  // 15: hoard.v1.Location.ro:type_name -> hoard.v1.Site
+	19,  // 16: hoard.v1.ListLocationsReply.locations:type_name -> hoard.v1.Location
+	18,  // 17: hoard.v1.ServerInfo.site:type_name -> hoard.v1.Site
+	23,  // 18: hoard.v1.ListServersReply.servers:type_name -> hoard.v1.ServerInfo
+	29,  // 19: hoard.v1.DumpVolumeRequest.have:type_name -> hoard.v1.FileVersion
+	30,  // 20: hoard.v1.DumpPiece.meta:type_name -> hoard.v1.MetaKV
+	29,  // 21: hoard.v1.DumpPiece.file:type_name -> hoard.v1.FileVersion
+	29,  // 22: hoard.v1.DumpPiece.kept:type_name -> hoard.v1.FileVersion
+	29,  // 23: hoard.v1.RestoreVolumeReply.have:type_name -> hoard.v1.FileVersion
+	2,   // 24: hoard.v1.MoveVolumeRequest.step:type_name -> hoard.v1.MoveVolumeRequest.Step
+	19,  // 25: hoard.v1.MoveVolumeReply.location:type_name -> hoard.v1.Location
+	17,  // 26: hoard.v1.ListVolumesReply.volumes:type_name -> hoard.v1.Volume
+	4,   // 27: hoard.v1.LookupRequest.dir:type_name -> hoard.v1.FID
+	5,   // 28: hoard.v1.LookupReply.status:type_name -> hoard.v1.Status
+	5,   // 29: hoard.v1.LookupReply.dir:type_name -> hoard.v1.Status
+	4,   // 30: hoard.v1.GetStatusRequest.fids:type_name -> hoard.v1.FID
+	5,   // 31: hoard.v1.StatusResult.status:type_name -> hoard.v1.Status
+	43,  // 32: hoard.v1.GetStatusReply.results:type_name -> hoard.v1.StatusResult
+	4,   // 33: hoard.v1.ReadDirRequest.dir:type_name -> hoard.v1.FID
+	4,   // 34: hoard.v1.DirEntry.fid:type_name -> hoard.v1.FID
+	0,   // 35: hoard.v1.DirEntry.type:type_name -> hoard.v1.FileType
+	46,  // 36: hoard.v1.ReadDirReply.entries:type_name -> hoard.v1.DirEntry
+	5,   // 37: hoard.v1.ReadDirReply.dir:type_name -> hoard.v1.Status
+	4,   // 38: hoard.v1.CreateRequest.dir:type_name -> hoard.v1.FID
+	0,   // 39: hoard.v1.CreateRequest.type:type_name -> hoard.v1.FileType
+	5,   // 40: hoard.v1.CreateReply.status:type_name -> hoard.v1.Status
+	5,   // 41: hoard.v1.CreateReply.dir:type_name -> hoard.v1.Status
+	1,   // 42: hoard.v1.CreateReply.kind:type_name -> hoard.v1.DelegKind
+	4,   // 43: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
+	4,   // 44: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
+	5,   // 45: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
+	5,   // 46: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
+	4,   // 47: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
+	5,   // 48: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
+	5,   // 49: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
+	4,   // 50: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
+	4,   // 51: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
+	5,   // 52: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
+	5,   // 53: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
+	5,   // 54: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
+	5,   // 55: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
+	4,   // 56: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
+	5,   // 57: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
+	4,   // 58: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
+	5,   // 59: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
+	4,   // 60: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
+	5,   // 61: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
+	4,   // 62: hoard.v1.GetACLRequest.fid:type_name -> hoard.v1.FID
+	4,   // 63: hoard.v1.SetACLRequest.dir:type_name -> hoard.v1.FID
+	4,   // 64: hoard.v1.ACLReply.dir:type_name -> hoard.v1.FID
+	66,  // 65: hoard.v1.ACLReply.entries:type_name -> hoard.v1.ACLEntry
+	3,   // 66: hoard.v1.ChangeGroupRequest.change:type_name -> hoard.v1.ChangeGroupRequest.Change
+	73,  // 67: hoard.v1.ListGroupsReply.groups:type_name -> hoard.v1.Group
+	4,   // 68: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
+	4,   // 69: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
+	4,   // 70: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
+	4,   // 71: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
+	79,  // 72: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
+	80,  // 73: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
+	5,   // 74: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
+	5,   // 75: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
+	5,   // 76: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
+	4,   // 77: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
+	5,   // 78: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
+	1,   // 79: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
+	4,   // 80: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
+	4,   // 81: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
+	7,   // 82: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
+	36,  // 83: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
+	37,  // 84: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
+	39,  // 85: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
+	26,  // 86: hoard.v1.FileServer.SetVolume:input_type -> hoard.v1.SetVolumeRequest
+	27,  // 87: hoard.v1.FileServer.RemoveVolume:input_type -> hoard.v1.RemoveVolumeRequest
+	31,  // 88: hoard.v1.FileServer.DumpVolume:input_type -> hoard.v1.DumpVolumeRequest
+	32,  // 89: hoard.v1.FileServer.RestoreVolume:input_type -> hoard.v1.DumpPiece
+	34,  // 90: hoard.v1.FileServer.MoveVolume:input_type -> hoard.v1.MoveVolumeRequest
+	20,  // 91: hoard.v1.FileServer.Locate:input_type -> hoard.v1.LocateRequest
+	21,  // 92: hoard.v1.FileServer.ListLocations:input_type -> hoard.v1.ListLocationsRequest
+	24,  // 93: hoard.v1.FileServer.ListServers:input_type -> hoard.v1.ListServersRequest
+	40,  // 94: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
+	42,  // 95: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
+	45,  // 96: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
+	48,  // 97: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
+	50,  // 98: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
+	52,  // 99: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
+	54,  // 100: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
+	56,  // 101: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
+	58,  // 102: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
+	60,  // 103: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
+	62,  // 104: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
+	83,  // 105: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
+	85,  // 106: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
+	87,  // 107: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
+	88,  // 108: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
+	77,  // 109: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
+	81,  // 110: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
+	64,  // 111: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
+	67,  // 112: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
+	68,  // 113: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
+	70,  // 114: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
+	72,  // 115: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
+	75,  // 116: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
+	91,  // 117: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
+	10,  // 118: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
+	17,  // 119: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
+	38,  // 120: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
+	17,  // 121: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
+	17,  // 122: hoard.v1.FileServer.SetVolume:output_type -> hoard.v1.Volume
+	28,  // 123: hoard.v1.FileServer.RemoveVolume:output_type -> hoard.v1.RemoveVolumeReply
+	32,  // 124: hoard.v1.FileServer.DumpVolume:output_type -> hoard.v1.DumpPiece
+	33,  // 125: hoard.v1.FileServer.RestoreVolume:output_type -> hoard.v1.RestoreVolumeReply
+	35,  // 126: hoard.v1.FileServer.MoveVolume:output_type -> hoard.v1.MoveVolumeReply
+	19,  // 127: hoard.v1.FileServer.Locate:output_type -> hoard.v1.Location
+	22,  // 128: hoard.v1.FileServer.ListLocations:output_type -> hoard.v1.ListLocationsReply
+	25,  // 129: hoard.v1.FileServer.ListServers:output_type -> hoard.v1.ListServersReply
+	41,  // 130: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
+	44,  // 131: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
+	47,  // 132: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
+	49,  // 133: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
+	51,  // 134: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
+	53,  // 135: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
+	55,  // 136: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
+	57,  // 137: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
+	59,  // 138: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
+	61,  // 139: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
+	63,  // 140: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
+	84,  // 141: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
+	86,  // 142: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
+	90,  // 143: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
+	89,  // 144: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
+	78,  // 145: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
+	82,  // 146: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
+	65,  // 147: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
+	69,  // 148: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
+	69,  // 149: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
+	71,  // 150: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
+	74,  // 151: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
+	76,  // 152: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
+	92,  // 153: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
+	118, // [118:154] is the sub-list for method output_type
+	82,  // [82:118] is the sub-list for method input_type
+	82,  // [82:82] is the sub-list for extension type_name
+	82,  // [82:82] is the sub-list for extension extendee
+	0,   // [0:82] is the sub-list for field type_name
 }
 
 func init() { file_hoard_proto_init() }
@@ -6126,8 +6732,8 @@ func file_hoard_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoard_proto_rawDesc), len(file_hoard_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   82,
+			NumEnums:      4,
+			NumMessages:   89,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

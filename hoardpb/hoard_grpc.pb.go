@@ -38,6 +38,9 @@ const (
 	FileServer_CreateVolume_FullMethodName   = "/hoard.v1.FileServer/CreateVolume"
 	FileServer_SetVolume_FullMethodName      = "/hoard.v1.FileServer/SetVolume"
 	FileServer_RemoveVolume_FullMethodName   = "/hoard.v1.FileServer/RemoveVolume"
+	FileServer_DumpVolume_FullMethodName     = "/hoard.v1.FileServer/DumpVolume"
+	FileServer_RestoreVolume_FullMethodName  = "/hoard.v1.FileServer/RestoreVolume"
+	FileServer_MoveVolume_FullMethodName     = "/hoard.v1.FileServer/MoveVolume"
 	FileServer_Locate_FullMethodName         = "/hoard.v1.FileServer/Locate"
 	FileServer_ListLocations_FullMethodName  = "/hoard.v1.FileServer/ListLocations"
 	FileServer_ListServers_FullMethodName    = "/hoard.v1.FileServer/ListServers"
@@ -76,6 +79,12 @@ type FileServerClient interface {
 	CreateVolume(ctx context.Context, in *CreateVolumeRequest, opts ...grpc.CallOption) (*Volume, error)
 	SetVolume(ctx context.Context, in *SetVolumeRequest, opts ...grpc.CallOption) (*Volume, error)
 	RemoveVolume(ctx context.Context, in *RemoveVolumeRequest, opts ...grpc.CallOption) (*RemoveVolumeReply, error)
+	// Moves (admins and the cell's servers): the mover pipes DumpVolume of
+	// the source into RestoreVolume of the target, and steps the source
+	// through MoveVolume.
+	DumpVolume(ctx context.Context, in *DumpVolumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DumpPiece], error)
+	RestoreVolume(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[DumpPiece, RestoreVolumeReply], error)
+	MoveVolume(ctx context.Context, in *MoveVolumeRequest, opts ...grpc.CallOption) (*MoveVolumeReply, error)
 	// The cell: any server answers from its copy of the location database.
 	Locate(ctx context.Context, in *LocateRequest, opts ...grpc.CallOption) (*Location, error)
 	ListLocations(ctx context.Context, in *ListLocationsRequest, opts ...grpc.CallOption) (*ListLocationsReply, error)
@@ -186,6 +195,48 @@ func (c *fileServerClient) RemoveVolume(ctx context.Context, in *RemoveVolumeReq
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RemoveVolumeReply)
 	err := c.cc.Invoke(ctx, FileServer_RemoveVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fileServerClient) DumpVolume(ctx context.Context, in *DumpVolumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DumpPiece], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &FileServer_ServiceDesc.Streams[1], FileServer_DumpVolume_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DumpVolumeRequest, DumpPiece]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FileServer_DumpVolumeClient = grpc.ServerStreamingClient[DumpPiece]
+
+func (c *fileServerClient) RestoreVolume(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[DumpPiece, RestoreVolumeReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &FileServer_ServiceDesc.Streams[2], FileServer_RestoreVolume_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DumpPiece, RestoreVolumeReply]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FileServer_RestoreVolumeClient = grpc.ClientStreamingClient[DumpPiece, RestoreVolumeReply]
+
+func (c *fileServerClient) MoveVolume(ctx context.Context, in *MoveVolumeRequest, opts ...grpc.CallOption) (*MoveVolumeReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveVolumeReply)
+	err := c.cc.Invoke(ctx, FileServer_MoveVolume_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -314,7 +365,7 @@ func (c *fileServerClient) StatFS(ctx context.Context, in *StatFSRequest, opts .
 
 func (c *fileServerClient) Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &FileServer_ServiceDesc.Streams[1], FileServer_Fetch_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &FileServer_ServiceDesc.Streams[3], FileServer_Fetch_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -333,7 +384,7 @@ type FileServer_FetchClient = grpc.ServerStreamingClient[FetchReply]
 
 func (c *fileServerClient) Store(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[StoreRequest, StoreReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &FileServer_ServiceDesc.Streams[2], FileServer_Store_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &FileServer_ServiceDesc.Streams[4], FileServer_Store_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -474,6 +525,12 @@ type FileServerServer interface {
 	CreateVolume(context.Context, *CreateVolumeRequest) (*Volume, error)
 	SetVolume(context.Context, *SetVolumeRequest) (*Volume, error)
 	RemoveVolume(context.Context, *RemoveVolumeRequest) (*RemoveVolumeReply, error)
+	// Moves (admins and the cell's servers): the mover pipes DumpVolume of
+	// the source into RestoreVolume of the target, and steps the source
+	// through MoveVolume.
+	DumpVolume(*DumpVolumeRequest, grpc.ServerStreamingServer[DumpPiece]) error
+	RestoreVolume(grpc.ClientStreamingServer[DumpPiece, RestoreVolumeReply]) error
+	MoveVolume(context.Context, *MoveVolumeRequest) (*MoveVolumeReply, error)
 	// The cell: any server answers from its copy of the location database.
 	Locate(context.Context, *LocateRequest) (*Location, error)
 	ListLocations(context.Context, *ListLocationsRequest) (*ListLocationsReply, error)
@@ -544,6 +601,15 @@ func (UnimplementedFileServerServer) SetVolume(context.Context, *SetVolumeReques
 }
 func (UnimplementedFileServerServer) RemoveVolume(context.Context, *RemoveVolumeRequest) (*RemoveVolumeReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method RemoveVolume not implemented")
+}
+func (UnimplementedFileServerServer) DumpVolume(*DumpVolumeRequest, grpc.ServerStreamingServer[DumpPiece]) error {
+	return status.Error(codes.Unimplemented, "method DumpVolume not implemented")
+}
+func (UnimplementedFileServerServer) RestoreVolume(grpc.ClientStreamingServer[DumpPiece, RestoreVolumeReply]) error {
+	return status.Error(codes.Unimplemented, "method RestoreVolume not implemented")
+}
+func (UnimplementedFileServerServer) MoveVolume(context.Context, *MoveVolumeRequest) (*MoveVolumeReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method MoveVolume not implemented")
 }
 func (UnimplementedFileServerServer) Locate(context.Context, *LocateRequest) (*Location, error) {
 	return nil, status.Error(codes.Unimplemented, "method Locate not implemented")
@@ -737,6 +803,42 @@ func _FileServer_RemoveVolume_Handler(srv interface{}, ctx context.Context, dec 
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(FileServerServer).RemoveVolume(ctx, req.(*RemoveVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FileServer_DumpVolume_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(DumpVolumeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(FileServerServer).DumpVolume(m, &grpc.GenericServerStream[DumpVolumeRequest, DumpPiece]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FileServer_DumpVolumeServer = grpc.ServerStreamingServer[DumpPiece]
+
+func _FileServer_RestoreVolume_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(FileServerServer).RestoreVolume(&grpc.GenericServerStream[DumpPiece, RestoreVolumeReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FileServer_RestoreVolumeServer = grpc.ClientStreamingServer[DumpPiece, RestoreVolumeReply]
+
+func _FileServer_MoveVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).MoveVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_MoveVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).MoveVolume(ctx, req.(*MoveVolumeRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1219,6 +1321,10 @@ var FileServer_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _FileServer_RemoveVolume_Handler,
 		},
 		{
+			MethodName: "MoveVolume",
+			Handler:    _FileServer_MoveVolume_Handler,
+		},
+		{
 			MethodName: "Locate",
 			Handler:    _FileServer_Locate_Handler,
 		},
@@ -1320,6 +1426,16 @@ var FileServer_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Connect",
 			Handler:       _FileServer_Connect_Handler,
 			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "DumpVolume",
+			Handler:       _FileServer_DumpVolume_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "RestoreVolume",
+			Handler:       _FileServer_RestoreVolume_Handler,
 			ClientStreams: true,
 		},
 		{

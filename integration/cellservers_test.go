@@ -2,8 +2,10 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -82,7 +84,7 @@ func (m *etcdProc) kill9() {
 
 // cellOf3 starts three file servers, s1 to s3, on a three-member etcd
 // cluster; s1 first, so that it holds the root volume.
-func cellOf3(t *testing.T) ([]*etcdProc, []*serverProc) {
+func cellOf3(t *testing.T, extra ...string) ([]*etcdProc, []*serverProc) {
 	t.Helper()
 	members := startEtcd(t, 3)
 	urls := make([]string, len(members))
@@ -91,7 +93,7 @@ func cellOf3(t *testing.T) ([]*etcdProc, []*serverProc) {
 	}
 	var srvs []*serverProc
 	for i := range 3 {
-		srvs = append(srvs, startServer(t, t.TempDir(), "--etcd", strings.Join(urls, ","), "--name", fmt.Sprintf("s%d", i+1)))
+		srvs = append(srvs, startServer(t, t.TempDir(), append([]string{"--etcd", strings.Join(urls, ","), "--name", fmt.Sprintf("s%d", i+1)}, extra...)...))
 	}
 	return members, srvs
 }
@@ -277,4 +279,228 @@ func TestCellProxy(t *testing.T) {
 	if err := a.Rename("/v1/g", "/v2/g"); !errors.Is(err, syscall.EXDEV) {
 		t.Fatalf("rename across volumes through the proxy: %v, want EXDEV", err)
 	}
+}
+
+// A volume moved while three clients (two library clients dialled to
+// other servers, one FUSE mount) open, read, write, truncate and rename
+// its files: the history across the move is close-to-open consistent, no
+// acknowledged change is lost, and afterwards the volume is at its new
+// server only.
+func TestCellMoveConsistency(t *testing.T) {
+	needFuse(t)
+	_, srvs := cellOf3(t)
+	admin := dial(t, srvs[0].addr, "mem", 16<<20)
+	waitAlive(t, admin, 3)
+	if _, err := admin.CreateVolumeOn("mv", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.MountVolume("/mv", "mv"); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Mkdir("/mv/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m := startMount(t, srvs[2], t.TempDir())
+	clients := []consFS{
+		libFS{dialConsWith(t, srvs[1], t.Name()+"-c0", client.Options{DirBackoff: time.Millisecond}), "/mv/d", srvs[1]},
+		libFS{dialConsWith(t, srvs[2], t.Name()+"-c1", client.Options{DirBackoff: time.Millisecond}), "/mv/d", srvs[2]},
+		osFS{m.path("mv/d")},
+	}
+	var rep client.MoveReport
+	consRun(t, srvs[0], clients, 6*time.Second, false, func() {
+		var err error
+		if rep, err = admin.MoveVolume("mv", "s2"); err != nil {
+			t.Errorf("move under load: %v", err)
+		}
+	})
+	t.Logf("moved in %d passes, %d bytes, changes held back %v, %v in all", rep.Passes, rep.Bytes, rep.Freeze, rep.Took)
+	// Every client goes on at the new server: what one writes, the next
+	// reads.
+	for i, fs := range clients {
+		name := fmt.Sprintf("after-%d", i)
+		f, _, err := fs.open(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC)
+		if err == nil {
+			_, err = f.WriteAt([]byte(name), 0)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			t.Fatalf("client %d after the move: %v", i, err)
+		}
+		r, _, err := clients[(i+1)%len(clients)].open(name, os.O_RDONLY)
+		if err != nil {
+			t.Fatalf("client %d after the move: %v", (i+1)%len(clients), err)
+		}
+		b, err := io.ReadAll(r)
+		r.Close()
+		if err != nil || string(b) != name {
+			t.Fatalf("client %d read %q (%v) after client %d wrote %q", (i+1)%len(clients), b, err, i, name)
+		}
+	}
+	info, err := admin.Examine("mv")
+	if err != nil || info.RW.Name != "s2" || info.Moving != "" {
+		t.Fatalf("after the move: %+v %v", info, err)
+	}
+	if _, err := os.Stat(filepath.Join(srvs[0].data, "data", fmt.Sprint(info.Volume.ID))); err == nil {
+		t.Fatal("the source kept the moved volume's data")
+	}
+}
+
+// A mover killed mid-move leaves the volume readable and writable at its
+// source once the source stops waiting for it (--move-hold); run again,
+// the move finishes; a move killed on its way elsewhere is undone by
+// moving the volume to where it is.
+func TestCellMoveInterrupted(t *testing.T) {
+	_, srvs := cellOf3(t, "--move-hold", "2s")
+	admin := dial(t, srvs[0].addr, "mem", 16<<20)
+	waitAlive(t, admin, 3)
+	if _, err := admin.CreateVolumeOn("big", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.MountVolume("/big", "big"); err != nil {
+		t.Fatal(err)
+	}
+	data := testkit.Pattern(192<<20, 7)
+	testkit.WriteFile(t, dial(t, srvs[0].addr, "mem", 256<<20), "/big/f", data)
+	hoard := func(args ...string) *exec.Cmd {
+		return exec.Command(hoardBin, append(args, "--server", srvs[0].addr, "--cache", "")...)
+	}
+	// killMover starts a move to to and kills it once the move is recorded.
+	killMover := func(to string) {
+		t.Helper()
+		moveAndKill(t, admin, srvs[0].addr, to, func(mover *exec.Cmd) { mover.Process.Signal(syscall.SIGKILL) })
+	}
+	writable := func(what string) {
+		t.Helper()
+		c := dial(t, srvs[1].addr, "mem", 16<<20)
+		start := time.Now()
+		testkit.WriteFile(t, c, "/big/w", []byte(what))
+		if got := string(testkit.ReadFile(t, admin, "/big/w")); got != what {
+			t.Fatalf("read %q after writing %q", got, what)
+		}
+		t.Logf("%s: written after %v", what, time.Since(start))
+	}
+	killMover("s2")
+	writable("after the mover died")
+	if info, err := admin.Examine("big"); err != nil || info.RW.Name != "s1" {
+		t.Fatalf("after the mover died: %+v %v", info, err)
+	}
+	// Run again: it finishes.
+	if out, err := hoard("vol", "move", "big", "--to", "s2").CombinedOutput(); err != nil {
+		t.Fatalf("move run again: %v: %s", err, out)
+	}
+	if info, err := admin.Examine("big"); err != nil || info.RW.Name != "s2" || info.Moving != "" {
+		t.Fatalf("after the move ran again: %+v %v", info, err)
+	}
+	if got := testkit.ReadFile(t, dial(t, srvs[2].addr, "mem", 256<<20), "/big/f"); !bytes.Equal(got, data) {
+		t.Fatal("the moved file's bytes differ")
+	}
+	writable("at s2")
+	// Killed on its way to s3, undone by a move to where it is.
+	killMover("s3")
+	out, err := hoard("vol", "move", "big", "--to", "s2").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "undone") {
+		t.Fatalf("undo: %v: %s", err, out)
+	}
+	if info, err := admin.Examine("big"); err != nil || info.RW.Name != "s2" || info.Moving != "" {
+		t.Fatalf("after the undo: %+v %v", info, err)
+	}
+	if _, err := os.Stat(filepath.Join(srvs[2].data, "data", "2")); err == nil {
+		t.Fatal("s3 kept the copy of an undone move")
+	}
+	writable("after the undo")
+}
+
+// A move whose target or source is killed fails, and leaves the volume
+// readable and writable at exactly one server: killed target, the source
+// goes on and the target drops its partial copy when it starts again;
+// killed source, it serves the volume again when it starts, and the move
+// is undone by moving the volume to where it is.
+func TestCellMoveServerDies(t *testing.T) {
+	_, srvs := cellOf3(t)
+	admin := dial(t, srvs[2].addr, "mem", 16<<20) // s3 stays up
+	waitAlive(t, admin, 3)
+	if _, err := admin.CreateVolumeOn("big", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.MountVolume("/big", "big"); err != nil {
+		t.Fatal(err)
+	}
+	data := testkit.Pattern(192<<20, 9)
+	testkit.WriteFile(t, dial(t, srvs[2].addr, "mem", 256<<20), "/big/f", data)
+	// killDuring starts a move to to, kills victim once it is recorded,
+	// and returns the mover's outcome.
+	killDuring := func(to string, victim *serverProc) error {
+		t.Helper()
+		return moveAndKill(t, admin, srvs[2].addr, to, func(*exec.Cmd) { victim.kill9() })
+	}
+	at := func(want string) {
+		t.Helper()
+		info, err := admin.Examine("big")
+		if err != nil || info.RW.Name != want {
+			t.Fatalf("volume at %+v (%v), want %s", info.Location, err, want)
+		}
+		c := dial(t, srvs[2].addr, "mem", 16<<20)
+		testkit.WriteFile(t, c, "/big/w", []byte("at "+want))
+		if got := string(testkit.ReadFile(t, admin, "/big/w")); got != "at "+want {
+			t.Fatalf("read %q", got)
+		}
+	}
+	if err := killDuring("s2", srvs[1]); err == nil {
+		t.Fatal("a move whose target died succeeded")
+	}
+	at("s1")
+	srvs[1].restart()
+	if _, err := os.Stat(filepath.Join(srvs[1].data, "data", "2")); err == nil {
+		t.Fatal("the restarted target kept a partial copy")
+	}
+	if _, err := admin.MoveVolume("big", "s2"); err != nil {
+		t.Fatalf("the move again: %v", err)
+	}
+	at("s2")
+	if err := killDuring("s1", srvs[1]); err == nil {
+		t.Fatal("a move whose source died succeeded")
+	}
+	srvs[1].restart()
+	at("s2")
+	if rep, err := admin.MoveVolume("big", "s2"); err != nil || !rep.Undone {
+		t.Fatalf("undo: %+v %v", rep, err)
+	}
+	if info, err := admin.Examine("big"); err != nil || info.Moving != "" {
+		t.Fatalf("after the undo: %+v %v", info, err)
+	}
+	if _, err := os.Stat(filepath.Join(srvs[0].data, "data", "2")); err == nil {
+		t.Fatal("s1 kept the copy of an undone move")
+	}
+	if got := testkit.ReadFile(t, dial(t, srvs[0].addr, "mem", 256<<20), "/big/f"); !bytes.Equal(got, data) {
+		t.Fatal("the file's bytes differ after two failed moves")
+	}
+}
+
+// moveAndKill runs hoard vol move of volume big to to (dialled to addr),
+// calls kill once admin sees the move recorded, and returns the mover's
+// outcome.
+func moveAndKill(t *testing.T, admin *client.Client, addr, to string, kill func(mover *exec.Cmd)) error {
+	t.Helper()
+	mover := exec.Command(hoardBin, "vol", "move", "big", "--to", to, "--server", addr, "--cache", "")
+	var out bytes.Buffer
+	mover.Stdout, mover.Stderr = &out, &out
+	if err := mover.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if info, err := admin.Examine("big"); err == nil && info.Moving == to {
+			break
+		}
+		if time.Now().After(deadline) {
+			mover.Process.Kill()
+			mover.Wait()
+			t.Fatalf("the move to %s was never recorded: %s", to, out.String())
+		}
+	}
+	kill(mover)
+	err := mover.Wait()
+	t.Logf("mover: %v: %s", err, out.String())
+	return err
 }

@@ -772,7 +772,9 @@ func (w *consWorker) unknown(err error) consOut {
 // restart of the server halfway), then has each client read every name
 // once more, alone, and checks the history. It returns how many files the
 // library clients made under directory delegations.
-func consRun(t *testing.T, srv *serverProc, clients []consFS, d time.Duration, restart bool) int64 {
+// consRun runs the clients' sessions for d, killing and restarting srv
+// halfway if restart, and calling each of midway halfway too.
+func consRun(t *testing.T, srv *serverProc, clients []consFS, d time.Duration, restart bool, midway ...func()) int64 {
 	if restart {
 		srv.prepare() // before the workers open files on FUSE mounts
 	}
@@ -791,6 +793,9 @@ func consRun(t *testing.T, srv *serverProc, clients []consFS, d time.Duration, r
 		srv.restart()
 		t.Logf("server killed at %v and back after %v", time.Duration(killed), time.Duration(h.now()-killed))
 		time.Sleep(consGrace) // nothing changes before it ends
+	}
+	for _, m := range midway {
+		m()
 	}
 	time.Sleep(d / 2)
 	close(stop)

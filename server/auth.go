@@ -243,7 +243,7 @@ func (o *op) may(f node.FID, need access.Rights, what string) error {
 	}
 	st, err := o.s.store.GetStatus(f)
 	if err != nil {
-		return pb.Err(err)
+		return o.s.wire(err)
 	}
 	return o.mayStatus(st, need, what)
 }
@@ -252,7 +252,7 @@ func (o *op) may(f node.FID, need access.Rights, what string) error {
 func (o *op) mayStatus(st node.Status, need access.Rights, what string) error {
 	r, err := o.rightsOf(st)
 	if err != nil {
-		return pb.Err(err)
+		return o.s.wire(err)
 	}
 	if r&need != need {
 		return refuse(o.who, fmt.Sprintf("%s (needs %s, has %s)", what, need, r), syscall.EACCES)
@@ -287,7 +287,7 @@ func (o *op) sameDir(f, dir node.FID) error {
 	}
 	gov, _, err := o.s.store.GoverningACL(f)
 	if err != nil {
-		return pb.Err(err)
+		return o.s.wire(err)
 	}
 	if gov != dir {
 		return pb.Err(fmt.Errorf("link: a file's links stay in its own directory, whose ACL governs it: %w", syscall.EXDEV))
@@ -338,11 +338,11 @@ func (o *op) maySetAttr(f node.FID, req *pb.SetAttrRequest) error {
 	}
 	st, err := o.s.store.GetStatus(f)
 	if err != nil {
-		return pb.Err(err)
+		return o.s.wire(err)
 	}
 	r, err := o.rightsOf(st)
 	if err != nil {
-		return pb.Err(err)
+		return o.s.wire(err)
 	}
 	owner := !o.who.Anonymous() && o.who.UID == st.UID
 	const (
@@ -375,7 +375,7 @@ func (o *op) mayStore(f node.FID) error {
 	}
 	st, err := o.s.store.GetStatus(f)
 	if err != nil {
-		return pb.Err(err)
+		return o.s.wire(err)
 	}
 	return o.mayStatus(o.ownersMode(st), access.Write, "write")
 }

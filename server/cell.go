@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"syscall"
 	"time"
 
@@ -93,7 +94,7 @@ func (s *Server) location(v vldb.Volume) *pb.Location {
 		return &pb.Site{Name: name, Addr: srv.Addr}
 	}
 	l := &pb.Location{Id: v.ID, Name: v.Name, Rw: site(v.RW), Released: v.Released,
-		CreatedNs: v.Created.UnixNano(), Here: v.RW == c.Name}
+		CreatedNs: v.Created.UnixNano(), Here: v.RW == c.Name, Moving: v.Moving}
 	for _, ro := range v.RO {
 		l.Ro = append(l.Ro, site(ro))
 	}
@@ -193,7 +194,7 @@ func (s *Server) createInCell(ctx context.Context, req *pb.CreateVolumeRequest) 
 	case on != c.Name:
 		return node.Volume{}, notHere(&pb.Location{Name: req.Name, Rw: &pb.Site{Name: on, Addr: target.Addr}})
 	}
-	vs, ok := s.store.(volumeStore)
+	vs, ok := s.local.(volumeStore)
 	if !ok {
 		return node.Volume{}, status.Error(codes.FailedPrecondition, "volumes are made at file servers")
 	}
@@ -239,7 +240,7 @@ func (s *Server) RemoveVolume(ctx context.Context, req *pb.RemoveVolumeRequest) 
 	if req.Name == node.RootVolume {
 		return nil, s.fail("RemoveVolume", fmt.Errorf("volume %s holds the cell's tree and is not removed: %w", req.Name, syscall.EPERM))
 	}
-	vs, ok := s.store.(volumeStore)
+	vs, ok := s.local.(volumeStore)
 	if !ok {
 		return nil, status.Error(codes.FailedPrecondition, "volumes are removed at file servers")
 	}
@@ -279,6 +280,8 @@ func (s *Server) RemoveVolume(ctx context.Context, req *pb.RemoveVolumeRequest) 
 //     crash interrupted) is made, empty: nothing was acknowledged in it;
 //   - the empty root volume a new store makes is dropped when the cell's
 //     root is elsewhere (a server joining a cell);
+//   - a copy of a volume the cell holds elsewhere (left by a move) is
+//     dropped;
 //   - any other disagreement (a name or id the cell gives another server)
 //     stops the start: serving it would give clients two versions.
 func JoinCell(store *vnode.Store, db *vldb.DB, self string) error {
@@ -304,6 +307,13 @@ func JoinCell(store *vnode.Store, db *vldb.DB, self string) error {
 				return fmt.Errorf("registering volume %s (id %d): %w", v.Name, v.ID, err)
 			}
 			here[v.ID] = true
+		case known && cv.Name == v.Name:
+			// Moved away (the copy outlived the move's end), or received by
+			// a move that did not finish: the cell's copy is elsewhere.
+			slog.Warn("dropping a copy of a volume the cell holds at another server (a move's)", "volume", v.Name, "id", v.ID, "at", cv.RW)
+			if err := store.RemoveVolume(v.ID); err != nil {
+				return err
+			}
 		case known:
 			return fmt.Errorf("volume %s (id %d) here, but the cell's volume %d is %s at server %s: this data directory is not of this cell", v.Name, v.ID, v.ID, cv.Name, cv.RW)
 		default:

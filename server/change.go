@@ -42,6 +42,11 @@ func (s *Server) change(ctx context.Context, c change) (*op, error) {
 // before make returns, so before the reply.
 func (o *op) make(ctx context.Context, c change) error {
 	defer o.release()
+	leave, err := o.s.enter(volumesOf(append(c.hold[:len(c.hold):len(c.hold)], c.recall...)...)...)
+	if err != nil {
+		return err
+	}
+	defer leave()
 	if err := o.hold(ctx, c.hold, c.recall...); err != nil {
 		return err
 	}

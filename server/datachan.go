@@ -108,9 +108,15 @@ func (s *Server) dataConn(conn net.Conn) {
 }
 
 // replyError answers a request with err's errno (EIO if it has none),
-// also one a proxy's origin answered with.
-func replyError(conn net.Conn, err error) error {
-	_, werr := conn.Write(datapath.AppendError(nil, uint32(pb.Errno(err)), err.Error()))
+// also one a proxy's origin answered with. A volume held elsewhere now,
+// or being handed over, is ErrElsewhere: the client asks over gRPC, whose
+// answer says where, or to send again.
+func (s *Server) replyError(conn net.Conn, err error) error {
+	errno := uint32(pb.Errno(err))
+	if elsewhere(s.wire(err)) {
+		errno = datapath.ErrElsewhere
+	}
+	_, werr := conn.Write(datapath.AppendError(nil, errno, err.Error()))
 	return werr
 }
 
@@ -122,17 +128,17 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 		return werr
 	}
 	if req.FID.Volume == 0 || req.FID.Vnode == 0 {
-		return replyError(conn, fmt.Errorf("fetch: zero fid: %w", syscall.EINVAL))
+		return s.replyError(conn, fmt.Errorf("fetch: zero fid: %w", syscall.EINVAL))
 	}
 	o := s.opFor(id)
 	if o.who, err = s.connWho(req.User, conn); err == nil {
 		err = o.may(req.FID, access.Read, "read")
 	}
 	if err != nil {
-		return replyError(conn, err)
+		return s.replyError(conn, err)
 	}
 	if _, err := s.recallFor(context.Background(), o, false, req.FID); err != nil {
-		return replyError(conn, err)
+		return s.replyError(conn, err)
 	}
 	// The file's lock is not held while the reply goes out (sendPinned),
 	// but a client that stops reading must not hold the connection and
@@ -146,7 +152,7 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 			s.log.Debug("data fetch", "client", id, "fid", req.FID, "off", req.Offset, "len", req.Length, "version", dv, "err", err)
 		}()
 	}
-	if files, ok := s.store.(pinFiles); ok {
+	if files, ok := s.local.(pinFiles); ok {
 		dv, werr, err = s.sendPinned(conn, o, files, req)
 	} else {
 		dv, werr, err = s.sendRead(conn, o, req)
@@ -155,7 +161,7 @@ func (s *Server) serveFetch(conn net.Conn, req datapath.Request) error {
 		return werr
 	}
 	if err != nil {
-		return replyError(conn, err)
+		return s.replyError(conn, err)
 	}
 	return nil
 }
@@ -279,7 +285,7 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 	case badCRC:
 		_, err = conn.Write(datapath.AppendError(nil, datapath.ErrChecksum, fmt.Sprintf("store %v: checksum mismatch", f)))
 	case failed != nil:
-		err = replyError(conn, failed)
+		err = s.replyError(conn, failed)
 	default:
 		// No deadline of our own: the change is acknowledged only after
 		// the breaks, which the break timeout bounds.
@@ -287,11 +293,11 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 		st, failed = x.finish(context.Background(), o, &hdr)
 		s.log.Debug("data store", "client", id, "fid", f, "base", hdr.BaseVersion, "deleg", hdr.DelegState, "stage", hdr.Stage, "publish", hdr.Publish, "version", st.DataVersion, "err", failed)
 		if failed != nil {
-			return replyError(conn, failed)
+			return s.replyError(conn, failed)
 		}
 		status, merr := proto.Marshal(o.status(st))
 		if merr != nil {
-			return replyError(conn, merr)
+			return s.replyError(conn, merr)
 		}
 		_, err = conn.Write(datapath.AppendCRC(datapath.AppendOK(nil, status, 0), 0))
 	}

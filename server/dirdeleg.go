@@ -134,6 +134,11 @@ func (s *Server) CreateReserved(ctx context.Context, req *pb.CreateReservedReque
 	if err != nil {
 		return nil, err
 	}
+	leave, err := s.enter(dir.Volume)
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	if len(rm) > 0 {
 		if err := o.may(dir, access.Delete, "remove files"); err != nil {
 			return nil, err

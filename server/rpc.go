@@ -140,6 +140,11 @@ func (s *Server) GetStatus(ctx context.Context, req *pb.GetStatusRequest) (*pb.G
 			err = o.mayStatus(st, access.Lookup, "stat")
 		}
 		if err != nil {
+			// A volume moved away (or moving) fails the request: the
+			// client follows it and asks there.
+			if w := s.wire(err); elsewhere(w) {
+				return nil, w
+			}
 			out.Results[i] = &pb.StatusResult{Errno: int32(pb.Errno(err))}
 			continue
 		}
@@ -491,10 +496,12 @@ func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 // storing is one store request's way into the update it stages: its own,
 // or its stage's, which outlives the request.
 type storing struct {
-	s  *Server
-	f  node.FID
-	u  Update // the request's own; nil for a stage's
-	st *stage
+	s *Server
+	f node.FID
+	u Update // the request's own; nil for a stage's
+	// leave ends the store's count as a change of its volume (enter).
+	leave func()
+	st    *stage
 	// replay: a publication sent again whose stage is gone because it was
 	// made (its reply lost): answered with made, nothing staged.
 	replay bool
@@ -517,6 +524,22 @@ func (s *Server) beginStore(o *op, hdr *pb.StoreRequest) (*storing, error) {
 	if err := o.mayStore(f); err != nil {
 		return nil, err
 	}
+	leave, err := s.enter(f.Volume)
+	if err != nil {
+		return nil, err
+	}
+	x, err := s.stageOrUpdate(o, f, hdr)
+	if err != nil {
+		leave()
+		return nil, err
+	}
+	x.leave = leave
+	return x, nil
+}
+
+// stageOrUpdate starts staging a store: in its stage, or in an update of
+// its own.
+func (s *Server) stageOrUpdate(o *op, f node.FID, hdr *pb.StoreRequest) (*storing, error) {
 	if hdr.Stage != "" {
 		st, err := s.stageFor(o, f, hdr)
 		if err == nil {
@@ -583,11 +606,13 @@ func (x *storing) fail(err error) {
 	}
 }
 
-// release ends the request's own update (a no-op once committed).
+// release ends the request's own update (a no-op once committed), and
+// its count as a change of the volume.
 func (x *storing) release() {
 	if x.u != nil {
 		x.u.Abort()
 	}
+	x.leave()
 }
 
 // finish commits the store, publishes its stage, or (a store of a stage

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -90,8 +91,11 @@ type Config struct {
 	TLS *tls.Config
 	// Cell, if set, is the cell this file server is one of: where its
 	// volumes are placed, and who answers location lookups.
-	Cell   *Cell
-	Logger *slog.Logger
+	Cell *Cell
+	// MoveHold bounds how long a volume moving away stays frozen and
+	// quiet for a mover that went silent (move.go).
+	MoveHold time.Duration
+	Logger   *slog.Logger
 }
 
 // Directory delegation policies (callback.DirPolicy).
@@ -103,7 +107,7 @@ const (
 
 // DefaultConfig is what `hoard server` uses unless told otherwise.
 func DefaultConfig() Config {
-	return Config{PromiseTTL: 10 * time.Minute, BreakTimeout: 2 * time.Second, Ping: 5 * time.Second, MaxPromises: 1 << 20, Grace: 3 * time.Second, Lease: 30 * time.Second, DirDelegations: DirPrivate,
+	return Config{PromiseTTL: 10 * time.Minute, BreakTimeout: 2 * time.Second, Ping: 5 * time.Second, MaxPromises: 1 << 20, Grace: 3 * time.Second, MoveHold: 30 * time.Second, Lease: 30 * time.Second, DirDelegations: DirPrivate,
 		MaxSessions: 16384, MaxSessionsPerPeer: 1024,
 		MaxDataConns: 4096, MaxDataConnsPerPeer: 256, MaxReserved: 1 << 22, DataRequestTimeout: 10 * time.Second, DataIdleTimeout: 5 * time.Minute}
 }
@@ -111,7 +115,10 @@ func DefaultConfig() Config {
 // Server implements hoardpb.FileServerServer.
 type Server struct {
 	pb.UnimplementedFileServerServer
+	// store is what requests are served from: local, guarded in a cell
+	// (move.go). local is the Backend as New was given it.
 	store Backend
+	local Backend
 	cfg   Config
 	log   *slog.Logger
 	key   []byte
@@ -137,6 +144,8 @@ type Server struct {
 	dataAddr  atomic.Pointer[string] // the bulk-data channel, once it listens
 	// users remembers verified tokens; nil on an insecure server.
 	users *users
+	// moves are the moves of this server's volumes under way (move.go).
+	moves moves
 }
 
 type conn struct {
@@ -155,8 +164,12 @@ func New(store Backend, cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.MoveHold <= 0 {
+		cfg.MoveHold = DefaultConfig().MoveHold
+	}
 	s := &Server{
 		store:    store,
+		local:    store,
 		cfg:      cfg,
 		log:      cfg.Logger,
 		key:      cfg.Key,
@@ -171,6 +184,10 @@ func New(store Backend, cfg Config) *Server {
 	}
 	if cfg.Users != nil {
 		s.users = newUsers(cfg.Users)
+	}
+	s.moves.init()
+	if cfg.Cell != nil {
+		s.store = guarded{store, s}
 	}
 	if s.key == nil {
 		s.key = make([]byte, keySize)
@@ -627,6 +644,19 @@ func (s *Server) fail(method string, err error) error {
 	// A refusal (the volume is at another server) is no fault.
 	if errno := pb.Errno(err); (errno == syscall.EIO || errno == syscall.ENOSPC) && status.Code(err) != codes.FailedPrecondition {
 		s.log.Warn(method+" failed", "err", err)
+	}
+	return s.wire(err)
+}
+
+// wire is err as a reply carries it. A request about a volume this server
+// does not hold, which the cell places at another (it moved), is answered
+// with where it is (notHere).
+func (s *Server) wire(err error) error {
+	var nv *vnode.NoVolumeError
+	if c := s.cfg.Cell; c != nil && errors.As(err, &nv) {
+		if v, ok := c.DB.Volume(nv.ID); ok && v.RW != c.Name {
+			return notHere(s.location(v))
+		}
 	}
 	return pb.Err(err)
 }

@@ -12,6 +12,7 @@
 package vldb
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -64,6 +65,8 @@ type Volume struct {
 	// Released is the DataVersion of the root at the last release.
 	Released uint64    `json:"released,omitempty"`
 	Created  time.Time `json:"created"`
+	// Moving names the server an unfinished move is taking it to.
+	Moving string `json:"moving,omitempty"`
 }
 
 // Errors a change may meet.
@@ -332,18 +335,8 @@ func (d *DB) Volumes() []Volume {
 	for _, v := range d.vols {
 		out = append(out, v.clone())
 	}
-	slices.SortFunc(out, func(a, b Volume) int { return cmpU64(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b Volume) int { return cmp.Compare(a.ID, b.ID) })
 	return out
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Server is the server named name, from the copy.

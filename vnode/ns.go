@@ -31,7 +31,7 @@ type vtx struct {
 func openVol(tx *bolt.Tx, id uint64) (*vtx, error) {
 	vb := tx.Bucket(bktVolumes).Bucket(u64(id))
 	if vb == nil {
-		return nil, fmt.Errorf("volume %d: %w", id, syscall.ENOENT)
+		return nil, &NoVolumeError{id}
 	}
 	return &vtx{tx: tx, id: id, vnodes: vb.Bucket(bktVnodes), names: vb.Bucket(bktNames),
 		cookies: vb.Bucket(bktCookies), meta: vb.Bucket(bktVolMeta), inline: vb.Bucket(bktInline), acls: vb.Bucket(bktACLs),

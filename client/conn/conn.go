@@ -54,7 +54,11 @@ type Config struct {
 	// Token is the user's token, sent with every request; empty: the
 	// client is anonymous.
 	Token string
-	Log   *slog.Logger
+	// OnRefused, if set, hears every error the server answered a call
+	// with (not those it will send again): a client learns there that a
+	// volume moved.
+	OnRefused func(error)
+	Log       *slog.Logger
 }
 
 // Handler hears what the back channel says. Its methods run on the back
@@ -428,14 +432,21 @@ func (c *Conn) As(token string) Caller { return Caller{c, token} }
 
 // Call runs a control RPC as the Caller's user (see Conn.Call).
 func (a Caller) Call(fn func(ctx context.Context) error) error {
-	return a.c.callTimeout(a.c.cfg.RPCTimeout, a.token, fn)
+	return a.c.callTimeout(a.c.cfg.RPCTimeout, a.c.cfg.RPCTimeout, a.token, fn)
 }
 
 // CallData is Call for bulk transfers, whose time grows with their size;
 // a dead server is still noticed by the connection's keepalive. The data
 // channel takes the user's token from the call's context.
 func (a Caller) CallData(fn func(ctx context.Context) error) error {
-	return a.c.callTimeout(time.Hour, a.token, fn)
+	return a.c.callTimeout(time.Hour, a.c.cfg.RPCTimeout, a.token, fn)
+}
+
+// CallPatient is CallData waiting at most patience for an unreachable
+// server (not the RPC timeout): a step of a larger task that is better
+// failed, and run again, than waited for.
+func (a Caller) CallPatient(patience time.Duration, fn func(ctx context.Context) error) error {
+	return a.c.callTimeout(time.Hour, patience, a.token, fn)
 }
 
 // CallOnce is Call for a request that changes the namespace: every
@@ -451,12 +462,12 @@ func (a Caller) CallOnce(op string, fn func(ctx context.Context) error) error {
 	})
 }
 
-func (c *Conn) callTimeout(timeout time.Duration, token string, fn func(ctx context.Context) error) error {
+func (c *Conn) callTimeout(timeout, patience time.Duration, token string, fn func(ctx context.Context) error) error {
 	// A server that is down for a moment (a restart) is waited for, up to
-	// the RPC timeout, rather than failing the call at once. Unavailable
-	// may come after the request reached the server (the connection broke
+	// patience, rather than failing the call at once. Unavailable may
+	// come after the request reached the server (the connection broke
 	// before the reply): requests that would do harm twice go by callOnce.
-	give := time.Now().Add(c.cfg.RPCTimeout)
+	give := time.Now().Add(patience)
 	if g := c.giveUp.Load(); g != 0 && g < give.UnixNano() {
 		give = time.Unix(0, g)
 	}
@@ -500,6 +511,9 @@ func (c *Conn) callTimeout(timeout time.Duration, token string, fn func(ctx cont
 				continue
 			}
 		}
+		if fromServer && err != nil && c.cfg.OnRefused != nil {
+			c.cfg.OnRefused(err)
+		}
 		return err
 	}
 }
@@ -528,6 +542,7 @@ func (c *Conn) AwaitReady(deadline time.Time) error {
 	}
 	ctx, cancel := context.WithDeadline(c.ctx, deadline)
 	defer cancel()
+	start := time.Now()
 	for {
 		st := c.cc.GetState()
 		switch st {
@@ -537,7 +552,7 @@ func (c *Conn) AwaitReady(deadline time.Time) error {
 			c.cc.Connect()
 		}
 		if !c.cc.WaitForStateChange(ctx, st) {
-			return status.Errorf(codes.Unavailable, "server %s unreachable for %v", c.cfg.Server, c.cfg.RPCTimeout)
+			return status.Errorf(codes.Unavailable, "server %s unreachable for %v", c.cfg.Server, time.Since(start).Round(time.Second))
 		}
 	}
 }

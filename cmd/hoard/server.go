@@ -36,8 +36,8 @@ func serverCmd() *cobra.Command {
 			if data == "" {
 				return usagef("--data DIR is required")
 			}
-			if cfg.PromiseTTL <= 0 || cfg.BreakTimeout <= 0 || cfg.Ping <= 0 || cfg.Grace < 0 || cfg.Lease < 0 {
-				return usagef("--promise-ttl, --break-timeout and --ping must be positive, --grace and --lease not negative")
+			if cfg.PromiseTTL <= 0 || cfg.BreakTimeout <= 0 || cfg.Ping <= 0 || cfg.MoveHold <= 0 || cfg.Grace < 0 || cfg.Lease < 0 {
+				return usagef("--promise-ttl, --break-timeout, --ping and --move-hold must be positive, --grace and --lease not negative")
 			}
 			switch cfg.DirDelegations {
 			case server.DirPrivate, server.DirAny, server.DirNone:
@@ -133,6 +133,7 @@ func serverCmd() *cobra.Command {
 	f.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after a start, how long changes wait for clients of the previous life to reconnect")
 	f.StringVar(&cfg.DirDelegations, "dir-delegations", cfg.DirDelegations, "which directories a client may make files in on its own: private (one no other client has cached), any (breaking others' promises), none")
 	profileFlag(f, &profile)
+	f.DurationVar(&cfg.MoveHold, "move-hold", cfg.MoveHold, "how long a volume moving away waits, frozen, for a mover that went silent before it serves as before")
 	f.IntVar(&cfg.MaxPromises, "max-promises", cfg.MaxPromises, "promises held across all clients before the oldest are broken")
 	boundFlags(f, &cfg)
 	return cmd

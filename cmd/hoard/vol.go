@@ -67,6 +67,7 @@ func volCmd() *cobra.Command {
 			return nil
 		}),
 		volSetCmd(),
+		volMoveCmd(),
 		withClient("mount VOLUME PATH", "attach a volume at PATH (an AFS-style mount point)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
 			return c.MountVolume(args[1], args[0])
 		}),
@@ -272,4 +273,32 @@ func siteNames(ss []client.Site) string {
 		names[i] = s.Name
 	}
 	return orDash(strings.Join(names, ","))
+}
+
+func volMoveCmd() *cobra.Command {
+	var to string
+	cmd := withClient("move NAME --to SERVER", "move a volume to another server while it is in use (admins)", cobra.ExactArgs(1),
+		func(f *pflag.FlagSet) {
+			f.StringVar(&to, "to", "", "the server to move it to (hoard server list names them)")
+		},
+		func(c *client.Client, args []string) error {
+			if to == "" {
+				return usagef("hoard vol move: needs --to SERVER")
+			}
+			r, err := c.MoveVolume(args[0], to)
+			switch {
+			case err != nil:
+				return err
+			case r.Undone:
+				fmt.Printf("volume %s is on %s; the unfinished move of it elsewhere is undone\n", args[0], to)
+			case r.Already:
+				fmt.Printf("volume %s is on %s already\n", args[0], to)
+			default:
+				fmt.Printf("volume %s moved to %s: %s copied in %d passes, changes held back %v, %v in all\n",
+					args[0], to, humanSize(uint64(r.Bytes)), r.Passes, r.Freeze.Round(time.Millisecond), r.Took.Round(time.Millisecond))
+			}
+			return nil
+		})
+	cmd.Example = "  hoard vol move proj --to files2\n  hoard vol move proj --to files1   # back, or undo a move a dead mover left"
+	return cmd
 }
