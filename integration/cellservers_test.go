@@ -191,6 +191,9 @@ func TestCellThreeServers(t *testing.T) {
 	if _, err := c.CreateVolume("after-one"); err != nil {
 		t.Fatalf("a volume made with one etcd member of three dead: %v", err)
 	}
+	if _, err := c.MoveVolume("v3", "s1"); err != nil {
+		t.Fatalf("a move with one etcd member of three dead: %v", err)
+	}
 	write("second")
 
 	members[1].kill9()

@@ -253,6 +253,9 @@ func (s *Server) RemoveVolume(ctx context.Context, req *pb.RemoveVolumeRequest) 
 		if err := s.notHereByName(req.Name); err != nil {
 			return nil, err
 		}
+		if v.Moving != "" {
+			return nil, status.Errorf(codes.FailedPrecondition, "a move of volume %s to %s is unfinished: run it again, or move the volume to %s to undo it, first", v.Name, v.Moving, c.Name)
+		}
 		ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 		defer cancel()
 		if err := c.DB.Remove(ctx, v.ID); err != nil {

@@ -21,6 +21,16 @@ func (s *Server) SetVolume(ctx context.Context, req *pb.SetVolumeRequest) (*pb.V
 	if err := s.notHereByName(req.Name); err != nil {
 		return nil, err
 	}
+	// A quota is the volume's: a move's last pass must carry it.
+	cur, err := s.store.VolumeByName(req.Name)
+	if err != nil {
+		return nil, s.fail("SetVolume", err)
+	}
+	leave, err := s.enter(cur.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	v, err := s.store.SetQuota(req.Name, req.Quota)
 	if err != nil {
 		return nil, s.fail("SetVolume", err)
