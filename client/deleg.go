@@ -360,12 +360,14 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 		// Held until the return is sent: a file made meanwhile under
 		// the delegation would come after it.
 		n.nsmu.Lock()
+		defer n.nsmu.Unlock()
 		bare, err := c.settleLocked(n)
 		c.uncovered(bare) // before the return lets others at them
-		defer func() {
-			n.nsmu.Unlock()
-			c.storeBare(bare)
-		}()
+		// And stored before it: nothing covers their writes once the
+		// directory's delegation is back (a settle the server gave no
+		// write delegation, as a volume that is moving gives none), and
+		// whoever asked for it may open them next.
+		c.storeBare(bare)
 		if err != nil && !refusedCreate(err) {
 			c.log.Warn("recall: files made in the directory not created yet", "fid", fid, "err", err)
 			return

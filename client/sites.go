@@ -24,7 +24,7 @@ import (
 //
 // Locations are asked of the first server, which answers from its copy
 // of the cell's location database (clients never talk to etcd), and kept
-// for the client's life.
+// until a server says the volume is not there (moved).
 type sites struct {
 	first *Client
 

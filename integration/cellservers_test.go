@@ -507,3 +507,27 @@ func moveAndKill(t *testing.T, admin *client.Client, addr, to string, kill func(
 	t.Logf("mover: %v: %s", err, out.String())
 	return err
 }
+
+// Writes a client left to write-back, in a file it made under a
+// directory delegation, are at the new server when the move is done:
+// recalled, the directory's delegation comes back only once they are
+// stored, since a moving volume grants the settled file none of its own.
+func TestCellMoveWriteBack(t *testing.T) {
+	_, srvs := cellOf3(t)
+	admin := dial(t, srvs[2].addr, "mem", 16<<20)
+	waitAlive(t, admin, 3)
+	if _, err := admin.CreateVolumeOn("wb", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.MountVolume("/wb", "wb"); err != nil {
+		t.Fatal(err)
+	}
+	data := testkit.Pattern(64<<20, 5)
+	testkit.WriteFile(t, dial(t, srvs[0].addr, "mem", 128<<20), "/wb/f", data) // closed, not synced
+	if _, err := admin.MoveVolume("wb", "s2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := testkit.ReadFile(t, dial(t, srvs[2].addr, "mem", 128<<20), "/wb/f"); !bytes.Equal(got, data) {
+		t.Fatalf("after the move: %d bytes, want the %d written before it", len(got), len(data))
+	}
+}
