@@ -253,11 +253,12 @@ func (s *Server) setDeparting(vol uint64, on bool) {
 	}
 }
 
+// frozenNow reports whether vol is frozen and quiet, neither lapsed.
 func (s *Server) frozenNow(vol uint64) bool {
 	s.moves.mu.Lock()
 	defer s.moves.mu.Unlock()
-	until, ok := s.moves.frozen[vol]
-	return ok && time.Now().Before(until)
+	now := time.Now()
+	return now.Before(s.moves.frozen[vol]) && now.Before(s.moves.quiet[vol])
 }
 
 // volumeMover is what a file server's own store offers a move.
@@ -511,10 +512,13 @@ func (s *Server) MoveVolume(ctx context.Context, req *pb.MoveVolumeRequest) (*pb
 		if v.Moving == "" {
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not moving", v.Name)
 		}
+		// Quiet again: a second pass longer than MoveHold let it lapse,
+		// and promises granted since must not outlive the move.
+		s.quiesce(v.ID)
 		err = s.freeze(ctx, v.ID)
 	case pb.MoveVolumeRequest_COMMIT:
 		if !s.frozenNow(v.ID) || v.Moving == "" {
-			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not frozen for a move: run the move again", v.Name)
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not frozen for a move (the last pass took longer than --move-hold?): run the move again", v.Name)
 		}
 		id := v.ID
 		s.setDeparting(id, true)
