@@ -425,10 +425,6 @@ func (c *Client) replaceNamed(dir *Node, name string) (done func()) {
 // lookup finds name in dir for u, from the cache when dir's promise is
 // valid.
 func (c *Client) lookup(dir *Node, name string, u User) (*Node, error) {
-	if dir.at() != c {
-		return dir.at().lookup(dir, name, u)
-	}
-
 	n, _, err := c.lookupAt(dir, name, u)
 	return n, err
 }
@@ -570,10 +566,6 @@ func (c *Client) readDirHere(dir *Node, u User) ([]DirEntry, uint64, error) {
 }
 
 func (c *Client) fetchDir(dir *Node, u User) (out []DirEntry, dv uint64, consistent bool, err error) {
-	if dir.at() != c {
-		return dir.at().fetchDir(dir, u)
-	}
-
 	if err := c.settle(dir); err != nil {
 		return nil, 0, false, err
 	}

@@ -35,15 +35,10 @@ func (s *Server) GetVolume(ctx context.Context, req *pb.GetVolumeRequest) (*pb.V
 	if err != nil {
 		return nil, err
 	}
-	var v node.Volume
-	switch {
-	case req.Name != "" && req.Id == 0:
-		v, err = s.store.VolumeByName(req.Name)
-	case req.Name == "" && req.Id != 0:
-		v, err = s.store.VolumeByID(req.Id)
-	default:
-		err = fmt.Errorf("get volume: give exactly one of name and id: %w", syscall.EINVAL)
+	if (req.Name == "") == (req.Id == 0) {
+		return nil, s.fail("GetVolume", fmt.Errorf("get volume: give exactly one of name and id: %w", syscall.EINVAL))
 	}
+	v, err := s.localVolume(req.Name, req.Id)
 	if err != nil {
 		return nil, s.fail("GetVolume", err)
 	}
