@@ -95,9 +95,11 @@ func run() error {
 		return cellBench(bin, scratch)
 	case "move":
 		return moveBench(bin, scratch)
+	case "release":
+		return releaseBench(bin, scratch)
 	case "lib", "all":
 	default:
-		return fmt.Errorf("-only %q: want lib, fuse, split, stat, mixed, postmark, proxy, hades, build, nache, tree, secure, cell, move or all", *only)
+		return fmt.Errorf("-only %q: want lib, fuse, split, stat, mixed, postmark, proxy, hades, build, nache, tree, secure, cell, move, release or all", *only)
 	}
 
 	// The large file: written once locally and once into hoard.

@@ -20,11 +20,15 @@ type Site struct {
 type Location struct {
 	ID   uint64
 	Name string
-	// RW holds the read-write volume; RO the read-only copies.
-	RW Site
-	RO []Site
-	// Released is the root's DataVersion at the last release (0: never).
+	// RW holds the read-write volume; RO the read-only copies of the
+	// last release, Pending the sites added since.
+	RW      Site
+	RO      []Site
+	Pending []Site
+	// Released counts the releases (0: never); ROID is the read-only
+	// copies' id.
 	Released uint64
+	ROID     uint64
 	Created  time.Time
 	// Moving names the server an unfinished move is taking it to.
 	Moving string
@@ -42,9 +46,12 @@ type Server struct {
 func toSite(s *pb.Site) Site { return Site{Name: s.GetName(), Addr: s.GetAddr()} }
 
 func toLocation(l *pb.Location) Location {
-	out := Location{ID: l.Id, Name: l.Name, RW: toSite(l.Rw), Released: l.Released, Created: time.Unix(0, l.CreatedNs), Moving: l.Moving}
+	out := Location{ID: l.Id, Name: l.Name, RW: toSite(l.Rw), Released: l.Released, ROID: l.RoId, Created: time.Unix(0, l.CreatedNs), Moving: l.Moving}
 	for _, ro := range l.Ro {
 		out.RO = append(out.RO, toSite(ro))
+	}
+	for _, p := range l.Pending {
+		out.Pending = append(out.Pending, toSite(p))
 	}
 	return out
 }
@@ -57,7 +64,7 @@ func whereIs(err error) *pb.Location {
 		return nil
 	}
 	for _, d := range st.Details() {
-		if l, ok := d.(*pb.Location); ok && l.Rw != nil {
+		if l, ok := d.(*pb.Location); ok && (l.Rw != nil || l.ReadOnly) {
 			return l
 		}
 	}

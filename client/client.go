@@ -54,6 +54,9 @@ type Options struct {
 	DialTimeout time.Duration
 	// RPCTimeout bounds each control RPC (default 30 s).
 	RPCTimeout time.Duration
+	// Patience is how long a request waits for a server it cannot reach
+	// (default RPCTimeout).
+	Patience time.Duration
 	// BypassThreshold: files at least this large bypass the cache (0: no
 	// threshold, auto decides). AutoMin: auto considers bypassing only
 	// files at least this large (default 32 MiB).
@@ -268,7 +271,7 @@ func start(opts Options, ch *cache.Cache, sessionFile string, ss *sites) (*Clien
 		cancel:    cancel,
 	}
 	c.flusher = newFlusher(c)
-	cfg := conn.Config{Server: opts.Server, Name: opts.Name, RPCTimeout: opts.RPCTimeout, SessionFile: sessionFile,
+	cfg := conn.Config{Server: opts.Server, Name: opts.Name, RPCTimeout: opts.RPCTimeout, Patience: opts.Patience, SessionFile: sessionFile,
 		DataStreams: opts.DataStreams, NoDataChannel: opts.NoDataChannel, TLS: opts.TLS, Token: opts.Token, Log: opts.Logger,
 		OnRefused: func(err error) {
 			if l := whereIs(err); l != nil && l.Id != 0 {
@@ -442,6 +445,7 @@ func (c *Client) breakPromises(pfids []*pb.FID) <-chan struct{} {
 	for i, f := range pfids {
 		fids[i] = f.ToFID()
 	}
+	fids = c.wholeVolumes(fids)
 	c.log.Debug("break", "fids", fids)
 	c.counters.breaks.Add(int64(len(fids)))
 	c.cbMu.Lock()

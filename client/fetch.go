@@ -87,9 +87,20 @@ func (n *Node) fetchOne(idx int64, u User) ([]byte, error) {
 }
 
 // fetchChunk fetches chunk idx into memory as u, learning the status and
-// promise that come with it; the data is of version dv, whole.
+// promise that come with it; the data is of version dv, whole. A chunk
+// of a volume that moved, or of a read-only copy whose site stopped
+// answering, is fetched again where the volume is now.
 func (n *Node) fetchChunk(idx int64, u User) (buf []byte, dv uint64, err error) {
-	c := n.at()
+	at := n.at()
+	buf, dv, err = n.fetchChunkAt(at, idx, u)
+	if relocated(n, at, err, false) {
+		return n.fetchChunkAt(n.at(), idx, u)
+	}
+	return buf, dv, err
+}
+
+// fetchChunkAt is fetchChunk at Client c.
+func (n *Node) fetchChunkAt(c *Client, idx int64, u User) (buf []byte, dv uint64, err error) {
 	if err := c.settleFor(n); err != nil {
 		return nil, 0, err
 	}

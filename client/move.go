@@ -88,7 +88,7 @@ func (c *Client) MoveVolume(name, to string) (MoveReport, error) {
 				}
 				frozen = time.Now()
 			}
-			r, err := copyPass(src, dst, name, have)
+			r, err := copyPass(src, dst, name, have, nil)
 			if err != nil {
 				return err
 			}
@@ -144,8 +144,9 @@ func moveStep(s *Client, name, to string, step pb.MoveVolumeRequest_Step) error 
 	return cellErrOf(fmt.Sprintf("move volume %s (%s)", name, step), "", err)
 }
 
-// copyPass pipes one dump of name from src into dst.
-func copyPass(src, dst *Client, name string, have []*pb.FileVersion) (*pb.RestoreVolumeReply, error) {
+// copyPass pipes one dump of name from src into dst; mark, if set, sees
+// each piece on its way (a release marks the first and the last).
+func copyPass(src, dst *Client, name string, have []*pb.FileVersion, mark func(*pb.DumpPiece)) (*pb.RestoreVolumeReply, error) {
 	var reply *pb.RestoreVolumeReply
 	err := dst.as(dst.self).CallPatient(movePatience, func(dctx context.Context) error {
 		rs, err := dst.rpc.RestoreVolume(dctx)
@@ -164,6 +165,9 @@ func copyPass(src, dst *Client, name string, have []*pb.FileVersion) (*pb.Restor
 				}
 				if err != nil {
 					return err
+				}
+				if mark != nil {
+					mark(p)
 				}
 				if err := rs.Send(p); err == io.EOF {
 					return nil // the target ended it: CloseAndRecv says why

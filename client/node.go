@@ -603,10 +603,22 @@ func (c *Client) fetchDir(dir *Node, u User) (out []DirEntry, dv uint64, consist
 	}
 }
 
-// volumeRoot returns the root directory of the named volume, for u.
-// A volume not where its kept location says (removed, or made again
-// elsewhere) is located again, once.
-func (c *Client) volumeRoot(name string, u User) (*Node, error) {
+// volumeRoot returns the root directory of the volume a mount point's
+// target names (node.MountTarget), for u. A volume not where its kept
+// location says (removed, or made again elsewhere) is located again, once.
+func (c *Client) volumeRoot(target string, u User) (*Node, error) {
+	name, rw, ro := node.MountTarget(target)
+	if !rw && !ro {
+		// The read-only copy once there is one (released).
+		l, err := c.sites.locate(name, u)
+		if err != nil {
+			return nil, err
+		}
+		ro = len(l.Ro) > 0 && l.RoId != 0
+	}
+	if ro {
+		name += node.ReadOnlySuffix
+	}
 	for again := false; ; again = true {
 		site, err := c.siteOf(name, u)
 		if err != nil {

@@ -317,6 +317,9 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 	if n.at() != c {
 		return n.at().openFile(n, parent, base, name, flag, how, u)
 	}
+	if flag&(os.O_WRONLY|os.O_RDWR|os.O_TRUNC) != 0 && c.sites.readOnly(n.fid.Volume) {
+		return nil, errOf("open", name, syscall.EROFS)
+	}
 
 	gone := func(err error) bool {
 		e := Errno(err) // a server's answer is a gRPC status, not an errno

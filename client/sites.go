@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc/codes"
@@ -29,33 +30,44 @@ type sites struct {
 	first *Client
 
 	mu     sync.Mutex
-	byName map[string]*Client      // other servers' Clients, by server name
+	byName map[string]*Client      // other servers' Clients, by server name (read-only copies': roKey)
 	locs   map[string]*pb.Location // by volume name
 	byID   map[uint64]*pb.Location
+	asked  map[string]time.Time // when locs' entries were asked for
 	// firstName is the first server's name in the cell, once a location
 	// answered by it as its own said it.
 	firstName string
 	closed    bool
+	// down: when a read-only copy's site (by address) last failed to
+	// answer (replica.go).
+	down map[string]time.Time
 
 	dialing singleflight.Group
 	moving  singleflight.Group
 }
 
 func newSites() *sites {
-	return &sites{byName: map[string]*Client{}, locs: map[string]*pb.Location{}, byID: map[uint64]*pb.Location{}}
+	return &sites{byName: map[string]*Client{}, locs: map[string]*pb.Location{}, byID: map[uint64]*pb.Location{},
+		asked: map[string]time.Time{}, down: map[string]time.Time{}}
 }
 
 // locate is where volume name lives, asked of the first server as u.
 // A server from before cells (no Locate) holds every volume it knows.
 func (s *sites) locate(name string, u User) (*pb.Location, error) {
 	s.mu.Lock()
-	l := s.locs[name]
+	l, asked := s.locs[name], s.asked[name]
 	s.mu.Unlock()
-	if l != nil {
+	if l != nil && time.Since(asked) < locationTTL {
 		return l, nil
 	}
 	return s.ask(&pb.LocateRequest{Name: name}, u)
 }
+
+// locationTTL is how long a volume's location is kept before a mount
+// point crossing asks again: a move is followed at once (the old server
+// says so), but a first release, which makes the volume's mount points
+// lead to its read-only copy, is learnt only by asking.
+const locationTTL = time.Minute
 
 // locateID is locate of the volume with id (a FID's, for a proxy).
 func (s *sites) locateID(id uint64, u User) (*pb.Location, error) {
@@ -87,7 +99,7 @@ func (s *sites) ask(req *pb.LocateRequest, u User) (*pb.Location, error) {
 		s.firstName = l.Rw.Name
 	}
 	if l.Name != "" {
-		s.locs[l.Name] = l
+		s.locs[l.Name], s.asked[l.Name] = l, time.Now()
 	}
 	if l.Id != 0 {
 		s.byID[l.Id] = l
@@ -113,6 +125,7 @@ func (s *sites) forget(name string) {
 		delete(s.byID, l.Id)
 	}
 	delete(s.locs, name)
+	delete(s.asked, name)
 	s.mu.Unlock()
 	s.each(func(c *Client) {
 		c.volMu.Lock()
@@ -133,7 +146,10 @@ func (c *Client) siteOf(name string, u User) (*Client, error) {
 
 // siteFor is the Client of the server holding the volume l names.
 func (c *Client) siteFor(l *pb.Location) (*Client, error) {
-	if l.Here {
+	switch {
+	case l.ReadOnly:
+		return c.sites.roSite(l)
+	case l.Here:
 		return c.sites.first, nil
 	}
 	return c.sites.site(l.Rw)
@@ -149,19 +165,23 @@ func (c *Client) siteOfID(id uint64, u User) (*Client, error) {
 }
 
 // site is the Client of server to, dialled on first use.
-func (s *sites) site(to *pb.Site) (*Client, error) {
+func (s *sites) site(to *pb.Site) (*Client, error) { return s.dial(to.GetName(), to, 0) }
+
+// dial is the Client kept as key, of server to, waiting patience for it
+// when unreachable (0: the RPC timeout), dialled on first use.
+func (s *sites) dial(key string, to *pb.Site, patience time.Duration) (*Client, error) {
 	if to.GetName() == "" || to.GetAddr() == "" {
 		return nil, fmt.Errorf("the location database names no address for a server: %w", errors.ErrUnsupported)
 	}
 	s.mu.Lock()
-	c := s.byName[to.Name]
+	c := s.byName[key]
 	s.mu.Unlock()
 	if c != nil {
 		return c, nil
 	}
-	v, err, _ := s.dialing.Do(to.Name, func() (any, error) {
+	v, err, _ := s.dialing.Do(key, func() (any, error) {
 		s.mu.Lock()
-		if c := s.byName[to.Name]; c != nil || s.closed {
+		if c := s.byName[key]; c != nil || s.closed {
 			s.mu.Unlock()
 			if c == nil {
 				return nil, errors.New("client closed")
@@ -171,9 +191,12 @@ func (s *sites) site(to *pb.Site) (*Client, error) {
 		s.mu.Unlock()
 		opts := s.first.opts
 		opts.Server = to.Addr
+		if patience > 0 {
+			opts.Patience = patience
+		}
 		sessionFile := ""
 		if opts.KeepSession && opts.CacheDir != "" {
-			sessionFile = filepath.Join(opts.CacheDir, "session."+to.Name)
+			sessionFile = filepath.Join(opts.CacheDir, "session."+key)
 		}
 		c, err := start(opts, s.first.cache, sessionFile, s)
 		if err != nil {
@@ -185,7 +208,7 @@ func (s *sites) site(to *pb.Site) (*Client, error) {
 			go c.Close()
 			return nil, errors.New("client closed")
 		}
-		s.byName[to.Name] = c
+		s.byName[key] = c
 		return c, nil
 	})
 	if err != nil {
@@ -203,6 +226,9 @@ func (s *sites) site(to *pb.Site) (*Client, error) {
 func (s *sites) moved(l *pb.Location) {
 	s.moving.Do(fmt.Sprint(l.Id), func() (any, error) {
 		to, err := s.siteOfRW(l.Rw)
+		if l.ReadOnly {
+			to, err = s.roSite(l)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -248,7 +274,7 @@ func relocated(n *Node, at *Client, err error, stale bool) bool {
 	if err == nil {
 		return false
 	}
-	if n.at() != at {
+	if n.at() != at || at.sites.failover(n.fid.Volume, at, err) {
 		return true
 	}
 	if stale && (errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESTALE) || pb.Errno(err) == syscall.ENOENT || pb.Errno(err) == syscall.ESTALE) {
@@ -265,8 +291,9 @@ func relocated(n *Node, at *Client, err error, stale bool) bool {
 	return n.at() != at
 }
 
-// handOver gives c's nodes of volume vol to Client to.
-func (c *Client) handOver(vol uint64, to *Client) {
+// handOver gives c's nodes of volume vol to Client to, and reports
+// whether it had any.
+func (c *Client) handOver(vol uint64, to *Client) bool {
 	var ns []*Node
 	c.nodesMu.Lock()
 	for fid, n := range c.nodes {
@@ -278,7 +305,7 @@ func (c *Client) handOver(vol uint64, to *Client) {
 	}
 	c.nodesMu.Unlock()
 	if len(ns) == 0 {
-		return
+		return false
 	}
 	c.cbMu.Lock()
 	for _, n := range ns {
@@ -297,7 +324,8 @@ func (c *Client) handOver(vol uint64, to *Client) {
 		}
 	}
 	to.nodesMu.Unlock()
-	c.log.Info("volume moved; its files follow it", "volume", vol, "files", len(ns), "to", to.opts.Server)
+	c.log.Info("a volume's files follow it to another server", "volume", vol, "files", len(ns), "to", to.opts.Server)
+	return true
 }
 
 // each calls fn for every Client of the cell's servers, the first too.

@@ -215,6 +215,77 @@ func (MoveVolumeRequest_Step) EnumDescriptor() ([]byte, []int) {
 	return file_hoard_proto_rawDescGZIP(), []int{30, 0}
 }
 
+type ReleaseVolumeRequest_Step int32
+
+const (
+	// HAVE (at a read-only site): the data files its copy holds.
+	ReleaseVolumeRequest_HAVE ReleaseVolumeRequest_Step = 0
+	// QUIESCE (at the read-write site): recall the delegations held on
+	// the volume, as for a move: writers store what they hold.
+	ReleaseVolumeRequest_QUIESCE ReleaseVolumeRequest_Step = 6
+	// FREEZE (at the read-write site): refuse changes to the volume, once
+	// those under way are done, for the release's last pass.
+	ReleaseVolumeRequest_FREEZE ReleaseVolumeRequest_Step = 1
+	// COMMIT (at the read-write site): serve changes again, and record
+	// the release in the location database.
+	ReleaseVolumeRequest_COMMIT ReleaseVolumeRequest_Step = 2
+	// ABORT (at the read-write site): serve changes again.
+	ReleaseVolumeRequest_ABORT ReleaseVolumeRequest_Step = 3
+	// ADD_SITE, REMOVE_SITE (at the read-write site): name site a
+	// read-only site of the volume, or no longer.
+	ReleaseVolumeRequest_ADD_SITE    ReleaseVolumeRequest_Step = 4
+	ReleaseVolumeRequest_REMOVE_SITE ReleaseVolumeRequest_Step = 5
+)
+
+// Enum value maps for ReleaseVolumeRequest_Step.
+var (
+	ReleaseVolumeRequest_Step_name = map[int32]string{
+		0: "HAVE",
+		6: "QUIESCE",
+		1: "FREEZE",
+		2: "COMMIT",
+		3: "ABORT",
+		4: "ADD_SITE",
+		5: "REMOVE_SITE",
+	}
+	ReleaseVolumeRequest_Step_value = map[string]int32{
+		"HAVE":        0,
+		"QUIESCE":     6,
+		"FREEZE":      1,
+		"COMMIT":      2,
+		"ABORT":       3,
+		"ADD_SITE":    4,
+		"REMOVE_SITE": 5,
+	}
+)
+
+func (x ReleaseVolumeRequest_Step) Enum() *ReleaseVolumeRequest_Step {
+	p := new(ReleaseVolumeRequest_Step)
+	*p = x
+	return p
+}
+
+func (x ReleaseVolumeRequest_Step) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReleaseVolumeRequest_Step) Descriptor() protoreflect.EnumDescriptor {
+	return file_hoard_proto_enumTypes[3].Descriptor()
+}
+
+func (ReleaseVolumeRequest_Step) Type() protoreflect.EnumType {
+	return &file_hoard_proto_enumTypes[3]
+}
+
+func (x ReleaseVolumeRequest_Step) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReleaseVolumeRequest_Step.Descriptor instead.
+func (ReleaseVolumeRequest_Step) EnumDescriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{32, 0}
+}
+
 type ChangeGroupRequest_Change int32
 
 const (
@@ -254,11 +325,11 @@ func (x ChangeGroupRequest_Change) String() string {
 }
 
 func (ChangeGroupRequest_Change) Descriptor() protoreflect.EnumDescriptor {
-	return file_hoard_proto_enumTypes[3].Descriptor()
+	return file_hoard_proto_enumTypes[4].Descriptor()
 }
 
 func (ChangeGroupRequest_Change) Type() protoreflect.EnumType {
-	return &file_hoard_proto_enumTypes[3]
+	return &file_hoard_proto_enumTypes[4]
 }
 
 func (x ChangeGroupRequest_Change) Number() protoreflect.EnumNumber {
@@ -267,7 +338,7 @@ func (x ChangeGroupRequest_Change) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ChangeGroupRequest_Change.Descriptor instead.
 func (ChangeGroupRequest_Change) EnumDescriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{66, 0}
+	return file_hoard_proto_rawDescGZIP(), []int{68, 0}
 }
 
 type FID struct {
@@ -1412,14 +1483,22 @@ type Location struct {
 	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	Rw    *Site                  `protobuf:"bytes,3,opt,name=rw,proto3" json:"rw,omitempty"`
 	Ro    []*Site                `protobuf:"bytes,4,rep,name=ro,proto3" json:"ro,omitempty"`
-	// released is the DataVersion of the volume's root at its last release
-	// (0: never released).
+	// released counts the volume's releases (0: never released).
 	Released  uint64 `protobuf:"varint,5,opt,name=released,proto3" json:"released,omitempty"`
 	CreatedNs int64  `protobuf:"varint,6,opt,name=created_ns,json=createdNs,proto3" json:"created_ns,omitempty"`
 	// here: the answering server holds the read-write volume.
 	Here bool `protobuf:"varint,7,opt,name=here,proto3" json:"here,omitempty"`
 	// moving names the server an unfinished move is taking it to.
-	Moving        string `protobuf:"bytes,8,opt,name=moving,proto3" json:"moving,omitempty"`
+	Moving string `protobuf:"bytes,8,opt,name=moving,proto3" json:"moving,omitempty"`
+	// ro_id is the id of the volume's read-only copy (0: none); the copy is
+	// named the volume's name with ".readonly" after it.
+	RoId uint64 `protobuf:"varint,9,opt,name=ro_id,json=roId,proto3" json:"ro_id,omitempty"`
+	// read_only: this location is of the read-only copy (id and name are
+	// the copy's); clients read it from any of ro.
+	ReadOnly bool `protobuf:"varint,10,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	// pending: read-only sites added since the last release, which the
+	// next one reaches.
+	Pending       []*Site `protobuf:"bytes,11,rep,name=pending,proto3" json:"pending,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1508,6 +1587,27 @@ func (x *Location) GetMoving() string {
 		return x.Moving
 	}
 	return ""
+}
+
+func (x *Location) GetRoId() uint64 {
+	if x != nil {
+		return x.RoId
+	}
+	return 0
+}
+
+func (x *Location) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+func (x *Location) GetPending() []*Site {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
 }
 
 type LocateRequest struct {
@@ -2142,8 +2242,13 @@ type DumpPiece struct {
 	Abandoned bool `protobuf:"varint,7,opt,name=abandoned,proto3" json:"abandoned,omitempty"`
 	// end: the last piece; kept lists the files of have not sent because
 	// they are still current.
-	End           bool           `protobuf:"varint,8,opt,name=end,proto3" json:"end,omitempty"`
-	Kept          []*FileVersion `protobuf:"bytes,9,rep,name=kept,proto3" json:"kept,omitempty"`
+	End  bool           `protobuf:"varint,8,opt,name=end,proto3" json:"end,omitempty"`
+	Kept []*FileVersion `protobuf:"bytes,9,rep,name=kept,proto3" json:"kept,omitempty"`
+	// release (first piece): the receiver keeps the dump as the volume's
+	// read-only copy. publish (the end): make this pass what the copy's
+	// readers see; without it the pass only brings data files in.
+	Release       bool `protobuf:"varint,10,opt,name=release,proto3" json:"release,omitempty"`
+	Publish       bool `protobuf:"varint,11,opt,name=publish,proto3" json:"publish,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2239,6 +2344,20 @@ func (x *DumpPiece) GetKept() []*FileVersion {
 		return x.Kept
 	}
 	return nil
+}
+
+func (x *DumpPiece) GetRelease() bool {
+	if x != nil {
+		return x.Release
+	}
+	return false
+}
+
+func (x *DumpPiece) GetPublish() bool {
+	if x != nil {
+		return x.Publish
+	}
+	return false
 }
 
 type RestoreVolumeReply struct {
@@ -2406,6 +2525,120 @@ func (x *MoveVolumeReply) GetLocation() *Location {
 	return nil
 }
 
+type ReleaseVolumeRequest struct {
+	state protoimpl.MessageState    `protogen:"open.v1"`
+	Name  string                    `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Step  ReleaseVolumeRequest_Step `protobuf:"varint,2,opt,name=step,proto3,enum=hoard.v1.ReleaseVolumeRequest_Step" json:"step,omitempty"`
+	// site: the server ADD_SITE and REMOVE_SITE name; for COMMIT, the
+	// sites the last pass published to, comma-separated.
+	Site          string `protobuf:"bytes,3,opt,name=site,proto3" json:"site,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseVolumeRequest) Reset() {
+	*x = ReleaseVolumeRequest{}
+	mi := &file_hoard_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseVolumeRequest) ProtoMessage() {}
+
+func (x *ReleaseVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseVolumeRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ReleaseVolumeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ReleaseVolumeRequest) GetStep() ReleaseVolumeRequest_Step {
+	if x != nil {
+		return x.Step
+	}
+	return ReleaseVolumeRequest_HAVE
+}
+
+func (x *ReleaseVolumeRequest) GetSite() string {
+	if x != nil {
+		return x.Site
+	}
+	return ""
+}
+
+type ReleaseVolumeReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Location      *Location              `protobuf:"bytes,1,opt,name=location,proto3" json:"location,omitempty"`
+	Have          []*FileVersion         `protobuf:"bytes,2,rep,name=have,proto3" json:"have,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseVolumeReply) Reset() {
+	*x = ReleaseVolumeReply{}
+	mi := &file_hoard_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseVolumeReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseVolumeReply) ProtoMessage() {}
+
+func (x *ReleaseVolumeReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseVolumeReply.ProtoReflect.Descriptor instead.
+func (*ReleaseVolumeReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ReleaseVolumeReply) GetLocation() *Location {
+	if x != nil {
+		return x.Location
+	}
+	return nil
+}
+
+func (x *ReleaseVolumeReply) GetHave() []*FileVersion {
+	if x != nil {
+		return x.Have
+	}
+	return nil
+}
+
 type GetVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Exactly one of name and id.
@@ -2417,7 +2650,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[32]
+	mi := &file_hoard_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2662,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[32]
+	mi := &file_hoard_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2675,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{32}
+	return file_hoard_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetVolumeRequest) GetName() string {
@@ -2467,7 +2700,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_hoard_proto_msgTypes[33]
+	mi := &file_hoard_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2479,7 +2712,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[33]
+	mi := &file_hoard_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2492,7 +2725,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{33}
+	return file_hoard_proto_rawDescGZIP(), []int{35}
 }
 
 type ListVolumesReply struct {
@@ -2504,7 +2737,7 @@ type ListVolumesReply struct {
 
 func (x *ListVolumesReply) Reset() {
 	*x = ListVolumesReply{}
-	mi := &file_hoard_proto_msgTypes[34]
+	mi := &file_hoard_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2516,7 +2749,7 @@ func (x *ListVolumesReply) String() string {
 func (*ListVolumesReply) ProtoMessage() {}
 
 func (x *ListVolumesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[34]
+	mi := &file_hoard_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2529,7 +2762,7 @@ func (x *ListVolumesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesReply.ProtoReflect.Descriptor instead.
 func (*ListVolumesReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{34}
+	return file_hoard_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListVolumesReply) GetVolumes() []*Volume {
@@ -2552,7 +2785,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[35]
+	mi := &file_hoard_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2564,7 +2797,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[35]
+	mi := &file_hoard_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2577,7 +2810,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{35}
+	return file_hoard_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -2604,7 +2837,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_hoard_proto_msgTypes[36]
+	mi := &file_hoard_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2616,7 +2849,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[36]
+	mi := &file_hoard_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2629,7 +2862,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{36}
+	return file_hoard_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *LookupRequest) GetDir() *FID {
@@ -2656,7 +2889,7 @@ type LookupReply struct {
 
 func (x *LookupReply) Reset() {
 	*x = LookupReply{}
-	mi := &file_hoard_proto_msgTypes[37]
+	mi := &file_hoard_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2668,7 +2901,7 @@ func (x *LookupReply) String() string {
 func (*LookupReply) ProtoMessage() {}
 
 func (x *LookupReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[37]
+	mi := &file_hoard_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2681,7 +2914,7 @@ func (x *LookupReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupReply.ProtoReflect.Descriptor instead.
 func (*LookupReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{37}
+	return file_hoard_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *LookupReply) GetStatus() *Status {
@@ -2707,7 +2940,7 @@ type GetStatusRequest struct {
 
 func (x *GetStatusRequest) Reset() {
 	*x = GetStatusRequest{}
-	mi := &file_hoard_proto_msgTypes[38]
+	mi := &file_hoard_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2719,7 +2952,7 @@ func (x *GetStatusRequest) String() string {
 func (*GetStatusRequest) ProtoMessage() {}
 
 func (x *GetStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[38]
+	mi := &file_hoard_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2732,7 +2965,7 @@ func (x *GetStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetStatusRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{38}
+	return file_hoard_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetStatusRequest) GetFids() []*FID {
@@ -2753,7 +2986,7 @@ type StatusResult struct {
 
 func (x *StatusResult) Reset() {
 	*x = StatusResult{}
-	mi := &file_hoard_proto_msgTypes[39]
+	mi := &file_hoard_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2765,7 +2998,7 @@ func (x *StatusResult) String() string {
 func (*StatusResult) ProtoMessage() {}
 
 func (x *StatusResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[39]
+	mi := &file_hoard_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2778,7 +3011,7 @@ func (x *StatusResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResult.ProtoReflect.Descriptor instead.
 func (*StatusResult) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{39}
+	return file_hoard_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StatusResult) GetStatus() *Status {
@@ -2804,7 +3037,7 @@ type GetStatusReply struct {
 
 func (x *GetStatusReply) Reset() {
 	*x = GetStatusReply{}
-	mi := &file_hoard_proto_msgTypes[40]
+	mi := &file_hoard_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2816,7 +3049,7 @@ func (x *GetStatusReply) String() string {
 func (*GetStatusReply) ProtoMessage() {}
 
 func (x *GetStatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[40]
+	mi := &file_hoard_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2829,7 +3062,7 @@ func (x *GetStatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatusReply.ProtoReflect.Descriptor instead.
 func (*GetStatusReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{40}
+	return file_hoard_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetStatusReply) GetResults() []*StatusResult {
@@ -2851,7 +3084,7 @@ type ReadDirRequest struct {
 
 func (x *ReadDirRequest) Reset() {
 	*x = ReadDirRequest{}
-	mi := &file_hoard_proto_msgTypes[41]
+	mi := &file_hoard_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +3096,7 @@ func (x *ReadDirRequest) String() string {
 func (*ReadDirRequest) ProtoMessage() {}
 
 func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[41]
+	mi := &file_hoard_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +3109,7 @@ func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirRequest.ProtoReflect.Descriptor instead.
 func (*ReadDirRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{41}
+	return file_hoard_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReadDirRequest) GetDir() *FID {
@@ -2913,7 +3146,7 @@ type DirEntry struct {
 
 func (x *DirEntry) Reset() {
 	*x = DirEntry{}
-	mi := &file_hoard_proto_msgTypes[42]
+	mi := &file_hoard_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2925,7 +3158,7 @@ func (x *DirEntry) String() string {
 func (*DirEntry) ProtoMessage() {}
 
 func (x *DirEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[42]
+	mi := &file_hoard_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2938,7 +3171,7 @@ func (x *DirEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirEntry.ProtoReflect.Descriptor instead.
 func (*DirEntry) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{42}
+	return file_hoard_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DirEntry) GetName() string {
@@ -2980,7 +3213,7 @@ type ReadDirReply struct {
 
 func (x *ReadDirReply) Reset() {
 	*x = ReadDirReply{}
-	mi := &file_hoard_proto_msgTypes[43]
+	mi := &file_hoard_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2992,7 +3225,7 @@ func (x *ReadDirReply) String() string {
 func (*ReadDirReply) ProtoMessage() {}
 
 func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[43]
+	mi := &file_hoard_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3005,7 +3238,7 @@ func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirReply.ProtoReflect.Descriptor instead.
 func (*ReadDirReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{43}
+	return file_hoard_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ReadDirReply) GetEntries() []*DirEntry {
@@ -3054,7 +3287,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_hoard_proto_msgTypes[44]
+	mi := &file_hoard_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3066,7 +3299,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[44]
+	mi := &file_hoard_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3079,7 +3312,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{44}
+	return file_hoard_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateRequest) GetDir() *FID {
@@ -3166,7 +3399,7 @@ type CreateReply struct {
 
 func (x *CreateReply) Reset() {
 	*x = CreateReply{}
-	mi := &file_hoard_proto_msgTypes[45]
+	mi := &file_hoard_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3178,7 +3411,7 @@ func (x *CreateReply) String() string {
 func (*CreateReply) ProtoMessage() {}
 
 func (x *CreateReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[45]
+	mi := &file_hoard_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3191,7 +3424,7 @@ func (x *CreateReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReply.ProtoReflect.Descriptor instead.
 func (*CreateReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{45}
+	return file_hoard_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CreateReply) GetStatus() *Status {
@@ -3240,7 +3473,7 @@ type LinkRequest struct {
 
 func (x *LinkRequest) Reset() {
 	*x = LinkRequest{}
-	mi := &file_hoard_proto_msgTypes[46]
+	mi := &file_hoard_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3252,7 +3485,7 @@ func (x *LinkRequest) String() string {
 func (*LinkRequest) ProtoMessage() {}
 
 func (x *LinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[46]
+	mi := &file_hoard_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3265,7 +3498,7 @@ func (x *LinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkRequest.ProtoReflect.Descriptor instead.
 func (*LinkRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{46}
+	return file_hoard_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *LinkRequest) GetDir() *FID {
@@ -3299,7 +3532,7 @@ type LinkReply struct {
 
 func (x *LinkReply) Reset() {
 	*x = LinkReply{}
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3311,7 +3544,7 @@ func (x *LinkReply) String() string {
 func (*LinkReply) ProtoMessage() {}
 
 func (x *LinkReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3324,7 +3557,7 @@ func (x *LinkReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkReply.ProtoReflect.Descriptor instead.
 func (*LinkReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{47}
+	return file_hoard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *LinkReply) GetStatus() *Status {
@@ -3353,7 +3586,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_hoard_proto_msgTypes[48]
+	mi := &file_hoard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3365,7 +3598,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[48]
+	mi := &file_hoard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3378,7 +3611,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{48}
+	return file_hoard_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RemoveRequest) GetDir() *FID {
@@ -3413,7 +3646,7 @@ type RemoveReply struct {
 
 func (x *RemoveReply) Reset() {
 	*x = RemoveReply{}
-	mi := &file_hoard_proto_msgTypes[49]
+	mi := &file_hoard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3425,7 +3658,7 @@ func (x *RemoveReply) String() string {
 func (*RemoveReply) ProtoMessage() {}
 
 func (x *RemoveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[49]
+	mi := &file_hoard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3438,7 +3671,7 @@ func (x *RemoveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReply.ProtoReflect.Descriptor instead.
 func (*RemoveReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{49}
+	return file_hoard_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RemoveReply) GetDir() *Status {
@@ -3467,7 +3700,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_hoard_proto_msgTypes[50]
+	mi := &file_hoard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3479,7 +3712,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[50]
+	mi := &file_hoard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3492,7 +3725,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{50}
+	return file_hoard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RenameRequest) GetSrcDir() *FID {
@@ -3536,7 +3769,7 @@ type RenameReply struct {
 
 func (x *RenameReply) Reset() {
 	*x = RenameReply{}
-	mi := &file_hoard_proto_msgTypes[51]
+	mi := &file_hoard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3548,7 +3781,7 @@ func (x *RenameReply) String() string {
 func (*RenameReply) ProtoMessage() {}
 
 func (x *RenameReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[51]
+	mi := &file_hoard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3561,7 +3794,7 @@ func (x *RenameReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameReply.ProtoReflect.Descriptor instead.
 func (*RenameReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{51}
+	return file_hoard_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RenameReply) GetSrcDir() *Status {
@@ -3609,7 +3842,7 @@ type SetAttrRequest struct {
 
 func (x *SetAttrRequest) Reset() {
 	*x = SetAttrRequest{}
-	mi := &file_hoard_proto_msgTypes[52]
+	mi := &file_hoard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3621,7 +3854,7 @@ func (x *SetAttrRequest) String() string {
 func (*SetAttrRequest) ProtoMessage() {}
 
 func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[52]
+	mi := &file_hoard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3634,7 +3867,7 @@ func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrRequest.ProtoReflect.Descriptor instead.
 func (*SetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{52}
+	return file_hoard_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SetAttrRequest) GetFid() *FID {
@@ -3702,7 +3935,7 @@ type SetAttrReply struct {
 
 func (x *SetAttrReply) Reset() {
 	*x = SetAttrReply{}
-	mi := &file_hoard_proto_msgTypes[53]
+	mi := &file_hoard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3714,7 +3947,7 @@ func (x *SetAttrReply) String() string {
 func (*SetAttrReply) ProtoMessage() {}
 
 func (x *SetAttrReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[53]
+	mi := &file_hoard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3727,7 +3960,7 @@ func (x *SetAttrReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrReply.ProtoReflect.Descriptor instead.
 func (*SetAttrReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{53}
+	return file_hoard_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *SetAttrReply) GetStatus() *Status {
@@ -3746,7 +3979,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_hoard_proto_msgTypes[54]
+	mi := &file_hoard_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3758,7 +3991,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[54]
+	mi := &file_hoard_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3771,7 +4004,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{54}
+	return file_hoard_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *StatFSRequest) GetVolume() uint64 {
@@ -3794,7 +4027,7 @@ type StatFSReply struct {
 
 func (x *StatFSReply) Reset() {
 	*x = StatFSReply{}
-	mi := &file_hoard_proto_msgTypes[55]
+	mi := &file_hoard_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3806,7 +4039,7 @@ func (x *StatFSReply) String() string {
 func (*StatFSReply) ProtoMessage() {}
 
 func (x *StatFSReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[55]
+	mi := &file_hoard_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3819,7 +4052,7 @@ func (x *StatFSReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSReply.ProtoReflect.Descriptor instead.
 func (*StatFSReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{55}
+	return file_hoard_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StatFSReply) GetBlockSize() uint64 {
@@ -3870,7 +4103,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_hoard_proto_msgTypes[56]
+	mi := &file_hoard_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3882,7 +4115,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[56]
+	mi := &file_hoard_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3895,7 +4128,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{56}
+	return file_hoard_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *FetchRequest) GetFid() *FID {
@@ -3941,7 +4174,7 @@ type FetchReply struct {
 
 func (x *FetchReply) Reset() {
 	*x = FetchReply{}
-	mi := &file_hoard_proto_msgTypes[57]
+	mi := &file_hoard_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3953,7 +4186,7 @@ func (x *FetchReply) String() string {
 func (*FetchReply) ProtoMessage() {}
 
 func (x *FetchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[57]
+	mi := &file_hoard_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3966,7 +4199,7 @@ func (x *FetchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchReply.ProtoReflect.Descriptor instead.
 func (*FetchReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{57}
+	return file_hoard_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *FetchReply) GetStatus() *Status {
@@ -4037,7 +4270,7 @@ type StoreRequest struct {
 
 func (x *StoreRequest) Reset() {
 	*x = StoreRequest{}
-	mi := &file_hoard_proto_msgTypes[58]
+	mi := &file_hoard_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4049,7 +4282,7 @@ func (x *StoreRequest) String() string {
 func (*StoreRequest) ProtoMessage() {}
 
 func (x *StoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[58]
+	mi := &file_hoard_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4062,7 +4295,7 @@ func (x *StoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRequest.ProtoReflect.Descriptor instead.
 func (*StoreRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{58}
+	return file_hoard_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *StoreRequest) GetFid() *FID {
@@ -4172,7 +4405,7 @@ type StoreReply struct {
 
 func (x *StoreReply) Reset() {
 	*x = StoreReply{}
-	mi := &file_hoard_proto_msgTypes[59]
+	mi := &file_hoard_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4184,7 +4417,7 @@ func (x *StoreReply) String() string {
 func (*StoreReply) ProtoMessage() {}
 
 func (x *StoreReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[59]
+	mi := &file_hoard_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4197,7 +4430,7 @@ func (x *StoreReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreReply.ProtoReflect.Descriptor instead.
 func (*StoreReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{59}
+	return file_hoard_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *StoreReply) GetStatus() *Status {
@@ -4215,7 +4448,7 @@ type WhoAmIRequest struct {
 
 func (x *WhoAmIRequest) Reset() {
 	*x = WhoAmIRequest{}
-	mi := &file_hoard_proto_msgTypes[60]
+	mi := &file_hoard_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4227,7 +4460,7 @@ func (x *WhoAmIRequest) String() string {
 func (*WhoAmIRequest) ProtoMessage() {}
 
 func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[60]
+	mi := &file_hoard_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4240,7 +4473,7 @@ func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
 func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{60}
+	return file_hoard_proto_rawDescGZIP(), []int{62}
 }
 
 type WhoAmIReply struct {
@@ -4258,7 +4491,7 @@ type WhoAmIReply struct {
 
 func (x *WhoAmIReply) Reset() {
 	*x = WhoAmIReply{}
-	mi := &file_hoard_proto_msgTypes[61]
+	mi := &file_hoard_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4270,7 +4503,7 @@ func (x *WhoAmIReply) String() string {
 func (*WhoAmIReply) ProtoMessage() {}
 
 func (x *WhoAmIReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[61]
+	mi := &file_hoard_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4283,7 +4516,7 @@ func (x *WhoAmIReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIReply.ProtoReflect.Descriptor instead.
 func (*WhoAmIReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{61}
+	return file_hoard_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *WhoAmIReply) GetUser() string {
@@ -4331,7 +4564,7 @@ type ACLEntry struct {
 
 func (x *ACLEntry) Reset() {
 	*x = ACLEntry{}
-	mi := &file_hoard_proto_msgTypes[62]
+	mi := &file_hoard_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4343,7 +4576,7 @@ func (x *ACLEntry) String() string {
 func (*ACLEntry) ProtoMessage() {}
 
 func (x *ACLEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[62]
+	mi := &file_hoard_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4356,7 +4589,7 @@ func (x *ACLEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLEntry.ProtoReflect.Descriptor instead.
 func (*ACLEntry) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{62}
+	return file_hoard_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ACLEntry) GetWho() string {
@@ -4382,7 +4615,7 @@ type GetACLRequest struct {
 
 func (x *GetACLRequest) Reset() {
 	*x = GetACLRequest{}
-	mi := &file_hoard_proto_msgTypes[63]
+	mi := &file_hoard_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4394,7 +4627,7 @@ func (x *GetACLRequest) String() string {
 func (*GetACLRequest) ProtoMessage() {}
 
 func (x *GetACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[63]
+	mi := &file_hoard_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4407,7 +4640,7 @@ func (x *GetACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLRequest.ProtoReflect.Descriptor instead.
 func (*GetACLRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{63}
+	return file_hoard_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *GetACLRequest) GetFid() *FID {
@@ -4429,7 +4662,7 @@ type SetACLRequest struct {
 
 func (x *SetACLRequest) Reset() {
 	*x = SetACLRequest{}
-	mi := &file_hoard_proto_msgTypes[64]
+	mi := &file_hoard_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4441,7 +4674,7 @@ func (x *SetACLRequest) String() string {
 func (*SetACLRequest) ProtoMessage() {}
 
 func (x *SetACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[64]
+	mi := &file_hoard_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4454,7 +4687,7 @@ func (x *SetACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetACLRequest.ProtoReflect.Descriptor instead.
 func (*SetACLRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{64}
+	return file_hoard_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *SetACLRequest) GetDir() *FID {
@@ -4491,7 +4724,7 @@ type ACLReply struct {
 
 func (x *ACLReply) Reset() {
 	*x = ACLReply{}
-	mi := &file_hoard_proto_msgTypes[65]
+	mi := &file_hoard_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4503,7 +4736,7 @@ func (x *ACLReply) String() string {
 func (*ACLReply) ProtoMessage() {}
 
 func (x *ACLReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[65]
+	mi := &file_hoard_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4516,7 +4749,7 @@ func (x *ACLReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLReply.ProtoReflect.Descriptor instead.
 func (*ACLReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{65}
+	return file_hoard_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ACLReply) GetDir() *FID {
@@ -4552,7 +4785,7 @@ type ChangeGroupRequest struct {
 
 func (x *ChangeGroupRequest) Reset() {
 	*x = ChangeGroupRequest{}
-	mi := &file_hoard_proto_msgTypes[66]
+	mi := &file_hoard_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4564,7 +4797,7 @@ func (x *ChangeGroupRequest) String() string {
 func (*ChangeGroupRequest) ProtoMessage() {}
 
 func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[66]
+	mi := &file_hoard_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4577,7 +4810,7 @@ func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupRequest.ProtoReflect.Descriptor instead.
 func (*ChangeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{66}
+	return file_hoard_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ChangeGroupRequest) GetChange() ChangeGroupRequest_Change {
@@ -4609,7 +4842,7 @@ type ChangeGroupReply struct {
 
 func (x *ChangeGroupReply) Reset() {
 	*x = ChangeGroupReply{}
-	mi := &file_hoard_proto_msgTypes[67]
+	mi := &file_hoard_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4621,7 +4854,7 @@ func (x *ChangeGroupReply) String() string {
 func (*ChangeGroupReply) ProtoMessage() {}
 
 func (x *ChangeGroupReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[67]
+	mi := &file_hoard_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4634,7 +4867,7 @@ func (x *ChangeGroupReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupReply.ProtoReflect.Descriptor instead.
 func (*ChangeGroupReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{67}
+	return file_hoard_proto_rawDescGZIP(), []int{69}
 }
 
 type ListGroupsRequest struct {
@@ -4645,7 +4878,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_hoard_proto_msgTypes[68]
+	mi := &file_hoard_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4657,7 +4890,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[68]
+	mi := &file_hoard_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4670,7 +4903,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{68}
+	return file_hoard_proto_rawDescGZIP(), []int{70}
 }
 
 type Group struct {
@@ -4684,7 +4917,7 @@ type Group struct {
 
 func (x *Group) Reset() {
 	*x = Group{}
-	mi := &file_hoard_proto_msgTypes[69]
+	mi := &file_hoard_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4696,7 +4929,7 @@ func (x *Group) String() string {
 func (*Group) ProtoMessage() {}
 
 func (x *Group) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[69]
+	mi := &file_hoard_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4709,7 +4942,7 @@ func (x *Group) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Group.ProtoReflect.Descriptor instead.
 func (*Group) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{69}
+	return file_hoard_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *Group) GetName() string {
@@ -4742,7 +4975,7 @@ type ListGroupsReply struct {
 
 func (x *ListGroupsReply) Reset() {
 	*x = ListGroupsReply{}
-	mi := &file_hoard_proto_msgTypes[70]
+	mi := &file_hoard_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4754,7 +4987,7 @@ func (x *ListGroupsReply) String() string {
 func (*ListGroupsReply) ProtoMessage() {}
 
 func (x *ListGroupsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[70]
+	mi := &file_hoard_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4767,7 +5000,7 @@ func (x *ListGroupsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsReply.ProtoReflect.Descriptor instead.
 func (*ListGroupsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{70}
+	return file_hoard_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ListGroupsReply) GetGroups() []*Group {
@@ -4789,7 +5022,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_hoard_proto_msgTypes[71]
+	mi := &file_hoard_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4801,7 +5034,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[71]
+	mi := &file_hoard_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4814,7 +5047,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{71}
+	return file_hoard_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -4839,7 +5072,7 @@ type RevokeTokenReply struct {
 
 func (x *RevokeTokenReply) Reset() {
 	*x = RevokeTokenReply{}
-	mi := &file_hoard_proto_msgTypes[72]
+	mi := &file_hoard_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4851,7 +5084,7 @@ func (x *RevokeTokenReply) String() string {
 func (*RevokeTokenReply) ProtoMessage() {}
 
 func (x *RevokeTokenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[72]
+	mi := &file_hoard_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4864,7 +5097,7 @@ func (x *RevokeTokenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenReply.ProtoReflect.Descriptor instead.
 func (*RevokeTokenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{72}
+	return file_hoard_proto_rawDescGZIP(), []int{74}
 }
 
 type ReserveRequest struct {
@@ -4877,7 +5110,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_hoard_proto_msgTypes[73]
+	mi := &file_hoard_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4889,7 +5122,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[73]
+	mi := &file_hoard_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4902,7 +5135,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{73}
+	return file_hoard_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ReserveRequest) GetVolume() uint64 {
@@ -4928,7 +5161,7 @@ type ReserveReply struct {
 
 func (x *ReserveReply) Reset() {
 	*x = ReserveReply{}
-	mi := &file_hoard_proto_msgTypes[74]
+	mi := &file_hoard_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4940,7 +5173,7 @@ func (x *ReserveReply) String() string {
 func (*ReserveReply) ProtoMessage() {}
 
 func (x *ReserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[74]
+	mi := &file_hoard_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4953,7 +5186,7 @@ func (x *ReserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveReply.ProtoReflect.Descriptor instead.
 func (*ReserveReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{74}
+	return file_hoard_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ReserveReply) GetFids() []*FID {
@@ -4977,7 +5210,7 @@ type ReservedFile struct {
 
 func (x *ReservedFile) Reset() {
 	*x = ReservedFile{}
-	mi := &file_hoard_proto_msgTypes[75]
+	mi := &file_hoard_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4989,7 +5222,7 @@ func (x *ReservedFile) String() string {
 func (*ReservedFile) ProtoMessage() {}
 
 func (x *ReservedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[75]
+	mi := &file_hoard_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5002,7 +5235,7 @@ func (x *ReservedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservedFile.ProtoReflect.Descriptor instead.
 func (*ReservedFile) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{75}
+	return file_hoard_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ReservedFile) GetName() string {
@@ -5059,7 +5292,7 @@ type RemovedFile struct {
 
 func (x *RemovedFile) Reset() {
 	*x = RemovedFile{}
-	mi := &file_hoard_proto_msgTypes[76]
+	mi := &file_hoard_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5071,7 +5304,7 @@ func (x *RemovedFile) String() string {
 func (*RemovedFile) ProtoMessage() {}
 
 func (x *RemovedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[76]
+	mi := &file_hoard_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5084,7 +5317,7 @@ func (x *RemovedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovedFile.ProtoReflect.Descriptor instead.
 func (*RemovedFile) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{76}
+	return file_hoard_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *RemovedFile) GetName() string {
@@ -5120,7 +5353,7 @@ type CreateReservedRequest struct {
 
 func (x *CreateReservedRequest) Reset() {
 	*x = CreateReservedRequest{}
-	mi := &file_hoard_proto_msgTypes[77]
+	mi := &file_hoard_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5132,7 +5365,7 @@ func (x *CreateReservedRequest) String() string {
 func (*CreateReservedRequest) ProtoMessage() {}
 
 func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[77]
+	mi := &file_hoard_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5145,7 +5378,7 @@ func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedRequest.ProtoReflect.Descriptor instead.
 func (*CreateReservedRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{77}
+	return file_hoard_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *CreateReservedRequest) GetDir() *FID {
@@ -5197,7 +5430,7 @@ type CreateReservedReply struct {
 
 func (x *CreateReservedReply) Reset() {
 	*x = CreateReservedReply{}
-	mi := &file_hoard_proto_msgTypes[78]
+	mi := &file_hoard_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5209,7 +5442,7 @@ func (x *CreateReservedReply) String() string {
 func (*CreateReservedReply) ProtoMessage() {}
 
 func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[78]
+	mi := &file_hoard_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5222,7 +5455,7 @@ func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedReply.ProtoReflect.Descriptor instead.
 func (*CreateReservedReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{78}
+	return file_hoard_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *CreateReservedReply) GetDir() *Status {
@@ -5277,7 +5510,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_hoard_proto_msgTypes[79]
+	mi := &file_hoard_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5289,7 +5522,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[79]
+	mi := &file_hoard_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5302,7 +5535,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{79}
+	return file_hoard_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *OpenRequest) GetFid() *FID {
@@ -5354,7 +5587,7 @@ type OpenReply struct {
 
 func (x *OpenReply) Reset() {
 	*x = OpenReply{}
-	mi := &file_hoard_proto_msgTypes[80]
+	mi := &file_hoard_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5366,7 +5599,7 @@ func (x *OpenReply) String() string {
 func (*OpenReply) ProtoMessage() {}
 
 func (x *OpenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[80]
+	mi := &file_hoard_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5379,7 +5612,7 @@ func (x *OpenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenReply.ProtoReflect.Descriptor instead.
 func (*OpenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{80}
+	return file_hoard_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *OpenReply) GetStatus() *Status {
@@ -5420,7 +5653,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_hoard_proto_msgTypes[81]
+	mi := &file_hoard_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5432,7 +5665,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[81]
+	mi := &file_hoard_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5445,7 +5678,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{81}
+	return file_hoard_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *CloseRequest) GetFid() *FID {
@@ -5470,7 +5703,7 @@ type CloseReply struct {
 
 func (x *CloseReply) Reset() {
 	*x = CloseReply{}
-	mi := &file_hoard_proto_msgTypes[82]
+	mi := &file_hoard_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5482,7 +5715,7 @@ func (x *CloseReply) String() string {
 func (*CloseReply) ProtoMessage() {}
 
 func (x *CloseReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[82]
+	mi := &file_hoard_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5495,7 +5728,7 @@ func (x *CloseReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseReply.ProtoReflect.Descriptor instead.
 func (*CloseReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{82}
+	return file_hoard_proto_rawDescGZIP(), []int{84}
 }
 
 // Return gives a delegation back after its dirty data was stored; readers
@@ -5513,7 +5746,7 @@ type ReturnRequest struct {
 
 func (x *ReturnRequest) Reset() {
 	*x = ReturnRequest{}
-	mi := &file_hoard_proto_msgTypes[83]
+	mi := &file_hoard_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5525,7 +5758,7 @@ func (x *ReturnRequest) String() string {
 func (*ReturnRequest) ProtoMessage() {}
 
 func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[83]
+	mi := &file_hoard_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5538,7 +5771,7 @@ func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{83}
+	return file_hoard_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ReturnRequest) GetFid() *FID {
@@ -5577,7 +5810,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_hoard_proto_msgTypes[84]
+	mi := &file_hoard_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5589,7 +5822,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[84]
+	mi := &file_hoard_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5602,7 +5835,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{84}
+	return file_hoard_proto_rawDescGZIP(), []int{86}
 }
 
 type RenewReply struct {
@@ -5613,7 +5846,7 @@ type RenewReply struct {
 
 func (x *RenewReply) Reset() {
 	*x = RenewReply{}
-	mi := &file_hoard_proto_msgTypes[85]
+	mi := &file_hoard_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5625,7 +5858,7 @@ func (x *RenewReply) String() string {
 func (*RenewReply) ProtoMessage() {}
 
 func (x *RenewReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[85]
+	mi := &file_hoard_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5638,7 +5871,7 @@ func (x *RenewReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewReply.ProtoReflect.Descriptor instead.
 func (*RenewReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{85}
+	return file_hoard_proto_rawDescGZIP(), []int{87}
 }
 
 type ReturnReply struct {
@@ -5651,7 +5884,7 @@ type ReturnReply struct {
 
 func (x *ReturnReply) Reset() {
 	*x = ReturnReply{}
-	mi := &file_hoard_proto_msgTypes[86]
+	mi := &file_hoard_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5663,7 +5896,7 @@ func (x *ReturnReply) String() string {
 func (*ReturnReply) ProtoMessage() {}
 
 func (x *ReturnReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[86]
+	mi := &file_hoard_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5676,7 +5909,7 @@ func (x *ReturnReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnReply.ProtoReflect.Descriptor instead.
 func (*ReturnReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{86}
+	return file_hoard_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ReturnReply) GetAccepted() bool {
@@ -5694,7 +5927,7 @@ type ProxyStatsRequest struct {
 
 func (x *ProxyStatsRequest) Reset() {
 	*x = ProxyStatsRequest{}
-	mi := &file_hoard_proto_msgTypes[87]
+	mi := &file_hoard_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5706,7 +5939,7 @@ func (x *ProxyStatsRequest) String() string {
 func (*ProxyStatsRequest) ProtoMessage() {}
 
 func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[87]
+	mi := &file_hoard_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5719,7 +5952,7 @@ func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsRequest.ProtoReflect.Descriptor instead.
 func (*ProxyStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{87}
+	return file_hoard_proto_rawDescGZIP(), []int{89}
 }
 
 // ProxyStatsReply: the proxy's disk store. Hits and misses count chunk
@@ -5769,7 +6002,7 @@ type ProxyStatsReply struct {
 
 func (x *ProxyStatsReply) Reset() {
 	*x = ProxyStatsReply{}
-	mi := &file_hoard_proto_msgTypes[88]
+	mi := &file_hoard_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5781,7 +6014,7 @@ func (x *ProxyStatsReply) String() string {
 func (*ProxyStatsReply) ProtoMessage() {}
 
 func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[88]
+	mi := &file_hoard_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5794,7 +6027,7 @@ func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsReply.ProtoReflect.Descriptor instead.
 func (*ProxyStatsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{88}
+	return file_hoard_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ProxyStatsReply) GetOrigin() string {
@@ -6047,7 +6280,7 @@ const file_hoard_proto_rawDesc = "" +
 	"\x05files\x18\a \x01(\x04R\x05files\".\n" +
 	"\x04Site\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
-	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xd5\x01\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xb1\x02\n" +
 	"\bLocation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1e\n" +
@@ -6057,7 +6290,11 @@ const file_hoard_proto_rawDesc = "" +
 	"\n" +
 	"created_ns\x18\x06 \x01(\x03R\tcreatedNs\x12\x12\n" +
 	"\x04here\x18\a \x01(\bR\x04here\x12\x16\n" +
-	"\x06moving\x18\b \x01(\tR\x06moving\"3\n" +
+	"\x06moving\x18\b \x01(\tR\x06moving\x12\x13\n" +
+	"\x05ro_id\x18\t \x01(\x04R\x04roId\x12\x1b\n" +
+	"\tread_only\x18\n" +
+	" \x01(\bR\breadOnly\x12(\n" +
+	"\apending\x18\v \x03(\v2\x0e.hoard.v1.SiteR\apending\"3\n" +
 	"\rLocateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\"\x16\n" +
@@ -6093,7 +6330,7 @@ const file_hoard_proto_rawDesc = "" +
 	"\x05value\x18\x03 \x01(\fR\x05value\"R\n" +
 	"\x11DumpVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
-	"\x04have\x18\x02 \x03(\v2\x15.hoard.v1.FileVersionR\x04have\"\x8f\x02\n" +
+	"\x04have\x18\x02 \x03(\v2\x15.hoard.v1.FileVersionR\x04have\"\xc3\x02\n" +
 	"\tDumpPiece\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\x04R\x06volume\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12$\n" +
@@ -6103,7 +6340,10 @@ const file_hoard_proto_rawDesc = "" +
 	"\x04data\x18\x06 \x01(\fR\x04data\x12\x1c\n" +
 	"\tabandoned\x18\a \x01(\bR\tabandoned\x12\x10\n" +
 	"\x03end\x18\b \x01(\bR\x03end\x12)\n" +
-	"\x04kept\x18\t \x03(\v2\x15.hoard.v1.FileVersionR\x04kept\"s\n" +
+	"\x04kept\x18\t \x03(\v2\x15.hoard.v1.FileVersionR\x04kept\x12\x18\n" +
+	"\arelease\x18\n" +
+	" \x01(\bR\arelease\x12\x18\n" +
+	"\apublish\x18\v \x01(\bR\apublish\"s\n" +
 	"\x12RestoreVolumeReply\x12)\n" +
 	"\x04have\x18\x01 \x03(\v2\x15.hoard.v1.FileVersionR\x04have\x12\x1c\n" +
 	"\tabandoned\x18\x02 \x01(\rR\tabandoned\x12\x14\n" +
@@ -6121,7 +6361,24 @@ const file_hoard_proto_rawDesc = "" +
 	"\x06COMMIT\x10\x03\x12\t\n" +
 	"\x05ABORT\x10\x04\"A\n" +
 	"\x0fMoveVolumeReply\x12.\n" +
-	"\blocation\x18\x01 \x01(\v2\x12.hoard.v1.LocationR\blocation\"6\n" +
+	"\blocation\x18\x01 \x01(\v2\x12.hoard.v1.LocationR\blocation\"\xd8\x01\n" +
+	"\x14ReleaseVolumeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x127\n" +
+	"\x04step\x18\x02 \x01(\x0e2#.hoard.v1.ReleaseVolumeRequest.StepR\x04step\x12\x12\n" +
+	"\x04site\x18\x03 \x01(\tR\x04site\"_\n" +
+	"\x04Step\x12\b\n" +
+	"\x04HAVE\x10\x00\x12\v\n" +
+	"\aQUIESCE\x10\x06\x12\n" +
+	"\n" +
+	"\x06FREEZE\x10\x01\x12\n" +
+	"\n" +
+	"\x06COMMIT\x10\x02\x12\t\n" +
+	"\x05ABORT\x10\x03\x12\f\n" +
+	"\bADD_SITE\x10\x04\x12\x0f\n" +
+	"\vREMOVE_SITE\x10\x05\"o\n" +
+	"\x12ReleaseVolumeReply\x12.\n" +
+	"\blocation\x18\x01 \x01(\v2\x12.hoard.v1.LocationR\blocation\x12)\n" +
+	"\x04have\x18\x02 \x03(\v2\x15.hoard.v1.FileVersionR\x04have\"6\n" +
 	"\x10GetVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\"\x14\n" +
@@ -6395,7 +6652,7 @@ const file_hoard_proto_rawDesc = "" +
 	"DELEG_NONE\x10\x00\x12\x0e\n" +
 	"\n" +
 	"DELEG_READ\x10\x01\x12\x0f\n" +
-	"\vDELEG_WRITE\x10\x022\x9e\x11\n" +
+	"\vDELEG_WRITE\x10\x022\xed\x11\n" +
 	"\n" +
 	"FileServer\x127\n" +
 	"\aConnect\x12\x13.hoard.v1.ClientMsg\x1a\x13.hoard.v1.ServerMsg(\x010\x01\x129\n" +
@@ -6408,7 +6665,8 @@ const file_hoard_proto_rawDesc = "" +
 	"DumpVolume\x12\x1b.hoard.v1.DumpVolumeRequest\x1a\x13.hoard.v1.DumpPiece0\x01\x12D\n" +
 	"\rRestoreVolume\x12\x13.hoard.v1.DumpPiece\x1a\x1c.hoard.v1.RestoreVolumeReply(\x01\x12D\n" +
 	"\n" +
-	"MoveVolume\x12\x1b.hoard.v1.MoveVolumeRequest\x1a\x19.hoard.v1.MoveVolumeReply\x125\n" +
+	"MoveVolume\x12\x1b.hoard.v1.MoveVolumeRequest\x1a\x19.hoard.v1.MoveVolumeReply\x12M\n" +
+	"\rReleaseVolume\x12\x1e.hoard.v1.ReleaseVolumeRequest\x1a\x1c.hoard.v1.ReleaseVolumeReply\x125\n" +
 	"\x06Locate\x12\x17.hoard.v1.LocateRequest\x1a\x12.hoard.v1.Location\x12M\n" +
 	"\rListLocations\x12\x1e.hoard.v1.ListLocationsRequest\x1a\x1c.hoard.v1.ListLocationsReply\x12G\n" +
 	"\vListServers\x12\x1c.hoard.v1.ListServersRequest\x1a\x1a.hoard.v1.ListServersReply\x128\n" +
@@ -6451,263 +6709,272 @@ func file_hoard_proto_rawDescGZIP() []byte {
 	return file_hoard_proto_rawDescData
 }
 
-var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 89)
+var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 91)
 var file_hoard_proto_goTypes = []any{
 	(FileType)(0),                  // 0: hoard.v1.FileType
 	(DelegKind)(0),                 // 1: hoard.v1.DelegKind
 	(MoveVolumeRequest_Step)(0),    // 2: hoard.v1.MoveVolumeRequest.Step
-	(ChangeGroupRequest_Change)(0), // 3: hoard.v1.ChangeGroupRequest.Change
-	(*FID)(nil),                    // 4: hoard.v1.FID
-	(*Status)(nil),                 // 5: hoard.v1.Status
-	(*Error)(nil),                  // 6: hoard.v1.Error
-	(*ClientMsg)(nil),              // 7: hoard.v1.ClientMsg
-	(*Hello)(nil),                  // 8: hoard.v1.Hello
-	(*Ack)(nil),                    // 9: hoard.v1.Ack
-	(*ServerMsg)(nil),              // 10: hoard.v1.ServerMsg
-	(*Welcome)(nil),                // 11: hoard.v1.Welcome
-	(*Break)(nil),                  // 12: hoard.v1.Break
-	(*Reset)(nil),                  // 13: hoard.v1.Reset
-	(*Recall)(nil),                 // 14: hoard.v1.Recall
-	(*Revoke)(nil),                 // 15: hoard.v1.Revoke
-	(*Ping)(nil),                   // 16: hoard.v1.Ping
-	(*Volume)(nil),                 // 17: hoard.v1.Volume
-	(*Site)(nil),                   // 18: hoard.v1.Site
-	(*Location)(nil),               // 19: hoard.v1.Location
-	(*LocateRequest)(nil),          // 20: hoard.v1.LocateRequest
-	(*ListLocationsRequest)(nil),   // 21: hoard.v1.ListLocationsRequest
-	(*ListLocationsReply)(nil),     // 22: hoard.v1.ListLocationsReply
-	(*ServerInfo)(nil),             // 23: hoard.v1.ServerInfo
-	(*ListServersRequest)(nil),     // 24: hoard.v1.ListServersRequest
-	(*ListServersReply)(nil),       // 25: hoard.v1.ListServersReply
-	(*SetVolumeRequest)(nil),       // 26: hoard.v1.SetVolumeRequest
-	(*RemoveVolumeRequest)(nil),    // 27: hoard.v1.RemoveVolumeRequest
-	(*RemoveVolumeReply)(nil),      // 28: hoard.v1.RemoveVolumeReply
-	(*FileVersion)(nil),            // 29: hoard.v1.FileVersion
-	(*MetaKV)(nil),                 // 30: hoard.v1.MetaKV
-	(*DumpVolumeRequest)(nil),      // 31: hoard.v1.DumpVolumeRequest
-	(*DumpPiece)(nil),              // 32: hoard.v1.DumpPiece
-	(*RestoreVolumeReply)(nil),     // 33: hoard.v1.RestoreVolumeReply
-	(*MoveVolumeRequest)(nil),      // 34: hoard.v1.MoveVolumeRequest
-	(*MoveVolumeReply)(nil),        // 35: hoard.v1.MoveVolumeReply
-	(*GetVolumeRequest)(nil),       // 36: hoard.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),     // 37: hoard.v1.ListVolumesRequest
-	(*ListVolumesReply)(nil),       // 38: hoard.v1.ListVolumesReply
-	(*CreateVolumeRequest)(nil),    // 39: hoard.v1.CreateVolumeRequest
-	(*LookupRequest)(nil),          // 40: hoard.v1.LookupRequest
-	(*LookupReply)(nil),            // 41: hoard.v1.LookupReply
-	(*GetStatusRequest)(nil),       // 42: hoard.v1.GetStatusRequest
-	(*StatusResult)(nil),           // 43: hoard.v1.StatusResult
-	(*GetStatusReply)(nil),         // 44: hoard.v1.GetStatusReply
-	(*ReadDirRequest)(nil),         // 45: hoard.v1.ReadDirRequest
-	(*DirEntry)(nil),               // 46: hoard.v1.DirEntry
-	(*ReadDirReply)(nil),           // 47: hoard.v1.ReadDirReply
-	(*CreateRequest)(nil),          // 48: hoard.v1.CreateRequest
-	(*CreateReply)(nil),            // 49: hoard.v1.CreateReply
-	(*LinkRequest)(nil),            // 50: hoard.v1.LinkRequest
-	(*LinkReply)(nil),              // 51: hoard.v1.LinkReply
-	(*RemoveRequest)(nil),          // 52: hoard.v1.RemoveRequest
-	(*RemoveReply)(nil),            // 53: hoard.v1.RemoveReply
-	(*RenameRequest)(nil),          // 54: hoard.v1.RenameRequest
-	(*RenameReply)(nil),            // 55: hoard.v1.RenameReply
-	(*SetAttrRequest)(nil),         // 56: hoard.v1.SetAttrRequest
-	(*SetAttrReply)(nil),           // 57: hoard.v1.SetAttrReply
-	(*StatFSRequest)(nil),          // 58: hoard.v1.StatFSRequest
-	(*StatFSReply)(nil),            // 59: hoard.v1.StatFSReply
-	(*FetchRequest)(nil),           // 60: hoard.v1.FetchRequest
-	(*FetchReply)(nil),             // 61: hoard.v1.FetchReply
-	(*StoreRequest)(nil),           // 62: hoard.v1.StoreRequest
-	(*StoreReply)(nil),             // 63: hoard.v1.StoreReply
-	(*WhoAmIRequest)(nil),          // 64: hoard.v1.WhoAmIRequest
-	(*WhoAmIReply)(nil),            // 65: hoard.v1.WhoAmIReply
-	(*ACLEntry)(nil),               // 66: hoard.v1.ACLEntry
-	(*GetACLRequest)(nil),          // 67: hoard.v1.GetACLRequest
-	(*SetACLRequest)(nil),          // 68: hoard.v1.SetACLRequest
-	(*ACLReply)(nil),               // 69: hoard.v1.ACLReply
-	(*ChangeGroupRequest)(nil),     // 70: hoard.v1.ChangeGroupRequest
-	(*ChangeGroupReply)(nil),       // 71: hoard.v1.ChangeGroupReply
-	(*ListGroupsRequest)(nil),      // 72: hoard.v1.ListGroupsRequest
-	(*Group)(nil),                  // 73: hoard.v1.Group
-	(*ListGroupsReply)(nil),        // 74: hoard.v1.ListGroupsReply
-	(*RevokeTokenRequest)(nil),     // 75: hoard.v1.RevokeTokenRequest
-	(*RevokeTokenReply)(nil),       // 76: hoard.v1.RevokeTokenReply
-	(*ReserveRequest)(nil),         // 77: hoard.v1.ReserveRequest
-	(*ReserveReply)(nil),           // 78: hoard.v1.ReserveReply
-	(*ReservedFile)(nil),           // 79: hoard.v1.ReservedFile
-	(*RemovedFile)(nil),            // 80: hoard.v1.RemovedFile
-	(*CreateReservedRequest)(nil),  // 81: hoard.v1.CreateReservedRequest
-	(*CreateReservedReply)(nil),    // 82: hoard.v1.CreateReservedReply
-	(*OpenRequest)(nil),            // 83: hoard.v1.OpenRequest
-	(*OpenReply)(nil),              // 84: hoard.v1.OpenReply
-	(*CloseRequest)(nil),           // 85: hoard.v1.CloseRequest
-	(*CloseReply)(nil),             // 86: hoard.v1.CloseReply
-	(*ReturnRequest)(nil),          // 87: hoard.v1.ReturnRequest
-	(*RenewRequest)(nil),           // 88: hoard.v1.RenewRequest
-	(*RenewReply)(nil),             // 89: hoard.v1.RenewReply
-	(*ReturnReply)(nil),            // 90: hoard.v1.ReturnReply
-	(*ProxyStatsRequest)(nil),      // 91: hoard.v1.ProxyStatsRequest
-	(*ProxyStatsReply)(nil),        // 92: hoard.v1.ProxyStatsReply
+	(ReleaseVolumeRequest_Step)(0), // 3: hoard.v1.ReleaseVolumeRequest.Step
+	(ChangeGroupRequest_Change)(0), // 4: hoard.v1.ChangeGroupRequest.Change
+	(*FID)(nil),                    // 5: hoard.v1.FID
+	(*Status)(nil),                 // 6: hoard.v1.Status
+	(*Error)(nil),                  // 7: hoard.v1.Error
+	(*ClientMsg)(nil),              // 8: hoard.v1.ClientMsg
+	(*Hello)(nil),                  // 9: hoard.v1.Hello
+	(*Ack)(nil),                    // 10: hoard.v1.Ack
+	(*ServerMsg)(nil),              // 11: hoard.v1.ServerMsg
+	(*Welcome)(nil),                // 12: hoard.v1.Welcome
+	(*Break)(nil),                  // 13: hoard.v1.Break
+	(*Reset)(nil),                  // 14: hoard.v1.Reset
+	(*Recall)(nil),                 // 15: hoard.v1.Recall
+	(*Revoke)(nil),                 // 16: hoard.v1.Revoke
+	(*Ping)(nil),                   // 17: hoard.v1.Ping
+	(*Volume)(nil),                 // 18: hoard.v1.Volume
+	(*Site)(nil),                   // 19: hoard.v1.Site
+	(*Location)(nil),               // 20: hoard.v1.Location
+	(*LocateRequest)(nil),          // 21: hoard.v1.LocateRequest
+	(*ListLocationsRequest)(nil),   // 22: hoard.v1.ListLocationsRequest
+	(*ListLocationsReply)(nil),     // 23: hoard.v1.ListLocationsReply
+	(*ServerInfo)(nil),             // 24: hoard.v1.ServerInfo
+	(*ListServersRequest)(nil),     // 25: hoard.v1.ListServersRequest
+	(*ListServersReply)(nil),       // 26: hoard.v1.ListServersReply
+	(*SetVolumeRequest)(nil),       // 27: hoard.v1.SetVolumeRequest
+	(*RemoveVolumeRequest)(nil),    // 28: hoard.v1.RemoveVolumeRequest
+	(*RemoveVolumeReply)(nil),      // 29: hoard.v1.RemoveVolumeReply
+	(*FileVersion)(nil),            // 30: hoard.v1.FileVersion
+	(*MetaKV)(nil),                 // 31: hoard.v1.MetaKV
+	(*DumpVolumeRequest)(nil),      // 32: hoard.v1.DumpVolumeRequest
+	(*DumpPiece)(nil),              // 33: hoard.v1.DumpPiece
+	(*RestoreVolumeReply)(nil),     // 34: hoard.v1.RestoreVolumeReply
+	(*MoveVolumeRequest)(nil),      // 35: hoard.v1.MoveVolumeRequest
+	(*MoveVolumeReply)(nil),        // 36: hoard.v1.MoveVolumeReply
+	(*ReleaseVolumeRequest)(nil),   // 37: hoard.v1.ReleaseVolumeRequest
+	(*ReleaseVolumeReply)(nil),     // 38: hoard.v1.ReleaseVolumeReply
+	(*GetVolumeRequest)(nil),       // 39: hoard.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),     // 40: hoard.v1.ListVolumesRequest
+	(*ListVolumesReply)(nil),       // 41: hoard.v1.ListVolumesReply
+	(*CreateVolumeRequest)(nil),    // 42: hoard.v1.CreateVolumeRequest
+	(*LookupRequest)(nil),          // 43: hoard.v1.LookupRequest
+	(*LookupReply)(nil),            // 44: hoard.v1.LookupReply
+	(*GetStatusRequest)(nil),       // 45: hoard.v1.GetStatusRequest
+	(*StatusResult)(nil),           // 46: hoard.v1.StatusResult
+	(*GetStatusReply)(nil),         // 47: hoard.v1.GetStatusReply
+	(*ReadDirRequest)(nil),         // 48: hoard.v1.ReadDirRequest
+	(*DirEntry)(nil),               // 49: hoard.v1.DirEntry
+	(*ReadDirReply)(nil),           // 50: hoard.v1.ReadDirReply
+	(*CreateRequest)(nil),          // 51: hoard.v1.CreateRequest
+	(*CreateReply)(nil),            // 52: hoard.v1.CreateReply
+	(*LinkRequest)(nil),            // 53: hoard.v1.LinkRequest
+	(*LinkReply)(nil),              // 54: hoard.v1.LinkReply
+	(*RemoveRequest)(nil),          // 55: hoard.v1.RemoveRequest
+	(*RemoveReply)(nil),            // 56: hoard.v1.RemoveReply
+	(*RenameRequest)(nil),          // 57: hoard.v1.RenameRequest
+	(*RenameReply)(nil),            // 58: hoard.v1.RenameReply
+	(*SetAttrRequest)(nil),         // 59: hoard.v1.SetAttrRequest
+	(*SetAttrReply)(nil),           // 60: hoard.v1.SetAttrReply
+	(*StatFSRequest)(nil),          // 61: hoard.v1.StatFSRequest
+	(*StatFSReply)(nil),            // 62: hoard.v1.StatFSReply
+	(*FetchRequest)(nil),           // 63: hoard.v1.FetchRequest
+	(*FetchReply)(nil),             // 64: hoard.v1.FetchReply
+	(*StoreRequest)(nil),           // 65: hoard.v1.StoreRequest
+	(*StoreReply)(nil),             // 66: hoard.v1.StoreReply
+	(*WhoAmIRequest)(nil),          // 67: hoard.v1.WhoAmIRequest
+	(*WhoAmIReply)(nil),            // 68: hoard.v1.WhoAmIReply
+	(*ACLEntry)(nil),               // 69: hoard.v1.ACLEntry
+	(*GetACLRequest)(nil),          // 70: hoard.v1.GetACLRequest
+	(*SetACLRequest)(nil),          // 71: hoard.v1.SetACLRequest
+	(*ACLReply)(nil),               // 72: hoard.v1.ACLReply
+	(*ChangeGroupRequest)(nil),     // 73: hoard.v1.ChangeGroupRequest
+	(*ChangeGroupReply)(nil),       // 74: hoard.v1.ChangeGroupReply
+	(*ListGroupsRequest)(nil),      // 75: hoard.v1.ListGroupsRequest
+	(*Group)(nil),                  // 76: hoard.v1.Group
+	(*ListGroupsReply)(nil),        // 77: hoard.v1.ListGroupsReply
+	(*RevokeTokenRequest)(nil),     // 78: hoard.v1.RevokeTokenRequest
+	(*RevokeTokenReply)(nil),       // 79: hoard.v1.RevokeTokenReply
+	(*ReserveRequest)(nil),         // 80: hoard.v1.ReserveRequest
+	(*ReserveReply)(nil),           // 81: hoard.v1.ReserveReply
+	(*ReservedFile)(nil),           // 82: hoard.v1.ReservedFile
+	(*RemovedFile)(nil),            // 83: hoard.v1.RemovedFile
+	(*CreateReservedRequest)(nil),  // 84: hoard.v1.CreateReservedRequest
+	(*CreateReservedReply)(nil),    // 85: hoard.v1.CreateReservedReply
+	(*OpenRequest)(nil),            // 86: hoard.v1.OpenRequest
+	(*OpenReply)(nil),              // 87: hoard.v1.OpenReply
+	(*CloseRequest)(nil),           // 88: hoard.v1.CloseRequest
+	(*CloseReply)(nil),             // 89: hoard.v1.CloseReply
+	(*ReturnRequest)(nil),          // 90: hoard.v1.ReturnRequest
+	(*RenewRequest)(nil),           // 91: hoard.v1.RenewRequest
+	(*RenewReply)(nil),             // 92: hoard.v1.RenewReply
+	(*ReturnReply)(nil),            // 93: hoard.v1.ReturnReply
+	(*ProxyStatsRequest)(nil),      // 94: hoard.v1.ProxyStatsRequest
+	(*ProxyStatsReply)(nil),        // 95: hoard.v1.ProxyStatsReply
 }
 var file_hoard_proto_depIdxs = []int32{
-	4,   // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
+	5,   // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
 	0,   // 1: hoard.v1.Status.type:type_name -> hoard.v1.FileType
-	8,   // 2: hoard.v1.ClientMsg.hello:type_name -> hoard.v1.Hello
-	9,   // 3: hoard.v1.ClientMsg.ack:type_name -> hoard.v1.Ack
-	11,  // 4: hoard.v1.ServerMsg.welcome:type_name -> hoard.v1.Welcome
-	12,  // 5: hoard.v1.ServerMsg.break:type_name -> hoard.v1.Break
-	13,  // 6: hoard.v1.ServerMsg.reset:type_name -> hoard.v1.Reset
-	16,  // 7: hoard.v1.ServerMsg.ping:type_name -> hoard.v1.Ping
-	14,  // 8: hoard.v1.ServerMsg.recall:type_name -> hoard.v1.Recall
-	15,  // 9: hoard.v1.ServerMsg.revoke:type_name -> hoard.v1.Revoke
-	4,   // 10: hoard.v1.Break.fids:type_name -> hoard.v1.FID
-	4,   // 11: hoard.v1.Recall.fids:type_name -> hoard.v1.FID
-	4,   // 12: hoard.v1.Revoke.fids:type_name -> hoard.v1.FID
-	4,   // 13: hoard.v1.Volume.root:type_name -> hoard.v1.FID
-	18,  // 14: hoard.v1.Location.rw:type_name -> hoard.v1.Site
-	18,  // 15: hoard.v1.Location.ro:type_name -> hoard.v1.Site
-	19,  // 16: hoard.v1.ListLocationsReply.locations:type_name -> hoard.v1.Location
-	18,  // 17: hoard.v1.ServerInfo.site:type_name -> hoard.v1.Site
-	23,  // 18: hoard.v1.ListServersReply.servers:type_name -> hoard.v1.ServerInfo
-	29,  // 19: hoard.v1.DumpVolumeRequest.have:type_name -> hoard.v1.FileVersion
-	30,  // 20: hoard.v1.DumpPiece.meta:type_name -> hoard.v1.MetaKV
-	29,  // 21: hoard.v1.DumpPiece.file:type_name -> hoard.v1.FileVersion
-	29,  // 22: hoard.v1.DumpPiece.kept:type_name -> hoard.v1.FileVersion
-	29,  // 23: hoard.v1.RestoreVolumeReply.have:type_name -> hoard.v1.FileVersion
-	2,   // 24: hoard.v1.MoveVolumeRequest.step:type_name -> hoard.v1.MoveVolumeRequest.Step
-	19,  // 25: hoard.v1.MoveVolumeReply.location:type_name -> hoard.v1.Location
-	17,  // 26: hoard.v1.ListVolumesReply.volumes:type_name -> hoard.v1.Volume
-	4,   // 27: hoard.v1.LookupRequest.dir:type_name -> hoard.v1.FID
-	5,   // 28: hoard.v1.LookupReply.status:type_name -> hoard.v1.Status
-	5,   // 29: hoard.v1.LookupReply.dir:type_name -> hoard.v1.Status
-	4,   // 30: hoard.v1.GetStatusRequest.fids:type_name -> hoard.v1.FID
-	5,   // 31: hoard.v1.StatusResult.status:type_name -> hoard.v1.Status
-	43,  // 32: hoard.v1.GetStatusReply.results:type_name -> hoard.v1.StatusResult
-	4,   // 33: hoard.v1.ReadDirRequest.dir:type_name -> hoard.v1.FID
-	4,   // 34: hoard.v1.DirEntry.fid:type_name -> hoard.v1.FID
-	0,   // 35: hoard.v1.DirEntry.type:type_name -> hoard.v1.FileType
-	46,  // 36: hoard.v1.ReadDirReply.entries:type_name -> hoard.v1.DirEntry
-	5,   // 37: hoard.v1.ReadDirReply.dir:type_name -> hoard.v1.Status
-	4,   // 38: hoard.v1.CreateRequest.dir:type_name -> hoard.v1.FID
-	0,   // 39: hoard.v1.CreateRequest.type:type_name -> hoard.v1.FileType
-	5,   // 40: hoard.v1.CreateReply.status:type_name -> hoard.v1.Status
-	5,   // 41: hoard.v1.CreateReply.dir:type_name -> hoard.v1.Status
-	1,   // 42: hoard.v1.CreateReply.kind:type_name -> hoard.v1.DelegKind
-	4,   // 43: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
-	4,   // 44: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
-	5,   // 45: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
-	5,   // 46: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
-	4,   // 47: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
-	5,   // 48: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
-	5,   // 49: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
-	4,   // 50: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
-	4,   // 51: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
-	5,   // 52: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
-	5,   // 53: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
-	5,   // 54: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
-	5,   // 55: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
-	4,   // 56: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
-	5,   // 57: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
-	4,   // 58: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
-	5,   // 59: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
-	4,   // 60: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
-	5,   // 61: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
-	4,   // 62: hoard.v1.GetACLRequest.fid:type_name -> hoard.v1.FID
-	4,   // 63: hoard.v1.SetACLRequest.dir:type_name -> hoard.v1.FID
-	4,   // 64: hoard.v1.ACLReply.dir:type_name -> hoard.v1.FID
-	66,  // 65: hoard.v1.ACLReply.entries:type_name -> hoard.v1.ACLEntry
-	3,   // 66: hoard.v1.ChangeGroupRequest.change:type_name -> hoard.v1.ChangeGroupRequest.Change
-	73,  // 67: hoard.v1.ListGroupsReply.groups:type_name -> hoard.v1.Group
-	4,   // 68: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
-	4,   // 69: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
-	4,   // 70: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
-	4,   // 71: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
-	79,  // 72: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
-	80,  // 73: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
-	5,   // 74: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
-	5,   // 75: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
-	5,   // 76: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
-	4,   // 77: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
-	5,   // 78: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
-	1,   // 79: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
-	4,   // 80: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
-	4,   // 81: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
-	7,   // 82: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
-	36,  // 83: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
-	37,  // 84: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
-	39,  // 85: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
-	26,  // 86: hoard.v1.FileServer.SetVolume:input_type -> hoard.v1.SetVolumeRequest
-	27,  // 87: hoard.v1.FileServer.RemoveVolume:input_type -> hoard.v1.RemoveVolumeRequest
-	31,  // 88: hoard.v1.FileServer.DumpVolume:input_type -> hoard.v1.DumpVolumeRequest
-	32,  // 89: hoard.v1.FileServer.RestoreVolume:input_type -> hoard.v1.DumpPiece
-	34,  // 90: hoard.v1.FileServer.MoveVolume:input_type -> hoard.v1.MoveVolumeRequest
-	20,  // 91: hoard.v1.FileServer.Locate:input_type -> hoard.v1.LocateRequest
-	21,  // 92: hoard.v1.FileServer.ListLocations:input_type -> hoard.v1.ListLocationsRequest
-	24,  // 93: hoard.v1.FileServer.ListServers:input_type -> hoard.v1.ListServersRequest
-	40,  // 94: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
-	42,  // 95: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
-	45,  // 96: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
-	48,  // 97: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
-	50,  // 98: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
-	52,  // 99: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
-	54,  // 100: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
-	56,  // 101: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
-	58,  // 102: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
-	60,  // 103: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
-	62,  // 104: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
-	83,  // 105: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
-	85,  // 106: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
-	87,  // 107: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
-	88,  // 108: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
-	77,  // 109: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
-	81,  // 110: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
-	64,  // 111: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
-	67,  // 112: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
-	68,  // 113: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
-	70,  // 114: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
-	72,  // 115: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
-	75,  // 116: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
-	91,  // 117: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
-	10,  // 118: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
-	17,  // 119: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
-	38,  // 120: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
-	17,  // 121: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
-	17,  // 122: hoard.v1.FileServer.SetVolume:output_type -> hoard.v1.Volume
-	28,  // 123: hoard.v1.FileServer.RemoveVolume:output_type -> hoard.v1.RemoveVolumeReply
-	32,  // 124: hoard.v1.FileServer.DumpVolume:output_type -> hoard.v1.DumpPiece
-	33,  // 125: hoard.v1.FileServer.RestoreVolume:output_type -> hoard.v1.RestoreVolumeReply
-	35,  // 126: hoard.v1.FileServer.MoveVolume:output_type -> hoard.v1.MoveVolumeReply
-	19,  // 127: hoard.v1.FileServer.Locate:output_type -> hoard.v1.Location
-	22,  // 128: hoard.v1.FileServer.ListLocations:output_type -> hoard.v1.ListLocationsReply
-	25,  // 129: hoard.v1.FileServer.ListServers:output_type -> hoard.v1.ListServersReply
-	41,  // 130: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
-	44,  // 131: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
-	47,  // 132: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
-	49,  // 133: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
-	51,  // 134: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
-	53,  // 135: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
-	55,  // 136: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
-	57,  // 137: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
-	59,  // 138: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
-	61,  // 139: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
-	63,  // 140: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
-	84,  // 141: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
-	86,  // 142: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
-	90,  // 143: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
-	89,  // 144: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
-	78,  // 145: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
-	82,  // 146: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
-	65,  // 147: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
-	69,  // 148: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
-	69,  // 149: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
-	71,  // 150: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
-	74,  // 151: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
-	76,  // 152: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
-	92,  // 153: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
-	118, // [118:154] is the sub-list for method output_type
-	82,  // [82:118] is the sub-list for method input_type
-	82,  // [82:82] is the sub-list for extension type_name
-	82,  // [82:82] is the sub-list for extension extendee
-	0,   // [0:82] is the sub-list for field type_name
+	9,   // 2: hoard.v1.ClientMsg.hello:type_name -> hoard.v1.Hello
+	10,  // 3: hoard.v1.ClientMsg.ack:type_name -> hoard.v1.Ack
+	12,  // 4: hoard.v1.ServerMsg.welcome:type_name -> hoard.v1.Welcome
+	13,  // 5: hoard.v1.ServerMsg.break:type_name -> hoard.v1.Break
+	14,  // 6: hoard.v1.ServerMsg.reset:type_name -> hoard.v1.Reset
+	17,  // 7: hoard.v1.ServerMsg.ping:type_name -> hoard.v1.Ping
+	15,  // 8: hoard.v1.ServerMsg.recall:type_name -> hoard.v1.Recall
+	16,  // 9: hoard.v1.ServerMsg.revoke:type_name -> hoard.v1.Revoke
+	5,   // 10: hoard.v1.Break.fids:type_name -> hoard.v1.FID
+	5,   // 11: hoard.v1.Recall.fids:type_name -> hoard.v1.FID
+	5,   // 12: hoard.v1.Revoke.fids:type_name -> hoard.v1.FID
+	5,   // 13: hoard.v1.Volume.root:type_name -> hoard.v1.FID
+	19,  // 14: hoard.v1.Location.rw:type_name -> hoard.v1.Site
+	19,  // 15: hoard.v1.Location.ro:type_name -> hoard.v1.Site
+	19,  // 16: hoard.v1.Location.pending:type_name -> hoard.v1.Site
+	20,  // 17: hoard.v1.ListLocationsReply.locations:type_name -> hoard.v1.Location
+	19,  // 18: hoard.v1.ServerInfo.site:type_name -> hoard.v1.Site
+	24,  // 19: hoard.v1.ListServersReply.servers:type_name -> hoard.v1.ServerInfo
+	30,  // 20: hoard.v1.DumpVolumeRequest.have:type_name -> hoard.v1.FileVersion
+	31,  // 21: hoard.v1.DumpPiece.meta:type_name -> hoard.v1.MetaKV
+	30,  // 22: hoard.v1.DumpPiece.file:type_name -> hoard.v1.FileVersion
+	30,  // 23: hoard.v1.DumpPiece.kept:type_name -> hoard.v1.FileVersion
+	30,  // 24: hoard.v1.RestoreVolumeReply.have:type_name -> hoard.v1.FileVersion
+	2,   // 25: hoard.v1.MoveVolumeRequest.step:type_name -> hoard.v1.MoveVolumeRequest.Step
+	20,  // 26: hoard.v1.MoveVolumeReply.location:type_name -> hoard.v1.Location
+	3,   // 27: hoard.v1.ReleaseVolumeRequest.step:type_name -> hoard.v1.ReleaseVolumeRequest.Step
+	20,  // 28: hoard.v1.ReleaseVolumeReply.location:type_name -> hoard.v1.Location
+	30,  // 29: hoard.v1.ReleaseVolumeReply.have:type_name -> hoard.v1.FileVersion
+	18,  // 30: hoard.v1.ListVolumesReply.volumes:type_name -> hoard.v1.Volume
+	5,   // 31: hoard.v1.LookupRequest.dir:type_name -> hoard.v1.FID
+	6,   // 32: hoard.v1.LookupReply.status:type_name -> hoard.v1.Status
+	6,   // 33: hoard.v1.LookupReply.dir:type_name -> hoard.v1.Status
+	5,   // 34: hoard.v1.GetStatusRequest.fids:type_name -> hoard.v1.FID
+	6,   // 35: hoard.v1.StatusResult.status:type_name -> hoard.v1.Status
+	46,  // 36: hoard.v1.GetStatusReply.results:type_name -> hoard.v1.StatusResult
+	5,   // 37: hoard.v1.ReadDirRequest.dir:type_name -> hoard.v1.FID
+	5,   // 38: hoard.v1.DirEntry.fid:type_name -> hoard.v1.FID
+	0,   // 39: hoard.v1.DirEntry.type:type_name -> hoard.v1.FileType
+	49,  // 40: hoard.v1.ReadDirReply.entries:type_name -> hoard.v1.DirEntry
+	6,   // 41: hoard.v1.ReadDirReply.dir:type_name -> hoard.v1.Status
+	5,   // 42: hoard.v1.CreateRequest.dir:type_name -> hoard.v1.FID
+	0,   // 43: hoard.v1.CreateRequest.type:type_name -> hoard.v1.FileType
+	6,   // 44: hoard.v1.CreateReply.status:type_name -> hoard.v1.Status
+	6,   // 45: hoard.v1.CreateReply.dir:type_name -> hoard.v1.Status
+	1,   // 46: hoard.v1.CreateReply.kind:type_name -> hoard.v1.DelegKind
+	5,   // 47: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
+	5,   // 48: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
+	6,   // 49: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
+	6,   // 50: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
+	5,   // 51: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
+	6,   // 52: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
+	6,   // 53: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
+	5,   // 54: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
+	5,   // 55: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
+	6,   // 56: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
+	6,   // 57: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
+	6,   // 58: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
+	6,   // 59: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
+	5,   // 60: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
+	6,   // 61: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
+	5,   // 62: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
+	6,   // 63: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
+	5,   // 64: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
+	6,   // 65: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
+	5,   // 66: hoard.v1.GetACLRequest.fid:type_name -> hoard.v1.FID
+	5,   // 67: hoard.v1.SetACLRequest.dir:type_name -> hoard.v1.FID
+	5,   // 68: hoard.v1.ACLReply.dir:type_name -> hoard.v1.FID
+	69,  // 69: hoard.v1.ACLReply.entries:type_name -> hoard.v1.ACLEntry
+	4,   // 70: hoard.v1.ChangeGroupRequest.change:type_name -> hoard.v1.ChangeGroupRequest.Change
+	76,  // 71: hoard.v1.ListGroupsReply.groups:type_name -> hoard.v1.Group
+	5,   // 72: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
+	5,   // 73: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
+	5,   // 74: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
+	5,   // 75: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
+	82,  // 76: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
+	83,  // 77: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
+	6,   // 78: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
+	6,   // 79: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
+	6,   // 80: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
+	5,   // 81: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
+	6,   // 82: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
+	1,   // 83: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
+	5,   // 84: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
+	5,   // 85: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
+	8,   // 86: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
+	39,  // 87: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
+	40,  // 88: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
+	42,  // 89: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
+	27,  // 90: hoard.v1.FileServer.SetVolume:input_type -> hoard.v1.SetVolumeRequest
+	28,  // 91: hoard.v1.FileServer.RemoveVolume:input_type -> hoard.v1.RemoveVolumeRequest
+	32,  // 92: hoard.v1.FileServer.DumpVolume:input_type -> hoard.v1.DumpVolumeRequest
+	33,  // 93: hoard.v1.FileServer.RestoreVolume:input_type -> hoard.v1.DumpPiece
+	35,  // 94: hoard.v1.FileServer.MoveVolume:input_type -> hoard.v1.MoveVolumeRequest
+	37,  // 95: hoard.v1.FileServer.ReleaseVolume:input_type -> hoard.v1.ReleaseVolumeRequest
+	21,  // 96: hoard.v1.FileServer.Locate:input_type -> hoard.v1.LocateRequest
+	22,  // 97: hoard.v1.FileServer.ListLocations:input_type -> hoard.v1.ListLocationsRequest
+	25,  // 98: hoard.v1.FileServer.ListServers:input_type -> hoard.v1.ListServersRequest
+	43,  // 99: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
+	45,  // 100: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
+	48,  // 101: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
+	51,  // 102: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
+	53,  // 103: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
+	55,  // 104: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
+	57,  // 105: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
+	59,  // 106: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
+	61,  // 107: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
+	63,  // 108: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
+	65,  // 109: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
+	86,  // 110: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
+	88,  // 111: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
+	90,  // 112: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
+	91,  // 113: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
+	80,  // 114: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
+	84,  // 115: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
+	67,  // 116: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
+	70,  // 117: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
+	71,  // 118: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
+	73,  // 119: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
+	75,  // 120: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
+	78,  // 121: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
+	94,  // 122: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
+	11,  // 123: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
+	18,  // 124: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
+	41,  // 125: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
+	18,  // 126: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
+	18,  // 127: hoard.v1.FileServer.SetVolume:output_type -> hoard.v1.Volume
+	29,  // 128: hoard.v1.FileServer.RemoveVolume:output_type -> hoard.v1.RemoveVolumeReply
+	33,  // 129: hoard.v1.FileServer.DumpVolume:output_type -> hoard.v1.DumpPiece
+	34,  // 130: hoard.v1.FileServer.RestoreVolume:output_type -> hoard.v1.RestoreVolumeReply
+	36,  // 131: hoard.v1.FileServer.MoveVolume:output_type -> hoard.v1.MoveVolumeReply
+	38,  // 132: hoard.v1.FileServer.ReleaseVolume:output_type -> hoard.v1.ReleaseVolumeReply
+	20,  // 133: hoard.v1.FileServer.Locate:output_type -> hoard.v1.Location
+	23,  // 134: hoard.v1.FileServer.ListLocations:output_type -> hoard.v1.ListLocationsReply
+	26,  // 135: hoard.v1.FileServer.ListServers:output_type -> hoard.v1.ListServersReply
+	44,  // 136: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
+	47,  // 137: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
+	50,  // 138: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
+	52,  // 139: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
+	54,  // 140: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
+	56,  // 141: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
+	58,  // 142: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
+	60,  // 143: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
+	62,  // 144: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
+	64,  // 145: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
+	66,  // 146: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
+	87,  // 147: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
+	89,  // 148: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
+	93,  // 149: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
+	92,  // 150: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
+	81,  // 151: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
+	85,  // 152: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
+	68,  // 153: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
+	72,  // 154: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
+	72,  // 155: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
+	74,  // 156: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
+	77,  // 157: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
+	79,  // 158: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
+	95,  // 159: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
+	123, // [123:160] is the sub-list for method output_type
+	86,  // [86:123] is the sub-list for method input_type
+	86,  // [86:86] is the sub-list for extension type_name
+	86,  // [86:86] is the sub-list for extension extendee
+	0,   // [0:86] is the sub-list for field type_name
 }
 
 func init() { file_hoard_proto_init() }
@@ -6732,8 +6999,8 @@ func file_hoard_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoard_proto_rawDesc), len(file_hoard_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   89,
+			NumEnums:      5,
+			NumMessages:   91,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

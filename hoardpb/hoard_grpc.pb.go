@@ -41,6 +41,7 @@ const (
 	FileServer_DumpVolume_FullMethodName     = "/hoard.v1.FileServer/DumpVolume"
 	FileServer_RestoreVolume_FullMethodName  = "/hoard.v1.FileServer/RestoreVolume"
 	FileServer_MoveVolume_FullMethodName     = "/hoard.v1.FileServer/MoveVolume"
+	FileServer_ReleaseVolume_FullMethodName  = "/hoard.v1.FileServer/ReleaseVolume"
 	FileServer_Locate_FullMethodName         = "/hoard.v1.FileServer/Locate"
 	FileServer_ListLocations_FullMethodName  = "/hoard.v1.FileServer/ListLocations"
 	FileServer_ListServers_FullMethodName    = "/hoard.v1.FileServer/ListServers"
@@ -85,6 +86,9 @@ type FileServerClient interface {
 	DumpVolume(ctx context.Context, in *DumpVolumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DumpPiece], error)
 	RestoreVolume(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[DumpPiece, RestoreVolumeReply], error)
 	MoveVolume(ctx context.Context, in *MoveVolumeRequest, opts ...grpc.CallOption) (*MoveVolumeReply, error)
+	// Releases: the releaser pipes DumpVolume of the read-write site into
+	// RestoreVolume of each read-only site, stepping through ReleaseVolume.
+	ReleaseVolume(ctx context.Context, in *ReleaseVolumeRequest, opts ...grpc.CallOption) (*ReleaseVolumeReply, error)
 	// The cell: any server answers from its copy of the location database.
 	Locate(ctx context.Context, in *LocateRequest, opts ...grpc.CallOption) (*Location, error)
 	ListLocations(ctx context.Context, in *ListLocationsRequest, opts ...grpc.CallOption) (*ListLocationsReply, error)
@@ -237,6 +241,16 @@ func (c *fileServerClient) MoveVolume(ctx context.Context, in *MoveVolumeRequest
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(MoveVolumeReply)
 	err := c.cc.Invoke(ctx, FileServer_MoveVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fileServerClient) ReleaseVolume(ctx context.Context, in *ReleaseVolumeRequest, opts ...grpc.CallOption) (*ReleaseVolumeReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseVolumeReply)
+	err := c.cc.Invoke(ctx, FileServer_ReleaseVolume_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -531,6 +545,9 @@ type FileServerServer interface {
 	DumpVolume(*DumpVolumeRequest, grpc.ServerStreamingServer[DumpPiece]) error
 	RestoreVolume(grpc.ClientStreamingServer[DumpPiece, RestoreVolumeReply]) error
 	MoveVolume(context.Context, *MoveVolumeRequest) (*MoveVolumeReply, error)
+	// Releases: the releaser pipes DumpVolume of the read-write site into
+	// RestoreVolume of each read-only site, stepping through ReleaseVolume.
+	ReleaseVolume(context.Context, *ReleaseVolumeRequest) (*ReleaseVolumeReply, error)
 	// The cell: any server answers from its copy of the location database.
 	Locate(context.Context, *LocateRequest) (*Location, error)
 	ListLocations(context.Context, *ListLocationsRequest) (*ListLocationsReply, error)
@@ -610,6 +627,9 @@ func (UnimplementedFileServerServer) RestoreVolume(grpc.ClientStreamingServer[Du
 }
 func (UnimplementedFileServerServer) MoveVolume(context.Context, *MoveVolumeRequest) (*MoveVolumeReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method MoveVolume not implemented")
+}
+func (UnimplementedFileServerServer) ReleaseVolume(context.Context, *ReleaseVolumeRequest) (*ReleaseVolumeReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseVolume not implemented")
 }
 func (UnimplementedFileServerServer) Locate(context.Context, *LocateRequest) (*Location, error) {
 	return nil, status.Error(codes.Unimplemented, "method Locate not implemented")
@@ -839,6 +859,24 @@ func _FileServer_MoveVolume_Handler(srv interface{}, ctx context.Context, dec fu
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(FileServerServer).MoveVolume(ctx, req.(*MoveVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FileServer_ReleaseVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).ReleaseVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_ReleaseVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).ReleaseVolume(ctx, req.(*ReleaseVolumeRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1323,6 +1361,10 @@ var FileServer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MoveVolume",
 			Handler:    _FileServer_MoveVolume_Handler,
+		},
+		{
+			MethodName: "ReleaseVolume",
+			Handler:    _FileServer_ReleaseVolume_Handler,
 		},
 		{
 			MethodName: "Locate",

@@ -50,9 +50,33 @@ func CheckTarget(target string) error {
 // CheckVolumeName accepts a volume name: 1-64 bytes of [A-Za-z0-9._+-],
 // not starting with '.'. A leading "__" marks a bypass volume (as in
 // Improving AFS Performance via Selective Caching).
+// ReadOnlySuffix ends the name of a volume's read-only copy, as in AFS:
+// a mount point naming NAME.readonly reaches the copy only.
+const ReadOnlySuffix = ".readonly"
+
+// ReadWritePrefix begins a mount point's target that reaches the
+// read-write volume even when a read-only copy is released (AFS's '%').
+const ReadWritePrefix = "%"
+
+// MountTarget splits a mount point's target into the volume it names and
+// which copy it asks for: the read-write one (%NAME), the read-only one
+// (NAME.readonly), or either (NAME: the read-only copy once released).
+func MountTarget(t string) (name string, rw, ro bool) {
+	switch {
+	case strings.HasPrefix(t, ReadWritePrefix):
+		return t[len(ReadWritePrefix):], true, false
+	case strings.HasSuffix(t, ReadOnlySuffix):
+		return t[:len(t)-len(ReadOnlySuffix)], false, true
+	}
+	return t, false, false
+}
+
 func CheckVolumeName(name string) error {
 	if name == "" || len(name) > 64 {
 		return &NameError{name, syscall.EINVAL, "volume names are 1-64 bytes"}
+	}
+	if strings.HasSuffix(name, ReadOnlySuffix) {
+		return &NameError{name, syscall.EINVAL, "volume names ending in " + ReadOnlySuffix + " name read-only copies"}
 	}
 	if name[0] == '.' {
 		return &NameError{name, syscall.EINVAL, "volume names may not start with '.'"}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"syscall"
 	"time"
 
@@ -52,9 +53,15 @@ func (s *Server) Locate(ctx context.Context, req *pb.LocateRequest) (*pb.Locatio
 		}
 		return &pb.Location{Id: v.ID, Name: v.Name, CreatedNs: v.Created.UnixNano(), Here: true}, nil
 	}
-	v, ok := c.DB.ByName(req.Name)
+	v, ro, ok := byName(c.DB, req.Name)
 	if req.Id != 0 {
-		v, ok = c.DB.Volume(req.Id)
+		if v, ok = c.DB.Volume(req.Id); !ok {
+			v, ok = c.DB.ByROID(req.Id)
+			ro = ok
+		}
+	}
+	if ro && len(v.RO) == 0 {
+		ok = false // no release yet
 	}
 	if !ok {
 		what := req.Name
@@ -63,12 +70,16 @@ func (s *Server) Locate(ctx context.Context, req *pb.LocateRequest) (*pb.Locatio
 		}
 		return nil, s.fail("Locate", fmt.Errorf("volume %s: %w", what, syscall.ENOENT))
 	}
+	if ro {
+		return s.roLocation(v), nil
+	}
 	return s.location(v), nil
 }
 
 // volumeExists checks that a mount point's target is a volume: of the
 // cell, or of this server outside one.
 func (s *Server) volumeExists(name string) error {
+	name, _, _ = node.MountTarget(name)
 	if c := s.cfg.Cell; c != nil {
 		if _, ok := c.DB.ByName(name); !ok {
 			return fmt.Errorf("volume %q: %w", name, syscall.ENOENT)
@@ -94,9 +105,12 @@ func (s *Server) location(v vldb.Volume) *pb.Location {
 		return &pb.Site{Name: name, Addr: srv.Addr}
 	}
 	l := &pb.Location{Id: v.ID, Name: v.Name, Rw: site(v.RW), Released: v.Released,
-		CreatedNs: v.Created.UnixNano(), Here: v.RW == c.Name, Moving: v.Moving}
+		CreatedNs: v.Created.UnixNano(), Here: v.RW == c.Name, Moving: v.Moving, RoId: v.ROID}
 	for _, ro := range v.RO {
 		l.Ro = append(l.Ro, site(ro))
+	}
+	for _, p := range v.Pending {
+		l.Pending = append(l.Pending, site(p))
 	}
 	return l
 }
@@ -256,6 +270,9 @@ func (s *Server) RemoveVolume(ctx context.Context, req *pb.RemoveVolumeRequest) 
 		if v.Moving != "" {
 			return nil, status.Errorf(codes.FailedPrecondition, "a move of volume %s to %s is unfinished: run it again, or move the volume to %s to undo it, first", v.Name, v.Moving, c.Name)
 		}
+		if len(v.RO)+len(v.Pending) > 0 {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %s has read-only sites: remove them first (hoard vol remsite)", v.Name)
+		}
 		ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 		defer cancel()
 		if err := c.DB.Remove(ctx, v.ID); err != nil {
@@ -296,6 +313,16 @@ func JoinCell(store *vnode.Store, db *vldb.DB, self string) error {
 	}
 	here := map[uint64]bool{}
 	for _, v := range local {
+		if rw, isCopy := db.ByROID(v.ID); isCopy {
+			// A read-only copy: kept while this server is one of its sites.
+			if !slices.Contains(rw.RO, self) && !slices.Contains(rw.Pending, self) {
+				slog.Warn("dropping a read-only copy this server is no longer a site of", "volume", v.Name, "id", v.ID)
+				if err := store.RemoveVolume(v.ID); err != nil {
+					return err
+				}
+			}
+			continue
+		}
 		cv, known := db.Volume(v.ID)
 		byName, named := db.ByName(v.Name)
 		switch {

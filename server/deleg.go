@@ -35,6 +35,12 @@ func (s *Server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenReply, 
 	if err := o.mayOpen(st, req.Write); err != nil {
 		return nil, err
 	}
+	if s.readOnly(f.Volume) {
+		if req.Write {
+			return nil, s.fail("Open", errReadOnly(f.Volume))
+		}
+		return &pb.OpenReply{Status: o.status(st)}, nil // nothing to delegate: the copy never changes
+	}
 	if !callback.Delegates(o.id, st.Type, req.Write, req.DelegationOnly) {
 		return &pb.OpenReply{Status: o.status(st)}, nil
 	}

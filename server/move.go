@@ -56,12 +56,15 @@ type moves struct {
 	// learnt of the move from another server may be changing the target's
 	// copy already).
 	departing map[uint64]bool
+	// receiving are the read-only copies a release is being received
+	// into here: one release at a time per copy.
+	receiving map[uint64]bool
 }
 
 func (m *moves) init() {
 	m.cond = sync.NewCond(&m.mu)
 	m.active, m.frozen, m.quiet = map[uint64]int{}, map[uint64]time.Time{}, map[uint64]time.Time{}
-	m.departing = map[uint64]bool{}
+	m.departing, m.receiving = map[uint64]bool{}, map[uint64]bool{}
 }
 
 // errDeparting refuses a request about a volume whose move is being
@@ -143,13 +146,17 @@ func (g guarded) GoverningACL(f node.FID) (node.FID, access.ACL, error) {
 }
 
 // enter counts a change of volume vol under way, or refuses it while the
-// volume is frozen (UNAVAILABLE: the client sends it again).
+// volume is frozen (UNAVAILABLE: the client sends it again), or is a
+// read-only copy (EROFS).
 func (s *Server) enter(vols ...uint64) (leave func(), err error) {
 	m := &s.moves
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := time.Now()
 	for _, v := range vols {
+		if s.readOnly(v) {
+			return nil, errReadOnly(v)
+		}
 		if until, ok := m.frozen[v]; ok && now.Before(until) {
 			return nil, status.Errorf(codes.Unavailable, "volume %d is moving to another server; send the change again", v)
 		}
@@ -268,6 +275,9 @@ type volumeMover interface {
 	ReadVersion(f node.FID, dv uint64, p []byte, off int64) (int, error)
 	RestoreData(vol uint64, df vnode.DataFile) (*vnode.RestoreFile, error)
 	RestoreMeta(id uint64, name string, kvs []vnode.KV) error
+	CopyHas(id uint64) ([]vnode.DataFile, error)
+	CopyData(id uint64, df vnode.DataFile) (*vnode.RestoreFile, error)
+	PublishCopy(id uint64, name string, kvs []vnode.KV) error
 }
 
 // mover is the store as a volumeMover, and the cell: moves are between
@@ -376,6 +386,10 @@ func (s *Server) RestoreVolume(stream pb.FileServer_RestoreVolumeServer) error {
 		cur      *vnode.RestoreFile
 		curFile  *pb.FileVersion
 		reply    = &pb.RestoreVolumeReply{}
+		// release: the dump is of the read-write volume copyOf, for its
+		// read-only copy here (id).
+		release bool
+		copyOf  vldb.Volume
 	)
 	defer func() {
 		if cur != nil {
@@ -395,7 +409,17 @@ func (s *Server) RestoreVolume(stream pb.FileServer_RestoreVolumeServer) error {
 				return s.fail("RestoreVolume", fmt.Errorf("restore: the dump names no volume: %w", syscall.EINVAL))
 			}
 			id, name = p.Volume, p.Name
-			if v, ok := c.DB.Volume(id); !ok || v.Name != name || v.RW == c.Name || v.Moving != c.Name {
+			if release = p.Release; release {
+				if copyOf, err = s.restoreCopy(c, id); err != nil {
+					return err
+				}
+				id = copyOf.ROID
+				done, err := s.receive(copyOf)
+				if err != nil {
+					return err
+				}
+				defer done()
+			} else if v, ok := c.DB.Volume(id); !ok || v.Name != name || v.RW == c.Name || v.Moving != c.Name {
 				return status.Errorf(codes.FailedPrecondition, "volume %s (id %d) is not moving here", name, id)
 			}
 		}
@@ -412,7 +436,11 @@ func (s *Server) RestoreVolume(stream pb.FileServer_RestoreVolumeServer) error {
 			cur, curFile = nil, p.File
 			if !p.Abandoned {
 				df := vnode.DataFile{Vnode: p.File.Vnode, Unique: p.File.Unique, Gen: p.File.Gen, DV: p.File.Dv}
-				if cur, err = vm.RestoreData(id, df); err != nil {
+				receive := vm.RestoreData
+				if release {
+					receive = vm.CopyData
+				}
+				if cur, err = receive(id, df); err != nil {
 					return s.fail("RestoreVolume", err)
 				}
 			}
@@ -436,7 +464,13 @@ func (s *Server) RestoreVolume(stream pb.FileServer_RestoreVolumeServer) error {
 			}
 			cur = nil
 			reply.Have = append(reply.Have, p.Kept...)
-			if err := vm.RestoreMeta(id, name, kvs); err != nil {
+			switch {
+			case !release:
+				err = vm.RestoreMeta(id, name, kvs)
+			case p.Publish && reply.Abandoned == 0:
+				err = s.publishCopy(vm, copyOf, kvs)
+			}
+			if err != nil {
 				return s.fail("RestoreVolume", err)
 			}
 			return stream.SendAndClose(reply)

@@ -582,7 +582,7 @@ func (o *op) status(st node.Status) *pb.Status {
 		return pb.FromStatus(st, 0)
 	}
 	o.s.mu.Lock()
-	ttl, msgs, ok := o.s.cb.Grant(o.id, st.FID, o.since, time.Now())
+	ttl, msgs, ok := o.s.cb.Grant(o.id, o.s.promiseOn(st.FID), o.since, time.Now())
 	o.s.sendLocked(msgs)
 	o.s.mu.Unlock()
 	if len(msgs) > 0 {
@@ -656,6 +656,9 @@ func (s *Server) wire(err error) error {
 	if c := s.cfg.Cell; c != nil && errors.As(err, &nv) {
 		if v, ok := c.DB.Volume(nv.ID); ok && v.RW != c.Name {
 			return notHere(s.location(v))
+		}
+		if v, ok := c.DB.ByROID(nv.ID); ok && len(v.RO) > 0 {
+			return notHere(s.roLocation(v))
 		}
 	}
 	return pb.Err(err)

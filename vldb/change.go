@@ -19,6 +19,9 @@ func dbErr(err error) error {
 	return fmt.Errorf("location database: %v", unwrap(err))
 }
 
+// NewID, as a Volume's ROID in Update, asks for the next free id.
+const NewID = ^uint64(0)
+
 func volumeKey(id uint64) string { return fmt.Sprintf("%s%016x", volumeKeys, id) }
 
 // change refuses location changes while the lease is lost (ErrNoLease).
@@ -108,7 +111,8 @@ func (d *DB) Create(ctx context.Context, v Volume) (Volume, error) {
 
 // Update changes volume id as fn says, atomically: fn sees the volume as
 // etcd has it and is called again if someone changed it meanwhile. An
-// error from fn is returned and nothing is changed.
+// error from fn is returned and nothing is changed. fn setting ROID to
+// NewID gives the volume's read-only copy the next free id.
 func (d *DB) Update(ctx context.Context, id uint64, fn func(*Volume) error) (Volume, error) {
 	if err := d.change(); err != nil {
 		return Volume{}, err
@@ -130,10 +134,26 @@ func (d *DB) Update(ctx context.Context, id uint64, fn func(*Volume) error) (Vol
 			return Volume{}, err
 		}
 		v.ID, v.Name = id, name
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(volumeKey(id)), "=", resp.Kvs[0].ModRevision)}
+		var ops []clientv3.Op
+		if v.ROID == NewID {
+			// The read-only copy's id comes from the volumes' counter:
+			// FIDs stay unique in the cell.
+			next, err := d.cli.Get(ctx, nextIDKey)
+			if err != nil {
+				return Volume{}, dbErr(err)
+			}
+			rev := int64(0)
+			v.ROID = 1
+			if len(next.Kvs) > 0 {
+				v.ROID, _ = strconv.ParseUint(string(next.Kvs[0].Value), 10, 64)
+				rev = next.Kvs[0].ModRevision
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(nextIDKey), "=", rev))
+			ops = append(ops, clientv3.OpPut(nextIDKey, strconv.FormatUint(v.ROID+1, 10)))
+		}
 		b, _ := json.Marshal(v)
-		ok, err := d.commit(ctx,
-			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(volumeKey(id)), "=", resp.Kvs[0].ModRevision)},
-			clientv3.OpPut(volumeKey(id), string(b)))
+		ok, err := d.commit(ctx, cmps, append(ops, clientv3.OpPut(volumeKey(id), string(b)))...)
 		if err != nil || ok {
 			return v, err
 		}

@@ -60,13 +60,20 @@ type Volume struct {
 	Name string `json:"name"`
 	// RW is the server holding the read-write volume.
 	RW string `json:"rw"`
-	// RO are the servers holding read-only copies.
-	RO []string `json:"ro,omitempty"`
-	// Released is the DataVersion of the root at the last release.
+	// RO are the servers holding the last release's read-only copy;
+	// Pending, those added since, which the next release reaches.
+	RO      []string `json:"ro,omitempty"`
+	Pending []string `json:"pending,omitempty"`
+	// Released counts the releases to the read-only sites.
 	Released uint64    `json:"released,omitempty"`
 	Created  time.Time `json:"created"`
 	// Moving names the server an unfinished move is taking it to.
 	Moving string `json:"moving,omitempty"`
+	// ROID is the id of the read-only copy the RO sites hold (0: none
+	// yet), given when the first site is added; ReleasedAt is when the
+	// last release was published.
+	ROID       uint64    `json:"roid,omitempty"`
+	ReleasedAt time.Time `json:"released_at,omitempty"`
 }
 
 // Errors a change may meet.
@@ -103,6 +110,7 @@ type DB struct {
 	alive   map[string]bool
 	vols    map[uint64]Volume
 	names   map[string]uint64
+	ros     map[uint64]uint64 // read-only copy's id → the volume's
 	nextID  uint64
 
 	// holding: the lease of Register is alive (or Register was not
@@ -192,7 +200,7 @@ func (d *DB) load(ctx context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.servers, d.alive = map[string]Server{}, map[string]bool{}
-	d.vols, d.names, d.nextID = map[uint64]Volume{}, map[string]uint64{}, 0
+	d.vols, d.names, d.ros, d.nextID = map[uint64]Volume{}, map[string]uint64{}, map[uint64]uint64{}, 0
 	for _, kv := range resp.Kvs {
 		d.apply(string(kv.Key), kv.Value, false)
 	}
@@ -225,8 +233,11 @@ func (d *DB) apply(key string, value []byte, deleted bool) {
 		if err != nil {
 			return
 		}
-		if old, ok := d.vols[id]; ok && d.names[old.Name] == id {
-			delete(d.names, old.Name)
+		if old, ok := d.vols[id]; ok {
+			if d.names[old.Name] == id {
+				delete(d.names, old.Name)
+			}
+			delete(d.ros, old.ROID)
 		}
 		var v Volume
 		if deleted || json.Unmarshal(value, &v) != nil {
@@ -235,6 +246,9 @@ func (d *DB) apply(key string, value []byte, deleted bool) {
 		}
 		d.vols[id] = v
 		d.names[v.Name] = id
+		if v.ROID != 0 {
+			d.ros[v.ROID] = id
+		}
 	case key == nextIDKey:
 		d.nextID, _ = strconv.ParseUint(string(value), 10, 64)
 	}
@@ -311,6 +325,17 @@ func (d *DB) Volume(id uint64) (Volume, bool) {
 	return v.clone(), ok
 }
 
+// ByROID is the volume whose read-only copy has id, from the copy.
+func (d *DB) ByROID(id uint64) (Volume, bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	rw, ok := d.ros[id]
+	if !ok {
+		return Volume{}, false
+	}
+	return d.vols[rw].clone(), true
+}
+
 // ByName is the volume named name, from the copy.
 func (d *DB) ByName(name string) (Volume, bool) {
 	d.mu.RLock()
@@ -323,7 +348,7 @@ func (d *DB) ByName(name string) (Volume, bool) {
 }
 
 func (v Volume) clone() Volume {
-	v.RO = slices.Clone(v.RO)
+	v.RO, v.Pending = slices.Clone(v.RO), slices.Clone(v.Pending)
 	return v
 }
 

@@ -98,6 +98,7 @@ type RestoreFile struct {
 	path string
 	vol  uint64
 	df   DataFile
+	copy bool // of a read-only copy (release.go)
 }
 
 // RestoreData begins receiving a data file of volume vol.
@@ -122,18 +123,25 @@ func (r *RestoreFile) Commit() error {
 	if cerr := r.f.Close(); err == nil {
 		err = cerr
 	}
-	final := filepath.Join(r.s.dir, dataRel(r.vol, r.df.Vnode, r.df.Gen))
-	if err == nil {
-		err = os.MkdirAll(filepath.Dir(final), 0o700)
-	}
-	if err == nil {
-		err = os.Rename(r.path, final)
+	if err == nil && r.copy {
+		err = r.commitCopy()
+	} else if err == nil {
+		err = r.place()
 	}
 	if err != nil {
 		os.Remove(r.path)
 		return diskErr(err)
 	}
 	return nil
+}
+
+// place renames a received file of a volume moving here into place.
+func (r *RestoreFile) place() error {
+	final := filepath.Join(r.s.dir, dataRel(r.vol, r.df.Vnode, r.df.Gen))
+	if err := os.MkdirAll(filepath.Dir(final), 0o700); err != nil {
+		return err
+	}
+	return os.Rename(r.path, final)
 }
 
 // Abort drops a file not committed.

@@ -12,8 +12,9 @@ import (
 )
 
 // copyVolume restores volume id of src into dst as a move's pass does:
-// the metadata, and each data file not in have.
-func copyVolume(t *testing.T, src, dst *Store, id uint64, have map[DataFile]bool) (sent map[DataFile]bool, changed int) {
+// the metadata, and each data file not in have. With to set it is a
+// release's pass instead, into read-only copy to, published if publish.
+func copyVolume(t *testing.T, src, dst *Store, id uint64, have map[DataFile]bool, to uint64, publish bool) (sent map[DataFile]bool, changed int) {
 	t.Helper()
 	name, kvs, files, err := src.DumpMeta(id)
 	if err != nil {
@@ -26,7 +27,11 @@ func copyVolume(t *testing.T, src, dst *Store, id uint64, have map[DataFile]bool
 			sent[df] = true
 			continue
 		}
-		rf, err := dst.RestoreData(id, df)
+		receive, into := dst.RestoreData, id
+		if to != 0 {
+			receive, into = dst.CopyData, to
+		}
+		rf, err := receive(into, df)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,7 +63,13 @@ func copyVolume(t *testing.T, src, dst *Store, id uint64, have map[DataFile]bool
 		}
 		sent[df] = true
 	}
-	if changed == 0 {
+	switch {
+	case changed > 0 || to != 0 && !publish:
+	case to != 0:
+		if err := dst.PublishCopy(to, name+node.ReadOnlySuffix, kvs); err != nil {
+			t.Fatal(err)
+		}
+	default:
 		if err := dst.RestoreMeta(id, name, kvs); err != nil {
 			t.Fatal(err)
 		}
@@ -83,7 +94,7 @@ func TestDumpRestore(t *testing.T) {
 	dir := mustCreate(t, src, v.Root, "d", node.TypeDir)
 	mustCreate(t, src, dir.FID, "e", node.TypeFile)
 
-	have, changed := copyVolume(t, src, dst, v.ID, nil)
+	have, changed := copyVolume(t, src, dst, v.ID, nil, 0, true)
 	if changed != 0 || len(have) != 1 {
 		t.Fatalf("first pass: %d data files sent, %d changed; want 1, 0", len(have), changed)
 	}
@@ -109,14 +120,14 @@ func TestDumpRestore(t *testing.T) {
 		t.Fatalf("lookup d/e: %v", err)
 	}
 	// Nothing changed: the second pass sends no data file.
-	again, _ := copyVolume(t, src, dst, v.ID, have)
+	again, _ := copyVolume(t, src, dst, v.ID, have, 0, true)
 	if len(again) != 1 {
 		t.Fatalf("second pass knows %d files", len(again))
 	}
 	// A file rewritten whole gets a new data file; the old one goes.
 	bigData2 := bytes.Repeat([]byte("fedcba9876543210"), 20000)
 	write(t, src, big.FID, 0, bigData2)
-	third, _ := copyVolume(t, src, dst, v.ID, have)
+	third, _ := copyVolume(t, src, dst, v.ID, have, 0, true)
 	check("big", bigData2)
 	files := 0
 	filepath.WalkDir(filepath.Join(dst.Dir(), "data", strconv.FormatUint(v.ID, 10)), func(p string, d os.DirEntry, err error) error {

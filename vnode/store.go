@@ -42,6 +42,7 @@ var (
 	bktGroups   = []byte("groups")   // group → owner, members (acl.go)
 	bktMemberOf = []byte("memberof") // user → the groups they are in
 	bktRevoked  = []byte("revoked")  // token id → expiry
+	bktCopies   = []byte("copies")   // read-only copy's id → its data files (release.go)
 	// Per-volume sub-buckets.
 	bktVnodes  = []byte("vnodes")
 	bktNames   = []byte("names")
@@ -134,7 +135,7 @@ func Open(dir string) (*Store, error) {
 func (s *Store) init() error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bktMeta, bktVolumes, bktVolNames, bktPending, bktGarbage, bktOps, bktOpTimes, bktReserved,
-			bktGroups, bktMemberOf, bktRevoked} {
+			bktGroups, bktMemberOf, bktRevoked, bktCopies} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -354,6 +355,11 @@ func (s *Store) RemoveVolume(id uint64) error {
 		name = string(vb.Bucket(bktVolMeta).Get([]byte("name")))
 		if err := tx.Bucket(bktVolumes).DeleteBucket(u64(id)); err != nil {
 			return err
+		}
+		if tx.Bucket(bktCopies).Bucket(u64(id)) != nil {
+			if err := tx.Bucket(bktCopies).DeleteBucket(u64(id)); err != nil {
+				return err
+			}
 		}
 		return tx.Bucket(bktVolNames).Delete([]byte(name))
 	})

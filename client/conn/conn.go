@@ -40,6 +40,9 @@ type Config struct {
 	// RPCTimeout bounds each control RPC, and how long a call waits for
 	// an unreachable server.
 	RPCTimeout time.Duration
+	// Patience, if set, is how long a call waits for an unreachable
+	// server instead (a read-only copy's site: another site serves).
+	Patience time.Duration
 	// DataStreams is how many bulk-data connections to use (the server
 	// may ask for more); NoDataChannel keeps file contents on gRPC.
 	DataStreams   int
@@ -432,14 +435,14 @@ func (c *Conn) As(token string) Caller { return Caller{c, token} }
 
 // Call runs a control RPC as the Caller's user (see Conn.Call).
 func (a Caller) Call(fn func(ctx context.Context) error) error {
-	return a.c.callTimeout(a.c.cfg.RPCTimeout, a.c.cfg.RPCTimeout, a.token, fn)
+	return a.c.callTimeout(a.c.cfg.RPCTimeout, a.c.patience(), a.token, fn)
 }
 
 // CallData is Call for bulk transfers, whose time grows with their size;
 // a dead server is still noticed by the connection's keepalive. The data
 // channel takes the user's token from the call's context.
 func (a Caller) CallData(fn func(ctx context.Context) error) error {
-	return a.c.callTimeout(time.Hour, a.c.cfg.RPCTimeout, a.token, fn)
+	return a.c.callTimeout(time.Hour, a.c.patience(), a.token, fn)
 }
 
 // CallPatient is CallData waiting at most patience for an unreachable
@@ -460,6 +463,14 @@ func (a Caller) CallOnce(op string, fn func(ctx context.Context) error) error {
 	return a.Call(func(ctx context.Context) error {
 		return fn(metadata.AppendToOutgoingContext(ctx, pb.OpMetadata, op))
 	})
+}
+
+// patience is how long a call waits for an unreachable server.
+func (c *Conn) patience() time.Duration {
+	if c.cfg.Patience > 0 {
+		return c.cfg.Patience
+	}
+	return c.cfg.RPCTimeout
 }
 
 func (c *Conn) callTimeout(timeout, patience time.Duration, token string, fn func(ctx context.Context) error) error {

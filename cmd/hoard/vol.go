@@ -55,7 +55,14 @@ func volCmd() *cobra.Command {
 			}
 			fmt.Printf("volume %s, id %d, created %s\n", v.Volume.Name, v.Volume.ID, v.Volume.Created.Format(time.RFC3339))
 			fmt.Printf("  read-write at %s (%s)\n", orDash(v.RW.Name), orDash(v.RW.Addr))
-			fmt.Printf("  read-only at  %s\n", siteNames(v.RO))
+			fmt.Printf("  read-only at  %s", siteNames(v.RO))
+			if v.Released > 0 {
+				fmt.Printf(" (copy id %d, release %d)", v.ROID, v.Released)
+			}
+			fmt.Println()
+			if len(v.Pending) > 0 {
+				fmt.Printf("  added since   %s (the next release reaches them)\n", siteNames(v.Pending))
+			}
 			fmt.Printf("  quota %s, used %s, %d files\n", quotaString(v.Quota), humanSize(v.Used), v.Files)
 			return nil
 		}),
@@ -68,6 +75,29 @@ func volCmd() *cobra.Command {
 		}),
 		volSetCmd(),
 		volMoveCmd(),
+		withClient("addsite NAME SERVER", "make SERVER a read-only site of a volume; the next release reaches it (admins)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
+			if err := c.AddSite(args[0], args[1]); err != nil {
+				return err
+			}
+			fmt.Printf("%s is a read-only site of volume %s; publish to it with: hoard vol release %s\n", args[1], args[0], args[0])
+			return nil
+		}),
+		withClient("remsite NAME SERVER", "make SERVER no longer a read-only site of a volume, and drop its copy (admins)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
+			if err := c.RemoveSite(args[0], args[1]); err != nil {
+				return err
+			}
+			fmt.Printf("%s is no longer a read-only site of volume %s\n", args[1], args[0])
+			return nil
+		}),
+		withClient("release NAME", "publish a volume as it is now to its read-only sites (admins)", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
+			r, err := c.Release(args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Printf("volume %s released to %s: %s sent, changes held back %v, %v in all\n", args[0], strings.Join(r.Sites, ", "),
+				humanSize(uint64(r.Bytes)), r.Freeze.Round(time.Millisecond), r.Took.Round(time.Millisecond))
+			return nil
+		}),
 		withClient("mount VOLUME PATH", "attach a volume at PATH (an AFS-style mount point)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
 			return c.MountVolume(args[1], args[0])
 		}),

@@ -1,0 +1,323 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
+)
+
+// A volume's read-only copy (docs/cell.md) is the same at each of its
+// sites, FIDs included, so its nodes may be read from any: they belong to
+// a Client of one site, dialled apart from the server's own Client with
+// a short patience (roPatience), and when a request finds that site
+// unreachable the copy's nodes go to the next site (failover) and the
+// request is sent there.
+
+// roPatience is how long a request to a read-only copy's site waits for
+// it before it goes to another site.
+const roPatience = time.Second
+
+// downFor is how long a site that stopped answering is passed over.
+const downFor = 30 * time.Second
+
+// roKey keys the Clients of read-only copies' sites in sites.byName.
+func roKey(server string) string { return "ro:" + server }
+
+// readOnly reports whether vol is a read-only copy, as far as the client
+// has located it.
+func (s *sites) readOnly(vol uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.byID[vol]
+	return l != nil && l.ReadOnly
+}
+
+// roSite is the Client reading copy l: from its first site not known to
+// be down (all down: the first).
+func (s *sites) roSite(l *pb.Location) (*Client, error) {
+	if len(l.Ro) == 0 {
+		return nil, fmt.Errorf("volume %s: no read-only site: %w", l.Name, syscall.ENOENT)
+	}
+	s.mu.Lock()
+	pick := l.Ro[0]
+	for _, site := range l.Ro {
+		if t, down := s.down[site.Addr]; !down || time.Since(t) > downFor {
+			pick = site
+			break
+		}
+	}
+	s.mu.Unlock()
+	return s.dial(roKey(pick.Name), pick, roPatience)
+}
+
+// unreachable reports whether err says the server could not be reached
+// (after the Client's patience).
+func unreachable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return true
+	}
+	return false
+}
+
+// failover follows copy vol from at, whose site err says is unreachable,
+// to another of its sites: the copy's nodes go to that site's Client. It
+// reports whether they did.
+func (s *sites) failover(vol uint64, at *Client, err error) bool {
+	if !unreachable(err) {
+		return false
+	}
+	s.mu.Lock()
+	l := s.byID[vol]
+	if l == nil || !l.ReadOnly {
+		s.mu.Unlock()
+		return false
+	}
+	s.down[at.opts.Server] = time.Now()
+	s.mu.Unlock()
+	to, derr := s.roSite(l)
+	if derr != nil || to == at {
+		return false
+	}
+	moved := false
+	s.each(func(c *Client) {
+		if c != to && c.handOver(vol, to) {
+			moved = true
+		}
+	})
+	if moved {
+		at.log.Warn("a site of a read-only volume does not answer; reading from another", "volume", l.Name, "from", at.opts.Server, "to", to.opts.Server)
+	}
+	return true
+}
+
+// wholeVolumes adds to broken FIDs the nodes of the volumes among them: a
+// read-only copy's site keeps one promise per client on the whole copy,
+// on its vnode 0, and breaks it when a release replaces the copy.
+func (c *Client) wholeVolumes(fids []node.FID) []node.FID {
+	var vols []uint64
+	for _, f := range fids {
+		if f.Vnode == 0 {
+			vols = append(vols, f.Volume)
+		}
+	}
+	if len(vols) == 0 {
+		return fids
+	}
+	c.nodesMu.Lock()
+	defer c.nodesMu.Unlock()
+	for f := range c.nodes {
+		if slices.Contains(vols, f.Volume) {
+			fids = append(fids, f)
+		}
+	}
+	return fids
+}
+
+// ReleaseReport says what a release did.
+type ReleaseReport struct {
+	// Sites are the read-only sites the release reached; Bytes the data
+	// files' bytes sent to them and MetaBytes the metadata's (sent whole
+	// at each pass: small files' bytes are in it), in Passes passes each;
+	// Freeze how long changes to the read-write volume waited; Took the
+	// whole release.
+	Sites     []string
+	Passes    int
+	Bytes     int64
+	MetaBytes int64
+	Freeze    time.Duration
+	Took      time.Duration
+}
+
+// AddSite makes server a read-only site of volume name; the next release
+// reaches it.
+func (c *Client) AddSite(name, server string) error {
+	return c.siteStep(name, server, pb.ReleaseVolumeRequest_ADD_SITE)
+}
+
+// RemoveSite makes server no longer a read-only site of volume name, and
+// drops its copy there.
+func (c *Client) RemoveSite(name, server string) error {
+	if err := c.siteStep(name, server, pb.ReleaseVolumeRequest_REMOVE_SITE); err != nil {
+		return err
+	}
+	dst, err := c.serverNamed(server)
+	if err == nil {
+		_, err = releaseStep(dst, &pb.ReleaseVolumeRequest{Name: name, Step: pb.ReleaseVolumeRequest_REMOVE_SITE, Site: server})
+	}
+	if err != nil {
+		return fmt.Errorf("volume %s: %s is no longer a read-only site, but its copy there stays until it restarts: %w", name, server, err)
+	}
+	return nil
+}
+
+// siteStep runs an ADD_SITE or REMOVE_SITE at the volume's server.
+func (c *Client) siteStep(name, server string, step pb.ReleaseVolumeRequest_Step) error {
+	src, err := c.rwSite(name)
+	if err != nil {
+		return err
+	}
+	_, err = releaseStep(src, &pb.ReleaseVolumeRequest{Name: name, Step: step, Site: server})
+	return err
+}
+
+// rwSite is the Client of the server holding volume name read-write.
+func (c *Client) rwSite(name string) (*Client, error) {
+	l, err := ask(c, "volume", name, func(ctx context.Context, rpc pb.FileServerClient) (*pb.Location, error) {
+		return rpc.Locate(ctx, &pb.LocateRequest{Name: name})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c.siteFor(l)
+}
+
+// serverNamed is the Client of the cell's server named name.
+func (c *Client) serverNamed(name string) (*Client, error) {
+	servers, err := c.Servers()
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range servers {
+		if s.Name == name {
+			return c.sites.site(&pb.Site{Name: s.Name, Addr: s.Addr})
+		}
+	}
+	return nil, fmt.Errorf("no server %s in the cell", name)
+}
+
+func releaseStep(s *Client, req *pb.ReleaseVolumeRequest) (*pb.ReleaseVolumeReply, error) {
+	var reply *pb.ReleaseVolumeReply
+	err := s.as(s.self).CallPatient(movePatience, func(ctx context.Context) (err error) {
+		reply, err = s.rpc.ReleaseVolume(ctx, req)
+		return err
+	})
+	return reply, cellErrOf(fmt.Sprintf("release volume %s (%s)", req.Name, req.Step), "", err)
+}
+
+// Release publishes volume name as it is now to its read-only sites
+// (server/release.go has the steps). Only what changed since a site's
+// last release is sent to it. A site the release does not reach (down)
+// keeps the copy it had, and the release says so in its error: each site
+// has one release or the next, never a mix.
+func (c *Client) Release(name string) (ReleaseReport, error) {
+	start := time.Now()
+	var rep ReleaseReport
+	l, err := ask(c, "release volume", name, func(ctx context.Context, rpc pb.FileServerClient) (*pb.Location, error) {
+		return rpc.Locate(ctx, &pb.LocateRequest{Name: name})
+	})
+	if err != nil {
+		return rep, err
+	}
+	all := append(slices.Clone(l.Ro), l.Pending...)
+	if len(all) == 0 {
+		return rep, fmt.Errorf("release volume %s: it has no read-only sites: add one with hoard vol addsite %s SERVER", name, name)
+	}
+	src, err := c.siteFor(l)
+	if err != nil {
+		return rep, err
+	}
+	type target struct {
+		name string
+		c    *Client
+		have []*pb.FileVersion
+	}
+	var targets []*target
+	var missed []error
+	for _, site := range all {
+		t := &target{name: site.Name}
+		hr, err := func() (*pb.ReleaseVolumeReply, error) {
+			if t.c, err = c.sites.site(site); err != nil {
+				return nil, err
+			}
+			return releaseStep(t.c, &pb.ReleaseVolumeRequest{Name: name, Step: pb.ReleaseVolumeRequest_HAVE})
+		}()
+		if err != nil {
+			missed = append(missed, fmt.Errorf("read-only site %s keeps its last release: %w", site.Name, err))
+			continue
+		}
+		t.have = hr.Have
+		targets = append(targets, t)
+	}
+	if len(targets) == 0 {
+		return rep, errors.Join(missed...)
+	}
+	// passAll sends a pass to each target, and returns those it reached;
+	// a site it did not reach keeps its copy and is in missed. Files
+	// changing while frozen (none should) are sent again.
+	passAll := func(targets []*target, publish bool) (reached []*target) {
+		for _, t := range targets {
+			var err error
+			for try := 0; try <= maxFinalPasses; try++ {
+				var r *pb.RestoreVolumeReply
+				r, err = copyPass(src, t.c, name, t.have, func(p *pb.DumpPiece) {
+					p.Release = true
+					p.Publish = p.End && publish
+					for _, kv := range p.Meta {
+						rep.MetaBytes += int64(len(kv.Key) + len(kv.Value))
+					}
+				})
+				if err != nil {
+					break
+				}
+				rep.Bytes += int64(r.Bytes)
+				t.have = r.Have
+				if !publish || r.Abandoned == 0 {
+					break
+				}
+				err = fmt.Errorf("release volume %s: files kept changing while frozen", name)
+			}
+			if err != nil {
+				missed = append(missed, fmt.Errorf("read-only site %s keeps its last release: %w", t.name, err))
+				continue
+			}
+			reached = append(reached, t)
+		}
+		return reached
+	}
+	// A first pass while the volume is in use brings what changed, a
+	// second what the writers stored when recalled; the last, frozen,
+	// brings what changed since and publishes.
+	var frozen time.Time
+	var published []string
+	err = func() error {
+		for _, step := range []pb.ReleaseVolumeRequest_Step{pb.ReleaseVolumeRequest_QUIESCE, pb.ReleaseVolumeRequest_FREEZE} {
+			if targets = passAll(targets, false); len(targets) == 0 {
+				return errors.Join(missed...)
+			}
+			rep.Passes++
+			if _, err := releaseStep(src, &pb.ReleaseVolumeRequest{Name: name, Step: step}); err != nil {
+				return err
+			}
+		}
+		frozen = time.Now()
+		for _, t := range passAll(targets, true) {
+			published = append(published, t.name)
+		}
+		rep.Passes++
+		return errors.Join(missed...)
+	}()
+	if !frozen.IsZero() {
+		rep.Freeze = time.Since(frozen)
+	}
+	step := pb.ReleaseVolumeRequest_COMMIT
+	if len(published) == 0 {
+		step = pb.ReleaseVolumeRequest_ABORT
+	}
+	if _, cerr := releaseStep(src, &pb.ReleaseVolumeRequest{Name: name, Step: step, Site: strings.Join(published, ",")}); err == nil {
+		err = cerr
+	}
+	rep.Sites, rep.Took = published, time.Since(start)
+	c.sites.forget(name + node.ReadOnlySuffix)
+	return rep, err
+}

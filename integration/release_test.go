@@ -1,0 +1,265 @@
+package integration
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"hash"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/testkit"
+)
+
+// A volume released to two read-only sites: its mount point leads to the
+// copy, which refuses changes; a %NAME mount point leads to the
+// read-write volume; a second release sends what changed and no more,
+// and a reader of the copy during it sees each file whole, of one
+// release or the next.
+func TestCellRelease(t *testing.T) {
+	_, srvs := cellOf3(t)
+	admin := dial(t, srvs[2].addr, "mem", 64<<20)
+	waitAlive(t, admin, 3)
+	if _, err := admin.CreateVolumeOn("sw", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, mp := range [][2]string{{"/sw", "sw"}, {"/sw-rw", "%sw"}} {
+		if err := admin.MountVolume(mp[0], mp[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v1, v2 := testkit.Pattern(8<<20, 1), testkit.Pattern(8<<20, 2)
+	testkit.WriteFile(t, admin, "/sw-rw/big", v1)
+	for i := range 50 {
+		testkit.WriteFile(t, admin, "/sw-rw/small"+string(rune('a'+i%26))+string(rune('a'+i/26)), []byte(strings.Repeat("x", 5000)))
+	}
+	out, code := run(t, "vol", "release", "sw", "--server", srvs[2].addr, "--cache", "")
+	if code != 1 || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, "no read-only sites") {
+		t.Fatalf("release with no sites: exit %d: %q", code, out)
+	}
+	for _, s := range []string{"s2", "s3"} {
+		if err := admin.AddSite("sw", s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := admin.AddSite("sw", "s2"); err == nil {
+		t.Fatal("a site added twice")
+	}
+	if err := admin.AddSite("sw", "nobody"); err == nil {
+		t.Fatal("an unknown server added as a site")
+	}
+	rep, err := admin.Release("sw")
+	if err != nil || len(rep.Sites) != 2 {
+		t.Fatalf("first release: %+v %v", rep, err)
+	}
+	if rep.Bytes < int64(len(v1)) {
+		t.Fatalf("first release sent %d bytes, less than the volume's", rep.Bytes)
+	}
+	examined(t, admin, "sw", "two sites, release 1", func(info client.VolumeInfo) bool {
+		return len(info.RO) == 2 && info.Released == 1 && len(info.Pending) == 0
+	})
+
+	// A mount dialled to s1, the read-write site, reads the copy.
+	m := startMount(t, srvs[0], t.TempDir())
+	if b, err := os.ReadFile(m.path("sw/big")); err != nil || !bytes.Equal(b, v1) {
+		t.Fatalf("read of the copy: %d bytes, %v", len(b), err)
+	}
+	if err := os.WriteFile(m.path("sw/new"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("create in the copy: %v", err)
+	}
+	if f, err := os.OpenFile(m.path("sw/big"), os.O_WRONLY, 0); !errors.Is(err, syscall.EROFS) {
+		if f != nil {
+			f.Close()
+		}
+		t.Fatalf("open of the copy for writing: %v", err)
+	}
+	if err := os.Remove(m.path("sw/smallaa")); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("remove in the copy: %v", err)
+	}
+	if err := os.WriteFile(m.path("sw-rw/by-mount"), []byte("rw"), 0o644); err != nil {
+		t.Fatalf("write through the %%sw mount point: %v", err)
+	}
+
+	// A reader of the copy while the next release is made.
+	var stop atomic.Bool
+	var reads atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			b, err := os.ReadFile(m.path("sw/big"))
+			if err == nil && !bytes.Equal(b, v1) && !bytes.Equal(b, v2) {
+				err = errors.New("a read of the copy during a release was of neither release")
+			}
+			if err != nil {
+				errs <- err
+				return
+			}
+			reads.Add(1)
+		}
+	}()
+	w := dial(t, srvs[2].addr, "mem", 64<<20)
+	testkit.WriteFile(t, w, "/sw-rw/big", v2)
+	w.Close() // stores what it holds
+	if b, err := os.ReadFile(m.path("sw/big")); err != nil || !bytes.Equal(b, v1) {
+		t.Fatalf("the copy changed with the read-write volume, before a release: %d bytes, %v", len(b), err)
+	}
+	for reads.Load() < 2 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	rep, err = admin.Release("sw")
+	if err != nil {
+		t.Fatalf("second release: %v", err)
+	}
+	// Only the changed file travels (to two sites), not the 50 others.
+	if rep.Bytes < 2*int64(len(v2)) || rep.Bytes > 2*int64(len(v2))+64<<10 {
+		t.Fatalf("second release sent %d bytes for one changed 8 MiB file at two sites", rep.Bytes)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(m.path("sw/big"))
+		if err == nil && bytes.Equal(b, v2) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the copy not of the second release 10 s after it: %d bytes, %v", len(b), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stop.Store(true)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	if b, err := os.ReadFile(m.path("sw/by-mount")); err != nil || string(b) != "rw" {
+		t.Fatalf("a file written before the release, read in the copy: %q %v", b, err)
+	}
+
+	// Sites go as they came; a volume with sites is not removed.
+	if err := admin.RemoveVolume("sw"); err == nil {
+		t.Fatal("a volume with read-only sites removed")
+	}
+	for _, s := range []string{"s2", "s3"} {
+		if err := admin.RemoveSite("sw", s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	examined(t, admin, "sw", "no sites", func(info client.VolumeInfo) bool { return len(info.RO)+len(info.Pending) == 0 })
+	if err := admin.RemoveVolume("sw"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// kill -9 of the read-only site a reader is reading a 256 MiB file from:
+// the reader goes on from the other site and ends with the right bytes.
+func TestCellReadOnlyFailover(t *testing.T) {
+	_, srvs := cellOf3(t)
+	admin := dial(t, srvs[2].addr, "mem", 64<<20)
+	waitAlive(t, admin, 3)
+	if _, err := admin.CreateVolumeOn("sw", "s3"); err != nil {
+		t.Fatal(err)
+	}
+	// (The root volume, on s1, is unreachable once s1 dies: mount
+	// points are made first.)
+	for _, mp := range [][2]string{{"/sw", "sw"}, {"/sw-rw", "%sw"}} {
+		if err := admin.MountVolume(mp[0], mp[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data := testkit.Pattern(256<<20, 7)
+	w := dial(t, srvs[2].addr, "mem", 512<<20)
+	testkit.WriteFile(t, w, "/sw/big", data)
+	w.Close() // stores what it holds
+	for _, s := range []string{"s1", "s2"} {
+		if err := admin.AddSite("sw", s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := admin.Release("sw"); err != nil {
+		t.Fatal(err)
+	}
+	// A mount and a library client read from s1, the first site; s1 dies
+	// a quarter of the way.
+	m := startMount(t, srvs[2], t.TempDir())
+	lib := dial(t, srvs[2].addr, "mem", 64<<20)
+	mf, err := os.Open(m.path("sw/big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mf.Close()
+	lf, err := lib.Open("/sw/big", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.Close()
+	readers := []io.Reader{mf, lf}
+	hashes := []hash.Hash{sha256.New(), sha256.New()}
+	for i, r := range readers {
+		if _, err := io.CopyN(hashes[i], r, 64<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srvs[0].kill9()
+	for i, r := range readers {
+		var longest time.Duration
+		buf := make([]byte, 1<<20)
+		for {
+			start := time.Now()
+			n, err := r.Read(buf)
+			longest = max(longest, time.Since(start))
+			hashes[i].Write(buf[:n])
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("reader %d: read after the site died: %v", i, err)
+			}
+		}
+		if want := sha256.Sum256(data); !bytes.Equal(hashes[i].Sum(nil), want[:]) {
+			t.Fatalf("reader %d: the bytes read differ from the file's", i)
+		}
+		t.Logf("reader %d: longest read across the failover: %v", i, longest)
+	}
+	if !strings.Contains(m.logs.String(), "reading from another") {
+		t.Fatalf("the mount did not fail over from s1:\n%s", m.logs)
+	}
+	// A release with a site down reaches the others, and says which it
+	// did not.
+	if err := os.Remove(m.path("sw/big")); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("remove in the copy: %v", err)
+	}
+	testkit.WriteFile(t, admin, "/sw-rw/after", []byte("after"))
+	rep, err := admin.Release("sw")
+	if err == nil || !strings.Contains(err.Error(), "s1 keeps its last release") || len(rep.Sites) != 1 || rep.Sites[0] != "s2" {
+		t.Fatalf("release with s1 down: %+v %v", rep, err)
+	}
+}
+
+// examined waits until volume name, as the server c is dialled to has
+// it, is as ok wants (each server's copy of the location database
+// follows etcd by a watch), for at most 5 s.
+func examined(t *testing.T, c *client.Client, name, want string, ok func(client.VolumeInfo) bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		info, err := c.Examine(name)
+		if err == nil && ok(info) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("volume %s not %s: %+v %v", name, want, info.Location, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
