@@ -87,6 +87,7 @@ func (s *sites) failover(vol uint64, at *Client, err error) bool {
 	s.mu.Unlock()
 	to, derr := s.roSite(l)
 	if derr != nil || to == at {
+		at.log.Warn("no other site of a read-only volume answers", "volume", l.Name, "site", at.opts.Server, "err", err, "dial", derr)
 		return false
 	}
 	moved := false

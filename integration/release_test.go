@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
-	"hash"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -203,33 +203,51 @@ func TestCellReadOnlyFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lf.Close()
-	readers := []io.Reader{mf, lf}
-	hashes := []hash.Hash{sha256.New(), sha256.New()}
-	for i, r := range readers {
-		if _, err := io.CopyN(hashes[i], r, 64<<20); err != nil {
-			t.Fatal(err)
-		}
+	// Both read at once; s1 is killed once both are past 64 MiB.
+	var wg sync.WaitGroup
+	var past sync.WaitGroup
+	errs := make([]error, 2)
+	for i, r := range []io.Reader{mf, lf} {
+		wg.Add(1)
+		past.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = func() error {
+				h := sha256.New()
+				if _, err := io.CopyN(h, r, 64<<20); err != nil {
+					past.Done()
+					return err
+				}
+				past.Done()
+				var longest time.Duration
+				buf := make([]byte, 1<<20)
+				for {
+					start := time.Now()
+					n, err := io.ReadFull(r, buf)
+					longest = max(longest, time.Since(start))
+					h.Write(buf[:n])
+					if err == io.EOF || err == io.ErrUnexpectedEOF {
+						break
+					}
+					if err != nil {
+						return fmt.Errorf("read after the site died: %w", err)
+					}
+				}
+				if want := sha256.Sum256(data); !bytes.Equal(h.Sum(nil), want[:]) {
+					return errors.New("the bytes read differ from the file's")
+				}
+				t.Logf("reader %d: longest read across the failover: %v", i, longest)
+				return nil
+			}()
+		}()
 	}
+	past.Wait()
 	srvs[0].kill9()
-	for i, r := range readers {
-		var longest time.Duration
-		buf := make([]byte, 1<<20)
-		for {
-			start := time.Now()
-			n, err := r.Read(buf)
-			longest = max(longest, time.Since(start))
-			hashes[i].Write(buf[:n])
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatalf("reader %d: read after the site died: %v", i, err)
-			}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("reader %d: %v", i, err)
 		}
-		if want := sha256.Sum256(data); !bytes.Equal(hashes[i].Sum(nil), want[:]) {
-			t.Fatalf("reader %d: the bytes read differ from the file's", i)
-		}
-		t.Logf("reader %d: longest read across the failover: %v", i, longest)
 	}
 	if !strings.Contains(m.logs.String(), "reading from another") {
 		t.Fatalf("the mount did not fail over from s1:\n%s", m.logs)
