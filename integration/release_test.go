@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/internal/testkit"
+	"github.com/hoardfs/hoard/node"
 )
 
 // A volume released to two read-only sites: its mount point leads to the
@@ -146,13 +148,43 @@ func TestCellRelease(t *testing.T) {
 		t.Fatalf("a file written before the release, read in the copy: %q %v", b, err)
 	}
 
-	// Sites go as they came; a volume with sites is not removed.
+	// A site restarted keeps its copy (it is not a volume of its own).
+	srvs[1].kill9()
+	srvs[1].restart()
+	info := examined(t, admin, "sw", "two sites", func(info client.VolumeInfo) bool { return len(info.RO) == 2 })
+	if _, err := os.Stat(filepath.Join(srvs[1].data, "data", fmt.Sprint(info.ROID))); err != nil {
+		t.Fatalf("s2's copy after a restart: %v", err)
+	}
+	if _, err := admin.Examine("sw" + node.ReadOnlySuffix); err != nil {
+		t.Fatalf("the copy after s2 restarted: %v", err)
+	}
+	vols, err := admin.VolumeInfos()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vols {
+		if strings.HasSuffix(v.Volume.Name, node.ReadOnlySuffix) {
+			t.Fatalf("s2 registered its copy as a volume at its start: %+v", v.Location)
+		}
+	}
+
+	// Sites go as they came; a volume with sites is not removed. A site
+	// removed while down drops its copy when it starts.
 	if err := admin.RemoveVolume("sw"); err == nil {
 		t.Fatal("a volume with read-only sites removed")
 	}
-	for _, s := range []string{"s2", "s3"} {
-		if err := admin.RemoveSite("sw", s); err != nil {
-			t.Fatal(err)
+	if err := admin.RemoveSite("sw", "s2"); err != nil {
+		t.Fatal(err)
+	}
+	srvs[2].kill9()
+	admin = dial(t, srvs[0].addr, "mem", 16<<20) // the first was s3's
+	if err := admin.RemoveSite("sw", "s3"); err == nil || !strings.Contains(err.Error(), "until it restarts") {
+		t.Fatalf("remsite of a site that is down: %v", err)
+	}
+	srvs[2].restart()
+	for i, s := range srvs[1:] {
+		if _, err := os.Stat(filepath.Join(s.data, "data", fmt.Sprint(info.ROID))); err == nil {
+			t.Fatalf("s%d kept the copy of a site removed", i+2)
 		}
 	}
 	examined(t, admin, "sw", "no sites", func(info client.VolumeInfo) bool { return len(info.RO)+len(info.Pending) == 0 })
@@ -267,13 +299,13 @@ func TestCellReadOnlyFailover(t *testing.T) {
 // examined waits until volume name, as the server c is dialled to has
 // it, is as ok wants (each server's copy of the location database
 // follows etcd by a watch), for at most 5 s.
-func examined(t *testing.T, c *client.Client, name, want string, ok func(client.VolumeInfo) bool) {
+func examined(t *testing.T, c *client.Client, name, want string, ok func(client.VolumeInfo) bool) client.VolumeInfo {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		info, err := c.Examine(name)
 		if err == nil && ok(info) {
-			return
+			return info
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("volume %s not %s: %+v %v", name, want, info.Location, err)

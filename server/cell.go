@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -53,7 +54,7 @@ func (s *Server) Locate(ctx context.Context, req *pb.LocateRequest) (*pb.Locatio
 		}
 		return &pb.Location{Id: v.ID, Name: v.Name, CreatedNs: v.Created.UnixNano(), Here: true}, nil
 	}
-	v, ro, ok := byName(c.DB, req.Name)
+	v, ro, ok := s.cellByName(req.Name)
 	if req.Id != 0 {
 		if v, ok = c.DB.Volume(req.Id); !ok {
 			v, ok = c.DB.ByROID(req.Id)
@@ -81,13 +82,30 @@ func (s *Server) Locate(ctx context.Context, req *pb.LocateRequest) (*pb.Locatio
 func (s *Server) volumeExists(name string) error {
 	name, _, _ = node.MountTarget(name)
 	if c := s.cfg.Cell; c != nil {
-		if _, ok := c.DB.ByName(name); !ok {
+		if _, _, ok := s.cellByName(name); !ok {
 			return fmt.Errorf("volume %q: %w", name, syscall.ENOENT)
 		}
 		return nil
 	}
 	_, err := s.store.VolumeByName(name)
 	return err
+}
+
+// cellByName is the cell's volume named name; ro: the name is of its
+// read-only copy. A name missing from this server's copy of the
+// location database is looked for again once the copy has caught up
+// with etcd: it may have been made at another server a moment ago.
+func (s *Server) cellByName(name string) (v vldb.Volume, ro, ok bool) {
+	db := s.cfg.Cell.DB
+	if v, ro, ok = byName(db, name); ok || node.CheckVolumeName(strings.TrimSuffix(name, node.ReadOnlySuffix)) != nil {
+		return v, ro, ok
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	if db.CatchUp(ctx) != nil {
+		return v, ro, false
+	}
+	return byName(db, name)
 }
 
 func (s *Server) localVolume(name string, id uint64) (node.Volume, error) {

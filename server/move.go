@@ -273,10 +273,9 @@ type volumeMover interface {
 	volumeStore
 	DumpMeta(id uint64) (string, []vnode.KV, []vnode.DataFile, error)
 	ReadVersion(f node.FID, dv uint64, p []byte, off int64) (int, error)
-	RestoreData(vol uint64, df vnode.DataFile) (*vnode.RestoreFile, error)
+	Receive(vol uint64, copy bool) *vnode.Receiving
 	RestoreMeta(id uint64, name string, kvs []vnode.KV) error
 	CopyHas(id uint64) ([]vnode.DataFile, error)
-	CopyData(id uint64, df vnode.DataFile) (*vnode.RestoreFile, error)
 	PublishCopy(id uint64, name string, kvs []vnode.KV) error
 }
 
@@ -390,6 +389,7 @@ func (s *Server) RestoreVolume(stream pb.FileServer_RestoreVolumeServer) error {
 		// read-only copy here (id).
 		release bool
 		copyOf  vldb.Volume
+		rv      *vnode.Receiving
 	)
 	defer func() {
 		if cur != nil {
@@ -422,6 +422,7 @@ func (s *Server) RestoreVolume(stream pb.FileServer_RestoreVolumeServer) error {
 			} else if v, ok := c.DB.Volume(id); !ok || v.Name != name || v.RW == c.Name || v.Moving != c.Name {
 				return status.Errorf(codes.FailedPrecondition, "volume %s (id %d) is not moving here", name, id)
 			}
+			rv = vm.Receive(id, release)
 		}
 		for _, kv := range p.Meta {
 			if metaSize += len(kv.Key) + len(kv.Value); metaSize > maxMeta {
@@ -436,11 +437,7 @@ func (s *Server) RestoreVolume(stream pb.FileServer_RestoreVolumeServer) error {
 			cur, curFile = nil, p.File
 			if !p.Abandoned {
 				df := vnode.DataFile{Vnode: p.File.Vnode, Unique: p.File.Unique, Gen: p.File.Gen, DV: p.File.Dv}
-				receive := vm.RestoreData
-				if release {
-					receive = vm.CopyData
-				}
-				if cur, err = receive(id, df); err != nil {
+				if cur, err = rv.File(df); err != nil {
 					return s.fail("RestoreVolume", err)
 				}
 			}
@@ -464,6 +461,9 @@ func (s *Server) RestoreVolume(stream pb.FileServer_RestoreVolumeServer) error {
 			}
 			cur = nil
 			reply.Have = append(reply.Have, p.Kept...)
+			if err := rv.Sync(); err != nil {
+				return s.fail("RestoreVolume", err)
+			}
 			switch {
 			case !release:
 				err = vm.RestoreMeta(id, name, kvs)

@@ -297,6 +297,17 @@ func (d *DB) watch() {
 	}
 }
 
+// CatchUp waits until the copy reflects every change etcd has committed
+// (a linearizable read gives the revision): a name another server just
+// made, missing from the copy, is there after it, if it exists.
+func (d *DB) CatchUp(ctx context.Context) error {
+	resp, err := d.cli.Get(ctx, nextIDKey)
+	if err != nil {
+		return dbErr(err)
+	}
+	return d.seen(ctx, resp.Header.Revision)
+}
+
 // seen waits until the copy reflects revision rev (a change this DB
 // made), so that a lookup after a change finds it.
 func (d *DB) seen(ctx context.Context, rev int64) error {

@@ -201,3 +201,37 @@ func TestUnreachable(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// A copy that has not yet seen another server's change has it after
+// CatchUp, every time; and a read-only copy's id gives its volume.
+func TestCatchUp(t *testing.T) {
+	m := member(t, t.TempDir())
+	a, b := open(t, m), open(t, m)
+	ctx := context.Background()
+	for i := range 200 {
+		v, err := a.Create(ctx, Volume{Name: fmt.Sprintf("v%d", i), RW: "s"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := b.ByName(v.Name); !ok {
+			t.Fatalf("after CatchUp, %s is missing from the other copy", v.Name)
+		}
+	}
+	v, err := a.Update(ctx, 1, func(w *Volume) error {
+		w.ROID = NewID
+		return nil
+	})
+	if err != nil || v.ROID == 0 || v.ROID == NewID {
+		t.Fatalf("a read-only id: %+v %v", v, err)
+	}
+	if next, err := a.Create(ctx, Volume{Name: "after", RW: "s"}); err != nil || next.ID <= v.ROID {
+		t.Fatalf("a volume made after the read-only id %d got id %d (%v)", v.ROID, next.ID, err)
+	}
+	b.CatchUp(ctx)
+	if rw, ok := b.ByROID(v.ROID); !ok || rw.ID != 1 {
+		t.Fatalf("ByROID(%d): %+v %v", v.ROID, rw, ok)
+	}
+}

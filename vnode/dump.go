@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/hoardfs/hoard/node"
@@ -91,23 +93,44 @@ func (s *Store) ReadVersion(f node.FID, dv uint64, p []byte, off int64) (int, er
 // ErrChanged says a file changed while a move read it.
 var ErrChanged = errors.New("file changed while read")
 
-// RestoreFile is a data file being received; Commit puts it in place.
-type RestoreFile struct {
+// Receiving is one pass of a dump being received into volume vol (or,
+// copy set, into read-only copy vol). Its data files are written
+// unsynced; Sync makes them all durable at once, one syncfs rather than
+// an fsync per file, before the pass says it has them or its metadata
+// is published.
+type Receiving struct {
 	s    *Store
-	f    *os.File
-	path string
 	vol  uint64
-	df   DataFile
-	copy bool // of a read-only copy (release.go)
+	copy bool
+	got  []received // a copy's files, recorded at Sync
 }
 
-// RestoreData begins receiving a data file of volume vol.
-func (s *Store) RestoreData(vol uint64, df DataFile) (*RestoreFile, error) {
-	f, err := os.CreateTemp(filepath.Join(s.dir, "staging"), "restore-")
+type received struct {
+	df  DataFile
+	gen uint64
+}
+
+// Receive begins a pass into volume vol, or into read-only copy vol.
+func (s *Store) Receive(vol uint64, copy bool) *Receiving {
+	return &Receiving{s: s, vol: vol, copy: copy}
+}
+
+// RestoreFile is a data file being received; Commit puts it in place.
+type RestoreFile struct {
+	rv   *Receiving
+	f    *os.File
+	path string
+	df   DataFile
+}
+
+// File begins receiving the data file of the read-write volume's version
+// df.
+func (rv *Receiving) File(df DataFile) (*RestoreFile, error) {
+	f, err := os.CreateTemp(filepath.Join(rv.s.dir, "staging"), "restore-")
 	if err != nil {
 		return nil, diskErr(err)
 	}
-	return &RestoreFile{s: s, f: f, path: f.Name(), vol: vol, df: df}, nil
+	return &RestoreFile{rv: rv, f: f, path: f.Name(), df: df}, nil
 }
 
 // WriteAt writes received bytes.
@@ -116,16 +139,12 @@ func (r *RestoreFile) WriteAt(p []byte, off int64) error {
 	return diskErr(err)
 }
 
-// Commit makes the received file the data file its version names,
-// synced; Abort drops it.
+// Commit makes the received file the data file its version names (in a
+// copy, a new generation of its own: release.go); Abort drops it. It is
+// durable once the pass's Sync returns.
 func (r *RestoreFile) Commit() error {
-	err := r.f.Sync()
-	if cerr := r.f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil && r.copy {
-		err = r.commitCopy()
-	} else if err == nil {
+	err := r.f.Close()
+	if err == nil {
 		err = r.place()
 	}
 	if err != nil {
@@ -135,13 +154,52 @@ func (r *RestoreFile) Commit() error {
 	return nil
 }
 
-// place renames a received file of a volume moving here into place.
+// place renames a received file into place.
 func (r *RestoreFile) place() error {
-	final := filepath.Join(r.s.dir, dataRel(r.vol, r.df.Vnode, r.df.Gen))
+	rv := r.rv
+	gen := r.df.Gen
+	if rv.copy {
+		gen = rv.s.newGen()
+	}
+	final := filepath.Join(rv.s.dir, dataRel(rv.vol, r.df.Vnode, gen))
 	if err := os.MkdirAll(filepath.Dir(final), 0o700); err != nil {
 		return err
 	}
-	return os.Rename(r.path, final)
+	if err := os.Rename(r.path, final); err != nil {
+		return err
+	}
+	if rv.copy {
+		rv.got = append(rv.got, received{r.df, gen})
+	}
+	return nil
+}
+
+// Sync makes the files received so far durable, and a copy's record of
+// them.
+func (rv *Receiving) Sync() error {
+	d, err := os.Open(rv.s.dir)
+	if err != nil {
+		return err
+	}
+	err = unix.Syncfs(int(d.Fd()))
+	d.Close()
+	if err != nil || !rv.copy || len(rv.got) == 0 {
+		return diskErr(err)
+	}
+	err = rv.s.update(func(tx *bolt.Tx) error {
+		b, err := tx.Bucket(bktCopies).CreateBucketIfNotExists(u64(rv.vol))
+		if err != nil {
+			return err
+		}
+		for _, g := range rv.got {
+			if err := b.Put(g.df.key(), u64(g.gen)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	rv.got = nil
+	return err
 }
 
 // Abort drops a file not committed.

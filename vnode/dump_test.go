@@ -21,17 +21,17 @@ func copyVolume(t *testing.T, src, dst *Store, id uint64, have map[DataFile]bool
 		t.Fatal(err)
 	}
 	sent = map[DataFile]bool{}
+	rv := dst.Receive(id, false)
+	if to != 0 {
+		rv = dst.Receive(to, true)
+	}
 	buf := make([]byte, 1<<16)
 	for _, df := range files {
 		if have[df] {
 			sent[df] = true
 			continue
 		}
-		receive, into := dst.RestoreData, id
-		if to != 0 {
-			receive, into = dst.CopyData, to
-		}
-		rf, err := receive(into, df)
+		rf, err := rv.File(df)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -62,6 +62,9 @@ func copyVolume(t *testing.T, src, dst *Store, id uint64, have map[DataFile]bool
 			t.Fatal(err)
 		}
 		sent[df] = true
+	}
+	if err := rv.Sync(); err != nil {
+		t.Fatal(err)
 	}
 	switch {
 	case changed > 0 || to != 0 && !publish:

@@ -17,10 +17,10 @@ import (
 // next release arrives: a data file its readers may be reading is never
 // written over. Each data file received gets a generation of its own
 // here, and the copy's bucket of bktCopies maps the read-write volume's
-// version of the file (DataFile) to it. A pass that is not published
-// only adds files; the published pass rewrites the records to name the
-// copy's generations, in one transaction, and then drops the files no
-// record names.
+// version of the file (DataFile) to it (Receiving, in dump.go). A pass
+// that is not published only adds files; the published pass rewrites
+// the records to name the copy's generations, in one transaction, and
+// then drops the files no record names.
 
 func (d DataFile) key() []byte {
 	k := make([]byte, 32)
@@ -57,36 +57,6 @@ func (s *Store) CopyHas(id uint64) ([]DataFile, error) {
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
-}
-
-// CopyData begins receiving a data file of read-only copy id, the
-// read-write volume's version df.
-func (s *Store) CopyData(id uint64, df DataFile) (*RestoreFile, error) {
-	r, err := s.RestoreData(id, df)
-	if r != nil {
-		r.copy = true
-	}
-	return r, err
-}
-
-// commitCopy puts a received file of a read-only copy under a new
-// generation and records it.
-func (r *RestoreFile) commitCopy() error {
-	gen := r.s.newGen()
-	final := filepath.Join(r.s.dir, dataRel(r.vol, r.df.Vnode, gen))
-	if err := os.MkdirAll(filepath.Dir(final), 0o700); err != nil {
-		return err
-	}
-	if err := os.Rename(r.path, final); err != nil {
-		return err
-	}
-	return r.s.update(func(tx *bolt.Tx) error {
-		b, err := tx.Bucket(bktCopies).CreateBucketIfNotExists(u64(r.vol))
-		if err != nil {
-			return err
-		}
-		return b.Put(r.df.key(), u64(gen))
-	})
 }
 
 // PublishCopy makes read-only copy id (named name) hold kvs, a dump of
