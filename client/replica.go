@@ -43,17 +43,22 @@ func (s *sites) readOnly(vol uint64) bool {
 }
 
 // roSite is the Client reading copy l: from its first site not known to
-// be down (all down: the first).
+// be down (all down: the one down longest, the likeliest back).
 func (s *sites) roSite(l *pb.Location) (*Client, error) {
 	if len(l.Ro) == 0 {
 		return nil, fmt.Errorf("volume %s: no read-only site: %w", l.Name, syscall.ENOENT)
 	}
 	s.mu.Lock()
-	pick := l.Ro[0]
+	var pick *pb.Site
+	var since time.Time
 	for _, site := range l.Ro {
-		if t, down := s.down[site.Addr]; !down || time.Since(t) > downFor {
+		t, down := s.down[site.Addr]
+		if !down || time.Since(t) > downFor {
 			pick = site
 			break
+		}
+		if pick == nil || t.Before(since) {
+			pick, since = site, t
 		}
 	}
 	s.mu.Unlock()
@@ -72,7 +77,9 @@ func unreachable(err error) bool {
 
 // failover follows copy vol from at, whose site err says is unreachable,
 // to another of its sites: the copy's nodes go to that site's Client. It
-// reports whether they did.
+// reports whether the request should be sent again: to the new site, or,
+// when at's connection is up after all (the failure was the request's,
+// not the site's), to the same.
 func (s *sites) failover(vol uint64, at *Client, err error) bool {
 	if !unreachable(err) {
 		return false
@@ -82,6 +89,10 @@ func (s *sites) failover(vol uint64, at *Client, err error) bool {
 	if l == nil || !l.ReadOnly {
 		s.mu.Unlock()
 		return false
+	}
+	if at.conn.Ready() {
+		s.mu.Unlock()
+		return true
 	}
 	s.down[at.opts.Server] = time.Now()
 	s.mu.Unlock()

@@ -118,7 +118,15 @@ func (s *Server) ReleaseVolume(ctx context.Context, req *pb.ReleaseVolumeRequest
 		return reply, nil
 	case pb.ReleaseVolumeRequest_REMOVE_SITE:
 		if v.RW != c.Name {
-			// At the site itself, once the database no longer names it.
+			// At the site itself, once the database no longer names it
+			// (as etcd has it now: the change was made at another server).
+			cctx, cancel := context.WithTimeout(ctx, dbTimeout)
+			err := c.DB.CatchUp(cctx)
+			cancel()
+			if err != nil {
+				return nil, s.fail("ReleaseVolume", cellErr(err))
+			}
+			v, _ = c.DB.ByName(req.Name)
 			if slices.Contains(v.RO, c.Name) || slices.Contains(v.Pending, c.Name) {
 				return nil, status.Errorf(codes.FailedPrecondition, "server %s is still a read-only site of volume %s", c.Name, v.Name)
 			}
