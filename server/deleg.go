@@ -167,6 +167,23 @@ func (s *Server) Delegations() int {
 	return s.cb.Delegations()
 }
 
+// Load is what a server holds for its clients now, and the messages it
+// has sent them since it started (FIDs broken, recalled and revoked;
+// resets): for its metrics.
+type Load struct {
+	Sessions, Promises, Delegations   int
+	Broken, Recalled, Revoked, Resets int64
+}
+
+// Load is the server's load now.
+func (s *Server) Load() Load {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.sent
+	l.Sessions, l.Promises, l.Delegations = len(s.conns), s.cb.Promises(), s.cb.Delegations()
+	return l
+}
+
 // Close records the close of an open that came without a delegation.
 func (s *Server) Close(ctx context.Context, req *pb.CloseRequest) (*pb.CloseReply, error) {
 	o, f, err := s.beginOn(ctx, "Close", req.Fid)

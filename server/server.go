@@ -126,6 +126,7 @@ type Server struct {
 	mu    sync.Mutex
 	cb    *callback.Server
 	conns map[callback.ClientID]*conn
+	sent  Load           // the counts of messages sent (under mu)
 	peers map[string]int // sessions by client IP address
 	// reserved counts the FIDs each session reserved and has not used;
 	// reservedAll those of every session of this server life, gone ones
@@ -282,6 +283,16 @@ func (s *Server) sendLocked(msgs []callback.Msg) {
 			out = &pb.ServerMsg{Msg: &pb.ServerMsg_Revoke{Revoke: &pb.Revoke{Fids: fids, States: m.States}}}
 		default:
 			continue
+		}
+		switch m.Kind {
+		case callback.MsgBreak:
+			s.sent.Broken += int64(len(m.FIDs))
+		case callback.MsgReset:
+			s.sent.Resets++
+		case callback.MsgRecall:
+			s.sent.Recalled += int64(len(m.FIDs))
+		case callback.MsgRevoke:
+			s.sent.Revoked += int64(len(m.FIDs))
 		}
 		select {
 		case c.out <- out:

@@ -57,6 +57,9 @@ func main() {
 	root.AddCommand(serverCmd(), etcdCmd(), proxyCmd(), volCmd(), cacheCmd(), mountCmd(), umountCmd())
 	root.AddCommand(cellCmd(), tokenCmd(), loginCmd(), logoutCmd(), tokensCmd(), whoamiCmd(), aclCmd(), groupCmd())
 	root.AddCommand(fileCmds()...)
+	root.AddCommand(versionCmd(), manCmd(root))
+	root.Version = "set" // cobra's --version flag, printing versionText
+	root.SetVersionTemplate(versionText())
 	root.SetHelpCommand(&cobra.Command{Use: "help [command]", Short: "help about any command",
 		RunE: func(_ *cobra.Command, args []string) error {
 			cmd, rest, err := root.Find(args)

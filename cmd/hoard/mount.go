@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/metrics"
+
 	"github.com/spf13/cobra"
 
 	"github.com/hoardfs/hoard/cache"
@@ -33,7 +35,7 @@ const readyFD = 3
 func mountCmd() *cobra.Command {
 	var cf clientFlags
 	var daemon, passthrough, debug, singleUser, encrypt bool
-	var pidfile, logfile, profile string
+	var pidfile, logfile, profile, metricsAddr string
 	cmd := &cobra.Command{
 		Use:   "mount [flags] MOUNTPOINT",
 		Short: "mount the cell's root volume with FUSE (foreground; --daemon to detach)",
@@ -46,7 +48,13 @@ func mountCmd() *cobra.Command {
 			if err := mount.CheckFuse(); err != nil {
 				return usageError{err}
 			}
+			me, err := openMetrics(metricsAddr)
+			if err != nil {
+				return err
+			}
+			defer me.close()
 			if daemon && os.Getenv("HOARD_DAEMONIZED") == "" {
+				me.close() // the daemon opens it again
 				return daemonize(pidfile, logfile)
 			}
 			o, err := cf.options()
@@ -84,6 +92,10 @@ func mountCmd() *cobra.Command {
 			if err := m.Serve(c, dir, debug); err != nil {
 				return err
 			}
+			if me != nil {
+				metrics.Client(me.reg, c.Stats)
+			}
+			defer me.start("mount")()
 			if logins, err := listenLogins(m, dir, cf.sec.caCert); err != nil {
 				slog.Warn("hoard login cannot reach this mount", "err", err)
 			} else if logins != nil {
@@ -101,8 +113,10 @@ func mountCmd() *cobra.Command {
 			} else {
 				fmt.Fprintln(os.Stderr, msg)
 			}
+			notifyReady()
 			select {
 			case <-sig:
+				notifyStopping()
 				if err := m.Unmount(); err != nil {
 					// Busy: detach lazily so the daemon can still exit.
 					slog.Warn("unmount failed; detaching", "err", err)
@@ -126,6 +140,7 @@ func mountCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&encrypt, "cache-encrypt", false, "keep the cache files encrypted with a key held only in this process's memory (a stolen disk shows nothing of them); the cache starts empty, passthrough and delegations are off (docs/security.md)")
 	cmd.Flags().BoolVar(&singleUser, "single-user", false, "act for every local user with this mount's token, leaving them apart to the files' mode bits (default for root: each user acts with the token they handed it with hoard login, others anonymously)")
 	profileFlag(cmd.Flags(), &profile)
+	metricsFlag(cmd.Flags(), &metricsAddr)
 	return cmd
 }
 

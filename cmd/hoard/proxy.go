@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/hoardfs/hoard/metrics"
+
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -30,7 +32,7 @@ func proxyCmd() *cobra.Command {
 	// origin's own break timeout (2 s by default): give up on a silent
 	// client of the proxy sooner than the origin gives up on the proxy.
 	cfg.BreakTimeout = time.Second
-	var origin, listen, dir, size, layout, dataListen, dataAdvertise, cellDir string
+	var origin, listen, dir, size, layout, dataListen, dataAdvertise, cellDir, metricsAddr string
 	var timeout, fast time.Duration
 	var noDeleg, insecure bool
 	cmd := &cobra.Command{
@@ -60,6 +62,11 @@ func proxyCmd() *cobra.Command {
 			if err := checkDataFlags(dataListen, dataAdvertise); err != nil {
 				return err
 			}
+			me, err := openMetrics(metricsAddr)
+			if err != nil {
+				return err
+			}
+			defer me.close()
 			if insecure == (cellDir != "") {
 				return usagef("--cell DIR is required (the proxy's identity: hoard cell cert --proxy NAME makes one), or --insecure for an insecure origin")
 			}
@@ -108,16 +115,20 @@ func proxyCmd() *cobra.Command {
 			}
 			srv := server.New(p, cfg)
 			p.Serve(srv)
+			if me != nil {
+				metrics.Client(me.reg, p.OriginStats)
+			}
 			defer srv.Shutdown()
 			dataNote := serveData(srv, dataLis, dataAdvertise)
 			return serve("proxy", srv, lis, creds, fmt.Sprintf("serving %s from cache %s (%s) on %s (epoch %d, %s, %s)", origin, dir, layout, lis.Addr(), p.Epoch(), dataNote, secNote),
-				func(g *grpc.Server) { pb.RegisterProxyServer(g, statsServer{p: p, srv: srv}) })
+				me, func(g *grpc.Server) { pb.RegisterProxyServer(g, statsServer{p: p, srv: srv}) })
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&origin, "origin", "", "the file server to cache, host:port")
 	f.StringVar(&listen, "listen", "127.0.0.1:7200", "address to serve clients on")
 	f.StringVar(&cellDir, "cell", "", "the proxy's cell identity: a directory with ca.crt, host.crt and host.key, made by hoard cell cert --proxy NAME")
+	metricsFlag(f, &metricsAddr)
 	f.BoolVar(&insecure, "insecure", false, "talk to an insecure origin and serve without TLS or authentication (benchmarks only)")
 	f.StringVar(&dir, "cache", "", "directory of the proxy's cache (created if missing)")
 	f.StringVar(&size, "cache-size", "10G", "size of the disk store of file data, e.g. 512M, 10G (the pooled layout allocates it at once)")

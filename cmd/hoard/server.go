@@ -10,6 +10,9 @@ import (
 	"syscall"
 	"time"
 
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/hoardfs/hoard/metrics"
+
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
@@ -25,7 +28,7 @@ import (
 
 func serverCmd() *cobra.Command {
 	cfg := server.DefaultConfig()
-	var data, listen, dataListen, dataAdvertise, profile, cellDir string
+	var data, listen, dataListen, dataAdvertise, profile, cellDir, metricsAddr string
 	var insecure bool
 	var cf cellFlags
 	cmd := &cobra.Command{
@@ -53,6 +56,11 @@ func serverCmd() *cobra.Command {
 			if insecure && cellDir != "" {
 				return usagef("--insecure and --cell: pick one")
 			}
+			me, err := openMetrics(metricsAddr)
+			if err != nil {
+				return err
+			}
+			defer me.close()
 			stop, err := startProfile(profile)
 			if err != nil {
 				return err
@@ -115,7 +123,7 @@ func serverCmd() *cobra.Command {
 			srv := server.New(server.Local(store), cfg)
 			defer srv.Shutdown()
 			dataNote := serveData(srv, dataLis, dataAdvertise)
-			return serve("server", srv, lis, creds, fmt.Sprintf("serving %s on %s (epoch %d, %s, %s); %s", store.Dir(), lis.Addr(), store.Epoch(), dataNote, secNote, cellNote))
+			return serve("server", srv, lis, creds, fmt.Sprintf("serving %s on %s (epoch %d, %s, %s); %s", store.Dir(), lis.Addr(), store.Epoch(), dataNote, secNote, cellNote), me)
 		},
 	}
 	cmd.AddCommand(serverListCmd())
@@ -133,6 +141,7 @@ func serverCmd() *cobra.Command {
 	f.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after a start, how long changes wait for clients of the previous life to reconnect")
 	f.StringVar(&cfg.DirDelegations, "dir-delegations", cfg.DirDelegations, "which directories a client may make files in on its own: private (one no other client has cached), any (breaking others' promises), none")
 	profileFlag(f, &profile)
+	metricsFlag(f, &metricsAddr)
 	f.DurationVar(&cfg.MoveHold, "move-hold", cfg.MoveHold, "how long a volume moving away waits, frozen, for a mover that went silent before it serves as before")
 	f.IntVar(&cfg.MaxPromises, "max-promises", cfg.MaxPromises, "promises held across all clients before the oldest are broken")
 	boundFlags(f, &cfg)
@@ -213,12 +222,20 @@ const maxStreams = 1024
 
 // serve answers srv's RPCs on lis until SIGTERM or SIGINT, announcing
 // itself (`hoard NAME: banner`) once it listens.
-func serve(name string, srv *server.Server, lis net.Listener, creds credentials.TransportCredentials, banner string, register ...func(*grpc.Server)) error {
+func serve(name string, srv *server.Server, lis net.Listener, creds credentials.TransportCredentials, banner string, me *endpoint, register ...func(*grpc.Server)) error {
 	if creds == nil {
 		creds = insecurecreds.NewCredentials()
 	}
+	unary, stream := []grpc.UnaryServerInterceptor{srv.Trace}, []grpc.StreamServerInterceptor{srv.TraceStream}
+	var gm *grpcprom.ServerMetrics
+	if me != nil {
+		gm = metrics.GRPC(me.reg)
+		metrics.Server(me.reg, srv.Load)
+		unary = append([]grpc.UnaryServerInterceptor{gm.UnaryServerInterceptor()}, unary...)
+		stream = append([]grpc.StreamServerInterceptor{gm.StreamServerInterceptor()}, stream...)
+	}
 	g := grpc.NewServer(grpc.Creds(creds),
-		grpc.UnaryInterceptor(srv.Trace), grpc.StreamInterceptor(srv.TraceStream),
+		grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...),
 		grpc.MaxRecvMsgSize(16<<20),
 		// A connection's concurrent requests, and the time it has to say
 		// who it is: a client that opens more waits, one that says
@@ -232,17 +249,23 @@ func serve(name string, srv *server.Server, lis net.Listener, creds credentials.
 	for _, r := range register {
 		r(g)
 	}
+	if gm != nil {
+		gm.InitializeMetrics(g)
+	}
+	defer me.start(name)()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(srv.Bound(lis)) }()
 	fmt.Fprintf(os.Stderr, "hoard %s: %s\n", name, banner)
+	notifyReady()
 	select {
 	case err := <-errc:
 		return err
 	case s := <-sig:
 		slog.Info("stopping", "signal", s)
 	}
+	notifyStopping()
 	// Back channels never end on their own: give RPCs in flight a
 	// moment, then stop.
 	srv.Shutdown()

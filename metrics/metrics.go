@@ -1,0 +1,164 @@
+// Package metrics serves a hoard process's Prometheus metrics: its
+// client's cache and protocol counters (a mount, a proxy), its server's
+// load and requests (a server, a proxy), and Go's runtime. Names follow
+// Prometheus's conventions: hoard_ and the part, units in the name,
+// _total on counters.
+package metrics
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/server"
+)
+
+// Listen opens the metrics address: host:port, or a bare port (or
+// :port), which is taken on loopback, so that metrics are not served to
+// the network unless asked.
+func Listen(addr string) (net.Listener, error) {
+	if !strings.Contains(addr, ":") {
+		addr = ":" + addr
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics %s: want HOST:PORT or PORT", addr)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(host, port))
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE):
+		return nil, fmt.Errorf("--metrics %s: the address is in use", addr)
+	case err != nil:
+		return nil, fmt.Errorf("--metrics %s: %v", addr, unwrapOp(err))
+	}
+	return l, nil
+}
+
+func unwrapOp(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return op.Err
+	}
+	return err
+}
+
+// Registry is a registry with Go's runtime and the process's metrics.
+func Registry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Serve serves reg's metrics at /metrics on l until stop.
+func Serve(l net.Listener, reg *prometheus.Registry) (stop func()) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(l)
+	return func() { srv.Close() }
+}
+
+// GRPC counts a server's requests by method and code, with their
+// handling times (the go-grpc-middleware's standard grpc_server_*
+// metrics); its interceptors go first in the server's chains.
+func GRPC(reg *prometheus.Registry) *grpcprom.ServerMetrics {
+	m := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+		grpcprom.WithHistogramBuckets([]float64{.0001, .0005, .001, .005, .01, .05, .1, .5, 1, 5, 30})))
+	reg.MustRegister(m)
+	return m
+}
+
+// metric is one metric a collector reads off a snapshot of type S.
+type metric[S any] struct {
+	desc  *prometheus.Desc
+	kind  prometheus.ValueType
+	value func(S) float64
+}
+
+// snapshots is a collector that takes one snapshot per scrape and reads
+// every metric off it.
+type snapshots[S any] struct {
+	take    func() S
+	metrics []metric[S]
+}
+
+func (c *snapshots[S]) add(name, help string, kind prometheus.ValueType, value func(S) float64) {
+	c.metrics = append(c.metrics, metric[S]{prometheus.NewDesc(name, help, nil, nil), kind, value})
+}
+
+func (c *snapshots[S]) Describe(ch chan<- *prometheus.Desc) {
+	for _, m := range c.metrics {
+		ch <- m.desc
+	}
+}
+
+func (c *snapshots[S]) Collect(ch chan<- prometheus.Metric) {
+	s := c.take()
+	for _, m := range c.metrics {
+		ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(s))
+	}
+}
+
+const (
+	counter = prometheus.CounterValue
+	gauge   = prometheus.GaugeValue
+)
+
+// Client registers the metrics of a client (a mount's, a proxy's):
+// stats is its Stats.
+func Client(reg *prometheus.Registry, stats func() client.Stats) {
+	c := &snapshots[client.Stats]{take: stats}
+	f := func(v int64) float64 { return float64(v) }
+	c.add("hoard_cache_hits_total", "Reads served from the cache.", counter, func(s client.Stats) float64 { return f(s.Hits) })
+	c.add("hoard_cache_misses_total", "Reads that had to fetch from the server.", counter, func(s client.Stats) float64 { return f(s.Misses) })
+	c.add("hoard_cache_fetched_bytes_total", "Bytes fetched from servers.", counter, func(s client.Stats) float64 { return f(s.BytesFetched) })
+	c.add("hoard_cache_written_bytes_total", "Bytes written into the cache's store: fetched chunks and local writes.", counter, func(s client.Stats) float64 { return f(s.BytesWritten) })
+	c.add("hoard_cache_bytes", "Bytes the cache holds.", gauge, func(s client.Stats) float64 { return f(s.BytesCached) })
+	c.add("hoard_cache_limit_bytes", "The cache's size limit.", gauge, func(s client.Stats) float64 { return f(s.Limit) })
+	c.add("hoard_cache_files", "Files with data in the cache.", gauge, func(s client.Stats) float64 { return f(s.Files) })
+	c.add("hoard_cache_chunks", "Chunks in the cache.", gauge, func(s client.Stats) float64 { return f(s.Chunks) })
+	c.add("hoard_cache_evictions_total", "Chunks evicted to make room.", counter, func(s client.Stats) float64 { return f(s.Evictions) })
+	c.add("hoard_cache_bypassed_chunks_total", "Chunks read past the cache (bypassed, or no room).", counter, func(s client.Stats) float64 { return f(s.Bypassed) })
+	c.add("hoard_cache_corrupt_chunks_total", "Chunks that failed their checksum and were fetched again.", counter, func(s client.Stats) float64 { return f(s.Corrupt) })
+	c.add("hoard_client_rpcs_total", "Requests sent to servers.", counter, func(s client.Stats) float64 { return f(s.RPCs) })
+	c.add("hoard_client_revalidations_total", "Status requests made because no promise was held.", counter, func(s client.Stats) float64 { return f(s.Revalidations) })
+	c.add("hoard_client_stores_total", "Stores of file data sent to servers.", counter, func(s client.Stats) float64 { return f(s.Stores) })
+	c.add("hoard_client_promises", "Callback promises held.", gauge, func(s client.Stats) float64 { return float64(s.Promises) })
+	c.add("hoard_client_breaks_total", "Files whose promise a server broke.", counter, func(s client.Stats) float64 { return f(s.Breaks) })
+	c.add("hoard_client_resets_total", "Times a server voided all promises (its restart).", counter, func(s client.Stats) float64 { return f(s.Resets) })
+	c.add("hoard_client_read_delegations", "Read delegations held.", gauge, func(s client.Stats) float64 { return float64(s.ReadDelegations) })
+	c.add("hoard_client_write_delegations", "Write delegations held.", gauge, func(s client.Stats) float64 { return float64(s.WriteDelegations) })
+	c.add("hoard_client_local_opens_total", "Opens served under a delegation, without a request.", counter, func(s client.Stats) float64 { return f(s.LocalOpens) })
+	c.add("hoard_client_recalls_total", "Delegations a server recalled.", counter, func(s client.Stats) float64 { return f(s.Recalls) })
+	c.add("hoard_client_revoked_total", "Delegations a server revoked.", counter, func(s client.Stats) float64 { return f(s.Revoked) })
+	c.add("hoard_client_dirty_bytes", "Bytes written and not yet stored (the write-back queue).", gauge, func(s client.Stats) float64 { return f(s.DirtyBytes) })
+	c.add("hoard_client_flushed_bytes_total", "Bytes the write-back flusher stored.", counter, func(s client.Stats) float64 { return f(s.Flushed) })
+	c.add("hoard_client_nodes", "Files and directories held in memory.", gauge, func(s client.Stats) float64 { return float64(s.Nodes) })
+	reg.MustRegister(c)
+}
+
+// Server registers the metrics of a server's load: load is its Load.
+func Server(reg *prometheus.Registry, load func() server.Load) {
+	c := &snapshots[server.Load]{take: load}
+	c.add("hoard_server_sessions", "Client sessions connected.", gauge, func(l server.Load) float64 { return float64(l.Sessions) })
+	c.add("hoard_server_promises", "Callback promises held by clients.", gauge, func(l server.Load) float64 { return float64(l.Promises) })
+	c.add("hoard_server_delegations", "Delegations held by clients.", gauge, func(l server.Load) float64 { return float64(l.Delegations) })
+	c.add("hoard_server_breaks_total", "Promises broken (files, per client).", counter, func(l server.Load) float64 { return float64(l.Broken) })
+	c.add("hoard_server_recalls_total", "Delegations recalled.", counter, func(l server.Load) float64 { return float64(l.Recalled) })
+	c.add("hoard_server_revokes_total", "Delegations revoked.", counter, func(l server.Load) float64 { return float64(l.Revoked) })
+	c.add("hoard_server_resets_total", "Reset messages sent (all of a client's promises voided).", counter, func(l server.Load) float64 { return float64(l.Resets) })
+	reg.MustRegister(c)
+}
