@@ -91,21 +91,33 @@ func (s *Server) volumeExists(name string) error {
 	return err
 }
 
+// caughtUp reports whether ok holds of this server's copy of the
+// location database, or holds once the copy has caught up with etcd: a
+// change made at another server a moment ago (a move begun, a site
+// added) may not have reached it yet.
+func (s *Server) caughtUp(ok func() bool) bool {
+	if ok() {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	return s.cfg.Cell.DB.CatchUp(ctx) == nil && ok()
+}
+
 // cellByName is the cell's volume named name; ro: the name is of its
 // read-only copy. A name missing from this server's copy of the
 // location database is looked for again once the copy has caught up
 // with etcd: it may have been made at another server a moment ago.
 func (s *Server) cellByName(name string) (v vldb.Volume, ro, ok bool) {
-	db := s.cfg.Cell.DB
-	if v, ro, ok = byName(db, name); ok || node.CheckVolumeName(strings.TrimSuffix(name, node.ReadOnlySuffix)) != nil {
-		return v, ro, ok
+	if node.CheckVolumeName(strings.TrimSuffix(name, node.ReadOnlySuffix)) != nil {
+		return byName(s.cfg.Cell.DB, name)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
-	defer cancel()
-	if db.CatchUp(ctx) != nil {
-		return v, ro, false
-	}
-	return byName(db, name)
+	ok = s.caughtUp(func() bool {
+		var found bool
+		v, ro, found = byName(s.cfg.Cell.DB, name)
+		return found
+	})
+	return v, ro, ok
 }
 
 func (s *Server) localVolume(name string, id uint64) (node.Volume, error) {

@@ -419,7 +419,10 @@ func (s *Server) RestoreVolume(stream pb.FileServer_RestoreVolumeServer) error {
 					return err
 				}
 				defer done()
-			} else if v, ok := c.DB.Volume(id); !ok || v.Name != name || v.RW == c.Name || v.Moving != c.Name {
+			} else if !s.caughtUp(func() bool {
+				v, ok := c.DB.Volume(id)
+				return ok && v.Name == name && v.RW != c.Name && v.Moving == c.Name
+			}) {
 				return status.Errorf(codes.FailedPrecondition, "volume %s (id %d) is not moving here", name, id)
 			}
 			rv = vm.Receive(id, release)

@@ -210,8 +210,12 @@ func (s *Server) ReleaseVolume(ctx context.Context, req *pb.ReleaseVolumeRequest
 // restoreCopy is where a release's pass goes at a read-only site: the
 // copy of volume rw, if this server is one of its sites.
 func (s *Server) restoreCopy(c *Cell, rw uint64) (vldb.Volume, error) {
-	v, ok := c.DB.Volume(rw)
-	if !ok || v.ROID == 0 || !slices.Contains(v.RO, c.Name) && !slices.Contains(v.Pending, c.Name) {
+	var v vldb.Volume
+	if !s.caughtUp(func() bool {
+		var ok bool
+		v, ok = c.DB.Volume(rw)
+		return ok && v.ROID != 0 && (slices.Contains(v.RO, c.Name) || slices.Contains(v.Pending, c.Name))
+	}) {
 		return v, status.Errorf(codes.FailedPrecondition, "this server (%s) is not a read-only site of volume %d", c.Name, rw)
 	}
 	return v, nil
