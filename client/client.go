@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -321,7 +322,43 @@ func dialErr(opts Options, err error) error {
 	if strings.HasPrefix(err.Error(), "server ") {
 		return err // said already
 	}
-	return fmt.Errorf("server %s unreachable: %w", opts.Server, err)
+	return &plainError{fmt.Sprintf("server %s unreachable: %s", opts.Server, transportCause(opts.Server, err)), err}
+}
+
+// plainError says err in a person's words; errors.Is and As see err.
+type plainError struct {
+	msg string
+	err error
+}
+
+func (e *plainError) Error() string { return e.msg }
+func (e *plainError) Unwrap() error { return e.err }
+
+// transportCause is what a failed connection to addr comes down to, in the
+// words of the system or of TLS ("connection refused"), without gRPC's
+// layers ("rpc error: code = Unavailable desc = connection error: desc =
+// \"transport: Error while dialing: dial tcp ...").
+func transportCause(addr string, err error) string {
+	msg := status.Convert(err).Message()
+	msg = strings.ReplaceAll(msg, `\"`, `"`)
+	host, _, _ := net.SplitHostPort(addr)
+	switch {
+	case strings.Contains(msg, "connect: "):
+		msg = msg[strings.LastIndex(msg, "connect: ")+len("connect: "):]
+	case strings.Contains(msg, "produced zero addresses"), strings.Contains(msg, "no such host"):
+		msg = "cannot resolve " + host
+	case strings.Contains(msg, "authentication handshake failed: "):
+		msg = "TLS handshake failed: " + msg[strings.LastIndex(msg, "handshake failed: ")+len("handshake failed: "):]
+	case strings.Contains(msg, "server preface"):
+		msg = "it answered, but not as a server without TLS (is it one with TLS, reached with --insecure?)"
+	case strings.Contains(msg, "i/o timeout"):
+		msg = "no answer (timed out)"
+	default:
+		for _, p := range []string{"connection error: desc = ", "transport: Error while dialing: ", "transport: "} {
+			msg = strings.TrimPrefix(strings.Trim(msg, `"`), p)
+		}
+	}
+	return strings.Trim(msg, `"`)
 }
 
 // Close stores what the flusher still holds, gives delegations back, stops

@@ -321,4 +321,12 @@ func TestUnreachableServer(t *testing.T) {
 	if n := strings.Count(strings.TrimSpace(out), "\n"); n != 0 {
 		t.Fatalf("error is not one line: %q", out)
 	}
+	// In a person's words, without gRPC's layers.
+	if want := "hoard: server " + addr + " unreachable: connection refused\n"; out != want {
+		t.Fatalf("unreachable server: %q, want %q", out, want)
+	}
+	out, code = run(t, "ls", "/", "--server", "nohost.invalid:7100", "--cache", "", "--timeout", "1s")
+	if code != 1 || !strings.HasPrefix(out, "hoard: server nohost.invalid:7100 unreachable: cannot resolve nohost.invalid") || strings.Contains(out, "desc =") {
+		t.Fatalf("unresolvable server: exit %d: %q", code, out)
+	}
 }

@@ -60,7 +60,8 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 		hoardBin = filepath.Join(dir, "hoard")
-		out, err := exec.Command("go", "build", "-o", hoardBin, "github.com/hoardfs/hoard/cmd/hoard").CombinedOutput()
+		// As make build does: hoard version says what it was built from.
+		out, err := exec.Command("make", "-s", "-C", "..", "build", "BIN="+hoardBin).CombinedOutput()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "building hoard: %v\n%s", err, out)
 			os.Exit(1)

@@ -126,3 +126,33 @@ func TestNotifyReady(t *testing.T) {
 	}
 	cmd.Wait()
 }
+
+// A mount --daemon that fails says why, in the daemon's words, on one
+// line: not only where its log is.
+func TestMountDaemonFails(t *testing.T) {
+	needFuse(t)
+	addr, dir, cache := freeAddr(t), t.TempDir(), t.TempDir()
+	out, code := run(t, "mount", "--daemon", "--server", addr, "--cache", cache, "--timeout", "1s", "--insecure", dir)
+	want := "hoard: the mount daemon failed: server " + addr + " unreachable: connection refused (log "
+	if code != 1 || !strings.HasPrefix(out, want) || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+		t.Fatalf("mount --daemon of an unreachable server: exit %d: %q, want %q...", code, out, want)
+	}
+}
+
+// Every command's help has an example (its man page an EXAMPLE section).
+func TestEveryCommandHasAnExample(t *testing.T) {
+	dir := t.TempDir()
+	if out, code := run(t, "man", dir); code != 0 {
+		t.Fatalf("hoard man: exit %d: %s", code, out)
+	}
+	pages, _ := filepath.Glob(filepath.Join(dir, "*.1"))
+	if len(pages) < 50 {
+		t.Fatalf("%d man pages", len(pages))
+	}
+	for _, p := range pages {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), "\n.SH EXAMPLE") {
+			t.Errorf("%s has no example (%v)", strings.TrimSuffix(filepath.Base(p), ".1"), err)
+		}
+	}
+}

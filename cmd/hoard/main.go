@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"regexp"
 	"runtime/pprof"
 	"strings"
 	"syscall"
@@ -73,12 +74,17 @@ func main() {
 		}})
 	root.InitDefaultCompletionCmd() // now, to be made a group below
 	groups(root)
+	setExamples(root)
 	err := root.Execute()
 	if logs != nil {
 		logs.Flush()
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "hoard: "+describe(err))
+		msg := describe(err)
+		if !strings.HasPrefix(msg, "hoard ") { // "hoard put: needs ..." names itself
+			msg = "hoard: " + msg
+		}
+		fmt.Fprintln(os.Stderr, msg)
 		os.Exit(exitCode(err))
 	}
 }
@@ -90,10 +96,57 @@ func groups(cmd *cobra.Command) {
 	if cmd.HasSubCommands() && !cmd.Runnable() {
 		cmd.Args = unknownCommand
 		cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	} else if check := cmd.Args; check != nil {
+		cmd.Args = func(c *cobra.Command, args []string) error {
+			return argsErr(c, check(c, args))
+		}
 	}
 	for _, c := range cmd.Commands() {
 		groups(c)
 	}
+}
+
+// fmtScan reports whether s is format with its numbers in to.
+func fmtScan(s, format string, to ...any) bool {
+	n, err := fmt.Sscanf(s, format, to...)
+	return err == nil && n == len(to)
+}
+
+// argName is an argument in a command's usage line: NAME, [NAME], NAME...
+var argName = regexp.MustCompile(`^\[?[A-Z][A-Z0-9_]*(\.\.\.)?\]?(\.\.\.)?$`)
+
+// argsErr says what a command needs when cobra's check of its arguments
+// failed ("hoard put: needs LOCAL and REMOTE"), from its usage line.
+func argsErr(cmd *cobra.Command, err error) error {
+	if err == nil || !strings.HasPrefix(err.Error(), "accepts ") && !strings.HasPrefix(err.Error(), "requires ") {
+		return err
+	}
+	var names []string
+	fields := strings.Fields(cmd.Use)
+	for i, f := range fields[1:] {
+		// A flag's value ("--to SERVER", "[--on SERVER]") is not an
+		// argument.
+		prev := fields[i]
+		isValue := (strings.HasPrefix(prev, "-") || strings.HasPrefix(prev, "[-")) && !strings.HasSuffix(prev, "]")
+		if argName.MatchString(f) && !isValue {
+			names = append(names, strings.Trim(f, "[]"))
+		}
+	}
+	what := "needs"
+	var n, lo, hi, got int
+	switch msg := err.Error(); {
+	case strings.Contains(msg, "at most"),
+		fmtScan(msg, "accepts %d arg(s), received %d", &n, &got) && got > n,
+		fmtScan(msg, "accepts between %d and %d arg(s), received %d", &lo, &hi, &got) && got > hi:
+		what = "takes only"
+	}
+	switch len(names) {
+	case 0:
+		return usagef("%s: takes no arguments", cmd.CommandPath())
+	case 1:
+		return usagef("%s: %s %s", cmd.CommandPath(), what, names[0])
+	}
+	return usagef("%s: %s %s and %s", cmd.CommandPath(), what, strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
 }
 
 func unknownCommand(cmd *cobra.Command, args []string) error {

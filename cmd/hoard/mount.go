@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"crypto/rand"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -199,14 +201,14 @@ func daemonize(pidfile, logfile string) error {
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.ExtraFiles = []*os.File{w} // fd 3
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	logged, _ := log.Seek(0, io.SeekEnd)
 	if err := cmd.Start(); err != nil {
 		return err
 	}
 	w.Close()
 	line, _ := bufio.NewReader(r).ReadString('\n')
 	if line == "" {
-		cmd.Wait()
-		return fmt.Errorf("the mount daemon failed; see %s", logfile)
+		return daemonFailed(cmd.Wait(), logfile, logged)
 	}
 	if err := os.WriteFile(pidfile, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644); err != nil {
 		return fmt.Errorf("pidfile %s: %w", pidfile, err)
@@ -214,6 +216,30 @@ func daemonize(pidfile, logfile string) error {
 	fmt.Fprintf(os.Stderr, "%s; daemon pid %d (%s), log %s\n", strings.TrimSpace(line), cmd.Process.Pid, pidfile, logfile)
 	cmd.Process.Release()
 	return nil
+}
+
+// daemonFailed is the error of a mount daemon that exited before it was
+// mounted (exited, as Wait says): the reason it gave, the last "hoard: "
+// line it logged after offset from, and its exit status (2: a usage
+// error).
+func daemonFailed(exited error, logfile string, from int64) error {
+	reason := "no reason logged"
+	if f, err := os.Open(logfile); err == nil {
+		f.Seek(from, io.SeekStart)
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if r, ok := strings.CutPrefix(sc.Text(), "hoard: "); ok {
+				reason = r
+			}
+		}
+		f.Close()
+	}
+	err := fmt.Errorf("the mount daemon failed: %s (log %s)", reason, logfile)
+	var ee *exec.ExitError
+	if errors.As(exited, &ee) && ee.ExitCode() == 2 {
+		return usageError{err}
+	}
+	return err
 }
 
 func umountCmd() *cobra.Command {
