@@ -53,20 +53,9 @@ func (c *Client) MoveVolume(name, to string) (MoveReport, error) {
 		rep.Undone = true
 		return rep, c.undoMove(src, name, l.Moving)
 	}
-	servers, err := c.Servers()
+	dst, err := c.serverNamed(to)
 	if err != nil {
-		return rep, err
-	}
-	var dst *Client
-	for _, s := range servers {
-		if s.Name == to {
-			if dst, err = c.sites.site(&pb.Site{Name: s.Name, Addr: s.Addr}); err != nil {
-				return rep, err
-			}
-		}
-	}
-	if dst == nil {
-		return rep, fmt.Errorf("move volume %s: no server %s in the cell", name, to)
+		return rep, fmt.Errorf("move volume %s: %w", name, err)
 	}
 	if err := moveStep(src, name, to, pb.MoveVolumeRequest_BEGIN); err != nil {
 		return rep, err

@@ -225,6 +225,13 @@ func TestCellBadInput(t *testing.T) {
 		{[]string{"vol", "remove", "nosuch"}, 1, "no such"},
 		{[]string{"vol", "remove", "root"}, 1, "not removed"},
 		{[]string{"vol", "examine", "nosuch"}, 1, "no such"},
+		{[]string{"vol", "move", "root", "--to", "nosuch"}, 1, "no server nosuch"},
+		{[]string{"vol", "addsite", "root", "nosuch"}, 1, "no server nosuch"},
+		{[]string{"vol", "remsite", "root", "nosuch"}, 1, "not a read-only site"},
+		{[]string{"vol", "release", "root"}, 1, "no read-only sites"},
+		{[]string{"vol", "release", "nosuch"}, 1, "no such"},
+		{[]string{"vol", "create", "x.readonly"}, 1, "read-only copies"},
+		{[]string{"vol", "addsite", "root"}, 2, "needs NAME and SERVER"},
 	} {
 		out, code := hoard(tc.args...)
 		if code != tc.code || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, tc.says) {
