@@ -134,12 +134,17 @@ func ask[T any](c *Client, op, name string, call func(context.Context, pb.FileSe
 	return out, cellErrOf(op, name, err)
 }
 
+// locate asks the first server where volume name lives, for op.
+func (c *Client) locate(op, name string) (*pb.Location, error) {
+	return ask(c, op, name, func(ctx context.Context, rpc pb.FileServerClient) (*pb.Location, error) {
+		return rpc.Locate(ctx, &pb.LocateRequest{Name: name})
+	})
+}
+
 // Locate says where volume name lives, asking the server (not the
 // locations this client keeps).
 func (c *Client) Locate(name string) (Location, error) {
-	l, err := ask(c, "locate volume", name, func(ctx context.Context, rpc pb.FileServerClient) (*pb.Location, error) {
-		return rpc.Locate(ctx, &pb.LocateRequest{Name: name})
-	})
+	l, err := c.locate("locate volume", name)
 	if err != nil {
 		return Location{}, err
 	}
@@ -209,9 +214,7 @@ func (c *Client) VolumeInfos() ([]VolumeInfo, error) {
 
 // Examine is one volume with its sizes and where it lives.
 func (c *Client) Examine(name string) (VolumeInfo, error) {
-	l, err := ask(c, "examine volume", name, func(ctx context.Context, rpc pb.FileServerClient) (*pb.Location, error) {
-		return rpc.Locate(ctx, &pb.LocateRequest{Name: name})
-	})
+	l, err := c.locate("examine volume", name)
 	if err != nil {
 		return VolumeInfo{}, err
 	}

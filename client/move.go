@@ -35,9 +35,7 @@ const maxFinalPasses = 3
 func (c *Client) MoveVolume(name, to string) (MoveReport, error) {
 	start := time.Now()
 	var rep MoveReport
-	l, err := ask(c, "move volume", name, func(ctx context.Context, rpc pb.FileServerClient) (*pb.Location, error) {
-		return rpc.Locate(ctx, &pb.LocateRequest{Name: name})
-	})
+	l, err := c.locate("move volume", name)
 	if err != nil {
 		return rep, err
 	}

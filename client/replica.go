@@ -185,9 +185,7 @@ func (c *Client) siteStep(name, server string, step pb.ReleaseVolumeRequest_Step
 
 // rwSite is the Client of the server holding volume name read-write.
 func (c *Client) rwSite(name string) (*Client, error) {
-	l, err := ask(c, "volume", name, func(ctx context.Context, rpc pb.FileServerClient) (*pb.Location, error) {
-		return rpc.Locate(ctx, &pb.LocateRequest{Name: name})
-	})
+	l, err := c.locate("volume", name)
 	if err != nil {
 		return nil, err
 	}
@@ -225,9 +223,7 @@ func releaseStep(s *Client, req *pb.ReleaseVolumeRequest) (*pb.ReleaseVolumeRepl
 func (c *Client) Release(name string) (ReleaseReport, error) {
 	start := time.Now()
 	var rep ReleaseReport
-	l, err := ask(c, "release volume", name, func(ctx context.Context, rpc pb.FileServerClient) (*pb.Location, error) {
-		return rpc.Locate(ctx, &pb.LocateRequest{Name: name})
-	})
+	l, err := c.locate("release volume", name)
 	if err != nil {
 		return rep, err
 	}

@@ -400,9 +400,7 @@ func TestCellMoveInterrupted(t *testing.T) {
 	if out, err := hoard("vol", "move", "big", "--to", "s2").CombinedOutput(); err != nil {
 		t.Fatalf("move run again: %v: %s", err, out)
 	}
-	if info, err := admin.Examine("big"); err != nil || info.RW.Name != "s2" || info.Moving != "" {
-		t.Fatalf("after the move ran again: %+v %v", info, err)
-	}
+	examined(t, admin, "big", "at s2, not moving", func(info client.VolumeInfo) bool { return info.RW.Name == "s2" && info.Moving == "" })
 	if got := testkit.ReadFile(t, dial(t, srvs[2].addr, "mem", 256<<20), "/big/f"); !bytes.Equal(got, data) {
 		t.Fatal("the moved file's bytes differ")
 	}
@@ -413,9 +411,7 @@ func TestCellMoveInterrupted(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "undone") {
 		t.Fatalf("undo: %v: %s", err, out)
 	}
-	if info, err := admin.Examine("big"); err != nil || info.RW.Name != "s2" || info.Moving != "" {
-		t.Fatalf("after the undo: %+v %v", info, err)
-	}
+	examined(t, admin, "big", "at s2, not moving", func(info client.VolumeInfo) bool { return info.RW.Name == "s2" && info.Moving == "" })
 	if _, err := os.Stat(filepath.Join(srvs[2].data, "data", "2")); err == nil {
 		t.Fatal("s3 kept the copy of an undone move")
 	}

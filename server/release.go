@@ -119,15 +119,11 @@ func (s *Server) ReleaseVolume(ctx context.Context, req *pb.ReleaseVolumeRequest
 	case pb.ReleaseVolumeRequest_REMOVE_SITE:
 		if v.RW != c.Name {
 			// At the site itself, once the database no longer names it
-			// (as etcd has it now: the change was made at another server).
-			cctx, cancel := context.WithTimeout(ctx, dbTimeout)
-			err := c.DB.CatchUp(cctx)
-			cancel()
-			if err != nil {
-				return nil, s.fail("ReleaseVolume", cellErr(err))
-			}
-			v, _ = c.DB.ByName(req.Name)
-			if slices.Contains(v.RO, c.Name) || slices.Contains(v.Pending, c.Name) {
+			// (the change was made at another server a moment ago).
+			if !s.caughtUp(func() bool {
+				v, _ = c.DB.ByName(req.Name)
+				return !slices.Contains(v.RO, c.Name) && !slices.Contains(v.Pending, c.Name)
+			}) {
 				return nil, status.Errorf(codes.FailedPrecondition, "server %s is still a read-only site of volume %s", c.Name, v.Name)
 			}
 			if _, err := s.store.VolumeByID(v.ROID); err == nil && v.ROID != 0 {
