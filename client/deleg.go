@@ -78,12 +78,7 @@ func (c *Client) current(n *Node) bool {
 // the server would cost every open of a cached file a round trip. (The
 // opener's rights were checked first: permitted.) The server is asked as u.
 func (c *Client) openDeleg(n *Node, write bool, u User) error {
-	at := n.at()
-	err := at.openDelegHere(n, write, u)
-	if relocated(n, at, err, false) {
-		return n.at().openDelegHere(n, write, u)
-	}
-	return err
+	return n.onServer(false, func(at *Client) error { return at.openDelegHere(n, write, u) })
 }
 
 // openDelegHere is openDeleg at the Client of the server holding n.

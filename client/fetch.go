@@ -91,11 +91,10 @@ func (n *Node) fetchOne(idx int64, u User) ([]byte, error) {
 // of a volume that moved, or of a read-only copy whose site stopped
 // answering, is fetched again where the volume is now.
 func (n *Node) fetchChunk(idx int64, u User) (buf []byte, dv uint64, err error) {
-	at := n.at()
-	buf, dv, err = n.fetchChunkAt(at, idx, u)
-	if relocated(n, at, err, false) {
-		return n.fetchChunkAt(n.at(), idx, u)
-	}
+	err = n.onServer(false, func(at *Client) (err error) {
+		buf, dv, err = n.fetchChunkAt(at, idx, u)
+		return err
+	})
 	return buf, dv, err
 }
 

@@ -548,14 +548,14 @@ func (n *Node) storeLocked(sync bool, u User) error {
 		}
 		return nil
 	}
-	at := n.at()
-	err := at.storeData(args, u, stored)
-	if relocated(n, at, err, true) {
-		// The volume moved; the old server's delegation went with it.
-		args.DelegState = 0
-		err = n.at().storeData(args, u, stored)
-	}
-	return err
+	home := n.at()
+	return n.onServer(true, func(at *Client) error {
+		if at != home {
+			// The volume moved; the old server's delegation went with it.
+			args.DelegState = 0
+		}
+		return at.storeData(args, u, stored)
+	})
 }
 
 // storeData runs one store as u, lets stored update local state from the

@@ -217,12 +217,12 @@ func (c *Client) learnPB(t callback.Ticket, ps *pb.Status, u User) (*Node, error
 // may do with it. A refusal (EACCES) is u's alone: the node and what
 // other users learnt of it stay.
 func (c *Client) fresh(n *Node, u User) (node.Status, error) {
-	at := n.at()
-	a, err := at.freshHere(n, u)
-	if relocated(n, at, err, false) {
-		return n.at().freshHere(n, u)
-	}
-	return a, err
+	var st node.Status
+	err := n.onServer(false, func(at *Client) (err error) {
+		st, err = at.freshHere(n, u)
+		return err
+	})
+	return st, err
 }
 
 // freshHere is fresh at the Client of the server holding n.
@@ -433,12 +433,13 @@ func (c *Client) lookup(dir *Node, name string, u User) (*Node, error) {
 // belongs to. An answer from the cache needs u's right to look in dir
 // (l), as the server's would: known, or asked for first.
 func (c *Client) lookupAt(dir *Node, name string, u User) (*Node, node.Status, error) {
-	at := dir.at()
-	a, b, err := at.lookupAtHere(dir, name, u)
-	if relocated(dir, at, err, false) {
-		return dir.at().lookupAtHere(dir, name, u)
-	}
-	return a, b, err
+	var n *Node
+	var st node.Status
+	err := dir.onServer(false, func(at *Client) (err error) {
+		n, st, err = at.lookupAtHere(dir, name, u)
+		return err
+	})
+	return n, st, err
 }
 
 // lookupAtHere is lookupAt at the Client of the server holding dir.
@@ -517,12 +518,13 @@ func (c *Client) lookupAtHere(dir *Node, name string, u User) (*Node, node.Statu
 // It also returns the DataVersion the listing belongs to, 0 if the
 // directory kept changing while it was fetched.
 func (c *Client) readDir(dir *Node, u User) ([]DirEntry, uint64, error) {
-	at := dir.at()
-	a, b, err := at.readDirHere(dir, u)
-	if relocated(dir, at, err, false) {
-		return dir.at().readDirHere(dir, u)
-	}
-	return a, b, err
+	var ents []DirEntry
+	var dv uint64
+	err := dir.onServer(false, func(at *Client) (err error) {
+		ents, dv, err = at.readDirHere(dir, u)
+		return err
+	})
+	return ents, dv, err
 }
 
 // readDirHere is readDir at the Client of the server holding dir.

@@ -127,12 +127,13 @@ func (k *Nodes) Link(dir *Node, name string, target *Node) (*Node, error) {
 
 // linkAt is Link as u returning the server's reply; op names the request.
 func (c *Client) linkAt(dir *Node, name string, target *Node, op string, u User) (*Node, *pb.LinkReply, error) {
-	at := dir.at()
-	a, b, err := at.linkAtHere(dir, name, target, op, u)
-	if relocated(dir, at, err, false) {
-		return dir.at().linkAtHere(dir, name, target, op, u)
-	}
-	return a, b, err
+	var n *Node
+	var reply *pb.LinkReply
+	err := dir.onServer(false, func(at *Client) (err error) {
+		n, reply, err = at.linkAtHere(dir, name, target, op, u)
+		return err
+	})
+	return n, reply, err
 }
 
 // linkAtHere is linkAt at the Client of the server holding dir.
@@ -182,12 +183,12 @@ func (k *Nodes) Remove(dir *Node, name string, dirOnly bool) error {
 // removeAt is Remove as u returning the server's reply; op names the
 // request.
 func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string, u User) (*pb.RemoveReply, error) {
-	at := dir.at()
-	a, err := at.removeAtHere(dir, name, dirOnly, op, u)
-	if relocated(dir, at, err, false) {
-		return dir.at().removeAtHere(dir, name, dirOnly, op, u)
-	}
-	return a, err
+	var reply *pb.RemoveReply
+	err := dir.onServer(false, func(at *Client) (err error) {
+		reply, err = at.removeAtHere(dir, name, dirOnly, op, u)
+		return err
+	})
+	return reply, err
 }
 
 // removeAtHere is removeAt at the Client of the server holding dir.

@@ -199,12 +199,13 @@ func (c *Client) create(m Make, u User) (*Node, bool, error) {
 
 // createAt is create at the server, returning its reply.
 func (c *Client) createAt(m Make, u User) (*Node, *pb.CreateReply, error) {
-	at := m.Dir.at()
-	a, b, err := at.createAtHere(m, u)
-	if relocated(m.Dir, at, err, false) {
-		return m.Dir.at().createAtHere(m, u)
-	}
-	return a, b, err
+	var n *Node
+	var reply *pb.CreateReply
+	err := m.Dir.onServer(false, func(at *Client) (err error) {
+		n, reply, err = at.createAtHere(m, u)
+		return err
+	})
+	return n, reply, err
 }
 
 // createAtHere is createAt at the Client of the server holding m.Dir.
@@ -570,12 +571,12 @@ func (c *Client) rename(oldname, newname string) error {
 // renameAt renames as u and returns the server's reply; op names the
 // request for its retries ("": a new name).
 func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op string, u User) (*pb.RenameReply, error) {
-	at := sdir.at()
-	a, err := at.renameAtHere(sdir, sbase, ddir, dbase, op, u)
-	if relocated(sdir, at, err, false) {
-		return sdir.at().renameAtHere(sdir, sbase, ddir, dbase, op, u)
-	}
-	return a, err
+	var reply *pb.RenameReply
+	err := sdir.onServer(false, func(at *Client) (err error) {
+		reply, err = at.renameAtHere(sdir, sbase, ddir, dbase, op, u)
+		return err
+	})
+	return reply, err
 }
 
 // renameAtHere is renameAt at the Client of the server holding sdir.
@@ -630,12 +631,7 @@ func (c *Client) renameAtHere(sdir *Node, sbase string, ddir *Node, dbase string
 
 // setattr changes status fields of an already resolved node, as u.
 func (c *Client) setattr(n *Node, req *pb.SetAttrRequest, u User) error {
-	at := n.at()
-	err := at.setattrHere(n, req, u)
-	if relocated(n, at, err, false) {
-		return n.at().setattrHere(n, req, u)
-	}
-	return err
+	return n.onServer(false, func(at *Client) error { return at.setattrHere(n, req, u) })
 }
 
 // setattrHere is setattr at the Client of the server holding n.

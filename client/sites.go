@@ -265,6 +265,24 @@ func (s *sites) siteOfRW(rw *pb.Site) (*Client, error) {
 	return s.site(rw)
 }
 
+// maxHops bounds how often one request follows its node: a site's
+// connection may not yet know the site died (the request is sent there
+// again, and fails over when it waits out its patience), and the volume
+// may move once more meanwhile.
+const maxHops = 3
+
+// onServer runs f at the Client of the server holding n, and again
+// wherever relocated (with stale) says n went, up to maxHops times.
+func (n *Node) onServer(stale bool, f func(at *Client) error) error {
+	for hop := 0; ; hop++ {
+		at := n.at()
+		err := f(at)
+		if hop == maxHops || !relocated(n, at, err, stale) {
+			return err
+		}
+	}
+}
+
 // relocated reports whether err, from Client at about node n, came of
 // n's volume moving away from at's server, and n now belongs to another
 // Client: its refusal said so (and moved followed it), or, where stale
