@@ -785,15 +785,22 @@ const PolicyXattr = "user.hoard.policy"
 // (ENOTSUP, which cp -a and rsync -X take as "not supported here"),
 // reading one finds none.
 func (h *hnode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	if attr != PolicyXattr {
+	var v string
+	if b, ok, en := h.getCtl(ctx, attr); ok {
+		if en != 0 {
+			return 0, en
+		}
+		v = string(b)
+	} else if attr != PolicyXattr {
 		return 0, syscall.ENODATA
+	} else {
+		base, parent := h.parentNode()
+		d, err := h.m.as(ctx).Policy(h.n, parent, base)
+		if err != nil {
+			return 0, errno(err)
+		}
+		v = d.String()
 	}
-	base, parent := h.parentNode()
-	d, err := h.m.as(ctx).Policy(h.n, parent, base)
-	if err != nil {
-		return 0, errno(err)
-	}
-	v := d.String()
 	if len(dest) == 0 {
 		return uint32(len(v)), 0
 	}
@@ -804,6 +811,9 @@ func (h *hnode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32,
 }
 
 func (h *hnode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if ok, en := h.setCtl(ctx, attr); ok {
+		return en
+	}
 	if attr != PolicyXattr {
 		return syscall.ENOTSUP
 	}

@@ -19,7 +19,7 @@ import (
 // asks the server, which decides.
 
 func whoamiCmd() *cobra.Command {
-	cmd := withClient("whoami", "say whom the server takes you to be", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
+	cmd := withAdmin("whoami", "say whom the server takes you to be", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
 		id, err := c.WhoAmI()
 		if err != nil {
 			return err
@@ -47,7 +47,7 @@ func describeID(id access.Identity) string {
 
 func aclCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "acl", Short: "read and change directories' access control lists (AFS rights rlidwka)"}
-	get := withClient("get PATH", "show the ACL governing a file or directory", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
+	get := withAdmin("get PATH", "show the ACL governing a file or directory", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
 		a, err := c.GetACL(args[0])
 		if err != nil {
 			return err
@@ -65,7 +65,7 @@ func aclCmd() *cobra.Command {
 		}
 		return nil
 	}
-	set := withClient("set PATH WHO RIGHTS", "give a user or group rights in a directory (RIGHTS: letters of rlidwka, or read, write, all, none)", cobra.MatchAll(cobra.ExactArgs(3), checkEntry), nil, func(c *client.Client, args []string) error {
+	set := withAdmin("set PATH WHO RIGHTS", "give a user or group rights in a directory (RIGHTS: letters of rlidwka, or read, write, all, none)", cobra.MatchAll(cobra.ExactArgs(3), checkEntry), nil, func(c *client.Client, args []string) error {
 		r, _ := access.ParseRights(args[2])
 		a, err := c.SetACL(args[0], args[1], r)
 		if err != nil {
@@ -92,7 +92,7 @@ func printACL(a client.ACL) {
 func groupCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "group", Short: "manage protection groups (AFS's pts): any user may make one, its owner changes it"}
 	change := func(use, short, example string, n int, kind client.GroupChange) *cobra.Command {
-		cmd := withClient(use, short, cobra.ExactArgs(n), nil, func(c *client.Client, args []string) error {
+		cmd := withAdmin(use, short, cobra.ExactArgs(n), nil, func(c *client.Client, args []string) error {
 			member := ""
 			if n > 1 {
 				member = args[1]
@@ -106,7 +106,7 @@ func groupCmd() *cobra.Command {
 	del := change("delete GROUP", "delete a group", "  hoard group delete staff", 1, client.GroupDelete)
 	add := change("add GROUP USER", "add a user to a group", "  hoard group add staff alice", 2, client.GroupAdd)
 	rm := change("remove GROUP USER", "remove a user from a group", "  hoard group remove staff alice", 2, client.GroupRemove)
-	list := withClient("list", "list the groups and their members", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
+	list := withAdmin("list", "list the groups and their members", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
 		gs, err := c.Groups()
 		if err != nil {
 			return err
@@ -126,7 +126,7 @@ func groupCmd() *cobra.Command {
 // a file holding it), its id and expiry are read from it.
 func tokenRevokeCmd() *cobra.Command {
 	var id string
-	cmd := withClient("revoke [TOKEN|FILE]", "have the server refuse a token from now on (admins)", cobra.MaximumNArgs(1),
+	cmd := withAdmin("revoke [TOKEN|FILE]", "have the server refuse a token from now on (admins)", cobra.MaximumNArgs(1),
 		func(f *pflag.FlagSet) {
 			f.StringVar(&id, "id", "", "the token's id (as hoard token issue printed it), instead of the token")
 		},

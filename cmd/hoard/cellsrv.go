@@ -133,7 +133,7 @@ func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, l
 }
 
 func serverListCmd() *cobra.Command {
-	return withClient("list", "list the cell's file servers: liveness, volumes, space", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
+	return withAdmin("list", "list the cell's file servers: liveness, volumes, space", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
 		ss, err := c.Servers()
 		if err != nil {
 			return err

@@ -164,8 +164,24 @@ func withClient(use, short string, args cobra.PositionalArgs, setup func(*pflag.
 			return errors.Join(err, c.Close())
 		}}
 	cf.add(cmd.Flags())
+	cmd.Flags().MarkHidden("no-delegations") // never taken, as said above
 	if setup != nil {
 		setup(cmd.Flags())
+	}
+	return cmd
+}
+
+// withAdmin is withClient for a command that moves no file data (volumes,
+// servers, ACLs, groups): it uses a memory cache, so it never contends
+// with a mount for the default one, and its help leaves out the cache's
+// flags, which would change nothing.
+func withAdmin(use, short string, args cobra.PositionalArgs, setup func(*pflag.FlagSet), fn func(c *client.Client, args []string) error) *cobra.Command {
+	cmd := withClient(use, short, args, setup, fn)
+	f := cmd.Flags()
+	f.Lookup("cache").Value.Set("")
+	f.Lookup("cache").DefValue = ""
+	for _, name := range []string{"cache", "cache-size", "bypass-threshold", "data-streams", "no-dir-delegations"} {
+		f.MarkHidden(name)
 	}
 	return cmd
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
-	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/client/policy"
 	"github.com/hoardfs/hoard/mount"
 )
@@ -23,7 +22,7 @@ func volCmd() *cobra.Command {
 	var on string
 	cmd := &cobra.Command{Use: "vol", Short: "manage the cell's volumes"}
 	cmd.AddCommand(
-		withClient("create NAME [--on SERVER]", "create a volume, on the server of the cell with the most free space unless told", cobra.ExactArgs(1),
+		withAdmin("create NAME [--on SERVER]", "create a volume, on the server of the cell with the most free space unless told", cobra.ExactArgs(1),
 			func(f *pflag.FlagSet) {
 				f.StringVar(&on, "on", "", "the server to place it on (hoard server list names them)")
 			},
@@ -35,7 +34,7 @@ func volCmd() *cobra.Command {
 				fmt.Printf("volume %s created, id %d; attach it with: hoard vol mount %s PATH\n", v.Name, v.ID, v.Name)
 				return nil
 			}),
-		withClient("list", "list the cell's volumes: where each lives, its quota and use", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
+		withAdmin("list", "list the cell's volumes: where each lives, its quota and use", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
 			vs, err := c.VolumeInfos()
 			if err != nil {
 				return err
@@ -48,7 +47,7 @@ func volCmd() *cobra.Command {
 			}
 			return tw.Flush()
 		}),
-		withClient("examine NAME", "show where a volume lives, its sites, quota, use and files", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
+		withAdmin("examine NAME", "show where a volume lives, its sites, quota, use and files", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
 			v, err := c.Examine(args[0])
 			if err != nil {
 				return err
@@ -66,7 +65,7 @@ func volCmd() *cobra.Command {
 			fmt.Printf("  quota %s, used %s, %d files\n", quotaString(v.Quota), humanSize(v.Used), v.Files)
 			return nil
 		}),
-		withClient("remove NAME", "delete a volume and everything in it (admins)", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
+		withAdmin("remove NAME", "delete a volume and everything in it (admins)", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
 			if err := c.RemoveVolume(args[0]); err != nil {
 				return err
 			}
@@ -75,21 +74,21 @@ func volCmd() *cobra.Command {
 		}),
 		volSetCmd(),
 		volMoveCmd(),
-		withClient("addsite NAME SERVER", "make SERVER a read-only site of a volume; the next release reaches it (admins)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
+		withAdmin("addsite NAME SERVER", "make SERVER a read-only site of a volume; the next release reaches it (admins)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
 			if err := c.AddSite(args[0], args[1]); err != nil {
 				return err
 			}
 			fmt.Printf("%s is a read-only site of volume %s; publish to it with: hoard vol release %s\n", args[1], args[0], args[0])
 			return nil
 		}),
-		withClient("remsite NAME SERVER", "make SERVER no longer a read-only site of a volume, and drop its copy (admins)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
+		withAdmin("remsite NAME SERVER", "make SERVER no longer a read-only site of a volume, and drop its copy (admins)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
 			if err := c.RemoveSite(args[0], args[1]); err != nil {
 				return err
 			}
 			fmt.Printf("%s is no longer a read-only site of volume %s\n", args[1], args[0])
 			return nil
 		}),
-		withClient("release NAME", "publish a volume as it is now to its read-only sites (admins)", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
+		withAdmin("release NAME", "publish a volume as it is now to its read-only sites (admins)", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
 			r, err := c.Release(args[0])
 			if err != nil {
 				return err
@@ -98,7 +97,7 @@ func volCmd() *cobra.Command {
 				humanSize(uint64(r.Bytes)), r.Freeze.Round(time.Millisecond), r.Took.Round(time.Millisecond))
 			return nil
 		}),
-		withClient("mount VOLUME PATH", "attach a volume at PATH (an AFS-style mount point)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
+		withAdmin("mount VOLUME PATH", "attach a volume at PATH (an AFS-style mount point)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
 			return c.MountVolume(args[1], args[0])
 		}),
 	)
@@ -120,7 +119,7 @@ func volSetCmd() *cobra.Command {
 		}
 		return nil
 	}
-	cmd := withClient("set NAME --quota SIZE", "set a volume's quota (admins): the most its files may hold", cobra.MatchAll(cobra.ExactArgs(1), checkQuota),
+	cmd := withAdmin("set NAME --quota SIZE", "set a volume's quota (admins): the most its files may hold", cobra.MatchAll(cobra.ExactArgs(1), checkQuota),
 		func(f *pflag.FlagSet) {
 			f.StringVar(&size, "quota", "", "quota, e.g. 500M, 10G; 0 removes it")
 		},
@@ -167,46 +166,6 @@ func humanSize(n uint64) string {
 		return fmt.Sprintf("%.1f%c", f, "KMGTPE"[unit-1])
 	}
 	return fmt.Sprintf("%.0f%c", f, "KMGTPE"[unit-1])
-}
-
-func cacheCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "cache", Short: "inspect the client cache"}
-	var dir string
-	stats := &cobra.Command{Use: "stats", Short: "hits, misses, bytes fetched and cached, chunks, callbacks", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if dir == "" {
-				return usagef("--cache DIR is required")
-			}
-			if _, err := os.Stat(dir); err != nil {
-				return usagef("cache directory %s: %v", dir, err)
-			}
-			s, err := cache.ReadStats(dir)
-			if err != nil {
-				return fmt.Errorf("cache directory %s: %w", dir, err)
-			}
-			printCacheStats(s)
-			return nil
-		}}
-	stats.Flags().StringVar(&dir, "cache", defaultCacheDir(), "cache directory")
-	var ldir string
-	lost := &cobra.Command{Use: "lost", Short: "list writes that could not be delivered to the server", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ls, err := lost.List(ldir)
-			if err != nil {
-				return err
-			}
-			if len(ls) == 0 {
-				fmt.Println("no lost writes")
-				return nil
-			}
-			for _, l := range ls {
-				fmt.Printf("%s  %s  fid %s  %d range(s)  data %s\n    error: %s\n", l.Time.Format(time.RFC3339), l.Path, l.FID, len(l.Ranges), l.Data, l.Error)
-			}
-			return nil
-		}}
-	lost.Flags().StringVar(&ldir, "cache", defaultCacheDir(), "cache directory")
-	cmd.AddCommand(stats, lost, policyCmd())
-	return cmd
 }
 
 func printCacheStats(s cache.Stats) {
@@ -307,7 +266,7 @@ func siteNames(ss []client.Site) string {
 
 func volMoveCmd() *cobra.Command {
 	var to string
-	cmd := withClient("move NAME --to SERVER", "move a volume to another server while it is in use (admins)", cobra.ExactArgs(1),
+	cmd := withAdmin("move NAME --to SERVER", "move a volume to another server while it is in use (admins)", cobra.ExactArgs(1),
 		func(f *pflag.FlagSet) {
 			f.StringVar(&to, "to", "", "the server to move it to (hoard server list names them)")
 		},

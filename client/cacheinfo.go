@@ -1,0 +1,176 @@
+package client
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/hoardfs/hoard/cache"
+	"github.com/hoardfs/hoard/node"
+)
+
+// What `hoard cache ls`, `warmup`, `evict` and `flush` ask of a mount's
+// client, per file: what the cache holds and why, as OpenAFS's fs
+// getcacheparms and CernVM-FS's cvmfs_talk tell of theirs, but per read
+// path.
+
+// FileCache is what the cache holds of one file, and the rule that
+// decides whether its reads go through the cache.
+type FileCache struct {
+	Size        int64 `json:"size"`
+	Cached      int64 `json:"cached"`
+	Chunks      int64 `json:"chunks"`
+	ChunksTotal int64 `json:"chunks_total"`
+	Dirty       int64 `json:"dirty"`
+	// Policy is cache or bypass; Why the rule that chose it; Probation
+	// that auto bypasses it until it is read at random or again.
+	Policy    string `json:"policy"`
+	Why       string `json:"why"`
+	Probation bool   `json:"probation,omitempty"`
+	// PromiseMs is how long the server's promise to tell of a change
+	// (the callback) still holds; 0: none, the next open asks.
+	PromiseMs int64 `json:"promise_ms"`
+	// Delegation is the delegation held on it: read, write or "".
+	Delegation string `json:"delegation,omitempty"`
+	// CacheSize and CacheUsed are the whole cache's: a warmup larger than
+	// the cache would evict its own first files.
+	CacheSize int64 `json:"cache_size"`
+	CacheUsed int64 `json:"cache_used"`
+}
+
+// CacheInfo reports what the cache holds of file n, opened as base in
+// parent (nil when unknown), as k's user sees it.
+func (k *Nodes) CacheInfo(n *Node, parent *Node, base string) (FileCache, error) {
+	d, err := k.Policy(n, parent, base)
+	if err != nil {
+		return FileCache{}, err
+	}
+	c := n.at()
+	st := n.status()
+	fc := FileCache{Size: int64(st.Size), Policy: "cache", Why: d.Why, Probation: d.Probation,
+		CacheSize: c.cache.Size(), CacheUsed: c.cache.Used()}
+	if d.Bypass {
+		fc.Policy = "bypass"
+	}
+	if st.Type != node.TypeFile || n.entry == nil {
+		return fc, nil
+	}
+	cs := c.cache.ChunkSize()
+	fc.ChunksTotal = c.chunks(st.Size)
+	for idx := range fc.ChunksTotal {
+		if n.entry.Present(idx) {
+			fc.Chunks++
+			fc.Cached += min(cs, fc.Size-idx*cs)
+		}
+	}
+	fc.Dirty = n.entry.DirtyBytes()
+	now := time.Now()
+	c.cbMu.Lock()
+	if t, ok := c.cb.Expiry(n.fid); ok && t.After(now) {
+		fc.PromiseMs = t.Sub(now).Milliseconds()
+	}
+	if h, ok := c.cb.Delegation(n.fid, now); ok {
+		fc.Delegation = h.Kind.String()
+	}
+	c.cbMu.Unlock()
+	return fc, nil
+}
+
+// warmBatch is how many chunks a warmup fetches at once: enough to keep
+// a distant server's pipe full, few enough to stop soon when cancelled.
+const warmBatch = 8
+
+// ErrCacheFull says a warmup stopped because the cache holds nothing more
+// it may evict for the file.
+var ErrCacheFull = errors.New("the cache is full: nothing more can be evicted for it")
+
+// Warm brings the whole of file n into the cache as k's user, whatever
+// its policy (the caller decides whether a bypassed file is warmed), and
+// calls progress with the bytes of each batch of chunks as they land. It
+// stops, with ctx's error, between batches once ctx is done; what it
+// fetched stays cached.
+func (k *Nodes) Warm(ctx context.Context, n *Node, progress func(int64)) error {
+	for attempt := 0; ; attempt++ {
+		err := k.warm(ctx, n, progress)
+		if errors.Is(err, cache.ErrStale) && attempt < 3 {
+			continue // the file changed under the fetch: again, at the new version
+		}
+		return err
+	}
+}
+
+func (k *Nodes) warm(ctx context.Context, n *Node, progress func(int64)) error {
+	st, err := n.at().fresh(n, k.u)
+	if err != nil {
+		return err
+	}
+	if st.Type != node.TypeFile || n.entry == nil {
+		return fmt.Errorf("warm %v: %w", n.fid, syscall.EISDIR)
+	}
+	cs := n.at().cache.ChunkSize()
+	size := int64(st.Size)
+	missing := n.entry.Missing(0, size)
+	for len(missing) > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		batch := missing[:min(warmBatch, len(missing))]
+		missing = missing[len(batch):]
+		mem, err := n.fetch(batch, true, k.u)
+		if err != nil {
+			return err
+		}
+		if len(mem) > 0 {
+			return ErrCacheFull
+		}
+		var got int64
+		for _, idx := range batch {
+			got += min(cs, size-idx*cs)
+		}
+		progress(got)
+	}
+	if est, ok := n.entry.Status(); ok && est.DataVersion != st.DataVersion {
+		return cache.ErrStale
+	}
+	return nil
+}
+
+// Evict drops what the cache holds of file n but its local writes, which
+// stay until they are stored.
+func (k *Nodes) Evict(n *Node) error {
+	if n.entry == nil {
+		return nil
+	}
+	return n.entry.Invalidate()
+}
+
+// DirtyFile is a file with writes not yet stored at its server.
+type DirtyFile struct {
+	Path  string `json:"path"`
+	Dirty int64  `json:"dirty"`
+}
+
+// DirtyFiles lists the files with writes not yet stored, at every server
+// of the cell this client reaches, most dirty bytes first.
+func (k *Nodes) DirtyFiles() []DirtyFile {
+	var fs []DirtyFile
+	k.c.sites.each(func(c *Client) {
+		for _, d := range c.flusher.Files() {
+			if b := d.n.entry.DirtyBytes(); b > 0 {
+				fs = append(fs, DirtyFile{Path: d.n.entry.Policy("path"), Dirty: b})
+			}
+		}
+	})
+	slices.SortFunc(fs, func(a, b DirtyFile) int { return cmp.Compare(b.Dirty, a.Dirty) })
+	return fs
+}
+
+// FlushAll stores every file's writes now rather than when write-back
+// would; a file whose store fails stays dirty, for DirtyFiles to show.
+func (k *Nodes) FlushAll() {
+	k.c.sites.each(func(c *Client) { c.flusher.Drain(dirtyNode{}) })
+}
