@@ -23,28 +23,39 @@ import (
 	"github.com/hoardfs/hoard/server"
 )
 
-// Listen opens the metrics address: host:port, or a bare port (or
-// :port), which is taken on loopback, so that metrics are not served to
-// the network unless asked.
-func Listen(addr string) (net.Listener, error) {
-	if !strings.Contains(addr, ":") {
-		addr = ":" + addr
-	}
-	host, port, err := net.SplitHostPort(addr)
+// Listen opens the address of flag (--metrics, --http): host:port, or a
+// bare port (or :port), which is taken on loopback, so that metrics are
+// not served to the network unless asked. Its errors name flag.
+func Listen(flag, addr string) (net.Listener, error) {
+	full, err := Address(flag, addr)
 	if err != nil {
-		return nil, fmt.Errorf("--metrics %s: want HOST:PORT or PORT", addr)
+		return nil, err
+	}
+	l, err := net.Listen("tcp", full)
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE):
+		return nil, fmt.Errorf("%s %s: the address is in use", flag, addr)
+	case err != nil:
+		return nil, fmt.Errorf("%s %s: %v", flag, addr, unwrapOp(err))
+	}
+	return l, nil
+}
+
+// Address is the host:port Listen takes addr for: a bare port is on
+// loopback. Its error names flag.
+func Address(flag, addr string) (string, error) {
+	hp := addr
+	if !strings.Contains(hp, ":") {
+		hp = ":" + hp
+	}
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return "", fmt.Errorf("%s %s: want HOST:PORT or PORT", flag, addr)
 	}
 	if host == "" {
 		host = "127.0.0.1"
 	}
-	l, err := net.Listen("tcp", net.JoinHostPort(host, port))
-	switch {
-	case errors.Is(err, syscall.EADDRINUSE):
-		return nil, fmt.Errorf("--metrics %s: the address is in use", addr)
-	case err != nil:
-		return nil, fmt.Errorf("--metrics %s: %v", addr, unwrapOp(err))
-	}
-	return l, nil
+	return net.JoinHostPort(host, port), nil
 }
 
 func unwrapOp(err error) error {
@@ -62,10 +73,14 @@ func Registry() *prometheus.Registry {
 	return reg
 }
 
-// Serve serves reg's metrics at /metrics on l until stop.
-func Serve(l net.Listener, reg *prometheus.Registry) (stop func()) {
+// Serve serves reg's metrics at /metrics on l, and other (if not nil) at
+// every other path, until stop.
+func Serve(l net.Listener, reg *prometheus.Registry, other http.Handler) (stop func()) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	if other != nil {
+		mux.Handle("/", other)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(l)
 	return func() { srv.Close() }

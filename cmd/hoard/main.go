@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"regexp"
 	"runtime/pprof"
@@ -39,26 +38,22 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("log-level", "warn", "log level: debug, info, warn, error")
+	root.PersistentFlags().String(configFlag, "", "read settings from this TOML file alone (env HOARD_CONFIG; default: /etc/hoard/hoard.toml, then ~/.config/hoard/config.toml; hoard config show)")
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
-		lvl, _ := cmd.Flags().GetString("log-level")
-		var l slog.Level
-		if err := l.UnmarshalText([]byte(lvl)); err != nil {
-			return usagef("--log-level %q: want debug, info, warn or error", lvl)
-		}
-		logs = lograte.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}), logInterval, 5)
-		slog.SetDefault(slog.New(logs))
-		go func() {
-			for range time.Tick(logInterval) {
-				logs.Tick()
+		// Before anything reads a flag: the environment and the
+		// configuration files fill in those not on the command line.
+		if !cmd.DisableFlagParsing {
+			if err := configure(cmd); err != nil {
+				return err
 			}
-		}()
-		return nil
+		}
+		return setupLogging(cmd)
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(serverCmd(), etcdCmd(), proxyCmd(), volCmd(), cacheCmd(), mountCmd(), umountCmd())
 	root.AddCommand(cellCmd(), tokenCmd(), loginCmd(), logoutCmd(), tokensCmd(), whoamiCmd(), aclCmd(), groupCmd())
 	root.AddCommand(fileCmds()...)
-	root.AddCommand(versionCmd(), manCmd(root))
+	root.AddCommand(versionCmd(), manCmd(root), configCmd())
 	root.Version = "set" // cobra's --version flag, printing versionText
 	root.SetVersionTemplate(versionText())
 	root.SetHelpCommand(&cobra.Command{Use: "help [command]", Short: "help about any command",
@@ -85,8 +80,10 @@ func main() {
 			msg = "hoard: " + msg
 		}
 		fmt.Fprintln(os.Stderr, msg)
+		closeLog()
 		os.Exit(exitCode(err))
 	}
+	closeLog()
 }
 
 // groups makes every command under cmd that only groups subcommands fail

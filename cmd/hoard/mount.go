@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -37,7 +38,7 @@ const readyFD = 3
 func mountCmd() *cobra.Command {
 	var cf clientFlags
 	var daemon, passthrough, debug, singleUser, encrypt bool
-	var pidfile, logfile, profile, metricsAddr string
+	var pidfile, profile, metricsAddr, httpAddr string
 	cmd := &cobra.Command{
 		Use:   "mount [flags] MOUNTPOINT",
 		Short: "mount the cell's root volume with FUSE (foreground; --daemon to detach)",
@@ -50,14 +51,15 @@ func mountCmd() *cobra.Command {
 			if err := mount.CheckFuse(); err != nil {
 				return usageError{err}
 			}
-			me, err := openMetrics(metricsAddr)
+			me, err := openMetrics(metricsAddr, httpAddr)
 			if err != nil {
 				return err
 			}
 			defer me.close()
 			if daemon && os.Getenv("HOARD_DAEMONIZED") == "" {
 				me.close() // the daemon opens it again
-				return daemonize(pidfile, logfile)
+				logfile, _ := cmd.Flags().GetString("logfile")
+				return daemonize(cf.cache, pidfile, logfile)
 			}
 			o, err := cf.options()
 			if err != nil {
@@ -81,7 +83,7 @@ func mountCmd() *cobra.Command {
 				o.NoDelegations, o.NoDirDelegations, passthrough = true, true, false
 			}
 			m := mount.New(mount.Options{Passthrough: passthrough, SingleUser: singleUser, Logger: slog.Default()})
-			o.RPCTimeout, o.OnInvalidate = cf.timeout, m.Invalidate
+			o.RPCTimeout, o.OnInvalidate = cf.timeout, me.invalidations(m, dir)
 			c, err := client.Dial(o)
 			if err != nil {
 				return err
@@ -96,6 +98,7 @@ func mountCmd() *cobra.Command {
 			}
 			if me != nil {
 				metrics.Client(me.reg, c.Stats)
+				me.showMount(c, m, dir)
 			}
 			defer me.start("mount")()
 			if logins, err := listenLogins(m, dir, cf.sec.caCert); err != nil {
@@ -136,13 +139,13 @@ func mountCmd() *cobra.Command {
 	cf.timeout = 10 * time.Second
 	cmd.Flags().BoolVar(&daemon, "daemon", false, "detach and run in the background")
 	cmd.Flags().StringVar(&pidfile, "pidfile", "", "with --daemon: write the daemon's pid here (default: <cache>/mount.pid)")
-	cmd.Flags().StringVar(&logfile, "logfile", "", "with --daemon: log here (default: <cache>/mount.log)")
+	logFlags(cmd.Flags(), "log here, rotated by size (default: stderr; with --daemon: <cache>/mount.log)")
 	cmd.Flags().BoolVar(&passthrough, "passthrough", true, "let the kernel read wholly cached files straight from the cache (Linux ≥ 6.9, root)")
 	cmd.Flags().BoolVar(&debug, "debug", false, "log every FUSE request")
 	cmd.Flags().BoolVar(&encrypt, "cache-encrypt", false, "keep the cache files encrypted with a key held only in this process's memory (a stolen disk shows nothing of them); the cache starts empty, passthrough and delegations are off (docs/security.md)")
 	cmd.Flags().BoolVar(&singleUser, "single-user", false, "act for every local user with this mount's token, leaving them apart to the files' mode bits (default for root: each user acts with the token they handed it with hoard login, others anonymously)")
 	profileFlag(cmd.Flags(), &profile)
-	metricsFlag(cmd.Flags(), &metricsAddr)
+	metricsFlag(cmd.Flags(), &metricsAddr, &httpAddr)
 	return cmd
 }
 
@@ -160,17 +163,9 @@ func readPath(m *mount.Mount) string {
 	return "cached reads through the kernel page cache"
 }
 
-// daemonize starts this command again in a new session without --daemon
-// and returns once it reports the mount up (or its failure).
-func daemonize(pidfile, logfile string) error {
-	cache := defaultCacheDir()
-	for i, a := range os.Args {
-		if a == "--cache" && i+1 < len(os.Args) {
-			cache = os.Args[i+1]
-		} else if strings.HasPrefix(a, "--cache=") {
-			cache = strings.TrimPrefix(a, "--cache=")
-		}
-	}
+// daemonize starts this command again in a new session, to log to
+// logfile, and returns once it reports the mount up (or its failure).
+func daemonize(cache, pidfile, logfile string) error {
 	base := cache
 	if base == "" {
 		base = os.TempDir()
@@ -196,7 +191,15 @@ func daemonize(pidfile, logfile string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(self, os.Args[1:]...)
+	// The cache and log named, wherever they came from (a configuration
+	// file): hoard umount finds the cache in the daemon's arguments.
+	args := slices.Clone(os.Args[1:])
+	at := slices.Index(args, "--")
+	if at < 0 {
+		at = len(args)
+	}
+	args = slices.Insert(args, at, "--cache="+cache, "--logfile="+logfile)
+	cmd := exec.Command(self, args...)
 	cmd.Env = append(os.Environ(), "HOARD_DAEMONIZED=1")
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.ExtraFiles = []*os.File{w} // fd 3
@@ -225,6 +228,9 @@ func daemonize(pidfile, logfile string) error {
 func daemonFailed(exited error, logfile string, from int64) error {
 	reason := "no reason logged"
 	if f, err := os.Open(logfile); err == nil {
+		if fi, err := f.Stat(); err == nil && fi.Size() < from {
+			from = 0 // a new file: the daemon rotated it
+		}
 		f.Seek(from, io.SeekStart)
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {

@@ -32,7 +32,7 @@ func proxyCmd() *cobra.Command {
 	// origin's own break timeout (2 s by default): give up on a silent
 	// client of the proxy sooner than the origin gives up on the proxy.
 	cfg.BreakTimeout = time.Second
-	var origin, listen, dir, size, layout, dataListen, dataAdvertise, cellDir, metricsAddr string
+	var origin, listen, dir, size, layout, dataListen, dataAdvertise, cellDir, metricsAddr, httpAddr string
 	var timeout, fast time.Duration
 	var noDeleg, insecure bool
 	cmd := &cobra.Command{
@@ -62,7 +62,7 @@ func proxyCmd() *cobra.Command {
 			if err := checkDataFlags(dataListen, dataAdvertise); err != nil {
 				return err
 			}
-			me, err := openMetrics(metricsAddr)
+			me, err := openMetrics(metricsAddr, httpAddr)
 			if err != nil {
 				return err
 			}
@@ -117,6 +117,7 @@ func proxyCmd() *cobra.Command {
 			p.Serve(srv)
 			if me != nil {
 				metrics.Client(me.reg, p.OriginStats)
+				me.showProxy(p)
 			}
 			defer srv.Shutdown()
 			dataNote := serveData(srv, dataLis, dataAdvertise)
@@ -128,7 +129,8 @@ func proxyCmd() *cobra.Command {
 	f.StringVar(&origin, "origin", "", "the file server to cache, host:port")
 	f.StringVar(&listen, "listen", "127.0.0.1:7200", "address to serve clients on")
 	f.StringVar(&cellDir, "cell", "", "the proxy's cell identity: a directory with ca.crt, host.crt and host.key, made by hoard cell cert --proxy NAME")
-	metricsFlag(f, &metricsAddr)
+	metricsFlag(f, &metricsAddr, &httpAddr)
+	logFlags(f, "log here, rotated by size (default: stderr)")
 	f.BoolVar(&insecure, "insecure", false, "talk to an insecure origin and serve without TLS or authentication (benchmarks only)")
 	f.StringVar(&dir, "cache", "", "directory of the proxy's cache (created if missing)")
 	f.StringVar(&size, "cache-size", "10G", "size of the disk store of file data, e.g. 512M, 10G (the pooled layout allocates it at once)")

@@ -28,7 +28,7 @@ import (
 
 func serverCmd() *cobra.Command {
 	cfg := server.DefaultConfig()
-	var data, listen, dataListen, dataAdvertise, profile, cellDir, metricsAddr string
+	var data, listen, dataListen, dataAdvertise, profile, cellDir, metricsAddr, httpAddr string
 	var insecure bool
 	var cf cellFlags
 	cmd := &cobra.Command{
@@ -56,7 +56,7 @@ func serverCmd() *cobra.Command {
 			if insecure && cellDir != "" {
 				return usagef("--insecure and --cell: pick one")
 			}
-			me, err := openMetrics(metricsAddr)
+			me, err := openMetrics(metricsAddr, httpAddr)
 			if err != nil {
 				return err
 			}
@@ -123,6 +123,7 @@ func serverCmd() *cobra.Command {
 			srv := server.New(server.Local(store), cfg)
 			defer srv.Shutdown()
 			dataNote := serveData(srv, dataLis, dataAdvertise)
+			me.showVolumes(store.Volumes)
 			return serve("server", srv, lis, creds, fmt.Sprintf("serving %s on %s (epoch %d, %s, %s); %s", store.Dir(), lis.Addr(), store.Epoch(), dataNote, secNote, cellNote), me)
 		},
 	}
@@ -141,7 +142,8 @@ func serverCmd() *cobra.Command {
 	f.DurationVar(&cfg.Grace, "grace", cfg.Grace, "after a start, how long changes wait for clients of the previous life to reconnect")
 	f.StringVar(&cfg.DirDelegations, "dir-delegations", cfg.DirDelegations, "which directories a client may make files in on its own: private (one no other client has cached), any (breaking others' promises), none")
 	profileFlag(f, &profile)
-	metricsFlag(f, &metricsAddr)
+	logFlags(f, "log here, rotated by size (default: stderr)")
+	metricsFlag(f, &metricsAddr, &httpAddr)
 	f.DurationVar(&cfg.MoveHold, "move-hold", cfg.MoveHold, "how long a volume moving away waits, frozen, for a mover that went silent before it serves as before")
 	f.IntVar(&cfg.MaxPromises, "max-promises", cfg.MaxPromises, "promises held across all clients before the oldest are broken")
 	boundFlags(f, &cfg)
@@ -231,6 +233,7 @@ func serve(name string, srv *server.Server, lis net.Listener, creds credentials.
 	if me != nil {
 		gm = metrics.GRPC(me.reg)
 		metrics.Server(me.reg, srv.Load)
+		me.showServer(srv, lis.Addr().String())
 		unary = append([]grpc.UnaryServerInterceptor{gm.UnaryServerInterceptor()}, unary...)
 		stream = append([]grpc.StreamServerInterceptor{gm.StreamServerInterceptor()}, stream...)
 	}

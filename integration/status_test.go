@@ -1,0 +1,319 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/hoardfs/hoard/internal/testkit"
+)
+
+// needChromium finds a Chromium to drive, or skips (under
+// HOARD_REQUIRE_FUSE=1, as in CI, fails) saying why.
+func needChromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("HOARD_REQUIRE_FUSE") == "1" {
+		t.Fatal("Chromium required (HOARD_REQUIRE_FUSE=1) but not found: apt-get install chromium")
+	}
+	t.Skip("SKIP: no Chromium (chromium, chromium-browser, google-chrome) on the PATH")
+	return ""
+}
+
+// page is a headless Chromium tab that resolves no host name (so it
+// reaches nothing but the loopback addresses it is given) and records
+// every request it makes and every error its pages report.
+type page struct {
+	ctx context.Context
+
+	mu       sync.Mutex
+	requests []string
+	errors   []string
+}
+
+func openBrowser(t *testing.T, bin string) *page {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(bin),
+		chromedp.NoSandbox, // tests run as root
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 1800),
+		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelTab := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancelTab(); cancelAlloc() })
+	p := &page{ctx: ctx}
+	// The first call starts the browser, which lives as long as its
+	// context: no timeout on it.
+	err := chromedp.Listen(ctx, func(ev any) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		switch ev := ev.(type) {
+		case *network.EventRequestWillBeSent:
+			p.requests = append(p.requests, ev.Request.URL)
+		case *runtime.EventExceptionThrown:
+			d := ev.ExceptionDetails
+			if d.Exception != nil {
+				p.errors = append(p.errors, d.Exception.Description)
+			} else {
+				p.errors = append(p.errors, d.Text)
+			}
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type == runtime.ConsoleAPICalledTypeError {
+				p.errors = append(p.errors, fmt.Sprintf("console.error %v", ev.Args))
+			}
+		case *log.EventEntryAdded:
+			if ev.Entry.Level == log.EntryLevelError {
+				p.errors = append(p.errors, ev.Entry.Text+" "+ev.Entry.URL)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatalf("chromium: %v", err)
+	}
+	return p
+}
+
+// open loads url in the tab.
+func (p *page) open(t *testing.T, url string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 15*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Navigate(url)); err != nil {
+		t.Fatalf("open %s: %v", url, err)
+	}
+}
+
+// wait polls expr in the page until it is truthy, and returns it.
+func (p *page) wait(t *testing.T, what, expr string) float64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 15*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Poll[float64](expr, chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(10*time.Second)))
+	if err != nil {
+		text, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
+		t.Fatalf("page never showed %s: %v\npage text:\n%s", what, err, text)
+	}
+	return v
+}
+
+// eval evaluates expr in the page.
+func (p *page) eval(t *testing.T, expr string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[string](expr))
+	if err != nil {
+		t.Fatalf("evaluate %s: %v", expr, err)
+	}
+	return v
+}
+
+// screenshot saves the page to $HOARD_STATUS_SCREENSHOT (if set), with
+// suffix before its .png.
+func (p *page) screenshot(suffix string) {
+	shot := os.Getenv("HOARD_STATUS_SCREENSHOT")
+	if shot == "" {
+		return
+	}
+	if png, err := chromedp.Run(p.ctx, chromedp.FullScreenshot(100)); err == nil {
+		os.WriteFile(strings.TrimSuffix(shot, ".png")+suffix+".png", png, 0o644)
+	}
+}
+
+// check fails the test if the pages reported errors or made a request
+// outside origins.
+func (p *page) check(t *testing.T, origins ...string) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range p.errors {
+		t.Errorf("page error: %s", e)
+	}
+	if len(p.requests) < 4 {
+		t.Errorf("the pages made %d requests: %q", len(p.requests), p.requests)
+	}
+	for _, r := range p.requests {
+		u, err := url.Parse(r)
+		if u != nil && u.Scheme == "data" {
+			continue
+		}
+		ok := false
+		for _, o := range origins {
+			ok = ok || err == nil && u.Scheme+"://"+u.Host == o
+		}
+		if !ok {
+			t.Errorf("a page requested %s, outside its own origin", r)
+		}
+	}
+}
+
+// cardAtLeast is an expression: card id's value once it is at least min
+// and every chart on the page is drawn (a uPlot canvas with a size).
+func cardAtLeast(id string, min float64) string {
+	return fmt.Sprintf(`(() => {
+		const charts = document.querySelectorAll('.chart');
+		const canvases = [...document.querySelectorAll('.chart .uplot canvas')];
+		if (charts.length < 4 || canvases.length !== charts.length ||
+		    !canvases.every(c => c.width > 0 && c.height > 0 && c.getBoundingClientRect().width > 0)) return 0;
+		const v = document.getElementById('v-%s');
+		const n = v ? Number(v.dataset.value) : NaN;
+		return n >= %v && v.textContent !== '–' ? Math.max(n, 1e-9) : 0;
+	})()`, id, min)
+}
+
+// tableHas is an expression: true once table id lists text.
+func tableHas(id, text string) string {
+	return fmt.Sprintf(`(document.querySelector('#table-%s tbody')?.textContent || '').includes(%q) ? 1 : 0`, id, text)
+}
+
+// A mount's, a server's and a proxy's status pages, in a browser that reaches
+// nothing but them, draw their charts and show the traffic the test
+// makes, live.
+func TestStatusPage(t *testing.T) {
+	needFuse(t)
+	bin := needChromium(t)
+	saddr, maddr := freeAddr(t), freeAddr(t)
+	srv := startServer(t, t.TempDir(), "--http", saddr)
+	m := startMount(t, srv, t.TempDir(), "--http", maddr, "--metrics", maddr)
+	put := func(name string, data []byte) {
+		w := dial(t, srv.addr, "mem", 64<<20)
+		testkit.WriteFile(t, w, name, data)
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(name string, want int) {
+		if b, err := os.ReadFile(m.path(name)); err != nil || len(b) != want {
+			t.Fatalf("read %s: %d bytes, %v", name, len(b), err)
+		}
+	}
+	first := testkit.Pattern(3<<20, 1)
+	put("/m", first)
+	read("m", len(first))
+
+	// --http and --metrics at one address: one listener serves both.
+	if v, ok := sum(scrape(t, maddr), "hoard_cache_fetched_bytes_total"); !ok || v < float64(len(first)) {
+		t.Errorf("metrics beside the page: fetched %v (found %v)", v, ok)
+	}
+
+	// --http alone serves /metrics too.
+	if _, ok := sum(scrape(t, saddr), "hoard_server_sessions"); !ok {
+		t.Error("no hoard_server_sessions at the server's --http address")
+	}
+
+	p := openBrowser(t, bin)
+	mountPage, serverPage := "http://"+maddr+"/", "http://"+saddr+"/"
+	p.open(t, mountPage)
+	fetched := p.wait(t, "the bytes the mount fetched", cardAtLeast("fetched-bytes", float64(len(first))))
+	p.wait(t, "the bytes the mount caches", cardAtLeast("cache-bytes", float64(len(first))))
+	p.wait(t, "the cached file by its path", tableHas("largest", m.path("m")))
+
+	// More traffic: a new file read, and the first one changed under the
+	// mount's promise. The open page shows both without a reload.
+	second := testkit.Pattern(2<<20, 2)
+	put("/n", second)
+	read("n", len(second))
+	put("/m", testkit.Pattern(4096, 3))
+	more := p.wait(t, "the fetched bytes grow", cardAtLeast("fetched-bytes", fetched+float64(len(second))))
+	p.wait(t, "a callback break", cardAtLeast("breaks", 1))
+	p.wait(t, "the broken file by its path", tableHas("broken", m.path("m")))
+	p.wait(t, "charts with several samples", `Number(document.body.dataset.samples) >= 3 ? 1 : 0`)
+	if text := p.eval(t, `document.getElementById('v-fetched-bytes').textContent`); !strings.HasSuffix(text, " MiB") {
+		t.Errorf("fetched bytes (%v) shown as %q", more, text)
+	}
+	p.screenshot("")
+
+	p.open(t, serverPage)
+	p.wait(t, "a client connected to the server", cardAtLeast("sessions", 1))
+	p.wait(t, "requests the server handled", `/^[1-9]/.test(document.querySelector('#card-rpc-rate .sub')?.textContent || '') ? 1 : 0`)
+	p.wait(t, "the server's root volume", tableHas("volumes", "root"))
+	p.screenshot("-server")
+
+	// A proxy's page: what it served, and fetched from its origin.
+	paddr := freeAddr(t)
+	px := startProxy(t, srv, filepath.Join(t.TempDir(), "proxy"), "--http", paddr)
+	r := dial(t, px.addr, "mem", 64<<20)
+	if b := testkit.ReadFile(t, r, "/n"); len(b) != len(second) {
+		t.Fatalf("read /n through the proxy: %d bytes", len(b))
+	}
+	proxyPage := "http://" + paddr + "/"
+	p.open(t, proxyPage)
+	p.wait(t, "the bytes the proxy served", cardAtLeast("served-bytes", float64(len(second))))
+	p.wait(t, "the bytes the proxy fetched from its origin", cardAtLeast("origin-bytes", float64(len(second))))
+	p.wait(t, "a client connected to the proxy", cardAtLeast("sessions", 1))
+	p.screenshot("-proxy")
+	p.check(t, strings.TrimSuffix(mountPage, "/"), strings.TrimSuffix(serverPage, "/"), strings.TrimSuffix(proxyPage, "/"))
+}
+
+// --http that cannot be served: one line, exit 2, nothing started or
+// made; beside --metrics at another address, each has its listener.
+func TestStatusBadAddress(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	data := filepath.Join(t.TempDir(), "data")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"server", "--data", data, "--listen", freeAddr(t), "--http", busy.Addr().String()}, "--http " + busy.Addr().String() + ": the address is in use"},
+		{[]string{"server", "--data", data, "--listen", freeAddr(t), "--metrics", freeAddr(t), "--http", busy.Addr().String()}, "in use"},
+		{[]string{"server", "--data", data, "--listen", freeAddr(t), "--http", "a:b:c"}, "--http a:b:c: want HOST:PORT or PORT"},
+		{[]string{"proxy", "--origin", "127.0.0.1:1", "--cache", data, "--insecure", "--http", busy.Addr().String()}, "--http"},
+	} {
+		out, code := run(t, c.args...)
+		if code != 2 || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, c.want) {
+			t.Errorf("hoard %s: exit %d: %q", strings.Join(c.args, " "), code, out)
+		}
+	}
+	if _, err := os.Stat(data); err == nil {
+		t.Error("a data directory was made")
+	}
+
+	maddr, haddr := freeAddr(t), freeAddr(t)
+	srv := startServer(t, t.TempDir(), "--metrics", maddr, "--http", haddr)
+	if !strings.Contains(srv.logs.String(), "metrics at http://"+maddr+"/metrics, status page at http://"+haddr+"/") {
+		t.Errorf("the server does not say where it serves what:\n%s", srv.logs)
+	}
+	for _, addr := range []string{maddr, haddr} {
+		if _, ok := sum(scrape(t, addr), "hoard_server_sessions"); !ok {
+			t.Errorf("no metrics at %s", addr)
+		}
+		resp, err := http.Get("http://" + addr + "/status.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct {
+			Kind   string
+			Server *struct{ Volumes []struct{ Name string } }
+		}
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err != nil || st.Kind != "server" || st.Server == nil || len(st.Server.Volumes) == 0 || st.Server.Volumes[0].Name != "root" {
+			t.Errorf("status.json at %s: %+v, %v", addr, st, err)
+		}
+	}
+}

@@ -1,0 +1,287 @@
+// Package status is a hoard process's live status page: a page at / that
+// charts what the process does, and the JSON it polls, /status.json. The
+// page and its charting library (uPlot, vendored in assets/) are built
+// into the binary: it loads nothing from elsewhere, and works with no
+// network beyond the process's own address.
+//
+// The JSON is one sample of the process's state now; counters are
+// totals since the process started (the page turns successive samples
+// into rates), gauges are values now.
+package status
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"embed"
+	"encoding/base64"
+	"encoding/json"
+	"io/fs"
+	"net/http"
+	"os"
+	"path"
+	"sync"
+	"time"
+)
+
+// Status is one sample: what /status.json answers. Only the sections of
+// the process's kind are present.
+type Status struct {
+	// Kind is mount, server or proxy; Name what it serves: a mount
+	// point, a listen address.
+	Kind string `json:"kind"`
+	Name string `json:"name"`
+	PID  int    `json:"pid"`
+	// Time is when the sample was taken, in Unix milliseconds; Uptime
+	// the seconds since the page was set up (the process's start).
+	Time   int64   `json:"time"`
+	Uptime float64 `json:"uptime"`
+	Client *Client `json:"client,omitempty"`
+	Server *Server `json:"server,omitempty"`
+	Proxy  *Proxy  `json:"proxy,omitempty"`
+}
+
+// Client is a mount's cache and protocol state.
+type Client struct {
+	// CacheBytes is the space the cache holds, of CacheLimit, in
+	// CacheFiles files.
+	CacheBytes int64 `json:"cache_bytes"`
+	CacheLimit int64 `json:"cache_limit"`
+	CacheFiles int64 `json:"cache_files"`
+	// Hits and Misses count reads served from the cache and reads that
+	// had to fetch (reads the kernel serves by passthrough are not
+	// seen); FetchedBytes the bytes fetched from servers.
+	Hits         int64 `json:"hits"`
+	Misses       int64 `json:"misses"`
+	FetchedBytes int64 `json:"fetched_bytes"`
+	Evictions    int64 `json:"evictions"`
+	// DirtyBytes are written and not yet stored (the write-back queue);
+	// FlushedBytes counts what the write-back flusher stored.
+	DirtyBytes   int64 `json:"dirty_bytes"`
+	FlushedBytes int64 `json:"flushed_bytes"`
+	RPCs         int64 `json:"rpcs"`
+	// Promises and delegations held now.
+	Promises         int `json:"promises"`
+	ReadDelegations  int `json:"read_delegations"`
+	WriteDelegations int `json:"write_delegations"`
+	// Breaks counts files whose promise a server broke; Resets the
+	// times a server voided them all; Recalls the delegations recalled.
+	Breaks  int64 `json:"breaks"`
+	Resets  int64 `json:"resets"`
+	Recalls int64 `json:"recalls"`
+	// Largest are the files holding the most cache space, most first.
+	Largest []File `json:"largest"`
+	// Broken are the files last invalidated, latest first.
+	Broken []Break `json:"broken"`
+}
+
+// File is a file's share of the cache.
+type File struct {
+	// Path is where the mount shows it, if the kernel knows it ("" if
+	// not); FID its identity.
+	Path  string `json:"path,omitempty"`
+	FID   string `json:"fid"`
+	Bytes int64  `json:"bytes"`
+	Dirty int64  `json:"dirty"`
+}
+
+// Break is one file invalidated, by a break or a server's reset.
+type Break struct {
+	Time int64  `json:"time"` // Unix milliseconds
+	Path string `json:"path,omitempty"`
+	FID  string `json:"fid"`
+}
+
+// Server is a server's (or a proxy's, as its clients' server) load.
+type Server struct {
+	Sessions    int `json:"sessions"`
+	Promises    int `json:"promises"`
+	Delegations int `json:"delegations"`
+	// Breaks counts promises broken (files, per client); Recalls and
+	// Revokes delegations recalled and revoked; Resets the reset
+	// messages sent.
+	Breaks  int64 `json:"breaks"`
+	Recalls int64 `json:"recalls"`
+	Revokes int64 `json:"revokes"`
+	Resets  int64 `json:"resets"`
+	// RPCs counts requests handled.
+	RPCs int64 `json:"rpcs"`
+	// Volumes are those the server holds (a server's, not a proxy's).
+	Volumes []Volume `json:"volumes,omitempty"`
+}
+
+// Volume is one volume a server holds.
+type Volume struct {
+	ID    uint64 `json:"id"`
+	Name  string `json:"name"`
+	Used  uint64 `json:"used"`
+	Quota uint64 `json:"quota"`
+	Files uint64 `json:"files"`
+}
+
+// Proxy is a proxy's store and its traffic with its origin.
+type Proxy struct {
+	Origin string `json:"origin"`
+	// Hits and Misses count chunk reads from the store and from the
+	// origin; ServedBytes the bytes served to clients, FetchedBytes
+	// those fetched from the origin.
+	Hits         int64 `json:"hits"`
+	Misses       int64 `json:"misses"`
+	ServedBytes  int64 `json:"served_bytes"`
+	FetchedBytes int64 `json:"fetched_bytes"`
+	StoreBytes   int64 `json:"store_bytes"`
+	StoreLimit   int64 `json:"store_limit"`
+	StoreFiles   int64 `json:"store_files"`
+	Evictions    int64 `json:"evictions"`
+	// OriginRPCs counts requests sent to the origin; the delegations are
+	// those held from it.
+	OriginRPCs             int64 `json:"origin_rpcs"`
+	OriginReadDelegations  int   `json:"origin_read_delegations"`
+	OriginWriteDelegations int   `json:"origin_write_delegations"`
+}
+
+// A Part fills in its section of a sample.
+type Part func(*Status)
+
+// Page serves a process's status page and its samples. Set it up with
+// SetKind, SetName and Add before it is served.
+type Page struct {
+	start time.Time
+	kind  string
+	name  string
+	parts []Part
+
+	// mu guards the last sample, handed again to polls that come within
+	// reuse of it: many open pages cost what one does.
+	mu   sync.Mutex
+	last []byte
+	at   time.Time
+}
+
+// reuse is how long a sample answers polls.
+const reuse = 250 * time.Millisecond
+
+// New is an empty page; its uptime counts from now.
+func New() *Page { return &Page{start: time.Now()} }
+
+// SetKind sets what the process is: mount, server or proxy.
+func (p *Page) SetKind(kind string) { p.kind = kind }
+
+// SetName sets what the process serves, as the page titles it.
+func (p *Page) SetName(name string) { p.name = name }
+
+// Add adds parts to each sample.
+func (p *Page) Add(parts ...Part) { p.parts = append(p.parts, parts...) }
+
+// Sample takes a sample now.
+func (p *Page) Sample() Status {
+	now := time.Now()
+	st := Status{Kind: p.kind, Name: p.name, PID: os.Getpid(), Time: now.UnixMilli(), Uptime: now.Sub(p.start).Seconds()}
+	for _, part := range p.parts {
+		part(&st)
+	}
+	return st
+}
+
+func (p *Page) sampleJSON() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last != nil && time.Since(p.at) < reuse {
+		return p.last
+	}
+	b, err := json.Marshal(p.Sample())
+	if err != nil {
+		panic(err) // plain structs: cannot fail
+	}
+	p.last, p.at = b, time.Now()
+	return p.last
+}
+
+//go:embed web assets
+var files embed.FS
+
+// asset is a file of the page, ready to serve.
+type asset struct {
+	body  []byte
+	ctype string
+	etag  string
+	// immutable: the vendored library, whose path names its version.
+	immutable bool
+}
+
+// assets maps a URL path to the file served there: the page's own files
+// at the top, uPlot under /assets/uplot-VERSION/.
+var assets = func() map[string]*asset {
+	out := map[string]*asset{}
+	add := func(url, name string, immutable bool) {
+		b, err := files.ReadFile(name)
+		if err != nil {
+			panic(err)
+		}
+		sum := sha256.Sum256(b)
+		out[url] = &asset{body: b, ctype: ctypes[path.Ext(name)],
+			etag: `"` + base64.RawURLEncoding.EncodeToString(sum[:12]) + `"`, immutable: immutable}
+	}
+	add("/", "web/index.html", false)
+	add("/app.js", "web/app.js", false)
+	add("/style.css", "web/style.css", false)
+	ents, err := fs.ReadDir(files, "assets")
+	if err != nil {
+		panic(err)
+	}
+	for _, e := range ents {
+		if ext := path.Ext(e.Name()); ext == ".js" || ext == ".css" {
+			add("/assets/uplot-"+UPlotVersion+"/"+e.Name(), "assets/"+e.Name(), true)
+		}
+	}
+	return out
+}()
+
+// ctypes are the content types of the page's files, set here rather than
+// taken from the system's MIME table, which varies.
+var ctypes = map[string]string{
+	".html": "text/html; charset=utf-8",
+	".js":   "text/javascript; charset=utf-8",
+	".css":  "text/css; charset=utf-8",
+}
+
+// UPlotVersion is the version of uPlot in assets/.
+const UPlotVersion = "1.6.32"
+
+// csp lets the page load and fetch only from its own origin: nothing it
+// does reaches the network beyond the process.
+const csp = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+// ServeHTTP serves the page, its files, and /status.json.
+func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	h := w.Header()
+	h.Set("X-Content-Type-Options", "nosniff")
+	if r.URL.Path == "/status.json" {
+		h.Set("Content-Type", "application/json")
+		h.Set("Cache-Control", "no-store")
+		w.Write(p.sampleJSON())
+		return
+	}
+	a := assets[r.URL.Path]
+	if a == nil {
+		http.NotFound(w, r)
+		return
+	}
+	h.Set("Content-Type", a.ctype)
+	h.Set("ETag", a.etag)
+	if a.immutable {
+		h.Set("Cache-Control", "public, max-age=31536000, immutable")
+	} else {
+		// A new binary may serve a new page: check, cheaply, by ETag.
+		h.Set("Cache-Control", "no-cache")
+	}
+	if r.URL.Path == "/" {
+		h.Set("Content-Security-Policy", csp)
+		h.Set("Referrer-Policy", "no-referrer")
+	}
+	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(a.body))
+}

@@ -1,0 +1,124 @@
+package status
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/hoardfs/hoard/node"
+)
+
+func get(t *testing.T, h http.Handler, path string, header ...string) *http.Response {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodGet, path, nil)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w.Result()
+}
+
+// The page and every file it names are served, with their content
+// types and cache headers; the vendored library is cached for good, the
+// rest revalidated by ETag.
+func TestAssets(t *testing.T) {
+	p := New()
+	resp := get(t, p, "/")
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/html; charset=utf-8" {
+		t.Fatalf("/: %s, %q", resp.Status, resp.Header.Get("Content-Type"))
+	}
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") || !strings.Contains(csp, "connect-src 'self'") {
+		t.Errorf("/: Content-Security-Policy %q", csp)
+	}
+	var body strings.Builder
+	b := make([]byte, 64<<10)
+	for {
+		n, err := resp.Body.Read(b)
+		body.Write(b[:n])
+		if err != nil {
+			break
+		}
+	}
+	refs := regexp.MustCompile(`(?:src|href)="([^"]+)"`).FindAllStringSubmatch(body.String(), -1)
+	want := map[string]string{".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+	seen := 0
+	for _, r := range refs {
+		ref := r[1]
+		if strings.HasPrefix(ref, "data:") || ref == "status.json" || ref == "metrics" {
+			continue
+		}
+		if strings.Contains(ref, "//") {
+			t.Errorf("the page loads %s from elsewhere", ref)
+			continue
+		}
+		seen++
+		resp := get(t, p, "/"+ref)
+		ext := ref[strings.LastIndexByte(ref, '.'):]
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != want[ext] || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Errorf("%s: %s, %q", ref, resp.Status, resp.Header.Get("Content-Type"))
+		}
+		cc, etag := resp.Header.Get("Cache-Control"), resp.Header.Get("ETag")
+		if vendored := strings.HasPrefix(ref, "assets/uplot-"+UPlotVersion+"/"); vendored != strings.Contains(cc, "immutable") || etag == "" {
+			t.Errorf("%s: Cache-Control %q, ETag %q", ref, cc, etag)
+		}
+		if again := get(t, p, "/"+ref, "If-None-Match", etag); again.StatusCode != http.StatusNotModified {
+			t.Errorf("%s with its ETag: %s", ref, again.Status)
+		}
+	}
+	if seen != 4 {
+		t.Errorf("the page names %d files of its own, want 4 (uPlot's script and style, app.js, style.css)", seen)
+	}
+	for _, path := range []string{"/nothing", "/assets/LICENSE", "/web/app.js"} {
+		if resp := get(t, p, path); resp.StatusCode != http.StatusNotFound {
+			t.Errorf("%s: %s", path, resp.Status)
+		}
+	}
+	req := httptest.NewRequest(http.MethodPost, "/status.json", nil)
+	w := httptest.NewRecorder()
+	p.ServeHTTP(w, req)
+	if w.Code != http.StatusMethodNotAllowed {
+		t.Errorf("POST: %d", w.Code)
+	}
+}
+
+// status.json is a sample of the parts, never cached; the breaks list
+// keeps the latest, with the paths they had when they came.
+func TestSample(t *testing.T) {
+	p := New()
+	p.SetKind("mount")
+	p.SetName("/mnt")
+	var b Breaks
+	var heard int
+	on := b.Wrap(func(f []node.FID) { heard += len(f) }, func(f node.FID) (string, bool) {
+		return "/mnt/f" + f.String(), f.Vnode%2 == 0
+	})
+	for i := range 25 {
+		on([]node.FID{{Volume: 1, Vnode: uint64(i), Unique: 1}})
+	}
+	on(nil)
+	if heard != 25 {
+		t.Fatalf("the wrapped func heard of %d files, want 25", heard)
+	}
+	got := b.recent()
+	if len(got) != keptBreaks || got[0].fid.Vnode != 24 || got[keptBreaks-1].fid.Vnode != 15 || got[0].path != "/mnt/f1.24.1" || got[1].path != "" {
+		t.Fatalf("recent breaks: %+v", got)
+	}
+	p.Add(func(st *Status) { st.Server = &Server{Sessions: 3} }, VolumesPart(func() ([]node.Volume, error) {
+		return []node.Volume{{ID: 1, Name: "root"}}, nil
+	}))
+	resp := get(t, p, "/status.json")
+	if resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("Cache-Control") != "no-store" {
+		t.Errorf("status.json: %q, %q", resp.Header.Get("Content-Type"), resp.Header.Get("Cache-Control"))
+	}
+	var st Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Kind != "mount" || st.Name != "/mnt" || st.Time == 0 || st.Server == nil || st.Server.Sessions != 3 || len(st.Server.Volumes) != 1 || st.Server.Volumes[0].Name != "root" {
+		t.Errorf("status.json: %+v", st)
+	}
+}
