@@ -35,6 +35,7 @@ import (
 	"github.com/hoardfs/hoard/client/policy"
 	"github.com/hoardfs/hoard/client/writeback"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/latency"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -215,6 +216,13 @@ type counters struct {
 	// knew them, and created there later; files removed here, and there
 	// later.
 	madeHere, madeDropped, settled, removedHere atomic.Int64
+	// Files whose writes were kept in lost/, undeliverable.
+	lost atomic.Int64
+	// Opens that bypassed the cache, by the kind of rule that chose it
+	// (policy.Rules).
+	bypassOpens [len(policy.Rules)]atomic.Int64
+	// How long chunk fetches and stores of file data took.
+	fetchTime, storeTime latency.Recorder
 }
 
 // Dial connects to opts.Server and opens the cache. It fails within

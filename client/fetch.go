@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/datapath"
@@ -109,6 +110,7 @@ func (n *Node) fetchChunkAt(c *Client, idx int64, u User) (buf []byte, dv uint64
 		return nil, 0, c.ctx.Err()
 	}
 	defer func() { <-c.fetchSem }()
+	defer c.counters.fetchTime.Since(time.Now())
 	cs := c.cache.ChunkSize()
 	pieces := 0
 	t := c.begin()

@@ -566,6 +566,7 @@ func (c *Client) storeData(args datapath.StoreArgs, u User, stored func(st node.
 	var st node.Status
 	var ttl time.Duration
 	c.counters.stores.Add(1)
+	defer c.counters.storeTime.Since(time.Now())
 	if args.Op == "" {
 		// Every attempt names the store alike: one the server made
 		// before a lost reply is not made again over later stores.

@@ -52,6 +52,7 @@ func (c *Client) keepLost(n *Node, name string, cause error) error {
 func (c *Client) saveLost(name string, fid node.FID, ranges [][2]int64, read func(p []byte, off int64) error, size int64, trunc *uint64, cause error) (string, error) {
 	dir, err := lost.Save(c.opts.CacheDir, lost.Record{Path: name, FID: fid.String(), Ranges: ranges, Size: size, Truncate: trunc, Error: cause.Error()}, read)
 	if err == nil {
+		c.counters.lost.Add(1)
 		c.log.Error("writes could not be delivered to the server; kept locally", "path", name, "kept", dir, "err", cause)
 	}
 	return dir, err

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/callback"
+	"github.com/hoardfs/hoard/client/policy"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
@@ -366,6 +368,9 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 	}
 	f.decision = c.decide(n, parent, base, true)
 	if f.decision.Bypass {
+		if i := slices.Index(policy.Rules[:], f.decision.Rule); i >= 0 {
+			c.counters.bypassOpens[i].Add(1)
+		}
 		if err := c.leaveCache(n, u); err != nil {
 			return nil, errOf("open", name, err)
 		}

@@ -1,6 +1,12 @@
 package client
 
-import "github.com/hoardfs/hoard/cache"
+import (
+	"time"
+
+	"github.com/hoardfs/hoard/cache"
+	"github.com/hoardfs/hoard/client/policy"
+	"github.com/hoardfs/hoard/latency"
+)
 
 // Stats are the cache's cumulative counters (kept across runs) plus this
 // client's protocol counters (since Dial).
@@ -34,6 +40,17 @@ type Stats struct {
 	RemovedHere                    int64
 	// Nodes is the number of files and directories held in memory.
 	Nodes int
+	// DirtyAge is how long the oldest write not yet stored has waited.
+	DirtyAge time.Duration
+	// Lost counts files whose writes could not be delivered and were
+	// kept in lost/.
+	Lost int64
+	// BypassOpens counts opens that bypassed the cache, by the kind of
+	// rule that chose it (policy.Rules).
+	BypassOpens map[string]int64
+	// FetchTime and StoreTime are how long chunk fetches and stores of
+	// file data took.
+	FetchTime, StoreTime latency.Histogram
 }
 
 // Stats reports counters for tests, benchmarks and `hoard cache stats`:
@@ -72,6 +89,13 @@ func (st *Stats) add(o Stats) {
 	st.Settled += o.Settled
 	st.RemovedHere += o.RemovedHere
 	st.Nodes += o.Nodes
+	st.DirtyAge = max(st.DirtyAge, o.DirtyAge)
+	st.Lost += o.Lost
+	for r, n := range o.BypassOpens {
+		st.BypassOpens[r] += n
+	}
+	st.FetchTime.Add(o.FetchTime)
+	st.StoreTime.Add(o.StoreTime)
 }
 
 // siteStats are Stats of this server's Client alone.
@@ -95,7 +119,34 @@ func (c *Client) siteStats() Stats {
 		MadeHere: c.counters.madeHere.Load(), MadeDropped: c.counters.madeDropped.Load(), Settled: c.counters.settled.Load(),
 		RemovedHere: c.counters.removedHere.Load(),
 		Nodes:       c.nodeCount(),
+		DirtyAge:    c.dirtyAge(),
+		Lost:        c.counters.lost.Load(),
+		BypassOpens: c.bypassOpens(),
+		FetchTime:   c.counters.fetchTime.Snapshot(),
+		StoreTime:   c.counters.storeTime.Snapshot(),
 	}
+}
+
+// dirtyAge is how long the oldest write not yet stored has waited.
+func (c *Client) dirtyAge() time.Duration {
+	var oldest time.Time
+	for _, d := range c.flusher.Files() {
+		if b, since, _ := d.Dirty(); b > 0 && !since.IsZero() && (oldest.IsZero() || since.Before(oldest)) {
+			oldest = since
+		}
+	}
+	if oldest.IsZero() {
+		return 0
+	}
+	return time.Since(oldest)
+}
+
+func (c *Client) bypassOpens() map[string]int64 {
+	m := make(map[string]int64, len(policy.Rules))
+	for i, r := range policy.Rules {
+		m[r] = c.counters.bypassOpens[i].Load()
+	}
+	return m
 }
 
 func (c *Client) nodeCount() int {

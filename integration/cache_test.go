@@ -12,21 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // lsEntry is a line of hoard cache ls --json.
 type lsEntry struct {
-	Path        string `json:"path"`
-	Size        int64  `json:"size"`
-	Cached      int64  `json:"cached"`
-	Chunks      int64  `json:"chunks"`
-	ChunksTotal int64  `json:"chunks_total"`
-	Dirty       int64  `json:"dirty"`
-	Policy      string `json:"policy"`
-	Why         string `json:"why"`
-	PromiseMs   int64  `json:"promise_ms"`
-	Delegation  string `json:"delegation"`
+	Path string `json:"path"`
+	client.FileCache
 }
 
 // cacheLs runs hoard cache ls --json and returns its files by base name.

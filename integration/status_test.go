@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -262,37 +261,20 @@ func TestStatusPage(t *testing.T) {
 	p.wait(t, "the bytes the proxy served", cardAtLeast("served-bytes", float64(len(second))))
 	p.wait(t, "the bytes the proxy fetched from its origin", cardAtLeast("origin-bytes", float64(len(second))))
 	p.wait(t, "a client connected to the proxy", cardAtLeast("sessions", 1))
+	// Its metrics, on the same listener, say the same.
+	ps := scrape(t, paddr)
+	for _, name := range []string{"hoard_proxy_served_bytes_total", "hoard_proxy_origin_bytes_total"} {
+		if v, _ := sum(ps, name); v < float64(len(second)) {
+			t.Errorf("the proxy's %s = %v, want at least %d", name, v, len(second))
+		}
+	}
 	p.screenshot("-proxy")
 	p.check(t, strings.TrimSuffix(mountPage, "/"), strings.TrimSuffix(serverPage, "/"), strings.TrimSuffix(proxyPage, "/"))
 }
 
-// --http that cannot be served: one line, exit 2, nothing started or
-// made; beside --metrics at another address, each has its listener.
-func TestStatusBadAddress(t *testing.T) {
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
-	data := filepath.Join(t.TempDir(), "data")
-	for _, c := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"server", "--data", data, "--listen", freeAddr(t), "--http", busy.Addr().String()}, "--http " + busy.Addr().String() + ": the address is in use"},
-		{[]string{"server", "--data", data, "--listen", freeAddr(t), "--metrics", freeAddr(t), "--http", busy.Addr().String()}, "in use"},
-		{[]string{"server", "--data", data, "--listen", freeAddr(t), "--http", "a:b:c"}, "--http a:b:c: want HOST:PORT or PORT"},
-		{[]string{"proxy", "--origin", "127.0.0.1:1", "--cache", data, "--insecure", "--http", busy.Addr().String()}, "--http"},
-	} {
-		out, code := run(t, c.args...)
-		if code != 2 || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, c.want) {
-			t.Errorf("hoard %s: exit %d: %q", strings.Join(c.args, " "), code, out)
-		}
-	}
-	if _, err := os.Stat(data); err == nil {
-		t.Error("a data directory was made")
-	}
-
+// --http beside --metrics at another address: each has its listener,
+// serving both.
+func TestStatusBesideMetrics(t *testing.T) {
 	maddr, haddr := freeAddr(t), freeAddr(t)
 	srv := startServer(t, t.TempDir(), "--metrics", maddr, "--http", haddr)
 	if !strings.Contains(srv.logs.String(), "metrics at http://"+maddr+"/metrics, status page at http://"+haddr+"/") {

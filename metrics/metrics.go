@@ -20,6 +20,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/policy"
+	"github.com/hoardfs/hoard/latency"
+	"github.com/hoardfs/hoard/proxystore"
 	"github.com/hoardfs/hoard/server"
 )
 
@@ -103,11 +106,39 @@ type metric[S any] struct {
 	value func(S) float64
 }
 
+// emitter is a metric a collector reads off a snapshot of type S that is
+// not one number: labelled values, a histogram.
+type emitter[S any] struct {
+	desc *prometheus.Desc
+	emit func(S, *prometheus.Desc, chan<- prometheus.Metric)
+}
+
 // snapshots is a collector that takes one snapshot per scrape and reads
 // every metric off it.
 type snapshots[S any] struct {
-	take    func() S
-	metrics []metric[S]
+	take     func() S
+	metrics  []metric[S]
+	emitters []emitter[S]
+}
+
+func (c *snapshots[S]) addEmitter(desc *prometheus.Desc, emit func(S, *prometheus.Desc, chan<- prometheus.Metric)) {
+	c.emitters = append(c.emitters, emitter[S]{desc, emit})
+}
+
+// addLatency adds a histogram of the Latency value reads off a snapshot.
+func (c *snapshots[S]) addLatency(name, help string, value func(S) latency.Histogram) {
+	c.addEmitter(prometheus.NewDesc(name, help, nil, nil), func(s S, d *prometheus.Desc, ch chan<- prometheus.Metric) {
+		l := value(s)
+		buckets := make(map[float64]uint64, len(latency.Bounds))
+		var below uint64
+		for i, b := range latency.Bounds {
+			if i < len(l.Counts) {
+				below += l.Counts[i]
+			}
+			buckets[b] = below
+		}
+		ch <- prometheus.MustNewConstHistogram(d, l.Count, l.Sum.Seconds(), buckets)
+	})
 }
 
 func (c *snapshots[S]) add(name, help string, kind prometheus.ValueType, value func(S) float64) {
@@ -118,12 +149,18 @@ func (c *snapshots[S]) Describe(ch chan<- *prometheus.Desc) {
 	for _, m := range c.metrics {
 		ch <- m.desc
 	}
+	for _, e := range c.emitters {
+		ch <- e.desc
+	}
 }
 
 func (c *snapshots[S]) Collect(ch chan<- prometheus.Metric) {
 	s := c.take()
 	for _, m := range c.metrics {
 		ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(s))
+	}
+	for _, e := range c.emitters {
+		e.emit(s, e.desc, ch)
 	}
 }
 
@@ -162,6 +199,33 @@ func Client(reg *prometheus.Registry, stats func() client.Stats) {
 	c.add("hoard_client_dirty_bytes", "Bytes written and not yet stored (the write-back queue).", gauge, func(s client.Stats) float64 { return f(s.DirtyBytes) })
 	c.add("hoard_client_flushed_bytes_total", "Bytes the write-back flusher stored.", counter, func(s client.Stats) float64 { return f(s.Flushed) })
 	c.add("hoard_client_nodes", "Files and directories held in memory.", gauge, func(s client.Stats) float64 { return float64(s.Nodes) })
+	c.add("hoard_client_dirty_age_seconds", "How long the oldest write not yet stored has waited.", gauge, func(s client.Stats) float64 { return s.DirtyAge.Seconds() })
+	c.add("hoard_client_lost_writes_total", "Files whose writes could not be delivered and were kept in lost/ (hoard cache lost).", counter, func(s client.Stats) float64 { return f(s.Lost) })
+	c.add("hoard_mount_passthrough_opens_total", "Opens of wholly cached files the kernel reads by FUSE passthrough, unseen by the daemon.", counter, func(s client.Stats) float64 { return f(s.Gauges["passthrough_opens"]) })
+	c.addEmitter(prometheus.NewDesc("hoard_client_bypass_opens_total", "Opens that bypassed the cache, by the kind of rule that chose it.", []string{"rule"}, nil),
+		func(s client.Stats, d *prometheus.Desc, ch chan<- prometheus.Metric) {
+			for _, r := range policy.Rules {
+				ch <- prometheus.MustNewConstMetric(d, counter, f(s.BypassOpens[r]), r)
+			}
+		})
+	c.addLatency("hoard_client_fetch_duration_seconds", "How long fetches of a chunk from a server took.", func(s client.Stats) latency.Histogram { return s.FetchTime })
+	c.addLatency("hoard_client_store_duration_seconds", "How long stores of file data to a server took.", func(s client.Stats) latency.Histogram { return s.StoreTime })
+	reg.MustRegister(c)
+}
+
+// Proxy registers the metrics of a proxy's store: what it served its
+// clients, against what it fetched from its origin (the proxy's client
+// metrics count the origin's side too).
+func Proxy(reg *prometheus.Registry, stats func() proxystore.Stats) {
+	c := &snapshots[proxystore.Stats]{take: stats}
+	f := func(v int64) float64 { return float64(v) }
+	c.add("hoard_proxy_served_bytes_total", "Bytes served to the proxy's clients.", counter, func(s proxystore.Stats) float64 { return f(s.BytesServed) })
+	c.add("hoard_proxy_origin_bytes_total", "Bytes fetched from the origin into the store.", counter, func(s proxystore.Stats) float64 { return f(s.BytesFetched) })
+	c.add("hoard_proxy_hits_total", "Chunk reads served from the store.", counter, func(s proxystore.Stats) float64 { return f(s.Hits) })
+	c.add("hoard_proxy_misses_total", "Chunk reads that fetched from the origin.", counter, func(s proxystore.Stats) float64 { return f(s.Misses) })
+	c.add("hoard_proxy_store_bytes", "Bytes the store holds.", gauge, func(s proxystore.Stats) float64 { return f(s.BytesUsed) })
+	c.add("hoard_proxy_store_limit_bytes", "The store's size.", gauge, func(s proxystore.Stats) float64 { return f(s.Limit) })
+	c.add("hoard_proxy_evictions_total", "Chunks evicted from the store.", counter, func(s proxystore.Stats) float64 { return f(s.Evictions) })
 	reg.MustRegister(c)
 }
 
@@ -175,5 +239,10 @@ func Server(reg *prometheus.Registry, load func() server.Load) {
 	c.add("hoard_server_recalls_total", "Delegations recalled.", counter, func(l server.Load) float64 { return float64(l.Recalled) })
 	c.add("hoard_server_revokes_total", "Delegations revoked.", counter, func(l server.Load) float64 { return float64(l.Revoked) })
 	c.add("hoard_server_resets_total", "Reset messages sent (all of a client's promises voided).", counter, func(l server.Load) float64 { return float64(l.Resets) })
+	c.addLatency("hoard_server_callback_wait_seconds", "How long requests waited for other clients to acknowledge breaks and return recalled delegations.", func(l server.Load) latency.Histogram { return l.Waited })
+	c.add("hoard_server_data_connections", "Bulk-data channel connections open.", gauge, func(l server.Load) float64 { return float64(l.DataConns) })
+	c.add("hoard_server_data_connections_total", "Bulk-data channel connections accepted.", counter, func(l server.Load) float64 { return float64(l.DataAccepted) })
+	c.add("hoard_server_data_sent_bytes_total", "File bytes sent on the bulk-data channel (fetches).", counter, func(l server.Load) float64 { return float64(l.DataSent) })
+	c.add("hoard_server_data_received_bytes_total", "File bytes received on the bulk-data channel (stores).", counter, func(l server.Load) float64 { return float64(l.DataReceived) })
 	reg.MustRegister(c)
 }

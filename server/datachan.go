@@ -76,6 +76,9 @@ func (s *Server) acceptData(l net.Listener) {
 }
 
 func (s *Server) dataConn(conn net.Conn) {
+	s.data.open.Add(1)
+	s.data.accepted.Add(1)
+	defer s.data.open.Add(-1)
 	defer conn.Close()
 	br := bufio.NewReaderSize(conn, 64<<10)
 	// A new connection's first request is due whole soon after it opens.
@@ -196,6 +199,7 @@ func (s *Server) sendRead(conn net.Conn, o *op, req datapath.Request) (dv uint64
 	out := datapath.AppendOK(nil, status, uint64(n))
 	if _, werr = conn.Write(out); werr == nil {
 		if _, werr = conn.Write(buf[:n]); werr == nil {
+			s.data.sent.Add(int64(n))
 			_, werr = conn.Write(datapath.AppendCRC(nil, datapath.Checksum(0, buf[:n])))
 		}
 	}
@@ -260,6 +264,7 @@ func (s *Server) serveStore(conn net.Conn, br *bufio.Reader, req datapath.Reques
 		if n == 0 {
 			break
 		}
+		s.data.received.Add(int64(n))
 		due = due.Add(time.Duration(n) * time.Second / minStoreRate)
 		deadline()
 		if err := receivePiece(br, n, func(p []byte, crc uint32) {

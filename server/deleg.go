@@ -8,6 +8,7 @@ import (
 
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/latency"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -173,6 +174,13 @@ func (s *Server) Delegations() int {
 type Load struct {
 	Sessions, Promises, Delegations   int
 	Broken, Recalled, Revoked, Resets int64
+	// The bulk-data channel: connections open now and accepted since
+	// start; file bytes sent in fetches, and received in stores.
+	DataConns, DataAccepted int64
+	DataSent, DataReceived  int64
+	// Waited is how long requests waited for other clients to
+	// acknowledge breaks and return recalled delegations.
+	Waited latency.Histogram
 }
 
 // Load is the server's load now.
@@ -181,6 +189,9 @@ func (s *Server) Load() Load {
 	defer s.mu.Unlock()
 	l := s.sent
 	l.Sessions, l.Promises, l.Delegations = len(s.conns), s.cb.Promises(), s.cb.Delegations()
+	l.DataConns, l.DataAccepted = s.data.open.Load(), s.data.accepted.Load()
+	l.DataSent, l.DataReceived = s.data.sent.Load(), s.data.received.Load()
+	l.Waited = s.waited.Snapshot()
 	return l
 }
 
@@ -262,6 +273,7 @@ func (s *Server) await(ctx context.Context, ch chan struct{}) error {
 	if ch == nil {
 		return nil
 	}
+	defer s.waited.Since(time.Now())
 	select {
 	case <-ch:
 		return nil

@@ -47,7 +47,7 @@ func (s *Server) sendPinned(conn net.Conn, o *op, files pinFiles, req datapath.R
 		if err != nil {
 			return 0, nil, err
 		}
-		dv, werr, err, again := sendPin(conn, o, p, req)
+		dv, werr, err, again := s.sendPin(conn, o, p, req)
 		p.Release()
 		if !again {
 			return dv, werr, err
@@ -57,7 +57,7 @@ func (s *Server) sendPinned(conn net.Conn, o *op, files pinFiles, req datapath.R
 
 // sendPin sends p's bytes for req; again when p was spoiled before the
 // reply began.
-func sendPin(conn net.Conn, o *op, p *vnode.Pinned, req datapath.Request) (dv uint64, werr, err error, again bool) {
+func (s *Server) sendPin(conn net.Conn, o *op, p *vnode.Pinned, req datapath.Request) (dv uint64, werr, err error, again bool) {
 	st := p.Status
 	status, err := proto.Marshal(o.status(st))
 	if err != nil {
@@ -67,6 +67,11 @@ func sendPin(conn net.Conn, o *op, p *vnode.Pinned, req datapath.Request) (dv ui
 	if req.Offset < st.Size {
 		n = min(req.Length, st.Size-req.Offset)
 	}
+	defer func() {
+		if werr == nil && err == nil && !again {
+			s.data.sent.Add(int64(n))
+		}
+	}()
 	if p.File == nil && p.Mem != nil {
 		// A small file's bytes, from the metadata store (inline): one
 		// write, header, bytes and checksum.

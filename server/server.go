@@ -29,6 +29,7 @@ import (
 	"github.com/hoardfs/hoard/callback"
 	"github.com/hoardfs/hoard/connlimit"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/latency"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/vnode"
 )
@@ -126,8 +127,13 @@ type Server struct {
 	mu    sync.Mutex
 	cb    *callback.Server
 	conns map[callback.ClientID]*conn
-	sent  Load           // the counts of messages sent (under mu)
-	peers map[string]int // sessions by client IP address
+	sent  Load // the counts of messages sent (under mu)
+	// data counts the bulk-data channel's connections and bytes.
+	data struct{ open, accepted, sent, received atomic.Int64 }
+	// waited records how long requests waited for other clients to
+	// acknowledge breaks and return recalled delegations.
+	waited latency.Recorder
+	peers  map[string]int // sessions by client IP address
 	// reserved counts the FIDs each session reserved and has not used;
 	// reservedAll those of every session of this server life, gone ones
 	// too: their reservations stay in the store until pruned at the

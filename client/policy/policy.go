@@ -33,6 +33,10 @@ const (
 	Auto   = "auto"
 )
 
+// Rules are the kinds of rule a Decision names, in the order they are
+// tried.
+var Rules = [...]string{"override", "name", "volume", "threshold", "auto"}
+
 // Decision is the policy in force for a file and why.
 type Decision struct {
 	Bypass bool
@@ -40,6 +44,9 @@ type Decision struct {
 	// time; a random read turns it into a cached file.
 	Probation bool
 	Why       string
+	// Rule is the kind of rule that spoke: override, name, volume,
+	// threshold or auto (metrics count bypasses by it).
+	Rule string
 }
 
 func (d Decision) String() string {
@@ -72,42 +79,42 @@ type Facts struct {
 // Decide applies the rules to f.
 func Decide(f Facts) Decision {
 	if m := f.FileOverride; m != "" && m != Auto {
-		return Decision{Bypass: m == Bypass, Why: "override on the file"}
+		return Decision{Bypass: m == Bypass, Why: "override on the file", Rule: "override"}
 	}
 	if m := f.DirOverride; m != "" && m != Auto {
-		return Decision{Bypass: m == Bypass, Why: "override on its directory"}
+		return Decision{Bypass: m == Bypass, Why: "override on its directory", Rule: "override"}
 	}
 	switch {
 	case strings.HasPrefix(f.Name, "++"):
-		return Decision{Why: "name starts with ++"}
+		return Decision{Why: "name starts with ++", Rule: "name"}
 	case strings.HasPrefix(f.Name, "__"):
-		return Decision{Bypass: true, Why: "name starts with __"}
+		return Decision{Bypass: true, Why: "name starts with __", Rule: "name"}
 	}
 	if strings.HasPrefix(f.Volume, "__") {
-		return Decision{Bypass: true, Why: fmt.Sprintf("volume %s", f.Volume)}
+		return Decision{Bypass: true, Why: fmt.Sprintf("volume %s", f.Volume), Rule: "volume"}
 	}
 	if t := f.Threshold; t > 0 {
 		if f.Size >= t {
-			return Decision{Bypass: true, Why: fmt.Sprintf("size %d ≥ threshold %d", f.Size, t)}
+			return Decision{Bypass: true, Why: fmt.Sprintf("size %d ≥ threshold %d", f.Size, t), Rule: "threshold"}
 		}
-		return Decision{Why: fmt.Sprintf("size %d < threshold %d", f.Size, t)}
+		return Decision{Why: fmt.Sprintf("size %d < threshold %d", f.Size, t), Rule: "threshold"}
 	}
 	if f.Size < f.AutoMin {
-		return Decision{Why: "auto: small file"}
+		return Decision{Why: "auto: small file", Rule: "auto"}
 	}
 	if f.Free >= f.Size {
 		// Admission control is for what admitting would evict: with
 		// room to spare, the first read caches the file, and the next
 		// one need not fetch it again.
-		return Decision{Why: "auto: fits without evicting"}
+		return Decision{Why: "auto: fits without evicting", Rule: "auto"}
 	}
 	if f.UsedAgain() {
-		return Decision{Why: "auto: used again within the window"}
+		return Decision{Why: "auto: used again within the window", Rule: "auto"}
 	}
 	if f.PartlyCached() {
-		return Decision{Why: "auto: partly cached already"}
+		return Decision{Why: "auto: partly cached already", Rule: "auto"}
 	}
-	return Decision{Bypass: true, Probation: true, Why: "auto: large file, first use"}
+	return Decision{Bypass: true, Probation: true, Why: "auto: large file, first use", Rule: "auto"}
 }
 
 // ForDirectory is the policy a directory's files inherit from its

@@ -117,6 +117,7 @@ func proxyCmd() *cobra.Command {
 			p.Serve(srv)
 			if me != nil {
 				metrics.Client(me.reg, p.OriginStats)
+				metrics.Proxy(me.reg, p.Stats)
 				me.showProxy(p)
 			}
 			defer srv.Shutdown()
