@@ -305,6 +305,22 @@ func TestMountDaemonLogRotation(t *testing.T) {
 	if fi, err := os.Stat(log); err != nil || fi.Size() > 1<<20 {
 		t.Fatalf("mount.log after rotation: %v %v", fi, err)
 	}
+	// Descriptor 2, where the runtime writes the dump, follows the
+	// rotation once the write that rotated returns: a record written
+	// after it (writes take turns) says it has.
+	size := func() int64 {
+		fi, _ := os.Stat(log)
+		if fi == nil {
+			return 0
+		}
+		return fi.Size()
+	}
+	for rotated := size(); size() <= rotated; {
+		if time.Now().After(deadline) {
+			t.Fatal("nothing logged after the rotation")
+		}
+		os.Stat(filepath.Join(dir, "nothing"))
+	}
 	syscall.Kill(pid, syscall.SIGQUIT)
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Contains(string(b), ") Z ") {

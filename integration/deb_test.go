@@ -111,6 +111,7 @@ func TestDebPackage(t *testing.T) {
 	want := map[string]string{
 		"/usr/bin/hoard":                 exe,
 		"/usr/sbin/mount.fuse.hoard":     link + " -> ../bin/hoard",
+		"/usr/sbin/umount.fuse.hoard":    link + " -> ../bin/hoard",
 		"/etc/default/hoard-server":      file,
 		"/etc/default/hoard-proxy":       file,
 		"/etc/default/hoard-mount":       file,
@@ -204,11 +205,13 @@ func TestDebPackage(t *testing.T) {
 			t.Errorf("%s.gz: %v; want hoard man's page, gzipped", p, err)
 		}
 	}
-	if target, err := os.Readlink(filepath.Join(root, "usr", "sbin", "mount.fuse.hoard")); err != nil || filepath.Join("/usr/sbin", target) != "/usr/bin/hoard" {
-		t.Errorf("mount.fuse.hoard: %q %v, want a link to /usr/bin/hoard", target, err)
-	}
-	if fi, err := os.Stat(filepath.Join(root, "usr", "sbin", "mount.fuse.hoard")); err != nil || !fi.Mode().IsRegular() {
-		t.Errorf("mount.fuse.hoard in the unpacked tree leads nowhere: %v", err)
+	for _, helper := range []string{"mount.fuse.hoard", "umount.fuse.hoard"} {
+		if target, err := os.Readlink(filepath.Join(root, "usr", "sbin", helper)); err != nil || filepath.Join("/usr/sbin", target) != "/usr/bin/hoard" {
+			t.Errorf("%s: %q %v, want a link to /usr/bin/hoard", helper, target, err)
+		}
+		if fi, err := os.Stat(filepath.Join(root, "usr", "sbin", helper)); err != nil || !fi.Mode().IsRegular() {
+			t.Errorf("%s in the unpacked tree leads nowhere: %v", helper, err)
+		}
 	}
 	out, err := exec.Command(hoard, "version").CombinedOutput()
 	if err != nil {

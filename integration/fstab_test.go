@@ -16,17 +16,18 @@ import (
 	"github.com/hoardfs/hoard/mount"
 )
 
-// helperPath is where mount(8) looks for the helper of type fuse.hoard.
-const helperPath = "/sbin/mount.fuse.hoard"
+// helperPaths are where mount(8) and umount(8) look for the helpers of
+// type fuse.hoard.
+var helperPaths = []string{"/sbin/mount.fuse.hoard", "/sbin/umount.fuse.hoard"}
 
-// installHelper links helperPath to the hoard binary under test for this
-// test only, as the Debian package links /usr/sbin/mount.fuse.hoard to
-// /usr/bin/hoard.
+// installHelper links helperPaths to the hoard binary under test for
+// this test only, as the Debian package links /usr/sbin/mount.fuse.hoard
+// and umount.fuse.hoard to /usr/bin/hoard.
 func installHelper(t *testing.T) {
 	t.Helper()
 	needFuse(t)
 	if os.Geteuid() != 0 {
-		t.Skip("SKIP: mount(8) runs " + helperPath + " only for root here, and installing it needs root: not root")
+		t.Skip("SKIP: mount(8) runs " + helperPaths[0] + " only for root here, and installing it needs root: not root")
 	}
 	if _, err := exec.LookPath("mount"); err != nil {
 		t.Skip("SKIP: no mount(8)")
@@ -35,15 +36,17 @@ func installHelper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if to, err := os.Readlink(helperPath); err == nil && to == bin {
-		os.Remove(helperPath) // left by a test that was killed
-	} else if _, err := os.Lstat(helperPath); err == nil {
-		t.Skipf("SKIP: %s exists and is not this test's (-> %q): not replacing it", helperPath, to)
+	for _, p := range helperPaths {
+		if to, err := os.Readlink(p); err == nil && to == bin {
+			os.Remove(p) // left by a test that was killed
+		} else if _, err := os.Lstat(p); err == nil {
+			t.Skipf("SKIP: %s exists and is not this test's (-> %q): not replacing it", p, to)
+		}
+		if err := os.Symlink(bin, p); err != nil {
+			t.Skipf("SKIP: cannot install the mount helpers: %v", err)
+		}
+		t.Cleanup(func() { os.Remove(p) })
 	}
-	if err := os.Symlink(bin, helperPath); err != nil {
-		t.Skipf("SKIP: cannot install the mount helper: %v", err)
-	}
-	t.Cleanup(func() { os.Remove(helperPath) })
 }
 
 // secOpts are the mount options that reach the tests' cell: its CA and the
@@ -109,18 +112,27 @@ func cleanMount(t *testing.T, dir, cache string) {
 // cache/mount.pid (if any) to exit.
 func waitDaemonGone(t *testing.T, cache string) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(cache, "mount.pid"))
-	if err != nil {
-		return
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	for start := time.Now(); time.Since(start) < 20*time.Second; time.Sleep(20 * time.Millisecond) {
-		st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil || strings.Contains(string(st), ") Z ") {
+		if pid := daemonAlive(cache); pid == 0 {
 			return
 		}
 	}
-	t.Errorf("the mount daemon (pid %d) did not exit after its unmount", pid)
+	t.Errorf("the mount daemon (pid %d) did not exit after its unmount", daemonAlive(cache))
+}
+
+// daemonAlive is the pid of the mount daemon of cache, if it runs (0 if
+// not).
+func daemonAlive(cache string) int {
+	b, err := os.ReadFile(filepath.Join(cache, "mount.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil || strings.Contains(string(st), ") Z ") {
+		return 0
+	}
+	return pid
 }
 
 // dirInUse reports a process (other than this one) with dir among its
@@ -171,13 +183,17 @@ func TestMountTypeFuseHoard(t *testing.T) {
 		t.Errorf("cache=%s not used: %v", cache, err)
 	}
 
+	// umount(8) runs umount.fuse.hoard, which returns once the daemon
+	// stored what it held and exited.
 	if out, code := runMount(t, "umount", mnt); code != 0 {
 		t.Fatalf("umount: status %d\n%s", code, out)
 	}
 	if m, _ := mount.IsMounted(mnt); m {
 		t.Fatalf("%s still mounted after umount", mnt)
 	}
-	waitDaemonGone(t, cache)
+	if pid := daemonAlive(cache); pid != 0 {
+		t.Errorf("umount returned with the mount daemon (pid %d) still running", pid)
+	}
 	if got := testkit.ReadFile(t, dial(t, srv.addr, "mem", 0), "/back"); string(got) != "from the mount\n" {
 		t.Errorf("/back read by the library after umount: %q", got)
 	}

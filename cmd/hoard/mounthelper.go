@@ -21,9 +21,18 @@ import (
 // mount -t fuse.hoard.
 const helperName = "mount.fuse.hoard"
 
+// umountHelperName is the name umount(8) runs for a mount of type
+// fuse.hoard (/sbin/umount.fuse.hoard, a link to this binary): umount,
+// and systemd stopping a mount unit, then wait as hoard umount does
+// until the daemon has stored the writes it held.
+const umountHelperName = "umount.fuse.hoard"
+
 func init() {
-	if filepath.Base(os.Args[0]) == helperName {
+	switch filepath.Base(os.Args[0]) {
+	case helperName:
 		os.Exit(mountHelper(os.Args[1:], os.Stderr))
+	case umountHelperName:
+		os.Exit(umountHelper(os.Args[1:], os.Stderr))
 	}
 }
 
@@ -63,31 +72,8 @@ func mountHelper(argv []string, w io.Writer) int {
 	if call.fake {
 		return 0
 	}
-	self, err := os.Executable()
-	if err != nil {
-		fmt.Fprintf(w, "hoard: %v\n", err)
-		return 1
-	}
-	if os.Getenv("HOME") == "" {
-		// Run by systemd or at boot: the logins and default cache are
-		// where they are for this user in a shell.
-		if u, err := user.Current(); err == nil && u.HomeDir != "" {
-			os.Setenv("HOME", u.HomeDir)
-		}
-	}
-	cmd := exec.Command(self, args...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		w.Write(out)
-		var ee *exec.ExitError
-		if errors.As(err, &ee) && ee.ExitCode() > 0 {
-			return ee.ExitCode()
-		}
-		fmt.Fprintf(w, "hoard: %v\n", err)
-		return 1
-	}
-	if call.verbose {
-		w.Write(out)
+	if status := runSelf(w, call.verbose, args...); status != 0 {
+		return status
 	}
 	if err := vfs.apply(call.dir); err != nil {
 		mount.Unmount(call.dir)
@@ -270,4 +256,68 @@ func helperArgs(call helperCall, flags *pflag.FlagSet, w io.Writer) ([]string, v
 		args = append(args, vals[k])
 	}
 	return append(args, "--", call.dir), vfs, nil
+}
+
+// umountHelper unmounts as umount(8) asked,
+//
+//	umount.fuse.hoard MOUNTPOINT [-flnrv] [-N NS] [-t TYPE]
+//
+// through hoard umount, and returns the exit status once the daemon has
+// stored what it held (or said why it could not). -f and -l need nothing
+// more: hoard umount detaches a mount it cannot unmount at once.
+func umountHelper(argv []string, w io.Writer) int {
+	var dir string
+	verbose := false
+	for i := 0; i < len(argv); i++ {
+		switch a := argv[i]; {
+		case a == "-N":
+			fmt.Fprintf(w, "hoard: %s: -N (another mount namespace) is not supported\n", umountHelperName)
+			return 2
+		case a == "-t":
+			i++ // fuse.hoard
+		case strings.HasPrefix(a, "-"):
+			verbose = verbose || strings.Contains(a, "v")
+		case dir == "":
+			dir = a
+		default:
+			fmt.Fprintf(w, "hoard: %s: one mount point, not %q and %q\n", umountHelperName, dir, a)
+			return 2
+		}
+	}
+	if dir == "" {
+		fmt.Fprintf(w, "hoard: %s: needs MOUNTPOINT\n", umountHelperName)
+		return 2
+	}
+	return runSelf(w, verbose, "umount", dir)
+}
+
+// runSelf runs this binary with args, for a helper, and returns its exit
+// status; its output goes to w when it fails, or with verbose.
+func runSelf(w io.Writer, verbose bool, args ...string) int {
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(w, "hoard: %v\n", err)
+		return 1
+	}
+	if os.Getenv("HOME") == "" {
+		// Run by systemd or at boot: the logins and default cache are
+		// where they are for this user in a shell.
+		if u, err := user.Current(); err == nil && u.HomeDir != "" {
+			os.Setenv("HOME", u.HomeDir)
+		}
+	}
+	out, err := exec.Command(self, args...).CombinedOutput()
+	if err != nil {
+		w.Write(out)
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.ExitCode() > 0 {
+			return ee.ExitCode()
+		}
+		fmt.Fprintf(w, "hoard: %v\n", err)
+		return 1
+	}
+	if verbose {
+		w.Write(out)
+	}
+	return 0
 }
