@@ -153,6 +153,17 @@ func TestCacheCommands(t *testing.T) {
 	if got := testkit.ReadFile(t, other, "/d/new"); !bytes.Equal(got, w) {
 		t.Fatal("the server does not have the flushed bytes")
 	}
+	// More dirty files than the mount lists: the count is of them all.
+	os.Mkdir(filepath.Join(d, "many"), 0o755)
+	for i := range 250 {
+		if err := os.WriteFile(filepath.Join(d, "many", fmt.Sprint(i)), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, code = run(t, "cache", "flush", m.dir)
+	if code != 0 || !strings.Contains(out, "(and 50 smaller files)") || !strings.Contains(out, "of 250 files") {
+		t.Fatalf("flush of 250 files: exit %d\n%s", code, out)
+	}
 
 	// stats: the counters as JSON, and live rates with --watch.
 	waitFor(t, 10*time.Second, "stats.json counting the warmup", func() bool {

@@ -25,17 +25,24 @@ const (
 	// EvictXattr, set, drops what the cache holds of the file but its
 	// writes not yet stored.
 	EvictXattr = "user.hoard.evict"
-	// DirtyXattr, on any path of the mount, reads as a JSON list of
-	// client.DirtyFile: the files with writes not yet stored, most
-	// first, at most maxDirtyListed of them.
+	// DirtyXattr, on any path of the mount, reads as a JSON
+	// DirtyReport: the files with writes not yet stored.
 	DirtyXattr = "user.hoard.dirty"
 	// FlushXattr, set on any path of the mount, stores every file's
 	// writes now; DirtyXattr then lists those that could not be.
 	FlushXattr = "user.hoard.flush"
 )
 
-// maxDirtyListed keeps DirtyXattr's value under the kernel's 64 KiB
-// bound on an attribute.
+// DirtyReport is what DirtyXattr reads as: how many files have writes
+// not yet stored, how many bytes, and the largest of them (at most
+// maxDirtyListed, which keeps the value under the kernel's 64 KiB bound
+// on an attribute), most first.
+type DirtyReport struct {
+	Files   int                `json:"files"`
+	Bytes   int64              `json:"bytes"`
+	Largest []client.DirtyFile `json:"largest"`
+}
+
 const maxDirtyListed = 200
 
 // getCtl answers a read of one of the control attributes; ok is false
@@ -52,7 +59,11 @@ func (h *hnode) getCtl(ctx context.Context, attr string) ([]byte, bool, syscall.
 		x = fc
 	case DirtyXattr:
 		fs := h.m.as(ctx).DirtyFiles()
-		x = fs[:min(len(fs), maxDirtyListed)]
+		r := DirtyReport{Files: len(fs), Largest: fs[:min(len(fs), maxDirtyListed)]}
+		for _, f := range fs {
+			r.Bytes += f.Dirty
+		}
+		x = r
 	default:
 		return nil, false, 0
 	}

@@ -152,11 +152,40 @@ func cacheLostCmd() *cobra.Command {
 // changing value could outgrow.
 const ctlBuf = 64 << 10
 
+// The system calls of getCtl and setCtl (tests interrupt them).
+var (
+	getxattr = unix.Getxattr
+	setxattr = unix.Setxattr
+)
+
+// getCtl reads a control attribute of path into buf. A signal to this
+// process (the Go runtime's preemption, most often) interrupts the call
+// (EINTR, the mount is told to stop): it is asked again.
+func getCtl(path, attr string, buf []byte) (int, error) {
+	for {
+		n, err := getxattr(path, attr, buf)
+		if err != unix.EINTR {
+			return n, err
+		}
+	}
+}
+
+// setCtl sets a control attribute of path, asking again when a signal
+// interrupted it (as getCtl) unless ctx is done: Ctrl-C.
+func setCtl(ctx context.Context, path, attr string, value []byte) error {
+	for {
+		err := setxattr(path, attr, value, 0)
+		if err != unix.EINTR || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
 // fileCache asks the mount holding path what its cache holds of it.
 func fileCache(path string) (client.FileCache, error) {
 	var fc client.FileCache
 	buf := make([]byte, ctlBuf)
-	n, err := unix.Getxattr(path, mount.CacheXattr, buf)
+	n, err := getCtl(path, mount.CacheXattr, buf)
 	if err != nil {
 		return fc, ctlErr(path, err)
 	}
@@ -373,7 +402,7 @@ func warmup(ctx context.Context, paths []string, recursive, force bool, parallel
 		case fc.Policy == "bypass" && !fc.Probation:
 			// A rule, not auto, bypasses it: reads would go past what a
 			// warmup caches, unless the file's own policy says cache.
-			if err := unix.Setxattr(f, mount.PolicyXattr, []byte("cache"), 0); err != nil {
+			if err := setCtl(ctx, f, mount.PolicyXattr, []byte("cache")); err != nil {
 				errs = append(errs, ctlErr(f, err))
 				continue
 			}
@@ -430,7 +459,7 @@ func warmup(ctx context.Context, paths []string, recursive, force bool, parallel
 				mu.Lock()
 				inFlight[j.path] = j.had
 				mu.Unlock()
-				err := unix.Setxattr(j.path, mount.WarmXattr, nil, 0)
+				err := setCtl(ctx, j.path, mount.WarmXattr, nil)
 				mu.Lock()
 				delete(inFlight, j.path)
 				if err != nil {
@@ -504,7 +533,7 @@ func evictCmd() *cobra.Command {
 			for _, f := range files {
 				fc, err := fileCache(f)
 				if err == nil {
-					err = unix.Setxattr(f, mount.EvictXattr, nil, 0)
+					err = setCtl(cmd.Context(), f, mount.EvictXattr, nil)
 				}
 				if err != nil {
 					errs = append(errs, ctlErr(f, err))
@@ -534,46 +563,45 @@ func flushCmd() *cobra.Command {
 		Args:    cobra.MatchAll(cobra.ExactArgs(1), nonEmpty),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			mp := args[0]
-			dirty := func() (map[string]int64, []client.DirtyFile, error) {
+			dirty := func() (mount.DirtyReport, map[string]int64, error) {
+				var r mount.DirtyReport
 				buf := make([]byte, ctlBuf)
-				n, err := unix.Getxattr(mp, mount.DirtyXattr, buf)
+				n, err := getCtl(mp, mount.DirtyXattr, buf)
 				if err != nil {
-					return nil, nil, ctlErr(mp, err)
+					return r, nil, ctlErr(mp, err)
 				}
-				var fs []client.DirtyFile
-				if err := json.Unmarshal(buf[:n], &fs); err != nil {
-					return nil, nil, fmt.Errorf("%s: the mount's answer: %v", mp, err)
+				if err := json.Unmarshal(buf[:n], &r); err != nil {
+					return r, nil, fmt.Errorf("%s: the mount's answer: %v", mp, err)
 				}
 				m := map[string]int64{}
-				for _, f := range fs {
+				for _, f := range r.Largest {
 					m[f.Path] = f.Dirty
 				}
-				return m, fs, nil
+				return r, m, nil
 			}
-			before, list, err := dirty()
+			before, was, err := dirty()
 			if err != nil {
 				return err
 			}
-			if err := unix.Setxattr(mp, mount.FlushXattr, nil, 0); err != nil {
+			if err := setCtl(cmd.Context(), mp, mount.FlushXattr, nil); err != nil {
 				return ctlErr(mp, err)
 			}
 			after, left, err := dirty()
 			if err != nil {
 				return err
 			}
-			var stored int64
-			files := 0
-			for _, f := range list {
-				if b := f.Dirty - after[f.Path]; b > 0 {
+			for _, f := range before.Largest {
+				if b := f.Dirty - left[f.Path]; b > 0 {
 					fmt.Printf("stored %s  %s\n", humanSize(uint64(b)), f.Path)
-					stored += b
-					files++
 				}
 			}
-			fmt.Printf("stored %s of %d files\n", humanSize(uint64(stored)), files)
+			if more := before.Files - len(before.Largest); more > 0 {
+				fmt.Printf("(and %d smaller files)\n", more)
+			}
+			fmt.Printf("stored %s of %d files\n", humanSize(uint64(max(0, before.Bytes-after.Bytes))), max(0, before.Files-after.Files))
 			var errs []error
-			for _, f := range left {
-				if _, was := before[f.Path]; was {
+			for _, f := range after.Largest {
+				if _, ok := was[f.Path]; ok {
 					errs = append(errs, fmt.Errorf("%s: %s not stored yet (the server may be unreachable; hoard cache lost lists writes given up on)", f.Path, humanSize(uint64(f.Dirty))))
 				}
 			}
