@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,25 +12,6 @@ import (
 	"testing"
 	"time"
 )
-
-// runEnv runs the hoard binary with env added to the tests' environment
-// and returns its combined output and exit code. It is killed after 20
-// seconds: a server that should have refused to start would not end.
-func runEnv(t testing.TB, env []string, args ...string) (string, int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, hoardBin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	out, err := cmd.CombinedOutput()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return string(out), code
-}
 
 // writeConfig writes a configuration file into a new directory.
 func writeConfig(t testing.TB, text string) string {

@@ -361,7 +361,20 @@ func dial(t testing.TB, addr, cacheDir string, size int64) *client.Client {
 // run runs the hoard binary and returns its combined output and exit code.
 func run(t testing.TB, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(hoardBin, args...)
+	return runEnv(t, nil, args...)
+}
+
+// runTimeout bounds a command run: one that should have ended (a server
+// that should have refused to start) is killed rather than hang the tests.
+const runTimeout = 2 * time.Minute
+
+// runEnv is run with env added to the tests' environment.
+func runEnv(t testing.TB, env []string, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, hoardBin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
