@@ -62,8 +62,13 @@ proto:
 	PATH="$$PATH:$$($(GO) env GOPATH)/bin" protoc -I proto --go_out=. --go_opt=module=github.com/hoardfs/hoard \
 		--go-grpc_out=. --go-grpc_opt=module=github.com/hoardfs/hoard proto/hoard.proto
 
+# The parts make bench runs: the library and the mount (all), trees of
+# small files, Postmark and the proxy's store layouts. Each draws its
+# figures for docs/benchmarks.md into docs/charts.
+BENCH ?= all,tree,postmark,hades
+
 bench: build
-	HOARD_BIN=$(CURDIR)/$(BIN) $(GO) run ./bench
+	HOARD_BIN=$(CURDIR)/$(BIN) $(GO) run ./bench -only $(BENCH) -charts docs/charts
 
 clean:
 	rm -rf bin .hoard

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/hoardfs/hoard/bench/chart"
 )
 
 // fuseBench measures the FUSE mount against the local file system on the
@@ -153,7 +155,23 @@ func fuseBench(bin, addr, scratch string) error {
 			r.r.pt.Seconds()/r.local.Seconds(), r.r.pc.Seconds(), r.r.pc.Seconds()/r.local.Seconds())
 	}
 	fmt.Println("\n(ratios are hoard's time over the local file system's: lower is better)")
-	return nil
+	p := chart.Panel{YLabel: "time ÷ local's (lower is better)", Ref: 1, RefName: "local",
+		Categories: []string{"sequential read", "4 KiB random", "open+read+close", "stat", "cold find|cat", "warm find|cat"}}
+	for _, pt := range []bool{true, false} {
+		s := chart.Series{Name: "hoard, page cache"}
+		if pt {
+			s.Name = "hoard, passthrough"
+		}
+		for _, r := range rows {
+			h := r.r.pc
+			if pt {
+				h = r.r.pt
+			}
+			s.Y = append(s.Y, h.Seconds()/r.local.Seconds())
+		}
+		p.Series = append(p.Series, s)
+	}
+	return figure("mount", &chart.Chart{Title: fmt.Sprintf("The mount against the local disk: a %s file, %d files of %s, cached", human(big), n, human(int64(size))), Panels: []chart.Panel{p}})
 }
 
 func timed(fn func() error) (time.Duration, error) {

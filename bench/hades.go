@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/hoardfs/hoard/bench/chart"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/policy"
 	pb "github.com/hoardfs/hoard/hoardpb"
@@ -131,6 +132,7 @@ func hadesBench(bin, scratch string) error {
 	fmt.Println("|---|---|---|---|---|---|")
 	var runs, blocks []string
 	var notes []string
+	fig := &chart.Chart{Title: "The proxy's store: pooled against per-chunk layout, read throughput at its clients (Hades figure 6.1)", Columns: len(loads)}
 	for _, rtt := range []time.Duration{0, 50 * time.Millisecond} {
 		o.setRTT(rtt)
 		for _, l := range loads {
@@ -152,6 +154,12 @@ func hadesBench(bin, scratch string) error {
 				}
 				runs = append(runs, fmt.Sprintf("| %v | %s | %s | %d | %d | %d | %.2f | %d |", rtt, l, layout, st.Files, st.Chunks, st.Runs, avg, st.Evictions))
 			}
+			p := chart.Panel{Title: fmt.Sprintf("%s, origin %d ms away", l, rtt.Milliseconds()), YLabel: "MB/s",
+				Series: []chart.Series{{Name: proxystore.PerChunk, Y: rates[1]}, {Name: proxystore.Pooled, Y: rates[0]}}}
+			for _, m := range hadesModes {
+				p.Categories = append(p.Categories, m.name)
+			}
+			fig.Panels = append(fig.Panels, p)
 			for i, m := range hadesModes {
 				fmt.Printf("| %v | %s | %s | %.0f | %.0f | %.2f× |\n", rtt, l, m.name, rates[0][i], rates[1][i], rates[0][i]/rates[1][i])
 				p, q := times[0][i], times[1][i]
@@ -177,7 +185,7 @@ func hadesBench(bin, scratch string) error {
 		}
 	}
 	fmt.Printf("\n(this part took %s)\n", time.Since(began).Round(time.Second))
-	return nil
+	return figure("hades", fig)
 }
 
 func hadesList(loads []hadesLoad) string {

@@ -1,29 +1,33 @@
 // Command bench measures hoard against baselines taken in the same run on
-// the same machine, and prints ratios:
+// the same machine (the local file system, bindfs, raw loopback TCP,
+// hoard with a feature off), one part per workload, and prints tables
+// with the ratios. With -charts, the parts with headline comparisons
+// also save them as figures (package chart).
 //
-//   - warm re-read of a large file through the library vs a local file;
-//   - cold fetch of the same file over loopback vs a raw loopback TCP copy;
-//   - stat / open / read / close of many small cached files vs local files.
-//
-// Usage: go run ./bench [-size 1G] [-files 10000] [-dir DIR]
-// (make bench builds the hoard binary first and passes it in HOARD_BIN).
+// Usage: go run ./bench [-only PART,...] [-charts DIR] [-size 1G] [-files 10000] [-dir DIR]
+// (make bench builds the hoard binary first, passes it in HOARD_BIN and
+// saves the figures of docs/benchmarks.md in docs/charts).
 package main
 
 import (
 	"bufio"
+	"cmp"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/bench/chart"
 	"github.com/hoardfs/hoard/client"
 )
 
@@ -34,7 +38,7 @@ var (
 	dirFlag   = flag.String("dir", "", "scratch directory on the disk to measure (default: a temp dir under the current directory)")
 	readSize  = flag.Int("read", 1<<20, "read size for the large file")
 	profile   = flag.String("cpuprofile", "", "write a CPU profile of the disk-cache cold fetches here")
-	only      = flag.String("only", "all", "which part to run: lib (the library), fuse (the mount), split (Selective Caching's Tables 3 and 4), stat (stat latency during a bulk fetch), mixed (admission policies on a mixed workload), postmark (the cacheDAFS thesis's Postmark, delegations on and off; not in all), proxy (clients of a proxy vs of a distant origin; not in all), hades (the Hades thesis's figures 6.1-6.3, the proxy's store layouts; not in all), build (compiling a C tree from mounts, direct and through a proxy; not in all), nache (clients' scratch files through a proxy, its delegations on and off; not in all), tree (cp -r, postmark, find | xargs cat, tar, rm -r, dd and fio on local disk, bindfs and hoard at doubling file counts; not in all), secure (TLS, tokens and ACLs vs --insecure; not in all), cell (the location database up to 100,000 volumes; not in all), move (moving a volume between servers; not in all), all")
+	only      = flag.String("only", "all", "which parts to run, separated by commas: lib (the library), fuse (the mount), split (Selective Caching's Tables 3 and 4), stat (stat latency during a bulk fetch), mixed (admission policies on a mixed workload), postmark (the cacheDAFS thesis's Postmark, delegations on and off; not in all), proxy (clients of a proxy vs of a distant origin; not in all), hades (the Hades thesis's figures 6.1-6.3, the proxy's store layouts; not in all), build (compiling a C tree from mounts, direct and through a proxy; not in all), nache (clients' scratch files through a proxy, its delegations on and off; not in all), tree (cp -r, postmark, find | xargs cat, tar, rm -r, dd and fio on local disk, bindfs and hoard at doubling file counts; not in all), secure (TLS, tokens and ACLs vs --insecure; not in all), cell (the location database up to 100,000 volumes; not in all), move (moving a volume between servers; not in all), release (releasing a volume to read-only sites; not in all), all (lib, fuse, split, stat and mixed); or charts alone, which runs nothing and draws the figures saved in -charts again")
 	statSize  = flag.Int64("stat-size", 4<<30, "bytes fetched while stat latency is measured")
 	streams   = flag.Int("streams", 0, "data-channel connections per client (0: the client's default)")
 )
@@ -47,7 +51,92 @@ func main() {
 	}
 }
 
+// parts are the parts -only can name, and what each runs.
+var parts = map[string]func(bin, addr string, serverPID int, scratch string) error{
+	"lib":      libBench,
+	"fuse":     func(bin, addr string, _ int, scratch string) error { return fuseBench(bin, addr, scratch) },
+	"split":    func(bin, addr string, _ int, scratch string) error { return splitBench(bin, addr, scratch) },
+	"stat":     func(_, addr string, _ int, _ string) error { return statBench(addr) },
+	"mixed":    func(_, addr string, _ int, scratch string) error { return mixedBench(addr, scratch) },
+	"postmark": func(bin, addr string, _ int, scratch string) error { return postmarkBench(bin, addr, scratch) },
+	"proxy":    func(bin, _ string, _ int, scratch string) error { return proxyBench(bin, scratch) },
+	"hades":    func(bin, _ string, _ int, scratch string) error { return hadesBench(bin, scratch) },
+	"build":    func(bin, _ string, _ int, scratch string) error { return buildBench(bin, scratch) },
+	"nache":    func(bin, _ string, _ int, scratch string) error { return nacheBench(bin, scratch) },
+	"tree":     func(bin, _ string, _ int, scratch string) error { return treeBench(bin, scratch) },
+	"secure":   func(bin, _ string, _ int, scratch string) error { return secureBench(bin, scratch) },
+	"cell":     func(bin, _ string, _ int, scratch string) error { return cellBench(bin, scratch) },
+	"move":     func(bin, _ string, _ int, scratch string) error { return moveBench(bin, scratch) },
+	"release":  func(bin, _ string, _ int, scratch string) error { return releaseBench(bin, scratch) },
+}
+
+// toolsOf are the programs part runs that a machine may lack.
+func toolsOf(part string) []string {
+	switch part {
+	case "tree":
+		t := []string{"postmark", "fio", "taskset"}
+		if strings.Contains(*treeFS, "bindfs") {
+			t = append(t, "bindfs", "fusermount3")
+		}
+		return t
+	case "postmark":
+		return []string{"postmark"}
+	case "build":
+		return []string{"gcc"}
+	}
+	return nil
+}
+
+// haveTools checks, before any part starts, that the programs the parts
+// run are installed, and names the Debian packages that have the
+// missing ones.
+func haveTools(todo []string) error {
+	debian := map[string]string{"fusermount3": "fuse3", "taskset": "util-linux"}
+	var missing, pkgs []string
+	for _, p := range todo {
+		for _, t := range toolsOf(p) {
+			if _, err := exec.LookPath(t); err != nil && !slices.Contains(missing, t) {
+				missing = append(missing, t)
+				pkgs = append(pkgs, cmp.Or(debian[t], t))
+			}
+		}
+	}
+	if missing != nil {
+		return fmt.Errorf("%s not installed (Debian: apt-get install %s)", strings.Join(missing, ", "), strings.Join(pkgs, " "))
+	}
+	return nil
+}
+
+// allParts are the parts "all" runs.
+var allParts = []string{"lib", "fuse", "split", "stat", "mixed"}
+
 func run() error {
+	var todo []string
+	for _, p := range strings.Split(*only, ",") {
+		switch {
+		case p == "all":
+			todo = append(todo, allParts...)
+		case p == "charts" && *only == "charts":
+		case parts[p] == nil:
+			names := slices.Sorted(maps.Keys(parts))
+			return fmt.Errorf("-only %q: want parts separated by commas, each one of %s or all; or charts alone", *only, strings.Join(names, ", "))
+		default:
+			todo = append(todo, p)
+		}
+	}
+	if *only == "charts" {
+		if *chartsDir == "" {
+			return fmt.Errorf("-only charts: name the figures' directory with -charts")
+		}
+		drawn, err := chart.RenderDir(*chartsDir)
+		for _, d := range drawn {
+			fmt.Println("drew", d)
+		}
+		return err
+	}
+	if err := haveTools(todo); err != nil {
+		return err
+	}
 	bin := os.Getenv("HOARD_BIN")
 	if bin == "" {
 		return fmt.Errorf("set HOARD_BIN to a built hoard binary (make bench does)")
@@ -67,41 +156,18 @@ func run() error {
 		return err
 	}
 	defer stop()
-	machine()
-	switch *only {
-	case "fuse":
-		return fuseBench(bin, addr, scratch)
-	case "split":
-		return splitBench(bin, addr, scratch)
-	case "stat":
-		return statBench(addr)
-	case "mixed":
-		return mixedBench(addr, scratch)
-	case "postmark":
-		return postmarkBench(bin, addr, scratch)
-	case "proxy":
-		return proxyBench(bin, scratch)
-	case "hades":
-		return hadesBench(bin, scratch)
-	case "build":
-		return buildBench(bin, scratch)
-	case "nache":
-		return nacheBench(bin, scratch)
-	case "tree":
-		return treeBench(bin, scratch)
-	case "secure":
-		return secureBench(bin, scratch)
-	case "cell":
-		return cellBench(bin, scratch)
-	case "move":
-		return moveBench(bin, scratch)
-	case "release":
-		return releaseBench(bin, scratch)
-	case "lib", "all":
-	default:
-		return fmt.Errorf("-only %q: want lib, fuse, split, stat, mixed, postmark, proxy, hades, build, nache, tree, secure, cell, move, release or all", *only)
+	fmt.Printf("# hoard benchmark, %s\n\nmachine: %s\n", time.Now().Format("2006-01-02"), machineInfo())
+	for _, p := range todo {
+		if err := parts[p](bin, addr, serverPID, scratch); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
 	}
+	return nil
+}
 
+// libBench measures the library: a large file cold and warm, bypassed
+// writes, and small cached files.
+func libBench(_, addr string, serverPID int, scratch string) error {
 	// The large file: written once locally and once into hoard.
 	data := make([]byte, 4<<20)
 	for i := range data {
@@ -225,22 +291,7 @@ func run() error {
 	}
 	os.Remove(local)
 
-	if err := smallFiles(w, addr, scratch); err != nil {
-		return err
-	}
-	if *only == "all" {
-		for _, part := range []func() error{
-			func() error { return fuseBench(bin, addr, scratch) },
-			func() error { return splitBench(bin, addr, scratch) },
-			func() error { return statBench(addr) },
-			func() error { return mixedBench(addr, scratch) },
-		} {
-			if err := part(); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return smallFiles(w, addr, scratch)
 }
 
 func smallFiles(w *client.Client, addr, scratch string) error {
@@ -597,7 +648,8 @@ func procCPU(pid int) time.Duration {
 	return time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }
 
-func machine() {
+// machineInfo names the machine: cores, CPU, memory, kernel and Go.
+func machineInfo() string {
 	cpu := "unknown"
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
@@ -610,8 +662,9 @@ func machine() {
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
 	mem := ""
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		mem = strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1] + " kB"
+		var kb int64
+		fmt.Sscan(strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1], &kb)
+		mem = fmt.Sprintf("%.0f GiB", float64(kb)/(1<<20))
 	}
-	fmt.Printf("# hoard benchmark, %s\n\nmachine: %d cores (%s), %s RAM, kernel %s, Go %s\n",
-		time.Now().Format("2006-01-02"), runtime.NumCPU(), cpu, mem, strings.TrimSpace(string(kernel)), runtime.Version())
+	return fmt.Sprintf("%d cores (%s), %s RAM, kernel %s, Go %s", runtime.NumCPU(), cpu, mem, strings.TrimSpace(string(kernel)), runtime.Version())
 }

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/bench/chart"
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
 )
@@ -51,9 +52,6 @@ type pmWorkload struct {
 // Postmark's loop in Go through the library and the mounts, with the cost
 // of each operation (the cacheDAFS thesis Appendix B).
 func postmarkBench(bin, addr, scratch string) error {
-	if _, err := exec.LookPath("postmark"); err != nil {
-		return fmt.Errorf("postmark not found: install Debian's postmark package (apt-get install postmark)")
-	}
 	places, err := pmMount(bin, addr, scratch, "ratio", *pmCache)
 	if err != nil {
 		return err
@@ -72,6 +70,19 @@ func postmarkBench(bin, addr, scratch string) error {
 	fmt.Println()
 	fmt.Println("| read bias | deleg. tx/s | no deleg. tx/s | local tx/s | deleg./no deleg. | deleg./local | postmark's tx/s (total s): deleg. / no deleg. / local |")
 	fmt.Println("|---|---|---|---|---|---|---|")
+	// The figure: transactions/s of each place, by read bias and by file set.
+	ratio := chart.Panel{Title: fmt.Sprintf("read/write ratio: %d files, %d transactions", *pmFiles, *pmTx), XLabel: "read bias (10: reads only)", YLabel: "transactions/s", LogY: true}
+	set := chart.Panel{Title: fmt.Sprintf("file set against a %s cache, reads only", human(*pmSetCache)), XLabel: "file set ÷ cache", YLabel: "transactions/s", LogX: true, LogY: true}
+	for _, pn := range []*chart.Panel{&ratio, &set} {
+		pn.Series = []chart.Series{{Name: "local"}, {Name: "hoard --no-delegations"}, {Name: "hoard"}}
+	}
+	// point adds runs rs (deleg., no deleg., local) at x.
+	point := func(pn *chart.Panel, x float64, rs []pmRun) {
+		for i, r := range []pmRun{rs[2], rs[1], rs[0]} {
+			pn.Series[i].X = append(pn.Series[i].X, x)
+			pn.Series[i].Y = append(pn.Series[i].Y, r.tps)
+		}
+	}
 	before, err := publishedStats(places[0].cache)
 	if err != nil {
 		return err
@@ -83,6 +94,7 @@ func postmarkBench(bin, addr, scratch string) error {
 		}
 		rates, own := pmCells(rs)
 		fmt.Printf("| %d | %s | %s |\n", bias, rates, own)
+		point(&ratio, float64(bias), rs)
 	}
 	after, err := publishedStats(places[0].cache)
 	if err != nil {
@@ -116,8 +128,12 @@ func postmarkBench(bin, addr, scratch string) error {
 			fetched[i] = float64(now[i].Misses-prev[i].Misses) / float64(rs[i].rep.reads)
 		}
 		prev = now
+		point(&set, mult, rs)
 		rates, own := pmCells(rs)
 		fmt.Printf("| %s (%g× the cache) | %d | %s | %.2f / %.2f | %s |\n", mib(int64(n)*pmAvg), mult, n, rates, fetched[0], fetched[1], own)
+	}
+	if err := figure("postmark", &chart.Chart{Title: "Delegations against none: Debian's postmark through the mount (the cacheDAFS thesis, section 4.2)", Panels: []chart.Panel{ratio, set}}); err != nil {
+		return err
 	}
 	return postmarkPorts(addr, scratch, places[0].dir, places[1].dir)
 }

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/bench/chart"
 	"github.com/hoardfs/hoard/client"
 )
 
@@ -156,7 +157,19 @@ func splitBench(bin, addr, scratch string) error {
 	table("Table 3 (selective caching, data over the control connection):", "caching", "bypass")
 	table("Table 3 with the split path on both sides:", "caching + split", "bypass + split")
 	table("Table 4 (combined: caching without split vs bypass + split):", "caching", "bypass + split")
-	return nil
+	p := chart.Panel{XLabel: "file size", YLabel: "MB/s", Series: []chart.Series{{Name: "raw TCP"}}}
+	for _, s := range sizes {
+		p.Categories = append(p.Categories, human(s))
+		p.Series[0].Y = append(p.Series[0].Y, mbps(s, raw[s]))
+	}
+	for _, cf := range configs {
+		cs := chart.Series{Name: cf.name}
+		for _, s := range sizes {
+			cs.Y = append(cs.Y, mbps(s, results[cf.name][s].elapsed))
+		}
+		p.Series = append(p.Series, cs)
+	}
+	return figure("split", &chart.Chart{Title: "Bypass against caching: a cold read through the mount, with and without the split data path", Panels: []chart.Panel{p}})
 }
 
 // writer is a client for filling dir, a new directory, with test files:

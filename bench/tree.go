@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -71,19 +72,9 @@ func treeBench(bin, scratch string) error {
 		return fmt.Errorf("-tree-big %q: want whole MiB, such as 64M or 1G", *treeBig)
 	}
 	fss := strings.Split(*treeFS, ",")
-	tools := []string{"postmark", "fio"}
 	for _, f := range fss {
-		switch f {
-		case "bindfs":
-			tools = append(tools, "bindfs", "fusermount3")
-		case "local", "hoard":
-		default:
+		if f != "local" && f != "bindfs" && f != "hoard" {
 			return fmt.Errorf("-tree-fs %q: want local, bindfs and/or hoard", *treeFS)
-		}
-	}
-	for _, t := range tools {
-		if _, err := exec.LookPath(t); err != nil {
-			return fmt.Errorf("tree: %s not found", t)
 		}
 	}
 	fmt.Printf("\ncommand: HOARD_BIN=%s go run ./bench %s\n", os.Getenv("HOARD_BIN"), strings.Join(os.Args[1:], " "))
@@ -143,7 +134,7 @@ func treeBench(bin, scratch string) error {
 	}
 	printTree(ns, res, bigs, big)
 	printTrips(trips)
-	return nil
+	return treeFigures(ns, res, bigs, big)
 }
 
 // inRound runs a round with a context that ends after -tree-timeout,
@@ -679,14 +670,14 @@ func tripOn(cpu int, path string) time.Duration {
 	return time.Since(start) / n
 }
 
-// daemonOf is the process serving the FUSE mount at mnt: the one whose
-// command line ends with it.
+// daemonOf is the process serving the FUSE mount at mnt: the one that
+// has it among its arguments (the mount's parent has exited).
 func daemonOf(mnt string) (int, error) {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
 		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if err == nil && args[len(args)-1] == mnt {
+		if err == nil && slices.Contains(args[1:], mnt) {
 			return strconv.Atoi(filepath.Base(filepath.Dir(p)))
 		}
 	}
