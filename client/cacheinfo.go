@@ -148,6 +148,40 @@ func (k *Nodes) Evict(n *Node) error {
 	return n.entry.Invalidate()
 }
 
+// CacheInfoAt, WarmAt and EvictAt are CacheInfo, Warm and Evict of the
+// file at path p in the cell, as the client's own user: `hoard cache`
+// on a cache directory that no mount holds.
+func (c *Client) CacheInfoAt(p string) (FileCache, error) {
+	n, err := c.resolve(p, true)
+	if err != nil {
+		return FileCache{}, err
+	}
+	// The parent and name let name rules apply; the root has neither.
+	parent, base, err := c.resolveParent(p)
+	if err != nil {
+		parent, base = nil, ""
+	}
+	return c.Nodes().CacheInfo(n, parent, base)
+}
+
+// WarmAt is Warm of the file at p.
+func (c *Client) WarmAt(ctx context.Context, p string, progress func(int64)) error {
+	n, err := c.resolve(p, true)
+	if err != nil {
+		return err
+	}
+	return c.Nodes().Warm(ctx, n, progress)
+}
+
+// EvictAt is Evict of the file at p.
+func (c *Client) EvictAt(p string) error {
+	n, err := c.resolve(p, true)
+	if err != nil {
+		return err
+	}
+	return c.Nodes().Evict(n)
+}
+
 // DirtyFile is a file with writes not yet stored at its server.
 type DirtyFile struct {
 	Path  string `json:"path"`

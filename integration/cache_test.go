@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
@@ -213,5 +214,92 @@ func TestCacheCommands(t *testing.T) {
 	}
 	if out, code = run(t, "cache", "warmup", "--parallel", "0", d); code != 2 {
 		t.Fatalf("--parallel 0: exit %d\n%s", code, out)
+	}
+}
+
+// The cache commands on a cache directory no mount holds (--server, paths
+// in the cell): a warmup fills it before its mount starts, and the mount
+// then reads the files from it without fetching; a cache a mount holds
+// is refused with what to do instead; evict empties it.
+func TestCacheCommandsOffMount(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	c := dial(t, srv.addr, "mem", 64<<20)
+	for _, dir := range []string{"/w", "/w/sub"} {
+		if err := c.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[string][]byte{"sub/deep": testkit.Pattern(2<<20, 9)}
+	for i := range 5 {
+		want[fmt.Sprintf("f%d", i)] = testkit.Pattern(400<<10, byte(i))
+	}
+	for name, b := range want {
+		testkit.WriteFile(t, c, "/w/"+name, b)
+	}
+	c.Close()
+	cacheDir := t.TempDir()
+	at := []string{"--server", srv.addr, "--cache", cacheDir, "--cache-size", "64M"}
+	cmd := func(args ...string) (string, int) { return run(t, append(append(args[:2:2], at...), args[2:]...)...) }
+
+	if ls := cacheLs(t, append(at, "-r", "/w")...); len(ls) != 6 || ls["f0"].Cached != 0 || ls["deep"].Size != 2<<20 {
+		t.Fatalf("ls of a cold cache directory: %+v", ls)
+	}
+	out, code := cmd("cache", "warmup", "-r", "--json", "/w")
+	var rep struct {
+		Files int   `json:"files"`
+		Bytes int64 `json:"bytes"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); code != 0 || err != nil || rep.Files != 6 || rep.Bytes != 5*400<<10+2<<20 {
+		t.Fatalf("warmup off a mount: exit %d %v %+v\n%s", code, err, rep, out)
+	}
+	for name, e := range cacheLs(t, append(at, "-r", "/w")...) {
+		if e.Cached != e.Size || e.Chunks != e.ChunksTotal {
+			t.Fatalf("after warmup, %s: %+v", name, e)
+		}
+	}
+	warmed, err := cache.ReadStats(cacheDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A mount on the warmed cache has the files before any read, and
+	// reads them without a fetch.
+	m := startMount(t, srv, cacheDir)
+	for name, e := range cacheLs(t, "-r", m.path("w")) {
+		if e.Cached != e.Size {
+			t.Fatalf("the mount on the warmed cache, %s: %+v", name, e)
+		}
+	}
+	for name, b := range want {
+		if got, err := os.ReadFile(m.path("w/" + name)); err != nil || !bytes.Equal(got, b) {
+			t.Fatalf("read %s through the mount: %v", name, err)
+		}
+	}
+	if out, code := cmd("cache", "ls", "/w"); code == 0 || !strings.Contains(out, "a mount holds it") {
+		t.Fatalf("ls of a cache a mount holds: exit %d\n%s", code, out)
+	}
+	m.stop()
+	if s, err := cache.ReadStats(cacheDir); err != nil || s.BytesFetched != warmed.BytesFetched {
+		t.Fatalf("the mount fetched %d bytes of warmed files (%v)", s.BytesFetched-warmed.BytesFetched, err)
+	}
+
+	out, code = cmd("cache", "evict", "-r", "/w")
+	if code != 0 || !strings.Contains(out, "from 6 files") {
+		t.Fatalf("evict off a mount: exit %d\n%s", code, out)
+	}
+	for name, e := range cacheLs(t, append(at, "-r", "/w")...) {
+		if e.Cached != 0 {
+			t.Fatalf("after evict, %s: %+v", name, e)
+		}
+	}
+
+	// Bad input: a path not in the cell; a memory cache, which would end
+	// with the command.
+	out, code = cmd("cache", "warmup", "/w/missing", "/w/f0")
+	if code != 1 || !strings.Contains(out, "/w/missing: no such file in the cell") || !strings.Contains(out, "1 files failed") {
+		t.Fatalf("warmup of a missing path: exit %d\n%s", code, out)
+	}
+	if out, code = run(t, "cache", "ls", "--server", srv.addr, "--cache", "", "/w"); code != 2 || !strings.Contains(out, "--cache") {
+		t.Fatalf("--server with a memory cache: exit %d\n%s", code, out)
 	}
 }

@@ -28,7 +28,9 @@ import (
 
 // The cache commands that act on files (ls, warmup, evict, flush) talk to
 // the mount holding them, through the extended attributes of package
-// mount's ctl.go; stats and lost read the cache directory.
+// mount's ctl.go, or (ls, warmup, evict) with --server to the cell, on a
+// cache directory no mount holds (cacheat.go); stats and lost read the
+// cache directory.
 
 func cacheCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "cache", Short: "inspect, warm and empty the client cache"}
@@ -267,46 +269,63 @@ func failures(errs []error, what string) error {
 
 func cacheLsCmd() *cobra.Command {
 	var recursive, asJSON bool
+	var cf clientFlags
 	cmd := &cobra.Command{
 		Use:   "ls PATH... [-r] [--json]",
-		Short: "per file on a mount: bytes and chunks cached, dirty bytes, policy and the rule that chose it, callback time left",
+		Short: "per file: bytes and chunks cached, dirty bytes, policy and the rule that chose it, callback time left",
 		Example: "  hoard cache ls /mnt/hoard/data\n" +
-			"  hoard cache ls -r /mnt/hoard/src --json | jq 'select(.policy == \"bypass\")'",
+			"  hoard cache ls -r /mnt/hoard/src --json | jq 'select(.policy == \"bypass\")'\n" +
+			"  hoard cache ls --server fs1:7100 --cache /var/cache/hoard /data    # a cache no mount holds",
 		Args: cobra.MatchAll(cobra.MinimumNArgs(1), nonEmpty),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			files, failed := filesUnder(args, recursive)
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			enc := json.NewEncoder(os.Stdout)
-			if !asJSON {
-				fmt.Fprintln(tw, "CACHED\tSIZE\tCHUNKS\tDIRTY\tPOLICY\tPROMISE\tDELEG\tPATH\tWHY")
-			}
-			for _, f := range files {
-				fc, err := fileCache(f)
-				if err != nil {
-					failed = append(failed, err)
-					continue
-				}
-				if asJSON {
-					enc.Encode(struct {
-						Path string `json:"path"`
-						client.FileCache
-					}{f, fc})
-					continue
-				}
-				promise := "-"
-				if fc.PromiseMs > 0 {
-					promise = (time.Duration(fc.PromiseMs) * time.Millisecond).Round(time.Second).String()
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\n", humanSize(uint64(fc.Cached)), humanSize(uint64(fc.Size)),
-					fc.Chunks, fc.ChunksTotal, humanSize(uint64(fc.Dirty)), fc.Policy, promise, orDash(fc.Delegation), f, fc.Why)
-			}
-			tw.Flush()
-			return failures(failed, "files")
+			return withCacheAt(cmd, &cf, func(at cacheAt) error { return cacheLs(at, args, recursive, asJSON) })
 		},
 	}
 	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "list the files of directories' whole trees")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object a file")
+	offMountFlags(cmd, &cf)
 	return cmd
+}
+
+// offMountFlags adds the flags of a cache command that acts on a cache
+// directory through the cell when --server is given.
+func offMountFlags(cmd *cobra.Command, cf *clientFlags) {
+	cf.add(cmd.Flags())
+	cmd.Flags().Lookup("server").Usage = "act on the cache directory --cache, which no mount holds, with PATHs in the cell at this server (default: PATHs on a mount, and its cache)"
+	for _, name := range []string{"no-delegations", "no-dir-delegations"} {
+		cmd.Flags().MarkHidden(name)
+	}
+}
+
+func cacheLs(at cacheAt, args []string, recursive, asJSON bool) error {
+	files, failed := at.files(args, recursive)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	enc := json.NewEncoder(os.Stdout)
+	if !asJSON {
+		fmt.Fprintln(tw, "CACHED\tSIZE\tCHUNKS\tDIRTY\tPOLICY\tPROMISE\tDELEG\tPATH\tWHY")
+	}
+	for _, f := range files {
+		fc, err := at.info(f)
+		if err != nil {
+			failed = append(failed, err)
+			continue
+		}
+		if asJSON {
+			enc.Encode(struct {
+				Path string `json:"path"`
+				client.FileCache
+			}{f, fc})
+			continue
+		}
+		promise := "-"
+		if fc.PromiseMs > 0 {
+			promise = (time.Duration(fc.PromiseMs) * time.Millisecond).Round(time.Second).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\n", humanSize(uint64(fc.Cached)), humanSize(uint64(fc.Size)),
+			fc.Chunks, fc.ChunksTotal, humanSize(uint64(fc.Dirty)), fc.Policy, promise, orDash(fc.Delegation), f, fc.Why)
+	}
+	tw.Flush()
+	return failures(failed, "files")
 }
 
 // warmReport is what a warmup did.
@@ -325,16 +344,20 @@ type warmReport struct {
 func warmupCmd() *cobra.Command {
 	var recursive, force, asJSON bool
 	var parallel int
+	var cf clientFlags
 	cmd := &cobra.Command{
 		Use:   "warmup PATH... [-r] [--parallel N] [--force] [--json]",
-		Short: "fetch whole files on a mount into its cache, with progress; run again to resume",
+		Short: "fetch whole files into a mount's cache (or, with --server, a cache directory), with progress; run again to resume",
 		Long: "Fetches the files into the mount's cache, so that reading them later costs no trip to the server.\n" +
 			"Files already cached are skipped, so an interrupted warmup resumes where it stopped.\n" +
 			"A file whose policy bypasses the cache is reported, not cached; --force caches it\n" +
-			"(setting the file's policy to cache where a rule, not auto, chose bypass: hoard cache policy PATH auto undoes it).",
+			"(setting the file's policy to cache where a rule, not auto, chose bypass: hoard cache policy PATH auto undoes it).\n" +
+			"With --server, PATHs are in the cell and the files go into the cache directory --cache, which no mount may hold:\n" +
+			"a mount started on it later reads them from there.",
 		Example: "  hoard cache warmup -r /mnt/hoard/toolchain\n" +
 			"  hoard cache warmup --parallel 8 /mnt/hoard/data/*.parquet\n" +
-			"  hoard cache warmup -r --json /mnt/hoard/models > warm.json",
+			"  hoard cache warmup -r --json /mnt/hoard/models > warm.json\n" +
+			"  hoard cache warmup -r --server fs1:7100 --cache /var/cache/hoard /toolchain    # before the mount starts",
 		Args: cobra.MatchAll(cobra.MinimumNArgs(1), nonEmpty),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if parallel < 1 {
@@ -342,7 +365,15 @@ func warmupCmd() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			rep, errs := warmup(ctx, args, recursive, force, parallel, !asJSON && term.IsTerminal(int(os.Stderr.Fd())))
+			var rep warmReport
+			var errs []error
+			err := withCacheAt(cmd, &cf, func(at cacheAt) error {
+				rep, errs = warmup(ctx, at, args, recursive, force, parallel, !asJSON && term.IsTerminal(int(os.Stderr.Fd())))
+				return nil
+			})
+			if err != nil {
+				return err
+			}
 			if asJSON {
 				json.NewEncoder(os.Stdout).Encode(rep)
 			} else {
@@ -371,15 +402,16 @@ func warmupCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&force, "force", false, "cache files whose policy bypasses the cache too")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON, and no progress bar")
 	cmd.Flags().IntVar(&parallel, "parallel", 4, "files fetched at once")
+	offMountFlags(cmd, &cf)
 	return cmd
 }
 
 // warmup warms the files under paths, parallel at a time, with a
 // progress bar on stderr when bar is set.
-func warmup(ctx context.Context, paths []string, recursive, force bool, parallel int, bar bool) (warmReport, []error) {
+func warmup(ctx context.Context, at cacheAt, paths []string, recursive, force bool, parallel int, bar bool) (warmReport, []error) {
 	start := time.Now()
 	var rep warmReport
-	files, errs := filesUnder(paths, recursive)
+	files, errs := at.files(paths, recursive)
 	type job struct {
 		path string
 		had  int64 // bytes cached before
@@ -388,7 +420,7 @@ func warmup(ctx context.Context, paths []string, recursive, force bool, parallel
 	var jobs []job
 	var total, room int64
 	for _, f := range files {
-		fc, err := fileCache(f)
+		fc, err := at.info(f)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
@@ -402,8 +434,8 @@ func warmup(ctx context.Context, paths []string, recursive, force bool, parallel
 		case fc.Policy == "bypass" && !fc.Probation:
 			// A rule, not auto, bypasses it: reads would go past what a
 			// warmup caches, unless the file's own policy says cache.
-			if err := setCtl(ctx, f, mount.PolicyXattr, []byte("cache")); err != nil {
-				errs = append(errs, ctlErr(f, err))
+			if err := at.cacheIt(ctx, f); err != nil {
+				errs = append(errs, err)
 				continue
 			}
 		}
@@ -442,7 +474,7 @@ func warmup(ctx context.Context, paths []string, recursive, force bool, parallel
 		}
 		mu.Unlock()
 		for p, had := range flying {
-			if fc, err := fileCache(p); err == nil {
+			if fc, err := at.info(p); err == nil {
 				sum += max(0, fc.Cached-had)
 			}
 		}
@@ -459,11 +491,11 @@ func warmup(ctx context.Context, paths []string, recursive, force bool, parallel
 				mu.Lock()
 				inFlight[j.path] = j.had
 				mu.Unlock()
-				err := setCtl(ctx, j.path, mount.WarmXattr, nil)
+				err := at.warm(ctx, j.path)
 				mu.Lock()
 				delete(inFlight, j.path)
 				if err != nil {
-					errs = append(errs, ctlErr(j.path, err))
+					errs = append(errs, err)
 					rep.Failed = append(rep.Failed, j.path)
 				} else {
 					done += j.size - j.had
@@ -502,9 +534,13 @@ feed:
 	select {
 	case <-waited:
 	case <-ctx.Done():
-		// The files being fetched stop where they are as the process
-		// ends (the kernel interrupts their requests): what came stays.
+		// The files being fetched stop where they are (a mount's as the
+		// process ends: the kernel interrupts their requests); what came
+		// stays.
 		rep.Interrupted = true
+		if at.waits() {
+			<-waited
+		}
 	}
 	ticker.Stop()
 	if !rep.Interrupted {
@@ -521,38 +557,45 @@ feed:
 
 func evictCmd() *cobra.Command {
 	var recursive bool
+	var cf clientFlags
 	cmd := &cobra.Command{
-		Use:     "evict PATH... [-r]",
-		Short:   "drop files on a mount from its cache (writes not yet stored stay)",
-		Example: "  hoard cache evict /mnt/hoard/data/big.iso\n  hoard cache evict -r /mnt/hoard/scratch",
-		Args:    cobra.MatchAll(cobra.MinimumNArgs(1), nonEmpty),
+		Use:   "evict PATH... [-r]",
+		Short: "drop files from a mount's cache, or with --server a cache directory's (writes not yet stored stay)",
+		Example: "  hoard cache evict /mnt/hoard/data/big.iso\n  hoard cache evict -r /mnt/hoard/scratch\n" +
+			"  hoard cache evict -r --server fs1:7100 --cache /var/cache/hoard /scratch    # a cache no mount holds",
+		Args: cobra.MatchAll(cobra.MinimumNArgs(1), nonEmpty),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			files, errs := filesUnder(args, recursive)
-			var n int
-			var bytes, kept int64
-			for _, f := range files {
-				fc, err := fileCache(f)
-				if err == nil {
-					err = setCtl(cmd.Context(), f, mount.EvictXattr, nil)
-				}
-				if err != nil {
-					errs = append(errs, ctlErr(f, err))
-					continue
-				}
-				n++
-				bytes += max(0, fc.Cached-fc.Dirty)
-				kept += fc.Dirty
-			}
-			fmt.Printf("evicted %s from %d files", humanSize(uint64(bytes)), n)
-			if kept > 0 {
-				fmt.Printf("; kept %s of writes not yet stored (hoard cache flush stores them)", humanSize(uint64(kept)))
-			}
-			fmt.Println()
-			return failures(errs, "files")
+			return withCacheAt(cmd, &cf, func(at cacheAt) error { return evict(cmd.Context(), at, args, recursive) })
 		},
 	}
 	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "evict directories' whole trees")
+	offMountFlags(cmd, &cf)
 	return cmd
+}
+
+func evict(ctx context.Context, at cacheAt, args []string, recursive bool) error {
+	files, errs := at.files(args, recursive)
+	var n int
+	var bytes, kept int64
+	for _, f := range files {
+		fc, err := at.info(f)
+		if err == nil {
+			err = at.evict(ctx, f)
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+		bytes += max(0, fc.Cached-fc.Dirty)
+		kept += fc.Dirty
+	}
+	fmt.Printf("evicted %s from %d files", humanSize(uint64(bytes)), n)
+	if kept > 0 {
+		fmt.Printf("; kept %s of writes not yet stored (hoard cache flush stores them)", humanSize(uint64(kept)))
+	}
+	fmt.Println()
+	return failures(errs, "files")
 }
 
 func flushCmd() *cobra.Command {
