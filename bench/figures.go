@@ -45,19 +45,6 @@ func seriesOver[T int | float64](name string, xs []T, of func(T) float64) chart.
 // disk, bindfs and hoard as the file count doubles, and the large file's
 // rates against local's.
 func treeFigures(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*bigTimes, big int64) error {
-	workloads := []struct {
-		title string
-		of    func(*treeTimes) time.Duration
-	}{
-		{"cp -r, 1-16 KiB, 100 a directory", func(t *treeTimes) time.Duration { return t.cp }},
-		{"storing it: sync, or hoard's unmount", func(t *treeTimes) time.Duration { return t.stored }},
-		{"cp -r, 4 KiB, one directory", func(t *treeTimes) time.Duration { return t.flat }},
-		{"Debian's postmark, 4N transactions", func(t *treeTimes) time.Duration { return t.pm }},
-		{"cold find | xargs cat", func(t *treeTimes) time.Duration { return t.cold }},
-		{"warm find | xargs cat", func(t *treeTimes) time.Duration { return t.warm }},
-		{"warm tar cf - . | wc -c", func(t *treeTimes) time.Duration { return t.tar }},
-		{"rm -r", func(t *treeTimes) time.Duration { return t.rm }},
-	}
 	at := func(fsys string, of func(*treeTimes) time.Duration) func(int) float64 {
 		return func(n int) float64 {
 			if t := res[fsys][n]; t != nil {
@@ -67,14 +54,14 @@ func treeFigures(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*b
 		}
 	}
 	c := &chart.Chart{Title: "Trees of small files: local disk, bindfs and hoard as the file count doubles (seconds, lower is better)", Columns: 4}
-	for _, w := range workloads {
-		p := chart.Panel{Title: w.title, XLabel: "files", YLabel: "seconds", LogX: true, LogY: true}
+	for _, w := range treeRows {
+		p := chart.Panel{Title: w.short, XLabel: "files", YLabel: "seconds", LogX: true, LogY: true}
 		for _, fsys := range []string{"local", "bindfs", "hoard"} {
 			if res[fsys] != nil {
 				p.Series = append(p.Series, seriesOver(fsys, ns, at(fsys, w.of)))
 			}
 		}
-		if w.title == workloads[3].title && *treeNoDeleg && res["hoard"] != nil {
+		if w.pm && *treeNoDeleg && res["hoard"] != nil {
 			p.Series = append(p.Series, seriesOver("hoard --no-delegations", ns, at("hoard", func(t *treeTimes) time.Duration { return t.pmNoDeleg })))
 		}
 		c.Panels = append(c.Panels, p)

@@ -505,24 +505,27 @@ func parseSize(s string) (int64, error) {
 	return n * mult, err
 }
 
+// treeRows are the tree part's workloads: the table's title, the
+// figure's, and the time of each in a round.
+var treeRows = []struct {
+	title, short string
+	of           func(*treeTimes) time.Duration
+	pm           bool // with hoard --no-delegations
+}{
+	{"1. cp -r of N files of 1-16 KiB, 100 to a directory", "cp -r, 1-16 KiB, 100 a directory", func(t *treeTimes) time.Duration { return t.cp }, false},
+	{"2. storing what 1 wrote: sync (local, bindfs), unmount (hoard: its write-back stores what it holds)", "storing it: sync, or hoard's unmount", func(t *treeTimes) time.Duration { return t.stored }, false},
+	{"3. cp -r of N files of 4 KiB in one directory", "cp -r, 4 KiB, one directory", func(t *treeTimes) time.Duration { return t.flat }, false},
+	{"4. Debian's postmark, N files of 512 B-16 KiB, 4N transactions (read and create bias 5), whole run", "Debian's postmark, 4N transactions", func(t *treeTimes) time.Duration { return t.pm }, true},
+	{"5. cold find -type f | xargs cat of 1's tree (hoard: a new mount, empty cache; page cache dropped)", "cold find | xargs cat", func(t *treeTimes) time.Duration { return t.cold }, false},
+	{"6. warm find -type f | xargs cat, best of 3", "warm find | xargs cat", func(t *treeTimes) time.Duration { return t.warm }, false},
+	{"7. warm tar cf - . | wc -c, best of 3", "warm tar cf - . | wc -c", func(t *treeTimes) time.Duration { return t.tar }, false},
+	{"8. rm -r of 1's tree", "rm -r", func(t *treeTimes) time.Duration { return t.rm }, false},
+}
+
 func printTree(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*bigTimes, big int64) {
 	fmt.Printf("\n## First workloads: local disk, bindfs, hoard\n\n")
 	fmt.Println("Wall-clock seconds, each file system and file count a fresh round (hoard: a new server, mount and cache).")
 	fmt.Println("× local: hoard's time over local's (lower is better); growth: hoard's time at N over its time at N/2 (2: linear, 4: quadratic).")
-	rows := []struct {
-		title string
-		of    func(*treeTimes) time.Duration
-		pm    bool // with hoard --no-delegations
-	}{
-		{"1. cp -r of N files of 1-16 KiB, 100 to a directory", func(t *treeTimes) time.Duration { return t.cp }, false},
-		{"2. storing what 1 wrote: sync (local, bindfs), unmount (hoard: its write-back stores what it holds)", func(t *treeTimes) time.Duration { return t.stored }, false},
-		{"3. cp -r of N files of 4 KiB in one directory", func(t *treeTimes) time.Duration { return t.flat }, false},
-		{"4. Debian's postmark, N files of 512 B-16 KiB, 4N transactions (read and create bias 5), whole run", func(t *treeTimes) time.Duration { return t.pm }, true},
-		{"5. cold find -type f | xargs cat of 1's tree (hoard: a new mount, empty cache; page cache dropped)", func(t *treeTimes) time.Duration { return t.cold }, false},
-		{"6. warm find -type f | xargs cat, best of 3", func(t *treeTimes) time.Duration { return t.warm }, false},
-		{"7. warm tar cf - . | wc -c, best of 3", func(t *treeTimes) time.Duration { return t.tar }, false},
-		{"8. rm -r of 1's tree", func(t *treeTimes) time.Duration { return t.rm }, false},
-	}
 	// at is of's time on fsys at n files, 0 if not run.
 	at := func(fsys string, n int, of func(*treeTimes) time.Duration) time.Duration {
 		if t := res[fsys][n]; t != nil {
@@ -530,7 +533,7 @@ func printTree(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*big
 		}
 		return 0
 	}
-	for _, r := range rows {
+	for _, r := range treeRows {
 		fmt.Printf("\n### %s\n\n", r.title)
 		head, line := "| N | local s | bindfs s | hoard s | hoard × local | growth |", "|---|---|---|---|---|---|"
 		if r.pm {
