@@ -72,6 +72,9 @@ type Index struct {
 	indexed atomic.Int64 // Unix nanoseconds
 }
 
+// ErrInUse says another process (a mount, most often) holds the index.
+var ErrInUse = errors.New("in use by another process")
+
 // Open locks dir, which must exist, and opens its index, making it if
 // needed. An index that cannot be read is replaced by an empty one: the
 // store finds it unclean and empty, and discards the data it described.
@@ -82,7 +85,7 @@ func Open(dir string) (*Index, error) {
 	}
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		lock.Close()
-		return nil, fmt.Errorf("%s is in use by another process", dir)
+		return nil, fmt.Errorf("%s is %w", dir, ErrInUse)
 	}
 	x := &Index{dir: dir, lock: lock}
 	if err := x.open(); err != nil {

@@ -187,7 +187,7 @@ func TestUnreadableAndLocked(t *testing.T) {
 	if x.Clean() || len(records(t, x)) != 0 {
 		t.Fatal("an unreadable index did not open empty and unclean")
 	}
-	if _, err := Open(dir); err == nil || !strings.Contains(err.Error(), "in use") {
+	if _, err := Open(dir); !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), "in use") {
 		t.Fatalf("a second open: %v", err)
 	}
 }

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"path"
-	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/hoardfs/hoard/cache"
+	"github.com/hoardfs/hoard/chunkindex"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/policy"
 	"github.com/hoardfs/hoard/mount"
@@ -90,7 +90,7 @@ func withCacheAt(cmd *cobra.Command, cf *clientFlags, fn func(cacheAt) error) er
 	cf.noDeleg = true    // a short command must not hold writes back
 	c, err := cf.dial()
 	if err != nil {
-		if strings.Contains(err.Error(), "in use") {
+		if errors.Is(err, chunkindex.ErrInUse) {
 			return fmt.Errorf("%v: a mount holds it; name the files by their paths on the mount, without --server", err)
 		}
 		return err

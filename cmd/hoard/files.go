@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/hoardfs/hoard/chunkindex"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/dirs"
 	"github.com/hoardfs/hoard/node"
@@ -99,7 +100,7 @@ func (cf *clientFlags) dial() (*client.Client, error) {
 		return nil, err
 	}
 	c, err := client.Dial(o)
-	if err != nil && !cf.cacheGiven && o.CacheDir != "" && strings.Contains(err.Error(), "in use") {
+	if err != nil && !cf.cacheGiven && o.CacheDir != "" && errors.Is(err, chunkindex.ErrInUse) {
 		// The default cache belongs to a running mount: a short command
 		// does fine with a memory cache.
 		fmt.Fprintf(os.Stderr, "hoard: %s is in use (a mount?); using a memory cache\n", o.CacheDir)
