@@ -25,10 +25,11 @@ test: build
 	HOARD_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./...
 	./scripts/fuzz-short.sh
 
-# The long fault campaign (docs/reliability.md, "Fault campaign"); not in CI.
+# The long fault campaign and the one-file model checker, each for SOAK
+# (docs/reliability.md); not in CI.
 soak: build
 	HOARD_BIN=$(CURDIR)/$(BIN) HOARD_SOAK=$(SOAK) HOARD_REQUIRE_FUSE=1 \
-		$(GO) test -count=1 -timeout 24h -v -run '^TestFaultCampaign$$' ./integration/
+		$(GO) test -count=1 -timeout 24h -v -run '^(TestFaultCampaign|TestFsxModel)$$' ./integration/
 
 man: build
 	$(BIN) man man/man1

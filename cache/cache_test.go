@@ -49,7 +49,7 @@ func open(t *testing.T, dir string, size int64) *Cache {
 func fill(t *testing.T, c *Cache, f node.FID, content []byte, dv uint64) *Entry {
 	t.Helper()
 	e := c.Entry(f)
-	if err := e.SetStatus(status(f, uint64(len(content)), dv), false); err != nil {
+	if _, err := e.Learn(status(f, uint64(len(content)), dv)); err != nil {
 		t.Fatal(err)
 	}
 	for off := 0; off < len(content); off += cs {
@@ -110,7 +110,7 @@ func TestMissAndStale(t *testing.T) {
 	f := fid(1)
 	content := data(4*cs, 2)
 	e := c.Entry(f)
-	e.SetStatus(status(f, uint64(len(content)), 5), false)
+	e.Learn(status(f, uint64(len(content)), 5))
 	e.Admit(0, 5, content[:cs])
 	e.Admit(2, 5, content[2*cs:3*cs])
 	if _, err := e.ReadAt(make([]byte, 2*cs), 0); err != ErrMiss {
@@ -133,7 +133,7 @@ func TestMissAndStale(t *testing.T) {
 	}
 }
 
-func TestSetStatus(t *testing.T) {
+func TestLearn(t *testing.T) {
 	c := open(t, t.TempDir(), 10<<20)
 	f := fid(1)
 	content := data(4*cs, 3)
@@ -141,23 +141,18 @@ func TestSetStatus(t *testing.T) {
 	// Same version, other attributes: chunks stay.
 	st := status(f, uint64(len(content)), 1)
 	st.Mode = 0o600
-	e.SetStatus(st, false)
+	e.Learn(st)
 	if !e.Complete() {
 		t.Fatal("attribute change dropped chunks")
 	}
-	// New version kept by the writer itself.
-	e.SetStatus(status(f, uint64(len(content)), 2), true)
-	if !e.Complete() {
-		t.Fatal("keep=true dropped chunks")
-	}
 	// New version from someone else: dropped.
-	e.SetStatus(status(f, uint64(len(content)), 3), false)
+	e.Learn(status(f, uint64(len(content)), 3))
 	if e.Present(0) || c.Used() != 0 {
 		t.Fatalf("new version kept chunks; used %d", c.Used())
 	}
 	// Shrinking drops what lies past the new size, and the chunk it cuts.
 	e = fill(t, c, fid(2), content, 1)
-	e.SetStatus(status(fid(2), uint64(cs+10), 1), false)
+	e.Learn(status(fid(2), uint64(cs+10), 1))
 	if !e.Present(0) || e.Present(1) || e.Present(2) || c.Used() != cs {
 		t.Fatalf("after shrink: used %d", c.Used())
 	}
@@ -207,7 +202,7 @@ func TestDirtyPinnedAndNoSpace(t *testing.T) {
 	c := open(t, t.TempDir(), 2*cs)
 	f := fid(1)
 	e := c.Entry(f)
-	e.SetStatus(status(f, 0, 1), false)
+	e.Learn(status(f, 0, 1))
 	if _, err := e.WriteAt(data(2*cs, 1), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +210,7 @@ func TestDirtyPinnedAndNoSpace(t *testing.T) {
 		t.Fatalf("dirty %d", e.DirtyBytes())
 	}
 	g := c.Entry(fid(2))
-	g.SetStatus(status(fid(2), cs, 1), false)
+	g.Learn(status(fid(2), cs, 1))
 	if err := g.Admit(0, 1, data(cs, 2)); err != ErrNoSpace {
 		t.Fatalf("admit over dirty data: %v", err)
 	}
@@ -251,7 +246,7 @@ func TestWritesPartialChunksAndTruncate(t *testing.T) {
 			f := fid(1)
 			content := data(2*cs, 4)
 			e := c.Entry(f)
-			e.SetStatus(status(f, uint64(len(content)), 1), false)
+			e.Learn(status(f, uint64(len(content)), 1))
 			// A partial write into a missing chunk with server data is refused.
 			if _, err := e.WriteAt([]byte("abc"), 10); err != ErrMiss {
 				t.Fatalf("partial write over a missing chunk: %v", err)
@@ -301,7 +296,7 @@ func TestWritesPartialChunksAndTruncate(t *testing.T) {
 			// The totals follow every change: another file's writes
 			// add to the cache's, stores and drops take away.
 			other := c.Entry(fid(2))
-			other.SetStatus(status(fid(2), 0, 1), false)
+			other.Learn(status(fid(2), 0, 1))
 			other.WriteAt(data(5000, 1), 0)
 			if e.DirtyBytes() != 3 || c.DirtyBytes() != 5003 {
 				t.Fatalf("dirty bytes %d, cache's %d; want 3 and 5003", e.DirtyBytes(), c.DirtyBytes())
@@ -325,7 +320,7 @@ func TestAdmitAcrossCut(t *testing.T) {
 	c := open(t, "", 10<<20)
 	f := fid(1)
 	e := c.Entry(f)
-	e.SetStatus(status(f, 100, 1), false)
+	e.Learn(status(f, 100, 1))
 	e.WriteAt([]byte("x"), 2*cs) // extends: cut at 100, chunk 0 missing
 	server := data(100, 9)
 	if err := e.Admit(0, 1, server); err != nil {
@@ -355,7 +350,7 @@ func TestUsedNeverExceedsLimit(t *testing.T) {
 				e := c.Entry(f)
 				switch rng.Intn(4) {
 				case 0:
-					e.SetStatus(status(f, 3*cs, 1), false)
+					e.Learn(status(f, 3*cs, 1))
 				case 1:
 					idx := int64(rng.Intn(3))
 					e.Admit(idx, 1, data(cs, byte(idx)))
@@ -442,7 +437,7 @@ func TestUncleanReopenVerifies(t *testing.T) {
 	content := data(3*cs, 6)
 	e := fill(t, c, fid(1), content, 1)
 	dirty := c.Entry(fid(2))
-	dirty.SetStatus(status(fid(2), 0, 1), false)
+	dirty.Learn(status(fid(2), 0, 1))
 	dirty.WriteAt([]byte("unstored"), 0)
 	path := e.Path()
 	crash(c)
@@ -522,7 +517,7 @@ func TestDropAndStatsFile(t *testing.T) {
 		t.Fatalf("drop left the file or its space: %v used %d", err, c.Used())
 	}
 	d := c.Entry(fid(2))
-	d.SetStatus(status(fid(2), 0, 1), false)
+	d.Learn(status(fid(2), 0, 1))
 	d.WriteAt([]byte("x"), 0)
 	if err := c.Drop(fid(2)); err == nil {
 		t.Fatal("dropped unstored writes")
@@ -563,7 +558,7 @@ func BenchmarkReadAtHit(b *testing.B) {
 		content := data(16<<20, 1)
 		f := fid(1)
 		e := c.Entry(f)
-		e.SetStatus(status(f, uint64(len(content)), 1), false)
+		e.Learn(status(f, uint64(len(content)), 1))
 		for off := 0; off < len(content); off += DefaultChunkSize {
 			e.Admit(int64(off/DefaultChunkSize), 1, content[off:off+DefaultChunkSize])
 		}
@@ -599,12 +594,12 @@ func TestPinnedFileIsNotEvictedOrOverwritten(t *testing.T) {
 	}
 	defer reader.Close()
 	g := c.Entry(fid(2))
-	g.SetStatus(status(fid(2), cs, 1), false)
+	g.Learn(status(fid(2), cs, 1))
 	if err := g.Admit(0, 1, data(cs, 2)); err != ErrNoSpace {
 		t.Fatalf("admit evicted a pinned file's chunk: %v", err)
 	}
 	// A new version while pinned: the reader keeps the old bytes.
-	e.SetStatus(status(fid(1), 2*cs, 2), false)
+	e.Learn(status(fid(1), 2*cs, 2))
 	if e.Present(0) {
 		t.Fatal("old chunks still listed under the new version")
 	}
@@ -659,7 +654,7 @@ func TestRemove(t *testing.T) {
 	dir := t.TempDir()
 	c := open(t, dir, 10<<20)
 	d := c.Entry(fid(2))
-	d.SetStatus(status(fid(2), 0, 1), false)
+	d.Learn(status(fid(2), 0, 1))
 	if _, err := d.WriteAt(data(cs+10, 3), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -715,7 +710,7 @@ func TestCleanedPastOpenFileBound(t *testing.T) {
 	var es []*Entry
 	for i := range 20 {
 		e := c.Entry(fid(uint64(i + 1)))
-		e.SetStatus(status(e.FID(), 0, 1), false)
+		e.Learn(status(e.FID(), 0, 1))
 		if _, err := e.WriteAt(data(5000, byte(i)), 0); err != nil {
 			t.Fatal(err)
 		}
@@ -780,5 +775,125 @@ func TestCleanReopenChecksOnFirstRead(t *testing.T) {
 	e2, _ := c2.Lookup(fid(2))
 	if e2.Complete() || e2.Present(0) || c2.Stats().Corrupt != 2 {
 		t.Fatalf("a file with a flipped chunk offered whole: present %v, corrupt %d", e2.Present(0), c2.Stats().Corrupt)
+	}
+}
+
+// A fetch begun before a local truncation lands after it: the chunks
+// wholly past the truncation point read as zeros, not as the server's old
+// bytes, until the truncation is stored.
+func TestAdmitPastLocalTruncation(t *testing.T) {
+	c := open(t, t.TempDir(), 10<<20)
+	f := fid(1)
+	content := data(4*cs, 5)
+	e := c.Entry(f)
+	if _, err := e.Learn(status(f, uint64(len(content)), 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Truncate(cs / 2); err != ErrMiss {
+		t.Fatalf("truncate inside a missing chunk: %v, want a miss", err)
+	}
+	if err := e.Admit(0, 1, content[:cs]); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Truncate(cs / 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Truncate(int64(len(content))); err != nil {
+		t.Fatal(err)
+	}
+	// The fetches of chunks 1 and 2, at the version before the truncation.
+	for idx := int64(1); idx < 3; idx++ {
+		if err := e.Admit(idx, 1, content[idx*cs:(idx+1)*cs]); err != nil {
+			t.Fatalf("admit %d: %v", idx, err)
+		}
+	}
+	want := append(append([]byte(nil), content[:cs/2]...), make([]byte, len(content)-cs/2)...)
+	if got := readAll(t, e); !bytes.Equal(got, want) {
+		t.Fatalf("after a truncation and old fetches: first difference at %d", firstDiff(got, want))
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// Learn merges a server status with local changes atomically: while a
+// writer truncates, no status from the server (the fetches' replies) may
+// put the size back, and none older than the entry's may roll it back.
+func TestLearnKeepsLocalSize(t *testing.T) {
+	c := open(t, t.TempDir(), 10<<20)
+	f := fid(1)
+	e := fill(t, c, f, data(4*cs, 6), 3)
+	if _, err := e.Learn(status(f, 4*cs, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.Status(); st.DataVersion != 3 || !e.Complete() {
+		t.Fatalf("an older status rolled the entry back to version %d", st.DataVersion)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 2000; i++ {
+			e.Learn(status(f, 4*cs, 3))
+		}
+	}()
+	for i := 0; i < 2000; i++ {
+		size := int64(i%(4*cs) + 1)
+		if err := e.Truncate(size); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := e.Status(); int64(st.Size) != size {
+			t.Fatalf("truncated to %d, the entry says %d", size, st.Size)
+		}
+	}
+	<-done
+}
+
+// A clean chunk an earlier process recorded is checked before a write
+// keeps some of its bytes: once written it is this client's data, and
+// neither a flipped bit may be stored nor the write be dropped as corrupt
+// by a later read.
+func TestWriteChecksRecordedChunk(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Open(Options{Dir: dir, Size: 10 << 20, ChunkSize: cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	content := data(2*cs, 8)
+	path := fill(t, c, fid(1), content, 1).Path()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c2 := open(t, dir, 10<<20)
+	e, _ := c2.Lookup(fid(1))
+	// An intact chunk, written in part: the write stays through reads.
+	if _, err := e.WriteAt([]byte("xyz"), 10); err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte(nil), content...)
+	copy(want[10:], "xyz")
+	if got := readAll(t, e); !bytes.Equal(got, want) || e.DirtyBytes() != 3 {
+		t.Fatalf("a write to a recorded chunk: dirty %d, first difference at %d", e.DirtyBytes(), firstDiff(got, want))
+	}
+	// A flipped chunk, written in part: a miss, fetched first.
+	fd, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd.WriteAt([]byte{content[cs+100] ^ 1}, cs+100)
+	fd.Close()
+	c2.Close()
+	c3 := open(t, dir, 10<<20)
+	e, _ = c3.Lookup(fid(1))
+	if _, err := e.WriteAt([]byte("abc"), cs+5); err != ErrMiss {
+		t.Fatalf("a write into a flipped chunk: %v, want a miss", err)
+	}
+	if e.Present(1) {
+		t.Fatal("the flipped chunk stayed")
 	}
 }

@@ -103,6 +103,18 @@ func (e *Entry) readableLocked(idx int64) bool {
 	return e.chunks[idx] != nil || e.cut >= 0 && idx*e.c.cs >= e.cut
 }
 
+// Local reports whether chunk idx holds this client's bytes, which only
+// the cache has: unstored writes (pinned), or zeros wholly past a local
+// truncation.
+func (e *Entry) Local(idx int64) bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if ch := e.chunks[idx]; ch != nil {
+		return ch.dirty
+	}
+	return e.cut >= 0 && idx*e.c.cs >= e.cut
+}
+
 // ReadAt reads from present chunks only: ErrMiss if any chunk of the range
 // is missing. Reads stop at the status size (io.EOF as os.File.ReadAt).
 func (e *Entry) ReadAt(p []byte, off int64) (int, error) {
@@ -406,8 +418,8 @@ func (e *Entry) checkedLocked(ch *chunk) bool {
 func (e *Entry) dropCorrupt(ch *chunk) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.chunks[ch.idx] != ch || !ch.unchecked.Load() {
-		return // dropped or checked meanwhile
+	if e.chunks[ch.idx] != ch || !ch.unchecked.Load() || ch.dirty {
+		return // dropped, checked or written meanwhile
 	}
 	e.dropLocked(ch)
 	if e.c.stats.corrupt.Add(1) == 1 {
@@ -523,21 +535,34 @@ func (e *Entry) Unpin() {
 	}
 }
 
-// SetStatus records the server's status. A new DataVersion drops the clean
-// chunks (the data changed) unless keep; chunks past the new size go.
-func (e *Entry) SetStatus(st node.Status, keep bool) error {
+// Learn merges a status the server sent (a fetch's, a lookup's, a
+// store's, a break's refetch) with the entry's local state, atomically:
+// the entry is the one owner of a cached file's size and DataVersion. A
+// status older than the entry's is ignored, so a reply that raced a newer
+// one cannot roll the file back. While local writes or a truncation are
+// unstored the local size stands: it wins at the next store. A new
+// DataVersion drops the clean chunks (the data changed); chunks past the
+// size go. It reports whether the DataVersion changed.
+func (e *Entry) Learn(st node.Status) (changed bool, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.gone {
-		return fmt.Errorf("cache: %v was dropped", e.fid)
+		return false, fmt.Errorf("cache: %v was dropped", e.fid)
 	}
-	if !keep && e.hasSt && e.st.DataVersion != st.DataVersion {
+	if e.hasSt && st.DataVersion < e.st.DataVersion {
+		return false, nil
+	}
+	if e.cut >= 0 || e.dirtyLen > 0 {
+		st.Size = e.st.Size
+	}
+	changed = e.hasSt && e.st.DataVersion != st.DataVersion
+	if changed {
 		e.clearLocked(false)
 	}
 	e.resizeLocked(st.Size)
 	e.st, e.hasSt = st, true
 	e.c.markPending(e)
-	return nil
+	return changed, nil
 }
 
 // resizeLocked drops what lies past size: whole chunks, and a clean last
@@ -572,8 +597,8 @@ func (e *Entry) Admit(idx int64, dv uint64, data []byte) error {
 	if !ok {
 		return ErrStale
 	}
-	if present {
-		return nil
+	if present || n == 0 {
+		return nil // cached already, or zeros past a local truncation
 	}
 	if err := e.c.reserve(charge(n)); err != nil {
 		return err
@@ -585,7 +610,7 @@ func (e *Entry) Admit(idx int64, dv uint64, data []byte) error {
 	case e.gone || !ok || n2 != n:
 		e.c.release(charge(n))
 		return ErrStale
-	case e.chunks[idx] != nil:
+	case e.chunks[idx] != nil || n2 == 0:
 		e.c.release(charge(n))
 		return nil
 	}
@@ -612,14 +637,18 @@ func (e *Entry) Admit(idx int64, dv uint64, data []byte) error {
 
 // admitShapeLocked checks fetched data against the entry: the chunk's
 // length n, and how many bytes of data to keep (fewer when a local
-// truncation point falls inside the chunk).
+// truncation point falls inside the chunk; none when the chunk lies wholly
+// past it, where the file reads as zeros until the truncation is stored).
 func (e *Entry) admitShapeLocked(idx int64, dv uint64, data []byte) (n, keep int64, ok bool) {
 	if !e.hasSt || e.st.DataVersion != dv {
 		return 0, 0, false
 	}
-	n = e.chunkLen(idx, e.st.Size)
 	start := idx * e.c.cs
-	if e.cut >= 0 && e.cut > start && e.cut < start+n {
+	if e.cut >= 0 && e.cut <= start {
+		return 0, 0, true
+	}
+	n = e.chunkLen(idx, e.st.Size)
+	if e.cut >= 0 && e.cut < start+n {
 		keep = e.cut - start
 		return n, keep, int64(len(data)) >= keep
 	}
@@ -638,6 +667,9 @@ func (e *Entry) WriteAt(p []byte, off int64) (int, error) {
 		return 0, nil
 	}
 	end := off + int64(len(p))
+	if err := e.checkBefore(off, end); err != nil {
+		return 0, err
+	}
 	var reserved int64
 	defer func() { e.c.release(reserved) }()
 	for attempt := 0; ; attempt++ {
@@ -675,6 +707,35 @@ func (e *Entry) WriteAt(p []byte, off int64) (int, error) {
 		}
 		return len(p), nil
 	}
+}
+
+// checkBefore checks the chunks a write of [off, end) keeps bytes of (the
+// chunks it covers in part, the last chunk it extends) against their
+// checksums if an earlier process recorded them: once written a chunk is
+// local state, never checked again, so a flipped bit merged into it would
+// be stored. A bad one is dropped (ErrMiss: fetch it and retry).
+func (e *Entry) checkBefore(off, end int64) error {
+	cs := e.c.cs
+	e.mu.RLock()
+	var bad []*chunk
+	check := func(idx int64) {
+		if ch := e.chunks[idx]; ch != nil && !e.checkedLocked(ch) {
+			bad = append(bad, ch)
+		}
+	}
+	check(off / cs)
+	check((end - 1) / cs)
+	if size := int64(e.st.Size); size > 0 && (size-1)/cs < off/cs {
+		check((size - 1) / cs)
+	}
+	e.mu.RUnlock()
+	for _, ch := range bad {
+		e.dropCorrupt(ch)
+	}
+	if len(bad) > 0 {
+		return ErrMiss
+	}
+	return nil
 }
 
 // writeCostLocked checks a write's preconditions and returns the extra
@@ -751,6 +812,7 @@ func (e *Entry) dirtyChunkLocked(ch *chunk) {
 		return
 	}
 	ch.dirty = true
+	ch.unchecked.Store(false) // local state now: its checksum is made at Cleaned
 	e.c.mu.Lock()
 	e.c.unlinkLocked(ch)
 	e.c.mu.Unlock()
@@ -770,6 +832,13 @@ func (e *Entry) Truncate(size int64) error {
 	cs := e.c.cs
 	old := int64(e.st.Size)
 	if size < old && size%cs != 0 && !e.readableLocked(size/cs) {
+		return ErrMiss
+	}
+	if ch := e.chunks[size/cs]; size < old && ch != nil && !e.checkedLocked(ch) {
+		// The chunk cut in the middle keeps its first part, which must be
+		// the server's bytes: fetched again (checkBefore).
+		e.dropLocked(ch)
+		e.c.stats.corrupt.Add(1)
 		return ErrMiss
 	}
 	if size < old {

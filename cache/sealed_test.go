@@ -89,7 +89,7 @@ func TestSealedStartsEmpty(t *testing.T) {
 		t.Fatalf("an encrypted cache kept an entry of the last process: %v", e.FID())
 	}
 	e := c2.Entry(fid(2))
-	if err := e.SetStatus(status(fid(2), 0, 1), false); err != nil {
+	if _, err := e.Learn(status(fid(2), 0, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.WriteAt([]byte("unstored"), 0); err != nil {

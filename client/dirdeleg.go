@@ -163,7 +163,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	// Anyone else asks the server, which a settle comes before.
 	n.rights = map[userKey]uint8{u.key: 0}
 	n.entry = c.cache.Entry(fid)
-	err = n.entry.SetStatus(n.st, false)
+	_, err = n.entry.Learn(n.st)
 	n.dirtySince = now // the flusher's age bound covers the create
 	n.mu.Unlock()
 	if err != nil {

@@ -173,10 +173,8 @@ func (n *Node) read(p []byte, off int64, u User) (int, node.Status, error) {
 			// Evicted every time: the read is larger than what the cache
 			// keeps (its own chunks evict each other), or other readers
 			// churn it. Served past the cache, as a bypassed read is,
-			// unless local changes make the cache the only copy.
-			if !n.localChanges() {
-				k, err = n.readPast(p, off, st, u)
-			}
+			// but for this client's own bytes, which the cache pins.
+			k, err = n.readPast(p, off, st, u)
 		}
 		if est, ok := n.entry.Status(); ok && est.DataVersion != st.DataVersion && attempt < 3 {
 			continue
@@ -208,12 +206,20 @@ func (n *Node) readFetching(p []byte, off int64, u User) (int, error) {
 	return n.readMixed(p, off, got)
 }
 
-// readPast serves a read of a file without local changes, at status st,
-// from chunks fetched into memory as u, none cached.
+// readPast serves a read at status st from chunks fetched into memory as
+// u, none cached; chunks whose bytes are this client's (unstored writes,
+// zeros past a local truncation) are read from the cache, which pins them.
 func (n *Node) readPast(p []byte, off int64, st node.Status, u User) (int, error) {
 	cs := n.at().cache.ChunkSize()
+	size := int64(st.Size)
+	if est, ok := n.entry.Status(); ok {
+		size = int64(est.Size)
+	}
 	mem := map[int64][]byte{}
-	for idx := off / cs; idx*cs < min(off+int64(len(p)), int64(st.Size)); idx++ {
+	for idx := off / cs; idx*cs < min(off+int64(len(p)), size); idx++ {
+		if n.entry.Local(idx) {
+			continue
+		}
 		data, dv, err := n.fetchChunk(idx, u)
 		if err != nil {
 			return 0, err
@@ -406,7 +412,7 @@ func (n *Node) prepareWrite(off, length int64, u User) error {
 	if len(need) == 0 {
 		return nil
 	}
-	mem, err := n.fetch(need, true, u)
+	mem, err := n.fetchNow(need, u)
 	if err != nil {
 		return err
 	}
@@ -414,6 +420,22 @@ func (n *Node) prepareWrite(off, length int64, u User) error {
 		return cache.ErrNoSpace
 	}
 	return nil
+}
+
+// fetchNow is fetch for a writer or a truncation, which cannot go on
+// without the chunks: a fetch that a new version overtook (ErrStale: it
+// joined a read-ahead begun before a store) is made again at the current
+// version.
+func (n *Node) fetchNow(idxs []int64, u User) (map[int64][]byte, error) {
+	for attempt := 0; ; attempt++ {
+		mem, err := n.fetch(idxs, true, u)
+		if !errors.Is(err, cache.ErrStale) || attempt == 3 {
+			return mem, err
+		}
+		if _, err := n.at().fresh(n, u); err != nil {
+			return nil, err
+		}
+	}
 }
 
 // Allocate makes sure [off, off+n) exists: past the end it extends the file
@@ -462,7 +484,7 @@ func (n *Node) truncateLocked(size uint64, u User) error {
 	if errors.Is(err, cache.ErrMiss) {
 		// The chunk the new end falls in keeps its first part: fetch it.
 		cs := n.at().cache.ChunkSize()
-		if _, err = n.fetch([]int64{int64(size) / cs}, true, u); err == nil {
+		if _, err = n.fetchNow([]int64{int64(size) / cs}, u); err == nil {
 			err = n.entry.Truncate(int64(size))
 		}
 	}

@@ -84,6 +84,21 @@ package client
 //     Entry.openElem, chunk.elem. Innermost. No I/O but unlinkDoomed's
 //     unlink, which must see entries unchanged.
 //
+// One owner of a file's size
+//
+// A cached file's size and DataVersion belong to its cache.Entry, under
+// Entry.mu, and nothing else writes them: local changes (Entry.WriteAt,
+// Truncate) hold wmu as well, and whatever the server says of the file
+// (fetch and store replies, GetStatus, lookups, breaks' refetches,
+// settles) reaches the entry only through Entry.Learn, via learn and
+// syncEntry, which merges it in one hold of Entry.mu: older versions are
+// ignored, and the local size stands while writes or a truncation are
+// unstored. Node.st keeps the server's other attributes; a reader of the
+// size asks the entry (statusLocked). Never read the entry's status, change
+// it and write it back: a truncation between the two would be undone.
+// Entry.Cleaned, under wmu, takes a store's reply whole, as nothing local
+// can have changed since the store read it.
+
 // Two of a kind
 //
 //   - Node.mu: one at a time; a directory's is released before a child's.

@@ -188,18 +188,14 @@ func (c *Client) learn(t callback.Ticket, st node.Status, ttl time.Duration, u U
 	return n, nil
 }
 
-// syncEntry brings the cache entry to the server's status st: a new
-// DataVersion drops the cached clean chunks. Unstored local writes are
-// kept, with the local size: they win at this client's next store.
+// syncEntry merges the server's status st into the cache entry, which
+// owns a file's size and DataVersion (cache.Entry.Learn).
 func (n *Node) syncEntry(st node.Status) error {
-	old, ok := n.entry.Status()
-	if ok && n.localChanges() {
-		st.Size = old.Size
-	}
-	if ok && old.DataVersion != st.DataVersion {
+	changed, err := n.entry.Learn(st)
+	if changed {
 		n.at().counters.dropped.Add(1)
 	}
-	return n.entry.SetStatus(st, false)
+	return err
 }
 
 // learnPB is learn for a status in wire form.

@@ -312,7 +312,10 @@ func (u *Update) Commit(sync bool, mtime time.Time, op node.Op) (node.Status, er
 			return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
 		}
 		p.newGen = s.newGen()
-	case r.DataGen == 0 || len(ranges) > 0 && (cut < r.Size || extentBytes(gaps) <= extentBytes(ranges)):
+	case r.DataGen == 0 || cut < r.Size && (len(ranges) > 0 || p.size > cut) ||
+		len(ranges) > 0 && extentBytes(gaps) <= extentBytes(ranges):
+		// In place, old bytes between cut and the new size would survive:
+		// a truncation the size then grows past takes a new file.
 		if r.DataGen != 0 {
 			if err := fillGaps(u.staging, old, gaps); err != nil {
 				return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))

@@ -615,6 +615,37 @@ func TestTruncateThenWrite(t *testing.T) {
 	}
 }
 
+// TestTruncateThenExtend checks a store that carries only a truncation
+// point and a larger final size, as after ftruncate down then up with no
+// write between: the bytes past the point read as zeros, in every layout
+// the old data may have (inline, a data file, a large one).
+func TestTruncateThenExtend(t *testing.T) {
+	for _, oldSize := range []int{1000, 4 << 20, 12 << 20} {
+		s := open(t, t.TempDir())
+		f := mustCreate(t, s, root(t, s), "f", node.TypeFile).FID
+		write(t, s, f, 0, bytes.Repeat([]byte("o"), oldSize))
+		u, _ := s.BeginUpdate(f)
+		u.Truncate(100)
+		u.SetSize(uint64(oldSize / 2))
+		if _, err := u.Commit(true, time.Time{}, ""); err != nil {
+			t.Fatal(err)
+		}
+		want := string(bytes.Repeat([]byte("o"), 100)) + string(make([]byte, oldSize/2-100))
+		if got := read(t, s, f); string(got) != want {
+			t.Fatalf("old size %d: %d bytes, first difference at %d", oldSize, len(got), firstDiffAt(got, []byte(want)))
+		}
+	}
+}
+
+func firstDiffAt(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
 // TestReadDirHuge lists a directory of 120,000 entries in pages, resuming
 // by cookie, while entries are removed and added between pages.
 func TestReadDirHuge(t *testing.T) {
