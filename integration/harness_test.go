@@ -166,6 +166,11 @@ func (l *logBuf) WriteString(s string) {
 	l.b.WriteString(s)
 }
 
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.WriteString(string(p))
+	return len(p), nil
+}
+
 func (l *logBuf) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -8,6 +8,7 @@ package mount
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path"
 	"strings"
@@ -93,8 +94,16 @@ func fillAttr(st node.Status, out *fuse.Attr) {
 	out.SetTimes(&st.Atime, &st.Mtime, &st.Ctime)
 }
 
-// errno turns a cache manager error into the errno for the kernel.
-func errno(err error) syscall.Errno { return client.Errno(err) }
+// errno turns a cache manager error into the errno for the kernel. An
+// EIO says nothing to the application of why: the log says it, once per
+// error (the mount's log is rate-limited).
+func errno(err error) syscall.Errno {
+	e := client.Errno(err)
+	if e == syscall.EIO {
+		slog.Warn("I/O error returned to an application", "err", err)
+	}
+	return e
+}
 
 func (h *hnode) OnAdd(ctx context.Context) {
 	h.m.added(h)

@@ -1,7 +1,11 @@
 package mount
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -23,5 +27,24 @@ func TestUntilKnownRetriesTogether(t *testing.T) {
 	want := []int{0, 1, 2, 3, 4, 1, 3, 4, 1, 3, 4, 4, 4, 4, 4, 4, 4, 4}
 	if fmt.Sprint(calls) != fmt.Sprint(want) {
 		t.Fatalf("notifications sent %v, want %v", calls, want)
+	}
+}
+
+// An EIO that reaches an application leaves a log line saying why; other
+// errors, which say it themselves, do not.
+func TestEIOIsLogged(t *testing.T) {
+	var buf bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	defer slog.SetDefault(old)
+	if e := errno(fmt.Errorf("store /a: %w", errors.New("cache: chunk not present"))); e != syscall.EIO {
+		t.Fatalf("errno %v, want EIO", e)
+	}
+	if !strings.Contains(buf.String(), "chunk not present") || !strings.Contains(buf.String(), "store /a") {
+		t.Fatalf("log: %q", buf.String())
+	}
+	buf.Reset()
+	if e := errno(fmt.Errorf("open /b: %w", syscall.ENOENT)); e != syscall.ENOENT || buf.Len() != 0 {
+		t.Fatalf("ENOENT: %v, logged %q", e, buf.String())
 	}
 }

@@ -10,8 +10,15 @@ mnt=${HOARD_MNT:-$top/mnt}
 cache=${HOARD_CACHE:-$top/cache}
 mkdir -p "$data" "$mnt" "$cache"
 if "$bin" umount "$mnt" >/dev/null 2>&1; then echo "hoard: cleared a stale mount at $mnt"; fi
+# Writes an earlier run could not store are kept; say so at every start.
+if lost=$("$bin" cache lost --cache "$cache" 2>/dev/null) && [ "$lost" != "no lost writes" ]; then
+  printf 'hoard: writes an earlier run could not store are kept in %s/lost:\n%s\n' "$cache" "$lost"
+fi
 
-"$bin" server --data "$data" --listen "$listen" --log-level info &
+# The server runs in a session of its own: Ctrl-C signals the whole
+# foreground job, and a server stopped by it before cleanup's umount would
+# leave the mount's write-back nowhere to go. The script stops it after.
+setsid "$bin" server --data "$data" --listen "$listen" --log-level info &
 server=$!
 cell=$data/cell
 # The cell's CA and admin token, for this script's client commands.
