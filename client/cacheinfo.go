@@ -203,8 +203,35 @@ func (k *Nodes) DirtyFiles() []DirtyFile {
 	return fs
 }
 
+// Refusal is a file whose writes a flush could not store: the server
+// refused them (quota, rights, size), and they were kept in lost/.
+type Refusal struct {
+	Path  string `json:"path"`
+	Dirty int64  `json:"dirty"`
+	Err   string `json:"err"`
+}
+
 // FlushAll stores every file's writes now rather than when write-back
-// would; a file whose store fails stays dirty, for DirtyFiles to show.
-func (k *Nodes) FlushAll() {
+// would. A file whose store fails for a while stays dirty, for DirtyFiles
+// to show; those the server refused, and lost/ kept, are returned.
+func (k *Nodes) FlushAll() []Refusal {
+	type was struct {
+		n      *Node
+		losses uint64
+		dirty  int64
+	}
+	var files []was
+	k.c.sites.each(func(c *Client) {
+		for _, d := range c.flusher.Files() {
+			files = append(files, was{d.n, d.n.lossCount(), d.n.entry.DirtyBytes()})
+		}
+	})
 	k.c.sites.each(func(c *Client) { c.flusher.Drain(dirtyNode{}) })
+	var out []Refusal
+	for _, f := range files {
+		if err := f.n.lostSince(f.losses); err != nil {
+			out = append(out, Refusal{Path: f.n.entry.Policy("path"), Dirty: f.dirty, Err: err.Error()})
+		}
+	}
+	return out
 }

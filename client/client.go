@@ -174,6 +174,10 @@ type Client struct {
 
 	volMu sync.Mutex
 	vols  map[string]*pb.Volume
+	// room is each volume's free space as last asked, less what closes
+	// accepted under write-back since (quota.go).
+	roomMu sync.Mutex
+	room   map[uint64]*volRoom
 	// root is the root volume's root directory (Dial's Client only).
 	root *Node
 	// sites are the cell's servers this client reaches, shared by their

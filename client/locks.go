@@ -70,7 +70,7 @@ package client
 //     before them, voiding them, or after.
 // 12. Leaves, which take nothing: cbMu (cb's promises, delegations and
 //     lease), conn.Conn.mu (sessionC), writeback.Flusher.mu (dirty), bgMu
-//     (closing), volMu (vols), stageIndex.mu, policy.Ghosts.mu, the
+//     (closing), volMu (vols), roomMu (room), stageIndex.mu, policy.Ghosts.mu, the
 //     singleflights' own (fileData.fetches runs fetchOne on its
 //     goroutine). Short; never across an RPC or a wait.
 //

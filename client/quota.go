@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"time"
 
 	pb "github.com/hoardfs/hoard/hoardpb"
 )
@@ -20,4 +21,60 @@ func (c *Client) SetQuota(volume string, quota uint64) (Volume, error) {
 		return Volume{}, cellErrOf("set quota of volume", volume, err)
 	}
 	return toVolume(v), nil
+}
+
+// volRoom is what a close under write-back may take of a volume: the free
+// space (its quota's, or its server's) the server said at asked, less the
+// growth of the files accepted since.
+type volRoom struct {
+	free  int64
+	asked time.Time
+}
+
+// roomFresh is how long a volume's free space, as asked, stands for the
+// closes that follow: other clients' stores change it meanwhile.
+const roomFresh = 2 * time.Second
+
+// roomFor reports whether a close may keep n's writes in the cache, as u:
+// the volume has room for the growth they bring. Otherwise the close
+// stores them, and the server's refusal (EDQUOT, ENOSPC) reaches the
+// application at close, as AFS's store on close does, rather than be
+// found by the flusher after the close said all was well. Another
+// client filling the volume within roomFresh can still make a later store
+// fail: the write-back window.
+func (c *Client) roomFor(n *Node, u User) bool {
+	est, ok := n.entry.Status()
+	n.mu.Lock()
+	server := n.st.Size
+	n.mu.Unlock()
+	if !ok || est.Size <= server {
+		return true // no growth: the server takes it
+	}
+	grow := int64(est.Size - server)
+	vol := n.fid.Volume
+	c.roomMu.Lock()
+	r := c.room[vol]
+	if r != nil && time.Since(r.asked) < roomFresh && r.free >= grow {
+		r.free -= grow
+		c.roomMu.Unlock()
+		return true
+	}
+	c.roomMu.Unlock()
+	fs, err := c.statFS(vol, u)
+	if err != nil {
+		return false // the store decides
+	}
+	free := int64(fs.BlocksFree * uint64(fs.BlockSize))
+	c.roomMu.Lock()
+	defer c.roomMu.Unlock()
+	if c.room == nil {
+		c.room = map[uint64]*volRoom{}
+	}
+	r = &volRoom{free: free, asked: time.Now()}
+	c.room[vol] = r
+	if r.free < grow {
+		return false
+	}
+	r.free -= grow
+	return true
 }

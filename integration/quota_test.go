@@ -154,3 +154,57 @@ func TestQuotaThroughMount(t *testing.T) {
 	}
 	listed("4M", "2.0K")
 }
+
+// Under write-back a close keeps the writes in the cache, and the
+// flusher stores them later: a store the volume's quota will refuse is
+// refused at the close instead (EDQUOT), as AFS's store on close is, not
+// found after cp said all was well.
+func TestQuotaAtCloseUnderWriteBack(t *testing.T) {
+	needFuse(t)
+	srv := startServer(t, t.TempDir())
+	c := dial(t, srv.addr, "mem", 16<<20)
+	if _, err := c.CreateVolume("capped"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.MountVolume("/capped", "capped"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SetQuota("capped", 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	m := startMount(t, srv, t.TempDir())
+	small := filepath.Join(m.path("capped"), "small")
+	if err := os.WriteFile(small, testkit.Pattern(1<<20, 1), 0o644); err != nil {
+		t.Fatalf("1 MiB under a quota of 4: %v", err)
+	}
+	big := filepath.Join(m.path("capped"), "big")
+	err := os.WriteFile(big, testkit.Pattern(5<<20, 2), 0o644)
+	if !errors.Is(err, syscall.EDQUOT) {
+		t.Fatalf("close of 5 MiB under a quota of 4, with write-back: %v, want EDQUOT", err)
+	}
+	// What fits is still taken, after the refusal.
+	if err := os.WriteFile(filepath.Join(m.path("capped"), "more"), testkit.Pattern(1<<20, 3), 0o644); err != nil {
+		t.Fatalf("1 MiB more: %v", err)
+	}
+	out, code := run(t, "cache", "flush", m.dir)
+	if code != 0 {
+		t.Fatalf("cache flush: exit %d: %s", code, out)
+	}
+	if st, err := c.Stat("/capped/more"); err != nil || st.Size != 1<<20 {
+		t.Fatalf("after flush: %+v %v", st, err)
+	}
+	// Another client fills the volume after a close was accepted: the
+	// flush that finds its store refused says so, and fails.
+	if err := os.WriteFile(filepath.Join(m.path("capped"), "late"), testkit.Pattern(1<<20, 4), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	other := testkit.Create(t, c, "/capped/other", testkit.Pattern(3<<19, 5))
+	if err := other.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	other.Close()
+	out, code = run(t, "cache", "flush", m.dir)
+	if code != 1 || !strings.Contains(out, "late") || !strings.Contains(out, "refused") {
+		t.Fatalf("cache flush of a refused store: exit %d: %s", code, out)
+	}
+}

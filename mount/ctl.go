@@ -29,7 +29,8 @@ const (
 	// DirtyReport: the files with writes not yet stored.
 	DirtyXattr = "user.hoard.dirty"
 	// FlushXattr, set on any path of the mount, stores every file's
-	// writes now; DirtyXattr then lists those that could not be.
+	// writes now; DirtyXattr then lists those that could not be, and
+	// those the server refused (kept in lost/).
 	FlushXattr = "user.hoard.flush"
 )
 
@@ -41,6 +42,9 @@ type DirtyReport struct {
 	Files   int                `json:"files"`
 	Bytes   int64              `json:"bytes"`
 	Largest []client.DirtyFile `json:"largest"`
+	// Refused are the files the last flush found the server refusing,
+	// whose writes were kept in lost/ (at most maxDirtyListed).
+	Refused []client.Refusal `json:"refused,omitempty"`
 }
 
 const maxDirtyListed = 200
@@ -59,7 +63,7 @@ func (h *hnode) getCtl(ctx context.Context, attr string) ([]byte, bool, syscall.
 		x = fc
 	case DirtyXattr:
 		fs := h.m.as(ctx).DirtyFiles()
-		r := DirtyReport{Files: len(fs), Largest: fs[:min(len(fs), maxDirtyListed)]}
+		r := DirtyReport{Files: len(fs), Largest: fs[:min(len(fs), maxDirtyListed)], Refused: h.m.lastRefused()}
 		for _, f := range fs {
 			r.Bytes += f.Dirty
 		}
@@ -91,8 +95,21 @@ func (h *hnode) setCtl(ctx context.Context, attr string) (bool, syscall.Errno) {
 	case EvictXattr:
 		return true, errno(k.Evict(h.n))
 	case FlushXattr:
-		k.FlushAll()
+		h.m.setRefused(k.FlushAll())
 		return true, 0
 	}
 	return false, 0
+}
+
+// setRefused keeps what the last flush found refused, for DirtyXattr.
+func (m *Mount) setRefused(r []client.Refusal) {
+	m.refusedMu.Lock()
+	defer m.refusedMu.Unlock()
+	m.refused = r[:min(len(r), maxDirtyListed)]
+}
+
+func (m *Mount) lastRefused() []client.Refusal {
+	m.refusedMu.Lock()
+	defer m.refusedMu.Unlock()
+	return m.refused
 }

@@ -68,6 +68,11 @@ type Mount struct {
 	// refs counts the kernel inodes built on each Node: the Node is
 	// released only when the last of them is forgotten.
 	refs map[*client.Node]int
+
+	// refused: what the last `hoard cache flush` found the server
+	// refusing. A leaf lock.
+	refusedMu sync.Mutex
+	refused   []client.Refusal
 }
 
 // InvalidateWait bounds how long a break waits for the kernel to drop its

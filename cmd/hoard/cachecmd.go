@@ -633,16 +633,24 @@ func flushCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			refused := map[string]bool{}
+			var refusedBytes int64
+			var errs []error
+			for _, r := range after.Refused {
+				refused[r.Path] = true
+				refusedBytes += r.Dirty
+				errs = append(errs, fmt.Errorf("%s: %s refused by the server and kept in lost/ (hoard cache lost): %s", r.Path, humanSize(uint64(r.Dirty)), r.Err))
+			}
 			for _, f := range before.Largest {
-				if b := f.Dirty - left[f.Path]; b > 0 {
+				if b := f.Dirty - left[f.Path]; b > 0 && !refused[f.Path] {
 					fmt.Printf("stored %s  %s\n", humanSize(uint64(b)), f.Path)
 				}
 			}
 			if more := before.Files - len(before.Largest); more > 0 {
 				fmt.Printf("(and %d smaller files)\n", more)
 			}
-			fmt.Printf("stored %s of %d files\n", humanSize(uint64(max(0, before.Bytes-after.Bytes))), max(0, before.Files-after.Files))
-			var errs []error
+			fmt.Printf("stored %s of %d files\n", humanSize(uint64(max(0, before.Bytes-after.Bytes-refusedBytes))),
+				max(0, before.Files-after.Files-len(after.Refused)))
 			for _, f := range after.Largest {
 				if _, ok := was[f.Path]; ok {
 					errs = append(errs, fmt.Errorf("%s: %s not stored yet (the server may be unreachable; hoard cache lost lists writes given up on)", f.Path, humanSize(uint64(f.Dirty))))
