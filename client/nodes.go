@@ -481,6 +481,14 @@ func (k *Nodes) SetPolicy(n *Node, mode string, recursive bool) error {
 	return n.at().setPolicyAt(n, mode, recursive, k.u)
 }
 
+// SyncDir makes what this client changed in directory dir durable at its
+// server: names made and removed under a directory delegation are settled
+// (the server commits each change durably before it answers).
+func (k *Nodes) SyncDir(dir *Node) error {
+	err := dir.onServer(false, func(at *Client) error { return at.settle(dir) })
+	return errOf("fsync", "/", err)
+}
+
 // StatFS reports the space of n's volume: its quota if it has one, or
 // the space of the server holding it.
 func (k *Nodes) StatFS(n *Node) (FSStat, error) {

@@ -58,7 +58,22 @@ type hnode struct {
 	issued map[string]struct{}
 }
 
-var _ = (fs.NodeLookuper)((*hnode)(nil))
+var (
+	_ = (fs.NodeLookuper)((*hnode)(nil))
+	_ = (fs.NodeFsyncer)((*hnode)(nil))
+)
+
+// Fsync of a directory's descriptor makes the names made and removed in
+// it durable at the server, as ext4's does (databases fsync a directory
+// after a create or rename and treat a failure as fatal): what a directory
+// delegation let this mount make locally is settled first. A file's goes
+// to its handle.
+func (h *hnode) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall.Errno {
+	if fh, ok := f.(*handle); ok {
+		return fh.Fsync(ctx, flags)
+	}
+	return errno(h.m.as(ctx).SyncDir(h.n))
+}
 
 // ino maps a FID to a stable inode number: volume in the top 24 bits,
 // vnode below (vnode numbers past 2^40 in one volume would collide).
