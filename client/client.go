@@ -158,7 +158,11 @@ type Client struct {
 	cb   *callback.Client
 	// lease is the delegation lease the server announced (0: it grants
 	// none); renewing is set while a Renew is in flight.
-	lease    atomic.Int64
+	lease atomic.Int64
+	// maxFile is the largest file size the server stores (its Welcome;
+	// 0: unknown): a larger size is EFBIG at the call, not a store the
+	// server refuses after the call succeeded.
+	maxFile  atomic.Uint64
 	renewing atomic.Bool
 	flusher  *writeback.Flusher[dirtyNode]
 	// rate is the flusher's progress at the last setGauges (expirer only).
@@ -432,6 +436,7 @@ func (h handler) Welcome(w *pb.Welcome) {
 	c.cb.SetLease(time.Duration(w.LeaseMs) * time.Millisecond)
 	c.cbMu.Unlock()
 	c.lease.Store(int64(time.Duration(w.LeaseMs) * time.Millisecond))
+	c.maxFile.Store(w.MaxFileSize)
 	if changed {
 		c.log.Info("server restarted; cached files will be revalidated", "server", c.opts.Server, "epoch", w.Epoch)
 	}

@@ -235,5 +235,9 @@ func (p *FIDs) Delegate(n *Node, write bool) (callback.Held, bool) {
 	return p.c.delegate(n, write, p.c.self)
 }
 
+// MaxFileSize is the largest file size the server stores (0: unknown):
+// a proxy tells its own clients the same.
+func (p *FIDs) MaxFileSize() uint64 { return p.c.maxFile.Load() }
+
 // Lease is the delegation lease the server announced (0: it grants none).
 func (p *FIDs) Lease() time.Duration { return time.Duration(p.c.lease.Load()) }

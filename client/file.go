@@ -359,6 +359,9 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	if err := n.sizeAllowed(uint64(off) + uint64(len(p))); err != nil {
+		return 0, f.pathErr("write", err)
+	}
 	if err := n.prepareWrite(off, int64(len(p)), f.u); err != nil {
 		return 0, f.pathErr("write", err)
 	}
@@ -479,6 +482,9 @@ func (f *File) Truncate(size int64) error {
 
 // truncateLocked truncates n in the cache, for u (wmu held).
 func (n *Node) truncateLocked(size uint64, u User) error {
+	if err := n.sizeAllowed(size); err != nil {
+		return err
+	}
 	n.touch(u)
 	err := n.entry.Truncate(int64(size))
 	if errors.Is(err, cache.ErrMiss) {
@@ -492,6 +498,16 @@ func (n *Node) truncateLocked(size uint64, u User) error {
 		n.at().dirtied(n)
 	}
 	return err
+}
+
+// sizeAllowed refuses a size past the largest file n's server stores
+// (EFBIG, as a local file system refuses it), before it is cached: its
+// store would be refused after the call succeeded.
+func (n *Node) sizeAllowed(size uint64) error {
+	if most := n.at().maxFile.Load(); most > 0 && size > most {
+		return syscall.EFBIG
+	}
+	return nil
 }
 
 // Sync stores the file's local changes and makes them durable on the server.

@@ -392,27 +392,30 @@ func TestRefusedStoreKeptInLost(t *testing.T) {
 	}
 }
 
-// QUESTIONABLE: Truncate by name under a write delegation to a size the
-// server refuses returns nil (the truncation is local, as documented),
-// and when the delegation is recalled the file's unstored writes, valid
-// ones made before the truncation included, go to lost/ with nobody
-// told: no open file remains whose Sync or Close would report it, and
-// another client reads the file empty. Without a delegation the same call
-// fails at once with EFBIG and nothing is lost. The client could refuse
-// such a size locally (the server's bound is known to it: see the EFBIG
-// of a truncation by name without a delegation).
+// A truncation past the largest file the server stores is EFBIG at once,
+// under a write delegation too: the server's bound came in its Welcome.
+// Taken locally, the truncation's store would be refused at the recall,
+// and the file's earlier unstored writes with it, with nobody told.
 func TestTruncateByNameTooLarge(t *testing.T) {
-	t.Skip("QUESTIONABLE: a.Truncate(name, 1<<50) under a write delegation returns nil, then loses the file's unstored writes silently; see the comment")
 	s := startServer(t)
 	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
 	b := s.dial(t, memCache())
 	testkit.WriteFile(t, a, "/big", []byte("abc"))
-	err := a.Truncate("/big", 1<<50)
-	if err == nil {
-		if got := testkit.ReadFile(t, b, "/big"); string(got) != "abc" {
-			t.Fatalf("Truncate returned nil, and the file's earlier writes were lost: another client reads %q", got)
-		}
-	} else if errnoOf(err) != syscall.EFBIG {
-		t.Fatalf("truncate past the largest file: %v", err)
+	if err := a.Truncate("/big", 1<<62); errnoOf(err) != syscall.EFBIG {
+		t.Fatalf("truncate past the largest file: %v, want EFBIG", err)
+	}
+	f, err := a.Open("/big", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte("x"), 1<<62); errnoOf(err) != syscall.EFBIG {
+		t.Fatalf("write past the largest file: %v, want EFBIG", err)
+	}
+	if err := f.Truncate(1 << 62); errnoOf(err) != syscall.EFBIG {
+		t.Fatalf("ftruncate past the largest file: %v, want EFBIG", err)
+	}
+	if got := testkit.ReadFile(t, b, "/big"); string(got) != "abc" {
+		t.Fatalf("another client reads %q", got)
 	}
 }

@@ -995,7 +995,10 @@ type Welcome struct {
 	// one (the same client, come back): the client returns it once its own
 	// clients (a proxy's) had their say. A recall of a later unknown state
 	// may race its grant, and is remembered instead.
-	StatesFrom    uint64 `protobuf:"varint,9,opt,name=states_from,json=statesFrom,proto3" json:"states_from,omitempty"`
+	StatesFrom uint64 `protobuf:"varint,9,opt,name=states_from,json=statesFrom,proto3" json:"states_from,omitempty"`
+	// The largest file size the server stores (0: unknown): a client refuses
+	// a larger size with EFBIG at the system call, before it is cached.
+	MaxFileSize   uint64 `protobuf:"varint,10,opt,name=max_file_size,json=maxFileSize,proto3" json:"max_file_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1089,6 +1092,13 @@ func (x *Welcome) GetSession() string {
 func (x *Welcome) GetStatesFrom() uint64 {
 	if x != nil {
 		return x.StatesFrom
+	}
+	return 0
+}
+
+func (x *Welcome) GetMaxFileSize() uint64 {
+	if x != nil {
+		return x.MaxFileSize
 	}
 	return 0
 }
@@ -6246,7 +6256,7 @@ const file_hoard_proto_rawDesc = "" +
 	"\x04ping\x18\x04 \x01(\v2\x0e.hoard.v1.PingH\x00R\x04ping\x12*\n" +
 	"\x06recall\x18\x05 \x01(\v2\x10.hoard.v1.RecallH\x00R\x06recall\x12*\n" +
 	"\x06revoke\x18\x06 \x01(\v2\x10.hoard.v1.RevokeH\x00R\x06revokeB\x05\n" +
-	"\x03msg\"\x85\x02\n" +
+	"\x03msg\"\xa9\x02\n" +
 	"\aWelcome\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
@@ -6257,7 +6267,9 @@ const file_hoard_proto_rawDesc = "" +
 	"\fdata_streams\x18\a \x01(\rR\vdataStreams\x12\x18\n" +
 	"\asession\x18\b \x01(\tR\asession\x12\x1f\n" +
 	"\vstates_from\x18\t \x01(\x04R\n" +
-	"statesFrom\"<\n" +
+	"statesFrom\x12\"\n" +
+	"\rmax_file_size\x18\n" +
+	" \x01(\x04R\vmaxFileSize\"<\n" +
 	"\x05Break\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12!\n" +
 	"\x04fids\x18\x02 \x03(\v2\r.hoard.v1.FIDR\x04fids\"\a\n" +

@@ -345,6 +345,9 @@ func nextEpoch(path string) (uint64, error) {
 
 func (p *Proxy) Epoch() uint64 { return p.epoch }
 
+// MaxFileSize is the origin's.
+func (p *Proxy) MaxFileSize() uint64 { return p.fids.MaxFileSize() }
+
 func fromVolume(v client.Volume) node.Volume {
 	return node.Volume{ID: v.ID, Name: v.Name, Root: v.Root, Created: v.Created, Quota: v.Quota, Used: v.Used, Files: v.Files}
 }

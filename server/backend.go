@@ -18,6 +18,9 @@ import (
 type Backend interface {
 	// Epoch changes at every start: clients of an earlier one reconnect.
 	Epoch() uint64
+	// MaxFileSize is the largest file size stored (0: unknown), told to
+	// clients in the Welcome so that they refuse larger ones at once.
+	MaxFileSize() uint64
 
 	CreateVolume(name string) (node.Volume, error)
 	VolumeByName(name string) (node.Volume, error)

@@ -425,7 +425,8 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 	}
 	err = stream.Send(&pb.ServerMsg{Msg: &pb.ServerMsg_Welcome{Welcome: &pb.Welcome{
 		ClientId: uint64(id), Epoch: s.store.Epoch(), Version: pb.Version, PingMs: uint32(s.cfg.Ping / time.Millisecond), DataAddr: dataAddr,
-		LeaseMs: uint32(s.cfg.Lease / time.Millisecond), DataStreams: uint32(s.cfg.DataStreams), Session: token, StatesFrom: statesFrom}}})
+		LeaseMs: uint32(s.cfg.Lease / time.Millisecond), DataStreams: uint32(s.cfg.DataStreams), Session: token, StatesFrom: statesFrom,
+		MaxFileSize: s.store.MaxFileSize()}}})
 	if err != nil {
 		return err
 	}

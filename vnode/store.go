@@ -183,6 +183,9 @@ func (s *Store) Close() error { return s.db.Close() }
 // Epoch is this server start's epoch: it increases with every Open.
 func (s *Store) Epoch() uint64 { return s.epoch }
 
+// MaxFileSize is the largest file the data file system takes.
+func (s *Store) MaxFileSize() uint64 { return uint64(s.maxSize) }
+
 // Dir is the data directory.
 func (s *Store) Dir() string { return s.dir }
 
