@@ -182,6 +182,8 @@ type Client struct {
 	// accepted under write-back since (quota.go).
 	roomMu sync.Mutex
 	room   map[uint64]*volRoom
+	// expiredLogged holds the tokens whose expiry was logged (checkToken).
+	expiredLogged sync.Map
 	// root is the root volume's root directory (Dial's Client only).
 	root *Node
 	// sites are the cell's servers this client reaches, shared by their

@@ -683,7 +683,7 @@ func (f *File) flush(op string) error {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
 	err := f.rescan()
-	if err == nil && f.n.at().writeBack(n) && f.n.at().roomFor(n, f.u) {
+	if err == nil && f.n.at().writeBack(n) && f.u.storableFor(f.n.at().opts.FlushAge) && f.n.at().roomFor(n, f.u) {
 		if n.localChanges() {
 			f.n.at().dirtied(n) // writes through passthrough did not say so
 		}

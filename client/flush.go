@@ -37,8 +37,20 @@ func (d dirtyNode) Dirty() (int64, time.Time, bool) {
 	n := d.n
 	n.mu.Lock()
 	since, writing := n.dirtySince, n.opens.w > 0
+	if n.wrote && !n.writer.expires.IsZero() && !since.IsZero() {
+		// Stored by tokenMargin before the writer's token expires, which
+		// the age bound alone would not: the server refuses it after.
+		since = minTime(since, n.writer.expires.Add(-tokenMargin-n.at().opts.FlushAge))
+	}
 	n.mu.Unlock()
 	return n.entry.DirtyBytes(), since, writing
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func (d dirtyNode) Store(try bool) error {

@@ -143,5 +143,6 @@ package client
 //     every RPC.
 //   - File.closed, bp, seqNext, window; hnode.lateTicket (Mount.distrust);
 //     Mount.withOlder (read on every write).
+//   - Client.expiredLogged (a sync.Map): the tokens whose expiry was logged.
 //   - Cache.lruGen, lruLen, chunk.gen (a hit moves no LRU under Cache.mu),
 //     chunk.unchecked, Cache.dirtyBytes (flusher thresholds), counters.

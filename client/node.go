@@ -223,6 +223,9 @@ func (c *Client) fresh(n *Node, u User) (node.Status, error) {
 
 // freshHere is fresh at the Client of the server holding n.
 func (c *Client) freshHere(n *Node, u User) (node.Status, error) {
+	if err := c.checkToken(u); err != nil {
+		return node.Status{}, err
+	}
 	if st, ok := c.cachedAs(n, u); ok {
 		return st, nil
 	}

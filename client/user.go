@@ -3,8 +3,11 @@ package client
 import (
 	"crypto/sha256"
 	"fmt"
+	"syscall"
+	"time"
 
 	"github.com/hoardfs/hoard/access"
+	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client/conn"
 	"github.com/hoardfs/hoard/node"
 )
@@ -29,6 +32,11 @@ import (
 type User struct {
 	token string
 	key   userKey
+	// name and expires are what the token says (unverified: the server
+	// checks it), for refusing new writes once it expired and for logs;
+	// expires is zero if the token says nothing readable.
+	name    string
+	expires time.Time
 }
 
 // userKey names a user in the nodes' rights: the token's SHA-256 (the
@@ -41,7 +49,35 @@ func NewUser(token string) User {
 	if token == "" {
 		return User{}
 	}
-	return User{token: token, key: sha256.Sum256([]byte(token))}
+	u := User{token: token, key: sha256.Sum256([]byte(token))}
+	if cl, err := cell.Inspect(token); err == nil {
+		u.name, u.expires = cl.User, cl.Expires
+	}
+	return u
+}
+
+// tokenMargin is how long before a token expires the writes made with it
+// are stored: the server refuses a store made with an expired token, and
+// writes a close acknowledged must still reach it.
+const tokenMargin = 15 * time.Second
+
+// expiredAt reports whether u's token has expired at now.
+func (u User) expiredAt(now time.Time) bool {
+	return !u.expires.IsZero() && !now.Before(u.expires)
+}
+
+// checkToken refuses a request of u's once u's token has expired
+// (EKEYEXPIRED), saying so in the log once per token: the server would
+// refuse it, and a write accepted into the cache could not be stored.
+func (c *Client) checkToken(u User) error {
+	if !u.expiredAt(time.Now()) {
+		return nil
+	}
+	if _, logged := c.expiredLogged.LoadOrStore(u.key, true); !logged {
+		c.log.Warn("token expired: refusing its new requests until a new one is given (hoard login)",
+			"user", u.name, "expired", u.expires.Format(time.RFC3339))
+	}
+	return fmt.Errorf("token of %s expired at %s: %w", u.name, u.expires.Format(time.RFC3339), syscall.EKEYEXPIRED)
 }
 
 // Anonymous reports whether u has no token.
@@ -127,4 +163,11 @@ func (c *Client) writerOf(n *Node) User {
 		return n.writer
 	}
 	return c.self
+}
+
+// storableFor reports whether writes u makes now can wait age for the
+// flusher: u's token outlives that by tokenMargin. Otherwise a close
+// stores them at once, while the token still holds.
+func (u User) storableFor(age time.Duration) bool {
+	return u.expires.IsZero() || time.Now().Add(age+tokenMargin).Before(u.expires)
 }
