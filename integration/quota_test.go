@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
@@ -206,5 +208,29 @@ func TestQuotaAtCloseUnderWriteBack(t *testing.T) {
 	out, code = run(t, "cache", "flush", m.dir)
 	if code != 1 || !strings.Contains(out, "late") || !strings.Contains(out, "refused") {
 		t.Fatalf("cache flush of a refused store: exit %d: %s", code, out)
+	}
+	// Once there is room, the refused writes are stored again from lost/,
+	// and their record goes; the refused big file's is discarded.
+	if _, err := c.SetQuota("capped", 0); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := lost.List(m.cache)
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("lost records: %v %v", recs, err)
+	}
+	for _, r := range recs {
+		args := []string{"cache", "lost", "rm", r.ID, "--cache", m.cache}
+		if r.Path == "/capped/late" {
+			args = []string{"cache", "lost", "restore", r.ID, "--cache", m.cache, "--server", srv.addr}
+		}
+		if out, code := run(t, args...); code != 0 {
+			t.Fatalf("hoard %v: exit %d: %s", args, code, out)
+		}
+	}
+	if got := testkit.ReadFile(t, c, "/capped/late"); !bytes.Equal(got, testkit.Pattern(1<<20, 4)) {
+		t.Fatalf("restored from lost/: %d bytes", len(got))
+	}
+	if out, _ := run(t, "cache", "lost", "--cache", m.cache); !strings.Contains(out, "no lost writes") {
+		t.Fatalf("lost records left: %s", out)
 	}
 }

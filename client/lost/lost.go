@@ -27,6 +27,8 @@ type Record struct {
 	Error    string     `json:"error"`
 	Time     time.Time  `json:"time"`
 	Data     string     `json:"data"`
+	// ID names the record in its lost directory (List, Get, Remove).
+	ID string `json:"-"`
 }
 
 // Dir is where undeliverable writes are kept: lost/ in the cache
@@ -100,7 +102,7 @@ func (e *Error) Error() string {
 // refused the data for a reason the application can act on, EIO otherwise.
 func (e *Error) Unwrap() error {
 	switch errno := pb.Errno(e.Cause); errno {
-	case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG, syscall.EROFS, syscall.EACCES, syscall.EPERM, syscall.ESTALE:
+	case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG, syscall.EROFS, syscall.EACCES, syscall.EPERM, syscall.ESTALE, syscall.EKEYEXPIRED:
 		return errno
 	}
 	return syscall.EIO
@@ -124,9 +126,46 @@ func List(cacheDir string) ([]Record, error) {
 		}
 		var l Record
 		if json.Unmarshal(b, &l) == nil {
+			l.ID = e.Name()
 			out = append(out, l)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Time.Before(out[j].Time) })
 	return out, nil
+}
+
+// Get reads the record id of cacheDir's lost directory.
+func Get(cacheDir, id string) (Record, error) {
+	if err := checkID(id); err != nil {
+		return Record{}, err
+	}
+	b, err := os.ReadFile(filepath.Join(Dir(cacheDir), id, "info.json"))
+	if os.IsNotExist(err) {
+		return Record{}, fmt.Errorf("no lost writes %q in %s (hoard cache lost lists them)", id, Dir(cacheDir))
+	}
+	if err != nil {
+		return Record{}, err
+	}
+	var r Record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return Record{}, fmt.Errorf("lost writes %s: %v", id, err)
+	}
+	r.ID = id
+	return r, nil
+}
+
+// Remove discards the record id, with its data.
+func Remove(cacheDir, id string) error {
+	if _, err := Get(cacheDir, id); err != nil {
+		return err
+	}
+	return os.RemoveAll(filepath.Join(Dir(cacheDir), id))
+}
+
+// checkID refuses an id that is not one name in the lost directory.
+func checkID(id string) error {
+	if id == "" || id == "." || id == ".." || filepath.Base(id) != id {
+		return fmt.Errorf("lost writes %q: not an id hoard cache lost lists", id)
+	}
+	return nil
 }

@@ -1,14 +1,18 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/spf13/pflag"
+	"io"
 	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -131,6 +135,7 @@ func watchStats(ctx context.Context, prev cache.Stats, read func() (cache.Stats,
 func cacheLostCmd() *cobra.Command {
 	var dir string
 	cmd := &cobra.Command{Use: "lost [--cache DIR]", Short: "list writes that could not be delivered to the server", Args: cobra.NoArgs,
+		Example: "  hoard cache lost\n  hoard cache lost rm 1795867840107229661-1.3.3\n  hoard cache lost restore 1795867840107229661-1.3.3 --server files:7100",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ls, err := lost.List(dir)
 			if err != nil {
@@ -141,12 +146,124 @@ func cacheLostCmd() *cobra.Command {
 				return nil
 			}
 			for _, l := range ls {
-				fmt.Printf("%s  %s  fid %s  %d range(s)  data %s\n    error: %s\n", l.Time.Format(time.RFC3339), l.Path, l.FID, len(l.Ranges), l.Data, l.Error)
+				fmt.Printf("%s  %s  %s  fid %s  %d range(s)  data %s\n    error: %s\n", l.ID, l.Time.Format(time.RFC3339), l.Path, l.FID, len(l.Ranges), l.Data, l.Error)
 			}
+			fmt.Println("(hoard cache lost restore ID stores one again; hoard cache lost rm ID discards it)")
 			return nil
 		}}
-	cmd.Flags().StringVar(&dir, "cache", defaultCacheDir(), "cache directory")
+	cmd.PersistentFlags().StringVar(&dir, "cache", defaultCacheDir(), "cache directory")
+	rm := &cobra.Command{Use: "rm ID... | --all", Short: "discard lost writes", Example: "  hoard cache lost rm --all",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			all, _ := cmd.Flags().GetBool("all")
+			if all == (len(args) > 0) {
+				return usagef("needs the IDs hoard cache lost lists, or --all")
+			}
+			if all {
+				ls, err := lost.List(dir)
+				if err != nil {
+					return err
+				}
+				for _, l := range ls {
+					args = append(args, l.ID)
+				}
+			}
+			var errs []error
+			for _, id := range args {
+				if err := lost.Remove(dir, id); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				fmt.Printf("discarded %s\n", id)
+			}
+			return failures(errs, "records")
+		}}
+	rm.Flags().Bool("all", false, "discard every record")
+	cmd.AddCommand(rm, lostRestoreCmd(&dir))
 	return cmd
+}
+
+// lostRestoreCmd stores lost writes again: onto the file they belonged to,
+// or another, as the store that failed would have (its truncation, its
+// ranges, its size), synced; the record goes once they are stored.
+func lostRestoreCmd(dir *string) *cobra.Command {
+	var to string
+	cmd := withAdmin("restore ID", "store lost writes again, onto their file or --to another", cobra.ExactArgs(1),
+		func(f *pflag.FlagSet) {
+			f.StringVar(&to, "to", "", "the file to store them onto (default: the path they belonged to)")
+		},
+		func(c *client.Client, args []string) error {
+			r, err := lost.Get(*dir, args[0])
+			if err != nil {
+				return err
+			}
+			dest := cmp.Or(to, r.Path)
+			if !strings.HasPrefix(dest, "/") {
+				return fmt.Errorf("lost writes %s belonged to %q, not a path in the cell: say where with --to", r.ID, dest)
+			}
+			n, err := restoreLost(c, r, dest)
+			if err != nil {
+				return fmt.Errorf("restore %s onto %s: %w", r.ID, dest, err)
+			}
+			fmt.Printf("stored %s of lost writes onto %s\n", humanSize(uint64(n)), dest)
+			return lost.Remove(*dir, r.ID)
+		})
+	cmd.Example = "  hoard cache lost restore 1795867840107229661-1.3.3 --to /home/me/recovered.txt"
+	// --cache names the cache whose lost writes these are, as for hoard
+	// cache lost; the client itself keeps a memory cache (withAdmin), so
+	// that a mount holding that cache is no obstacle.
+	cache := cmd.Flags().Lookup("cache")
+	cache.Hidden, cache.Usage, cache.DefValue = false, "cache directory whose lost writes to restore", defaultCacheDir()
+	run := cmd.RunE
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if cache.Changed {
+			*dir = cache.Value.String()
+		}
+		cache.Value.Set("")
+		return run(cmd, args)
+	}
+	return cmd
+}
+
+// restoreLost applies r to the file dest, synced, and returns the bytes
+// written.
+func restoreLost(c *client.Client, r lost.Record, dest string) (int64, error) {
+	data, err := os.Open(r.Data)
+	if err != nil {
+		return 0, err
+	}
+	defer data.Close()
+	f, err := c.Open(dest, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	if r.Truncate != nil {
+		if err := f.Truncate(int64(*r.Truncate)); err != nil {
+			return 0, err
+		}
+	}
+	var n int64
+	buf := make([]byte, 1<<20)
+	for _, rg := range r.Ranges {
+		for off := rg[0]; off < rg[0]+rg[1]; {
+			p := buf[:min(int64(len(buf)), rg[0]+rg[1]-off)]
+			if _, err := data.ReadAt(p, off); err != nil && err != io.EOF {
+				return n, err
+			}
+			if _, err := f.WriteAt(p, off); err != nil {
+				return n, err
+			}
+			off += int64(len(p))
+			n += int64(len(p))
+		}
+	}
+	if err := f.Truncate(r.Size); err != nil {
+		return n, err
+	}
+	if err := f.Sync(); err != nil {
+		return n, err
+	}
+	return n, f.Close()
 }
 
 // ctlBuf is large enough for any control attribute's value (the kernel

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
+	"os/signal"
 	"path"
 	"path/filepath"
 	"sort"
@@ -245,6 +248,10 @@ func fileCmds() []*cobra.Command {
 	}
 }
 
+// put copies a local file in under a hidden name in the same directory,
+// stores it synced, and renames it over the target: an interrupted put
+// (Ctrl-C, an error) leaves the old file or nothing, and what it had
+// written is dropped, not kept as lost writes.
 func put(c *client.Client, args []string) error {
 	local, remote := args[0], args[1]
 	in, err := os.Open(local)
@@ -262,16 +269,51 @@ func put(c *client.Client, args []string) error {
 	if st, err := c.Stat(remote); err == nil && st.Type == node.TypeDir {
 		remote = path.Join(remote, filepath.Base(local))
 	}
-	out, err := c.Open(remote, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, fi.Mode().Perm())
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	dir, base := path.Split(remote)
+	tmp := path.Join(dir, fmt.Sprintf(".%s.hoard-put-%08x", base, rand.Uint32()))
+	out, err := c.Open(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fi.Mode().Perm())
 	if err != nil {
 		return err
 	}
-	buf := make([]byte, 1<<20)
-	if _, err := io.CopyBuffer(writerOnly{out}, in, buf); err != nil {
+	abandon := func(err error) error {
+		// Removed while open: its unstored writes are nobody's to read,
+		// and the close drops them.
+		c.Remove(tmp)
 		out.Close()
 		return err
 	}
-	return out.Close()
+	buf := make([]byte, 1<<20)
+	for {
+		if ctx.Err() != nil {
+			return abandon(fmt.Errorf("put %s: interrupted; %s is as it was", local, remote))
+		}
+		n, rerr := in.Read(buf)
+		if n > 0 {
+			if _, err := out.Write(buf[:n]); err != nil {
+				return abandon(err)
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return abandon(rerr)
+		}
+	}
+	if err := out.Sync(); err != nil {
+		return abandon(err)
+	}
+	if err := out.Close(); err != nil {
+		c.Remove(tmp)
+		return err
+	}
+	if err := c.Rename(tmp, remote); err != nil {
+		c.Remove(tmp)
+		return err
+	}
+	return nil
 }
 
 // writerOnly hides ReaderFrom-style fast paths so io.CopyBuffer uses buf.
