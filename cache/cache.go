@@ -85,9 +85,13 @@ type Range struct{ Off, Len int64 }
 
 // Cache is an open chunk cache.
 type Cache struct {
-	dir  string
-	size int64
-	cs   int64
+	dir string
+	// size is the limit on the bytes cached (Cache.mu): the configured
+	// size, less what the file system under dir cannot give (capToDisk,
+	// diskFull).
+	size     int64
+	cs       int64
+	fullOnce sync.Once
 	// idx and spare are nil for a memory cache.
 	idx   *chunkindex.Index
 	spare *spares
@@ -175,6 +179,7 @@ func Open(o Options) (*Cache, error) {
 		}
 		return nil, err
 	}
+	c.capToDisk()
 	go c.spare.run(c.stop)
 	return c, nil
 }
@@ -437,7 +442,45 @@ func (c *Cache) Close() error {
 func (c *Cache) ChunkSize() int64 { return c.cs }
 
 // Size is the limit.
-func (c *Cache) Size() int64 { return c.size }
+func (c *Cache) Size() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.size
+}
+
+// diskMargin is what the cache leaves free on its file system at start,
+// for its index and lost/: a tenth of the free space, at most 64 MiB.
+func diskMargin(free int64) int64 { return min(free/10, 64<<20) }
+
+// capToDisk bounds the cache by what its file system can give it at
+// start: what it holds already and the space free, less diskMargin. A
+// size the disk cannot hold would fail fetches with ENOSPC rather than
+// evict (a 1 GiB default on a small file system).
+func (c *Cache) capToDisk() {
+	var st unix.Statfs_t
+	if unix.Statfs(c.dir, &st) != nil {
+		return
+	}
+	free := int64(st.Bavail) * st.Bsize
+	if limit := max(c.used+free-diskMargin(free), c.cs); limit < c.size {
+		slog.Warn("cache: its file system has less room than the cache size; using less", "dir", c.dir,
+			"size", c.size, "using", limit)
+		c.size = limit
+	}
+}
+
+// diskFull shrinks the cache below what it holds when a write to a cache
+// file found its file system full (other files took the room since the
+// start): eviction then frees disk space where the size alone would not.
+func (c *Cache) diskFull() {
+	c.mu.Lock()
+	c.size = max(c.cs, min(c.size, c.used-c.used/10))
+	size := c.size
+	c.mu.Unlock()
+	c.fullOnce.Do(func() {
+		slog.Warn("cache: its file system is full; the cache shrinks to make room", "dir", c.dir, "using", size)
+	})
+}
 
 // Used is the space reserved now; never more than Size.
 func (c *Cache) Used() int64 {
@@ -591,7 +634,7 @@ func (c *Cache) Stats() Stats {
 	c.mu.Unlock()
 	return Stats{
 		Hits: c.stats.hits.Load(), Misses: c.stats.misses.Load(), BytesFetched: c.stats.fetched.Load(), BytesWritten: c.stats.written.Load(),
-		BytesCached: used, Limit: c.size, Chunks: c.stats.chunks.Load(), Files: files,
+		BytesCached: used, Limit: c.Size(), Chunks: c.stats.chunks.Load(), Files: files,
 		Evictions: c.stats.evictions.Load(), Bypassed: c.stats.bypassed.Load(), Recovered: c.stats.recovered.Load(),
 		Corrupt: c.stats.corrupt.Load(), ChunkSize: c.cs, Gauges: g, Updated: time.Now(), Indexed: c.indexed(),
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/hoardfs/hoard/chunkindex"
@@ -895,5 +897,59 @@ func TestWriteChecksRecordedChunk(t *testing.T) {
 	}
 	if e.Present(1) {
 		t.Fatal("the flipped chunk stayed")
+	}
+}
+
+// A cache on a file system smaller than its size is capped at what the
+// file system can give it, and one whose file system fills up with other
+// files evicts to make room instead of failing fetches with ENOSPC.
+func TestCacheOnSmallFileSystem(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: mounting a small tmpfs needs root")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=4m"); err != nil {
+		t.Skipf("SKIP: cannot mount a tmpfs: %v", err)
+	}
+	defer unix.Unmount(dir, unix.MNT_DETACH)
+	c, err := Open(Options{Dir: dir, Size: 1 << 30, ChunkSize: cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Size() > 4<<20 {
+		t.Fatalf("a 1 GiB cache on a 4 MiB file system kept its size: %d", c.Size())
+	}
+	content := data(8*cs, 1)
+	e := c.Entry(fid(1))
+	if _, err := e.Learn(status(fid(1), uint64(len(content)), 1)); err != nil {
+		t.Fatal(err)
+	}
+	for idx := int64(0); idx < 4; idx++ {
+		if err := e.Admit(idx, 1, content[idx*cs:(idx+1)*cs]); err != nil {
+			t.Fatalf("admit %d: %v", idx, err)
+		}
+	}
+	// Another program fills the file system.
+	hog, err := os.Create(filepath.Join(dir, "hog"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hog.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err := hog.Write(buf); err != nil {
+			break
+		}
+	}
+	err = e.Admit(4, 1, content[4*cs:5*cs])
+	if err != nil && !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("a fetch on a full file system: %v, want ErrNoSpace (served from memory)", err)
+	}
+	if err := e.Admit(5, 1, content[5*cs:6*cs]); err != nil {
+		t.Fatalf("a fetch after the cache shrank: %v", err)
+	}
+	if c.Stats().Evictions == 0 {
+		t.Fatal("nothing evicted on a full file system")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"syscall"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -267,6 +268,13 @@ func (e *Entry) writeLocked(p []byte, off int64, own bool) error {
 		return err
 	}
 	_, err := e.file.WriteAt(p, off)
+	if errors.Is(err, syscall.ENOSPC) {
+		// The file system is full, not the cache: shrink it, so that
+		// eviction makes room, and let the caller serve from memory
+		// (a fetch) or store and retry (a write), as when it is full.
+		e.c.diskFull()
+		return ErrNoSpace
+	}
 	return err
 }
 
@@ -616,6 +624,9 @@ func (e *Entry) Admit(idx int64, dv uint64, data []byte) error {
 	}
 	if err := e.writeLocked(data[:keep], idx*e.c.cs, true); err != nil {
 		e.c.release(charge(n))
+		if errors.Is(err, ErrNoSpace) {
+			e.punch(idx, n) // what the write took before it failed
+		}
 		return err
 	}
 	ch := &chunk{e: e, idx: idx, n: n, crc: chunkindex.Checksum(data[:keep])}
