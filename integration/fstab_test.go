@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"os/exec"
@@ -276,5 +277,33 @@ func TestMountHelperFailures(t *testing.T) {
 				t.Errorf("left running after the failure: %s", p)
 			}
 		})
+	}
+}
+
+// umount(8) of a mount that hoard mount made (not mount(8), which
+// records its helper itself) waits too, as hoard umount does, until the
+// daemon stored what its write-back held: umount(8) learns the type from
+// statfs ("fuse") and runs no helper unless the mount recorded one.
+func TestUmountWaitsForHoardMount(t *testing.T) {
+	installHelper(t)
+	srv := startServer(t, t.TempDir())
+	mnt, cache := t.TempDir(), t.TempDir()
+	cleanMount(t, mnt, cache)
+	if out, code := run(t, "mount", "--server", srv.addr, "--cache", cache, "--ca", filepath.Join(testCell.dir, cell.CAFile),
+		"--token", filepath.Join(testCell.dir, cell.AdminTokenFile), "--daemon", mnt); code != 0 {
+		t.Fatalf("hoard mount --daemon: %d %s", code, out)
+	}
+	back := testkit.Pattern(160<<20, 8) // under write-back: the daemon holds it
+	if err := os.WriteFile(filepath.Join(mnt, "back"), back, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := runMount(t, "umount", mnt); code != 0 {
+		t.Fatalf("umount: status %d\n%s", code, out)
+	}
+	if pid := daemonAlive(cache); pid != 0 {
+		t.Errorf("umount returned with the mount daemon (pid %d) still running", pid)
+	}
+	if got := testkit.ReadFile(t, dial(t, srv.addr, "mem", 0), "/back"); !bytes.Equal(got, back) {
+		t.Errorf("/back read by the library after umount: %d bytes, want %d", len(got), len(back))
 	}
 }

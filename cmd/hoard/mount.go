@@ -110,6 +110,9 @@ func mountCmd() *cobra.Command {
 			signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 			done := make(chan struct{})
 			go func() { m.Wait(); close(done) }()
+			if registerUmountHelper(dir) {
+				defer unregisterUmountHelper(dir)
+			}
 			msg := fmt.Sprintf("hoard: %s mounted at %s (cache %s, %s)", cf.server, dir, cacheLabel(cf.cache), readPath(m))
 			if os.Getenv("HOARD_DAEMONIZED") != "" {
 				ready := os.NewFile(readyFD, "ready")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/user"
@@ -320,4 +321,42 @@ func runSelf(w io.Writer, verbose bool, args ...string) int {
 		w.Write(out)
 	}
 	return 0
+}
+
+// umountHelperPaths are where umount(8) finds umountHelperName.
+var umountHelperPaths = []string{"/sbin/" + umountHelperName, "/usr/sbin/" + umountHelperName}
+
+// registerUmountHelper makes umount(8) of dir run umountHelperName, which
+// waits for the daemon to store what it holds. umount(8) learns a FUSE
+// mount's type from statfs, which says only "fuse", and so runs no
+// helper of its own accord; a uhelper= option in libmount's utab, which
+// mount --fake records (it makes no mount; --internal-only keeps it from
+// running mount.fuse.hoard), makes it run ours. Only root
+// may, and only where the helper is installed; it returns whether it did.
+func registerUmountHelper(dir string) bool {
+	if os.Geteuid() != 0 {
+		return false
+	}
+	installed := false
+	for _, p := range umountHelperPaths {
+		if _, err := os.Stat(p); err == nil {
+			installed = true
+		}
+	}
+	if !installed {
+		return false
+	}
+	out, err := exec.Command("mount", "--no-canonicalize", "--fake", "--internal-only", "-t", "fuse.hoard", "-o", "uhelper=fuse.hoard", "hoard", dir).CombinedOutput()
+	if err != nil {
+		slog.Debug("umount(8) will not wait for this mount: recording its helper failed", "err", err, "out", strings.TrimSpace(string(out)))
+		return false
+	}
+	return true
+}
+
+// unregisterUmountHelper drops what registerUmountHelper recorded, once
+// the mount is gone by other means than umount(8) (hoard umount, a
+// signal): a stale entry would outlive it.
+func unregisterUmountHelper(dir string) {
+	exec.Command("umount", "--no-canonicalize", "--fake", "--internal-only", dir).Run()
 }
