@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bytes"
 	"container/list"
 	"errors"
 	"fmt"
@@ -11,8 +12,8 @@ import (
 	"sort"
 	"strconv"
 	"sync"
-	"syscall"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -622,7 +623,11 @@ func (e *Entry) Admit(idx int64, dv uint64, data []byte) error {
 		e.c.release(charge(n))
 		return nil
 	}
-	if err := e.writeLocked(data[:keep], idx*e.c.cs, true); err != nil {
+	if e.mem == nil && isZero(data[:keep]) {
+		// A hole at the server stays one in the cache file: a sparse file
+		// takes no room, and SEEK_HOLE finds its holes (SeekData).
+		e.punch(idx, n)
+	} else if err := e.writeLocked(data[:keep], idx*e.c.cs, true); err != nil {
 		e.c.release(charge(n))
 		if errors.Is(err, ErrNoSpace) {
 			e.punch(idx, n) // what the write took before it failed
@@ -1159,4 +1164,45 @@ func (e *Entry) rescanLocked(size int64) error {
 	e.st.Size = uint64(size)
 	e.c.markPending(e)
 	return nil
+}
+
+// zeroBuf is what isZero compares with, a memcmp at a time.
+var zeroBuf [64 << 10]byte
+
+// isZero reports whether p holds only zeros.
+func isZero(p []byte) bool {
+	for len(p) > 0 {
+		k := min(len(p), len(zeroBuf))
+		if !bytes.Equal(p[:k], zeroBuf[:k]) {
+			return false
+		}
+		p = p[k:]
+	}
+	return true
+}
+
+// SeekData is lseek's SEEK_DATA or SEEK_HOLE (whence) from off in a file
+// the cache holds whole: its cache file is sparse where the file is (holes
+// fetched are kept as holes, and local truncations make them), so the
+// file system under the cache answers. ErrMiss when the cache cannot
+// tell: part of the file is not cached, or the cache is in memory or
+// encrypted.
+func (e *Entry) SeekData(off int64, whence int) (int64, error) {
+	if e.mem != nil || e.c.sealer != nil || !e.Complete() {
+		return 0, ErrMiss
+	}
+	f, err := os.Open(e.path())
+	if err != nil {
+		return 0, ErrMiss
+	}
+	defer f.Close()
+	// The cache file ends at its last byte written: holes at the end of
+	// the file may be missing from it.
+	if fi, err := f.Stat(); err == nil && off >= fi.Size() {
+		if whence == unix.SEEK_HOLE {
+			return off, nil
+		}
+		return 0, syscall.ENXIO
+	}
+	return unix.Seek(int(f.Fd()), off, whence)
 }

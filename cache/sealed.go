@@ -89,20 +89,11 @@ func (s *sealedFile) sectors(start, end int64) (buf []byte, have int64, err erro
 	}
 	for i := 0; i < n; i += sector {
 		sec := buf[i:min(i+sector, len(buf))]
-		if !zeros(sec) {
+		if !isZero(sec) {
 			s.x.Decrypt(sec, sec, uint64(start/sector)+uint64(i/sector))
 		}
 	}
 	return buf, int64(n), nil
-}
-
-func zeros(p []byte) bool {
-	for _, b := range p {
-		if b != 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // ReadAt reads p at off as os.File does: short, with io.EOF, at the end.

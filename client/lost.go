@@ -2,8 +2,10 @@ package client
 
 import (
 	"fmt"
+	"syscall"
 
 	"github.com/hoardfs/hoard/client/lost"
+	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -12,6 +14,9 @@ import (
 // have) and returns the error for the application: EIO, saying where the
 // data went.
 func (c *Client) keepLost(n *Node, name string, cause error) error {
+	if pb.Errno(cause) == syscall.EDQUOT {
+		c.quotaRefused(n.fid.Volume)
+	}
 	var ranges [][2]int64
 	for _, r := range n.entry.Dirty() {
 		ranges = append(ranges, [2]int64{r.Off, r.Len})

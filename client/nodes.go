@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"golang.org/x/sys/unix"
 	"os"
 	"syscall"
 	"time"
@@ -479,6 +480,30 @@ func (k *Nodes) Policy(n *Node, parent *Node, base string) (policy.Decision, err
 // SetPolicy sets n's caching policy (and, if recursive, its subtree's).
 func (k *Nodes) SetPolicy(n *Node, mode string, recursive bool) error {
 	return n.at().setPolicyAt(n, mode, recursive, k.u)
+}
+
+// Seek is lseek's SEEK_DATA or SEEK_HOLE (whence) from off in file n:
+// from the cache file when the cache holds the whole file, which keeps
+// its holes; otherwise all of the file is data, as a file system that
+// knows of no holes answers. ENXIO at or past the end.
+func (k *Nodes) Seek(n *Node, off int64, whence int) (int64, error) {
+	st, err := n.at().fresh(n, k.u)
+	if err != nil {
+		return 0, err
+	}
+	size := int64(st.Size)
+	if off < 0 || off >= size {
+		return 0, syscall.ENXIO
+	}
+	if pos, err := n.entry.SeekData(off, whence); err == nil {
+		return min(pos, size), nil
+	} else if errors.Is(err, syscall.ENXIO) {
+		return 0, err
+	}
+	if whence == unix.SEEK_HOLE {
+		return size, nil
+	}
+	return off, nil
 }
 
 // SyncDir makes what this client changed in directory dir durable at its

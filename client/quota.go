@@ -36,7 +36,7 @@ type volRoom struct {
 const roomFresh = 2 * time.Second
 
 // roomFor reports whether a close may keep n's writes in the cache, as u:
-// the volume has room for the growth they bring. Otherwise the close
+// the volume, if it has a quota, has room for the growth they bring. Otherwise the close
 // stores them, and the server's refusal (EDQUOT, ENOSPC) reaches the
 // application at close, as AFS's store on close does, rather than be
 // found by the flusher after the close said all was well. Another
@@ -52,6 +52,9 @@ func (c *Client) roomFor(n *Node, u User) bool {
 	}
 	grow := int64(est.Size - server)
 	vol := n.fid.Volume
+	if !c.quotaKnown(vol) {
+		return true // no quota: the write-back window covers a full disk
+	}
 	c.roomMu.Lock()
 	r := c.room[vol]
 	if r != nil && time.Since(r.asked) < roomFresh && r.free >= grow {
@@ -62,7 +65,7 @@ func (c *Client) roomFor(n *Node, u User) bool {
 	c.roomMu.Unlock()
 	fs, err := c.statFS(vol, u)
 	if err != nil {
-		return false // the store decides
+		return true // the server is away: the write-back holds the writes
 	}
 	free := int64(fs.BlocksFree * uint64(fs.BlockSize))
 	c.roomMu.Lock()
@@ -77,4 +80,38 @@ func (c *Client) roomFor(n *Node, u User) bool {
 	}
 	r.free -= grow
 	return true
+}
+
+// quotaKnown reports whether volume has a quota, as far as this client
+// knows: its record says so (GetVolume, at the mount of the volume), or
+// a store in it was refused for quota since (quotaRefused). Only such
+// volumes cost a close a StatFS, at most every roomFresh.
+func (c *Client) quotaKnown(volume uint64) bool {
+	c.roomMu.Lock()
+	_, known := c.room[volume]
+	c.roomMu.Unlock()
+	if known {
+		return true
+	}
+	c.volMu.Lock()
+	defer c.volMu.Unlock()
+	for _, v := range c.vols {
+		if v.Id == volume && v.Quota > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// quotaRefused notes that a store in volume was refused for its quota:
+// its closes check for room from now on.
+func (c *Client) quotaRefused(volume uint64) {
+	c.roomMu.Lock()
+	defer c.roomMu.Unlock()
+	if c.room == nil {
+		c.room = map[uint64]*volRoom{}
+	}
+	if c.room[volume] == nil {
+		c.room[volume] = &volRoom{}
+	}
 }

@@ -368,26 +368,31 @@ func TestPartialChunkChanges(t *testing.T) {
 }
 
 // A truncation of an open file under a write delegation is local; one the
-// server refuses (past its largest file) is reported by the Sync that
+// server refuses (past the volume's quota) is reported by the Sync that
 // stores it, with the server's errno, and the writes go to lost/.
 func TestRefusedStoreKeptInLost(t *testing.T) {
 	s := startServer(t)
 	dir := t.TempDir()
 	a := s.dial(t, inDir(dir), with(func(o *client.Options) { o.FlushAge = time.Hour }))
 	b := s.dial(t, memCache())
-	f := testkit.Create(t, a, "/big", []byte("abc"))
-	must(t, f.Truncate(1<<50))
+	_, err := a.CreateVolume("capped")
+	must(t, err)
+	must(t, a.MountVolume("/q", "capped"))
+	_, err = a.SetQuota("capped", 1000)
+	must(t, err)
+	f := testkit.Create(t, a, "/q/big", []byte("abc"))
+	must(t, f.Truncate(1<<20))
 	// (The message does not say where the data went, as an EIO's does:
 	// errOf keeps only the errno.)
-	if err := f.Sync(); errnoOf(err) != syscall.EFBIG {
-		t.Fatalf("sync of a truncation past the server's largest file: %v, want EFBIG", err)
+	if err := f.Sync(); errnoOf(err) != syscall.EDQUOT {
+		t.Fatalf("sync of a truncation past the volume's quota: %v, want EDQUOT", err)
 	}
 	must(t, f.Close())
-	if st, err := b.Stat("/big"); err != nil || st.Size != 0 {
+	if st, err := b.Stat("/q/big"); err != nil || st.Size != 0 {
 		t.Fatalf("another client's stat: %+v %v", st, err)
 	}
 	kept, err := lost.List(dir)
-	if err != nil || len(kept) != 1 || kept[0].Path != "/big" || kept[0].Truncate == nil || kept[0].Size != 1<<50 {
+	if err != nil || len(kept) != 1 || kept[0].Path != "/q/big" || kept[0].Truncate == nil || kept[0].Size != 1<<20 {
 		t.Fatalf("kept: %+v %v", kept, err)
 	}
 }

@@ -61,7 +61,19 @@ type hnode struct {
 var (
 	_ = (fs.NodeLookuper)((*hnode)(nil))
 	_ = (fs.NodeFsyncer)((*hnode)(nil))
+	_ = (fs.NodeLseeker)((*hnode)(nil))
 )
+
+// Lseek answers SEEK_DATA and SEEK_HOLE (the kernel handles the others),
+// so that sparse-aware tools (cp, tar, rsync) skip a file's holes instead
+// of reading zeros.
+func (h *hnode) Lseek(ctx context.Context, f fs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
+	pos, err := h.m.as(ctx).Seek(h.n, int64(off), int(whence))
+	if err != nil {
+		return 0, errno(err)
+	}
+	return uint64(pos), 0
+}
 
 // Fsync of a directory's descriptor makes the names made and removed in
 // it durable at the server, as ext4's does (databases fsync a directory

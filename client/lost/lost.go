@@ -102,7 +102,7 @@ func (e *Error) Error() string {
 // refused the data for a reason the application can act on, EIO otherwise.
 func (e *Error) Unwrap() error {
 	switch errno := pb.Errno(e.Cause); errno {
-	case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG, syscall.EROFS, syscall.EACCES, syscall.EPERM, syscall.ESTALE, syscall.EKEYEXPIRED:
+	case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG, syscall.EROFS, syscall.EACCES, syscall.EPERM, syscall.ESTALE:
 		return errno
 	}
 	return syscall.EIO

@@ -18,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 
 	"github.com/hoardfs/hoard/chunkindex"
 	"github.com/hoardfs/hoard/client"
@@ -284,23 +285,11 @@ func put(c *client.Client, args []string) error {
 		out.Close()
 		return err
 	}
-	buf := make([]byte, 1<<20)
-	for {
+	if err := copyIn(ctx, out, in, fi); err != nil {
 		if ctx.Err() != nil {
-			return abandon(fmt.Errorf("put %s: interrupted; %s is as it was", local, remote))
+			err = fmt.Errorf("put %s: interrupted; %s is as it was", local, remote)
 		}
-		n, rerr := in.Read(buf)
-		if n > 0 {
-			if _, err := out.Write(buf[:n]); err != nil {
-				return abandon(err)
-			}
-		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			return abandon(rerr)
-		}
+		return abandon(err)
 	}
 	if err := out.Sync(); err != nil {
 		return abandon(err)
@@ -314,6 +303,73 @@ func put(c *client.Client, args []string) error {
 		return err
 	}
 	return nil
+}
+
+// copyIn copies in to out until ctx ends. A regular file's holes are
+// skipped (SEEK_DATA, SEEK_HOLE) and its size set at the end, so that a
+// sparse file stays sparse at the server and its zeros cross no network;
+// anything else (a pipe) is streamed.
+func copyIn(ctx context.Context, out *client.File, in *os.File, fi os.FileInfo) error {
+	buf := make([]byte, 1<<20)
+	copyRange := func(from, to int64) error {
+		for off := from; off < to; {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			n, err := in.ReadAt(buf[:min(int64(len(buf)), to-off)], off)
+			if n > 0 {
+				if _, err := out.WriteAt(buf[:n], off); err != nil {
+					return err
+				}
+				off += int64(n)
+			}
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	fd, size := int(in.Fd()), fi.Size()
+	if _, err := unix.Seek(fd, 0, unix.SEEK_DATA); !fi.Mode().IsRegular() || err != nil && err != unix.ENXIO {
+		for {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			n, rerr := in.Read(buf)
+			if n > 0 {
+				if _, err := out.Write(buf[:n]); err != nil {
+					return err
+				}
+			}
+			if rerr == io.EOF {
+				return nil
+			}
+			if rerr != nil {
+				return rerr
+			}
+		}
+	}
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if err == unix.ENXIO {
+			break // holes to the end
+		}
+		if err != nil {
+			return err
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		if err := copyRange(data, min(hole, size)); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return out.Truncate(size)
 }
 
 // writerOnly hides ReaderFrom-style fast paths so io.CopyBuffer uses buf.
