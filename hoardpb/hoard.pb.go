@@ -101,6 +101,61 @@ func (FileType) EnumDescriptor() ([]byte, []int) {
 	return file_hoard_proto_rawDescGZIP(), []int{0}
 }
 
+// Extended attributes of the user namespace ("user." names), stored with
+// the file at the server: get needs the right to read the file (l on a
+// directory), set and remove the right to write it.
+type XattrOp int32
+
+const (
+	XattrOp_XATTR_GET    XattrOp = 0
+	XattrOp_XATTR_LIST   XattrOp = 1
+	XattrOp_XATTR_SET    XattrOp = 2
+	XattrOp_XATTR_REMOVE XattrOp = 3
+)
+
+// Enum value maps for XattrOp.
+var (
+	XattrOp_name = map[int32]string{
+		0: "XATTR_GET",
+		1: "XATTR_LIST",
+		2: "XATTR_SET",
+		3: "XATTR_REMOVE",
+	}
+	XattrOp_value = map[string]int32{
+		"XATTR_GET":    0,
+		"XATTR_LIST":   1,
+		"XATTR_SET":    2,
+		"XATTR_REMOVE": 3,
+	}
+)
+
+func (x XattrOp) Enum() *XattrOp {
+	p := new(XattrOp)
+	*p = x
+	return p
+}
+
+func (x XattrOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (XattrOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_hoard_proto_enumTypes[1].Descriptor()
+}
+
+func (XattrOp) Type() protoreflect.EnumType {
+	return &file_hoard_proto_enumTypes[1]
+}
+
+func (x XattrOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use XattrOp.Descriptor instead.
+func (XattrOp) EnumDescriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{1}
+}
+
 type DelegKind int32
 
 const (
@@ -134,11 +189,11 @@ func (x DelegKind) String() string {
 }
 
 func (DelegKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_hoard_proto_enumTypes[1].Descriptor()
+	return file_hoard_proto_enumTypes[2].Descriptor()
 }
 
 func (DelegKind) Type() protoreflect.EnumType {
-	return &file_hoard_proto_enumTypes[1]
+	return &file_hoard_proto_enumTypes[2]
 }
 
 func (x DelegKind) Number() protoreflect.EnumNumber {
@@ -147,7 +202,7 @@ func (x DelegKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DelegKind.Descriptor instead.
 func (DelegKind) EnumDescriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{1}
+	return file_hoard_proto_rawDescGZIP(), []int{2}
 }
 
 type MoveVolumeRequest_Step int32
@@ -199,11 +254,11 @@ func (x MoveVolumeRequest_Step) String() string {
 }
 
 func (MoveVolumeRequest_Step) Descriptor() protoreflect.EnumDescriptor {
-	return file_hoard_proto_enumTypes[2].Descriptor()
+	return file_hoard_proto_enumTypes[3].Descriptor()
 }
 
 func (MoveVolumeRequest_Step) Type() protoreflect.EnumType {
-	return &file_hoard_proto_enumTypes[2]
+	return &file_hoard_proto_enumTypes[3]
 }
 
 func (x MoveVolumeRequest_Step) Number() protoreflect.EnumNumber {
@@ -270,11 +325,11 @@ func (x ReleaseVolumeRequest_Step) String() string {
 }
 
 func (ReleaseVolumeRequest_Step) Descriptor() protoreflect.EnumDescriptor {
-	return file_hoard_proto_enumTypes[3].Descriptor()
+	return file_hoard_proto_enumTypes[4].Descriptor()
 }
 
 func (ReleaseVolumeRequest_Step) Type() protoreflect.EnumType {
-	return &file_hoard_proto_enumTypes[3]
+	return &file_hoard_proto_enumTypes[4]
 }
 
 func (x ReleaseVolumeRequest_Step) Number() protoreflect.EnumNumber {
@@ -325,11 +380,11 @@ func (x ChangeGroupRequest_Change) String() string {
 }
 
 func (ChangeGroupRequest_Change) Descriptor() protoreflect.EnumDescriptor {
-	return file_hoard_proto_enumTypes[4].Descriptor()
+	return file_hoard_proto_enumTypes[5].Descriptor()
 }
 
 func (ChangeGroupRequest_Change) Type() protoreflect.EnumType {
-	return &file_hoard_proto_enumTypes[4]
+	return &file_hoard_proto_enumTypes[5]
 }
 
 func (x ChangeGroupRequest_Change) Number() protoreflect.EnumNumber {
@@ -338,7 +393,7 @@ func (x ChangeGroupRequest_Change) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ChangeGroupRequest_Change.Descriptor instead.
 func (ChangeGroupRequest_Change) EnumDescriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{68, 0}
+	return file_hoard_proto_rawDescGZIP(), []int{70, 0}
 }
 
 type FID struct {
@@ -3980,6 +4035,144 @@ func (x *SetAttrReply) GetStatus() *Status {
 	return nil
 }
 
+type XattrRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Fid   *FID                   `protobuf:"bytes,1,opt,name=fid,proto3" json:"fid,omitempty"`
+	Op    XattrOp                `protobuf:"varint,2,opt,name=op,proto3,enum=hoard.v1.XattrOp" json:"op,omitempty"`
+	Name  string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Value []byte                 `protobuf:"bytes,4,opt,name=value,proto3" json:"value,omitempty"`
+	// set: 1 (XATTR_CREATE) fails if the name exists, 2 (XATTR_REPLACE)
+	// if it does not.
+	Flags         uint32 `protobuf:"varint,5,opt,name=flags,proto3" json:"flags,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *XattrRequest) Reset() {
+	*x = XattrRequest{}
+	mi := &file_hoard_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *XattrRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*XattrRequest) ProtoMessage() {}
+
+func (x *XattrRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use XattrRequest.ProtoReflect.Descriptor instead.
+func (*XattrRequest) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *XattrRequest) GetFid() *FID {
+	if x != nil {
+		return x.Fid
+	}
+	return nil
+}
+
+func (x *XattrRequest) GetOp() XattrOp {
+	if x != nil {
+		return x.Op
+	}
+	return XattrOp_XATTR_GET
+}
+
+func (x *XattrRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *XattrRequest) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *XattrRequest) GetFlags() uint32 {
+	if x != nil {
+		return x.Flags
+	}
+	return 0
+}
+
+type XattrReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Value         []byte                 `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`   // get
+	Names         []string               `protobuf:"bytes,2,rep,name=names,proto3" json:"names,omitempty"`   // list
+	Status        *Status                `protobuf:"bytes,3,opt,name=status,proto3" json:"status,omitempty"` // set, remove: the file's status after
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *XattrReply) Reset() {
+	*x = XattrReply{}
+	mi := &file_hoard_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *XattrReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*XattrReply) ProtoMessage() {}
+
+func (x *XattrReply) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use XattrReply.ProtoReflect.Descriptor instead.
+func (*XattrReply) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *XattrReply) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *XattrReply) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
+func (x *XattrReply) GetStatus() *Status {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
 type StatFSRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Volume        uint64                 `protobuf:"varint,1,opt,name=volume,proto3" json:"volume,omitempty"`
@@ -3989,7 +4182,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_hoard_proto_msgTypes[56]
+	mi := &file_hoard_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4001,7 +4194,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[56]
+	mi := &file_hoard_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4014,7 +4207,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{56}
+	return file_hoard_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StatFSRequest) GetVolume() uint64 {
@@ -4037,7 +4230,7 @@ type StatFSReply struct {
 
 func (x *StatFSReply) Reset() {
 	*x = StatFSReply{}
-	mi := &file_hoard_proto_msgTypes[57]
+	mi := &file_hoard_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4049,7 +4242,7 @@ func (x *StatFSReply) String() string {
 func (*StatFSReply) ProtoMessage() {}
 
 func (x *StatFSReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[57]
+	mi := &file_hoard_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4062,7 +4255,7 @@ func (x *StatFSReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSReply.ProtoReflect.Descriptor instead.
 func (*StatFSReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{57}
+	return file_hoard_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *StatFSReply) GetBlockSize() uint64 {
@@ -4113,7 +4306,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_hoard_proto_msgTypes[58]
+	mi := &file_hoard_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4125,7 +4318,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[58]
+	mi := &file_hoard_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4138,7 +4331,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{58}
+	return file_hoard_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *FetchRequest) GetFid() *FID {
@@ -4184,7 +4377,7 @@ type FetchReply struct {
 
 func (x *FetchReply) Reset() {
 	*x = FetchReply{}
-	mi := &file_hoard_proto_msgTypes[59]
+	mi := &file_hoard_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4196,7 +4389,7 @@ func (x *FetchReply) String() string {
 func (*FetchReply) ProtoMessage() {}
 
 func (x *FetchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[59]
+	mi := &file_hoard_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4209,7 +4402,7 @@ func (x *FetchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchReply.ProtoReflect.Descriptor instead.
 func (*FetchReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{59}
+	return file_hoard_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *FetchReply) GetStatus() *Status {
@@ -4280,7 +4473,7 @@ type StoreRequest struct {
 
 func (x *StoreRequest) Reset() {
 	*x = StoreRequest{}
-	mi := &file_hoard_proto_msgTypes[60]
+	mi := &file_hoard_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4292,7 +4485,7 @@ func (x *StoreRequest) String() string {
 func (*StoreRequest) ProtoMessage() {}
 
 func (x *StoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[60]
+	mi := &file_hoard_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4305,7 +4498,7 @@ func (x *StoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRequest.ProtoReflect.Descriptor instead.
 func (*StoreRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{60}
+	return file_hoard_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *StoreRequest) GetFid() *FID {
@@ -4415,7 +4608,7 @@ type StoreReply struct {
 
 func (x *StoreReply) Reset() {
 	*x = StoreReply{}
-	mi := &file_hoard_proto_msgTypes[61]
+	mi := &file_hoard_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4427,7 +4620,7 @@ func (x *StoreReply) String() string {
 func (*StoreReply) ProtoMessage() {}
 
 func (x *StoreReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[61]
+	mi := &file_hoard_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4440,7 +4633,7 @@ func (x *StoreReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreReply.ProtoReflect.Descriptor instead.
 func (*StoreReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{61}
+	return file_hoard_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *StoreReply) GetStatus() *Status {
@@ -4458,7 +4651,7 @@ type WhoAmIRequest struct {
 
 func (x *WhoAmIRequest) Reset() {
 	*x = WhoAmIRequest{}
-	mi := &file_hoard_proto_msgTypes[62]
+	mi := &file_hoard_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4470,7 +4663,7 @@ func (x *WhoAmIRequest) String() string {
 func (*WhoAmIRequest) ProtoMessage() {}
 
 func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[62]
+	mi := &file_hoard_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4483,7 +4676,7 @@ func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
 func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{62}
+	return file_hoard_proto_rawDescGZIP(), []int{64}
 }
 
 type WhoAmIReply struct {
@@ -4501,7 +4694,7 @@ type WhoAmIReply struct {
 
 func (x *WhoAmIReply) Reset() {
 	*x = WhoAmIReply{}
-	mi := &file_hoard_proto_msgTypes[63]
+	mi := &file_hoard_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4513,7 +4706,7 @@ func (x *WhoAmIReply) String() string {
 func (*WhoAmIReply) ProtoMessage() {}
 
 func (x *WhoAmIReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[63]
+	mi := &file_hoard_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4526,7 +4719,7 @@ func (x *WhoAmIReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIReply.ProtoReflect.Descriptor instead.
 func (*WhoAmIReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{63}
+	return file_hoard_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *WhoAmIReply) GetUser() string {
@@ -4574,7 +4767,7 @@ type ACLEntry struct {
 
 func (x *ACLEntry) Reset() {
 	*x = ACLEntry{}
-	mi := &file_hoard_proto_msgTypes[64]
+	mi := &file_hoard_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4586,7 +4779,7 @@ func (x *ACLEntry) String() string {
 func (*ACLEntry) ProtoMessage() {}
 
 func (x *ACLEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[64]
+	mi := &file_hoard_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4599,7 +4792,7 @@ func (x *ACLEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLEntry.ProtoReflect.Descriptor instead.
 func (*ACLEntry) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{64}
+	return file_hoard_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ACLEntry) GetWho() string {
@@ -4625,7 +4818,7 @@ type GetACLRequest struct {
 
 func (x *GetACLRequest) Reset() {
 	*x = GetACLRequest{}
-	mi := &file_hoard_proto_msgTypes[65]
+	mi := &file_hoard_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4637,7 +4830,7 @@ func (x *GetACLRequest) String() string {
 func (*GetACLRequest) ProtoMessage() {}
 
 func (x *GetACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[65]
+	mi := &file_hoard_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4650,7 +4843,7 @@ func (x *GetACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLRequest.ProtoReflect.Descriptor instead.
 func (*GetACLRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{65}
+	return file_hoard_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *GetACLRequest) GetFid() *FID {
@@ -4672,7 +4865,7 @@ type SetACLRequest struct {
 
 func (x *SetACLRequest) Reset() {
 	*x = SetACLRequest{}
-	mi := &file_hoard_proto_msgTypes[66]
+	mi := &file_hoard_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4684,7 +4877,7 @@ func (x *SetACLRequest) String() string {
 func (*SetACLRequest) ProtoMessage() {}
 
 func (x *SetACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[66]
+	mi := &file_hoard_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4697,7 +4890,7 @@ func (x *SetACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetACLRequest.ProtoReflect.Descriptor instead.
 func (*SetACLRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{66}
+	return file_hoard_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *SetACLRequest) GetDir() *FID {
@@ -4734,7 +4927,7 @@ type ACLReply struct {
 
 func (x *ACLReply) Reset() {
 	*x = ACLReply{}
-	mi := &file_hoard_proto_msgTypes[67]
+	mi := &file_hoard_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4746,7 +4939,7 @@ func (x *ACLReply) String() string {
 func (*ACLReply) ProtoMessage() {}
 
 func (x *ACLReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[67]
+	mi := &file_hoard_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4759,7 +4952,7 @@ func (x *ACLReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLReply.ProtoReflect.Descriptor instead.
 func (*ACLReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{67}
+	return file_hoard_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ACLReply) GetDir() *FID {
@@ -4795,7 +4988,7 @@ type ChangeGroupRequest struct {
 
 func (x *ChangeGroupRequest) Reset() {
 	*x = ChangeGroupRequest{}
-	mi := &file_hoard_proto_msgTypes[68]
+	mi := &file_hoard_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4807,7 +5000,7 @@ func (x *ChangeGroupRequest) String() string {
 func (*ChangeGroupRequest) ProtoMessage() {}
 
 func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[68]
+	mi := &file_hoard_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4820,7 +5013,7 @@ func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupRequest.ProtoReflect.Descriptor instead.
 func (*ChangeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{68}
+	return file_hoard_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ChangeGroupRequest) GetChange() ChangeGroupRequest_Change {
@@ -4852,7 +5045,7 @@ type ChangeGroupReply struct {
 
 func (x *ChangeGroupReply) Reset() {
 	*x = ChangeGroupReply{}
-	mi := &file_hoard_proto_msgTypes[69]
+	mi := &file_hoard_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4864,7 +5057,7 @@ func (x *ChangeGroupReply) String() string {
 func (*ChangeGroupReply) ProtoMessage() {}
 
 func (x *ChangeGroupReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[69]
+	mi := &file_hoard_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4877,7 +5070,7 @@ func (x *ChangeGroupReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupReply.ProtoReflect.Descriptor instead.
 func (*ChangeGroupReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{69}
+	return file_hoard_proto_rawDescGZIP(), []int{71}
 }
 
 type ListGroupsRequest struct {
@@ -4888,7 +5081,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_hoard_proto_msgTypes[70]
+	mi := &file_hoard_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4900,7 +5093,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[70]
+	mi := &file_hoard_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4913,7 +5106,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{70}
+	return file_hoard_proto_rawDescGZIP(), []int{72}
 }
 
 type Group struct {
@@ -4927,7 +5120,7 @@ type Group struct {
 
 func (x *Group) Reset() {
 	*x = Group{}
-	mi := &file_hoard_proto_msgTypes[71]
+	mi := &file_hoard_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4939,7 +5132,7 @@ func (x *Group) String() string {
 func (*Group) ProtoMessage() {}
 
 func (x *Group) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[71]
+	mi := &file_hoard_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4952,7 +5145,7 @@ func (x *Group) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Group.ProtoReflect.Descriptor instead.
 func (*Group) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{71}
+	return file_hoard_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *Group) GetName() string {
@@ -4985,7 +5178,7 @@ type ListGroupsReply struct {
 
 func (x *ListGroupsReply) Reset() {
 	*x = ListGroupsReply{}
-	mi := &file_hoard_proto_msgTypes[72]
+	mi := &file_hoard_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4997,7 +5190,7 @@ func (x *ListGroupsReply) String() string {
 func (*ListGroupsReply) ProtoMessage() {}
 
 func (x *ListGroupsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[72]
+	mi := &file_hoard_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5010,7 +5203,7 @@ func (x *ListGroupsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsReply.ProtoReflect.Descriptor instead.
 func (*ListGroupsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{72}
+	return file_hoard_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListGroupsReply) GetGroups() []*Group {
@@ -5032,7 +5225,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_hoard_proto_msgTypes[73]
+	mi := &file_hoard_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5044,7 +5237,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[73]
+	mi := &file_hoard_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5057,7 +5250,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{73}
+	return file_hoard_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -5082,7 +5275,7 @@ type RevokeTokenReply struct {
 
 func (x *RevokeTokenReply) Reset() {
 	*x = RevokeTokenReply{}
-	mi := &file_hoard_proto_msgTypes[74]
+	mi := &file_hoard_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5094,7 +5287,7 @@ func (x *RevokeTokenReply) String() string {
 func (*RevokeTokenReply) ProtoMessage() {}
 
 func (x *RevokeTokenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[74]
+	mi := &file_hoard_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5107,7 +5300,7 @@ func (x *RevokeTokenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenReply.ProtoReflect.Descriptor instead.
 func (*RevokeTokenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{74}
+	return file_hoard_proto_rawDescGZIP(), []int{76}
 }
 
 type ReserveRequest struct {
@@ -5120,7 +5313,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_hoard_proto_msgTypes[75]
+	mi := &file_hoard_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5132,7 +5325,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[75]
+	mi := &file_hoard_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5145,7 +5338,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{75}
+	return file_hoard_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ReserveRequest) GetVolume() uint64 {
@@ -5171,7 +5364,7 @@ type ReserveReply struct {
 
 func (x *ReserveReply) Reset() {
 	*x = ReserveReply{}
-	mi := &file_hoard_proto_msgTypes[76]
+	mi := &file_hoard_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5183,7 +5376,7 @@ func (x *ReserveReply) String() string {
 func (*ReserveReply) ProtoMessage() {}
 
 func (x *ReserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[76]
+	mi := &file_hoard_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5196,7 +5389,7 @@ func (x *ReserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveReply.ProtoReflect.Descriptor instead.
 func (*ReserveReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{76}
+	return file_hoard_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ReserveReply) GetFids() []*FID {
@@ -5220,7 +5413,7 @@ type ReservedFile struct {
 
 func (x *ReservedFile) Reset() {
 	*x = ReservedFile{}
-	mi := &file_hoard_proto_msgTypes[77]
+	mi := &file_hoard_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5232,7 +5425,7 @@ func (x *ReservedFile) String() string {
 func (*ReservedFile) ProtoMessage() {}
 
 func (x *ReservedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[77]
+	mi := &file_hoard_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5245,7 +5438,7 @@ func (x *ReservedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservedFile.ProtoReflect.Descriptor instead.
 func (*ReservedFile) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{77}
+	return file_hoard_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ReservedFile) GetName() string {
@@ -5302,7 +5495,7 @@ type RemovedFile struct {
 
 func (x *RemovedFile) Reset() {
 	*x = RemovedFile{}
-	mi := &file_hoard_proto_msgTypes[78]
+	mi := &file_hoard_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5314,7 +5507,7 @@ func (x *RemovedFile) String() string {
 func (*RemovedFile) ProtoMessage() {}
 
 func (x *RemovedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[78]
+	mi := &file_hoard_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5327,7 +5520,7 @@ func (x *RemovedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovedFile.ProtoReflect.Descriptor instead.
 func (*RemovedFile) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{78}
+	return file_hoard_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RemovedFile) GetName() string {
@@ -5363,7 +5556,7 @@ type CreateReservedRequest struct {
 
 func (x *CreateReservedRequest) Reset() {
 	*x = CreateReservedRequest{}
-	mi := &file_hoard_proto_msgTypes[79]
+	mi := &file_hoard_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5375,7 +5568,7 @@ func (x *CreateReservedRequest) String() string {
 func (*CreateReservedRequest) ProtoMessage() {}
 
 func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[79]
+	mi := &file_hoard_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5388,7 +5581,7 @@ func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedRequest.ProtoReflect.Descriptor instead.
 func (*CreateReservedRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{79}
+	return file_hoard_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CreateReservedRequest) GetDir() *FID {
@@ -5440,7 +5633,7 @@ type CreateReservedReply struct {
 
 func (x *CreateReservedReply) Reset() {
 	*x = CreateReservedReply{}
-	mi := &file_hoard_proto_msgTypes[80]
+	mi := &file_hoard_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5452,7 +5645,7 @@ func (x *CreateReservedReply) String() string {
 func (*CreateReservedReply) ProtoMessage() {}
 
 func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[80]
+	mi := &file_hoard_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5465,7 +5658,7 @@ func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedReply.ProtoReflect.Descriptor instead.
 func (*CreateReservedReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{80}
+	return file_hoard_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *CreateReservedReply) GetDir() *Status {
@@ -5520,7 +5713,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_hoard_proto_msgTypes[81]
+	mi := &file_hoard_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5532,7 +5725,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[81]
+	mi := &file_hoard_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5545,7 +5738,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{81}
+	return file_hoard_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *OpenRequest) GetFid() *FID {
@@ -5597,7 +5790,7 @@ type OpenReply struct {
 
 func (x *OpenReply) Reset() {
 	*x = OpenReply{}
-	mi := &file_hoard_proto_msgTypes[82]
+	mi := &file_hoard_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5609,7 +5802,7 @@ func (x *OpenReply) String() string {
 func (*OpenReply) ProtoMessage() {}
 
 func (x *OpenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[82]
+	mi := &file_hoard_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5622,7 +5815,7 @@ func (x *OpenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenReply.ProtoReflect.Descriptor instead.
 func (*OpenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{82}
+	return file_hoard_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *OpenReply) GetStatus() *Status {
@@ -5663,7 +5856,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_hoard_proto_msgTypes[83]
+	mi := &file_hoard_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5675,7 +5868,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[83]
+	mi := &file_hoard_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5688,7 +5881,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{83}
+	return file_hoard_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *CloseRequest) GetFid() *FID {
@@ -5713,7 +5906,7 @@ type CloseReply struct {
 
 func (x *CloseReply) Reset() {
 	*x = CloseReply{}
-	mi := &file_hoard_proto_msgTypes[84]
+	mi := &file_hoard_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5725,7 +5918,7 @@ func (x *CloseReply) String() string {
 func (*CloseReply) ProtoMessage() {}
 
 func (x *CloseReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[84]
+	mi := &file_hoard_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5738,7 +5931,7 @@ func (x *CloseReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseReply.ProtoReflect.Descriptor instead.
 func (*CloseReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{84}
+	return file_hoard_proto_rawDescGZIP(), []int{86}
 }
 
 // Return gives a delegation back after its dirty data was stored; readers
@@ -5756,7 +5949,7 @@ type ReturnRequest struct {
 
 func (x *ReturnRequest) Reset() {
 	*x = ReturnRequest{}
-	mi := &file_hoard_proto_msgTypes[85]
+	mi := &file_hoard_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5768,7 +5961,7 @@ func (x *ReturnRequest) String() string {
 func (*ReturnRequest) ProtoMessage() {}
 
 func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[85]
+	mi := &file_hoard_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5781,7 +5974,7 @@ func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{85}
+	return file_hoard_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ReturnRequest) GetFid() *FID {
@@ -5820,7 +6013,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_hoard_proto_msgTypes[86]
+	mi := &file_hoard_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5832,7 +6025,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[86]
+	mi := &file_hoard_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5845,7 +6038,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{86}
+	return file_hoard_proto_rawDescGZIP(), []int{88}
 }
 
 type RenewReply struct {
@@ -5856,7 +6049,7 @@ type RenewReply struct {
 
 func (x *RenewReply) Reset() {
 	*x = RenewReply{}
-	mi := &file_hoard_proto_msgTypes[87]
+	mi := &file_hoard_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5868,7 +6061,7 @@ func (x *RenewReply) String() string {
 func (*RenewReply) ProtoMessage() {}
 
 func (x *RenewReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[87]
+	mi := &file_hoard_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5881,7 +6074,7 @@ func (x *RenewReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewReply.ProtoReflect.Descriptor instead.
 func (*RenewReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{87}
+	return file_hoard_proto_rawDescGZIP(), []int{89}
 }
 
 type ReturnReply struct {
@@ -5894,7 +6087,7 @@ type ReturnReply struct {
 
 func (x *ReturnReply) Reset() {
 	*x = ReturnReply{}
-	mi := &file_hoard_proto_msgTypes[88]
+	mi := &file_hoard_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5906,7 +6099,7 @@ func (x *ReturnReply) String() string {
 func (*ReturnReply) ProtoMessage() {}
 
 func (x *ReturnReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[88]
+	mi := &file_hoard_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5919,7 +6112,7 @@ func (x *ReturnReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnReply.ProtoReflect.Descriptor instead.
 func (*ReturnReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{88}
+	return file_hoard_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ReturnReply) GetAccepted() bool {
@@ -5937,7 +6130,7 @@ type ProxyStatsRequest struct {
 
 func (x *ProxyStatsRequest) Reset() {
 	*x = ProxyStatsRequest{}
-	mi := &file_hoard_proto_msgTypes[89]
+	mi := &file_hoard_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5949,7 +6142,7 @@ func (x *ProxyStatsRequest) String() string {
 func (*ProxyStatsRequest) ProtoMessage() {}
 
 func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[89]
+	mi := &file_hoard_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5962,7 +6155,7 @@ func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsRequest.ProtoReflect.Descriptor instead.
 func (*ProxyStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{89}
+	return file_hoard_proto_rawDescGZIP(), []int{91}
 }
 
 // ProxyStatsReply: the proxy's disk store. Hits and misses count chunk
@@ -6012,7 +6205,7 @@ type ProxyStatsReply struct {
 
 func (x *ProxyStatsReply) Reset() {
 	*x = ProxyStatsReply{}
-	mi := &file_hoard_proto_msgTypes[90]
+	mi := &file_hoard_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6024,7 +6217,7 @@ func (x *ProxyStatsReply) String() string {
 func (*ProxyStatsReply) ProtoMessage() {}
 
 func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[90]
+	mi := &file_hoard_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6037,7 +6230,7 @@ func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsReply.ProtoReflect.Descriptor instead.
 func (*ProxyStatsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{90}
+	return file_hoard_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ProxyStatsReply) GetOrigin() string {
@@ -6479,7 +6672,18 @@ const file_hoard_proto_rawDesc = "" +
 	"\batime_ns\x18\a \x01(\x03R\aatimeNs\x12\x19\n" +
 	"\bmtime_ns\x18\b \x01(\x03R\amtimeNs\"8\n" +
 	"\fSetAttrReply\x12(\n" +
-	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\"'\n" +
+	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\"\x92\x01\n" +
+	"\fXattrRequest\x12\x1f\n" +
+	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\x12!\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x11.hoard.v1.XattrOpR\x02op\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x04 \x01(\fR\x05value\x12\x14\n" +
+	"\x05flags\x18\x05 \x01(\rR\x05flags\"b\n" +
+	"\n" +
+	"XattrReply\x12\x14\n" +
+	"\x05value\x18\x01 \x01(\fR\x05value\x12\x14\n" +
+	"\x05names\x18\x02 \x03(\tR\x05names\x12(\n" +
+	"\x06status\x18\x03 \x01(\v2\x10.hoard.v1.StatusR\x06status\"'\n" +
 	"\rStatFSRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\x04R\x06volume\"\x9a\x01\n" +
 	"\vStatFSReply\x12\x1d\n" +
@@ -6658,13 +6862,19 @@ const file_hoard_proto_rawDesc = "" +
 	"\x0eFILE_TYPE_FIFO\x10\x05\x12\x14\n" +
 	"\x10FILE_TYPE_SOCKET\x10\x06\x12\x15\n" +
 	"\x11FILE_TYPE_CHARDEV\x10\a\x12\x16\n" +
-	"\x12FILE_TYPE_BLOCKDEV\x10\b*<\n" +
+	"\x12FILE_TYPE_BLOCKDEV\x10\b*I\n" +
+	"\aXattrOp\x12\r\n" +
+	"\tXATTR_GET\x10\x00\x12\x0e\n" +
+	"\n" +
+	"XATTR_LIST\x10\x01\x12\r\n" +
+	"\tXATTR_SET\x10\x02\x12\x10\n" +
+	"\fXATTR_REMOVE\x10\x03*<\n" +
 	"\tDelegKind\x12\x0e\n" +
 	"\n" +
 	"DELEG_NONE\x10\x00\x12\x0e\n" +
 	"\n" +
 	"DELEG_READ\x10\x01\x12\x0f\n" +
-	"\vDELEG_WRITE\x10\x022\xed\x11\n" +
+	"\vDELEG_WRITE\x10\x022\xa4\x12\n" +
 	"\n" +
 	"FileServer\x127\n" +
 	"\aConnect\x12\x13.hoard.v1.ClientMsg\x1a\x13.hoard.v1.ServerMsg(\x010\x01\x129\n" +
@@ -6689,7 +6899,8 @@ const file_hoard_proto_rawDesc = "" +
 	"\x04Link\x12\x15.hoard.v1.LinkRequest\x1a\x13.hoard.v1.LinkReply\x128\n" +
 	"\x06Remove\x12\x17.hoard.v1.RemoveRequest\x1a\x15.hoard.v1.RemoveReply\x128\n" +
 	"\x06Rename\x12\x17.hoard.v1.RenameRequest\x1a\x15.hoard.v1.RenameReply\x12;\n" +
-	"\aSetAttr\x12\x18.hoard.v1.SetAttrRequest\x1a\x16.hoard.v1.SetAttrReply\x128\n" +
+	"\aSetAttr\x12\x18.hoard.v1.SetAttrRequest\x1a\x16.hoard.v1.SetAttrReply\x125\n" +
+	"\x05Xattr\x12\x16.hoard.v1.XattrRequest\x1a\x14.hoard.v1.XattrReply\x128\n" +
 	"\x06StatFS\x12\x17.hoard.v1.StatFSRequest\x1a\x15.hoard.v1.StatFSReply\x127\n" +
 	"\x05Fetch\x12\x16.hoard.v1.FetchRequest\x1a\x14.hoard.v1.FetchReply0\x01\x127\n" +
 	"\x05Store\x12\x16.hoard.v1.StoreRequest\x1a\x14.hoard.v1.StoreReply(\x01\x122\n" +
@@ -6721,272 +6932,280 @@ func file_hoard_proto_rawDescGZIP() []byte {
 	return file_hoard_proto_rawDescData
 }
 
-var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 91)
+var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 93)
 var file_hoard_proto_goTypes = []any{
 	(FileType)(0),                  // 0: hoard.v1.FileType
-	(DelegKind)(0),                 // 1: hoard.v1.DelegKind
-	(MoveVolumeRequest_Step)(0),    // 2: hoard.v1.MoveVolumeRequest.Step
-	(ReleaseVolumeRequest_Step)(0), // 3: hoard.v1.ReleaseVolumeRequest.Step
-	(ChangeGroupRequest_Change)(0), // 4: hoard.v1.ChangeGroupRequest.Change
-	(*FID)(nil),                    // 5: hoard.v1.FID
-	(*Status)(nil),                 // 6: hoard.v1.Status
-	(*Error)(nil),                  // 7: hoard.v1.Error
-	(*ClientMsg)(nil),              // 8: hoard.v1.ClientMsg
-	(*Hello)(nil),                  // 9: hoard.v1.Hello
-	(*Ack)(nil),                    // 10: hoard.v1.Ack
-	(*ServerMsg)(nil),              // 11: hoard.v1.ServerMsg
-	(*Welcome)(nil),                // 12: hoard.v1.Welcome
-	(*Break)(nil),                  // 13: hoard.v1.Break
-	(*Reset)(nil),                  // 14: hoard.v1.Reset
-	(*Recall)(nil),                 // 15: hoard.v1.Recall
-	(*Revoke)(nil),                 // 16: hoard.v1.Revoke
-	(*Ping)(nil),                   // 17: hoard.v1.Ping
-	(*Volume)(nil),                 // 18: hoard.v1.Volume
-	(*Site)(nil),                   // 19: hoard.v1.Site
-	(*Location)(nil),               // 20: hoard.v1.Location
-	(*LocateRequest)(nil),          // 21: hoard.v1.LocateRequest
-	(*ListLocationsRequest)(nil),   // 22: hoard.v1.ListLocationsRequest
-	(*ListLocationsReply)(nil),     // 23: hoard.v1.ListLocationsReply
-	(*ServerInfo)(nil),             // 24: hoard.v1.ServerInfo
-	(*ListServersRequest)(nil),     // 25: hoard.v1.ListServersRequest
-	(*ListServersReply)(nil),       // 26: hoard.v1.ListServersReply
-	(*SetVolumeRequest)(nil),       // 27: hoard.v1.SetVolumeRequest
-	(*RemoveVolumeRequest)(nil),    // 28: hoard.v1.RemoveVolumeRequest
-	(*RemoveVolumeReply)(nil),      // 29: hoard.v1.RemoveVolumeReply
-	(*FileVersion)(nil),            // 30: hoard.v1.FileVersion
-	(*MetaKV)(nil),                 // 31: hoard.v1.MetaKV
-	(*DumpVolumeRequest)(nil),      // 32: hoard.v1.DumpVolumeRequest
-	(*DumpPiece)(nil),              // 33: hoard.v1.DumpPiece
-	(*RestoreVolumeReply)(nil),     // 34: hoard.v1.RestoreVolumeReply
-	(*MoveVolumeRequest)(nil),      // 35: hoard.v1.MoveVolumeRequest
-	(*MoveVolumeReply)(nil),        // 36: hoard.v1.MoveVolumeReply
-	(*ReleaseVolumeRequest)(nil),   // 37: hoard.v1.ReleaseVolumeRequest
-	(*ReleaseVolumeReply)(nil),     // 38: hoard.v1.ReleaseVolumeReply
-	(*GetVolumeRequest)(nil),       // 39: hoard.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),     // 40: hoard.v1.ListVolumesRequest
-	(*ListVolumesReply)(nil),       // 41: hoard.v1.ListVolumesReply
-	(*CreateVolumeRequest)(nil),    // 42: hoard.v1.CreateVolumeRequest
-	(*LookupRequest)(nil),          // 43: hoard.v1.LookupRequest
-	(*LookupReply)(nil),            // 44: hoard.v1.LookupReply
-	(*GetStatusRequest)(nil),       // 45: hoard.v1.GetStatusRequest
-	(*StatusResult)(nil),           // 46: hoard.v1.StatusResult
-	(*GetStatusReply)(nil),         // 47: hoard.v1.GetStatusReply
-	(*ReadDirRequest)(nil),         // 48: hoard.v1.ReadDirRequest
-	(*DirEntry)(nil),               // 49: hoard.v1.DirEntry
-	(*ReadDirReply)(nil),           // 50: hoard.v1.ReadDirReply
-	(*CreateRequest)(nil),          // 51: hoard.v1.CreateRequest
-	(*CreateReply)(nil),            // 52: hoard.v1.CreateReply
-	(*LinkRequest)(nil),            // 53: hoard.v1.LinkRequest
-	(*LinkReply)(nil),              // 54: hoard.v1.LinkReply
-	(*RemoveRequest)(nil),          // 55: hoard.v1.RemoveRequest
-	(*RemoveReply)(nil),            // 56: hoard.v1.RemoveReply
-	(*RenameRequest)(nil),          // 57: hoard.v1.RenameRequest
-	(*RenameReply)(nil),            // 58: hoard.v1.RenameReply
-	(*SetAttrRequest)(nil),         // 59: hoard.v1.SetAttrRequest
-	(*SetAttrReply)(nil),           // 60: hoard.v1.SetAttrReply
-	(*StatFSRequest)(nil),          // 61: hoard.v1.StatFSRequest
-	(*StatFSReply)(nil),            // 62: hoard.v1.StatFSReply
-	(*FetchRequest)(nil),           // 63: hoard.v1.FetchRequest
-	(*FetchReply)(nil),             // 64: hoard.v1.FetchReply
-	(*StoreRequest)(nil),           // 65: hoard.v1.StoreRequest
-	(*StoreReply)(nil),             // 66: hoard.v1.StoreReply
-	(*WhoAmIRequest)(nil),          // 67: hoard.v1.WhoAmIRequest
-	(*WhoAmIReply)(nil),            // 68: hoard.v1.WhoAmIReply
-	(*ACLEntry)(nil),               // 69: hoard.v1.ACLEntry
-	(*GetACLRequest)(nil),          // 70: hoard.v1.GetACLRequest
-	(*SetACLRequest)(nil),          // 71: hoard.v1.SetACLRequest
-	(*ACLReply)(nil),               // 72: hoard.v1.ACLReply
-	(*ChangeGroupRequest)(nil),     // 73: hoard.v1.ChangeGroupRequest
-	(*ChangeGroupReply)(nil),       // 74: hoard.v1.ChangeGroupReply
-	(*ListGroupsRequest)(nil),      // 75: hoard.v1.ListGroupsRequest
-	(*Group)(nil),                  // 76: hoard.v1.Group
-	(*ListGroupsReply)(nil),        // 77: hoard.v1.ListGroupsReply
-	(*RevokeTokenRequest)(nil),     // 78: hoard.v1.RevokeTokenRequest
-	(*RevokeTokenReply)(nil),       // 79: hoard.v1.RevokeTokenReply
-	(*ReserveRequest)(nil),         // 80: hoard.v1.ReserveRequest
-	(*ReserveReply)(nil),           // 81: hoard.v1.ReserveReply
-	(*ReservedFile)(nil),           // 82: hoard.v1.ReservedFile
-	(*RemovedFile)(nil),            // 83: hoard.v1.RemovedFile
-	(*CreateReservedRequest)(nil),  // 84: hoard.v1.CreateReservedRequest
-	(*CreateReservedReply)(nil),    // 85: hoard.v1.CreateReservedReply
-	(*OpenRequest)(nil),            // 86: hoard.v1.OpenRequest
-	(*OpenReply)(nil),              // 87: hoard.v1.OpenReply
-	(*CloseRequest)(nil),           // 88: hoard.v1.CloseRequest
-	(*CloseReply)(nil),             // 89: hoard.v1.CloseReply
-	(*ReturnRequest)(nil),          // 90: hoard.v1.ReturnRequest
-	(*RenewRequest)(nil),           // 91: hoard.v1.RenewRequest
-	(*RenewReply)(nil),             // 92: hoard.v1.RenewReply
-	(*ReturnReply)(nil),            // 93: hoard.v1.ReturnReply
-	(*ProxyStatsRequest)(nil),      // 94: hoard.v1.ProxyStatsRequest
-	(*ProxyStatsReply)(nil),        // 95: hoard.v1.ProxyStatsReply
+	(XattrOp)(0),                   // 1: hoard.v1.XattrOp
+	(DelegKind)(0),                 // 2: hoard.v1.DelegKind
+	(MoveVolumeRequest_Step)(0),    // 3: hoard.v1.MoveVolumeRequest.Step
+	(ReleaseVolumeRequest_Step)(0), // 4: hoard.v1.ReleaseVolumeRequest.Step
+	(ChangeGroupRequest_Change)(0), // 5: hoard.v1.ChangeGroupRequest.Change
+	(*FID)(nil),                    // 6: hoard.v1.FID
+	(*Status)(nil),                 // 7: hoard.v1.Status
+	(*Error)(nil),                  // 8: hoard.v1.Error
+	(*ClientMsg)(nil),              // 9: hoard.v1.ClientMsg
+	(*Hello)(nil),                  // 10: hoard.v1.Hello
+	(*Ack)(nil),                    // 11: hoard.v1.Ack
+	(*ServerMsg)(nil),              // 12: hoard.v1.ServerMsg
+	(*Welcome)(nil),                // 13: hoard.v1.Welcome
+	(*Break)(nil),                  // 14: hoard.v1.Break
+	(*Reset)(nil),                  // 15: hoard.v1.Reset
+	(*Recall)(nil),                 // 16: hoard.v1.Recall
+	(*Revoke)(nil),                 // 17: hoard.v1.Revoke
+	(*Ping)(nil),                   // 18: hoard.v1.Ping
+	(*Volume)(nil),                 // 19: hoard.v1.Volume
+	(*Site)(nil),                   // 20: hoard.v1.Site
+	(*Location)(nil),               // 21: hoard.v1.Location
+	(*LocateRequest)(nil),          // 22: hoard.v1.LocateRequest
+	(*ListLocationsRequest)(nil),   // 23: hoard.v1.ListLocationsRequest
+	(*ListLocationsReply)(nil),     // 24: hoard.v1.ListLocationsReply
+	(*ServerInfo)(nil),             // 25: hoard.v1.ServerInfo
+	(*ListServersRequest)(nil),     // 26: hoard.v1.ListServersRequest
+	(*ListServersReply)(nil),       // 27: hoard.v1.ListServersReply
+	(*SetVolumeRequest)(nil),       // 28: hoard.v1.SetVolumeRequest
+	(*RemoveVolumeRequest)(nil),    // 29: hoard.v1.RemoveVolumeRequest
+	(*RemoveVolumeReply)(nil),      // 30: hoard.v1.RemoveVolumeReply
+	(*FileVersion)(nil),            // 31: hoard.v1.FileVersion
+	(*MetaKV)(nil),                 // 32: hoard.v1.MetaKV
+	(*DumpVolumeRequest)(nil),      // 33: hoard.v1.DumpVolumeRequest
+	(*DumpPiece)(nil),              // 34: hoard.v1.DumpPiece
+	(*RestoreVolumeReply)(nil),     // 35: hoard.v1.RestoreVolumeReply
+	(*MoveVolumeRequest)(nil),      // 36: hoard.v1.MoveVolumeRequest
+	(*MoveVolumeReply)(nil),        // 37: hoard.v1.MoveVolumeReply
+	(*ReleaseVolumeRequest)(nil),   // 38: hoard.v1.ReleaseVolumeRequest
+	(*ReleaseVolumeReply)(nil),     // 39: hoard.v1.ReleaseVolumeReply
+	(*GetVolumeRequest)(nil),       // 40: hoard.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),     // 41: hoard.v1.ListVolumesRequest
+	(*ListVolumesReply)(nil),       // 42: hoard.v1.ListVolumesReply
+	(*CreateVolumeRequest)(nil),    // 43: hoard.v1.CreateVolumeRequest
+	(*LookupRequest)(nil),          // 44: hoard.v1.LookupRequest
+	(*LookupReply)(nil),            // 45: hoard.v1.LookupReply
+	(*GetStatusRequest)(nil),       // 46: hoard.v1.GetStatusRequest
+	(*StatusResult)(nil),           // 47: hoard.v1.StatusResult
+	(*GetStatusReply)(nil),         // 48: hoard.v1.GetStatusReply
+	(*ReadDirRequest)(nil),         // 49: hoard.v1.ReadDirRequest
+	(*DirEntry)(nil),               // 50: hoard.v1.DirEntry
+	(*ReadDirReply)(nil),           // 51: hoard.v1.ReadDirReply
+	(*CreateRequest)(nil),          // 52: hoard.v1.CreateRequest
+	(*CreateReply)(nil),            // 53: hoard.v1.CreateReply
+	(*LinkRequest)(nil),            // 54: hoard.v1.LinkRequest
+	(*LinkReply)(nil),              // 55: hoard.v1.LinkReply
+	(*RemoveRequest)(nil),          // 56: hoard.v1.RemoveRequest
+	(*RemoveReply)(nil),            // 57: hoard.v1.RemoveReply
+	(*RenameRequest)(nil),          // 58: hoard.v1.RenameRequest
+	(*RenameReply)(nil),            // 59: hoard.v1.RenameReply
+	(*SetAttrRequest)(nil),         // 60: hoard.v1.SetAttrRequest
+	(*SetAttrReply)(nil),           // 61: hoard.v1.SetAttrReply
+	(*XattrRequest)(nil),           // 62: hoard.v1.XattrRequest
+	(*XattrReply)(nil),             // 63: hoard.v1.XattrReply
+	(*StatFSRequest)(nil),          // 64: hoard.v1.StatFSRequest
+	(*StatFSReply)(nil),            // 65: hoard.v1.StatFSReply
+	(*FetchRequest)(nil),           // 66: hoard.v1.FetchRequest
+	(*FetchReply)(nil),             // 67: hoard.v1.FetchReply
+	(*StoreRequest)(nil),           // 68: hoard.v1.StoreRequest
+	(*StoreReply)(nil),             // 69: hoard.v1.StoreReply
+	(*WhoAmIRequest)(nil),          // 70: hoard.v1.WhoAmIRequest
+	(*WhoAmIReply)(nil),            // 71: hoard.v1.WhoAmIReply
+	(*ACLEntry)(nil),               // 72: hoard.v1.ACLEntry
+	(*GetACLRequest)(nil),          // 73: hoard.v1.GetACLRequest
+	(*SetACLRequest)(nil),          // 74: hoard.v1.SetACLRequest
+	(*ACLReply)(nil),               // 75: hoard.v1.ACLReply
+	(*ChangeGroupRequest)(nil),     // 76: hoard.v1.ChangeGroupRequest
+	(*ChangeGroupReply)(nil),       // 77: hoard.v1.ChangeGroupReply
+	(*ListGroupsRequest)(nil),      // 78: hoard.v1.ListGroupsRequest
+	(*Group)(nil),                  // 79: hoard.v1.Group
+	(*ListGroupsReply)(nil),        // 80: hoard.v1.ListGroupsReply
+	(*RevokeTokenRequest)(nil),     // 81: hoard.v1.RevokeTokenRequest
+	(*RevokeTokenReply)(nil),       // 82: hoard.v1.RevokeTokenReply
+	(*ReserveRequest)(nil),         // 83: hoard.v1.ReserveRequest
+	(*ReserveReply)(nil),           // 84: hoard.v1.ReserveReply
+	(*ReservedFile)(nil),           // 85: hoard.v1.ReservedFile
+	(*RemovedFile)(nil),            // 86: hoard.v1.RemovedFile
+	(*CreateReservedRequest)(nil),  // 87: hoard.v1.CreateReservedRequest
+	(*CreateReservedReply)(nil),    // 88: hoard.v1.CreateReservedReply
+	(*OpenRequest)(nil),            // 89: hoard.v1.OpenRequest
+	(*OpenReply)(nil),              // 90: hoard.v1.OpenReply
+	(*CloseRequest)(nil),           // 91: hoard.v1.CloseRequest
+	(*CloseReply)(nil),             // 92: hoard.v1.CloseReply
+	(*ReturnRequest)(nil),          // 93: hoard.v1.ReturnRequest
+	(*RenewRequest)(nil),           // 94: hoard.v1.RenewRequest
+	(*RenewReply)(nil),             // 95: hoard.v1.RenewReply
+	(*ReturnReply)(nil),            // 96: hoard.v1.ReturnReply
+	(*ProxyStatsRequest)(nil),      // 97: hoard.v1.ProxyStatsRequest
+	(*ProxyStatsReply)(nil),        // 98: hoard.v1.ProxyStatsReply
 }
 var file_hoard_proto_depIdxs = []int32{
-	5,   // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
+	6,   // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
 	0,   // 1: hoard.v1.Status.type:type_name -> hoard.v1.FileType
-	9,   // 2: hoard.v1.ClientMsg.hello:type_name -> hoard.v1.Hello
-	10,  // 3: hoard.v1.ClientMsg.ack:type_name -> hoard.v1.Ack
-	12,  // 4: hoard.v1.ServerMsg.welcome:type_name -> hoard.v1.Welcome
-	13,  // 5: hoard.v1.ServerMsg.break:type_name -> hoard.v1.Break
-	14,  // 6: hoard.v1.ServerMsg.reset:type_name -> hoard.v1.Reset
-	17,  // 7: hoard.v1.ServerMsg.ping:type_name -> hoard.v1.Ping
-	15,  // 8: hoard.v1.ServerMsg.recall:type_name -> hoard.v1.Recall
-	16,  // 9: hoard.v1.ServerMsg.revoke:type_name -> hoard.v1.Revoke
-	5,   // 10: hoard.v1.Break.fids:type_name -> hoard.v1.FID
-	5,   // 11: hoard.v1.Recall.fids:type_name -> hoard.v1.FID
-	5,   // 12: hoard.v1.Revoke.fids:type_name -> hoard.v1.FID
-	5,   // 13: hoard.v1.Volume.root:type_name -> hoard.v1.FID
-	19,  // 14: hoard.v1.Location.rw:type_name -> hoard.v1.Site
-	19,  // 15: hoard.v1.Location.ro:type_name -> hoard.v1.Site
-	19,  // 16: hoard.v1.Location.pending:type_name -> hoard.v1.Site
-	20,  // 17: hoard.v1.ListLocationsReply.locations:type_name -> hoard.v1.Location
-	19,  // 18: hoard.v1.ServerInfo.site:type_name -> hoard.v1.Site
-	24,  // 19: hoard.v1.ListServersReply.servers:type_name -> hoard.v1.ServerInfo
-	30,  // 20: hoard.v1.DumpVolumeRequest.have:type_name -> hoard.v1.FileVersion
-	31,  // 21: hoard.v1.DumpPiece.meta:type_name -> hoard.v1.MetaKV
-	30,  // 22: hoard.v1.DumpPiece.file:type_name -> hoard.v1.FileVersion
-	30,  // 23: hoard.v1.DumpPiece.kept:type_name -> hoard.v1.FileVersion
-	30,  // 24: hoard.v1.RestoreVolumeReply.have:type_name -> hoard.v1.FileVersion
-	2,   // 25: hoard.v1.MoveVolumeRequest.step:type_name -> hoard.v1.MoveVolumeRequest.Step
-	20,  // 26: hoard.v1.MoveVolumeReply.location:type_name -> hoard.v1.Location
-	3,   // 27: hoard.v1.ReleaseVolumeRequest.step:type_name -> hoard.v1.ReleaseVolumeRequest.Step
-	20,  // 28: hoard.v1.ReleaseVolumeReply.location:type_name -> hoard.v1.Location
-	30,  // 29: hoard.v1.ReleaseVolumeReply.have:type_name -> hoard.v1.FileVersion
-	18,  // 30: hoard.v1.ListVolumesReply.volumes:type_name -> hoard.v1.Volume
-	5,   // 31: hoard.v1.LookupRequest.dir:type_name -> hoard.v1.FID
-	6,   // 32: hoard.v1.LookupReply.status:type_name -> hoard.v1.Status
-	6,   // 33: hoard.v1.LookupReply.dir:type_name -> hoard.v1.Status
-	5,   // 34: hoard.v1.GetStatusRequest.fids:type_name -> hoard.v1.FID
-	6,   // 35: hoard.v1.StatusResult.status:type_name -> hoard.v1.Status
-	46,  // 36: hoard.v1.GetStatusReply.results:type_name -> hoard.v1.StatusResult
-	5,   // 37: hoard.v1.ReadDirRequest.dir:type_name -> hoard.v1.FID
-	5,   // 38: hoard.v1.DirEntry.fid:type_name -> hoard.v1.FID
+	10,  // 2: hoard.v1.ClientMsg.hello:type_name -> hoard.v1.Hello
+	11,  // 3: hoard.v1.ClientMsg.ack:type_name -> hoard.v1.Ack
+	13,  // 4: hoard.v1.ServerMsg.welcome:type_name -> hoard.v1.Welcome
+	14,  // 5: hoard.v1.ServerMsg.break:type_name -> hoard.v1.Break
+	15,  // 6: hoard.v1.ServerMsg.reset:type_name -> hoard.v1.Reset
+	18,  // 7: hoard.v1.ServerMsg.ping:type_name -> hoard.v1.Ping
+	16,  // 8: hoard.v1.ServerMsg.recall:type_name -> hoard.v1.Recall
+	17,  // 9: hoard.v1.ServerMsg.revoke:type_name -> hoard.v1.Revoke
+	6,   // 10: hoard.v1.Break.fids:type_name -> hoard.v1.FID
+	6,   // 11: hoard.v1.Recall.fids:type_name -> hoard.v1.FID
+	6,   // 12: hoard.v1.Revoke.fids:type_name -> hoard.v1.FID
+	6,   // 13: hoard.v1.Volume.root:type_name -> hoard.v1.FID
+	20,  // 14: hoard.v1.Location.rw:type_name -> hoard.v1.Site
+	20,  // 15: hoard.v1.Location.ro:type_name -> hoard.v1.Site
+	20,  // 16: hoard.v1.Location.pending:type_name -> hoard.v1.Site
+	21,  // 17: hoard.v1.ListLocationsReply.locations:type_name -> hoard.v1.Location
+	20,  // 18: hoard.v1.ServerInfo.site:type_name -> hoard.v1.Site
+	25,  // 19: hoard.v1.ListServersReply.servers:type_name -> hoard.v1.ServerInfo
+	31,  // 20: hoard.v1.DumpVolumeRequest.have:type_name -> hoard.v1.FileVersion
+	32,  // 21: hoard.v1.DumpPiece.meta:type_name -> hoard.v1.MetaKV
+	31,  // 22: hoard.v1.DumpPiece.file:type_name -> hoard.v1.FileVersion
+	31,  // 23: hoard.v1.DumpPiece.kept:type_name -> hoard.v1.FileVersion
+	31,  // 24: hoard.v1.RestoreVolumeReply.have:type_name -> hoard.v1.FileVersion
+	3,   // 25: hoard.v1.MoveVolumeRequest.step:type_name -> hoard.v1.MoveVolumeRequest.Step
+	21,  // 26: hoard.v1.MoveVolumeReply.location:type_name -> hoard.v1.Location
+	4,   // 27: hoard.v1.ReleaseVolumeRequest.step:type_name -> hoard.v1.ReleaseVolumeRequest.Step
+	21,  // 28: hoard.v1.ReleaseVolumeReply.location:type_name -> hoard.v1.Location
+	31,  // 29: hoard.v1.ReleaseVolumeReply.have:type_name -> hoard.v1.FileVersion
+	19,  // 30: hoard.v1.ListVolumesReply.volumes:type_name -> hoard.v1.Volume
+	6,   // 31: hoard.v1.LookupRequest.dir:type_name -> hoard.v1.FID
+	7,   // 32: hoard.v1.LookupReply.status:type_name -> hoard.v1.Status
+	7,   // 33: hoard.v1.LookupReply.dir:type_name -> hoard.v1.Status
+	6,   // 34: hoard.v1.GetStatusRequest.fids:type_name -> hoard.v1.FID
+	7,   // 35: hoard.v1.StatusResult.status:type_name -> hoard.v1.Status
+	47,  // 36: hoard.v1.GetStatusReply.results:type_name -> hoard.v1.StatusResult
+	6,   // 37: hoard.v1.ReadDirRequest.dir:type_name -> hoard.v1.FID
+	6,   // 38: hoard.v1.DirEntry.fid:type_name -> hoard.v1.FID
 	0,   // 39: hoard.v1.DirEntry.type:type_name -> hoard.v1.FileType
-	49,  // 40: hoard.v1.ReadDirReply.entries:type_name -> hoard.v1.DirEntry
-	6,   // 41: hoard.v1.ReadDirReply.dir:type_name -> hoard.v1.Status
-	5,   // 42: hoard.v1.CreateRequest.dir:type_name -> hoard.v1.FID
+	50,  // 40: hoard.v1.ReadDirReply.entries:type_name -> hoard.v1.DirEntry
+	7,   // 41: hoard.v1.ReadDirReply.dir:type_name -> hoard.v1.Status
+	6,   // 42: hoard.v1.CreateRequest.dir:type_name -> hoard.v1.FID
 	0,   // 43: hoard.v1.CreateRequest.type:type_name -> hoard.v1.FileType
-	6,   // 44: hoard.v1.CreateReply.status:type_name -> hoard.v1.Status
-	6,   // 45: hoard.v1.CreateReply.dir:type_name -> hoard.v1.Status
-	1,   // 46: hoard.v1.CreateReply.kind:type_name -> hoard.v1.DelegKind
-	5,   // 47: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
-	5,   // 48: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
-	6,   // 49: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
-	6,   // 50: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
-	5,   // 51: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
-	6,   // 52: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
-	6,   // 53: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
-	5,   // 54: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
-	5,   // 55: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
-	6,   // 56: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
-	6,   // 57: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
-	6,   // 58: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
-	6,   // 59: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
-	5,   // 60: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
-	6,   // 61: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
-	5,   // 62: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
-	6,   // 63: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
-	5,   // 64: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
-	6,   // 65: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
-	5,   // 66: hoard.v1.GetACLRequest.fid:type_name -> hoard.v1.FID
-	5,   // 67: hoard.v1.SetACLRequest.dir:type_name -> hoard.v1.FID
-	5,   // 68: hoard.v1.ACLReply.dir:type_name -> hoard.v1.FID
-	69,  // 69: hoard.v1.ACLReply.entries:type_name -> hoard.v1.ACLEntry
-	4,   // 70: hoard.v1.ChangeGroupRequest.change:type_name -> hoard.v1.ChangeGroupRequest.Change
-	76,  // 71: hoard.v1.ListGroupsReply.groups:type_name -> hoard.v1.Group
-	5,   // 72: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
-	5,   // 73: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
-	5,   // 74: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
-	5,   // 75: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
-	82,  // 76: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
-	83,  // 77: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
-	6,   // 78: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
-	6,   // 79: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
-	6,   // 80: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
-	5,   // 81: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
-	6,   // 82: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
-	1,   // 83: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
-	5,   // 84: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
-	5,   // 85: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
-	8,   // 86: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
-	39,  // 87: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
-	40,  // 88: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
-	42,  // 89: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
-	27,  // 90: hoard.v1.FileServer.SetVolume:input_type -> hoard.v1.SetVolumeRequest
-	28,  // 91: hoard.v1.FileServer.RemoveVolume:input_type -> hoard.v1.RemoveVolumeRequest
-	32,  // 92: hoard.v1.FileServer.DumpVolume:input_type -> hoard.v1.DumpVolumeRequest
-	33,  // 93: hoard.v1.FileServer.RestoreVolume:input_type -> hoard.v1.DumpPiece
-	35,  // 94: hoard.v1.FileServer.MoveVolume:input_type -> hoard.v1.MoveVolumeRequest
-	37,  // 95: hoard.v1.FileServer.ReleaseVolume:input_type -> hoard.v1.ReleaseVolumeRequest
-	21,  // 96: hoard.v1.FileServer.Locate:input_type -> hoard.v1.LocateRequest
-	22,  // 97: hoard.v1.FileServer.ListLocations:input_type -> hoard.v1.ListLocationsRequest
-	25,  // 98: hoard.v1.FileServer.ListServers:input_type -> hoard.v1.ListServersRequest
-	43,  // 99: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
-	45,  // 100: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
-	48,  // 101: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
-	51,  // 102: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
-	53,  // 103: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
-	55,  // 104: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
-	57,  // 105: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
-	59,  // 106: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
-	61,  // 107: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
-	63,  // 108: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
-	65,  // 109: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
-	86,  // 110: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
-	88,  // 111: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
-	90,  // 112: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
-	91,  // 113: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
-	80,  // 114: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
-	84,  // 115: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
-	67,  // 116: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
-	70,  // 117: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
-	71,  // 118: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
-	73,  // 119: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
-	75,  // 120: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
-	78,  // 121: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
-	94,  // 122: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
-	11,  // 123: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
-	18,  // 124: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
-	41,  // 125: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
-	18,  // 126: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
-	18,  // 127: hoard.v1.FileServer.SetVolume:output_type -> hoard.v1.Volume
-	29,  // 128: hoard.v1.FileServer.RemoveVolume:output_type -> hoard.v1.RemoveVolumeReply
-	33,  // 129: hoard.v1.FileServer.DumpVolume:output_type -> hoard.v1.DumpPiece
-	34,  // 130: hoard.v1.FileServer.RestoreVolume:output_type -> hoard.v1.RestoreVolumeReply
-	36,  // 131: hoard.v1.FileServer.MoveVolume:output_type -> hoard.v1.MoveVolumeReply
-	38,  // 132: hoard.v1.FileServer.ReleaseVolume:output_type -> hoard.v1.ReleaseVolumeReply
-	20,  // 133: hoard.v1.FileServer.Locate:output_type -> hoard.v1.Location
-	23,  // 134: hoard.v1.FileServer.ListLocations:output_type -> hoard.v1.ListLocationsReply
-	26,  // 135: hoard.v1.FileServer.ListServers:output_type -> hoard.v1.ListServersReply
-	44,  // 136: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
-	47,  // 137: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
-	50,  // 138: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
-	52,  // 139: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
-	54,  // 140: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
-	56,  // 141: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
-	58,  // 142: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
-	60,  // 143: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
-	62,  // 144: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
-	64,  // 145: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
-	66,  // 146: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
-	87,  // 147: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
-	89,  // 148: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
-	93,  // 149: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
-	92,  // 150: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
-	81,  // 151: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
-	85,  // 152: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
-	68,  // 153: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
-	72,  // 154: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
-	72,  // 155: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
-	74,  // 156: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
-	77,  // 157: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
-	79,  // 158: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
-	95,  // 159: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
-	123, // [123:160] is the sub-list for method output_type
-	86,  // [86:123] is the sub-list for method input_type
-	86,  // [86:86] is the sub-list for extension type_name
-	86,  // [86:86] is the sub-list for extension extendee
-	0,   // [0:86] is the sub-list for field type_name
+	7,   // 44: hoard.v1.CreateReply.status:type_name -> hoard.v1.Status
+	7,   // 45: hoard.v1.CreateReply.dir:type_name -> hoard.v1.Status
+	2,   // 46: hoard.v1.CreateReply.kind:type_name -> hoard.v1.DelegKind
+	6,   // 47: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
+	6,   // 48: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
+	7,   // 49: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
+	7,   // 50: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
+	6,   // 51: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
+	7,   // 52: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
+	7,   // 53: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
+	6,   // 54: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
+	6,   // 55: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
+	7,   // 56: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
+	7,   // 57: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
+	7,   // 58: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
+	7,   // 59: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
+	6,   // 60: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
+	7,   // 61: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
+	6,   // 62: hoard.v1.XattrRequest.fid:type_name -> hoard.v1.FID
+	1,   // 63: hoard.v1.XattrRequest.op:type_name -> hoard.v1.XattrOp
+	7,   // 64: hoard.v1.XattrReply.status:type_name -> hoard.v1.Status
+	6,   // 65: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
+	7,   // 66: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
+	6,   // 67: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
+	7,   // 68: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
+	6,   // 69: hoard.v1.GetACLRequest.fid:type_name -> hoard.v1.FID
+	6,   // 70: hoard.v1.SetACLRequest.dir:type_name -> hoard.v1.FID
+	6,   // 71: hoard.v1.ACLReply.dir:type_name -> hoard.v1.FID
+	72,  // 72: hoard.v1.ACLReply.entries:type_name -> hoard.v1.ACLEntry
+	5,   // 73: hoard.v1.ChangeGroupRequest.change:type_name -> hoard.v1.ChangeGroupRequest.Change
+	79,  // 74: hoard.v1.ListGroupsReply.groups:type_name -> hoard.v1.Group
+	6,   // 75: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
+	6,   // 76: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
+	6,   // 77: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
+	6,   // 78: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
+	85,  // 79: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
+	86,  // 80: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
+	7,   // 81: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
+	7,   // 82: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
+	7,   // 83: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
+	6,   // 84: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
+	7,   // 85: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
+	2,   // 86: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
+	6,   // 87: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
+	6,   // 88: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
+	9,   // 89: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
+	40,  // 90: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
+	41,  // 91: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
+	43,  // 92: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
+	28,  // 93: hoard.v1.FileServer.SetVolume:input_type -> hoard.v1.SetVolumeRequest
+	29,  // 94: hoard.v1.FileServer.RemoveVolume:input_type -> hoard.v1.RemoveVolumeRequest
+	33,  // 95: hoard.v1.FileServer.DumpVolume:input_type -> hoard.v1.DumpVolumeRequest
+	34,  // 96: hoard.v1.FileServer.RestoreVolume:input_type -> hoard.v1.DumpPiece
+	36,  // 97: hoard.v1.FileServer.MoveVolume:input_type -> hoard.v1.MoveVolumeRequest
+	38,  // 98: hoard.v1.FileServer.ReleaseVolume:input_type -> hoard.v1.ReleaseVolumeRequest
+	22,  // 99: hoard.v1.FileServer.Locate:input_type -> hoard.v1.LocateRequest
+	23,  // 100: hoard.v1.FileServer.ListLocations:input_type -> hoard.v1.ListLocationsRequest
+	26,  // 101: hoard.v1.FileServer.ListServers:input_type -> hoard.v1.ListServersRequest
+	44,  // 102: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
+	46,  // 103: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
+	49,  // 104: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
+	52,  // 105: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
+	54,  // 106: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
+	56,  // 107: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
+	58,  // 108: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
+	60,  // 109: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
+	62,  // 110: hoard.v1.FileServer.Xattr:input_type -> hoard.v1.XattrRequest
+	64,  // 111: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
+	66,  // 112: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
+	68,  // 113: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
+	89,  // 114: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
+	91,  // 115: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
+	93,  // 116: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
+	94,  // 117: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
+	83,  // 118: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
+	87,  // 119: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
+	70,  // 120: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
+	73,  // 121: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
+	74,  // 122: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
+	76,  // 123: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
+	78,  // 124: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
+	81,  // 125: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
+	97,  // 126: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
+	12,  // 127: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
+	19,  // 128: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
+	42,  // 129: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
+	19,  // 130: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
+	19,  // 131: hoard.v1.FileServer.SetVolume:output_type -> hoard.v1.Volume
+	30,  // 132: hoard.v1.FileServer.RemoveVolume:output_type -> hoard.v1.RemoveVolumeReply
+	34,  // 133: hoard.v1.FileServer.DumpVolume:output_type -> hoard.v1.DumpPiece
+	35,  // 134: hoard.v1.FileServer.RestoreVolume:output_type -> hoard.v1.RestoreVolumeReply
+	37,  // 135: hoard.v1.FileServer.MoveVolume:output_type -> hoard.v1.MoveVolumeReply
+	39,  // 136: hoard.v1.FileServer.ReleaseVolume:output_type -> hoard.v1.ReleaseVolumeReply
+	21,  // 137: hoard.v1.FileServer.Locate:output_type -> hoard.v1.Location
+	24,  // 138: hoard.v1.FileServer.ListLocations:output_type -> hoard.v1.ListLocationsReply
+	27,  // 139: hoard.v1.FileServer.ListServers:output_type -> hoard.v1.ListServersReply
+	45,  // 140: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
+	48,  // 141: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
+	51,  // 142: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
+	53,  // 143: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
+	55,  // 144: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
+	57,  // 145: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
+	59,  // 146: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
+	61,  // 147: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
+	63,  // 148: hoard.v1.FileServer.Xattr:output_type -> hoard.v1.XattrReply
+	65,  // 149: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
+	67,  // 150: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
+	69,  // 151: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
+	90,  // 152: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
+	92,  // 153: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
+	96,  // 154: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
+	95,  // 155: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
+	84,  // 156: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
+	88,  // 157: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
+	71,  // 158: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
+	75,  // 159: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
+	75,  // 160: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
+	77,  // 161: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
+	80,  // 162: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
+	82,  // 163: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
+	98,  // 164: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
+	127, // [127:165] is the sub-list for method output_type
+	89,  // [89:127] is the sub-list for method input_type
+	89,  // [89:89] is the sub-list for extension type_name
+	89,  // [89:89] is the sub-list for extension extendee
+	0,   // [0:89] is the sub-list for field type_name
 }
 
 func init() { file_hoard_proto_init() }
@@ -7011,8 +7230,8 @@ func file_hoard_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoard_proto_rawDesc), len(file_hoard_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   91,
+			NumEnums:      6,
+			NumMessages:   93,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

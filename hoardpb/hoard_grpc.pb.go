@@ -53,6 +53,7 @@ const (
 	FileServer_Remove_FullMethodName         = "/hoard.v1.FileServer/Remove"
 	FileServer_Rename_FullMethodName         = "/hoard.v1.FileServer/Rename"
 	FileServer_SetAttr_FullMethodName        = "/hoard.v1.FileServer/SetAttr"
+	FileServer_Xattr_FullMethodName          = "/hoard.v1.FileServer/Xattr"
 	FileServer_StatFS_FullMethodName         = "/hoard.v1.FileServer/StatFS"
 	FileServer_Fetch_FullMethodName          = "/hoard.v1.FileServer/Fetch"
 	FileServer_Store_FullMethodName          = "/hoard.v1.FileServer/Store"
@@ -101,6 +102,7 @@ type FileServerClient interface {
 	Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveReply, error)
 	Rename(ctx context.Context, in *RenameRequest, opts ...grpc.CallOption) (*RenameReply, error)
 	SetAttr(ctx context.Context, in *SetAttrRequest, opts ...grpc.CallOption) (*SetAttrReply, error)
+	Xattr(ctx context.Context, in *XattrRequest, opts ...grpc.CallOption) (*XattrReply, error)
 	StatFS(ctx context.Context, in *StatFSRequest, opts ...grpc.CallOption) (*StatFSReply, error)
 	Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchReply], error)
 	Store(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[StoreRequest, StoreReply], error)
@@ -367,6 +369,16 @@ func (c *fileServerClient) SetAttr(ctx context.Context, in *SetAttrRequest, opts
 	return out, nil
 }
 
+func (c *fileServerClient) Xattr(ctx context.Context, in *XattrRequest, opts ...grpc.CallOption) (*XattrReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(XattrReply)
+	err := c.cc.Invoke(ctx, FileServer_Xattr_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *fileServerClient) StatFS(ctx context.Context, in *StatFSRequest, opts ...grpc.CallOption) (*StatFSReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StatFSReply)
@@ -560,6 +572,7 @@ type FileServerServer interface {
 	Remove(context.Context, *RemoveRequest) (*RemoveReply, error)
 	Rename(context.Context, *RenameRequest) (*RenameReply, error)
 	SetAttr(context.Context, *SetAttrRequest) (*SetAttrReply, error)
+	Xattr(context.Context, *XattrRequest) (*XattrReply, error)
 	StatFS(context.Context, *StatFSRequest) (*StatFSReply, error)
 	Fetch(*FetchRequest, grpc.ServerStreamingServer[FetchReply]) error
 	Store(grpc.ClientStreamingServer[StoreRequest, StoreReply]) error
@@ -663,6 +676,9 @@ func (UnimplementedFileServerServer) Rename(context.Context, *RenameRequest) (*R
 }
 func (UnimplementedFileServerServer) SetAttr(context.Context, *SetAttrRequest) (*SetAttrReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetAttr not implemented")
+}
+func (UnimplementedFileServerServer) Xattr(context.Context, *XattrRequest) (*XattrReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Xattr not implemented")
 }
 func (UnimplementedFileServerServer) StatFS(context.Context, *StatFSRequest) (*StatFSReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method StatFS not implemented")
@@ -1079,6 +1095,24 @@ func _FileServer_SetAttr_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FileServer_Xattr_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(XattrRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FileServerServer).Xattr(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FileServer_Xattr_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FileServerServer).Xattr(ctx, req.(*XattrRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _FileServer_StatFS_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StatFSRequest)
 	if err := dec(in); err != nil {
@@ -1409,6 +1443,10 @@ var FileServer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetAttr",
 			Handler:    _FileServer_SetAttr_Handler,
+		},
+		{
+			MethodName: "Xattr",
+			Handler:    _FileServer_Xattr_Handler,
 		},
 		{
 			MethodName: "StatFS",

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -119,5 +120,66 @@ func TestSparseEndToEnd(t *testing.T) {
 	got := make([]byte, mib)
 	if _, err := g.ReadAt(got, 40*mib); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("the data at 40 MiB: %v", err)
+	}
+}
+
+// Extended attributes of the user namespace are stored at the server:
+// set through one mount, read through another and through a proxy's,
+// kept by cp -a both ways, refused past ext4's bounds, and gone with the
+// file. Other namespaces are refused as before (ENOTSUP).
+func TestFuseXattrs(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a := startMount(t, srv, t.TempDir())
+	b := startMount(t, startProxy(t, srv, t.TempDir()), t.TempDir())
+	f := a.path("f")
+	if err := os.WriteFile(f, []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(f, "user.color", []byte("blue"), 0); err != nil {
+		t.Fatalf("setxattr: %v", err)
+	}
+	if err := unix.Setxattr(f, "user.color", []byte("red"), unix.XATTR_CREATE); err != unix.EEXIST {
+		t.Fatalf("setxattr XATTR_CREATE of an existing name: %v, want EEXIST", err)
+	}
+	get := func(path, name string) (string, error) {
+		buf := make([]byte, 256)
+		n, err := unix.Getxattr(path, name, buf)
+		if err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	}
+	waitFor(t, 10*time.Second, "the attribute seen through the proxy's mount", func() bool {
+		v, err := get(b.path("f"), "user.color")
+		return err == nil && v == "blue"
+	})
+	if err := unix.Setxattr(b.path("f"), "user.size", []byte("L"), 0); err != nil {
+		t.Fatalf("setxattr through the proxy: %v", err)
+	}
+	buf := make([]byte, 256)
+	n, err := unix.Listxattr(f, buf)
+	if err != nil || string(buf[:n]) != "user.color\x00user.size\x00" {
+		t.Fatalf("listxattr: %q %v", buf[:n], err)
+	}
+	if _, err := get(f, "user.none"); err != unix.ENODATA {
+		t.Fatalf("getxattr of a missing name: %v, want ENODATA", err)
+	}
+	if err := unix.Setxattr(f, "trusted.x", []byte("1"), 0); err != unix.ENOTSUP && err != unix.EPERM {
+		t.Fatalf("setxattr trusted.x: %v, want ENOTSUP", err)
+	}
+	if err := unix.Setxattr(f, "user.big", make([]byte, 70<<10), 0); err != unix.E2BIG && err != unix.ENOSPC {
+		t.Fatalf("setxattr of 70 KiB: %v, want E2BIG", err)
+	}
+	// cp -a out of the mount and back in keeps them.
+	local := filepath.Join(t.TempDir(), "copy")
+	sh(t, "/", "cp -a "+f+" "+local+" && cp -a "+local+" "+a.path("g"))
+	if v, err := get(a.path("g"), "user.size"); err != nil || v != "L" {
+		t.Fatalf("after cp -a out and back: %q %v", v, err)
+	}
+	if err := unix.Removexattr(f, "user.color"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := get(f, "user.color"); err != unix.ENODATA {
+		t.Fatalf("after removexattr: %v", err)
 	}
 }

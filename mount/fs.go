@@ -817,26 +817,46 @@ func untilKnown(n int, notify func(i int) syscall.Errno) {
 // for a directory's tree, sets the override.
 const PolicyXattr = "user.hoard.policy"
 
-// Other extended attributes are not stored by hoard: setting one says so
-// (ENOTSUP, which cp -a and rsync -X take as "not supported here"),
-// reading one finds none.
+// Extended attributes of the user namespace are stored at the server
+// with the file (node.CheckXattrName has the bounds); user.hoard.* are
+// the cache commands' (PolicyXattr, ctl.go). Other namespaces are not
+// stored: setting one says so (ENOTSUP, which cp -a and rsync -X take as
+// "not supported here"), reading one finds none, without a round trip
+// (the kernel asks for security.capability at every write).
 func (h *hnode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	var v string
+	var v []byte
 	if b, ok, en := h.getCtl(ctx, attr); ok {
 		if en != 0 {
 			return 0, en
 		}
-		v = string(b)
-	} else if attr != PolicyXattr {
-		return 0, syscall.ENODATA
-	} else {
+		v = b
+	} else if attr == PolicyXattr {
 		base, parent := h.parentNode()
 		d, err := h.m.as(ctx).Policy(h.n, parent, base)
 		if err != nil {
 			return 0, errno(err)
 		}
-		v = d.String()
+		v = []byte(d.String())
+	} else if stored(attr) {
+		b, err := h.m.as(ctx).GetXattr(h.n, attr)
+		if err != nil {
+			return 0, errno(err)
+		}
+		v = b
+	} else {
+		return 0, syscall.ENODATA
 	}
+	return xattrOut(dest, v)
+}
+
+// stored reports whether attr is one the server keeps.
+func stored(attr string) bool {
+	return strings.HasPrefix(attr, node.XattrPrefix) && !strings.HasPrefix(attr, node.ReservedXattrPrefix)
+}
+
+// xattrOut answers getxattr and listxattr: the size for an empty buffer,
+// ERANGE for a short one.
+func xattrOut(dest, v []byte) (uint32, syscall.Errno) {
 	if len(dest) == 0 {
 		return uint32(len(v)), 0
 	}
@@ -849,6 +869,10 @@ func (h *hnode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32,
 func (h *hnode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	if ok, en := h.setCtl(ctx, attr); ok {
 		return en
+	}
+	if stored(attr) {
+		_, err := h.m.as(ctx).SetXattr(h.n, attr, data, flags)
+		return errno(err)
 	}
 	if attr != PolicyXattr {
 		return syscall.ENOTSUP
@@ -866,9 +890,21 @@ func (h *hnode) Setxattr(ctx context.Context, attr string, data []byte, flags ui
 }
 
 func (h *hnode) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	return syscall.ENOTSUP
+	if !stored(attr) {
+		return syscall.ENOTSUP
+	}
+	_, err := h.m.as(ctx).RemoveXattr(h.n, attr)
+	return errno(err)
 }
 
 func (h *hnode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	return 0, 0
+	names, err := h.m.as(ctx).ListXattr(h.n)
+	if err != nil {
+		return 0, errno(err)
+	}
+	var v []byte
+	for _, n := range names {
+		v = append(append(v, n...), 0)
+	}
+	return xattrOut(dest, v)
 }

@@ -480,6 +480,19 @@ func (p *Proxy) SetAttr(f node.FID, c node.Change) (node.Status, error) {
 
 func (p *Proxy) StatFS(volume uint64) (node.FSStat, error) { return p.fids.StatFS(volume) }
 
+// GetXattr, ListXattr, SetXattr and RemoveXattr ask the origin: the
+// proxy keeps no extended attributes.
+func (p *Proxy) GetXattr(f node.FID, name string) ([]byte, error) {
+	return p.fids.GetXattr(p.fids.Node(f), name)
+}
+func (p *Proxy) ListXattr(f node.FID) ([]string, error) { return p.fids.ListXattr(p.fids.Node(f)) }
+func (p *Proxy) SetXattr(f node.FID, name string, val []byte, flags uint32) (node.Status, error) {
+	return p.fids.SetXattr(p.fids.Node(f), name, val, flags)
+}
+func (p *Proxy) RemoveXattr(f node.FID, name string) (node.Status, error) {
+	return p.fids.RemoveXattr(p.fids.Node(f), name)
+}
+
 // ReadAt serves f's bytes at off from the store, fetching the chunks it
 // lacks from the origin, and returns the status of the version they are
 // of (as a vnode store answers: io.EOF only with nothing read).

@@ -48,6 +48,12 @@ type Backend interface {
 	// returns its ACL as it is now.
 	GoverningACL(f node.FID) (node.FID, access.ACL, error)
 	SetACLEntry(dir node.FID, who string, r access.Rights) (access.ACL, error)
+	// GetXattr, ListXattr, SetXattr and RemoveXattr serve f's extended
+	// attributes of the user namespace; a change returns f's status.
+	GetXattr(f node.FID, name string) ([]byte, error)
+	ListXattr(f node.FID) ([]string, error)
+	SetXattr(f node.FID, name string, val []byte, flags uint32) (node.Status, error)
+	RemoveXattr(f node.FID, name string) (node.Status, error)
 
 	// ReadAt reads file bytes for user (the client's name until there
 	// is authentication) along with the status of the version they

@@ -357,6 +357,73 @@ func (s *Server) SetAttr(ctx context.Context, req *pb.SetAttrRequest) (*pb.SetAt
 	return &pb.SetAttrReply{Status: o.status(st)}, nil
 }
 
+// Xattr serves a file's extended attributes: reading them needs the right
+// to read the file (to look in a directory), changing them the right to
+// write it, as the mode bits ask on a local file system; a change moves
+// the file's ctime and breaks its promises, as a setattr does.
+func (s *Server) Xattr(ctx context.Context, req *pb.XattrRequest) (*pb.XattrReply, error) {
+	f, err := checkFID("xattr", req.Fid)
+	if err != nil {
+		return nil, s.fail("Xattr", err)
+	}
+	if req.Op != pb.XattrOp_XATTR_LIST {
+		if err := node.CheckXattrName(req.Name); err != nil {
+			return nil, s.fail("Xattr", err)
+		}
+	}
+	switch req.Op {
+	case pb.XattrOp_XATTR_GET, pb.XattrOp_XATTR_LIST:
+		o, err := s.begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		st, err := s.store.GetStatus(f)
+		if err != nil {
+			return nil, s.fail("Xattr", err)
+		}
+		need := access.Read
+		if st.Type == node.TypeDir {
+			need = access.Lookup
+		}
+		if err := o.mayStatus(st, need, "read extended attributes"); err != nil && !o.who.Admin {
+			return nil, err
+		}
+		if req.Op == pb.XattrOp_XATTR_LIST {
+			names, err := s.store.ListXattr(f)
+			if err != nil {
+				return nil, s.fail("Xattr", err)
+			}
+			return &pb.XattrReply{Names: names}, nil
+		}
+		val, err := s.store.GetXattr(f, req.Name)
+		if err != nil {
+			return nil, s.fail("Xattr", err)
+		}
+		return &pb.XattrReply{Value: val}, nil
+	case pb.XattrOp_XATTR_SET, pb.XattrOp_XATTR_REMOVE:
+	default:
+		return nil, s.fail("Xattr", fmt.Errorf("xattr %v: op %d: %w", f, req.Op, syscall.EINVAL))
+	}
+	var st node.Status
+	o, err := s.change(ctx, change{recall: []node.FID{f}, check: func(o *op) error {
+		return o.mayStore(f)
+	}, store: func(o *op) (_ []node.FID, err error) {
+		if req.Op == pb.XattrOp_XATTR_SET {
+			st, err = s.store.SetXattr(f, req.Name, req.Value, req.Flags)
+		} else {
+			st, err = s.store.RemoveXattr(f, req.Name)
+		}
+		if err != nil {
+			return nil, s.fail("Xattr", err)
+		}
+		return []node.FID{f}, nil
+	}})
+	if err != nil {
+		return nil, err
+	}
+	return &pb.XattrReply{Status: o.status(st)}, nil
+}
+
 func (s *Server) StatFS(ctx context.Context, req *pb.StatFSRequest) (*pb.StatFSReply, error) {
 	o, err := s.begin(ctx)
 	if err != nil {

@@ -35,7 +35,7 @@ type DataFile struct {
 }
 
 // volumeBuckets are the buckets a volume's metadata is in.
-var volumeBuckets = [][]byte{bktVnodes, bktNames, bktCookies, bktVolMeta, bktInline, bktACLs}
+var volumeBuckets = [][]byte{bktVnodes, bktNames, bktCookies, bktVolMeta, bktInline, bktACLs, bktXattrs}
 
 // NoVolumeError is a request for a volume this store does not hold.
 type NoVolumeError struct{ ID uint64 }

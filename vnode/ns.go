@@ -23,6 +23,7 @@ type vtx struct {
 	meta    *bolt.Bucket
 	inline  *bolt.Bucket // small files' bytes (inline.go)
 	acls    *bolt.Bucket // directories' ACLs (acl.go)
+	xattrs  *bolt.Bucket // extended attributes (xattr.go)
 	now     int64
 	garbage bool   // a data file was queued for deletion
 	dir     string // the store's directory, where data files are
@@ -34,7 +35,7 @@ func openVol(tx *bolt.Tx, id uint64) (*vtx, error) {
 		return nil, &NoVolumeError{id}
 	}
 	return &vtx{tx: tx, id: id, vnodes: vb.Bucket(bktVnodes), names: vb.Bucket(bktNames),
-		cookies: vb.Bucket(bktCookies), meta: vb.Bucket(bktVolMeta), inline: vb.Bucket(bktInline), acls: vb.Bucket(bktACLs),
+		cookies: vb.Bucket(bktCookies), meta: vb.Bucket(bktVolMeta), inline: vb.Bucket(bktInline), acls: vb.Bucket(bktACLs), xattrs: vb.Bucket(bktXattrs),
 		now: time.Now().UnixNano()}, nil
 }
 
@@ -136,6 +137,9 @@ func (v *vtx) unlinkVnode(vnode uint64, r *record) error {
 		return v.put(vnode, r)
 	}
 	if err := v.vnodes.Delete(u64(vnode)); err != nil {
+		return err
+	}
+	if err := v.dropXattrs(vnode); err != nil {
 		return err
 	}
 	if err := v.countVnode(-1); err != nil {

@@ -50,6 +50,7 @@ var (
 	bktVolMeta = []byte("vmeta")
 	bktInline  = []byte("inline") // vnode → a small file's bytes (inline.go)
 	bktACLs    = []byte("acls")   // directory vnode → its ACL (acl.go)
+	bktXattrs  = []byte("xattrs") // vnode, name → an extended attribute's value (xattr.go)
 
 	keyEpoch     = []byte("epoch")
 	keyNextVol   = []byte("nextvol")
@@ -147,7 +148,7 @@ func (s *Store) init() error {
 		}
 		if err := tx.Bucket(bktVolumes).ForEachBucket(func(k []byte) error {
 			vb := tx.Bucket(bktVolumes).Bucket(k)
-			for _, b := range [][]byte{bktInline, bktACLs} {
+			for _, b := range [][]byte{bktInline, bktACLs, bktXattrs} {
 				if _, err := vb.CreateBucketIfNotExists(b); err != nil {
 					return err
 				}
@@ -289,7 +290,7 @@ func createVolume(tx *bolt.Tx, id uint64, name string) (node.Volume, error) {
 	if err != nil {
 		return node.Volume{}, err
 	}
-	for _, b := range [][]byte{bktVnodes, bktNames, bktCookies, bktVolMeta, bktInline, bktACLs} {
+	for _, b := range volumeBuckets {
 		if _, err := vb.CreateBucket(b); err != nil {
 			return node.Volume{}, err
 		}
