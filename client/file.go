@@ -362,32 +362,39 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 	if err := n.sizeAllowed(uint64(off) + uint64(len(p))); err != nil {
 		return 0, f.pathErr("write", err)
 	}
-	if err := n.prepareWrite(off, int64(len(p)), f.u); err != nil {
-		return 0, f.pathErr("write", err)
-	}
-	n.touch(f.u)
-	k, err := n.entry.WriteAt(p, off)
-	for attempt := 0; (errors.Is(err, cache.ErrNoSpace) || errors.Is(err, cache.ErrMiss)) && attempt < 3; attempt++ {
-		// Everything left is dirty, or the room the write took evicted a
-		// chunk it covers in part, fetched just before: store this
-		// file's writes and the flusher's (stored chunks are evictable),
-		// fetch again and try again. Only when nothing could be stored
-		// is the writer told ENOSPC.
-		serr := f.n.at().storeBack(n, false, f.u)
-		if !f.n.at().flusher.Drain(dirtyNode{n}) && serr != nil {
-			return k, f.pathErr("write", &rpcError{syscall.ENOSPC, serr})
-		}
+	var k int
+	err := n.withRoom(f.u, func() (err error) {
 		if err = n.prepareWrite(off, int64(len(p)), f.u); err == nil {
+			n.touch(f.u)
 			k, err = n.entry.WriteAt(p, off)
 		}
-	}
-	if errors.Is(err, cache.ErrNoSpace) {
-		err = syscall.ENOSPC
-	}
+		return err
+	})
 	if k > 0 {
 		f.n.at().dirtied(n)
 	}
 	return k, f.pathErr("write", err)
+}
+
+// withRoom runs change, a local write or truncation of n (wmu held), and
+// runs it again when the cache had no room for it: everything left is
+// dirty, or the room the change took evicted a chunk it covers in part,
+// fetched just before. It first stores this file's writes and the
+// flusher's (stored chunks are evictable), as u. Only when nothing could
+// be stored is the caller told ENOSPC, never EIO.
+func (n *Node) withRoom(u User, change func() error) error {
+	err := change()
+	for attempt := 0; (errors.Is(err, cache.ErrNoSpace) || errors.Is(err, cache.ErrMiss)) && attempt < 3; attempt++ {
+		serr := n.at().storeBack(n, false, u)
+		if !n.at().flusher.Drain(dirtyNode{n}) && serr != nil {
+			return &rpcError{syscall.ENOSPC, serr}
+		}
+		err = change()
+	}
+	if errors.Is(err, cache.ErrNoSpace) {
+		err = syscall.ENOSPC
+	}
+	return err
 }
 
 // prepareWrite fetches the chunks a write covers only in part, as u, so
@@ -486,14 +493,21 @@ func (n *Node) truncateLocked(size uint64, u User) error {
 		return err
 	}
 	n.touch(u)
-	err := n.entry.Truncate(int64(size))
-	if errors.Is(err, cache.ErrMiss) {
-		// The chunk the new end falls in keeps its first part: fetch it.
-		cs := n.at().cache.ChunkSize()
-		if _, err = n.fetchNow([]int64{int64(size) / cs}, u); err == nil {
-			err = n.entry.Truncate(int64(size))
+	err := n.withRoom(u, func() error {
+		err := n.entry.Truncate(int64(size))
+		if errors.Is(err, cache.ErrMiss) {
+			// The chunk the new end falls in keeps its first part: fetch
+			// it (ErrNoSpace if the cache could not keep it).
+			cs := n.at().cache.ChunkSize()
+			var mem map[int64][]byte
+			if mem, err = n.fetchNow([]int64{int64(size) / cs}, u); err == nil && len(mem) > 0 {
+				err = cache.ErrNoSpace
+			} else if err == nil {
+				err = n.entry.Truncate(int64(size))
+			}
 		}
-	}
+		return err
+	})
 	if err == nil {
 		n.at().dirtied(n)
 	}
