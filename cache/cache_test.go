@@ -18,6 +18,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/hoardfs/hoard/chunkindex"
+	"github.com/hoardfs/hoard/internal/fsx"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -811,17 +812,8 @@ func TestAdmitPastLocalTruncation(t *testing.T) {
 	}
 	want := append(append([]byte(nil), content[:cs/2]...), make([]byte, len(content)-cs/2)...)
 	if got := readAll(t, e); !bytes.Equal(got, want) {
-		t.Fatalf("after a truncation and old fetches: first difference at %d", firstDiff(got, want))
+		t.Fatalf("after a truncation and old fetches: first difference at %d", fsx.FirstDiff(got, want))
 	}
-}
-
-func firstDiff(a, b []byte) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return min(len(a), len(b))
 }
 
 // Learn merges a server status with local changes atomically: while a
@@ -880,7 +872,7 @@ func TestWriteChecksRecordedChunk(t *testing.T) {
 	want := append([]byte(nil), content...)
 	copy(want[10:], "xyz")
 	if got := readAll(t, e); !bytes.Equal(got, want) || e.DirtyBytes() != 3 {
-		t.Fatalf("a write to a recorded chunk: dirty %d, first difference at %d", e.DirtyBytes(), firstDiff(got, want))
+		t.Fatalf("a write to a recorded chunk: dirty %d, first difference at %d", e.DirtyBytes(), fsx.FirstDiff(got, want))
 	}
 	// A flipped chunk, written in part: a miss, fetched first.
 	fd, err := os.OpenFile(path, os.O_WRONLY, 0)

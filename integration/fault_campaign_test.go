@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -97,22 +96,8 @@ func TestFaultCampaign(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("SKIP: the campaign mounts small tmpfs file systems (disk-full faults): needs root")
 	}
-	var soak time.Duration
-	if s := os.Getenv("HOARD_SOAK"); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			t.Fatalf("HOARD_SOAK=%q: %v", s, err)
-		}
-		soak = d
-	}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("HOARD_SOAK_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("HOARD_SOAK_SEED=%q: %v", s, err)
-		}
-		seed = v
-	}
+	soak, _ := envDuration(t, "HOARD_SOAK")
+	seed := envSeed(t, "HOARD_SOAK_SEED")
 	t.Logf("fault campaign: HOARD_SOAK_SEED=%d HOARD_SOAK=%v (replay with these)", seed, soak)
 	c := &campaign{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5eed)), lostSeen: map[string]bool{},
 		kills: map[string]int{}, faults: map[string]int{}}

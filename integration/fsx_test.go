@@ -23,29 +23,39 @@ const fsxFile = 16 << 20
 // the soak's time under make soak (HOARD_FSX overrides both), and the seed.
 func fsxBudget(t *testing.T) (time.Duration, uint64) {
 	d := 15 * time.Second
-	if s := os.Getenv("HOARD_SOAK"); s != "" {
-		v, err := time.ParseDuration(s)
-		if err != nil {
-			t.Fatalf("HOARD_SOAK=%q: %v", s, err)
-		}
-		d = v / 5
+	if soak, ok := envDuration(t, "HOARD_SOAK"); ok {
+		d = soak / 5
 	}
-	if s := os.Getenv("HOARD_FSX"); s != "" {
-		v, err := time.ParseDuration(s)
-		if err != nil {
-			t.Fatalf("HOARD_FSX=%q: %v", s, err)
-		}
+	if v, ok := envDuration(t, "HOARD_FSX"); ok {
 		d = v
 	}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("HOARD_FSX_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("HOARD_FSX_SEED=%q: %v", s, err)
-		}
-		seed = v
+	return d, envSeed(t, "HOARD_FSX_SEED")
+}
+
+// envDuration is the duration in environment variable name, if set.
+func envDuration(t *testing.T, name string) (time.Duration, bool) {
+	s := os.Getenv(name)
+	if s == "" {
+		return 0, false
 	}
-	return d, seed
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, s, err)
+	}
+	return d, true
+}
+
+// envSeed is the seed in environment variable name, or a new one.
+func envSeed(t *testing.T, name string) uint64 {
+	s := os.Getenv(name)
+	if s == "" {
+		return uint64(time.Now().UnixNano())
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, s, err)
+	}
+	return v
 }
 
 // TestFsxModel runs random pread, pwrite, ftruncate, fallocate, fsync,

@@ -23,17 +23,7 @@ func TestFuseFsyncDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := testkit.Pattern(10000, 9)
-	f, err := os.Create(m.path("db/seg"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Write(want); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	writeSynced(t, m.path("db/seg"), want)
 	d, err := os.Open(m.path("db"))
 	if err != nil {
 		t.Fatal(err)

@@ -12,17 +12,16 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // A volume's quota, set with hoard vol set: a writer on a mount is told
-// EDQUOT by the fsync whose store would take the volume past it (by the
-// close, without write-back; never by a write, which only reaches the
-// cache), and the bytes refused never reach the server; statfs in the
-// volume shows the quota; removing a file makes room again.
-func TestQuotaThroughMount(t *testing.T) {
-	needFuse(t)
+// cappedVolume starts a server with a volume "capped" mounted at /capped,
+// and returns it with an admin's library client.
+func cappedVolume(t *testing.T) (*serverProc, *client.Client) {
+	t.Helper()
 	srv := startServer(t, t.TempDir())
 	c := dial(t, srv.addr, "mem", 16<<20)
 	if _, err := c.CreateVolume("capped"); err != nil {
@@ -31,6 +30,16 @@ func TestQuotaThroughMount(t *testing.T) {
 	if err := c.MountVolume("/capped", "capped"); err != nil {
 		t.Fatal(err)
 	}
+	return srv, c
+}
+
+// EDQUOT by the fsync whose store would take the volume past it (by the
+// close, without write-back; never by a write, which only reaches the
+// cache), and the bytes refused never reach the server; statfs in the
+// volume shows the quota; removing a file makes room again.
+func TestQuotaThroughMount(t *testing.T) {
+	needFuse(t)
+	srv, c := cappedVolume(t)
 	hoard := func(args ...string) (string, int) {
 		return run(t, append(args, "--server", srv.addr, "--cache", "")...)
 	}
@@ -163,14 +172,7 @@ func TestQuotaThroughMount(t *testing.T) {
 // found after cp said all was well.
 func TestQuotaAtCloseUnderWriteBack(t *testing.T) {
 	needFuse(t)
-	srv := startServer(t, t.TempDir())
-	c := dial(t, srv.addr, "mem", 16<<20)
-	if _, err := c.CreateVolume("capped"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.MountVolume("/capped", "capped"); err != nil {
-		t.Fatal(err)
-	}
+	srv, c := cappedVolume(t)
 	if _, err := c.SetQuota("capped", 4<<20); err != nil {
 		t.Fatal(err)
 	}

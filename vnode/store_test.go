@@ -14,6 +14,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/hoardfs/hoard/internal/fsx"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -632,18 +633,9 @@ func TestTruncateThenExtend(t *testing.T) {
 		}
 		want := string(bytes.Repeat([]byte("o"), 100)) + string(make([]byte, oldSize/2-100))
 		if got := read(t, s, f); string(got) != want {
-			t.Fatalf("old size %d: %d bytes, first difference at %d", oldSize, len(got), firstDiffAt(got, []byte(want)))
+			t.Fatalf("old size %d: %d bytes, first difference at %d", oldSize, len(got), fsx.FirstDiff(got, []byte(want)))
 		}
 	}
-}
-
-func firstDiffAt(a, b []byte) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return min(len(a), len(b))
 }
 
 // TestReadDirHuge lists a directory of 120,000 entries in pages, resuming
