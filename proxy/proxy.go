@@ -41,6 +41,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/hoardfs/hoard/callback"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/datapath"
@@ -120,6 +122,17 @@ type Proxy struct {
 // statuses in; file bytes are in the store.
 const metaCacheSize = 64 << 20
 
+// metaCacheFor is metaCacheSize, or a quarter of the free space under dir
+// on a disk too small for it (at least 1 MiB): the store is the proxy's
+// cache, and the disk is its to fill.
+func metaCacheFor(dir string) int64 {
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) != nil {
+		return metaCacheSize
+	}
+	return max(1<<20, min(metaCacheSize, int64(st.Bavail)*st.Bsize/4))
+}
+
 // OriginStreams is how many bulk-data connections the proxy uses to the
 // origin, each carrying one chunk fetch at a time: a proxy fetches for
 // many clients at once. Its clients are asked to use as many to it, as
@@ -149,7 +162,7 @@ func Open(o Options) (p *Proxy, err error) {
 	p = &Proxy{epoch: epoch, dir: o.Dir, origin: o.Origin, log: o.Logger, upstream: map[node.FID]uint64{}, asking: map[node.FID]bool{}, noDeleg: o.NoDelegations, acls: map[node.FID]aclCopy{}}
 	host, _ := os.Hostname()
 	p.c, err = client.Dial(client.Options{
-		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: metaCacheSize,
+		Server: o.Origin, CacheDir: filepath.Join(o.Dir, "cache"), CacheSize: metaCacheFor(o.Dir),
 		RPCTimeout: o.Timeout, DialTimeout: o.Timeout, TLS: o.TLS,
 		DataStreams:   OriginStreams,
 		NoDelegations: o.NoDelegations,
