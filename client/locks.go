@@ -26,8 +26,9 @@ package client
 //     Released before calling the client (untrack: Release, added: Hold)
 //     and before kernel notifications (notify copies the inodes first).
 //  3. invalQueue.mu and its cond: pending, added, done. Innermost in mount.
-//     users.mu (the local users' tokens) is a leaf too: held only to read
-//     or change its map, taking nothing.
+//     users.mu (the local users' tokens) and Mount.refusedMu (what the
+//     last flush found refused) are leaves too: held only to read or
+//     change their fields, taking nothing.
 //
 // client
 //

@@ -24,8 +24,8 @@ func (c *Client) SetQuota(volume string, quota uint64) (Volume, error) {
 }
 
 // volRoom is what a close under write-back may take of a volume: the free
-// space (its quota's, or its server's) the server said at asked, less the
-// growth of the files accepted since.
+// space of its quota the server said at asked, less the growth of the
+// files accepted since.
 type volRoom struct {
 	free  int64
 	asked time.Time
@@ -35,13 +35,13 @@ type volRoom struct {
 // closes that follow: other clients' stores change it meanwhile.
 const roomFresh = 2 * time.Second
 
-// roomFor reports whether a close may keep n's writes in the cache, as u:
-// the volume, if it has a quota, has room for the growth they bring. Otherwise the close
-// stores them, and the server's refusal (EDQUOT, ENOSPC) reaches the
-// application at close, as AFS's store on close does, rather than be
-// found by the flusher after the close said all was well. Another
-// client filling the volume within roomFresh can still make a later store
-// fail: the write-back window.
+// roomFor reports whether a close may keep n's writes in the cache, as
+// u: the volume, if it has a quota, has room for the growth they bring.
+// Otherwise the close stores them, and the server's refusal (EDQUOT)
+// reaches the application at close, as AFS's store on close does, rather
+// than be found by the flusher after the close said all was well.
+// Another client filling the volume within roomFresh can still make a
+// later store fail: the write-back window.
 func (c *Client) roomFor(n *Node, u User) bool {
 	est, ok := n.entry.Status()
 	n.mu.Lock()

@@ -331,8 +331,8 @@ var umountHelperPaths = []string{"/sbin/" + umountHelperName, "/usr/sbin/" + umo
 // mount's type from statfs, which says only "fuse", and so runs no
 // helper of its own accord; a uhelper= option in libmount's utab, which
 // mount --fake records (it makes no mount; --internal-only keeps it from
-// running mount.fuse.hoard), makes it run ours. Only root
-// may, and only where the helper is installed; it returns whether it did.
+// running mount.fuse.hoard), makes it run ours. Only root may, and only
+// where the helper is installed; it returns whether it did.
 func registerUmountHelper(dir string) bool {
 	if os.Geteuid() != 0 {
 		return false
