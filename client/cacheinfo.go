@@ -188,13 +188,22 @@ type DirtyFile struct {
 	Dirty int64  `json:"dirty"`
 }
 
-// DirtyFiles lists the files with writes not yet stored, at every server
-// of the cell this client reaches, most dirty bytes first.
+// mine reports whether n's unstored writes are k's user's to see and to
+// flush: the client's own user (a mount's owner) answers for all of them,
+// any other user only for the writes they made, as the rest of a shared
+// mount keeps users apart.
+func (k *Nodes) mine(n *Node) bool {
+	return k.u.key == k.c.self.key || n.at().writerOf(n).key == k.u.key
+}
+
+// DirtyFiles lists the files with writes not yet stored that are k's
+// user's (mine), at every server of the cell this client reaches, most
+// dirty bytes first.
 func (k *Nodes) DirtyFiles() []DirtyFile {
 	var fs []DirtyFile
 	k.c.sites.each(func(c *Client) {
 		for _, d := range c.flusher.Files() {
-			if b := d.n.entry.DirtyBytes(); b > 0 {
+			if b := d.n.entry.DirtyBytes(); b > 0 && k.mine(d.n) {
 				fs = append(fs, DirtyFile{Path: d.n.entry.Policy("path"), Dirty: b})
 			}
 		}
@@ -211,9 +220,10 @@ type Refusal struct {
 	Err   string `json:"err"`
 }
 
-// FlushAll stores every file's writes now rather than when write-back
-// would. A file whose store fails for a while stays dirty, for DirtyFiles
-// to show; those the server refused, and lost/ kept, are returned.
+// FlushAll stores the writes of every file of k's user's (mine) now
+// rather than when write-back would. A file whose store fails for a while
+// stays dirty, for DirtyFiles to show; those the server refused, and
+// lost/ kept, are returned.
 func (k *Nodes) FlushAll() []Refusal {
 	type was struct {
 		n      *Node
@@ -223,10 +233,18 @@ func (k *Nodes) FlushAll() []Refusal {
 	var files []was
 	k.c.sites.each(func(c *Client) {
 		for _, d := range c.flusher.Files() {
-			files = append(files, was{d.n, d.n.lossCount(), d.n.entry.DirtyBytes()})
+			if k.mine(d.n) {
+				files = append(files, was{d.n, d.n.lossCount(), d.n.entry.DirtyBytes()})
+			}
 		}
 	})
-	k.c.sites.each(func(c *Client) { c.flusher.Drain(dirtyNode{}) })
+	if k.u.key == k.c.self.key {
+		k.c.sites.each(func(c *Client) { c.flusher.Drain(dirtyNode{}) })
+	} else {
+		for _, f := range files {
+			dirtyNode{f.n}.Store(false)
+		}
+	}
 	var out []Refusal
 	for _, f := range files {
 		if err := f.n.lostSince(f.losses); err != nil {

@@ -233,3 +233,23 @@ func TestMultiUserACLRevoked(t *testing.T) {
 	bob.reads(doc, text)
 	alice.reads(doc, text)
 }
+
+// hoard cache flush on a shared mount is per user, as the rest of the
+// mount is: a user sees and stores only the writes they made, the
+// mount's owner every user's.
+func TestMultiUserFlushIsPerUser(t *testing.T) {
+	_, m, bob, alice, _ := multiUserWorld(t)
+	file := filepath.Join(m.dir, "bob", "draft")
+	if out, err := bob.run("bob's unstored draft", "sh", "-c", "cat > "+file); err != nil {
+		t.Fatalf("bob writes: %v: %s", err, out)
+	}
+	// (A path alice may write: the flush is a setxattr, which the kernel
+	// lets only a writer make.)
+	out, err := alice.run("", alice.bin, "cache", "flush", filepath.Join(m.dir, "pub"))
+	if err != nil || strings.Contains(out, "draft") || !strings.Contains(out, "of 0 files") {
+		t.Fatalf("alice's flush: %v: %q; want nothing of bob's", err, out)
+	}
+	if out, _ := run(t, "cache", "flush", m.dir); !strings.Contains(out, "/bob/draft") {
+		t.Fatalf("the mount owner's flush: %q; want bob's draft stored", out)
+	}
+}

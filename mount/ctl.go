@@ -26,11 +26,13 @@ const (
 	// writes not yet stored.
 	EvictXattr = "user.hoard.evict"
 	// DirtyXattr, on any path of the mount, reads as a JSON
-	// DirtyReport: the files with writes not yet stored.
+	// DirtyReport: the caller's files with writes not yet stored (the
+	// mount's owner's: every user's).
 	DirtyXattr = "user.hoard.dirty"
-	// FlushXattr, set on any path of the mount, stores every file's
-	// writes now; DirtyXattr then lists those that could not be, and
-	// those the server refused (kept in lost/).
+	// FlushXattr, set on any path of the mount, stores the caller's
+	// files' writes now (the mount's owner's: every user's); DirtyXattr
+	// then lists those that could not be, and those the server refused
+	// (kept in lost/).
 	FlushXattr = "user.hoard.flush"
 )
 
@@ -63,7 +65,7 @@ func (h *hnode) getCtl(ctx context.Context, attr string) ([]byte, bool, syscall.
 		x = fc
 	case DirtyXattr:
 		fs := h.m.as(ctx).DirtyFiles()
-		r := DirtyReport{Files: len(fs), Largest: fs[:min(len(fs), maxDirtyListed)], Refused: h.m.lastRefused()}
+		r := DirtyReport{Files: len(fs), Largest: fs[:min(len(fs), maxDirtyListed)], Refused: h.m.lastRefused(h.m.as(ctx).User())}
 		for _, f := range fs {
 			r.Bytes += f.Dirty
 		}
@@ -95,21 +97,24 @@ func (h *hnode) setCtl(ctx context.Context, attr string) (bool, syscall.Errno) {
 	case EvictXattr:
 		return true, errno(k.Evict(h.n))
 	case FlushXattr:
-		h.m.setRefused(k.FlushAll())
+		h.m.setRefused(k.User(), k.FlushAll())
 		return true, 0
 	}
 	return false, 0
 }
 
-// setRefused keeps what the last flush found refused, for DirtyXattr.
-func (m *Mount) setRefused(r []client.Refusal) {
+// setRefused keeps what u's last flush found refused, for u's DirtyXattr.
+func (m *Mount) setRefused(u client.User, r []client.Refusal) {
 	m.refusedMu.Lock()
 	defer m.refusedMu.Unlock()
-	m.refused = r[:min(len(r), maxDirtyListed)]
+	if m.refused == nil {
+		m.refused = map[client.User][]client.Refusal{}
+	}
+	m.refused[u] = r[:min(len(r), maxDirtyListed)]
 }
 
-func (m *Mount) lastRefused() []client.Refusal {
+func (m *Mount) lastRefused(u client.User) []client.Refusal {
 	m.refusedMu.Lock()
 	defer m.refusedMu.Unlock()
-	return m.refused
+	return m.refused[u]
 }

@@ -69,10 +69,10 @@ type Mount struct {
 	// released only when the last of them is forgotten.
 	refs map[*client.Node]int
 
-	// refused: what the last `hoard cache flush` found the server
-	// refusing. A leaf lock.
+	// refused: what each user's last `hoard cache flush` found the
+	// server refusing. A leaf lock.
 	refusedMu sync.Mutex
-	refused   []client.Refusal
+	refused   map[client.User][]client.Refusal
 }
 
 // InvalidateWait bounds how long a break waits for the kernel to drop its
