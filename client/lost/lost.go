@@ -58,18 +58,11 @@ func Save(cacheDir string, r Record, read func(p []byte, off int64) error) (stri
 			return err
 		}
 		defer data.Close()
-		buf := make([]byte, 1<<20)
-		for _, r := range ranges {
-			for off := r[0]; off < r[0]+r[1]; {
-				p := buf[:min(int64(len(buf)), r[0]+r[1]-off)]
-				if err := read(p, off); err != nil {
-					return err
-				}
-				if _, err := data.WriteAt(p, off); err != nil {
-					return err
-				}
-				off += int64(len(p))
-			}
+		if _, err := CopyRanges(ranges, read, func(p []byte, off int64) error {
+			_, err := data.WriteAt(p, off)
+			return err
+		}); err != nil {
+			return err
 		}
 		if err := data.Sync(); err != nil {
 			return err
@@ -81,6 +74,28 @@ func Save(cacheDir string, r Record, read func(p []byte, off int64) error) (stri
 		return "", err
 	}
 	return dir, nil
+}
+
+// CopyRanges copies the byte ranges (offset, length) through read and
+// write a MiB at a time, as Save keeps writes and a restore stores them
+// again, and returns the bytes copied.
+func CopyRanges(ranges [][2]int64, read, write func(p []byte, off int64) error) (int64, error) {
+	var n int64
+	buf := make([]byte, 1<<20)
+	for _, r := range ranges {
+		for off := r[0]; off < r[0]+r[1]; {
+			p := buf[:min(int64(len(buf)), r[0]+r[1]-off)]
+			if err := read(p, off); err != nil {
+				return n, err
+			}
+			if err := write(p, off); err != nil {
+				return n, err
+			}
+			off += int64(len(p))
+			n += int64(len(p))
+		}
+	}
+	return n, nil
 }
 
 // Error is what the application hears of writes that could not be

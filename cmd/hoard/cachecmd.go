@@ -242,20 +242,17 @@ func restoreLost(c *client.Client, r lost.Record, dest string) (int64, error) {
 			return 0, err
 		}
 	}
-	var n int64
-	buf := make([]byte, 1<<20)
-	for _, rg := range r.Ranges {
-		for off := rg[0]; off < rg[0]+rg[1]; {
-			p := buf[:min(int64(len(buf)), rg[0]+rg[1]-off)]
-			if _, err := data.ReadAt(p, off); err != nil && err != io.EOF {
-				return n, err
-			}
-			if _, err := f.WriteAt(p, off); err != nil {
-				return n, err
-			}
-			off += int64(len(p))
-			n += int64(len(p))
+	n, err := lost.CopyRanges(r.Ranges, func(p []byte, off int64) error {
+		if _, err := data.ReadAt(p, off); err != nil && err != io.EOF {
+			return err
 		}
+		return nil
+	}, func(p []byte, off int64) error {
+		_, err := f.WriteAt(p, off)
+		return err
+	})
+	if err != nil {
+		return n, err
 	}
 	if err := f.Truncate(r.Size); err != nil {
 		return n, err
