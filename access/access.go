@@ -8,6 +8,8 @@
 package access
 
 import (
+	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -122,32 +124,61 @@ func CheckName(who string) error {
 // IsSystem reports whether who is in the reserved "system:" name space.
 func IsSystem(who string) bool { return strings.HasPrefix(who, systemPrefix) }
 
-// Entry grants Rights to a user or group.
+// ID is a principal's number in the cell's registry (package principal).
+// An ACL entry names its principal by ID, as AFS's do: a name deleted and
+// made again is a new principal with a new ID, no heir to the old one's
+// rights, and a name can never be re-bound to take an entry over.
+type ID uint32
+
+// The system groups' IDs; the registry gives others from FirstID on.
+const (
+	AnyUserID        ID = 1
+	AuthUserID       ID = 2
+	AdministratorsID ID = 3
+	FirstID          ID = 1000
+)
+
+// SystemID is the ID of a system group's name.
+func SystemID(name string) (ID, bool) {
+	switch name {
+	case AnyUser:
+		return AnyUserID, true
+	case AuthUser:
+		return AuthUserID, true
+	case Administrators:
+		return AdministratorsID, true
+	}
+	return 0, false
+}
+
+// Entry grants Rights to a principal. Who is its name, for display: only
+// the ID is stored and compared.
 type Entry struct {
+	ID     ID
 	Who    string
 	Rights Rights
 }
 
-// ACL is a directory's access control list, sorted by Who, one entry per
-// name, none with no rights.
+// ACL is a directory's access control list, sorted by ID, one entry per
+// principal, none with no rights.
 type ACL []Entry
 
 // MaxEntries is the most entries an ACL has (AFS allows 20 positive ones).
 const MaxEntries = 64
 
-func (a ACL) find(who string) (int, bool) {
-	return slices.BinarySearchFunc(a, who, func(e Entry, w string) int { return strings.Compare(e.Who, w) })
+func (a ACL) find(id ID) (int, bool) {
+	return slices.BinarySearchFunc(a, id, func(e Entry, id ID) int { return cmp.Compare(e.ID, id) })
 }
 
-// Set returns a with who's rights replaced by r (removed when r == 0); a
+// Set returns a with id's rights replaced by r (removed when r == 0); a
 // is not modified. Bits outside All are dropped.
-func (a ACL) Set(who string, r Rights) ACL {
+func (a ACL) Set(id ID, r Rights) ACL {
 	r &= All
-	i, ok := a.find(who)
+	i, ok := a.find(id)
 	out := make(ACL, 0, len(a)+1)
 	out = append(out, a[:i]...)
 	if r != 0 {
-		out = append(out, Entry{who, r})
+		out = append(out, Entry{ID: id, Rights: r})
 	}
 	if ok {
 		i++
@@ -155,92 +186,95 @@ func (a ACL) Set(who string, r Rights) ACL {
 	return append(out, a[i:]...)
 }
 
-// Get returns who's entry rights (0 if none).
-func (a ACL) Get(who string) Rights {
-	if i, ok := a.find(who); ok {
+// Get returns id's entry rights (0 if none).
+func (a ACL) Get(id ID) Rights {
+	if i, ok := a.find(id); ok {
 		return a[i].Rights
 	}
 	return 0
 }
 
 // Check reports whether a is well formed: at most MaxEntries entries,
-// valid names, sorted and unique, each with some rights and none beyond
+// IDs not 0, sorted and unique, each with some rights and none beyond
 // All. Its error wraps EINVAL. Only a well-formed ACL is stored.
 func (a ACL) Check() error {
 	if len(a) > MaxEntries {
 		return fmt.Errorf("acl of %d entries, limit %d: %w", len(a), MaxEntries, syscall.EINVAL)
 	}
 	for i, e := range a {
-		if err := CheckName(e.Who); err != nil {
-			return fmt.Errorf("acl: %w", err)
+		if e.ID == 0 {
+			return fmt.Errorf("acl: principal id 0: %w", syscall.EINVAL)
 		}
 		if e.Rights == 0 || e.Rights&^All != 0 {
-			return fmt.Errorf("acl: %s: rights %#x: %w", e.Who, uint8(e.Rights), syscall.EINVAL)
+			return fmt.Errorf("acl: #%d: rights %#x: %w", e.ID, uint8(e.Rights), syscall.EINVAL)
 		}
-		if i > 0 && a[i-1].Who >= e.Who {
-			return fmt.Errorf("acl: %s after %s: not sorted and unique: %w", e.Who, a[i-1].Who, syscall.EINVAL)
+		if i > 0 && a[i-1].ID >= e.ID {
+			return fmt.Errorf("acl: #%d after #%d: not sorted and unique: %w", e.ID, a[i-1].ID, syscall.EINVAL)
 		}
 	}
 	return nil
 }
 
-// String is the entries as "who rights" separated by ", ", for logs.
+// String is the entries as "who rights" separated by ", ", for logs; an
+// entry without a name shows its ID as "#N".
 func (a ACL) String() string {
 	var b strings.Builder
 	for i, e := range a {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(e.Who)
+		if e.Who != "" {
+			b.WriteString(e.Who)
+		} else {
+			fmt.Fprintf(&b, "#%d", e.ID)
+		}
 		b.WriteByte(' ')
 		b.WriteString(e.Rights.String())
 	}
 	return b.String()
 }
 
-// aclVersion leads an encoded ACL: a later form (negative rights, say)
-// gets another, and an empty ACL is still a non-empty value.
-const aclVersion = 1
+// The encoded forms' leading version byte: 1 named principals (stores
+// written before the registry; NamedACL reads it for their migration),
+// 2 numbers them.
+const (
+	aclNamed   = 1
+	aclVersion = 2
+)
 
 // Encode is a's compact binary form for the store: a version byte, then
-// per entry its rights, its name's length and its name.
+// per entry its rights and its ID (4 bytes, big-endian).
 func (a ACL) Encode() []byte {
-	n := 1
-	for _, e := range a {
-		n += 2 + len(e.Who)
-	}
-	b := make([]byte, 0, n)
+	b := make([]byte, 0, 1+5*len(a))
 	b = append(b, aclVersion)
 	for _, e := range a {
-		b = append(b, byte(e.Rights), byte(len(e.Who)))
-		b = append(b, e.Who...)
+		b = append(b, byte(e.Rights))
+		b = binary.BigEndian.AppendUint32(b, uint32(e.ID))
 	}
 	return b
 }
 
 var errBadACL = errors.New("bad encoded acl")
 
+// ErrNamedACL is DecodeACL's error for an ACL of the first form, which
+// named its principals: NamedACL reads it, and the registry numbers it.
+var ErrNamedACL = errors.New("acl names its principals (written before the principal registry)")
+
 // DecodeACL reads an ACL that Encode wrote, checking it as Check does; it
 // never panics, whatever b is.
 func DecodeACL(b []byte) (ACL, error) {
-	if len(b) == 0 || b[0] != aclVersion {
+	if len(b) > 0 && b[0] == aclNamed {
+		return nil, ErrNamedACL
+	}
+	if len(b) == 0 || b[0] != aclVersion || (len(b)-1)%5 != 0 {
 		return nil, errBadACL
 	}
-	b = b[1:]
+	if n := (len(b) - 1) / 5; n > MaxEntries {
+		return nil, fmt.Errorf("%w: %d entries, limit %d", errBadACL, n, MaxEntries)
+	}
 	a := ACL{}
-	for len(b) > 0 {
-		if len(b) < 2 {
-			return nil, errBadACL
-		}
-		end := 2 + int(b[1]) // an int: 2+255 overflows a byte
-		if len(b) < end {
-			return nil, errBadACL
-		}
-		if len(a) == MaxEntries {
-			return nil, fmt.Errorf("%w: more than %d entries", errBadACL, MaxEntries)
-		}
-		a = append(a, Entry{Who: string(b[2:end]), Rights: Rights(b[0])})
-		b = b[end:]
+	for b = b[1:]; len(b) > 0; b = b[5:] {
+		a = append(a, Entry{ID: ID(binary.BigEndian.Uint32(b[1:5])), Rights: Rights(b[0])})
 	}
 	if err := a.Check(); err != nil {
 		return nil, fmt.Errorf("%w: %v", errBadACL, err)
@@ -248,17 +282,47 @@ func DecodeACL(b []byte) (ACL, error) {
 	return a, nil
 }
 
+// Named is an entry of an ACL of the first form.
+type Named struct {
+	Who    string
+	Rights Rights
+}
+
+// NamedACL reads an ACL of the first form (ErrNamedACL); it never panics.
+func NamedACL(b []byte) ([]Named, error) {
+	if len(b) == 0 || b[0] != aclNamed {
+		return nil, errBadACL
+	}
+	var out []Named
+	for b = b[1:]; len(b) > 0; {
+		if len(b) < 2 || len(b) < 2+int(b[1]) || len(out) == MaxEntries {
+			return nil, errBadACL
+		}
+		end := 2 + int(b[1])
+		e := Named{Who: string(b[2:end]), Rights: Rights(b[0]) & All}
+		if CheckName(e.Who) != nil {
+			return nil, errBadACL
+		}
+		out = append(out, e)
+		b = b[end:]
+	}
+	return out, nil
+}
+
 // DefaultACL is a new volume root's: Administrators all, AuthUser "rl".
 func DefaultACL() ACL {
-	return ACL{}.Set(Administrators, All).Set(AuthUser, Read|Lookup)
+	return ACL{}.Set(AdministratorsID, All).Set(AuthUserID, Read|Lookup)
 }
 
 // Identity is who a request acts for.
 type Identity struct {
 	User   string   // "" when anonymous
-	UID    uint32   // the token's uid (meaningless when anonymous)
+	ID     ID       // the user's principal (0 when anonymous, or a cell's server or proxy)
+	UID    uint32   // the user's uid in the cell's registry (meaningless when anonymous)
 	Admin  bool     // the token carries the admin flag
-	Groups []string // groups the user is a member of (from the server's group store), sorted
+	Groups []string // the groups the user is a member of, by name, for display
+	// GroupIDs are the same groups' IDs: what an ACL is checked against.
+	GroupIDs []ID
 }
 
 // Anonymous is the identity of a request without a token.
@@ -279,22 +343,25 @@ func (id Identity) String() string {
 // never is, whatever its flag says.
 func (id Identity) admin() bool { return id.Admin && !id.Anonymous() }
 
-// Of is what a grants id: the union of the entries for id.User, each of
-// id.Groups, AnyUser, and AuthUser (unless anonymous). Admins get All (the
-// cell's root: AFS gives system:administrators implicit a and l; hoard's
-// admins are root-like, as uid 0 from the network means nothing
+// Of is what a grants id: the union of the entries for id.ID, each of
+// id.GroupIDs, AnyUser, and AuthUser (unless anonymous). Admins get All
+// (the cell's root: AFS gives system:administrators implicit a and l;
+// hoard's admins are root-like, as uid 0 from the network means nothing
 // otherwise). An anonymous identity's groups count for nothing.
 func (a ACL) Of(id Identity) Rights {
 	if id.admin() {
 		return All
 	}
-	r := a.Get(AnyUser)
+	r := a.Get(AnyUserID)
 	if id.Anonymous() {
 		return r
 	}
-	r |= a.Get(AuthUser) | a.Get(id.User)
-	// Per group, not per entry, so that an unsorted Groups still counts.
-	for _, g := range id.Groups {
+	r |= a.Get(AuthUserID)
+	if id.ID != 0 {
+		r |= a.Get(id.ID)
+	}
+	// Per group, not per entry, so that an unsorted GroupIDs still counts.
+	for _, g := range id.GroupIDs {
 		if r == All {
 			break
 		}

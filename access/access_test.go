@@ -101,48 +101,60 @@ func TestCheckName(t *testing.T) {
 	}
 }
 
+// Principals of the ACL tests, as the registry would number them.
+const (
+	alice ID = FirstID + iota
+	bob
+	carol
+	dave
+	friends // alice:friends
+	staff
+)
+
 func TestACLSetGet(t *testing.T) {
 	var a ACL
-	b := a.Set("bob", Read|Lookup)
+	b := a.Set(bob, Read|Lookup)
 	if len(a) != 0 {
 		t.Fatal("Set changed its receiver")
 	}
-	c := b.Set("alice", All).Set("carol", Lookup).Set("bob", Write)
-	want := ACL{{"alice", All}, {"bob", Write}, {"carol", Lookup}}
+	c := b.Set(alice, All).Set(carol, Lookup).Set(bob, Write)
+	want := ACL{{ID: alice, Rights: All}, {ID: bob, Rights: Write}, {ID: carol, Rights: Lookup}}
 	if !slices.Equal(c, want) {
 		t.Fatalf("got %v, want %v", c, want)
 	}
-	if b.Get("bob") != Read|Lookup {
+	if b.Get(bob) != Read|Lookup {
 		t.Fatalf("Set changed an earlier ACL: %v", b)
 	}
-	d := c.Set("bob", 0)
-	if !slices.Equal(d, ACL{{"alice", All}, {"carol", Lookup}}) || !slices.Equal(c, want) {
+	d := c.Set(bob, 0)
+	if !slices.Equal(d, ACL{{ID: alice, Rights: All}, {ID: carol, Rights: Lookup}}) || !slices.Equal(c, want) {
 		t.Fatalf("removing bob: %v (from %v)", d, c)
 	}
-	if d.Set("nobody", 0); len(d) != 2 {
+	if d.Set(dave, 0); len(d) != 2 {
 		t.Fatal("removing a missing entry changed the ACL")
 	}
-	for who, r := range map[string]Rights{"alice": All, "bob": Write, "carol": Lookup, "dave": 0, "": 0} {
+	for who, r := range map[ID]Rights{alice: All, bob: Write, carol: Lookup, dave: 0, 0: 0} {
 		if got := c.Get(who); got != r {
-			t.Errorf("Get(%q) = %v, want %v", who, got, r)
+			t.Errorf("Get(%d) = %v, want %v", who, got, r)
 		}
 	}
 	if err := c.Check(); err != nil {
 		t.Fatal(err)
 	}
-	if got := c.Set("x", 0x80); len(got) != len(c) {
+	if got := c.Set(dave, 0x80); len(got) != len(c) {
 		t.Fatalf("rights outside All made an entry: %v", got)
+	}
+	if got := c.String(); got != "#1000 rlidwka, #1001 w, #1002 l" {
+		t.Fatalf("String: %q", got)
 	}
 }
 
 func TestACLCheck(t *testing.T) {
 	for name, a := range map[string]ACL{
-		"unsorted":   {{"b", Read}, {"a", Read}},
-		"duplicate":  {{"a", Read}, {"a", Write}},
-		"no rights":  {{"a", 0}},
-		"extra bits": {{"a", 0x80 | Read}},
-		"bad name":   {{"a b", Read}},
-		"system":     {{"system:x", Read}},
+		"unsorted":   {{ID: bob, Rights: Read}, {ID: alice, Rights: Read}},
+		"duplicate":  {{ID: alice, Rights: Read}, {ID: alice, Rights: Write}},
+		"no rights":  {{ID: alice}},
+		"extra bits": {{ID: alice, Rights: 0x80 | Read}},
+		"id 0":       {{ID: 0, Rights: Read}},
 		"too many":   manyEntries(MaxEntries + 1),
 	} {
 		if err := a.Check(); !errors.Is(err, syscall.EINVAL) {
@@ -160,23 +172,43 @@ func TestACLCheck(t *testing.T) {
 func manyEntries(n int) ACL {
 	var a ACL
 	for i := range n {
-		a = a.Set(string(rune('A'+i/26))+string(rune('a'+i%26)), Read)
+		a = append(a, Entry{ID: FirstID + ID(i), Rights: Read})
 	}
 	return a
 }
 
 func TestEncodeDecode(t *testing.T) {
 	for _, a := range []ACL{{}, DefaultACL(), manyEntries(MaxEntries),
-		{{AnyUser, Lookup}, {strings.Repeat("z", 64), All}}} {
+		{{ID: AnyUserID, Rights: Lookup}, {ID: ^ID(0), Rights: All}}} {
 		b := a.Encode()
 		got, err := DecodeACL(b)
 		if err != nil || !slices.Equal(got, a) {
 			t.Fatalf("%v: decoded as %v, %v", a, got, err)
 		}
 	}
-	for _, b := range [][]byte{nil, {}, {2}, {1, 1}, {1, 1, 5, 'a'}, {1, 0, 1, 'a'}} {
+	for _, b := range [][]byte{nil, {}, {3}, {2, 1}, {2, 1, 0, 0, 0}, {2, 0, 0, 0, 0, 9}, {2, 1, 0, 0, 0, 0}} {
 		if a, err := DecodeACL(b); err == nil {
 			t.Errorf("%q decoded as %v", b, a)
+		}
+	}
+}
+
+// An ACL of the first form, which named its principals, is refused by
+// DecodeACL with ErrNamedACL and read by NamedACL, for its migration.
+func TestNamedACL(t *testing.T) {
+	old := []byte{1, byte(Read | Lookup), 5, 'a', 'l', 'i', 'c', 'e', byte(All), 21}
+	old = append(old, Administrators...)
+	if _, err := DecodeACL(old); !errors.Is(err, ErrNamedACL) {
+		t.Fatalf("DecodeACL of a named ACL: %v", err)
+	}
+	got, err := NamedACL(old)
+	want := []Named{{"alice", Read | Lookup}, {Administrators, All}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("NamedACL = %v, %v; want %v", got, err, want)
+	}
+	for _, b := range [][]byte{nil, {2}, {1, 1}, {1, 1, 5, 'a'}, {1, 1, 3, 'a', ' ', 'b'}} {
+		if a, err := NamedACL(b); err == nil {
+			t.Errorf("%q read as %v", b, a)
 		}
 	}
 }
@@ -186,7 +218,7 @@ func TestDefaultACL(t *testing.T) {
 	if err := d.Check(); err != nil {
 		t.Fatal(err)
 	}
-	if d.Get(Administrators) != All || d.Get(AuthUser) != Read|Lookup || len(d) != 2 {
+	if d.Get(AdministratorsID) != All || d.Get(AuthUserID) != Read|Lookup || len(d) != 2 {
 		t.Fatalf("default ACL %v", d)
 	}
 }
@@ -203,33 +235,34 @@ func TestIdentity(t *testing.T) {
 
 func TestOf(t *testing.T) {
 	a := ACL{}.
-		Set(AnyUser, Lookup).
-		Set(AuthUser, Read).
-		Set("alice", Write).
-		Set("alice:friends", Insert).
-		Set("staff", Delete|Lock).
-		Set("bob", Administer)
+		Set(AnyUserID, Lookup).
+		Set(AuthUserID, Read).
+		Set(alice, Write).
+		Set(friends, Insert).
+		Set(staff, Delete|Lock).
+		Set(bob, Administer)
 	for _, c := range []struct {
 		name string
 		id   Identity
 		want Rights
 	}{
 		{"anonymous: anyuser only", Anonymous(), Lookup},
-		{"anonymous with groups: anyuser only", Identity{Groups: []string{"staff"}}, Lookup},
+		{"anonymous with groups: anyuser only", Identity{GroupIDs: []ID{staff}}, Lookup},
 		{"anonymous with admin flag: anyuser only", Identity{Admin: true}, Lookup},
-		{"stranger: anyuser and authuser", Identity{User: "zed"}, Lookup | Read},
-		{"user entry", Identity{User: "alice"}, Lookup | Read | Write},
-		{"user and groups", Identity{User: "alice", Groups: []string{"alice:friends", "staff"}}, Lookup | Read | Write | Insert | Delete | Lock},
-		{"unsorted groups still count", Identity{User: "zed", Groups: []string{"staff", "alice:friends"}}, Lookup | Read | Insert | Delete | Lock},
-		{"unknown group", Identity{User: "zed", Groups: []string{"nobody"}}, Lookup | Read},
-		{"a group named like a user is not the user", Identity{User: "zed", Groups: []string{"bob"}}, Lookup | Read | Administer},
+		{"stranger: anyuser and authuser", Identity{User: "zed", ID: dave}, Lookup | Read},
+		{"user entry", Identity{User: "alice", ID: alice}, Lookup | Read | Write},
+		{"user and groups", Identity{User: "alice", ID: alice, GroupIDs: []ID{friends, staff}}, Lookup | Read | Write | Insert | Delete | Lock},
+		{"unsorted groups still count", Identity{User: "zed", ID: dave, GroupIDs: []ID{staff, friends}}, Lookup | Read | Insert | Delete | Lock},
+		{"unknown group", Identity{User: "zed", ID: dave, GroupIDs: []ID{9999}}, Lookup | Read},
+		{"a name is nothing: the number is", Identity{User: "bob", ID: dave}, Lookup | Read},
+		{"no number: no entry of one's own", Identity{User: "bob"}, Lookup | Read},
 		{"admin", Identity{User: "root", Admin: true}, All},
 	} {
 		if got := a.Of(c.id); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
-	if got := (ACL{}).Of(Identity{User: "alice"}); got != 0 {
+	if got := (ACL{}).Of(Identity{User: "alice", ID: alice}); got != 0 {
 		t.Errorf("empty ACL grants %v", got)
 	}
 	if got := (ACL{}).Of(Identity{User: "root", Admin: true}); got != All {
@@ -238,11 +271,8 @@ func TestOf(t *testing.T) {
 	if got := DefaultACL().Of(Anonymous()); got != 0 {
 		t.Errorf("default ACL grants anonymous %v", got)
 	}
-	if got := DefaultACL().Of(Identity{User: "x"}); got != Read|Lookup {
+	if got := DefaultACL().Of(Identity{User: "x", ID: dave}); got != Read|Lookup {
 		t.Errorf("default ACL grants a user %v", got)
-	}
-	if got := DefaultACL().Of(Identity{User: "x", Groups: []string{Administrators}}); got != All {
-		t.Errorf("default ACL grants a member of %s %v", Administrators, got)
 	}
 }
 
@@ -289,7 +319,9 @@ func FuzzDecodeACL(f *testing.F) {
 	f.Add(manyEntries(MaxEntries).Encode())
 	f.Add([]byte{1, 3, 1, 'a', 3, 1, 'a'})
 	f.Add([]byte{1, 0xff, 0xff})
+	f.Add([]byte{2, 3, 0, 0, 3, 232})
 	f.Fuzz(func(t *testing.T, b []byte) {
+		NamedACL(b) // never panics
 		a, err := DecodeACL(b)
 		if err != nil {
 			return

@@ -15,7 +15,7 @@ import (
 // WhoAmI is whom the server takes this client's requests to come from.
 func (c *Client) WhoAmI() (access.Identity, error) {
 	id, err := c.WhoIs(c.self.token)
-	return id, errOf("whoami", "", err)
+	return id, errTold("whoami", "", err)
 }
 
 // WhoIs is whom the server takes the bearer of token to be.
@@ -28,7 +28,11 @@ func (c *Client) WhoIs(token string) (access.Identity, error) {
 	if err != nil {
 		return access.Identity{}, err
 	}
-	return access.Identity{User: r.User, UID: r.Uid, Admin: r.Admin, Groups: r.Groups}, nil
+	id := access.Identity{User: r.User, ID: access.ID(r.Id), UID: r.Uid, Admin: r.Admin, Groups: r.Groups}
+	for _, g := range r.GroupIds {
+		id.GroupIDs = append(id.GroupIDs, access.ID(g))
+	}
+	return id, nil
 }
 
 // ACL is the access control list governing a file or directory.
@@ -43,7 +47,7 @@ type ACL struct {
 func toACL(r *pb.ACLReply) ACL {
 	a := ACL{Dir: r.Dir.ToFID(), Mine: access.Rights(r.Rights)}
 	for _, e := range r.Entries {
-		a.Entries = append(a.Entries, access.Entry{Who: e.Who, Rights: access.Rights(e.Rights)})
+		a.Entries = append(a.Entries, access.Entry{ID: access.ID(e.Id), Who: e.Who, Rights: access.Rights(e.Rights)})
 	}
 	return a
 }
@@ -52,10 +56,10 @@ func toACL(r *pb.ACLReply) ACL {
 func (c *Client) GetACL(name string) (ACL, error) {
 	n, err := c.resolve(name, true)
 	if err != nil {
-		return ACL{}, errOf("get acl", name, err)
+		return ACL{}, errTold("get acl", name, err)
 	}
 	a, err := n.at().FIDs().ACL(n.fid)
-	return a, errOf("get acl", name, err)
+	return a, errTold("get acl", name, err)
 }
 
 // ACL reads the ACL governing f, at the server holding its volume.
@@ -77,10 +81,10 @@ func (p *FIDs) ACL(f node.FID) (ACL, error) {
 func (c *Client) SetACL(name, who string, r access.Rights) (ACL, error) {
 	n, err := c.resolve(name, true)
 	if err != nil {
-		return ACL{}, errOf("set acl", name, err)
+		return ACL{}, errTold("set acl", name, err)
 	}
 	a, err := n.at().FIDs().SetACL(n.fid, who, r)
-	return a, errOf("set acl", name, err)
+	return a, errTold("set acl", name, err)
 }
 
 // SetACL gives who the rights r in directory dir, at the server holding
@@ -109,13 +113,23 @@ const (
 	GroupRemove = pb.ChangeGroupRequest_CHANGE_REMOVE
 )
 
+// CreateUser registers user name with uid in the cell's registry, ahead
+// of their token's first use (admins only).
+func (c *Client) CreateUser(name string, uid uint32) error {
+	err := c.conn.Call(func(ctx context.Context) error {
+		_, err := c.rpc.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: pb.ChangeGroupRequest_CHANGE_CREATE_USER, Group: name, Uid: uid})
+		return err
+	})
+	return errTold("user", name, err)
+}
+
 // ChangeGroup creates or deletes group, or adds or removes member.
 func (c *Client) ChangeGroup(change GroupChange, group, member string) error {
 	err := c.conn.Call(func(ctx context.Context) error {
 		_, err := c.rpc.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: change, Group: group, Member: member})
 		return err
 	})
-	return errOf("group", group, err)
+	return errTold("group", group, err)
 }
 
 // Group is a protection group and its members.
@@ -124,21 +138,32 @@ type Group struct {
 	Members     []string
 }
 
-// Groups lists the server's groups.
-func (c *Client) Groups() ([]Group, error) {
+// Principal is a user of the cell's registry.
+type Principal struct {
+	Name string
+	ID   access.ID
+	UID  uint32
+}
+
+// Groups lists the cell's groups, and to an admin its users.
+func (c *Client) Groups() ([]Group, []Principal, error) {
 	var r *pb.ListGroupsReply
 	err := c.conn.Call(func(ctx context.Context) (err error) {
 		r, err = c.rpc.ListGroups(ctx, &pb.ListGroupsRequest{})
 		return err
 	})
 	if err != nil {
-		return nil, errOf("groups", "", err)
+		return nil, nil, errTold("groups", "", err)
 	}
 	gs := make([]Group, len(r.Groups))
 	for i, g := range r.Groups {
 		gs[i] = Group{Name: g.Name, Owner: g.Owner, Members: g.Members}
 	}
-	return gs, nil
+	us := make([]Principal, len(r.Users))
+	for i, u := range r.Users {
+		us[i] = Principal{Name: u.Name, ID: access.ID(u.Id), UID: u.Uid}
+	}
+	return gs, us, nil
 }
 
 // RevokeToken has the server refuse the token id from now on; expires is
@@ -152,5 +177,5 @@ func (c *Client) RevokeToken(id string, expires time.Time) error {
 		_, err := c.rpc.RevokeToken(ctx, &pb.RevokeTokenRequest{Id: id, ExpiresNs: ns})
 		return err
 	})
-	return errOf("revoke token", id, err)
+	return errTold("revoke token", id, err)
 }

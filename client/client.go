@@ -577,11 +577,35 @@ func errOf(op, path string, err error) error {
 	return &os.PathError{Op: op, Path: path, Err: errno}
 }
 
+// errTold is errOf keeping the server's explanation, for the cell's
+// administration (ACLs, groups, users, tokens), where a refusal's reason
+// is what its user needs.
+func errTold(op, path string, err error) error {
+	var pe *os.PathError
+	if err == nil || errors.As(err, &pe) {
+		return err
+	}
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		errno = pb.Errno(err)
+	}
+	if _, ok := status.FromError(err); !ok {
+		return &os.PathError{Op: op, Path: path, Err: errno}
+	}
+	return &os.PathError{Op: op, Path: path, Err: &rpcError{errno, err}}
+}
+
 // rpcError keeps the transport's explanation next to the errno.
 type rpcError struct {
 	errno syscall.Errno
 	err   error
 }
 
-func (e *rpcError) Error() string { return e.errno.Error() + ": " + status.Convert(e.err).Message() }
+func (e *rpcError) Error() string {
+	m := status.Convert(e.err).Message()
+	if strings.HasSuffix(m, e.errno.Error()) {
+		return m // the server's explanation, ending in the errno's
+	}
+	return e.errno.Error() + ": " + m
+}
 func (e *rpcError) Unwrap() error { return e.errno }

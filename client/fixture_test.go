@@ -23,6 +23,7 @@ import (
 	"github.com/hoardfs/hoard/client"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/internal/testkit"
+	"github.com/hoardfs/hoard/principal"
 	"github.com/hoardfs/hoard/server"
 	"github.com/hoardfs/hoard/vnode"
 )
@@ -48,6 +49,8 @@ type testServer struct {
 	noData   bool
 	// tokens, when set, has the server check users' tokens (secure).
 	tokens server.Tokens
+	// principals is the cell's registry of users and groups.
+	principals *principal.Registry
 
 	mu      sync.Mutex
 	running bool
@@ -164,12 +167,16 @@ func (s *testServer) start() {
 		s.t.Fatal(err)
 	}
 	cfg := s.cfg
+	if s.principals == nil {
+		s.principals = principal.New() // the cell's: it outlives a restart
+	}
+	cfg.Principals = s.principals
 	if cfg.Key, err = server.LoadKey(filepath.Join(store.Dir(), "session.key")); err != nil {
 		store.Close()
 		s.t.Fatal(err)
 	}
 	if s.tokens != nil {
-		cfg.Users, cfg.Principals = server.CellUsers(s.tokens, store), store
+		cfg.Users = server.CellUsers(s.tokens, s.principals)
 	}
 	srv := server.New(server.Local(store), cfg)
 	addr := s.addr

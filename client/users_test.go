@@ -74,6 +74,8 @@ func TestUsersShareTheCacheNotTheRights(t *testing.T) {
 	adminTok, aliceTok, bobTok := issue("admin", 0, true), issue("alice", 1001, false), issue("bob", 1002, false)
 	s := startServer(t, secure(v))
 	admin := s.dial(t, memCache(), token(adminTok))
+	must(t, admin.CreateUser("alice", 1001))
+	must(t, admin.CreateUser("bob", 1002))
 	private(t, admin, "/bob", "bob")
 	secret := []byte("bob's secret")
 	testkit.WriteFile(t, s.dial(t, memCache(), token(bobTok)), "/bob/secret", secret)
@@ -143,6 +145,8 @@ func TestUsersWriteBackAsTheWriter(t *testing.T) {
 	adminTok, aliceTok, bobTok := issue("admin", 0, true), issue("alice", 1001, false), issue("bob", 1002, false)
 	s := startServer(t, secure(v), withConfig(func(c *server.Config) { c.DirDelegations = server.DirAny }))
 	admin := s.dial(t, memCache(), token(adminTok))
+	must(t, admin.CreateUser("alice", 1001))
+	must(t, admin.CreateUser("bob", 1002))
 	_, err := admin.SetACL("/", access.AnyUser, access.Lookup) // for the anonymous client to start
 	must(t, err)
 	private(t, admin, "/shared", "alice")

@@ -349,6 +349,9 @@ const (
 	ChangeGroupRequest_CHANGE_DELETE      ChangeGroupRequest_Change = 2
 	ChangeGroupRequest_CHANGE_ADD         ChangeGroupRequest_Change = 3
 	ChangeGroupRequest_CHANGE_REMOVE      ChangeGroupRequest_Change = 4
+	// CHANGE_CREATE_USER registers user group with uid (admins only)
+	// before their token is first used.
+	ChangeGroupRequest_CHANGE_CREATE_USER ChangeGroupRequest_Change = 5
 )
 
 // Enum value maps for ChangeGroupRequest_Change.
@@ -359,6 +362,7 @@ var (
 		2: "CHANGE_DELETE",
 		3: "CHANGE_ADD",
 		4: "CHANGE_REMOVE",
+		5: "CHANGE_CREATE_USER",
 	}
 	ChangeGroupRequest_Change_value = map[string]int32{
 		"CHANGE_UNSPECIFIED": 0,
@@ -366,6 +370,7 @@ var (
 		"CHANGE_DELETE":      2,
 		"CHANGE_ADD":         3,
 		"CHANGE_REMOVE":      4,
+		"CHANGE_CREATE_USER": 5,
 	}
 )
 
@@ -4687,7 +4692,11 @@ type WhoAmIReply struct {
 	Admin  bool     `protobuf:"varint,3,opt,name=admin,proto3" json:"admin,omitempty"`
 	Groups []string `protobuf:"bytes,4,rep,name=groups,proto3" json:"groups,omitempty"`
 	// peer is the name and role of the TLS client certificate, if any.
-	Peer          string `protobuf:"bytes,5,opt,name=peer,proto3" json:"peer,omitempty"`
+	Peer string `protobuf:"bytes,5,opt,name=peer,proto3" json:"peer,omitempty"`
+	// id is the user's principal in the cell's registry; group_ids are
+	// groups' (in the order of groups): what ACL entries name.
+	Id            uint32   `protobuf:"varint,6,opt,name=id,proto3" json:"id,omitempty"`
+	GroupIds      []uint32 `protobuf:"varint,7,rep,packed,name=group_ids,json=groupIds,proto3" json:"group_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4757,10 +4766,27 @@ func (x *WhoAmIReply) GetPeer() string {
 	return ""
 }
 
+func (x *WhoAmIReply) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *WhoAmIReply) GetGroupIds() []uint32 {
+	if x != nil {
+		return x.GroupIds
+	}
+	return nil
+}
+
 type ACLEntry struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Who           string                 `protobuf:"bytes,1,opt,name=who,proto3" json:"who,omitempty"`
-	Rights        uint32                 `protobuf:"varint,2,opt,name=rights,proto3" json:"rights,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Who    string                 `protobuf:"bytes,1,opt,name=who,proto3" json:"who,omitempty"`
+	Rights uint32                 `protobuf:"varint,2,opt,name=rights,proto3" json:"rights,omitempty"`
+	// id is the principal's number in the cell's registry (who is its
+	// name, "#N" for one that no longer exists).
+	Id            uint32 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4805,6 +4831,13 @@ func (x *ACLEntry) GetWho() string {
 func (x *ACLEntry) GetRights() uint32 {
 	if x != nil {
 		return x.Rights
+	}
+	return 0
+}
+
+func (x *ACLEntry) GetId() uint32 {
+	if x != nil {
+		return x.Id
 	}
 	return 0
 }
@@ -4982,6 +5015,7 @@ type ChangeGroupRequest struct {
 	Group  string                    `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
 	// member: the user to add or remove.
 	Member        string `protobuf:"bytes,3,opt,name=member,proto3" json:"member,omitempty"`
+	Uid           uint32 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5035,6 +5069,13 @@ func (x *ChangeGroupRequest) GetMember() string {
 		return x.Member
 	}
 	return ""
+}
+
+func (x *ChangeGroupRequest) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
 }
 
 type ChangeGroupReply struct {
@@ -5169,16 +5210,78 @@ func (x *Group) GetMembers() []string {
 	return nil
 }
 
-type ListGroupsReply struct {
+type User struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Groups        []*Group               `protobuf:"bytes,1,rep,name=groups,proto3" json:"groups,omitempty"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Id            uint32                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	Uid           uint32                 `protobuf:"varint,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *User) Reset() {
+	*x = User{}
+	mi := &file_hoard_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *User) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*User) ProtoMessage() {}
+
+func (x *User) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use User.ProtoReflect.Descriptor instead.
+func (*User) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *User) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *User) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *User) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+type ListGroupsReply struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Groups []*Group               `protobuf:"bytes,1,rep,name=groups,proto3" json:"groups,omitempty"`
+	// users: the registry's users, told to admins only.
+	Users         []*User `protobuf:"bytes,2,rep,name=users,proto3" json:"users,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListGroupsReply) Reset() {
 	*x = ListGroupsReply{}
-	mi := &file_hoard_proto_msgTypes[74]
+	mi := &file_hoard_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5190,7 +5293,7 @@ func (x *ListGroupsReply) String() string {
 func (*ListGroupsReply) ProtoMessage() {}
 
 func (x *ListGroupsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[74]
+	mi := &file_hoard_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5203,12 +5306,19 @@ func (x *ListGroupsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsReply.ProtoReflect.Descriptor instead.
 func (*ListGroupsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{74}
+	return file_hoard_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListGroupsReply) GetGroups() []*Group {
 	if x != nil {
 		return x.Groups
+	}
+	return nil
+}
+
+func (x *ListGroupsReply) GetUsers() []*User {
+	if x != nil {
+		return x.Users
 	}
 	return nil
 }
@@ -5225,7 +5335,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_hoard_proto_msgTypes[75]
+	mi := &file_hoard_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5237,7 +5347,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[75]
+	mi := &file_hoard_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5250,7 +5360,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{75}
+	return file_hoard_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -5275,7 +5385,7 @@ type RevokeTokenReply struct {
 
 func (x *RevokeTokenReply) Reset() {
 	*x = RevokeTokenReply{}
-	mi := &file_hoard_proto_msgTypes[76]
+	mi := &file_hoard_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5287,7 +5397,7 @@ func (x *RevokeTokenReply) String() string {
 func (*RevokeTokenReply) ProtoMessage() {}
 
 func (x *RevokeTokenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[76]
+	mi := &file_hoard_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5300,7 +5410,7 @@ func (x *RevokeTokenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenReply.ProtoReflect.Descriptor instead.
 func (*RevokeTokenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{76}
+	return file_hoard_proto_rawDescGZIP(), []int{77}
 }
 
 type ReserveRequest struct {
@@ -5313,7 +5423,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_hoard_proto_msgTypes[77]
+	mi := &file_hoard_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5325,7 +5435,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[77]
+	mi := &file_hoard_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5338,7 +5448,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{77}
+	return file_hoard_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ReserveRequest) GetVolume() uint64 {
@@ -5364,7 +5474,7 @@ type ReserveReply struct {
 
 func (x *ReserveReply) Reset() {
 	*x = ReserveReply{}
-	mi := &file_hoard_proto_msgTypes[78]
+	mi := &file_hoard_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5376,7 +5486,7 @@ func (x *ReserveReply) String() string {
 func (*ReserveReply) ProtoMessage() {}
 
 func (x *ReserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[78]
+	mi := &file_hoard_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5389,7 +5499,7 @@ func (x *ReserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveReply.ProtoReflect.Descriptor instead.
 func (*ReserveReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{78}
+	return file_hoard_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ReserveReply) GetFids() []*FID {
@@ -5413,7 +5523,7 @@ type ReservedFile struct {
 
 func (x *ReservedFile) Reset() {
 	*x = ReservedFile{}
-	mi := &file_hoard_proto_msgTypes[79]
+	mi := &file_hoard_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5425,7 +5535,7 @@ func (x *ReservedFile) String() string {
 func (*ReservedFile) ProtoMessage() {}
 
 func (x *ReservedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[79]
+	mi := &file_hoard_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5438,7 +5548,7 @@ func (x *ReservedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservedFile.ProtoReflect.Descriptor instead.
 func (*ReservedFile) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{79}
+	return file_hoard_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ReservedFile) GetName() string {
@@ -5495,7 +5605,7 @@ type RemovedFile struct {
 
 func (x *RemovedFile) Reset() {
 	*x = RemovedFile{}
-	mi := &file_hoard_proto_msgTypes[80]
+	mi := &file_hoard_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5507,7 +5617,7 @@ func (x *RemovedFile) String() string {
 func (*RemovedFile) ProtoMessage() {}
 
 func (x *RemovedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[80]
+	mi := &file_hoard_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5520,7 +5630,7 @@ func (x *RemovedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovedFile.ProtoReflect.Descriptor instead.
 func (*RemovedFile) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{80}
+	return file_hoard_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RemovedFile) GetName() string {
@@ -5556,7 +5666,7 @@ type CreateReservedRequest struct {
 
 func (x *CreateReservedRequest) Reset() {
 	*x = CreateReservedRequest{}
-	mi := &file_hoard_proto_msgTypes[81]
+	mi := &file_hoard_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5568,7 +5678,7 @@ func (x *CreateReservedRequest) String() string {
 func (*CreateReservedRequest) ProtoMessage() {}
 
 func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[81]
+	mi := &file_hoard_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5581,7 +5691,7 @@ func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedRequest.ProtoReflect.Descriptor instead.
 func (*CreateReservedRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{81}
+	return file_hoard_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *CreateReservedRequest) GetDir() *FID {
@@ -5633,7 +5743,7 @@ type CreateReservedReply struct {
 
 func (x *CreateReservedReply) Reset() {
 	*x = CreateReservedReply{}
-	mi := &file_hoard_proto_msgTypes[82]
+	mi := &file_hoard_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5645,7 +5755,7 @@ func (x *CreateReservedReply) String() string {
 func (*CreateReservedReply) ProtoMessage() {}
 
 func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[82]
+	mi := &file_hoard_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5658,7 +5768,7 @@ func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedReply.ProtoReflect.Descriptor instead.
 func (*CreateReservedReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{82}
+	return file_hoard_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *CreateReservedReply) GetDir() *Status {
@@ -5713,7 +5823,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_hoard_proto_msgTypes[83]
+	mi := &file_hoard_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5725,7 +5835,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[83]
+	mi := &file_hoard_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5738,7 +5848,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{83}
+	return file_hoard_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *OpenRequest) GetFid() *FID {
@@ -5790,7 +5900,7 @@ type OpenReply struct {
 
 func (x *OpenReply) Reset() {
 	*x = OpenReply{}
-	mi := &file_hoard_proto_msgTypes[84]
+	mi := &file_hoard_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5802,7 +5912,7 @@ func (x *OpenReply) String() string {
 func (*OpenReply) ProtoMessage() {}
 
 func (x *OpenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[84]
+	mi := &file_hoard_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5815,7 +5925,7 @@ func (x *OpenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenReply.ProtoReflect.Descriptor instead.
 func (*OpenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{84}
+	return file_hoard_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *OpenReply) GetStatus() *Status {
@@ -5856,7 +5966,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_hoard_proto_msgTypes[85]
+	mi := &file_hoard_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5868,7 +5978,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[85]
+	mi := &file_hoard_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5881,7 +5991,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{85}
+	return file_hoard_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *CloseRequest) GetFid() *FID {
@@ -5906,7 +6016,7 @@ type CloseReply struct {
 
 func (x *CloseReply) Reset() {
 	*x = CloseReply{}
-	mi := &file_hoard_proto_msgTypes[86]
+	mi := &file_hoard_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5918,7 +6028,7 @@ func (x *CloseReply) String() string {
 func (*CloseReply) ProtoMessage() {}
 
 func (x *CloseReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[86]
+	mi := &file_hoard_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5931,7 +6041,7 @@ func (x *CloseReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseReply.ProtoReflect.Descriptor instead.
 func (*CloseReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{86}
+	return file_hoard_proto_rawDescGZIP(), []int{87}
 }
 
 // Return gives a delegation back after its dirty data was stored; readers
@@ -5949,7 +6059,7 @@ type ReturnRequest struct {
 
 func (x *ReturnRequest) Reset() {
 	*x = ReturnRequest{}
-	mi := &file_hoard_proto_msgTypes[87]
+	mi := &file_hoard_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5961,7 +6071,7 @@ func (x *ReturnRequest) String() string {
 func (*ReturnRequest) ProtoMessage() {}
 
 func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[87]
+	mi := &file_hoard_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5974,7 +6084,7 @@ func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{87}
+	return file_hoard_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ReturnRequest) GetFid() *FID {
@@ -6013,7 +6123,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_hoard_proto_msgTypes[88]
+	mi := &file_hoard_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6025,7 +6135,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[88]
+	mi := &file_hoard_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6038,7 +6148,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{88}
+	return file_hoard_proto_rawDescGZIP(), []int{89}
 }
 
 type RenewReply struct {
@@ -6049,7 +6159,7 @@ type RenewReply struct {
 
 func (x *RenewReply) Reset() {
 	*x = RenewReply{}
-	mi := &file_hoard_proto_msgTypes[89]
+	mi := &file_hoard_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6061,7 +6171,7 @@ func (x *RenewReply) String() string {
 func (*RenewReply) ProtoMessage() {}
 
 func (x *RenewReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[89]
+	mi := &file_hoard_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6074,7 +6184,7 @@ func (x *RenewReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewReply.ProtoReflect.Descriptor instead.
 func (*RenewReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{89}
+	return file_hoard_proto_rawDescGZIP(), []int{90}
 }
 
 type ReturnReply struct {
@@ -6087,7 +6197,7 @@ type ReturnReply struct {
 
 func (x *ReturnReply) Reset() {
 	*x = ReturnReply{}
-	mi := &file_hoard_proto_msgTypes[90]
+	mi := &file_hoard_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6099,7 +6209,7 @@ func (x *ReturnReply) String() string {
 func (*ReturnReply) ProtoMessage() {}
 
 func (x *ReturnReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[90]
+	mi := &file_hoard_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6112,7 +6222,7 @@ func (x *ReturnReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnReply.ProtoReflect.Descriptor instead.
 func (*ReturnReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{90}
+	return file_hoard_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ReturnReply) GetAccepted() bool {
@@ -6130,7 +6240,7 @@ type ProxyStatsRequest struct {
 
 func (x *ProxyStatsRequest) Reset() {
 	*x = ProxyStatsRequest{}
-	mi := &file_hoard_proto_msgTypes[91]
+	mi := &file_hoard_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6142,7 +6252,7 @@ func (x *ProxyStatsRequest) String() string {
 func (*ProxyStatsRequest) ProtoMessage() {}
 
 func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[91]
+	mi := &file_hoard_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6155,7 +6265,7 @@ func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsRequest.ProtoReflect.Descriptor instead.
 func (*ProxyStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{91}
+	return file_hoard_proto_rawDescGZIP(), []int{92}
 }
 
 // ProxyStatsReply: the proxy's disk store. Hits and misses count chunk
@@ -6205,7 +6315,7 @@ type ProxyStatsReply struct {
 
 func (x *ProxyStatsReply) Reset() {
 	*x = ProxyStatsReply{}
-	mi := &file_hoard_proto_msgTypes[92]
+	mi := &file_hoard_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6217,7 +6327,7 @@ func (x *ProxyStatsReply) String() string {
 func (*ProxyStatsReply) ProtoMessage() {}
 
 func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[92]
+	mi := &file_hoard_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6230,7 +6340,7 @@ func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsReply.ProtoReflect.Descriptor instead.
 func (*ProxyStatsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{92}
+	return file_hoard_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ProxyStatsReply) GetOrigin() string {
@@ -6726,16 +6836,19 @@ const file_hoard_proto_rawDesc = "" +
 	"\n" +
 	"StoreReply\x12(\n" +
 	"\x06status\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06status\"\x0f\n" +
-	"\rWhoAmIRequest\"u\n" +
+	"\rWhoAmIRequest\"\xa2\x01\n" +
 	"\vWhoAmIReply\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\rR\x03uid\x12\x14\n" +
 	"\x05admin\x18\x03 \x01(\bR\x05admin\x12\x16\n" +
 	"\x06groups\x18\x04 \x03(\tR\x06groups\x12\x12\n" +
-	"\x04peer\x18\x05 \x01(\tR\x04peer\"4\n" +
+	"\x04peer\x18\x05 \x01(\tR\x04peer\x12\x0e\n" +
+	"\x02id\x18\x06 \x01(\rR\x02id\x12\x1b\n" +
+	"\tgroup_ids\x18\a \x03(\rR\bgroupIds\"D\n" +
 	"\bACLEntry\x12\x10\n" +
 	"\x03who\x18\x01 \x01(\tR\x03who\x12\x16\n" +
-	"\x06rights\x18\x02 \x01(\rR\x06rights\"0\n" +
+	"\x06rights\x18\x02 \x01(\rR\x06rights\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\rR\x02id\"0\n" +
 	"\rGetACLRequest\x12\x1f\n" +
 	"\x03fid\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03fid\"Z\n" +
 	"\rSetACLRequest\x12\x1f\n" +
@@ -6745,26 +6858,33 @@ const file_hoard_proto_rawDesc = "" +
 	"\bACLReply\x12\x1f\n" +
 	"\x03dir\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x03dir\x12,\n" +
 	"\aentries\x18\x02 \x03(\v2\x12.hoard.v1.ACLEntryR\aentries\x12\x16\n" +
-	"\x06rights\x18\x03 \x01(\rR\x06rights\"\xea\x01\n" +
+	"\x06rights\x18\x03 \x01(\rR\x06rights\"\x95\x02\n" +
 	"\x12ChangeGroupRequest\x12;\n" +
 	"\x06change\x18\x01 \x01(\x0e2#.hoard.v1.ChangeGroupRequest.ChangeR\x06change\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x16\n" +
-	"\x06member\x18\x03 \x01(\tR\x06member\"i\n" +
+	"\x06member\x18\x03 \x01(\tR\x06member\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\rR\x03uid\"\x81\x01\n" +
 	"\x06Change\x12\x16\n" +
 	"\x12CHANGE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rCHANGE_CREATE\x10\x01\x12\x11\n" +
 	"\rCHANGE_DELETE\x10\x02\x12\x0e\n" +
 	"\n" +
 	"CHANGE_ADD\x10\x03\x12\x11\n" +
-	"\rCHANGE_REMOVE\x10\x04\"\x12\n" +
+	"\rCHANGE_REMOVE\x10\x04\x12\x16\n" +
+	"\x12CHANGE_CREATE_USER\x10\x05\"\x12\n" +
 	"\x10ChangeGroupReply\"\x13\n" +
 	"\x11ListGroupsRequest\"K\n" +
 	"\x05Group\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x18\n" +
-	"\amembers\x18\x03 \x03(\tR\amembers\":\n" +
+	"\amembers\x18\x03 \x03(\tR\amembers\"<\n" +
+	"\x04User\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\rR\x02id\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\rR\x03uid\"`\n" +
 	"\x0fListGroupsReply\x12'\n" +
-	"\x06groups\x18\x01 \x03(\v2\x0f.hoard.v1.GroupR\x06groups\"C\n" +
+	"\x06groups\x18\x01 \x03(\v2\x0f.hoard.v1.GroupR\x06groups\x12$\n" +
+	"\x05users\x18\x02 \x03(\v2\x0e.hoard.v1.UserR\x05users\"C\n" +
 	"\x12RevokeTokenRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -6933,7 +7053,7 @@ func file_hoard_proto_rawDescGZIP() []byte {
 }
 
 var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 93)
+var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
 var file_hoard_proto_goTypes = []any{
 	(FileType)(0),                  // 0: hoard.v1.FileType
 	(XattrOp)(0),                   // 1: hoard.v1.XattrOp
@@ -7015,25 +7135,26 @@ var file_hoard_proto_goTypes = []any{
 	(*ChangeGroupReply)(nil),       // 77: hoard.v1.ChangeGroupReply
 	(*ListGroupsRequest)(nil),      // 78: hoard.v1.ListGroupsRequest
 	(*Group)(nil),                  // 79: hoard.v1.Group
-	(*ListGroupsReply)(nil),        // 80: hoard.v1.ListGroupsReply
-	(*RevokeTokenRequest)(nil),     // 81: hoard.v1.RevokeTokenRequest
-	(*RevokeTokenReply)(nil),       // 82: hoard.v1.RevokeTokenReply
-	(*ReserveRequest)(nil),         // 83: hoard.v1.ReserveRequest
-	(*ReserveReply)(nil),           // 84: hoard.v1.ReserveReply
-	(*ReservedFile)(nil),           // 85: hoard.v1.ReservedFile
-	(*RemovedFile)(nil),            // 86: hoard.v1.RemovedFile
-	(*CreateReservedRequest)(nil),  // 87: hoard.v1.CreateReservedRequest
-	(*CreateReservedReply)(nil),    // 88: hoard.v1.CreateReservedReply
-	(*OpenRequest)(nil),            // 89: hoard.v1.OpenRequest
-	(*OpenReply)(nil),              // 90: hoard.v1.OpenReply
-	(*CloseRequest)(nil),           // 91: hoard.v1.CloseRequest
-	(*CloseReply)(nil),             // 92: hoard.v1.CloseReply
-	(*ReturnRequest)(nil),          // 93: hoard.v1.ReturnRequest
-	(*RenewRequest)(nil),           // 94: hoard.v1.RenewRequest
-	(*RenewReply)(nil),             // 95: hoard.v1.RenewReply
-	(*ReturnReply)(nil),            // 96: hoard.v1.ReturnReply
-	(*ProxyStatsRequest)(nil),      // 97: hoard.v1.ProxyStatsRequest
-	(*ProxyStatsReply)(nil),        // 98: hoard.v1.ProxyStatsReply
+	(*User)(nil),                   // 80: hoard.v1.User
+	(*ListGroupsReply)(nil),        // 81: hoard.v1.ListGroupsReply
+	(*RevokeTokenRequest)(nil),     // 82: hoard.v1.RevokeTokenRequest
+	(*RevokeTokenReply)(nil),       // 83: hoard.v1.RevokeTokenReply
+	(*ReserveRequest)(nil),         // 84: hoard.v1.ReserveRequest
+	(*ReserveReply)(nil),           // 85: hoard.v1.ReserveReply
+	(*ReservedFile)(nil),           // 86: hoard.v1.ReservedFile
+	(*RemovedFile)(nil),            // 87: hoard.v1.RemovedFile
+	(*CreateReservedRequest)(nil),  // 88: hoard.v1.CreateReservedRequest
+	(*CreateReservedReply)(nil),    // 89: hoard.v1.CreateReservedReply
+	(*OpenRequest)(nil),            // 90: hoard.v1.OpenRequest
+	(*OpenReply)(nil),              // 91: hoard.v1.OpenReply
+	(*CloseRequest)(nil),           // 92: hoard.v1.CloseRequest
+	(*CloseReply)(nil),             // 93: hoard.v1.CloseReply
+	(*ReturnRequest)(nil),          // 94: hoard.v1.ReturnRequest
+	(*RenewRequest)(nil),           // 95: hoard.v1.RenewRequest
+	(*RenewReply)(nil),             // 96: hoard.v1.RenewReply
+	(*ReturnReply)(nil),            // 97: hoard.v1.ReturnReply
+	(*ProxyStatsRequest)(nil),      // 98: hoard.v1.ProxyStatsRequest
+	(*ProxyStatsReply)(nil),        // 99: hoard.v1.ProxyStatsReply
 }
 var file_hoard_proto_depIdxs = []int32{
 	6,   // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
@@ -7111,101 +7232,102 @@ var file_hoard_proto_depIdxs = []int32{
 	72,  // 72: hoard.v1.ACLReply.entries:type_name -> hoard.v1.ACLEntry
 	5,   // 73: hoard.v1.ChangeGroupRequest.change:type_name -> hoard.v1.ChangeGroupRequest.Change
 	79,  // 74: hoard.v1.ListGroupsReply.groups:type_name -> hoard.v1.Group
-	6,   // 75: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
-	6,   // 76: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
-	6,   // 77: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
-	6,   // 78: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
-	85,  // 79: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
-	86,  // 80: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
-	7,   // 81: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
-	7,   // 82: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
-	7,   // 83: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
-	6,   // 84: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
-	7,   // 85: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
-	2,   // 86: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
-	6,   // 87: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
-	6,   // 88: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
-	9,   // 89: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
-	40,  // 90: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
-	41,  // 91: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
-	43,  // 92: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
-	28,  // 93: hoard.v1.FileServer.SetVolume:input_type -> hoard.v1.SetVolumeRequest
-	29,  // 94: hoard.v1.FileServer.RemoveVolume:input_type -> hoard.v1.RemoveVolumeRequest
-	33,  // 95: hoard.v1.FileServer.DumpVolume:input_type -> hoard.v1.DumpVolumeRequest
-	34,  // 96: hoard.v1.FileServer.RestoreVolume:input_type -> hoard.v1.DumpPiece
-	36,  // 97: hoard.v1.FileServer.MoveVolume:input_type -> hoard.v1.MoveVolumeRequest
-	38,  // 98: hoard.v1.FileServer.ReleaseVolume:input_type -> hoard.v1.ReleaseVolumeRequest
-	22,  // 99: hoard.v1.FileServer.Locate:input_type -> hoard.v1.LocateRequest
-	23,  // 100: hoard.v1.FileServer.ListLocations:input_type -> hoard.v1.ListLocationsRequest
-	26,  // 101: hoard.v1.FileServer.ListServers:input_type -> hoard.v1.ListServersRequest
-	44,  // 102: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
-	46,  // 103: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
-	49,  // 104: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
-	52,  // 105: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
-	54,  // 106: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
-	56,  // 107: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
-	58,  // 108: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
-	60,  // 109: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
-	62,  // 110: hoard.v1.FileServer.Xattr:input_type -> hoard.v1.XattrRequest
-	64,  // 111: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
-	66,  // 112: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
-	68,  // 113: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
-	89,  // 114: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
-	91,  // 115: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
-	93,  // 116: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
-	94,  // 117: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
-	83,  // 118: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
-	87,  // 119: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
-	70,  // 120: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
-	73,  // 121: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
-	74,  // 122: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
-	76,  // 123: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
-	78,  // 124: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
-	81,  // 125: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
-	97,  // 126: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
-	12,  // 127: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
-	19,  // 128: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
-	42,  // 129: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
-	19,  // 130: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
-	19,  // 131: hoard.v1.FileServer.SetVolume:output_type -> hoard.v1.Volume
-	30,  // 132: hoard.v1.FileServer.RemoveVolume:output_type -> hoard.v1.RemoveVolumeReply
-	34,  // 133: hoard.v1.FileServer.DumpVolume:output_type -> hoard.v1.DumpPiece
-	35,  // 134: hoard.v1.FileServer.RestoreVolume:output_type -> hoard.v1.RestoreVolumeReply
-	37,  // 135: hoard.v1.FileServer.MoveVolume:output_type -> hoard.v1.MoveVolumeReply
-	39,  // 136: hoard.v1.FileServer.ReleaseVolume:output_type -> hoard.v1.ReleaseVolumeReply
-	21,  // 137: hoard.v1.FileServer.Locate:output_type -> hoard.v1.Location
-	24,  // 138: hoard.v1.FileServer.ListLocations:output_type -> hoard.v1.ListLocationsReply
-	27,  // 139: hoard.v1.FileServer.ListServers:output_type -> hoard.v1.ListServersReply
-	45,  // 140: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
-	48,  // 141: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
-	51,  // 142: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
-	53,  // 143: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
-	55,  // 144: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
-	57,  // 145: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
-	59,  // 146: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
-	61,  // 147: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
-	63,  // 148: hoard.v1.FileServer.Xattr:output_type -> hoard.v1.XattrReply
-	65,  // 149: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
-	67,  // 150: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
-	69,  // 151: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
-	90,  // 152: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
-	92,  // 153: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
-	96,  // 154: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
-	95,  // 155: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
-	84,  // 156: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
-	88,  // 157: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
-	71,  // 158: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
-	75,  // 159: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
-	75,  // 160: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
-	77,  // 161: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
-	80,  // 162: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
-	82,  // 163: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
-	98,  // 164: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
-	127, // [127:165] is the sub-list for method output_type
-	89,  // [89:127] is the sub-list for method input_type
-	89,  // [89:89] is the sub-list for extension type_name
-	89,  // [89:89] is the sub-list for extension extendee
-	0,   // [0:89] is the sub-list for field type_name
+	80,  // 75: hoard.v1.ListGroupsReply.users:type_name -> hoard.v1.User
+	6,   // 76: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
+	6,   // 77: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
+	6,   // 78: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
+	6,   // 79: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
+	86,  // 80: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
+	87,  // 81: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
+	7,   // 82: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
+	7,   // 83: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
+	7,   // 84: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
+	6,   // 85: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
+	7,   // 86: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
+	2,   // 87: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
+	6,   // 88: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
+	6,   // 89: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
+	9,   // 90: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
+	40,  // 91: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
+	41,  // 92: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
+	43,  // 93: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
+	28,  // 94: hoard.v1.FileServer.SetVolume:input_type -> hoard.v1.SetVolumeRequest
+	29,  // 95: hoard.v1.FileServer.RemoveVolume:input_type -> hoard.v1.RemoveVolumeRequest
+	33,  // 96: hoard.v1.FileServer.DumpVolume:input_type -> hoard.v1.DumpVolumeRequest
+	34,  // 97: hoard.v1.FileServer.RestoreVolume:input_type -> hoard.v1.DumpPiece
+	36,  // 98: hoard.v1.FileServer.MoveVolume:input_type -> hoard.v1.MoveVolumeRequest
+	38,  // 99: hoard.v1.FileServer.ReleaseVolume:input_type -> hoard.v1.ReleaseVolumeRequest
+	22,  // 100: hoard.v1.FileServer.Locate:input_type -> hoard.v1.LocateRequest
+	23,  // 101: hoard.v1.FileServer.ListLocations:input_type -> hoard.v1.ListLocationsRequest
+	26,  // 102: hoard.v1.FileServer.ListServers:input_type -> hoard.v1.ListServersRequest
+	44,  // 103: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
+	46,  // 104: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
+	49,  // 105: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
+	52,  // 106: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
+	54,  // 107: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
+	56,  // 108: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
+	58,  // 109: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
+	60,  // 110: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
+	62,  // 111: hoard.v1.FileServer.Xattr:input_type -> hoard.v1.XattrRequest
+	64,  // 112: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
+	66,  // 113: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
+	68,  // 114: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
+	90,  // 115: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
+	92,  // 116: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
+	94,  // 117: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
+	95,  // 118: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
+	84,  // 119: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
+	88,  // 120: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
+	70,  // 121: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
+	73,  // 122: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
+	74,  // 123: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
+	76,  // 124: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
+	78,  // 125: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
+	82,  // 126: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
+	98,  // 127: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
+	12,  // 128: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
+	19,  // 129: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
+	42,  // 130: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
+	19,  // 131: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
+	19,  // 132: hoard.v1.FileServer.SetVolume:output_type -> hoard.v1.Volume
+	30,  // 133: hoard.v1.FileServer.RemoveVolume:output_type -> hoard.v1.RemoveVolumeReply
+	34,  // 134: hoard.v1.FileServer.DumpVolume:output_type -> hoard.v1.DumpPiece
+	35,  // 135: hoard.v1.FileServer.RestoreVolume:output_type -> hoard.v1.RestoreVolumeReply
+	37,  // 136: hoard.v1.FileServer.MoveVolume:output_type -> hoard.v1.MoveVolumeReply
+	39,  // 137: hoard.v1.FileServer.ReleaseVolume:output_type -> hoard.v1.ReleaseVolumeReply
+	21,  // 138: hoard.v1.FileServer.Locate:output_type -> hoard.v1.Location
+	24,  // 139: hoard.v1.FileServer.ListLocations:output_type -> hoard.v1.ListLocationsReply
+	27,  // 140: hoard.v1.FileServer.ListServers:output_type -> hoard.v1.ListServersReply
+	45,  // 141: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
+	48,  // 142: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
+	51,  // 143: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
+	53,  // 144: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
+	55,  // 145: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
+	57,  // 146: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
+	59,  // 147: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
+	61,  // 148: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
+	63,  // 149: hoard.v1.FileServer.Xattr:output_type -> hoard.v1.XattrReply
+	65,  // 150: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
+	67,  // 151: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
+	69,  // 152: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
+	91,  // 153: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
+	93,  // 154: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
+	97,  // 155: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
+	96,  // 156: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
+	85,  // 157: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
+	89,  // 158: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
+	71,  // 159: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
+	75,  // 160: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
+	75,  // 161: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
+	77,  // 162: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
+	81,  // 163: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
+	83,  // 164: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
+	99,  // 165: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
+	128, // [128:166] is the sub-list for method output_type
+	90,  // [90:128] is the sub-list for method input_type
+	90,  // [90:90] is the sub-list for extension type_name
+	90,  // [90:90] is the sub-list for extension extendee
+	0,   // [0:90] is the sub-list for field type_name
 }
 
 func init() { file_hoard_proto_init() }
@@ -7231,7 +7353,7 @@ func file_hoard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoard_proto_rawDesc), len(file_hoard_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   93,
+			NumMessages:   94,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

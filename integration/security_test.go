@@ -165,7 +165,7 @@ func snapshot(t *testing.T, addr string) string {
 		}
 	}
 	walk("/")
-	gs, err := c.Groups()
+	gs, _, err := c.Groups()
 	if err != nil {
 		t.Fatal(err)
 	}

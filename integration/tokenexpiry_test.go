@@ -25,6 +25,9 @@ func TestTokenExpiryKeepsAcknowledgedWrites(t *testing.T) {
 	if err := admin.Mkdir("/erin", 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := admin.CreateUser("erin", 1005); err != nil {
+		t.Fatal(err)
+	}
 	mustACL(t, admin, "/erin", "erin", access.All)
 	tok := issue(t, "erin", 1005, "--expires", "8s")
 	claims, err := cell.Inspect(tok)

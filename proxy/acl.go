@@ -71,8 +71,8 @@ func (p *Proxy) forgetACLs(fids []node.FID) {
 }
 
 // SetACLEntry implements server.Backend: the origin changes it.
-func (p *Proxy) SetACLEntry(dir node.FID, who string, r access.Rights) (access.ACL, error) {
-	a, err := p.fids.SetACL(dir, who, r)
+func (p *Proxy) SetACLEntry(dir node.FID, who access.Entry, r access.Rights) (access.ACL, error) {
+	a, err := p.fids.SetACL(dir, who.Who, r)
 	if err != nil {
 		return nil, unwrap(err)
 	}

@@ -3,12 +3,15 @@ package server
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/hoardfs/hoard/access"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/principal"
 )
 
 // The access-control RPCs: who am I, ACLs, groups, revoked tokens.
@@ -19,15 +22,49 @@ func (s *Server) WhoAmI(ctx context.Context, req *pb.WhoAmIRequest) (*pb.WhoAmIR
 	if err != nil {
 		return nil, err
 	}
-	return &pb.WhoAmIReply{User: who.User, Uid: who.UID, Admin: who.Admin, Groups: who.Groups}, nil
+	out := &pb.WhoAmIReply{User: who.User, Uid: who.UID, Admin: who.Admin, Groups: who.Groups, Id: uint32(who.ID)}
+	for _, g := range who.GroupIDs {
+		out.GroupIds = append(out.GroupIds, uint32(g))
+	}
+	return out, nil
 }
 
-func fromACL(dir node.FID, a access.ACL, mine access.Rights) *pb.ACLReply {
+// fromACL is a's reply, its entries named from the registry (a proxy's
+// come named from its origin).
+func (s *Server) fromACL(dir node.FID, a access.ACL, mine access.Rights) *pb.ACLReply {
 	out := &pb.ACLReply{Dir: pb.FromFID(dir), Rights: uint32(mine)}
 	for _, e := range a {
-		out.Entries = append(out.Entries, &pb.ACLEntry{Who: e.Who, Rights: uint32(e.Rights)})
+		if e.Who == "" && s.cfg.Principals != nil {
+			e.Who = s.cfg.Principals.Name(e.ID)
+		}
+		out.Entries = append(out.Entries, &pb.ACLEntry{Who: e.Who, Id: uint32(e.ID), Rights: uint32(e.Rights)})
 	}
 	return out
+}
+
+// principal is the ACL entry name refers to: a user or group of the
+// registry, or "#N", a principal that no longer exists (to remove its
+// entries). A proxy passes the name on.
+func (s *Server) principal(name string) (access.Entry, error) {
+	reg := s.cfg.Principals
+	if reg == nil {
+		return access.Entry{Who: name}, access.CheckName(name)
+	}
+	if n, ok := strings.CutPrefix(name, "#"); ok {
+		id, err := strconv.ParseUint(n, 10, 32)
+		if err != nil || id == 0 {
+			return access.Entry{}, fmt.Errorf("%q: want a name, or #N for a principal's number: %w", name, syscall.EINVAL)
+		}
+		return access.Entry{ID: access.ID(id), Who: name}, nil
+	}
+	if err := access.CheckName(name); err != nil {
+		return access.Entry{}, err
+	}
+	p, ok := reg.Lookup(name)
+	if !ok {
+		return access.Entry{}, fmt.Errorf("no user or group named %q in the cell's registry (a user is registered by the first use of their token, or by hoard user create): %w", name, syscall.ENOENT)
+	}
+	return access.Entry{ID: p.ID, Who: p.Name}, nil
 }
 
 // GetACL reads the ACL governing a file or directory: anyone who may look
@@ -48,7 +85,7 @@ func (s *Server) GetACL(ctx context.Context, req *pb.GetACLRequest) (*pb.ACLRepl
 	if err != nil {
 		return nil, s.fail("GetACL", err)
 	}
-	return fromACL(dir, acl, r), nil
+	return s.fromACL(dir, acl, r), nil
 }
 
 // aclRights is what the caller may do in dir, whose ACL is acl, with a
@@ -70,8 +107,9 @@ func (s *Server) SetACL(ctx context.Context, req *pb.SetACLRequest) (*pb.ACLRepl
 	if err != nil {
 		return nil, s.fail("SetACL", err)
 	}
-	if err := access.CheckName(req.Who); err != nil {
-		return nil, s.fail("SetACL", fmt.Errorf("set acl: %v: %w", err, syscall.EINVAL))
+	who, err := s.principal(req.Who)
+	if err != nil {
+		return nil, s.fail("SetACL", err)
 	}
 	if req.Rights&^uint32(access.All) != 0 {
 		return nil, s.fail("SetACL", fmt.Errorf("set acl: rights %#x: %w", req.Rights, syscall.EINVAL))
@@ -80,7 +118,7 @@ func (s *Server) SetACL(ctx context.Context, req *pb.SetACLRequest) (*pb.ACLRepl
 	o, err := s.change(ctx, change{hold: []node.FID{dir}, check: func(o *op) error {
 		return o.may(dir, access.Administer, "change the ACL")
 	}, store: func(o *op) (_ []node.FID, err error) {
-		if acl, err = s.store.SetACLEntry(dir, req.Who, access.Rights(req.Rights)); err != nil {
+		if acl, err = s.store.SetACLEntry(dir, who, access.Rights(req.Rights)); err != nil {
 			return nil, s.fail("SetACL", err)
 		}
 		return s.governed(dir)
@@ -93,7 +131,7 @@ func (s *Server) SetACL(ctx context.Context, req *pb.SetACLRequest) (*pb.ACLRepl
 	if err != nil {
 		return nil, s.fail("SetACL", err)
 	}
-	return fromACL(dir, acl, r), nil
+	return s.fromACL(dir, acl, r), nil
 }
 
 // governed is dir and its entries: what an ACL change of dir changes the
@@ -118,7 +156,9 @@ func (s *Server) governed(dir node.FID) ([]node.FID, error) {
 }
 
 // ChangeGroup creates or deletes a group, or changes its members: any
-// user may create one, and its owner or an admin changes it (AFS's pts).
+// user may create groups named after themselves (owner:name), admins
+// any; a group's owner or an admin changes it (AFS's pts). Admins also
+// register users ahead of their tokens' first use.
 func (s *Server) ChangeGroup(ctx context.Context, req *pb.ChangeGroupRequest) (*pb.ChangeGroupReply, error) {
 	o, err := s.begin(ctx)
 	if err != nil {
@@ -127,40 +167,35 @@ func (s *Server) ChangeGroup(ctx context.Context, req *pb.ChangeGroupRequest) (*
 	if o.who.Anonymous() {
 		return nil, refuse(o.who, "change groups", syscall.EACCES)
 	}
-	if s.cfg.Principals == nil {
-		return nil, s.fail("ChangeGroup", fmt.Errorf("groups: this server keeps none: %w", syscall.ENOTSUP))
+	reg := s.cfg.Principals
+	if reg == nil {
+		return nil, s.fail("ChangeGroup", fmt.Errorf("groups: change them at a file server of the cell: %w", syscall.ENOTSUP))
 	}
-	p := s.cfg.Principals
-	if req.Change != pb.ChangeGroupRequest_CHANGE_CREATE {
-		g, err := p.Group(req.Group)
-		if err != nil {
-			return nil, s.fail("ChangeGroup", err)
-		}
-		if g.Owner != o.who.User && !o.who.Admin {
-			return nil, refuse(o.who, "change group "+req.Group+" of "+g.Owner, syscall.EPERM)
-		}
-	}
+	by := principal.Caller{ID: o.who.ID, Name: o.who.User, Admin: o.who.Admin}
 	switch req.Change {
 	case pb.ChangeGroupRequest_CHANGE_CREATE:
-		err = p.CreateGroup(req.Group, o.who.User)
+		err = reg.CreateGroup(ctx, by, req.Group)
 	case pb.ChangeGroupRequest_CHANGE_DELETE:
-		err = p.DeleteGroup(req.Group)
-	case pb.ChangeGroupRequest_CHANGE_ADD:
-		err = p.AddMember(req.Group, req.Member)
-	case pb.ChangeGroupRequest_CHANGE_REMOVE:
-		err = p.RemoveMember(req.Group, req.Member)
+		err = reg.DeleteGroup(ctx, by, req.Group)
+	case pb.ChangeGroupRequest_CHANGE_ADD, pb.ChangeGroupRequest_CHANGE_REMOVE:
+		err = reg.SetMember(ctx, by, req.Group, req.Member, req.Change == pb.ChangeGroupRequest_CHANGE_ADD)
+	case pb.ChangeGroupRequest_CHANGE_CREATE_USER:
+		if err = o.admin("register users"); err != nil {
+			return nil, err
+		}
+		_, err = reg.Create(ctx, req.Group, req.Uid)
 	default:
 		err = fmt.Errorf("change group: unknown change %d: %w", req.Change, syscall.EINVAL)
 	}
 	if err != nil {
 		return nil, s.fail("ChangeGroup", err)
 	}
-	s.users.forget()
-	s.log.Info("group changed", "group", req.Group, "change", req.Change, "member", req.Member, "by", o.who)
+	s.log.Info("principals changed", "name", req.Group, "change", req.Change, "member", req.Member, "by", o.who)
 	return &pb.ChangeGroupReply{}, nil
 }
 
-// ListGroups lists the groups and their members, for any user.
+// ListGroups lists the groups and their members, for any user; and the
+// users with their uids, for admins.
 func (s *Server) ListGroups(ctx context.Context, req *pb.ListGroupsRequest) (*pb.ListGroupsReply, error) {
 	o, err := s.begin(ctx)
 	if err != nil {
@@ -169,16 +204,22 @@ func (s *Server) ListGroups(ctx context.Context, req *pb.ListGroupsRequest) (*pb
 	if o.who.Anonymous() {
 		return nil, refuse(o.who, "list groups", syscall.EACCES)
 	}
-	if s.cfg.Principals == nil {
+	reg := s.cfg.Principals
+	if reg == nil {
 		return &pb.ListGroupsReply{}, nil
 	}
-	gs, err := s.cfg.Principals.Groups()
-	if err != nil {
-		return nil, s.fail("ListGroups", err)
-	}
 	out := &pb.ListGroupsReply{}
-	for _, g := range gs {
-		out.Groups = append(out.Groups, &pb.Group{Name: g.Name, Owner: g.Owner, Members: g.Members})
+	for _, g := range reg.All(principal.Group) {
+		pg := &pb.Group{Name: g.Name, Owner: reg.Name(g.Owner)}
+		for _, m := range g.Members {
+			pg.Members = append(pg.Members, reg.Name(m))
+		}
+		out.Groups = append(out.Groups, pg)
+	}
+	if o.who.Admin {
+		for _, u := range reg.All(principal.User) {
+			out.Users = append(out.Users, &pb.User{Name: u.Name, Id: uint32(u.ID), Uid: u.UID})
+		}
 	}
 	return out, nil
 }
@@ -196,9 +237,6 @@ func (s *Server) RevokeToken(ctx context.Context, req *pb.RevokeTokenRequest) (*
 	if err := o.admin("revoke tokens"); err != nil {
 		return nil, err
 	}
-	if req.Id == "" || len(req.Id) > 64 {
-		return nil, s.fail("RevokeToken", fmt.Errorf("revoke: token id of %d bytes: %w", len(req.Id), syscall.EINVAL))
-	}
 	if s.cfg.Principals == nil {
 		return nil, s.fail("RevokeToken", fmt.Errorf("revoke: this server keeps no revocations: %w", syscall.ENOTSUP))
 	}
@@ -206,10 +244,9 @@ func (s *Server) RevokeToken(ctx context.Context, req *pb.RevokeTokenRequest) (*
 	if req.ExpiresNs > 0 {
 		until = time.Unix(0, req.ExpiresNs)
 	}
-	if err := s.cfg.Principals.Revoke(req.Id, until); err != nil {
+	if err := s.cfg.Principals.Revoke(ctx, req.Id, until); err != nil {
 		return nil, s.fail("RevokeToken", err)
 	}
-	s.users.forget()
 	s.log.Info("token revoked", "id", req.Id, "by", o.who)
 	return &pb.RevokeTokenReply{}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -21,7 +22,7 @@ import (
 	"github.com/hoardfs/hoard/cell"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
-	"github.com/hoardfs/hoard/vnode"
+	"github.com/hoardfs/hoard/principal"
 )
 
 // Who a request acts for, and what it may do (docs/security.md).
@@ -44,47 +45,38 @@ type Tokens interface {
 	Verify(token string) (cell.Claims, error)
 }
 
-// Principals is the cell's groups and revoked tokens, as this server keeps
-// them (vnode.Store).
-type Principals interface {
-	GroupsOf(user string) ([]string, error)
-	Group(name string) (vnode.Group, error)
-	Groups() ([]vnode.Group, error)
-	CreateGroup(name, owner string) error
-	DeleteGroup(name string) error
-	AddMember(group, user string) error
-	RemoveMember(group, user string) error
-	Revoke(id string, expires time.Time) error
-	Revoked(id string) (bool, error)
-}
-
 // insecure is whom every request acts for on a server without Users.
 var insecure = access.Identity{User: "insecure", Admin: true}
 
-// CellUsers checks tokens with the cell's key, against the revocations
-// and groups this server keeps.
-func CellUsers(t Tokens, p Principals) Users { return cellUsers{t, p} }
+// CellUsers checks tokens with the cell's key, against the cell's
+// principal registry: its revocations, the user the token names, and
+// their groups.
+func CellUsers(t Tokens, reg *principal.Registry) Users { return cellUsers{t, reg} }
 
 type cellUsers struct {
-	tokens     Tokens
-	principals Principals
+	tokens Tokens
+	reg    *principal.Registry
 }
+
+// identifyTimeout bounds a token's first sight, which may register its
+// user in the cell's registry (an etcd transaction).
+const identifyTimeout = 5 * time.Second
 
 func (u cellUsers) Identify(token string) (access.Identity, time.Time, error) {
 	c, err := u.tokens.Verify(token)
 	if err != nil {
 		return access.Identity{}, time.Time{}, badToken("%v", err)
 	}
-	if revoked, err := u.principals.Revoked(c.ID); err != nil {
-		return access.Identity{}, time.Time{}, status.Errorf(codes.Unavailable, "token revocations: %v", err)
-	} else if revoked {
-		return access.Identity{}, time.Time{}, badToken("token %s of %s was revoked", c.ID, c.User)
+	ctx, cancel := context.WithTimeout(context.Background(), identifyTimeout)
+	defer cancel()
+	id, err := u.reg.Identify(ctx, c.ID, c.User, c.UID, c.Admin)
+	switch {
+	case errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL):
+		return access.Identity{}, time.Time{}, badToken("%v", err)
+	case err != nil:
+		return access.Identity{}, time.Time{}, status.Errorf(codes.Unavailable, "token of %s: %v", c.User, err)
 	}
-	groups, err := u.principals.GroupsOf(c.User)
-	if err != nil {
-		return access.Identity{}, time.Time{}, status.Errorf(codes.Unavailable, "groups of %s: %v", c.User, err)
-	}
-	return access.Identity{User: c.User, UID: c.UID, Admin: c.Admin, Groups: groups}, c.Expires, nil
+	return id, c.Expires, nil
 }
 
 // maxUsers bounds the tokens whose verification is remembered: past it
@@ -93,8 +85,8 @@ func (u cellUsers) Identify(token string) (access.Identity, time.Time, error) {
 const maxUsers = 4096
 
 // users remembers verified tokens, so a request costs a hash and a map
-// lookup rather than a signature check. A revocation or a group change
-// forgets them all.
+// lookup rather than a signature check. A change of the principal
+// registry (a revocation, a group change) forgets them all.
 type users struct {
 	of  Users
 	now func() time.Time
@@ -112,7 +104,7 @@ func newUsers(of Users) *users {
 	return &users{of: of, now: time.Now, seen: map[[32]byte]user{}}
 }
 
-// forget drops what is remembered: groups or revocations changed.
+// forget drops what is remembered: the principal registry changed.
 func (u *users) forget() {
 	if u == nil {
 		return

@@ -45,9 +45,10 @@ type Backend interface {
 	StatFS(volume uint64) (node.FSStat, error)
 	// GoverningACL is the directory whose ACL governs f, and that ACL;
 	// SetACLEntry gives who the rights r in directory dir (0: none) and
-	// returns its ACL as it is now.
+	// returns its ACL as it is now: a file server's store goes by who.ID,
+	// a proxy passes who.Who on to its origin.
 	GoverningACL(f node.FID) (node.FID, access.ACL, error)
-	SetACLEntry(dir node.FID, who string, r access.Rights) (access.ACL, error)
+	SetACLEntry(dir node.FID, who access.Entry, r access.Rights) (access.ACL, error)
 	// GetXattr, ListXattr, SetXattr and RemoveXattr serve f's extended
 	// attributes of the user namespace; a change returns f's status.
 	GetXattr(f node.FID, name string) ([]byte, error)
@@ -121,12 +122,15 @@ func (local) PromiseLimit(node.FID) time.Duration { return 1<<63 - 1 }
 
 // SetACLEntry reads and writes dir's ACL; the server holds dir busy
 // across it, and ACL changes are an administrator's, rare and slow.
-func (l local) SetACLEntry(dir node.FID, who string, r access.Rights) (access.ACL, error) {
+func (l local) SetACLEntry(dir node.FID, who access.Entry, r access.Rights) (access.ACL, error) {
+	if who.ID == 0 {
+		return nil, fmt.Errorf("set acl %s: this server has no principal registry: %w", who.Who, syscall.ENOTSUP)
+	}
 	_, cur, err := l.Store.GoverningACL(dir)
 	if err != nil {
 		return nil, err
 	}
-	acl := cur.Set(who, r)
+	acl := cur.Set(who.ID, r)
 	if len(acl) > access.MaxEntries {
 		return nil, fmt.Errorf("set acl: more than %d entries: %w", access.MaxEntries, syscall.ENOSPC)
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/hoardfs/hoard/access"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/principal"
 	"github.com/hoardfs/hoard/vnode"
 )
 
@@ -70,23 +72,36 @@ func newFuzzServer(t testing.TB) (*Server, node.FID) {
 	store.Create(v.Root, "d", node.TypeDir, node.Attr{Mode: 0o755}, "", true, "")
 	// Alice may do all but administer the root; others go by its
 	// default ACL.
-	if _, err := store.SetACL(v.Root, access.DefaultACL().Set("alice", access.All&^access.Administer)); err != nil {
+	reg := principal.New()
+	alice, err := reg.Create(context.Background(), "alice", uidOf("alice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.SetACL(v.Root, access.DefaultACL().Set(alice.ID, access.All&^access.Administer)); err != nil {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	cfg.Users, cfg.Principals = namedUsers{}, store
+	cfg.Users, cfg.Principals = namedUsers{reg}, reg
 	s := New(Local(store), cfg)
 	t.Cleanup(s.Shutdown)
 	return s, st.FID
 }
 
 // namedUsers takes a token for the name of its user: "admin" is the
-// cell's admin, any other name a user with uid 1000.
-type namedUsers struct{}
+// cell's admin, any other name a user with a uid of its own (uidOf).
+type namedUsers struct{ reg *principal.Registry }
 
-func (namedUsers) Identify(token string) (access.Identity, time.Time, error) {
-	return access.Identity{User: token, UID: 1000, Admin: token == "admin"}, time.Now().Add(time.Hour), nil
+func (u namedUsers) Identify(token string) (access.Identity, time.Time, error) {
+	id, err := u.reg.Identify(context.Background(), "", token, uidOf(token), token == "admin")
+	return id, time.Now().Add(time.Hour), err
+}
+
+// uidOf is the uid a test user's name gives it.
+func uidOf(name string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return 1000 + h.Sum32()%60000
 }
 
 // as is ctx for a request of user's (none: anonymous).

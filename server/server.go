@@ -31,6 +31,7 @@ import (
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/latency"
 	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/principal"
 	"github.com/hoardfs/hoard/vnode"
 )
 
@@ -83,10 +84,11 @@ type Config struct {
 	Key []byte
 	// Users says whom a request's token makes its caller (auth.go);
 	// with none the server is insecure: every request acts as an admin.
-	// Principals keeps the groups and revoked tokens the access RPCs
-	// change (nil: a proxy's, which are its origin's).
+	// Principals is the cell's registry of users and groups, which ACL
+	// entries name by number, and of revoked tokens (nil: a proxy's,
+	// which passes names on to its origin).
 	Users      Users
-	Principals Principals
+	Principals *principal.Registry
 	// TLS, if set, secures the bulk-data channel as the caller secures
 	// the gRPC one (cell.Identity.ServerTLS).
 	TLS *tls.Config
@@ -191,6 +193,9 @@ func New(store Backend, cfg Config) *Server {
 	}
 	if cfg.Users != nil {
 		s.users = newUsers(cfg.Users)
+	}
+	if cfg.Principals != nil {
+		cfg.Principals.OnChange(s.users.forget)
 	}
 	s.moves.init()
 	if cfg.Cell != nil {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hoardfs/hoard/principal"
 )
 
 // dbErr is a failed etcd request as one line.
@@ -44,6 +46,26 @@ func (d *DB) commit(ctx context.Context, cmp []clientv3.Cmp, ops ...clientv3.Op)
 		return false, nil
 	}
 	return true, d.seen(ctx, resp.Header.Revision)
+}
+
+// Commit implements principal.Store: one etcd transaction.
+func (d *DB) Commit(ctx context.Context, c principal.Change) (bool, error) {
+	var cmps []clientv3.Cmp
+	for _, e := range c.Expect {
+		if e.Value == "" {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(e.Key), "=", 0))
+		} else {
+			cmps = append(cmps, clientv3.Compare(clientv3.Value(e.Key), "=", e.Value))
+		}
+	}
+	var ops []clientv3.Op
+	for k, v := range c.Put {
+		ops = append(ops, clientv3.OpPut(k, v))
+	}
+	for _, k := range c.Delete {
+		ops = append(ops, clientv3.OpDelete(k))
+	}
+	return d.commit(ctx, cmps, ops...)
 }
 
 // Create adds v to the database. With v.ID 0 it is given the next free

@@ -94,14 +94,26 @@ type Config struct {
 	// DialTimeout bounds the first contact (default 5 s).
 	DialTimeout time.Duration
 	Log         *slog.Logger
+	// Mirrors keep copies of other parts of the cell's shared state (the
+	// principal registry), loaded and watched with the locations.
+	Mirrors []Mirror
+}
+
+// Mirror keeps a copy of the keys under its prefix, as DB keeps the
+// locations'. Its methods are called under DB's lock, in revision order.
+type Mirror interface {
+	Prefix() string
+	Reset()
+	Apply(key string, value []byte, deleted bool)
 }
 
 // DB is one server's copy of the location database and its way to change
 // it. Reads are from memory; changes go to etcd and return once the copy
 // has seen them.
 type DB struct {
-	cli *clientv3.Client
-	log *slog.Logger
+	cli     *clientv3.Client
+	log     *slog.Logger
+	mirrors []Mirror
 
 	mu      sync.RWMutex
 	changed *sync.Cond // rev moved on (under mu)
@@ -150,7 +162,7 @@ func Open(cfg Config) (*DB, error) {
 		return nil, fmt.Errorf("etcd %s: %v", strings.Join(cfg.Endpoints, ","), err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &DB{cli: cli, log: cfg.Log, ctx: ctx, cancel: cancel}
+	d := &DB{cli: cli, log: cfg.Log, mirrors: cfg.Mirrors, ctx: ctx, cancel: cancel}
 	d.changed = sync.NewCond(&d.mu)
 	d.holding.Store(true)
 	lctx, lcancel := context.WithTimeout(ctx, cfg.DialTimeout)
@@ -201,6 +213,9 @@ func (d *DB) load(ctx context.Context) error {
 	defer d.mu.Unlock()
 	d.servers, d.alive = map[string]Server{}, map[string]bool{}
 	d.vols, d.names, d.ros, d.nextID = map[uint64]Volume{}, map[string]uint64{}, map[uint64]uint64{}, 0
+	for _, m := range d.mirrors {
+		m.Reset()
+	}
 	for _, kv := range resp.Kvs {
 		d.apply(string(kv.Key), kv.Value, false)
 	}
@@ -212,6 +227,12 @@ func (d *DB) load(ctx context.Context) error {
 // apply makes the copy hold key's new value (deleted: its removal);
 // under mu.
 func (d *DB) apply(key string, value []byte, deleted bool) {
+	for _, m := range d.mirrors {
+		if strings.HasPrefix(key, m.Prefix()) {
+			m.Apply(key, value, deleted)
+			return
+		}
+	}
 	switch {
 	case strings.HasPrefix(key, serverKeys):
 		name := key[len(serverKeys):]

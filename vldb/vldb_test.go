@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hoardfs/hoard/principal"
 )
 
 func member(t *testing.T, dir string) *Member {
@@ -233,5 +236,65 @@ func TestCatchUp(t *testing.T) {
 	b.CatchUp(ctx)
 	if rw, ok := b.ByROID(v.ROID); !ok || rw.ID != 1 {
 		t.Fatalf("ByROID(%d): %+v %v", v.ROID, rw, ok)
+	}
+}
+
+// The principal registry is one in the cell: each server's copy learns
+// the others' changes through the watch, and of servers racing to bind
+// one uid to two names exactly one wins.
+func TestPrincipalsAcrossServers(t *testing.T) {
+	m := member(t, t.TempDir())
+	regs := make([]*principal.Registry, 4)
+	for i := range regs {
+		regs[i] = principal.New()
+		d, err := Open(Config{Endpoints: []string{m.Endpoint}, Mirrors: []Mirror{regs[i]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		regs[i].Keep(d)
+	}
+	ctx := context.Background()
+	if _, err := regs[0].Identify(ctx, "t", "alice", 2001, false); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the others see alice", func() bool {
+		for _, r := range regs {
+			if p, ok := r.Lookup("alice"); !ok || p.UID != 2001 {
+				return false
+			}
+		}
+		return true
+	})
+	var wg sync.WaitGroup
+	errs := make([]error, len(regs))
+	for i, r := range regs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = r.Identify(ctx, "t", fmt.Sprintf("user%d", i), 3000, false)
+		}()
+	}
+	wg.Wait()
+	won := 0
+	for _, err := range errs {
+		if err == nil {
+			won++
+		} else if !errors.Is(err, syscall.EPERM) {
+			t.Fatalf("a losing bind: %v", err)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d names bound uid 3000: %v", won, errs)
+	}
+	// A copy loaded from scratch (a new server) has the registry too.
+	late := principal.New()
+	d, err := Open(Config{Endpoints: []string{m.Endpoint}, Mirrors: []Mirror{late}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if p, ok := late.Lookup("alice"); !ok || p.UID != 2001 {
+		t.Fatalf("a new copy: alice %+v %v", p, ok)
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"slices"
-	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -188,37 +186,21 @@ func (s *Store) GoverningACL(f node.FID) (dir node.FID, a access.ACL, err error)
 	return dir, a, err
 }
 
-// --- groups ---
+// --- principals kept before the cell's registry ---
 
-// MaxMembers bounds a group: its members are one value, rewritten by
-// every change.
-const MaxMembers = 4096
+// Before the cell's principal registry (package principal), a server
+// kept its groups and revoked tokens in its own store, and ACLs named
+// their principals. The server hands them over once, at its first start
+// with the registry (server.Migrate): OldPrincipals reads them, NumberACLs
+// rewrites the ACLs, DropOldPrincipals forgets the rest.
 
-// Group is a named set of users, as AFS's protection server keeps them.
-type Group struct {
+// OldGroup is a group as a server's store kept it.
+type OldGroup struct {
 	Name, Owner string
-	Members     []string // sorted
+	Members     []string
 }
 
-// The groups bucket maps a group's name to its owner and members; the
-// memberof bucket maps a user to the sorted names of the groups they are
-// in, so that a request's identity costs one Get. Both change in the same
-// transactions.
-
-// putStrings encodes ss, each at most 255 bytes, as length then bytes.
-func putStrings(ss ...string) []byte {
-	n := 0
-	for _, s := range ss {
-		n += 1 + len(s)
-	}
-	b := make([]byte, 0, n)
-	for _, s := range ss {
-		b = append(b, byte(len(s)))
-		b = append(b, s...)
-	}
-	return b
-}
-
+// getStrings decodes what the old groups bucket held: lengths then bytes.
 func getStrings(b []byte) ([]string, error) {
 	var ss []string
 	for len(b) > 0 {
@@ -232,267 +214,91 @@ func getStrings(b []byte) ([]string, error) {
 	return ss, nil
 }
 
-func getGroup(tx *bolt.Tx, name string) (Group, bool, error) {
-	b := tx.Bucket(bktGroups).Get([]byte(name))
-	if b == nil {
-		return Group{}, false, nil
-	}
-	g, err := decodeGroup(name, b)
-	return g, err == nil, err
-}
-
-func decodeGroup(name string, b []byte) (Group, error) {
-	ss, err := getStrings(b)
-	if err != nil || len(ss) == 0 {
-		return Group{}, fmt.Errorf("group %q: %w", name, errCorrupt)
-	}
-	return Group{Name: name, Owner: ss[0], Members: ss[1:]}, nil
-}
-
-func putGroup(tx *bolt.Tx, g Group) error {
-	return tx.Bucket(bktGroups).Put([]byte(g.Name), putStrings(append([]string{g.Owner}, g.Members...)...))
-}
-
-func noGroup(name string) error { return fmt.Errorf("group %q: %w", name, syscall.ENOENT) }
-
-// memberOf is the groups user is in, by the index.
-func memberOf(tx *bolt.Tx, user string) ([]string, error) {
-	ss, err := getStrings(tx.Bucket(bktMemberOf).Get([]byte(user)))
-	if err != nil {
-		return nil, fmt.Errorf("groups of %q: %w", user, err)
-	}
-	return ss, nil
-}
-
-// setMemberOf adds (in) or removes group from user's index entry.
-func setMemberOf(tx *bolt.Tx, user, group string, in bool) error {
-	gs, err := memberOf(tx, user)
-	if err != nil {
-		return err
-	}
-	i, found := slices.BinarySearch(gs, group)
-	switch {
-	case in && !found:
-		gs = slices.Insert(gs, i, group)
-	case !in && found:
-		gs = slices.Delete(gs, i, i+1)
-	default:
-		return nil
-	}
-	idx := tx.Bucket(bktMemberOf)
-	if len(gs) == 0 {
-		return idx.Delete([]byte(user))
-	}
-	return idx.Put([]byte(user), putStrings(gs...))
-}
-
-// CreateGroup makes group name owned by owner, with no members: EEXIST if
-// it exists, EINVAL for a bad name or a name in the "system:" space.
-func (s *Store) CreateGroup(name, owner string) error {
-	if err := access.CheckName(name); err != nil {
-		return err
-	}
-	if access.IsSystem(name) {
-		return fmt.Errorf("group %q: system groups are not made: %w", name, syscall.EINVAL)
-	}
-	if err := access.CheckName(owner); err != nil {
-		return err
-	}
-	return s.update(func(tx *bolt.Tx) error {
-		if tx.Bucket(bktGroups).Get([]byte(name)) != nil {
-			return fmt.Errorf("group %q: %w", name, syscall.EEXIST)
-		}
-		return putGroup(tx, Group{Name: name, Owner: owner})
-	})
-}
-
-// DeleteGroup removes group name and its members' index entries; ENOENT
-// if there is none.
-func (s *Store) DeleteGroup(name string) error {
-	return s.update(func(tx *bolt.Tx) error {
-		g, ok, err := getGroup(tx, name)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return noGroup(name)
-		}
-		for _, m := range g.Members {
-			if err := setMemberOf(tx, m, name, false); err != nil {
+// OldPrincipals is what the store kept of groups and revoked tokens (with
+// their expiries) before the registry; nothing once dropped.
+func (s *Store) OldPrincipals() (groups []OldGroup, revoked map[string]time.Time, err error) {
+	revoked = map[string]time.Time{}
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bktGroups); b != nil {
+			if err := b.ForEach(func(k, v []byte) error {
+				ss, err := getStrings(v)
+				if err != nil || len(ss) == 0 {
+					return fmt.Errorf("group %q: %w", k, errCorrupt)
+				}
+				groups = append(groups, OldGroup{Name: string(k), Owner: ss[0], Members: ss[1:]})
+				return nil
+			}); err != nil {
 				return err
 			}
 		}
-		return tx.Bucket(bktGroups).Delete([]byte(name))
+		if b := tx.Bucket(bktRevoked); b != nil {
+			return b.ForEach(func(k, v []byte) error {
+				if len(v) != 12 {
+					return fmt.Errorf("revoked token %q: %w", k, errCorrupt)
+				}
+				revoked[string(k)] = time.Unix(int64(getU64(v[:8])), int64(binary.BigEndian.Uint32(v[8:])))
+				return nil
+			})
+		}
+		return nil
 	})
+	return groups, revoked, err
 }
 
-// AddMember adds user to group: ENOENT if there is no such group, EMLINK
-// past MaxMembers, nothing if user is a member already.
-func (s *Store) AddMember(group, user string) error {
-	if err := access.CheckName(user); err != nil {
-		return err
-	}
-	if access.IsSystem(user) {
-		return fmt.Errorf("group %q: %s is no user: %w", group, user, syscall.EINVAL)
-	}
-	return s.member(group, user, true)
-}
-
-// RemoveMember removes user from group: ENOENT if there is no such group,
-// nothing if user is no member (so that a retry succeeds).
-func (s *Store) RemoveMember(group, user string) error { return s.member(group, user, false) }
-
-// member makes user a member of group, or not, in one transaction with
-// the user's index of groups.
-func (s *Store) member(group, user string, in bool) error {
+// DropOldPrincipals forgets the groups and revocations OldPrincipals read,
+// once the registry holds them.
+func (s *Store) DropOldPrincipals() error {
 	return s.update(func(tx *bolt.Tx) error {
-		g, ok, err := getGroup(tx, group)
-		if err != nil {
-			return err
+		for _, b := range [][]byte{bktGroups, bktMemberOf, bktRevoked} {
+			if tx.Bucket(b) != nil {
+				if err := tx.DeleteBucket(b); err != nil {
+					return err
+				}
+			}
 		}
-		if !ok {
-			return noGroup(group)
-		}
-		i, found := slices.BinarySearch(g.Members, user)
-		switch {
-		case found == in:
-			return nil
-		case in && len(g.Members) >= MaxMembers:
-			return fmt.Errorf("group %q has %d members, the most: %w", group, len(g.Members), syscall.EMLINK)
-		case in:
-			g.Members = slices.Insert(g.Members, i, user)
-		default:
-			g.Members = slices.Delete(g.Members, i, i+1)
-		}
-		if err := putGroup(tx, g); err != nil {
-			return err
-		}
-		return setMemberOf(tx, user, group, in)
+		return nil
 	})
 }
 
-// Groups lists every group, sorted by name.
-func (s *Store) Groups() ([]Group, error) {
-	var gs []Group
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bktGroups).ForEach(func(k, b []byte) error {
-			g, err := decodeGroup(string(k), b)
-			gs = append(gs, g)
-			return err
-		})
-	})
-	return gs, err
-}
-
-// Group is group name; ENOENT if there is none.
-func (s *Store) Group(name string) (Group, error) {
-	var g Group
-	err := s.db.View(func(tx *bolt.Tx) error {
-		var ok bool
-		var err error
-		if g, ok, err = getGroup(tx, name); err == nil && !ok {
-			err = noGroup(name)
-		}
-		return err
-	})
-	return g, err
-}
-
-// GroupsOf is the sorted names of the groups user is in.
-func (s *Store) GroupsOf(user string) ([]string, error) {
-	var gs []string
-	err := s.db.View(func(tx *bolt.Tx) (err error) {
-		gs, err = memberOf(tx, user)
-		return err
-	})
-	return gs, err
-}
-
-// --- revoked tokens ---
-
-// MaxTokenID is the longest token id Revoke takes.
-const MaxTokenID = 255
-
-// A revocation is its expiry as seconds then nanoseconds since the Unix
-// epoch (UnixNano overflows past 2262).
-func putExpiry(t time.Time) []byte {
-	return binary.BigEndian.AppendUint32(u64(uint64(t.Unix())), uint32(t.Nanosecond()))
-}
-
-func getExpiry(b []byte) (time.Time, error) {
-	if len(b) != 12 {
-		return time.Time{}, errCorrupt
-	}
-	return time.Unix(int64(getU64(b[:8])), int64(binary.BigEndian.Uint32(b[8:]))), nil
-}
-
-// Revoke records token id as revoked until expires (a revoked token need
-// not be remembered past its expiry). Revoking it again keeps the later
-// expiry.
-func (s *Store) Revoke(id string, expires time.Time) error {
-	if id == "" || len(id) > MaxTokenID {
-		return fmt.Errorf("token id of %d bytes, 1-%d: %w", len(id), MaxTokenID, syscall.EINVAL)
-	}
-	return s.update(func(tx *bolt.Tx) error {
-		rev := tx.Bucket(bktRevoked)
-		if b := rev.Get([]byte(id)); b != nil {
-			if old, err := getExpiry(b); err == nil && old.After(expires) {
+// NumberACLs rewrites every ACL that names its principals
+// (access.ErrNamedACL) to name them by number, asking id for each name;
+// an entry whose name id does not know is dropped, and its name is
+// returned, once, so that its loss is said.
+func (s *Store) NumberACLs(id func(name string) (access.ID, bool)) (dropped []string, err error) {
+	seen := map[string]bool{}
+	err = s.update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bktVolumes).ForEachBucket(func(k []byte) error {
+			acls := tx.Bucket(bktVolumes).Bucket(k).Bucket(bktACLs)
+			if acls == nil {
 				return nil
 			}
-		}
-		return rev.Put([]byte(id), putExpiry(expires))
-	})
-}
-
-// Revoked reports whether token id was revoked.
-func (s *Store) Revoked(id string) (bool, error) {
-	if id == "" || len(id) > MaxTokenID {
-		return false, nil
-	}
-	var revoked bool
-	err := s.db.View(func(tx *bolt.Tx) error {
-		revoked = tx.Bucket(bktRevoked).Get([]byte(id)) != nil
-		return nil
-	})
-	return revoked, err
-}
-
-// revocations lists the revoked tokens with their expiries.
-func (s *Store) revocations() (map[string]time.Time, error) {
-	m := map[string]time.Time{}
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bktRevoked).ForEach(func(k, b []byte) error {
-			t, err := getExpiry(b)
-			if err != nil {
-				return fmt.Errorf("revoked token %q: %w", k, err)
-			}
-			m[string(k)] = t
-			return nil
-		})
-	})
-	return m, err
-}
-
-// PruneRevoked forgets the revocations of tokens that expired before now.
-func (s *Store) PruneRevoked(now time.Time) error {
-	return s.update(func(tx *bolt.Tx) error {
-		rev := tx.Bucket(bktRevoked)
-		var drop [][]byte
-		err := rev.ForEach(func(k, b []byte) error {
-			// A revocation unread is kept: forgetting it would let the token in.
-			if t, err := getExpiry(b); err == nil && t.Before(now) {
-				drop = append(drop, bytes.Clone(k))
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		for _, k := range drop {
-			if err := rev.Delete(k); err != nil {
+			var keys, vals [][]byte
+			if err := acls.ForEach(func(dn, b []byte) error {
+				named, err := access.NamedACL(b)
+				if err != nil {
+					return nil // numbered already (or corrupt: reading it says so)
+				}
+				var a access.ACL
+				for _, e := range named {
+					if n, ok := id(e.Who); ok {
+						a = a.Set(n, e.Rights)
+					} else if !seen[e.Who] {
+						seen[e.Who] = true
+						dropped = append(dropped, e.Who)
+					}
+				}
+				keys, vals = append(keys, bytes.Clone(dn)), append(vals, a.Encode())
+				return nil
+			}); err != nil {
 				return err
 			}
-		}
-		return nil
+			for i := range keys {
+				if err := acls.Put(keys[i], vals[i]); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 	})
+	return dropped, err
 }

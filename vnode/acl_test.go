@@ -1,7 +1,8 @@
 package vnode
 
 import (
-	"fmt"
+	"encoding/binary"
+	"errors"
 	"path/filepath"
 	"slices"
 	"syscall"
@@ -58,7 +59,7 @@ func TestACLDefaultAndInherit(t *testing.T) {
 	b := mustCreate(t, s, a, "b", node.TypeDir).FID
 	wantACL(t, s, b, access.DefaultACL())
 
-	mine := access.ACL{}.Set("alice", access.All).Set("staff", access.Read|access.Lookup)
+	mine := access.ACL{}.Set(1000, access.All).Set(1005, access.Read|access.Lookup)
 	before, _ := s.GetStatus(a)
 	st, err := s.SetACL(a, mine)
 	if err != nil {
@@ -75,7 +76,7 @@ func TestACLDefaultAndInherit(t *testing.T) {
 	// parent's is not the child's.
 	c := mustCreate(t, s, a, "c", node.TypeDir).FID
 	wantACL(t, s, c, mine)
-	other := access.ACL{}.Set("bob", access.Lookup)
+	other := access.ACL{}.Set(1001, access.Lookup)
 	if _, err := s.SetACL(a, other); err != nil {
 		t.Fatal(err)
 	}
@@ -117,13 +118,13 @@ func TestSetACLErrors(t *testing.T) {
 
 	var big access.ACL
 	for i := range access.MaxEntries + 1 {
-		big = big.Set(fmt.Sprintf("user%03d", i), access.Read)
+		big = big.Set(access.FirstID+access.ID(i), access.Read)
 	}
 	_, err = s.SetACL(r, big)
 	wantErrno(t, err, syscall.EINVAL)
-	_, err = s.SetACL(r, access.ACL{{Who: "b", Rights: access.Read}, {Who: "a", Rights: access.Read}})
+	_, err = s.SetACL(r, access.ACL{{ID: 1001, Rights: access.Read}, {ID: 1000, Rights: access.Read}})
 	wantErrno(t, err, syscall.EINVAL)
-	_, err = s.SetACL(r, access.ACL{{Who: "bad name", Rights: access.Read}})
+	_, err = s.SetACL(r, access.ACL{{ID: 0, Rights: access.Read}})
 	wantErrno(t, err, syscall.EINVAL)
 	if _, err := s.SetACL(r, big[:access.MaxEntries]); err != nil {
 		t.Fatalf("an ACL of %d entries: %v", access.MaxEntries, err)
@@ -207,7 +208,7 @@ func TestACLDirOldRecord(t *testing.T) {
 	s := open(t, t.TempDir())
 	r := root(t, s)
 	d := mustCreate(t, s, r, "d", node.TypeDir).FID
-	if _, err := s.SetACL(d, access.ACL{}.Set("alice", access.All)); err != nil {
+	if _, err := s.SetACL(d, access.ACL{}.Set(1000, access.All)); err != nil {
 		t.Fatal(err)
 	}
 	f := mustCreate(t, s, d, "f", node.TypeFile).FID
@@ -249,7 +250,7 @@ func TestACLRemoved(t *testing.T) {
 		})
 		return n
 	}
-	mine := access.ACL{}.Set("alice", access.All)
+	mine := access.ACL{}.Set(1000, access.All)
 	d := mustCreate(t, s, r, "d", node.TypeDir).FID
 	if _, err := s.SetACL(d, mine); err != nil {
 		t.Fatal(err)
@@ -279,7 +280,7 @@ func TestACLMovedDirectory(t *testing.T) {
 	s := open(t, t.TempDir())
 	r := root(t, s)
 	priv := mustCreate(t, s, r, "priv", node.TypeDir).FID
-	mine := access.ACL{}.Set("alice", access.All)
+	mine := access.ACL{}.Set(1000, access.All)
 	if _, err := s.SetACL(priv, mine); err != nil {
 		t.Fatal(err)
 	}
@@ -313,11 +314,6 @@ func TestACLFormatUpgrade(t *testing.T) {
 		if err := tx.Bucket(bktVolumes).Bucket(u64(r.Volume)).DeleteBucket(bktACLs); err != nil {
 			return err
 		}
-		for _, b := range [][]byte{bktGroups, bktMemberOf, bktRevoked} {
-			if err := tx.DeleteBucket(b); err != nil {
-				return err
-			}
-		}
 		return tx.Bucket(bktMeta).Put(keyFormat, u64(3))
 	})
 	if err != nil {
@@ -326,13 +322,7 @@ func TestACLFormatUpgrade(t *testing.T) {
 	s.Close()
 	s = open(t, dir)
 	wantACL(t, s, d, access.DefaultACL())
-	if _, err := s.SetACL(d, access.ACL{}.Set("alice", access.All)); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.CreateGroup("g", "alice"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Revoke("t", time.Now().Add(time.Hour)); err != nil {
+	if _, err := s.SetACL(d, access.ACL{}.Set(1000, access.All)); err != nil {
 		t.Fatal(err)
 	}
 	s.view(r.Volume, func(v *vtx) error {
@@ -355,162 +345,57 @@ func TestACLFormatUpgrade(t *testing.T) {
 	}
 }
 
-func TestGroups(t *testing.T) {
+// What a store kept before the cell's principal registry is read once,
+// its ACLs numbered (names the registry does not know dropped and
+// said), and then forgotten.
+func TestMoveOldPrincipals(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir)
-	if err := s.CreateGroup("staff", "alice"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.CreateGroup("alice:friends", access.Administrators); err != nil {
-		t.Fatal(err)
-	}
-	wantErrno(t, s.CreateGroup("staff", "bob"), syscall.EEXIST)
-	wantErrno(t, s.CreateGroup("system:staff", "alice"), syscall.EINVAL)
-	wantErrno(t, s.CreateGroup(access.AnyUser, "alice"), syscall.EINVAL)
-	wantErrno(t, s.CreateGroup("bad name", "alice"), syscall.EINVAL)
-	wantErrno(t, s.CreateGroup("ok", ""), syscall.EINVAL)
-
-	for _, m := range [][2]string{{"staff", "carol"}, {"staff", "bob"}, {"staff", "bob"}, {"alice:friends", "bob"}} {
-		if err := s.AddMember(m[0], m[1]); err != nil {
-			t.Fatalf("add %s to %s: %v", m[1], m[0], err)
-		}
-	}
-	wantErrno(t, s.AddMember("nope", "bob"), syscall.ENOENT)
-	wantErrno(t, s.AddMember("staff", "bad name"), syscall.EINVAL)
-	wantErrno(t, s.AddMember("staff", access.AuthUser), syscall.EINVAL)
-	wantErrno(t, s.RemoveMember("nope", "bob"), syscall.ENOENT)
-	if err := s.RemoveMember("staff", "nobody"); err != nil {
-		t.Fatalf("removing a non-member: %v", err)
-	}
-
-	check := func(s *Store) {
-		t.Helper()
-		g, err := s.Group("staff")
-		if err != nil || g.Name != "staff" || g.Owner != "alice" || !slices.Equal(g.Members, []string{"bob", "carol"}) {
-			t.Fatalf("group staff: %+v %v", g, err)
-		}
-		gs, err := s.Groups()
-		if err != nil || len(gs) != 2 || gs[0].Name != "alice:friends" || gs[1].Name != "staff" ||
-			gs[0].Owner != access.Administrators || !slices.Equal(gs[0].Members, []string{"bob"}) {
-			t.Fatalf("groups: %+v %v", gs, err)
-		}
-		for user, want := range map[string][]string{"bob": {"alice:friends", "staff"}, "carol": {"staff"}, "alice": nil} {
-			if got, err := s.GroupsOf(user); err != nil || !slices.Equal(got, want) {
-				t.Fatalf("groups of %s: %v %v, want %v", user, got, err, want)
-			}
-		}
-	}
-	check(s)
-	s.Close()
-	s = open(t, dir)
-	check(s)
-
-	if err := s.RemoveMember("staff", "carol"); err != nil {
-		t.Fatal(err)
-	}
-	if gs, _ := s.GroupsOf("carol"); len(gs) != 0 {
-		t.Fatalf("carol still in %v", gs)
-	}
-	if err := s.DeleteGroup("staff"); err != nil {
-		t.Fatal(err)
-	}
-	wantErrno(t, s.DeleteGroup("staff"), syscall.ENOENT)
-	_, err := s.Group("staff")
-	wantErrno(t, err, syscall.ENOENT)
-	if gs, _ := s.GroupsOf("bob"); !slices.Equal(gs, []string{"alice:friends"}) {
-		t.Fatalf("bob in %v after staff was deleted", gs)
-	}
-	s.view(root(t, s).Volume, func(v *vtx) error {
-		if n := v.tx.Bucket(bktMemberOf).Stats().KeyN; n != 1 {
-			t.Errorf("%d users indexed, want 1 (bob)", n)
-		}
-		return nil
-	})
-	// A group made again starts empty.
-	if err := s.CreateGroup("staff", "dave"); err != nil {
-		t.Fatal(err)
-	}
-	if g, _ := s.Group("staff"); len(g.Members) != 0 || g.Owner != "dave" {
-		t.Fatalf("remade group: %+v", g)
-	}
-}
-
-func TestGroupMembersBounded(t *testing.T) {
-	s := open(t, t.TempDir())
-	if err := s.CreateGroup("big", "alice"); err != nil {
-		t.Fatal(err)
-	}
-	err := s.update(func(tx *bolt.Tx) error {
-		g := Group{Name: "big", Owner: "alice"}
-		for i := range MaxMembers {
-			u := fmt.Sprintf("u%04d", i)
-			g.Members = append(g.Members, u)
-			if err := setMemberOf(tx, u, "big", true); err != nil {
+	r := root(t, s)
+	d := mustCreate(t, s, r, "d", node.TypeDir).FID
+	until := time.Unix(1<<33, 5)
+	named := []byte{1, byte(access.All), 5, 'a', 'l', 'i', 'c', 'e', byte(access.Read), 5, 'g', 'h', 'o', 's', 't'}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bktGroups, bktMemberOf, bktRevoked} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
-		return putGroup(tx, g)
+		if err := tx.Bucket(bktGroups).Put([]byte("staff"), []byte("\x05alice\x03bob")); err != nil {
+			return err
+		}
+		exp := binary.BigEndian.AppendUint32(u64(uint64(until.Unix())), uint32(until.Nanosecond()))
+		if err := tx.Bucket(bktRevoked).Put([]byte("t1"), exp); err != nil {
+			return err
+		}
+		return tx.Bucket(bktVolumes).Bucket(u64(r.Volume)).Bucket(bktACLs).Put(u64(d.Vnode), named)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AddMember("big", "u0001"); err != nil {
-		t.Fatalf("adding a member again to a full group: %v", err)
+	if _, _, err := s.GoverningACL(d); !errors.Is(err, errCorrupt) {
+		t.Fatalf("a named ACL read as a numbered one: %v", err)
 	}
-	wantErrno(t, s.AddMember("big", "extra"), syscall.EMLINK)
-	if err := s.RemoveMember("big", "u0001"); err != nil {
+	groups, revoked, err := s.OldPrincipals()
+	if err != nil || len(groups) != 1 || groups[0].Name != "staff" || groups[0].Owner != "alice" ||
+		!slices.Equal(groups[0].Members, []string{"bob"}) || len(revoked) != 1 || !revoked["t1"].Equal(until) {
+		t.Fatalf("OldPrincipals = %v, %v, %v", groups, revoked, err)
+	}
+	dropped, err := s.NumberACLs(func(name string) (access.ID, bool) { return 1042, name == "alice" })
+	if err != nil || !slices.Equal(dropped, []string{"ghost"}) {
+		t.Fatalf("NumberACLs dropped %v, %v", dropped, err)
+	}
+	wantACL(t, s, d, access.ACL{}.Set(1042, access.All))
+	if err := s.DropOldPrincipals(); err != nil {
 		t.Fatal(err)
-	}
-	if err := s.AddMember("big", "extra"); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func TestRevoked(t *testing.T) {
-	dir := t.TempDir()
-	s := open(t, dir)
-	now := time.Now()
-	soon, later := now.Add(time.Minute), now.Add(time.Hour)
-	if err := s.Revoke("t1", soon); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Revoke("t2", later); err != nil {
-		t.Fatal(err)
-	}
-	// Revoked again, the later expiry stays.
-	if err := s.Revoke("t2", soon); err != nil {
-		t.Fatal(err)
-	}
-	wantErrno(t, s.Revoke("", later), syscall.EINVAL)
-	for id, want := range map[string]bool{"t1": true, "t2": true, "t3": false, "": false} {
-		if got, err := s.Revoked(id); err != nil || got != want {
-			t.Fatalf("revoked %q: %v %v", id, got, err)
-		}
 	}
 	s.Close()
 	s = open(t, dir)
-	m, err := s.revocations()
-	if err != nil || len(m) != 2 || !m["t1"].Equal(soon) || !m["t2"].Equal(later) {
-		t.Fatalf("revocations %v %v", m, err)
+	if groups, revoked, err := s.OldPrincipals(); err != nil || len(groups)+len(revoked) != 0 {
+		t.Fatalf("after the drop and a restart: %v, %v, %v", groups, revoked, err)
 	}
-	if err := s.PruneRevoked(now); err != nil {
-		t.Fatal(err)
+	if dropped, err := s.NumberACLs(func(string) (access.ID, bool) { return 0, false }); err != nil || len(dropped) != 0 {
+		t.Fatalf("numbered twice: %v, %v", dropped, err)
 	}
-	if m, _ := s.revocations(); len(m) != 2 {
-		t.Fatalf("pruned before expiry: %v", m)
-	}
-	if err := s.PruneRevoked(soon.Add(time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	if ok, _ := s.Revoked("t1"); ok {
-		t.Fatal("t1 kept past its expiry")
-	}
-	if ok, _ := s.Revoked("t2"); !ok {
-		t.Fatal("t2 pruned before its expiry")
-	}
-	s.Close()
-	s = open(t, dir)
-	if m, _ := s.revocations(); len(m) != 1 || !m["t2"].Equal(later) {
-		t.Fatalf("after reopening: %v", m)
-	}
+	wantACL(t, s, d, access.ACL{}.Set(1042, access.All))
 }

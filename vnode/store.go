@@ -39,7 +39,9 @@ var (
 	bktOps      = []byte("ops")      // node.Op → outcome (once.go)
 	bktOpTimes  = []byte("optimes")  // time, node.Op → nothing: for forgetting old outcomes
 	bktReserved = []byte("reserved") // volume, vnode → uniquifier: FIDs set aside (reserve.go)
-	bktGroups   = []byte("groups")   // group → owner, members (acl.go)
+	// Kept before the cell's principal registry, read once to move them
+	// there (acl.go).
+	bktGroups   = []byte("groups")   // group → owner, members
 	bktMemberOf = []byte("memberof") // user → the groups they are in
 	bktRevoked  = []byte("revoked")  // token id → expiry
 	bktCopies   = []byte("copies")   // read-only copy's id → its data files (release.go)
@@ -136,7 +138,7 @@ func Open(dir string) (*Store, error) {
 func (s *Store) init() error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bktMeta, bktVolumes, bktVolNames, bktPending, bktGarbage, bktOps, bktOpTimes, bktReserved,
-			bktGroups, bktMemberOf, bktRevoked, bktCopies} {
+			bktCopies} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}

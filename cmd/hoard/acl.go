@@ -60,6 +60,9 @@ func aclCmd() *cobra.Command {
 		if _, err := access.ParseRights(args[2]); err != nil {
 			return usagef("rights %q: %v", args[2], err)
 		}
+		if strings.HasPrefix(args[1], "#") {
+			return nil // a principal that no longer exists, by number: the server checks it
+		}
 		if err := access.CheckName(args[1]); err != nil {
 			return usagef("%v", err)
 		}
@@ -74,7 +77,7 @@ func aclCmd() *cobra.Command {
 		printACL(a)
 		return nil
 	})
-	set.Example = "  hoard acl set /projects/web alice write\n  hoard acl set /projects/web system:anyuser none\n  hoard acl set /projects/web staff rl"
+	set.Example = "  hoard acl set /projects/web alice write\n  hoard acl set /projects/web system:anyuser none\n  hoard acl set /projects/web alice:friends rl\n  hoard acl set /projects/web '#1042' none   # a deleted principal's entry"
 	cmd.AddCommand(get, set)
 	return cmd
 }
@@ -90,7 +93,12 @@ func printACL(a client.ACL) {
 }
 
 func groupCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "group", Short: "manage protection groups (AFS's pts): any user may make one, its owner changes it"}
+	cmd := &cobra.Command{Use: "group", Short: "manage protection groups (AFS's pts): a user's are named USER:NAME, its owner changes it",
+		Long: `Manage the cell's protection groups. Any user may make groups named after
+themselves, USER:NAME (alice:friends); only admins make others (staff). A
+group's owner or an admin adds and removes its members, who must be users
+of the cell's registry. ACL entries name a group by its number, so a group
+deleted and made again does not get the old one's rights back.`}
 	change := func(use, short, example string, n int, kind client.GroupChange) *cobra.Command {
 		cmd := withAdmin(use, short, cobra.ExactArgs(n), nil, func(c *client.Client, args []string) error {
 			member := ""
@@ -102,12 +110,12 @@ func groupCmd() *cobra.Command {
 		cmd.Example = example
 		return cmd
 	}
-	create := change("create GROUP", "make a group you own", "  hoard group create staff", 1, client.GroupCreate)
-	del := change("delete GROUP", "delete a group", "  hoard group delete staff", 1, client.GroupDelete)
-	add := change("add GROUP USER", "add a user to a group", "  hoard group add staff alice", 2, client.GroupAdd)
-	rm := change("remove GROUP USER", "remove a user from a group", "  hoard group remove staff alice", 2, client.GroupRemove)
+	create := change("create GROUP", "make a group you own (yours: USER:NAME; others: admins)", "  hoard group create alice:friends", 1, client.GroupCreate)
+	del := change("delete GROUP", "delete a group", "  hoard group delete alice:friends", 1, client.GroupDelete)
+	add := change("add GROUP USER", "add a user to a group", "  hoard group add alice:friends bob", 2, client.GroupAdd)
+	rm := change("remove GROUP USER", "remove a user from a group", "  hoard group remove alice:friends bob", 2, client.GroupRemove)
 	list := withAdmin("list", "list the groups and their members", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
-		gs, err := c.Groups()
+		gs, _, err := c.Groups()
 		if err != nil {
 			return err
 		}
@@ -119,6 +127,37 @@ func groupCmd() *cobra.Command {
 		return tw.Flush()
 	})
 	cmd.AddCommand(create, del, add, rm, list)
+	return cmd
+}
+
+// userCmd registers and lists the cell's users (AFS's pts createuser).
+func userCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "user", Short: "the cell's users: a name and a uid each, unique in the cell",
+		Long: `The cell's registry gives every user one name and one uid, and no uid to two
+names. A user is registered by the first use of their token, with the uid
+it says; a token that names a registered user with another uid, or another
+user's uid, is refused. Register a user ahead of that (to name them in an
+ACL first) with hoard user create.`,
+		Example: "  hoard user create alice --uid 1001\n  hoard user list"}
+	var uid uint32
+	create := withAdmin("create NAME --uid N", "register a user with their uid (admins)", cobra.ExactArgs(1),
+		func(f *pflag.FlagSet) { f.Uint32Var(&uid, "uid", 0, "the user's uid (not 0 or 65534)") },
+		func(c *client.Client, args []string) error { return c.CreateUser(args[0], uid) })
+	create.Example = "  hoard user create alice --uid 1001"
+	list := withAdmin("list", "list the cell's users and their uids (admins)", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
+		_, us, err := c.Groups()
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "USER\tUID\tID")
+		for _, u := range us {
+			fmt.Fprintf(tw, "%s\t%d\t%d\n", u.Name, u.UID, u.ID)
+		}
+		return tw.Flush()
+	})
+	list.Example = "  hoard user list"
+	cmd.AddCommand(create, list)
 	return cmd
 }
 

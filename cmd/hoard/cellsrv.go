@@ -18,6 +18,7 @@ import (
 
 	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/principal"
 	"github.com/hoardfs/hoard/server"
 	"github.com/hoardfs/hoard/vldb"
 	"github.com/hoardfs/hoard/vnode"
@@ -44,7 +45,7 @@ const leaseTTL = 10 * time.Second
 // joinCell opens the location database (starting the embedded member if
 // no --etcd is given), makes it and store agree (server.JoinCell) and
 // registers this server. stop undoes it; note says what it joined.
-func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, lis net.Listener) (sc *server.Cell, stop func(), note string, err error) {
+func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, lis net.Listener, reg *principal.Registry) (sc *server.Cell, stop func(), note string, err error) {
 	if c.etcd != "" && c.etcdListen != "127.0.0.1:0" {
 		return nil, nil, "", usagef("--etcd and --etcd-listen: the first joins an etcd elsewhere, the second configures the member of its own; pick one")
 	}
@@ -55,7 +56,7 @@ func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, l
 			stops[i]()
 		}
 	}
-	cfg := vldb.Config{Log: slog.Default()}
+	cfg := vldb.Config{Log: slog.Default(), Mirrors: []vldb.Mirror{reg}}
 	if id != nil {
 		cfg.TLS = id.ClientTLS()
 	}
@@ -78,6 +79,7 @@ func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, l
 		return nil, nil, "", err
 	}
 	stops = append(stops, func() { db.Close() })
+	reg.Keep(db)
 	addr := c.advertise
 	if addr == "" {
 		addr = lis.Addr().String()

@@ -51,7 +51,7 @@ func main() {
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(serverCmd(), etcdCmd(), proxyCmd(), volCmd(), cacheCmd(), mountCmd(), umountCmd())
-	root.AddCommand(cellCmd(), tokenCmd(), loginCmd(), logoutCmd(), tokensCmd(), whoamiCmd(), aclCmd(), groupCmd())
+	root.AddCommand(cellCmd(), tokenCmd(), loginCmd(), logoutCmd(), tokensCmd(), whoamiCmd(), aclCmd(), groupCmd(), userCmd())
 	root.AddCommand(fileCmds()...)
 	root.AddCommand(versionCmd(), manCmd(root), configCmd())
 	root.Version = "set" // cobra's --version flag, printing versionText

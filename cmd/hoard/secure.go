@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/hoardfs/hoard/cell"
+	"github.com/hoardfs/hoard/principal"
 	"github.com/hoardfs/hoard/server"
 )
 
@@ -63,9 +64,9 @@ func hostsOf(lis net.Listener) []string {
 	return hosts
 }
 
-// secureServer has cfg check tokens of id's cell, against principals,
-// and returns the gRPC credentials to serve with.
-func secureServer(cfg *server.Config, id *cell.Identity, principals server.Principals) (credentials.TransportCredentials, error) {
+// secureServer has cfg check tokens of id's cell, against the cell's
+// principal registry, and returns the gRPC credentials to serve with.
+func secureServer(cfg *server.Config, id *cell.Identity, principals *principal.Registry) (credentials.TransportCredentials, error) {
 	v, err := cell.NewVerifier(id.CA, nil)
 	if err != nil {
 		return nil, err

@@ -22,6 +22,7 @@ import (
 
 	"github.com/hoardfs/hoard/cell"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/principal"
 	"github.com/hoardfs/hoard/server"
 	"github.com/hoardfs/hoard/vnode"
 )
@@ -71,10 +72,6 @@ func serverCmd() *cobra.Command {
 				return usageError{err}
 			}
 			defer store.Close()
-			// Revocations of tokens expired since are dropped.
-			if err := store.PruneRevoked(time.Now()); err != nil {
-				slog.Warn("revoked tokens not pruned", "err", err)
-			}
 			for f, why := range store.Quarantined() {
 				slog.Error("file quarantined: its last store could not be carried out; it answers EIO until a start that can", "fid", f, "err", why)
 			}
@@ -92,6 +89,8 @@ func serverCmd() *cobra.Command {
 			if cfg.Key, err = server.LoadKey(filepath.Join(store.Dir(), "session.key")); err != nil {
 				return err
 			}
+			reg := principal.New()
+			cfg.Principals = reg
 			var creds credentials.TransportCredentials
 			var id *cell.Identity
 			secNote := "insecure"
@@ -105,7 +104,7 @@ func serverCmd() *cobra.Command {
 				if made {
 					fmt.Fprintf(os.Stderr, "hoard server: %s\n", madeNote(id, filepath.Join(store.Dir(), "cell")))
 				}
-				if creds, err = secureServer(&cfg, id, store); err != nil {
+				if creds, err = secureServer(&cfg, id, reg); err != nil {
 					return err
 				}
 				secNote = fmt.Sprintf("cell %s, TLS 1.3", id.Cell)
@@ -113,11 +112,14 @@ func serverCmd() *cobra.Command {
 			if cellDir == "" {
 				cellDir = filepath.Join(store.Dir(), "cell")
 			}
-			sc, leave, cellNote, err := cf.join(store, id, cellDir, lis)
+			sc, leave, cellNote, err := cf.join(store, id, cellDir, lis, reg)
 			if err != nil {
 				return err
 			}
 			defer leave()
+			if err := server.Migrate(store, reg); err != nil {
+				return err
+			}
 			cfg.Cell = sc
 			cfg.Logger = slog.Default()
 			srv := server.New(server.Local(store), cfg)

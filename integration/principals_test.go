@@ -1,0 +1,127 @@
+package integration
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hoardfs/hoard/access"
+	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/testkit"
+)
+
+// The cell's principals are one registry: a name is one user's or one
+// group's, a uid one user's, and ACL entries name principals by number.
+// Each attack here once took another user's rights.
+
+// A group named after a user is refused: bob cannot become alice by
+// making a group "alice" and joining it. His own groups are "bob:NAME".
+func TestSecurityGroupNamedAfterUser(t *testing.T) {
+	w := newSecureWorld(t)
+	writeAs(t, w.alice, "/alice/secret", "alice's secret")
+	if err := w.bob.ChangeGroup(client.GroupCreate, "alice", ""); !errors.Is(err, fs.ErrPermission) {
+		t.Fatalf("bob makes a group named alice: %v, want it refused", err)
+	}
+	if err := w.bob.ChangeGroup(client.GroupCreate, "staff", ""); !errors.Is(err, fs.ErrPermission) {
+		t.Fatalf("bob makes an unprefixed group: %v, want it refused (admins only)", err)
+	}
+	// Not even an admin can make a group of a user's name.
+	if err := w.admin.ChangeGroup(client.GroupCreate, "alice", ""); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("an admin makes a group named alice: %v, want EEXIST", err)
+	}
+	// Through the CLI, as the attack was made.
+	cmd := exec.Command(hoardBin, "group", "create", "alice", "--server", w.srv.addr, "--cache", "")
+	cmd.Env = append(os.Environ(), "HOARD_TOKEN="+w.bobTok)
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "bob:NAME") {
+		t.Fatalf("hoard group create alice as bob: %v: %s; want it refused, naming bob's own prefix", err, out)
+	}
+	if err := w.bob.ChangeGroup(client.GroupCreate, "bob:alice", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.bob.ChangeGroup(client.GroupAdd, "bob:alice", "bob"); err != nil {
+		t.Fatal(err)
+	}
+	bob := dialAs(t, w.srv.addr, w.bobTok) // a new session: its identity is read anew
+	if _, err := testkit.TryRead(bob, "/alice/secret"); !errors.Is(err, fs.ErrPermission) {
+		t.Fatalf("bob in bob:alice reads alice's secret: %v", err)
+	}
+	if _, err := bob.SetACL("/alice", "bob", access.All); !errors.Is(err, fs.ErrPermission) {
+		t.Fatalf("bob in bob:alice changes alice's ACL: %v", err)
+	}
+	// A group deleted and made again is a new principal: the old one's
+	// entries do not come back to it.
+	if err := w.alice.ChangeGroup(client.GroupCreate, "alice:friends", ""); err != nil {
+		t.Fatal(err)
+	}
+	mustACL(t, w.alice, "/alice", "alice:friends", access.Read|access.Lookup)
+	if err := w.alice.ChangeGroup(client.GroupDelete, "alice:friends", ""); err != nil {
+		t.Fatal(err)
+	}
+	a, err := w.alice.GetACL("/alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old access.Entry
+	for _, e := range a.Entries {
+		if strings.HasPrefix(e.Who, "#") {
+			old = e
+		}
+	}
+	if old.ID == 0 || old.Rights != access.Read|access.Lookup {
+		t.Fatalf("the deleted group's entry: %v", a.Entries)
+	}
+	if err := w.alice.ChangeGroup(client.GroupCreate, "alice:friends", ""); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := w.alice.GetACL("/alice"); strings.Contains(a.Entries.String(), "alice:friends") {
+		t.Fatalf("a group made again took the old one's entry: %v", a.Entries)
+	}
+}
+
+// A uid is one user's, and uid 0 nobody's but the admins': a token that
+// names another user's uid, or uid 0 without the admin flag, is refused
+// on every request, so its bearer owns nothing of anyone's.
+func TestSecurityUIDIsNoOwnership(t *testing.T) {
+	w := newSecureWorld(t)
+	// alice's own directory, owned by her uid: its owner may change its
+	// ACL.
+	if err := w.alice.Mkdir("/alice/own", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := w.admin.Lstat("/alice/own"); err != nil || st.UID != 1001 {
+		t.Fatalf("alice's directory: %+v, %v", st, err)
+	}
+	for _, c := range []struct {
+		user string
+		uid  int
+		say  string
+	}{
+		{"carol", 1001, "uid 1001 belongs to alice"},
+		{"mallory", 0, "uid 0 is no user's"},
+		{"alice", 1009, "alice has uid 1001"},
+	} {
+		tok := issue(t, c.user, c.uid)
+		cl, err := cellDial(client.Options{Server: w.srv.addr, Token: tok, CacheSize: 16 << 20, DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second,
+			NoDelegations: true, NoDirDelegations: true})
+		if err == nil {
+			_, err = cl.SetACL("/alice/own", c.user, access.All)
+			if err == nil {
+				_, err = cl.SetACL("/", c.user, access.All)
+			}
+			cl.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), c.say) {
+			t.Errorf("%s with uid %d: %v; want refused, saying %q", c.user, c.uid, err, c.say)
+		}
+	}
+	if a, err := w.admin.GetACL("/"); err != nil || strings.Contains(a.Entries.String(), "mallory") {
+		t.Fatalf("the root's ACL: %v, %v", a.Entries, err)
+	}
+	if a, err := w.admin.GetACL("/alice/own"); err != nil || strings.Contains(a.Entries.String(), "carol") {
+		t.Fatalf("alice's ACL: %v, %v", a.Entries, err)
+	}
+}
