@@ -188,6 +188,8 @@ type serverProc struct {
 	base []string
 	args []string
 	logs *logBuf // across restarts
+	// wrap, if set, runs the server under it (prlimit ... --).
+	wrap []string
 	// spare is the process the next restart turns into the server
 	// (prepare).
 	spare *standby
@@ -242,6 +244,9 @@ func (s *serverProc) launch(held bool) *standby {
 	s.t.Helper()
 	args := slices.Concat(s.base, []string{"--listen", s.addr, "--log-level", logLevel(), "--grace", "1s"}, s.args)
 	sp := &standby{cmd: exec.Command(hoardBin, args...)}
+	if s.wrap != nil {
+		sp.cmd = exec.Command(s.wrap[0], slices.Concat(s.wrap[1:], []string{hoardBin}, args)...)
+	}
 	if held {
 		sp.cmd = exec.Command("/bin/sh", append([]string{"-c", `read go && exec "$0" "$@"`, hoardBin}, args...)...)
 		sp.stdin, _ = sp.cmd.StdinPipe()

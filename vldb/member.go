@@ -105,5 +105,8 @@ func StartMember(c MemberConfig) (*Member, error) {
 	return &Member{e: e, Endpoint: scheme + "://" + e.Clients[0].Addr().String()}, nil
 }
 
+// Err reports an error that stopped the member.
+func (m *Member) Err() <-chan error { return m.e.Err() }
+
 // Close stops the member; again, nothing (embed's Close panics).
 func (m *Member) Close() { m.once.Do(m.e.Close) }

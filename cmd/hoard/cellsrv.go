@@ -49,7 +49,7 @@ func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, l
 	if c.etcd != "" && c.etcdListen != "127.0.0.1:0" {
 		return nil, nil, "", usagef("--etcd and --etcd-listen: the first joins an etcd elsewhere, the second configures the member of its own; pick one")
 	}
-	var member *vldb.Member
+	var member *etcdChild
 	stops := []func(){}
 	stop = func() {
 		for i := len(stops) - 1; i >= 0; i-- {
@@ -63,15 +63,15 @@ func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, l
 	if c.etcd != "" {
 		cfg.Endpoints = strings.Split(c.etcd, ",")
 	} else {
-		mc := vldb.MemberConfig{Dir: filepath.Join(store.Dir(), "etcd"), ClientAddr: c.etcdListen}
+		secureDir := ""
 		if id != nil {
-			mc.CertFile, mc.KeyFile, mc.CAFile = filepath.Join(cellDir, cell.CertFile), filepath.Join(cellDir, cell.KeyFile), filepath.Join(cellDir, cell.CAFile)
+			secureDir = cellDir
 		}
-		if member, err = vldb.StartMember(mc); err != nil {
+		if member, err = startEtcdChild(filepath.Join(store.Dir(), "etcd"), c.etcdListen, secureDir); err != nil {
 			return nil, nil, "", err
 		}
 		stops = append(stops, member.Close)
-		cfg.Endpoints = []string{member.Endpoint}
+		cfg.Endpoints = []string{member.endpoint}
 	}
 	db, err := vldb.Open(cfg)
 	if err != nil {
@@ -129,7 +129,7 @@ func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, l
 	stops = append(stops, func() { cancel(); <-done })
 	note = fmt.Sprintf("server %s of the cell at etcd %s", name, strings.Join(cfg.Endpoints, ","))
 	if member != nil {
-		note = fmt.Sprintf("server %s; the cell's etcd member of its own at %s (other servers join with --etcd %s)", name, member.Endpoint, member.Endpoint)
+		note = fmt.Sprintf("server %s; the cell's etcd member of its own at %s (other servers join with --etcd %s)", name, member.endpoint, member.endpoint)
 	}
 	return &server.Cell{DB: db, Name: name}, stop, note, nil
 }
@@ -188,8 +188,12 @@ func etcdCmd() *cobra.Command {
 			fmt.Fprintf(os.Stderr, "hoard etcd: member %s serving clients at %s\n", mc.Name, m.Endpoint)
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-			<-sig
-			return nil
+			select {
+			case <-sig:
+				return nil
+			case err := <-m.Err():
+				return fmt.Errorf("etcd member %s stopped: %v", mc.Name, err)
+			}
 		},
 	}
 	f := cmd.Flags()

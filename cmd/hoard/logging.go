@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -53,6 +54,13 @@ func setupLogging(cmd *cobra.Command) error {
 			return err
 		}
 		out = lf
+		// A crash (a panic, a fatal error of the runtime) says why in the
+		// log too, not only on a stderr nobody reads; after a rotation, in
+		// the file that was the log at the start.
+		if cf, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
+			debug.SetCrashOutput(cf, debug.CrashOptions{})
+			cf.Close() // SetCrashOutput keeps a copy of its own
+		}
 	} else if ok, _ := journal.StderrIsJournalStream(); ok {
 		opts.ReplaceAttr = dropTime
 	}

@@ -56,7 +56,7 @@ func proxyCmd() *cobra.Command {
 			if layout != proxystore.Pooled && layout != proxystore.PerChunk {
 				return usagef("--layout %q: want %s or %s", layout, proxystore.Pooled, proxystore.PerChunk)
 			}
-			if err := checkBounds(cfg); err != nil {
+			if err := checkBounds(cmd.Flags(), &cfg); err != nil {
 				return err
 			}
 			if err := checkDataFlags(dataListen, dataAdvertise); err != nil {

@@ -48,7 +48,7 @@ func serverCmd() *cobra.Command {
 			default:
 				return usagef("--dir-delegations %q: want %s, %s or %s", cfg.DirDelegations, server.DirPrivate, server.DirAny, server.DirNone)
 			}
-			if err := checkBounds(cfg); err != nil {
+			if err := checkBounds(cmd.Flags(), &cfg); err != nil {
 				return err
 			}
 			if err := checkDataFlags(dataListen, dataAdvertise); err != nil {
@@ -163,9 +163,24 @@ func boundFlags(f *pflag.FlagSet, cfg *server.Config) {
 	f.DurationVar(&cfg.DataIdleTimeout, "data-idle-timeout", cfg.DataIdleTimeout, "how long a bulk-data connection may wait between requests before it is closed (a client dials again when it needs one)")
 }
 
-func checkBounds(cfg server.Config) error {
+// checkBounds refuses bounds that make no sense, and lowers those the
+// open-file limit cannot hold (server.Config.FitDescriptors): a bound
+// the operator set is lowered with a warning, a default quietly.
+func checkBounds(f *pflag.FlagSet, cfg *server.Config) error {
 	if cfg.MaxSessions < 0 || cfg.MaxSessionsPerPeer < 0 || cfg.MaxDataConns < 0 || cfg.MaxDataConnsPerPeer < 0 || cfg.DataRequestTimeout <= 0 || cfg.DataIdleTimeout <= 0 {
 		return usagef("--max-sessions, --max-sessions-per-peer, --max-data-conns and --max-data-conns-per-peer must not be negative, --data-request-timeout and --data-idle-timeout must be positive")
+	}
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return fmt.Errorf("open-file limit: %v", err)
+	}
+	limit := int(min(rl.Cur, 1<<30))
+	for _, l := range cfg.FitDescriptors(limit) {
+		log := slog.Debug
+		if f.Changed(l.Flag) {
+			log = slog.Warn
+		}
+		log("a bound on connections lowered to fit the open-file limit (RLIMIT_NOFILE; raise it to serve more)", "flag", "--"+l.Flag, "from", l.From, "to", l.To, "limit", limit)
 	}
 	return nil
 }
