@@ -460,6 +460,18 @@ func TestSecurityAnonymousGetsOnlyAnyuser(t *testing.T) {
 	if who, err := p.rpc.WhoAmI(ctx, &pb.WhoAmIRequest{}); err != nil || who.User != "" {
 		t.Errorf("anonymous is told it is %v (%v)", who, err)
 	}
+	// The cell's volumes and servers are its users' to know.
+	if ls, err := p.rpc.ListLocations(ctx, &pb.ListLocationsRequest{}); !refused(err) {
+		t.Errorf("anonymous lists the cell's volumes: %v, %v", ls, err)
+	}
+	if ls, err := p.rpc.ListServers(ctx, &pb.ListServersRequest{}); !refused(err) {
+		t.Errorf("anonymous lists the cell's servers: %v, %v", ls, err)
+	}
+	for _, name := range []string{"root", "no-such-volume"} {
+		if l, err := p.rpc.Locate(ctx, &pb.LocateRequest{Name: name}); !refused(err) {
+			t.Errorf("anonymous locates volume %s: %v, %v", name, l, err)
+		}
+	}
 	// What system:anyuser is granted, anonymous gets.
 	mustACL(t, w.admin, "/pub", access.AnyUser, access.Read|access.Lookup)
 	rep, err := p.rpc.Lookup(ctx, &pb.LookupRequest{Dir: pb.FromFID(w.pubDir), Name: "doc"})
@@ -470,6 +482,12 @@ func TestSecurityAnonymousGetsOnlyAnyuser(t *testing.T) {
 		t.Errorf("anonymous's rights on /pub/doc: %v, want rl", got)
 	}
 	mustACL(t, w.admin, "/pub", access.AnyUser, 0)
+	// A public volume (its root open to system:anyuser) is found.
+	mustACL(t, w.admin, "/", access.AnyUser, access.Lookup)
+	if l, err := p.rpc.Locate(ctx, &pb.LocateRequest{Name: "root"}); err != nil || l.Name != "root" {
+		t.Errorf("anonymous locates a public volume: %v, %v", l, err)
+	}
+	mustACL(t, w.admin, "/", access.AnyUser, 0)
 	if after := snapshot(t, w.srv.addr); after != before {
 		t.Fatalf("the server changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}

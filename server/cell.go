@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hoardfs/hoard/access"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/vldb"
@@ -39,12 +40,29 @@ type volumeStore interface {
 // Locate answers where a volume lives from this server's copy of the
 // location database; a server outside a cell (or a proxy) answers for
 // its own volumes, as here.
+//
+// An anonymous caller is told only where a volume of this server lives
+// whose root system:anyuser may look in (a public volume), unless the
+// cell lets anonymous callers list it (Config.AnonymousListing): the
+// names of a cell's volumes and servers are for its users.
 func (s *Server) Locate(ctx context.Context, req *pb.LocateRequest) (*pb.Location, error) {
-	if _, err := s.begin(ctx); err != nil {
+	o, err := s.begin(ctx)
+	if err != nil {
 		return nil, err
 	}
 	if (req.Name == "") == (req.Id == 0) {
 		return nil, s.fail("Locate", fmt.Errorf("locate: give exactly one of name and id: %w", syscall.EINVAL))
+	}
+	if s.mayListCell(o) != nil {
+		v, err := s.localVolume(req.Name, req.Id)
+		if err != nil || o.may(v.Root, access.Lookup, "") != nil {
+			what := req.Name
+			if what == "" {
+				what = fmt.Sprintf("id %d", req.Id)
+			}
+			// The same refusal whether or not it exists.
+			return nil, refuse(o.who, "look up volume "+what, syscall.EACCES)
+		}
 	}
 	c := s.cfg.Cell
 	if c == nil {
@@ -75,6 +93,15 @@ func (s *Server) Locate(ctx context.Context, req *pb.LocateRequest) (*pb.Locatio
 		return s.roLocation(v), nil
 	}
 	return s.location(v), nil
+}
+
+// mayListCell refuses an anonymous caller the cell's volumes and
+// servers, unless the cell lets them list it.
+func (s *Server) mayListCell(o *op) error {
+	if !o.who.Anonymous() || s.cfg.AnonymousListing {
+		return nil
+	}
+	return refuse(o.who, "learn the cell's volumes and servers without a token (a cell may allow it: hoard server --anonymous-listing)", syscall.EACCES)
 }
 
 // volumeExists checks that a mount point's target is a volume: of the
@@ -168,7 +195,11 @@ func (s *Server) notHereByName(name string) error {
 
 // ListLocations lists every volume of the cell.
 func (s *Server) ListLocations(ctx context.Context, req *pb.ListLocationsRequest) (*pb.ListLocationsReply, error) {
-	if _, err := s.begin(ctx); err != nil {
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.mayListCell(o); err != nil {
 		return nil, err
 	}
 	out := &pb.ListLocationsReply{}
@@ -191,7 +222,11 @@ func (s *Server) ListLocations(ctx context.Context, req *pb.ListLocationsRequest
 // ListServers lists the cell's servers with their liveness, space and
 // how many volumes each holds read-write.
 func (s *Server) ListServers(ctx context.Context, req *pb.ListServersRequest) (*pb.ListServersReply, error) {
-	if _, err := s.begin(ctx); err != nil {
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.mayListCell(o); err != nil {
 		return nil, err
 	}
 	c := s.cfg.Cell

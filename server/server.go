@@ -95,6 +95,11 @@ type Config struct {
 	// Cell, if set, is the cell this file server is one of: where its
 	// volumes are placed, and who answers location lookups.
 	Cell *Cell
+	// AnonymousListing lets callers without a token learn the cell's
+	// volumes and servers (Locate, ListLocations, ListServers); without
+	// it they may locate only a volume of this server whose root
+	// system:anyuser may look in.
+	AnonymousListing bool
 	// MoveHold bounds how long a volume moving away stays frozen and
 	// quiet for a mover that went silent (move.go).
 	MoveHold time.Duration

@@ -147,6 +147,7 @@ func serverCmd() *cobra.Command {
 	logFlags(f, "log here, rotated by size (default: stderr)")
 	metricsFlag(f, &metricsAddr, &httpAddr)
 	f.DurationVar(&cfg.MoveHold, "move-hold", cfg.MoveHold, "how long a volume moving away waits, frozen, for a mover that went silent before it serves as before")
+	f.BoolVar(&cfg.AnonymousListing, "anonymous-listing", false, "let callers without a token learn the cell's volume names and servers (for a cell open to anonymous users beyond one server's public volumes)")
 	f.IntVar(&cfg.MaxPromises, "max-promises", cfg.MaxPromises, "promises held across all clients before the oldest are broken")
 	boundFlags(f, &cfg)
 	return cmd
