@@ -126,7 +126,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	if !held || !c.mayHere(dir, u, access.Insert) {
 		return nil, false, false, nil
 	}
-	fid, life, err := c.reserved(dir.fid.Volume, u)
+	fid, life, err := c.reserved(dir.fid, u)
 	if err != nil {
 		return nil, false, false, nil // made at the server instead
 	}
@@ -190,14 +190,16 @@ func (dir *Node) changedHere(now time.Time) {
 	dir.st.Mtime, dir.st.Ctime = now, now
 }
 
-// reserved takes a FID reserved in volume, reserving more (as u: the
-// server reserves for users, not anonymous callers) when none is left,
+// reserved takes a FID reserved in dir's volume, reserving more (as u,
+// for files in dir: the server reserves for users with the right to
+// insert there) when none is left,
 // and the server life it was reserved in. resMu is not held across the
 // Reserve call: a new session's newLife takes it before the session
 // carries any request, the call's retries among them. One call per volume
 // is under way at a time (reserving); FIDs it brings from a life that
 // ended meanwhile are dropped, and the next pass asks again.
-func (c *Client) reserved(volume uint64, u User) (node.FID, uint64, error) {
+func (c *Client) reserved(dir node.FID, u User) (node.FID, uint64, error) {
+	volume := dir.Volume
 	for {
 		c.resMu.Lock()
 		life := c.fidsLife
@@ -210,7 +212,7 @@ func (c *Client) reserved(volume uint64, u User) (node.FID, uint64, error) {
 		_, err, _ := c.reserving.Do(strconv.FormatUint(volume, 10), func() (any, error) {
 			var reply *pb.ReserveReply
 			err := c.as(u).Call(func(ctx context.Context) (err error) {
-				reply, err = c.rpc.Reserve(ctx, &pb.ReserveRequest{Volume: volume, Count: reserveBatch})
+				reply, err = c.rpc.Reserve(ctx, &pb.ReserveRequest{Volume: volume, Count: reserveBatch, Dir: pb.FromFID(dir)})
 				return err
 			})
 			if err != nil {

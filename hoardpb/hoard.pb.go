@@ -5414,9 +5414,12 @@ func (*RevokeTokenReply) Descriptor() ([]byte, []int) {
 }
 
 type ReserveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Volume        uint64                 `protobuf:"varint,1,opt,name=volume,proto3" json:"volume,omitempty"`
-	Count         uint32                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Volume uint64                 `protobuf:"varint,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Count  uint32                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// dir is the directory the files will be made in: the caller needs the
+	// right to insert there.
+	Dir           *FID `protobuf:"bytes,3,opt,name=dir,proto3" json:"dir,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5463,6 +5466,13 @@ func (x *ReserveRequest) GetCount() uint32 {
 		return x.Count
 	}
 	return 0
+}
+
+func (x *ReserveRequest) GetDir() *FID {
+	if x != nil {
+		return x.Dir
+	}
+	return nil
 }
 
 type ReserveReply struct {
@@ -6889,10 +6899,11 @@ const file_hoard_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
 	"expires_ns\x18\x02 \x01(\x03R\texpiresNs\"\x12\n" +
-	"\x10RevokeTokenReply\">\n" +
+	"\x10RevokeTokenReply\"_\n" +
 	"\x0eReserveRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\x04R\x06volume\x12\x14\n" +
-	"\x05count\x18\x02 \x01(\rR\x05count\"1\n" +
+	"\x05count\x18\x02 \x01(\rR\x05count\x12\x1f\n" +
+	"\x03dir\x18\x03 \x01(\v2\r.hoard.v1.FIDR\x03dir\"1\n" +
 	"\fReserveReply\x12!\n" +
 	"\x04fids\x18\x01 \x03(\v2\r.hoard.v1.FIDR\x04fids\"\x96\x01\n" +
 	"\fReservedFile\x12\x12\n" +
@@ -7233,101 +7244,102 @@ var file_hoard_proto_depIdxs = []int32{
 	5,   // 73: hoard.v1.ChangeGroupRequest.change:type_name -> hoard.v1.ChangeGroupRequest.Change
 	79,  // 74: hoard.v1.ListGroupsReply.groups:type_name -> hoard.v1.Group
 	80,  // 75: hoard.v1.ListGroupsReply.users:type_name -> hoard.v1.User
-	6,   // 76: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
-	6,   // 77: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
-	6,   // 78: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
-	6,   // 79: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
-	86,  // 80: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
-	87,  // 81: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
-	7,   // 82: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
-	7,   // 83: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
-	7,   // 84: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
-	6,   // 85: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
-	7,   // 86: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
-	2,   // 87: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
-	6,   // 88: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
-	6,   // 89: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
-	9,   // 90: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
-	40,  // 91: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
-	41,  // 92: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
-	43,  // 93: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
-	28,  // 94: hoard.v1.FileServer.SetVolume:input_type -> hoard.v1.SetVolumeRequest
-	29,  // 95: hoard.v1.FileServer.RemoveVolume:input_type -> hoard.v1.RemoveVolumeRequest
-	33,  // 96: hoard.v1.FileServer.DumpVolume:input_type -> hoard.v1.DumpVolumeRequest
-	34,  // 97: hoard.v1.FileServer.RestoreVolume:input_type -> hoard.v1.DumpPiece
-	36,  // 98: hoard.v1.FileServer.MoveVolume:input_type -> hoard.v1.MoveVolumeRequest
-	38,  // 99: hoard.v1.FileServer.ReleaseVolume:input_type -> hoard.v1.ReleaseVolumeRequest
-	22,  // 100: hoard.v1.FileServer.Locate:input_type -> hoard.v1.LocateRequest
-	23,  // 101: hoard.v1.FileServer.ListLocations:input_type -> hoard.v1.ListLocationsRequest
-	26,  // 102: hoard.v1.FileServer.ListServers:input_type -> hoard.v1.ListServersRequest
-	44,  // 103: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
-	46,  // 104: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
-	49,  // 105: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
-	52,  // 106: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
-	54,  // 107: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
-	56,  // 108: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
-	58,  // 109: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
-	60,  // 110: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
-	62,  // 111: hoard.v1.FileServer.Xattr:input_type -> hoard.v1.XattrRequest
-	64,  // 112: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
-	66,  // 113: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
-	68,  // 114: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
-	90,  // 115: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
-	92,  // 116: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
-	94,  // 117: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
-	95,  // 118: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
-	84,  // 119: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
-	88,  // 120: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
-	70,  // 121: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
-	73,  // 122: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
-	74,  // 123: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
-	76,  // 124: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
-	78,  // 125: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
-	82,  // 126: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
-	98,  // 127: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
-	12,  // 128: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
-	19,  // 129: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
-	42,  // 130: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
-	19,  // 131: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
-	19,  // 132: hoard.v1.FileServer.SetVolume:output_type -> hoard.v1.Volume
-	30,  // 133: hoard.v1.FileServer.RemoveVolume:output_type -> hoard.v1.RemoveVolumeReply
-	34,  // 134: hoard.v1.FileServer.DumpVolume:output_type -> hoard.v1.DumpPiece
-	35,  // 135: hoard.v1.FileServer.RestoreVolume:output_type -> hoard.v1.RestoreVolumeReply
-	37,  // 136: hoard.v1.FileServer.MoveVolume:output_type -> hoard.v1.MoveVolumeReply
-	39,  // 137: hoard.v1.FileServer.ReleaseVolume:output_type -> hoard.v1.ReleaseVolumeReply
-	21,  // 138: hoard.v1.FileServer.Locate:output_type -> hoard.v1.Location
-	24,  // 139: hoard.v1.FileServer.ListLocations:output_type -> hoard.v1.ListLocationsReply
-	27,  // 140: hoard.v1.FileServer.ListServers:output_type -> hoard.v1.ListServersReply
-	45,  // 141: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
-	48,  // 142: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
-	51,  // 143: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
-	53,  // 144: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
-	55,  // 145: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
-	57,  // 146: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
-	59,  // 147: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
-	61,  // 148: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
-	63,  // 149: hoard.v1.FileServer.Xattr:output_type -> hoard.v1.XattrReply
-	65,  // 150: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
-	67,  // 151: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
-	69,  // 152: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
-	91,  // 153: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
-	93,  // 154: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
-	97,  // 155: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
-	96,  // 156: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
-	85,  // 157: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
-	89,  // 158: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
-	71,  // 159: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
-	75,  // 160: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
-	75,  // 161: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
-	77,  // 162: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
-	81,  // 163: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
-	83,  // 164: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
-	99,  // 165: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
-	128, // [128:166] is the sub-list for method output_type
-	90,  // [90:128] is the sub-list for method input_type
-	90,  // [90:90] is the sub-list for extension type_name
-	90,  // [90:90] is the sub-list for extension extendee
-	0,   // [0:90] is the sub-list for field type_name
+	6,   // 76: hoard.v1.ReserveRequest.dir:type_name -> hoard.v1.FID
+	6,   // 77: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
+	6,   // 78: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
+	6,   // 79: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
+	6,   // 80: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
+	86,  // 81: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
+	87,  // 82: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
+	7,   // 83: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
+	7,   // 84: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
+	7,   // 85: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
+	6,   // 86: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
+	7,   // 87: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
+	2,   // 88: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
+	6,   // 89: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
+	6,   // 90: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
+	9,   // 91: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
+	40,  // 92: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
+	41,  // 93: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
+	43,  // 94: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
+	28,  // 95: hoard.v1.FileServer.SetVolume:input_type -> hoard.v1.SetVolumeRequest
+	29,  // 96: hoard.v1.FileServer.RemoveVolume:input_type -> hoard.v1.RemoveVolumeRequest
+	33,  // 97: hoard.v1.FileServer.DumpVolume:input_type -> hoard.v1.DumpVolumeRequest
+	34,  // 98: hoard.v1.FileServer.RestoreVolume:input_type -> hoard.v1.DumpPiece
+	36,  // 99: hoard.v1.FileServer.MoveVolume:input_type -> hoard.v1.MoveVolumeRequest
+	38,  // 100: hoard.v1.FileServer.ReleaseVolume:input_type -> hoard.v1.ReleaseVolumeRequest
+	22,  // 101: hoard.v1.FileServer.Locate:input_type -> hoard.v1.LocateRequest
+	23,  // 102: hoard.v1.FileServer.ListLocations:input_type -> hoard.v1.ListLocationsRequest
+	26,  // 103: hoard.v1.FileServer.ListServers:input_type -> hoard.v1.ListServersRequest
+	44,  // 104: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
+	46,  // 105: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
+	49,  // 106: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
+	52,  // 107: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
+	54,  // 108: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
+	56,  // 109: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
+	58,  // 110: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
+	60,  // 111: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
+	62,  // 112: hoard.v1.FileServer.Xattr:input_type -> hoard.v1.XattrRequest
+	64,  // 113: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
+	66,  // 114: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
+	68,  // 115: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
+	90,  // 116: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
+	92,  // 117: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
+	94,  // 118: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
+	95,  // 119: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
+	84,  // 120: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
+	88,  // 121: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
+	70,  // 122: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
+	73,  // 123: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
+	74,  // 124: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
+	76,  // 125: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
+	78,  // 126: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
+	82,  // 127: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
+	98,  // 128: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
+	12,  // 129: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
+	19,  // 130: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
+	42,  // 131: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
+	19,  // 132: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
+	19,  // 133: hoard.v1.FileServer.SetVolume:output_type -> hoard.v1.Volume
+	30,  // 134: hoard.v1.FileServer.RemoveVolume:output_type -> hoard.v1.RemoveVolumeReply
+	34,  // 135: hoard.v1.FileServer.DumpVolume:output_type -> hoard.v1.DumpPiece
+	35,  // 136: hoard.v1.FileServer.RestoreVolume:output_type -> hoard.v1.RestoreVolumeReply
+	37,  // 137: hoard.v1.FileServer.MoveVolume:output_type -> hoard.v1.MoveVolumeReply
+	39,  // 138: hoard.v1.FileServer.ReleaseVolume:output_type -> hoard.v1.ReleaseVolumeReply
+	21,  // 139: hoard.v1.FileServer.Locate:output_type -> hoard.v1.Location
+	24,  // 140: hoard.v1.FileServer.ListLocations:output_type -> hoard.v1.ListLocationsReply
+	27,  // 141: hoard.v1.FileServer.ListServers:output_type -> hoard.v1.ListServersReply
+	45,  // 142: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
+	48,  // 143: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
+	51,  // 144: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
+	53,  // 145: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
+	55,  // 146: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
+	57,  // 147: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
+	59,  // 148: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
+	61,  // 149: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
+	63,  // 150: hoard.v1.FileServer.Xattr:output_type -> hoard.v1.XattrReply
+	65,  // 151: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
+	67,  // 152: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
+	69,  // 153: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
+	91,  // 154: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
+	93,  // 155: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
+	97,  // 156: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
+	96,  // 157: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
+	85,  // 158: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
+	89,  // 159: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
+	71,  // 160: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
+	75,  // 161: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
+	75,  // 162: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
+	77,  // 163: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
+	81,  // 164: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
+	83,  // 165: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
+	99,  // 166: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
+	129, // [129:167] is the sub-list for method output_type
+	91,  // [91:129] is the sub-list for method input_type
+	91,  // [91:91] is the sub-list for extension type_name
+	91,  // [91:91] is the sub-list for extension extendee
+	0,   // [0:91] is the sub-list for field type_name
 }
 
 func init() { file_hoard_proto_init() }

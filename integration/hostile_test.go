@@ -275,7 +275,7 @@ func TestReserveBounded(t *testing.T) {
 	}
 	var got int
 	for {
-		r, err := rc.rpc.Reserve(rc.ctx, &pb.ReserveRequest{Volume: vol.Root.Volume, Count: vnode.MaxReserve})
+		r, err := rc.rpc.Reserve(rc.ctx, &pb.ReserveRequest{Volume: vol.Root.Volume, Count: vnode.MaxReserve, Dir: vol.Root})
 		if status.Code(err) == codes.ResourceExhausted {
 			break
 		}

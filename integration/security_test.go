@@ -335,7 +335,7 @@ func (w *secureWorld) everyones() []attempt {
 			return r.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: pb.ChangeGroupRequest_CHANGE_CREATE, Group: "evil"})
 		}),
 		unary("Reserve", func(ctx context.Context, r pb.FileServerClient) (proto.Message, error) {
-			return r.Reserve(ctx, &pb.ReserveRequest{Volume: w.root.Volume, Count: 4})
+			return r.Reserve(ctx, &pb.ReserveRequest{Volume: w.root.Volume, Count: 4, Dir: pb.FromFID(w.bobDir)})
 		}),
 		unary("Renew", func(ctx context.Context, r pb.FileServerClient) (proto.Message, error) {
 			return r.Renew(ctx, &pb.RenewRequest{})

@@ -49,12 +49,21 @@ func (s *Server) settledAlready(dir node.FID, fs []node.Reserved, rm []node.Remo
 // the bound it creates them at the server.
 const MaxReservedPerSession = 1 << 18
 
-// unreserved counts n reserved FIDs of id's as used (or never given).
-func (s *Server) unreserved(id callback.ClientID, n int) {
+// MaxReservedPerUser bounds the FIDs one user holds reserved and not yet
+// used, across sessions, in this server life: a sixteenth of the default
+// bound in all, so that no one user takes every directory delegation's.
+const MaxReservedPerUser = 1 << 18
+
+// unreserved counts n reserved FIDs of id's, for user, as used (or never
+// given).
+func (s *Server) unreserved(id callback.ClientID, user string, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.reserved[id] -= n; s.reserved[id] <= 0 {
 		delete(s.reserved, id)
+	}
+	if s.reservedBy[user] -= n; s.reservedBy[user] <= 0 {
+		delete(s.reservedBy, user)
 	}
 	s.reservedAll = max(0, s.reservedAll-n)
 }
@@ -75,21 +84,37 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 	if o.who.Anonymous() {
 		return nil, refuse(o.who, "reserve file ids", syscall.EACCES)
 	}
+	dir, err := checkFID("reserve", req.Dir)
+	if err != nil {
+		return nil, s.fail("Reserve", err)
+	}
+	if dir.Volume != req.Volume {
+		return nil, s.fail("Reserve", fmt.Errorf("reserve in volume %d for directory %v of another: %w", req.Volume, dir, syscall.EXDEV))
+	}
+	if err := o.may(dir, access.Insert, "reserve file ids for a directory"); err != nil {
+		return nil, err
+	}
+	user := o.who.User
 	s.mu.Lock()
 	if s.reserved[o.id]+int(req.Count) > MaxReservedPerSession {
 		s.mu.Unlock()
 		return nil, status.Errorf(codes.ResourceExhausted, "reserve: %d fids reserved and not used by this client, the most it may hold", s.reserved[o.id])
+	}
+	if s.reservedBy[user]+int(req.Count) > MaxReservedPerUser {
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.ResourceExhausted, "reserve: %d fids reserved and not used by %s, the most one user may hold", s.reservedBy[user], user)
 	}
 	if n := s.cfg.MaxReserved; n > 0 && s.reservedAll+int(req.Count) > n {
 		s.mu.Unlock()
 		return nil, status.Errorf(codes.ResourceExhausted, "reserve: %d fids reserved and not used on this server, the most it keeps", s.reservedAll)
 	}
 	s.reserved[o.id] += int(req.Count)
+	s.reservedBy[user] += int(req.Count)
 	s.reservedAll += int(req.Count)
 	s.mu.Unlock()
 	fids, err := s.store.Reserve(req.Volume, int(req.Count))
 	if err != nil {
-		s.unreserved(o.id, int(req.Count))
+		s.unreserved(o.id, user, int(req.Count))
 		return nil, s.fail("Reserve", err)
 	}
 	out := &pb.ReserveReply{Fids: make([]*pb.FID, len(fids))}
@@ -187,7 +212,7 @@ func (s *Server) settle(o *op, dir node.FID, fs []node.Reserved, rm []node.Remov
 	if err != nil {
 		return d, s.fail("CreateReserved", err)
 	}
-	s.unreserved(o.id, len(fs))
+	s.unreserved(o.id, o.who.User, len(fs))
 	out.Files, out.States, out.Removed = make([]*pb.Status, len(sts)), make([]uint64, len(sts)), make([]*pb.Status, len(rsts))
 	now := time.Now()
 	s.mu.Lock()

@@ -147,6 +147,8 @@ type Server struct {
 	// second start after.
 	reserved    map[callback.ClientID]int
 	reservedAll int
+	// reservedBy counts them by user, as reservedAll does.
+	reservedBy map[string]int
 	// stages are the staged stores kept across requests (stage.go).
 	stages    stages
 	waiters   map[callback.Round]chan struct{}
@@ -190,7 +192,7 @@ func New(store Backend, cfg Config) *Server {
 		cb:       callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises, Lease: cfg.Lease, Dirs: callback.DirPolicy(cfg.DirDelegations)}),
 		conns:    map[callback.ClientID]*conn{},
 		peers:    map[string]int{},
-		reserved: map[callback.ClientID]int{},
+		reserved: map[callback.ClientID]int{}, reservedBy: map[string]int{},
 		waiters:  map[callback.Round]chan struct{}{},
 		wake:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),

@@ -22,10 +22,14 @@ import (
 // stage belongs to the session that began it and ends with it.
 const (
 	maxStagesPerSession = 16
-	maxStagesPerServer  = 1024
+	// maxStagesPerUser bounds one user's across sessions: a sixteenth of
+	// the server's, so that one user holding theirs leaves the others'.
+	maxStagesPerUser   = 64
+	maxStagesPerServer = 1024
 	// stageIdle: a stage nobody stored to for this long is dropped (its
-	// writer gave up on it without its session ending).
-	stageIdle = 30 * time.Minute
+	// writer gave up on it without its session ending). A writer stores
+	// its pieces one after the other, seconds apart at most.
+	stageIdle = 5 * time.Minute
 )
 
 type stageKey struct {
@@ -35,7 +39,8 @@ type stageKey struct {
 }
 
 type stage struct {
-	key stageKey
+	key  stageKey
+	user string // whose it counts as
 	mu  sync.Mutex // one write at a time, and none once closed
 	u   Update
 	cut bool // the stage's truncation point is set: the first one counts
@@ -53,6 +58,7 @@ type stages struct {
 	mu        sync.Mutex
 	m         map[stageKey]*stage
 	bySession map[callback.ClientID]int
+	byUser    map[string]int
 }
 
 // errStageLost: the stage a store continues or publishes is not here (its
@@ -114,16 +120,21 @@ func (s *Server) stageFor(o *op, f node.FID, hdr *pb.StoreRequest) (*stage, erro
 		u.Abort()
 		return nil, errTooManyStages(fmt.Sprintf("store %v: %d stages unpublished in this session, the most it may have", f, n))
 	}
+	if n := t.byUser[o.who.User]; n >= maxStagesPerUser && s.users != nil { // on an insecure server, everyone is one user
+		u.Abort()
+		return nil, errTooManyStages(fmt.Sprintf("store %v: %d stages unpublished by %s, the most one user may have", f, n, o.who))
+	}
 	if len(t.m) >= maxStagesPerServer {
 		u.Abort()
 		return nil, errTooManyStages(fmt.Sprintf("store %v: %d stages unpublished on this server, the most it keeps", f, len(t.m)))
 	}
-	st := &stage{key: key, u: u, used: time.Now()}
+	st := &stage{key: key, user: o.who.User, u: u, used: time.Now()}
 	if t.m == nil {
-		t.m, t.bySession = map[stageKey]*stage{}, map[callback.ClientID]int{}
+		t.m, t.bySession, t.byUser = map[stageKey]*stage{}, map[callback.ClientID]int{}, map[string]int{}
 	}
 	t.m[key] = st
 	t.bySession[o.id]++
+	t.byUser[st.user]++
 	return st, nil
 }
 
@@ -195,6 +206,9 @@ func (s *Server) failStage(st *stage, err error) {
 func (s *Server) removeStageLocked(st *stage) {
 	t := &s.stages
 	delete(t.m, st.key)
+	if t.byUser[st.user]--; t.byUser[st.user] <= 0 {
+		delete(t.byUser, st.user)
+	}
 	if t.bySession[st.key.id]--; t.bySession[st.key.id] <= 0 {
 		delete(t.bySession, st.key.id)
 	}

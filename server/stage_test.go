@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/hoardfs/hoard/callback"
@@ -207,5 +208,46 @@ func TestStageDroppedAtSessionEnd(t *testing.T) {
 	}
 	if got := content(t, s, f); !bytes.Equal(got, old) {
 		t.Fatalf("the file is %q, want the old one", got)
+	}
+}
+
+// One user's stages are bounded across their sessions, so that a user
+// holding the most they may leaves room for others' (a user once held
+// every stage of the server, and another's bypassed write failed).
+func TestStagesBoundedPerUser(t *testing.T) {
+	s, f := newFuzzServer(t)
+	s.mu.Lock()
+	var ids []callback.ClientID
+	for i := range maxStagesPerUser/maxStagesPerSession + 1 {
+		id := s.cb.Connect(fmt.Sprint("c", i), 0, time.Now())
+		s.conns[id] = &conn{out: make(chan *pb.ServerMsg, 64), cancel: func() {}}
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	as := func(id callback.ClientID, user string) context.Context {
+		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(pb.ClientMetadata, s.token(s.store.Epoch(), id, id), pb.UserMetadata, "Bearer "+user))
+	}
+	begin := func(id callback.ClientID, user, name string) error {
+		_, err := storeAs(t, s, as(id, user), &pb.StoreRequest{Fid: pb.FromFID(f), Stage: name, Data: []byte("x")})
+		return err
+	}
+	held := 0
+	for _, id := range ids[:len(ids)-1] {
+		for i := range maxStagesPerSession {
+			if err := begin(id, "alice", fmt.Sprint("s", i)); err != nil {
+				t.Fatal(err)
+			}
+			held++
+		}
+	}
+	if held != maxStagesPerUser {
+		t.Fatalf("alice holds %d stages, want %d", held, maxStagesPerUser)
+	}
+	err := begin(ids[len(ids)-1], "alice", "one-more")
+	if status.Code(err) != codes.ResourceExhausted || pb.Errno(err) != syscall.EAGAIN {
+		t.Fatalf("alice's stage past her bound, in a new session: %v", err)
+	}
+	if err := begin(ids[len(ids)-1], "admin", "theirs"); err != nil {
+		t.Fatalf("another user's stage: %v", err)
 	}
 }
