@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -235,7 +236,9 @@ then on they act for the user who runs this with the token.`,
 				return err
 			}
 			fmt.Printf("logged in to cell %s as %s until %s\n", l.Cell, l.Claims.User, l.Claims.Expires.Format(time.RFC3339))
-			tellMounts(loginsock.Request{Op: "login", Token: token})
+			if n := tellMounts(loginsock.Request{Op: "login", Token: token}); n > 0 {
+				return fmt.Errorf("the token is stored, but %d running mount(s) could not be told it (above): run hoard login again", n)
+			}
 			return nil
 		},
 	}
@@ -356,7 +359,9 @@ func logoutCmd() *cobra.Command {
 				return err
 			}
 			fmt.Printf("logged out of cell %s\n", name)
-			tellMounts(loginsock.Request{Op: "logout", Cell: name})
+			if n := tellMounts(loginsock.Request{Op: "logout", Cell: name}); n > 0 {
+				return fmt.Errorf("%d running mount(s) could not be told (above) and still act with the token: run hoard logout again, or revoke the token", n)
+			}
 			return nil
 		},
 	}
@@ -365,21 +370,27 @@ func logoutCmd() *cobra.Command {
 }
 
 // tellMounts hands req to every mount running here that this user may
-// reach, saying which it told; a mount that does not answer or refuses
-// is noted and skipped: the login stands.
-func tellMounts(req loginsock.Request) {
+// reach, saying which it told, and returns how many running mounts it
+// could not tell: one that does not answer (busy). A mount's refusal (a
+// mount of another cell, say) and a socket nobody listens on any more (a
+// mount that died) are noted.
+func tellMounts(req loginsock.Request) (untold int) {
 	for _, sock := range loginsock.Sockets() {
 		rep, err := loginsock.Tell(sock, req)
 		switch {
+		case errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, fs.ErrNotExist):
+			fmt.Fprintf(os.Stderr, "hoard: note: no mount listens on %s any more; skipped\n", sock)
 		case err != nil:
 			if u := errors.Unwrap(err); u != nil {
 				err = u
 			}
-			fmt.Fprintf(os.Stderr, "hoard: note: the mount socket %s does not answer (%v); skipped\n", sock, err)
+			fmt.Fprintf(os.Stderr, "hoard: the mount socket %s does not answer (%v)\n", sock, err)
+			untold++
 		case rep.Error != "":
 			fmt.Fprintf(os.Stderr, "hoard: note: the mount at %s: %s\n", first(rep.Mount, sock), rep.Error)
 		default:
 			fmt.Printf("told the mount at %s\n", rep.Mount)
 		}
 	}
+	return untold
 }

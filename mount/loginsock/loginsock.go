@@ -44,9 +44,13 @@ const MaxLine = 8 << 10
 // Timeout bounds a connection, on either side.
 const Timeout = 5 * time.Second
 
-// maxConns bounds the connections a mount serves at once; more are
-// closed at once (a local user flooding the socket gets nothing more).
-const maxConns = 16
+// maxConns bounds the connections a mount serves at once, maxPerUID
+// those of one local user; more are closed at once: a user flooding the
+// socket gets nothing more, and takes nothing from the others.
+const (
+	maxConns  = 64
+	maxPerUID = 4
+)
 
 // Request is one request line.
 type Request struct {
@@ -139,8 +143,11 @@ type Server struct {
 	mount string
 	h     Handler
 	log   *slog.Logger
-	slots chan struct{}
 	wg    sync.WaitGroup
+
+	mu    sync.Mutex
+	open  int
+	byUID map[uint32]int
 }
 
 // Listen opens the socket of the mount at mountpoint, run by this
@@ -177,7 +184,7 @@ func Listen(dir, mountpoint string, h Handler, log *slog.Logger) (*Server, error
 		l.Close()
 		return nil, err
 	}
-	s := &Server{l: l, path: path, mount: mountpoint, h: h, log: log, slots: make(chan struct{}, maxConns)}
+	s := &Server{l: l, path: path, mount: mountpoint, h: h, log: log, byUID: map[uint32]int{}}
 	s.wg.Add(1)
 	go s.serve()
 	return s, nil
@@ -220,27 +227,49 @@ func (s *Server) serve() {
 			}
 			return
 		}
-		select {
-		case s.slots <- struct{}{}:
-		default:
+		// The kernel says who connected at once: a connection is
+		// counted against its user before anything is read from it.
+		uid, err := peerUID(c)
+		if err != nil {
+			s.log.Warn("login socket: who is connected is not known", "err", err)
+			c.Close()
+			continue
+		}
+		if !s.admit(uid) {
 			c.Close() // busy: a flood gets nothing
 			continue
 		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			defer func() { <-s.slots }()
+			defer s.release(uid)
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(Timeout))
-			uid, err := peerUID(c)
-			if err != nil {
-				s.log.Warn("login socket: who is connected is not known", "err", err)
-				return
-			}
 			if err := Handle(c, uid, s.mount, s.h); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrDeadlineExceeded) {
 				s.log.Debug("login socket", "uid", uid, "err", err)
 			}
 		}()
+	}
+}
+
+// admit takes a place for a connection of uid's, if there is one.
+func (s *Server) admit(uid uint32) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.open >= maxConns || s.byUID[uid] >= maxPerUID {
+		return false
+	}
+	s.open++
+	s.byUID[uid]++
+	return true
+}
+
+func (s *Server) release(uid uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.open--
+	if s.byUID[uid]--; s.byUID[uid] <= 0 {
+		delete(s.byUID, uid)
 	}
 }
 

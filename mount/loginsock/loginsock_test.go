@@ -6,11 +6,13 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // tokens is a Handler that keeps each uid's token.
@@ -181,5 +183,68 @@ func TestSocket(t *testing.T) {
 	}
 	if _, err := Tell(s.Path(), Request{Op: "logout"}); err == nil {
 		t.Errorf("a closed socket answered")
+	}
+}
+
+// One local user's connections are bounded apart from the others': a
+// user holding the socket's connections once made another's login and
+// logout skip the mount.
+func TestSocketBoundedPerUser(t *testing.T) {
+	s, err := Listen(filepath.Join(t.TempDir(), "mounts"), "/mnt/hoard", newTokens(), slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for range maxPerUID {
+		if !s.admit(1002) {
+			t.Fatal("bob refused within his bound")
+		}
+	}
+	if s.admit(1002) {
+		t.Fatal("bob admitted past his bound")
+	}
+	if !s.admit(1001) {
+		t.Fatal("alice refused while bob holds his connections")
+	}
+	s.release(1001)
+	for range maxPerUID {
+		s.release(1002)
+	}
+	// Through the socket: this user's idle connections past the bound
+	// are closed at once, and an answer comes once one goes.
+	var held []net.Conn
+	for range maxPerUID {
+		c, err := net.Dial("unix", s.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	waitAdmitted(t, s, maxPerUID)
+	if _, err := Tell(s.Path(), Request{Op: "login", Token: "good-alice"}); err == nil {
+		t.Fatal("a connection past this user's bound was served")
+	}
+	held[0].Close()
+	waitAdmitted(t, s, maxPerUID-1)
+	if rep, err := Tell(s.Path(), Request{Op: "login", Token: "good-alice"}); err != nil || !rep.OK {
+		t.Fatalf("after one of the user's connections went: %+v, %v", rep, err)
+	}
+	for _, c := range held[1:] {
+		c.Close()
+	}
+}
+
+func waitAdmitted(t *testing.T, s *Server, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.mu.Lock()
+		open := s.open
+		s.mu.Unlock()
+		if open == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections admitted, want %d", open, n)
+		}
 	}
 }
