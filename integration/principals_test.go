@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -123,5 +124,28 @@ func TestSecurityUIDIsNoOwnership(t *testing.T) {
 	}
 	if a, err := w.admin.GetACL("/alice/own"); err != nil || strings.Contains(a.Entries.String(), "carol") {
 		t.Fatalf("alice's ACL: %v, %v", a.Entries, err)
+	}
+}
+
+// token issue --out writes the token readable by its owner alone, from
+// the start, and will not replace a file; a client switched to plaintext
+// by the environment says so loudly, as --insecure on a server does.
+func TestTokenOutAndInsecureWarning(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "alice.token")
+	if out, err := exec.Command(hoardBin, "token", "issue", "--cell", testCell.dir, "--user", "alice", "--uid", "1001", "--out", file).CombinedOutput(); err != nil {
+		t.Fatalf("token issue --out: %v: %s", err, out)
+	}
+	fi, err := os.Stat(file)
+	if err != nil || fi.Mode().Perm() != 0o600 || fi.Size() < 100 {
+		t.Fatalf("the token file: %v, %v; want 0600 with a token in it", fi, err)
+	}
+	if out, err := exec.Command(hoardBin, "token", "issue", "--cell", testCell.dir, "--user", "alice", "--uid", "1001", "--out", file).CombinedOutput(); err == nil {
+		t.Fatalf("token issue --out replaced a file: %s", out)
+	}
+	cmd := exec.Command(hoardBin, "ls", "/", "--server", "127.0.0.1:1")
+	cmd.Env = append(os.Environ(), "HOARD_INSECURE=true")
+	out, _ := cmd.CombinedOutput()
+	if !strings.Contains(string(out), "WARNING: insecure (from env HOARD_INSECURE)") {
+		t.Fatalf("a client made insecure by the environment: %s; want a warning", out)
 	}
 }

@@ -141,6 +141,7 @@ type Server struct {
 	// acknowledge breaks and return recalled delegations.
 	waited latency.Recorder
 	peers  map[string]int // sessions by client IP address
+	owners map[string]int // sessions by sessionOwner
 	// reserved counts the FIDs each session reserved and has not used;
 	// reservedAll those of every session of this server life, gone ones
 	// too: their reservations stay in the store until pruned at the
@@ -173,6 +174,15 @@ type conn struct {
 	// restarted: the client proved a session of an earlier server life,
 	// so it may reclaim in the grace period.
 	restarted bool
+	// owner is whose sessions it counts among (sessionOwner).
+	owner string
+}
+
+// sessionOwner is whom a session counts against: its user at its
+// address (one machine's clients of many users share an address, and
+// many machines may use one service's token).
+func sessionOwner(who access.Identity, from string) string {
+	return who.String() + "@" + from
 }
 
 // New serves store; Shutdown stops its timer.
@@ -184,19 +194,21 @@ func New(store Backend, cfg Config) *Server {
 		cfg.MoveHold = DefaultConfig().MoveHold
 	}
 	s := &Server{
-		store:    store,
-		local:    store,
-		cfg:      cfg,
-		log:      cfg.Logger,
-		key:      cfg.Key,
-		cb:       callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises, Lease: cfg.Lease, Dirs: callback.DirPolicy(cfg.DirDelegations)}),
-		conns:    map[callback.ClientID]*conn{},
-		peers:    map[string]int{},
-		reserved: map[callback.ClientID]int{}, reservedBy: map[string]int{},
-		waiters:  map[callback.Round]chan struct{}{},
-		wake:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		grace:    callback.NewGrace(store.Epoch(), time.Now(), cfg.Grace, cfg.Lease),
+		store:      store,
+		local:      store,
+		cfg:        cfg,
+		log:        cfg.Logger,
+		key:        cfg.Key,
+		cb:         callback.NewServer(store.Epoch(), callback.Config{PromiseTTL: cfg.PromiseTTL, BreakTimeout: cfg.BreakTimeout, MaxPromises: cfg.MaxPromises, Lease: cfg.Lease, Dirs: callback.DirPolicy(cfg.DirDelegations)}),
+		conns:      map[callback.ClientID]*conn{},
+		peers:      map[string]int{},
+		owners:     map[string]int{},
+		reserved:   map[callback.ClientID]int{},
+		reservedBy: map[string]int{},
+		waiters:    map[callback.Round]chan struct{}{},
+		wake:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
+		grace:      callback.NewGrace(store.Epoch(), time.Now(), cfg.Grace, cfg.Lease),
 	}
 	if cfg.Users != nil {
 		s.users = newUsers(cfg.Users)
@@ -354,8 +366,13 @@ func (s *Server) Bound(l net.Listener) net.Listener {
 	})
 }
 
-// admitLocked refuses a session past the bounds on sessions (mu held).
-func (s *Server) admitLocked(from string) error {
+// admitLocked refuses a session past the bounds on sessions (mu held):
+// in all, from one address, and of one user at that address (a quarter
+// of the address's, so that one user's leave room for the others there).
+func (s *Server) admitLocked(from, owner string) error {
+	if n := s.cfg.MaxSessionsPerPeer / 4; n > 0 && s.owners[owner] >= n && s.users != nil { // insecure: everyone is one user
+		return status.Errorf(codes.ResourceExhausted, "connect: %d clients connected as %s, the most this server takes of one user at one address (a quarter of --max-sessions-per-peer)", s.owners[owner], owner)
+	}
 	if n := s.cfg.MaxSessions; n > 0 && len(s.conns) >= n {
 		return status.Errorf(codes.ResourceExhausted, "connect: %d clients connected, the most this server takes (--max-sessions)", len(s.conns))
 	}
@@ -370,6 +387,11 @@ func (s *Server) ended(id callback.ClientID, c *conn, from string) {
 	s.mu.Lock()
 	if s.peers[from]--; s.peers[from] <= 0 {
 		delete(s.peers, from)
+	}
+	if c != nil {
+		if s.owners[c.owner]--; s.owners[c.owner] <= 0 {
+			delete(s.owners, c.owner)
+		}
 	}
 	delete(s.reserved, id)
 	ours := s.conns[id] == c
@@ -405,25 +427,27 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 	// A session is the machine's, and anonymous may hold one; a token
 	// that does not check out is refused here, at once, not at the
 	// first request.
-	if _, err := s.identify(stream.Context()); err != nil {
+	who, err := s.identify(stream.Context())
+	if err != nil {
 		return err
 	}
 	from := peerHost(stream.Context())
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	c := &conn{out: make(chan *pb.ServerMsg, 4096), cancel: cancel}
+	c := &conn{out: make(chan *pb.ServerMsg, 4096), cancel: cancel, owner: sessionOwner(who, from)}
 	if p, ok := peer.FromContext(stream.Context()); ok {
 		c.from = p.Addr
 	}
 	line, restarted := s.previous(hello.Previous)
 	c.restarted = restarted
 	s.mu.Lock()
-	if err := s.admitLocked(from); err != nil {
+	if err := s.admitLocked(from, c.owner); err != nil {
 		s.mu.Unlock()
 		s.log.Warn("client refused", "from", from, "err", err)
 		return err
 	}
 	s.peers[from]++
+	s.owners[c.owner]++
 	id := s.cb.Connect(hello.Name, line, time.Now())
 	s.conns[id] = c
 	token := s.token(s.store.Epoch(), id, s.cb.Line(id))

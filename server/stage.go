@@ -40,10 +40,10 @@ type stageKey struct {
 
 type stage struct {
 	key  stageKey
-	user string // whose it counts as
-	mu  sync.Mutex // one write at a time, and none once closed
-	u   Update
-	cut bool // the stage's truncation point is set: the first one counts
+	user string     // whose it counts as
+	mu   sync.Mutex // one write at a time, and none once closed
+	u    Update
+	cut  bool // the stage's truncation point is set: the first one counts
 	// closed: published or dropped; the update is not ours any more.
 	closed bool
 	used   time.Time // under stages.mu

@@ -144,13 +144,13 @@ runs it. Without --host the certificate is valid for NAME, localhost,
 // tokenCmd is the parent of the token commands.
 func tokenCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "issue and revoke the cell's users' tokens",
-		Example: `  hoard token issue --cell /etc/hoard/cell --user alice --uid 1001 > alice.token`}
+		Example: `  hoard token issue --cell /etc/hoard/cell --user alice --uid 1001 --out alice.token`}
 	cmd.AddCommand(tokenIssueCmd(), tokenRevokeCmd())
 	return cmd
 }
 
 func tokenIssueCmd() *cobra.Command {
-	var dir, user string
+	var dir, user, out string
 	var uid uint32
 	var expires time.Duration
 	var admin bool
@@ -160,7 +160,7 @@ func tokenIssueCmd() *cobra.Command {
 		Long: `Issue a token to a user, signed by the cell's CA key (so where the cell was
 made). The token alone is printed on stdout; what it says goes to stderr.
 --uid is the user's number in the cell; an admin's defaults to 0.`,
-		Example: `  hoard token issue --cell /etc/hoard/cell --user alice --uid 1001 > alice.token
+		Example: `  hoard token issue --cell /etc/hoard/cell --user alice --uid 1001 --out alice.token
   hoard token issue --cell /etc/hoard/cell --user ops --admin --expires 24h | ssh ops@desk hoard login`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -182,7 +182,14 @@ made). The token alone is printed on stdout; what it says goes to stderr.
 			if err != nil {
 				return err
 			}
-			fmt.Println(token)
+			if out != "" {
+				// 0600 from the start: a shell's > makes it 0644 first.
+				if err := writePrivate(out, []byte(token+"\n")); err != nil {
+					return err
+				}
+			} else {
+				fmt.Println(token)
+			}
 			what := ""
 			if c.Admin {
 				what = ", admin"
@@ -197,7 +204,23 @@ made). The token alone is printed on stdout; what it says goes to stderr.
 	f.Uint32Var(&uid, "uid", 0, "the user's number")
 	f.DurationVar(&expires, "expires", 720*time.Hour, "how long the token lasts")
 	f.BoolVar(&admin, "admin", false, "the user administers the cell")
+	f.StringVar(&out, "out", "", "write the token to this file, readable by its owner alone (0600), instead of stdout")
 	return cmd
+}
+
+// writePrivate writes b to path, made 0600 before a byte is in it, and
+// refuses to replace a file that is there.
+func writePrivate(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return usageError{err}
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
+	return f.Close()
 }
 
 func loginCmd() *cobra.Command {

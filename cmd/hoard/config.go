@@ -403,7 +403,14 @@ func configure(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	_, err = applyConfig(cmd, cmd.Flags(), files)
+	settings, err := applyConfig(cmd, cmd.Flags(), files)
+	for _, st := range settings {
+		// Plaintext from the environment or a file is easy to miss: say
+		// so as loudly as --insecure on the command line does.
+		if st.flag.Name == "insecure" && st.source != "flag" && st.source != "default" && st.flag.Value.String() == "true" {
+			fmt.Fprintf(os.Stderr, "hoard: WARNING: insecure (from %s): no TLS and no token; whoever is on the network sees and can change everything sent\n", st.source)
+		}
+	}
 	return err
 }
 
