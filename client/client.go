@@ -107,6 +107,10 @@ type Options struct {
 	// proxy recalls its own clients' delegations on the file there, and
 	// waits for them.
 	OnRecall func(fid node.FID)
+	// OnRightsChanged, when set, hears that the cell's principal registry
+	// changed so that someone may have lost rights: a proxy forgets the
+	// identities it was told and tells its own clients.
+	OnRightsChanged func()
 }
 
 func (o *Options) defaults() {
@@ -465,6 +469,7 @@ func (h handler) Reset() {
 func (h handler) Recall(r *pb.Recall, statesFrom uint64) { h.c.onRecall(r, statesFrom) }
 func (h handler) Revoke(r *pb.Revoke)                    { h.c.onRevoke(r) }
 func (h handler) Answered(sent time.Time)                { h.c.answered(sent) }
+func (h handler) RightsChanged()                         { h.c.forgetRights() }
 
 // expirer examines the promise list once a second (Faster AFS §3.1.1) so
 // that the read path only ever checks a flag.
@@ -541,6 +546,20 @@ func (c *Client) resetPromises() {
 		// Not waited for: after a restart nobody else changes anything
 		// before the grace period ends, and the back channel must run.
 		go c.opts.OnInvalidate(all)
+	}
+}
+
+// forgetRights drops every user's rights learnt on every node: the cell's
+// registry changed, and someone may have lost some. Promises and cached
+// bytes stay; each user's next use asks the server as that user.
+func (c *Client) forgetRights() {
+	c.nodesMu.Lock()
+	for _, n := range c.nodes {
+		n.dropRights()
+	}
+	c.nodesMu.Unlock()
+	if c.opts.OnRightsChanged != nil {
+		c.opts.OnRightsChanged()
 	}
 }
 

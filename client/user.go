@@ -124,7 +124,13 @@ func (n *Node) dropRights() {
 
 // statusAs is n's status with u's rights in it, if they are known: the
 // status is then u's to be served (under a promise: cachedAs).
+//
+// An expired token's rights are not known: the server, asked, refuses
+// it, so that an expired token gets nothing from the cache either.
 func (n *Node) statusAs(u User) (node.Status, bool) {
+	if u.expiredAt(time.Now()) {
+		return node.Status{}, false
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	r, ok := n.rights[u.key]

@@ -267,7 +267,7 @@ func (x MoveVolumeRequest_Step) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MoveVolumeRequest_Step.Descriptor instead.
 func (MoveVolumeRequest_Step) EnumDescriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{30, 0}
+	return file_hoard_proto_rawDescGZIP(), []int{31, 0}
 }
 
 type ReleaseVolumeRequest_Step int32
@@ -338,7 +338,7 @@ func (x ReleaseVolumeRequest_Step) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReleaseVolumeRequest_Step.Descriptor instead.
 func (ReleaseVolumeRequest_Step) EnumDescriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{32, 0}
+	return file_hoard_proto_rawDescGZIP(), []int{33, 0}
 }
 
 type ChangeGroupRequest_Change int32
@@ -398,7 +398,7 @@ func (x ChangeGroupRequest_Change) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ChangeGroupRequest_Change.Descriptor instead.
 func (ChangeGroupRequest_Change) EnumDescriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{70, 0}
+	return file_hoard_proto_rawDescGZIP(), []int{71, 0}
 }
 
 type FID struct {
@@ -888,6 +888,7 @@ type ServerMsg struct {
 	//	*ServerMsg_Ping
 	//	*ServerMsg_Recall
 	//	*ServerMsg_Revoke
+	//	*ServerMsg_RightsChanged
 	Msg           isServerMsg_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -984,6 +985,15 @@ func (x *ServerMsg) GetRevoke() *Revoke {
 	return nil
 }
 
+func (x *ServerMsg) GetRightsChanged() *RightsChanged {
+	if x != nil {
+		if x, ok := x.Msg.(*ServerMsg_RightsChanged); ok {
+			return x.RightsChanged
+		}
+	}
+	return nil
+}
+
 type isServerMsg_Msg interface {
 	isServerMsg_Msg()
 }
@@ -1012,6 +1022,10 @@ type ServerMsg_Revoke struct {
 	Revoke *Revoke `protobuf:"bytes,6,opt,name=revoke,proto3,oneof"`
 }
 
+type ServerMsg_RightsChanged struct {
+	RightsChanged *RightsChanged `protobuf:"bytes,7,opt,name=rights_changed,json=rightsChanged,proto3,oneof"`
+}
+
 func (*ServerMsg_Welcome) isServerMsg_Msg() {}
 
 func (*ServerMsg_Break) isServerMsg_Msg() {}
@@ -1023,6 +1037,48 @@ func (*ServerMsg_Ping) isServerMsg_Msg() {}
 func (*ServerMsg_Recall) isServerMsg_Msg() {}
 
 func (*ServerMsg_Revoke) isServerMsg_Msg() {}
+
+func (*ServerMsg_RightsChanged) isServerMsg_Msg() {}
+
+// RightsChanged: the cell's principal registry changed so that someone
+// may have lost rights (a token revoked, a member removed, a group
+// deleted): the client forgets every user's rights it learnt and asks
+// again.
+type RightsChanged struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RightsChanged) Reset() {
+	*x = RightsChanged{}
+	mi := &file_hoard_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RightsChanged) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RightsChanged) ProtoMessage() {}
+
+func (x *RightsChanged) ProtoReflect() protoreflect.Message {
+	mi := &file_hoard_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RightsChanged.ProtoReflect.Descriptor instead.
+func (*RightsChanged) Descriptor() ([]byte, []int) {
+	return file_hoard_proto_rawDescGZIP(), []int{7}
+}
 
 type Welcome struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -1065,7 +1121,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_hoard_proto_msgTypes[7]
+	mi := &file_hoard_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1133,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[7]
+	mi := &file_hoard_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1146,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{7}
+	return file_hoard_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Welcome) GetClientId() uint64 {
@@ -1174,7 +1230,7 @@ type Break struct {
 
 func (x *Break) Reset() {
 	*x = Break{}
-	mi := &file_hoard_proto_msgTypes[8]
+	mi := &file_hoard_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1242,7 @@ func (x *Break) String() string {
 func (*Break) ProtoMessage() {}
 
 func (x *Break) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[8]
+	mi := &file_hoard_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1255,7 @@ func (x *Break) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Break.ProtoReflect.Descriptor instead.
 func (*Break) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{8}
+	return file_hoard_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Break) GetSeq() uint64 {
@@ -1225,7 +1281,7 @@ type Reset struct {
 
 func (x *Reset) Reset() {
 	*x = Reset{}
-	mi := &file_hoard_proto_msgTypes[9]
+	mi := &file_hoard_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1293,7 @@ func (x *Reset) String() string {
 func (*Reset) ProtoMessage() {}
 
 func (x *Reset) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[9]
+	mi := &file_hoard_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1306,7 @@ func (x *Reset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Reset.ProtoReflect.Descriptor instead.
 func (*Reset) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{9}
+	return file_hoard_proto_rawDescGZIP(), []int{10}
 }
 
 // Recall: store the dirty data under these delegations (states[i] on
@@ -1265,7 +1321,7 @@ type Recall struct {
 
 func (x *Recall) Reset() {
 	*x = Recall{}
-	mi := &file_hoard_proto_msgTypes[10]
+	mi := &file_hoard_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1277,7 +1333,7 @@ func (x *Recall) String() string {
 func (*Recall) ProtoMessage() {}
 
 func (x *Recall) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[10]
+	mi := &file_hoard_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1290,7 +1346,7 @@ func (x *Recall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recall.ProtoReflect.Descriptor instead.
 func (*Recall) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{10}
+	return file_hoard_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Recall) GetFids() []*FID {
@@ -1318,7 +1374,7 @@ type Revoke struct {
 
 func (x *Revoke) Reset() {
 	*x = Revoke{}
-	mi := &file_hoard_proto_msgTypes[11]
+	mi := &file_hoard_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1386,7 @@ func (x *Revoke) String() string {
 func (*Revoke) ProtoMessage() {}
 
 func (x *Revoke) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[11]
+	mi := &file_hoard_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1399,7 @@ func (x *Revoke) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoke.ProtoReflect.Descriptor instead.
 func (*Revoke) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{11}
+	return file_hoard_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Revoke) GetFids() []*FID {
@@ -1368,7 +1424,7 @@ type Ping struct {
 
 func (x *Ping) Reset() {
 	*x = Ping{}
-	mi := &file_hoard_proto_msgTypes[12]
+	mi := &file_hoard_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1436,7 @@ func (x *Ping) String() string {
 func (*Ping) ProtoMessage() {}
 
 func (x *Ping) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[12]
+	mi := &file_hoard_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1449,7 @@ func (x *Ping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ping.ProtoReflect.Descriptor instead.
 func (*Ping) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{12}
+	return file_hoard_proto_rawDescGZIP(), []int{13}
 }
 
 type Volume struct {
@@ -1413,7 +1469,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_hoard_proto_msgTypes[13]
+	mi := &file_hoard_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1425,7 +1481,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[13]
+	mi := &file_hoard_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1438,7 +1494,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{13}
+	return file_hoard_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Volume) GetId() uint64 {
@@ -1502,7 +1558,7 @@ type Site struct {
 
 func (x *Site) Reset() {
 	*x = Site{}
-	mi := &file_hoard_proto_msgTypes[14]
+	mi := &file_hoard_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1514,7 +1570,7 @@ func (x *Site) String() string {
 func (*Site) ProtoMessage() {}
 
 func (x *Site) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[14]
+	mi := &file_hoard_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1527,7 +1583,7 @@ func (x *Site) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Site.ProtoReflect.Descriptor instead.
 func (*Site) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{14}
+	return file_hoard_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Site) GetName() string {
@@ -1575,7 +1631,7 @@ type Location struct {
 
 func (x *Location) Reset() {
 	*x = Location{}
-	mi := &file_hoard_proto_msgTypes[15]
+	mi := &file_hoard_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1587,7 +1643,7 @@ func (x *Location) String() string {
 func (*Location) ProtoMessage() {}
 
 func (x *Location) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[15]
+	mi := &file_hoard_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1600,7 +1656,7 @@ func (x *Location) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Location.ProtoReflect.Descriptor instead.
 func (*Location) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{15}
+	return file_hoard_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Location) GetId() uint64 {
@@ -1691,7 +1747,7 @@ type LocateRequest struct {
 
 func (x *LocateRequest) Reset() {
 	*x = LocateRequest{}
-	mi := &file_hoard_proto_msgTypes[16]
+	mi := &file_hoard_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1703,7 +1759,7 @@ func (x *LocateRequest) String() string {
 func (*LocateRequest) ProtoMessage() {}
 
 func (x *LocateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[16]
+	mi := &file_hoard_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1716,7 +1772,7 @@ func (x *LocateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocateRequest.ProtoReflect.Descriptor instead.
 func (*LocateRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{16}
+	return file_hoard_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LocateRequest) GetName() string {
@@ -1741,7 +1797,7 @@ type ListLocationsRequest struct {
 
 func (x *ListLocationsRequest) Reset() {
 	*x = ListLocationsRequest{}
-	mi := &file_hoard_proto_msgTypes[17]
+	mi := &file_hoard_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1753,7 +1809,7 @@ func (x *ListLocationsRequest) String() string {
 func (*ListLocationsRequest) ProtoMessage() {}
 
 func (x *ListLocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[17]
+	mi := &file_hoard_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1766,7 +1822,7 @@ func (x *ListLocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocationsRequest.ProtoReflect.Descriptor instead.
 func (*ListLocationsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{17}
+	return file_hoard_proto_rawDescGZIP(), []int{18}
 }
 
 type ListLocationsReply struct {
@@ -1778,7 +1834,7 @@ type ListLocationsReply struct {
 
 func (x *ListLocationsReply) Reset() {
 	*x = ListLocationsReply{}
-	mi := &file_hoard_proto_msgTypes[18]
+	mi := &file_hoard_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1790,7 +1846,7 @@ func (x *ListLocationsReply) String() string {
 func (*ListLocationsReply) ProtoMessage() {}
 
 func (x *ListLocationsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[18]
+	mi := &file_hoard_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1803,7 +1859,7 @@ func (x *ListLocationsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocationsReply.ProtoReflect.Descriptor instead.
 func (*ListLocationsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{18}
+	return file_hoard_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListLocationsReply) GetLocations() []*Location {
@@ -1828,7 +1884,7 @@ type ServerInfo struct {
 
 func (x *ServerInfo) Reset() {
 	*x = ServerInfo{}
-	mi := &file_hoard_proto_msgTypes[19]
+	mi := &file_hoard_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +1896,7 @@ func (x *ServerInfo) String() string {
 func (*ServerInfo) ProtoMessage() {}
 
 func (x *ServerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[19]
+	mi := &file_hoard_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +1909,7 @@ func (x *ServerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerInfo.ProtoReflect.Descriptor instead.
 func (*ServerInfo) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{19}
+	return file_hoard_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ServerInfo) GetSite() *Site {
@@ -1906,7 +1962,7 @@ type ListServersRequest struct {
 
 func (x *ListServersRequest) Reset() {
 	*x = ListServersRequest{}
-	mi := &file_hoard_proto_msgTypes[20]
+	mi := &file_hoard_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +1974,7 @@ func (x *ListServersRequest) String() string {
 func (*ListServersRequest) ProtoMessage() {}
 
 func (x *ListServersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[20]
+	mi := &file_hoard_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +1987,7 @@ func (x *ListServersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServersRequest.ProtoReflect.Descriptor instead.
 func (*ListServersRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{20}
+	return file_hoard_proto_rawDescGZIP(), []int{21}
 }
 
 type ListServersReply struct {
@@ -1943,7 +1999,7 @@ type ListServersReply struct {
 
 func (x *ListServersReply) Reset() {
 	*x = ListServersReply{}
-	mi := &file_hoard_proto_msgTypes[21]
+	mi := &file_hoard_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1955,7 +2011,7 @@ func (x *ListServersReply) String() string {
 func (*ListServersReply) ProtoMessage() {}
 
 func (x *ListServersReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[21]
+	mi := &file_hoard_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1968,7 +2024,7 @@ func (x *ListServersReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServersReply.ProtoReflect.Descriptor instead.
 func (*ListServersReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{21}
+	return file_hoard_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListServersReply) GetServers() []*ServerInfo {
@@ -1989,7 +2045,7 @@ type SetVolumeRequest struct {
 
 func (x *SetVolumeRequest) Reset() {
 	*x = SetVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[22]
+	mi := &file_hoard_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2001,7 +2057,7 @@ func (x *SetVolumeRequest) String() string {
 func (*SetVolumeRequest) ProtoMessage() {}
 
 func (x *SetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[22]
+	mi := &file_hoard_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2014,7 +2070,7 @@ func (x *SetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*SetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{22}
+	return file_hoard_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetVolumeRequest) GetName() string {
@@ -2040,7 +2096,7 @@ type RemoveVolumeRequest struct {
 
 func (x *RemoveVolumeRequest) Reset() {
 	*x = RemoveVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[23]
+	mi := &file_hoard_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2052,7 +2108,7 @@ func (x *RemoveVolumeRequest) String() string {
 func (*RemoveVolumeRequest) ProtoMessage() {}
 
 func (x *RemoveVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[23]
+	mi := &file_hoard_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2065,7 +2121,7 @@ func (x *RemoveVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveVolumeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{23}
+	return file_hoard_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RemoveVolumeRequest) GetName() string {
@@ -2083,7 +2139,7 @@ type RemoveVolumeReply struct {
 
 func (x *RemoveVolumeReply) Reset() {
 	*x = RemoveVolumeReply{}
-	mi := &file_hoard_proto_msgTypes[24]
+	mi := &file_hoard_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2095,7 +2151,7 @@ func (x *RemoveVolumeReply) String() string {
 func (*RemoveVolumeReply) ProtoMessage() {}
 
 func (x *RemoveVolumeReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[24]
+	mi := &file_hoard_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2108,7 +2164,7 @@ func (x *RemoveVolumeReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveVolumeReply.ProtoReflect.Descriptor instead.
 func (*RemoveVolumeReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{24}
+	return file_hoard_proto_rawDescGZIP(), []int{25}
 }
 
 // FileVersion names one data file of a volume: the file (vnode,
@@ -2125,7 +2181,7 @@ type FileVersion struct {
 
 func (x *FileVersion) Reset() {
 	*x = FileVersion{}
-	mi := &file_hoard_proto_msgTypes[25]
+	mi := &file_hoard_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2137,7 +2193,7 @@ func (x *FileVersion) String() string {
 func (*FileVersion) ProtoMessage() {}
 
 func (x *FileVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[25]
+	mi := &file_hoard_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2150,7 +2206,7 @@ func (x *FileVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileVersion.ProtoReflect.Descriptor instead.
 func (*FileVersion) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{25}
+	return file_hoard_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *FileVersion) GetVnode() uint64 {
@@ -2193,7 +2249,7 @@ type MetaKV struct {
 
 func (x *MetaKV) Reset() {
 	*x = MetaKV{}
-	mi := &file_hoard_proto_msgTypes[26]
+	mi := &file_hoard_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2205,7 +2261,7 @@ func (x *MetaKV) String() string {
 func (*MetaKV) ProtoMessage() {}
 
 func (x *MetaKV) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[26]
+	mi := &file_hoard_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2218,7 +2274,7 @@ func (x *MetaKV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaKV.ProtoReflect.Descriptor instead.
 func (*MetaKV) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{26}
+	return file_hoard_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MetaKV) GetBucket() []byte {
@@ -2254,7 +2310,7 @@ type DumpVolumeRequest struct {
 
 func (x *DumpVolumeRequest) Reset() {
 	*x = DumpVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[27]
+	mi := &file_hoard_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2266,7 +2322,7 @@ func (x *DumpVolumeRequest) String() string {
 func (*DumpVolumeRequest) ProtoMessage() {}
 
 func (x *DumpVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[27]
+	mi := &file_hoard_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2279,7 +2335,7 @@ func (x *DumpVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DumpVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{27}
+	return file_hoard_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DumpVolumeRequest) GetName() string {
@@ -2325,7 +2381,7 @@ type DumpPiece struct {
 
 func (x *DumpPiece) Reset() {
 	*x = DumpPiece{}
-	mi := &file_hoard_proto_msgTypes[28]
+	mi := &file_hoard_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2337,7 +2393,7 @@ func (x *DumpPiece) String() string {
 func (*DumpPiece) ProtoMessage() {}
 
 func (x *DumpPiece) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[28]
+	mi := &file_hoard_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2350,7 +2406,7 @@ func (x *DumpPiece) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpPiece.ProtoReflect.Descriptor instead.
 func (*DumpPiece) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{28}
+	return file_hoard_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DumpPiece) GetVolume() uint64 {
@@ -2442,7 +2498,7 @@ type RestoreVolumeReply struct {
 
 func (x *RestoreVolumeReply) Reset() {
 	*x = RestoreVolumeReply{}
-	mi := &file_hoard_proto_msgTypes[29]
+	mi := &file_hoard_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2454,7 +2510,7 @@ func (x *RestoreVolumeReply) String() string {
 func (*RestoreVolumeReply) ProtoMessage() {}
 
 func (x *RestoreVolumeReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[29]
+	mi := &file_hoard_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2467,7 +2523,7 @@ func (x *RestoreVolumeReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreVolumeReply.ProtoReflect.Descriptor instead.
 func (*RestoreVolumeReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{29}
+	return file_hoard_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RestoreVolumeReply) GetHave() []*FileVersion {
@@ -2502,7 +2558,7 @@ type MoveVolumeRequest struct {
 
 func (x *MoveVolumeRequest) Reset() {
 	*x = MoveVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[30]
+	mi := &file_hoard_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2514,7 +2570,7 @@ func (x *MoveVolumeRequest) String() string {
 func (*MoveVolumeRequest) ProtoMessage() {}
 
 func (x *MoveVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[30]
+	mi := &file_hoard_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2527,7 +2583,7 @@ func (x *MoveVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveVolumeRequest.ProtoReflect.Descriptor instead.
 func (*MoveVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{30}
+	return file_hoard_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *MoveVolumeRequest) GetName() string {
@@ -2560,7 +2616,7 @@ type MoveVolumeReply struct {
 
 func (x *MoveVolumeReply) Reset() {
 	*x = MoveVolumeReply{}
-	mi := &file_hoard_proto_msgTypes[31]
+	mi := &file_hoard_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2572,7 +2628,7 @@ func (x *MoveVolumeReply) String() string {
 func (*MoveVolumeReply) ProtoMessage() {}
 
 func (x *MoveVolumeReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[31]
+	mi := &file_hoard_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2585,7 +2641,7 @@ func (x *MoveVolumeReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveVolumeReply.ProtoReflect.Descriptor instead.
 func (*MoveVolumeReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{31}
+	return file_hoard_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *MoveVolumeReply) GetLocation() *Location {
@@ -2608,7 +2664,7 @@ type ReleaseVolumeRequest struct {
 
 func (x *ReleaseVolumeRequest) Reset() {
 	*x = ReleaseVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[32]
+	mi := &file_hoard_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2620,7 +2676,7 @@ func (x *ReleaseVolumeRequest) String() string {
 func (*ReleaseVolumeRequest) ProtoMessage() {}
 
 func (x *ReleaseVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[32]
+	mi := &file_hoard_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2633,7 +2689,7 @@ func (x *ReleaseVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{32}
+	return file_hoard_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReleaseVolumeRequest) GetName() string {
@@ -2667,7 +2723,7 @@ type ReleaseVolumeReply struct {
 
 func (x *ReleaseVolumeReply) Reset() {
 	*x = ReleaseVolumeReply{}
-	mi := &file_hoard_proto_msgTypes[33]
+	mi := &file_hoard_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2679,7 +2735,7 @@ func (x *ReleaseVolumeReply) String() string {
 func (*ReleaseVolumeReply) ProtoMessage() {}
 
 func (x *ReleaseVolumeReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[33]
+	mi := &file_hoard_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2692,7 +2748,7 @@ func (x *ReleaseVolumeReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseVolumeReply.ProtoReflect.Descriptor instead.
 func (*ReleaseVolumeReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{33}
+	return file_hoard_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReleaseVolumeReply) GetLocation() *Location {
@@ -2720,7 +2776,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[34]
+	mi := &file_hoard_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2732,7 +2788,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[34]
+	mi := &file_hoard_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2745,7 +2801,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{34}
+	return file_hoard_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetVolumeRequest) GetName() string {
@@ -2770,7 +2826,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_hoard_proto_msgTypes[35]
+	mi := &file_hoard_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2782,7 +2838,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[35]
+	mi := &file_hoard_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2795,7 +2851,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{35}
+	return file_hoard_proto_rawDescGZIP(), []int{36}
 }
 
 type ListVolumesReply struct {
@@ -2807,7 +2863,7 @@ type ListVolumesReply struct {
 
 func (x *ListVolumesReply) Reset() {
 	*x = ListVolumesReply{}
-	mi := &file_hoard_proto_msgTypes[36]
+	mi := &file_hoard_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2819,7 +2875,7 @@ func (x *ListVolumesReply) String() string {
 func (*ListVolumesReply) ProtoMessage() {}
 
 func (x *ListVolumesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[36]
+	mi := &file_hoard_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2832,7 +2888,7 @@ func (x *ListVolumesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesReply.ProtoReflect.Descriptor instead.
 func (*ListVolumesReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{36}
+	return file_hoard_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListVolumesReply) GetVolumes() []*Volume {
@@ -2855,7 +2911,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_hoard_proto_msgTypes[37]
+	mi := &file_hoard_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2867,7 +2923,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[37]
+	mi := &file_hoard_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2880,7 +2936,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{37}
+	return file_hoard_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -2907,7 +2963,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_hoard_proto_msgTypes[38]
+	mi := &file_hoard_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2919,7 +2975,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[38]
+	mi := &file_hoard_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2932,7 +2988,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{38}
+	return file_hoard_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *LookupRequest) GetDir() *FID {
@@ -2959,7 +3015,7 @@ type LookupReply struct {
 
 func (x *LookupReply) Reset() {
 	*x = LookupReply{}
-	mi := &file_hoard_proto_msgTypes[39]
+	mi := &file_hoard_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2971,7 +3027,7 @@ func (x *LookupReply) String() string {
 func (*LookupReply) ProtoMessage() {}
 
 func (x *LookupReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[39]
+	mi := &file_hoard_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2984,7 +3040,7 @@ func (x *LookupReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupReply.ProtoReflect.Descriptor instead.
 func (*LookupReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{39}
+	return file_hoard_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *LookupReply) GetStatus() *Status {
@@ -3010,7 +3066,7 @@ type GetStatusRequest struct {
 
 func (x *GetStatusRequest) Reset() {
 	*x = GetStatusRequest{}
-	mi := &file_hoard_proto_msgTypes[40]
+	mi := &file_hoard_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3022,7 +3078,7 @@ func (x *GetStatusRequest) String() string {
 func (*GetStatusRequest) ProtoMessage() {}
 
 func (x *GetStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[40]
+	mi := &file_hoard_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3035,7 +3091,7 @@ func (x *GetStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetStatusRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{40}
+	return file_hoard_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetStatusRequest) GetFids() []*FID {
@@ -3056,7 +3112,7 @@ type StatusResult struct {
 
 func (x *StatusResult) Reset() {
 	*x = StatusResult{}
-	mi := &file_hoard_proto_msgTypes[41]
+	mi := &file_hoard_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3068,7 +3124,7 @@ func (x *StatusResult) String() string {
 func (*StatusResult) ProtoMessage() {}
 
 func (x *StatusResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[41]
+	mi := &file_hoard_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3081,7 +3137,7 @@ func (x *StatusResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResult.ProtoReflect.Descriptor instead.
 func (*StatusResult) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{41}
+	return file_hoard_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *StatusResult) GetStatus() *Status {
@@ -3107,7 +3163,7 @@ type GetStatusReply struct {
 
 func (x *GetStatusReply) Reset() {
 	*x = GetStatusReply{}
-	mi := &file_hoard_proto_msgTypes[42]
+	mi := &file_hoard_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3119,7 +3175,7 @@ func (x *GetStatusReply) String() string {
 func (*GetStatusReply) ProtoMessage() {}
 
 func (x *GetStatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[42]
+	mi := &file_hoard_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3132,7 +3188,7 @@ func (x *GetStatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatusReply.ProtoReflect.Descriptor instead.
 func (*GetStatusReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{42}
+	return file_hoard_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetStatusReply) GetResults() []*StatusResult {
@@ -3154,7 +3210,7 @@ type ReadDirRequest struct {
 
 func (x *ReadDirRequest) Reset() {
 	*x = ReadDirRequest{}
-	mi := &file_hoard_proto_msgTypes[43]
+	mi := &file_hoard_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3166,7 +3222,7 @@ func (x *ReadDirRequest) String() string {
 func (*ReadDirRequest) ProtoMessage() {}
 
 func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[43]
+	mi := &file_hoard_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3179,7 +3235,7 @@ func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirRequest.ProtoReflect.Descriptor instead.
 func (*ReadDirRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{43}
+	return file_hoard_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReadDirRequest) GetDir() *FID {
@@ -3216,7 +3272,7 @@ type DirEntry struct {
 
 func (x *DirEntry) Reset() {
 	*x = DirEntry{}
-	mi := &file_hoard_proto_msgTypes[44]
+	mi := &file_hoard_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3228,7 +3284,7 @@ func (x *DirEntry) String() string {
 func (*DirEntry) ProtoMessage() {}
 
 func (x *DirEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[44]
+	mi := &file_hoard_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3241,7 +3297,7 @@ func (x *DirEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirEntry.ProtoReflect.Descriptor instead.
 func (*DirEntry) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{44}
+	return file_hoard_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DirEntry) GetName() string {
@@ -3283,7 +3339,7 @@ type ReadDirReply struct {
 
 func (x *ReadDirReply) Reset() {
 	*x = ReadDirReply{}
-	mi := &file_hoard_proto_msgTypes[45]
+	mi := &file_hoard_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3295,7 +3351,7 @@ func (x *ReadDirReply) String() string {
 func (*ReadDirReply) ProtoMessage() {}
 
 func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[45]
+	mi := &file_hoard_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3308,7 +3364,7 @@ func (x *ReadDirReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirReply.ProtoReflect.Descriptor instead.
 func (*ReadDirReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{45}
+	return file_hoard_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ReadDirReply) GetEntries() []*DirEntry {
@@ -3357,7 +3413,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_hoard_proto_msgTypes[46]
+	mi := &file_hoard_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3369,7 +3425,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[46]
+	mi := &file_hoard_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3382,7 +3438,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{46}
+	return file_hoard_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CreateRequest) GetDir() *FID {
@@ -3469,7 +3525,7 @@ type CreateReply struct {
 
 func (x *CreateReply) Reset() {
 	*x = CreateReply{}
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3481,7 +3537,7 @@ func (x *CreateReply) String() string {
 func (*CreateReply) ProtoMessage() {}
 
 func (x *CreateReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[47]
+	mi := &file_hoard_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3494,7 +3550,7 @@ func (x *CreateReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReply.ProtoReflect.Descriptor instead.
 func (*CreateReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{47}
+	return file_hoard_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CreateReply) GetStatus() *Status {
@@ -3543,7 +3599,7 @@ type LinkRequest struct {
 
 func (x *LinkRequest) Reset() {
 	*x = LinkRequest{}
-	mi := &file_hoard_proto_msgTypes[48]
+	mi := &file_hoard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3555,7 +3611,7 @@ func (x *LinkRequest) String() string {
 func (*LinkRequest) ProtoMessage() {}
 
 func (x *LinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[48]
+	mi := &file_hoard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3568,7 +3624,7 @@ func (x *LinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkRequest.ProtoReflect.Descriptor instead.
 func (*LinkRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{48}
+	return file_hoard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *LinkRequest) GetDir() *FID {
@@ -3602,7 +3658,7 @@ type LinkReply struct {
 
 func (x *LinkReply) Reset() {
 	*x = LinkReply{}
-	mi := &file_hoard_proto_msgTypes[49]
+	mi := &file_hoard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +3670,7 @@ func (x *LinkReply) String() string {
 func (*LinkReply) ProtoMessage() {}
 
 func (x *LinkReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[49]
+	mi := &file_hoard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +3683,7 @@ func (x *LinkReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkReply.ProtoReflect.Descriptor instead.
 func (*LinkReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{49}
+	return file_hoard_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *LinkReply) GetStatus() *Status {
@@ -3656,7 +3712,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_hoard_proto_msgTypes[50]
+	mi := &file_hoard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3668,7 +3724,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[50]
+	mi := &file_hoard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3681,7 +3737,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{50}
+	return file_hoard_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RemoveRequest) GetDir() *FID {
@@ -3716,7 +3772,7 @@ type RemoveReply struct {
 
 func (x *RemoveReply) Reset() {
 	*x = RemoveReply{}
-	mi := &file_hoard_proto_msgTypes[51]
+	mi := &file_hoard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3728,7 +3784,7 @@ func (x *RemoveReply) String() string {
 func (*RemoveReply) ProtoMessage() {}
 
 func (x *RemoveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[51]
+	mi := &file_hoard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3741,7 +3797,7 @@ func (x *RemoveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReply.ProtoReflect.Descriptor instead.
 func (*RemoveReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{51}
+	return file_hoard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RemoveReply) GetDir() *Status {
@@ -3770,7 +3826,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_hoard_proto_msgTypes[52]
+	mi := &file_hoard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3782,7 +3838,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[52]
+	mi := &file_hoard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3795,7 +3851,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{52}
+	return file_hoard_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RenameRequest) GetSrcDir() *FID {
@@ -3839,7 +3895,7 @@ type RenameReply struct {
 
 func (x *RenameReply) Reset() {
 	*x = RenameReply{}
-	mi := &file_hoard_proto_msgTypes[53]
+	mi := &file_hoard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3851,7 +3907,7 @@ func (x *RenameReply) String() string {
 func (*RenameReply) ProtoMessage() {}
 
 func (x *RenameReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[53]
+	mi := &file_hoard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3864,7 +3920,7 @@ func (x *RenameReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameReply.ProtoReflect.Descriptor instead.
 func (*RenameReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{53}
+	return file_hoard_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RenameReply) GetSrcDir() *Status {
@@ -3912,7 +3968,7 @@ type SetAttrRequest struct {
 
 func (x *SetAttrRequest) Reset() {
 	*x = SetAttrRequest{}
-	mi := &file_hoard_proto_msgTypes[54]
+	mi := &file_hoard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3924,7 +3980,7 @@ func (x *SetAttrRequest) String() string {
 func (*SetAttrRequest) ProtoMessage() {}
 
 func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[54]
+	mi := &file_hoard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3937,7 +3993,7 @@ func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrRequest.ProtoReflect.Descriptor instead.
 func (*SetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{54}
+	return file_hoard_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *SetAttrRequest) GetFid() *FID {
@@ -4005,7 +4061,7 @@ type SetAttrReply struct {
 
 func (x *SetAttrReply) Reset() {
 	*x = SetAttrReply{}
-	mi := &file_hoard_proto_msgTypes[55]
+	mi := &file_hoard_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4017,7 +4073,7 @@ func (x *SetAttrReply) String() string {
 func (*SetAttrReply) ProtoMessage() {}
 
 func (x *SetAttrReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[55]
+	mi := &file_hoard_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4030,7 +4086,7 @@ func (x *SetAttrReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrReply.ProtoReflect.Descriptor instead.
 func (*SetAttrReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{55}
+	return file_hoard_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SetAttrReply) GetStatus() *Status {
@@ -4055,7 +4111,7 @@ type XattrRequest struct {
 
 func (x *XattrRequest) Reset() {
 	*x = XattrRequest{}
-	mi := &file_hoard_proto_msgTypes[56]
+	mi := &file_hoard_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4067,7 +4123,7 @@ func (x *XattrRequest) String() string {
 func (*XattrRequest) ProtoMessage() {}
 
 func (x *XattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[56]
+	mi := &file_hoard_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4080,7 +4136,7 @@ func (x *XattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrRequest.ProtoReflect.Descriptor instead.
 func (*XattrRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{56}
+	return file_hoard_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *XattrRequest) GetFid() *FID {
@@ -4129,7 +4185,7 @@ type XattrReply struct {
 
 func (x *XattrReply) Reset() {
 	*x = XattrReply{}
-	mi := &file_hoard_proto_msgTypes[57]
+	mi := &file_hoard_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4141,7 +4197,7 @@ func (x *XattrReply) String() string {
 func (*XattrReply) ProtoMessage() {}
 
 func (x *XattrReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[57]
+	mi := &file_hoard_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4154,7 +4210,7 @@ func (x *XattrReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrReply.ProtoReflect.Descriptor instead.
 func (*XattrReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{57}
+	return file_hoard_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *XattrReply) GetValue() []byte {
@@ -4187,7 +4243,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_hoard_proto_msgTypes[58]
+	mi := &file_hoard_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4199,7 +4255,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[58]
+	mi := &file_hoard_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4212,7 +4268,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{58}
+	return file_hoard_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *StatFSRequest) GetVolume() uint64 {
@@ -4235,7 +4291,7 @@ type StatFSReply struct {
 
 func (x *StatFSReply) Reset() {
 	*x = StatFSReply{}
-	mi := &file_hoard_proto_msgTypes[59]
+	mi := &file_hoard_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4247,7 +4303,7 @@ func (x *StatFSReply) String() string {
 func (*StatFSReply) ProtoMessage() {}
 
 func (x *StatFSReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[59]
+	mi := &file_hoard_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4260,7 +4316,7 @@ func (x *StatFSReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSReply.ProtoReflect.Descriptor instead.
 func (*StatFSReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{59}
+	return file_hoard_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *StatFSReply) GetBlockSize() uint64 {
@@ -4311,7 +4367,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_hoard_proto_msgTypes[60]
+	mi := &file_hoard_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4323,7 +4379,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[60]
+	mi := &file_hoard_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4336,7 +4392,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{60}
+	return file_hoard_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *FetchRequest) GetFid() *FID {
@@ -4382,7 +4438,7 @@ type FetchReply struct {
 
 func (x *FetchReply) Reset() {
 	*x = FetchReply{}
-	mi := &file_hoard_proto_msgTypes[61]
+	mi := &file_hoard_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4394,7 +4450,7 @@ func (x *FetchReply) String() string {
 func (*FetchReply) ProtoMessage() {}
 
 func (x *FetchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[61]
+	mi := &file_hoard_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4407,7 +4463,7 @@ func (x *FetchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchReply.ProtoReflect.Descriptor instead.
 func (*FetchReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{61}
+	return file_hoard_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *FetchReply) GetStatus() *Status {
@@ -4478,7 +4534,7 @@ type StoreRequest struct {
 
 func (x *StoreRequest) Reset() {
 	*x = StoreRequest{}
-	mi := &file_hoard_proto_msgTypes[62]
+	mi := &file_hoard_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4490,7 +4546,7 @@ func (x *StoreRequest) String() string {
 func (*StoreRequest) ProtoMessage() {}
 
 func (x *StoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[62]
+	mi := &file_hoard_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4503,7 +4559,7 @@ func (x *StoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRequest.ProtoReflect.Descriptor instead.
 func (*StoreRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{62}
+	return file_hoard_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *StoreRequest) GetFid() *FID {
@@ -4613,7 +4669,7 @@ type StoreReply struct {
 
 func (x *StoreReply) Reset() {
 	*x = StoreReply{}
-	mi := &file_hoard_proto_msgTypes[63]
+	mi := &file_hoard_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4625,7 +4681,7 @@ func (x *StoreReply) String() string {
 func (*StoreReply) ProtoMessage() {}
 
 func (x *StoreReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[63]
+	mi := &file_hoard_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4638,7 +4694,7 @@ func (x *StoreReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreReply.ProtoReflect.Descriptor instead.
 func (*StoreReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{63}
+	return file_hoard_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *StoreReply) GetStatus() *Status {
@@ -4656,7 +4712,7 @@ type WhoAmIRequest struct {
 
 func (x *WhoAmIRequest) Reset() {
 	*x = WhoAmIRequest{}
-	mi := &file_hoard_proto_msgTypes[64]
+	mi := &file_hoard_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4668,7 +4724,7 @@ func (x *WhoAmIRequest) String() string {
 func (*WhoAmIRequest) ProtoMessage() {}
 
 func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[64]
+	mi := &file_hoard_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4681,7 +4737,7 @@ func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
 func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{64}
+	return file_hoard_proto_rawDescGZIP(), []int{65}
 }
 
 type WhoAmIReply struct {
@@ -4703,7 +4759,7 @@ type WhoAmIReply struct {
 
 func (x *WhoAmIReply) Reset() {
 	*x = WhoAmIReply{}
-	mi := &file_hoard_proto_msgTypes[65]
+	mi := &file_hoard_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4715,7 +4771,7 @@ func (x *WhoAmIReply) String() string {
 func (*WhoAmIReply) ProtoMessage() {}
 
 func (x *WhoAmIReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[65]
+	mi := &file_hoard_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4728,7 +4784,7 @@ func (x *WhoAmIReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIReply.ProtoReflect.Descriptor instead.
 func (*WhoAmIReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{65}
+	return file_hoard_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *WhoAmIReply) GetUser() string {
@@ -4793,7 +4849,7 @@ type ACLEntry struct {
 
 func (x *ACLEntry) Reset() {
 	*x = ACLEntry{}
-	mi := &file_hoard_proto_msgTypes[66]
+	mi := &file_hoard_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4805,7 +4861,7 @@ func (x *ACLEntry) String() string {
 func (*ACLEntry) ProtoMessage() {}
 
 func (x *ACLEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[66]
+	mi := &file_hoard_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4818,7 +4874,7 @@ func (x *ACLEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLEntry.ProtoReflect.Descriptor instead.
 func (*ACLEntry) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{66}
+	return file_hoard_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ACLEntry) GetWho() string {
@@ -4851,7 +4907,7 @@ type GetACLRequest struct {
 
 func (x *GetACLRequest) Reset() {
 	*x = GetACLRequest{}
-	mi := &file_hoard_proto_msgTypes[67]
+	mi := &file_hoard_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4863,7 +4919,7 @@ func (x *GetACLRequest) String() string {
 func (*GetACLRequest) ProtoMessage() {}
 
 func (x *GetACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[67]
+	mi := &file_hoard_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4876,7 +4932,7 @@ func (x *GetACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLRequest.ProtoReflect.Descriptor instead.
 func (*GetACLRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{67}
+	return file_hoard_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *GetACLRequest) GetFid() *FID {
@@ -4898,7 +4954,7 @@ type SetACLRequest struct {
 
 func (x *SetACLRequest) Reset() {
 	*x = SetACLRequest{}
-	mi := &file_hoard_proto_msgTypes[68]
+	mi := &file_hoard_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4910,7 +4966,7 @@ func (x *SetACLRequest) String() string {
 func (*SetACLRequest) ProtoMessage() {}
 
 func (x *SetACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[68]
+	mi := &file_hoard_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4923,7 +4979,7 @@ func (x *SetACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetACLRequest.ProtoReflect.Descriptor instead.
 func (*SetACLRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{68}
+	return file_hoard_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *SetACLRequest) GetDir() *FID {
@@ -4960,7 +5016,7 @@ type ACLReply struct {
 
 func (x *ACLReply) Reset() {
 	*x = ACLReply{}
-	mi := &file_hoard_proto_msgTypes[69]
+	mi := &file_hoard_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4972,7 +5028,7 @@ func (x *ACLReply) String() string {
 func (*ACLReply) ProtoMessage() {}
 
 func (x *ACLReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[69]
+	mi := &file_hoard_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4985,7 +5041,7 @@ func (x *ACLReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLReply.ProtoReflect.Descriptor instead.
 func (*ACLReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{69}
+	return file_hoard_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ACLReply) GetDir() *FID {
@@ -5022,7 +5078,7 @@ type ChangeGroupRequest struct {
 
 func (x *ChangeGroupRequest) Reset() {
 	*x = ChangeGroupRequest{}
-	mi := &file_hoard_proto_msgTypes[70]
+	mi := &file_hoard_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5034,7 +5090,7 @@ func (x *ChangeGroupRequest) String() string {
 func (*ChangeGroupRequest) ProtoMessage() {}
 
 func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[70]
+	mi := &file_hoard_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5047,7 +5103,7 @@ func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupRequest.ProtoReflect.Descriptor instead.
 func (*ChangeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{70}
+	return file_hoard_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ChangeGroupRequest) GetChange() ChangeGroupRequest_Change {
@@ -5086,7 +5142,7 @@ type ChangeGroupReply struct {
 
 func (x *ChangeGroupReply) Reset() {
 	*x = ChangeGroupReply{}
-	mi := &file_hoard_proto_msgTypes[71]
+	mi := &file_hoard_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5098,7 +5154,7 @@ func (x *ChangeGroupReply) String() string {
 func (*ChangeGroupReply) ProtoMessage() {}
 
 func (x *ChangeGroupReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[71]
+	mi := &file_hoard_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5111,7 +5167,7 @@ func (x *ChangeGroupReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupReply.ProtoReflect.Descriptor instead.
 func (*ChangeGroupReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{71}
+	return file_hoard_proto_rawDescGZIP(), []int{72}
 }
 
 type ListGroupsRequest struct {
@@ -5122,7 +5178,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_hoard_proto_msgTypes[72]
+	mi := &file_hoard_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5134,7 +5190,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[72]
+	mi := &file_hoard_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5147,7 +5203,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{72}
+	return file_hoard_proto_rawDescGZIP(), []int{73}
 }
 
 type Group struct {
@@ -5161,7 +5217,7 @@ type Group struct {
 
 func (x *Group) Reset() {
 	*x = Group{}
-	mi := &file_hoard_proto_msgTypes[73]
+	mi := &file_hoard_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5173,7 +5229,7 @@ func (x *Group) String() string {
 func (*Group) ProtoMessage() {}
 
 func (x *Group) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[73]
+	mi := &file_hoard_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5186,7 +5242,7 @@ func (x *Group) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Group.ProtoReflect.Descriptor instead.
 func (*Group) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{73}
+	return file_hoard_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *Group) GetName() string {
@@ -5221,7 +5277,7 @@ type User struct {
 
 func (x *User) Reset() {
 	*x = User{}
-	mi := &file_hoard_proto_msgTypes[74]
+	mi := &file_hoard_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5233,7 +5289,7 @@ func (x *User) String() string {
 func (*User) ProtoMessage() {}
 
 func (x *User) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[74]
+	mi := &file_hoard_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5246,7 +5302,7 @@ func (x *User) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use User.ProtoReflect.Descriptor instead.
 func (*User) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{74}
+	return file_hoard_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *User) GetName() string {
@@ -5281,7 +5337,7 @@ type ListGroupsReply struct {
 
 func (x *ListGroupsReply) Reset() {
 	*x = ListGroupsReply{}
-	mi := &file_hoard_proto_msgTypes[75]
+	mi := &file_hoard_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5293,7 +5349,7 @@ func (x *ListGroupsReply) String() string {
 func (*ListGroupsReply) ProtoMessage() {}
 
 func (x *ListGroupsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[75]
+	mi := &file_hoard_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5306,7 +5362,7 @@ func (x *ListGroupsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsReply.ProtoReflect.Descriptor instead.
 func (*ListGroupsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{75}
+	return file_hoard_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ListGroupsReply) GetGroups() []*Group {
@@ -5335,7 +5391,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_hoard_proto_msgTypes[76]
+	mi := &file_hoard_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5347,7 +5403,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[76]
+	mi := &file_hoard_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5360,7 +5416,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{76}
+	return file_hoard_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -5385,7 +5441,7 @@ type RevokeTokenReply struct {
 
 func (x *RevokeTokenReply) Reset() {
 	*x = RevokeTokenReply{}
-	mi := &file_hoard_proto_msgTypes[77]
+	mi := &file_hoard_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5397,7 +5453,7 @@ func (x *RevokeTokenReply) String() string {
 func (*RevokeTokenReply) ProtoMessage() {}
 
 func (x *RevokeTokenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[77]
+	mi := &file_hoard_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5410,7 +5466,7 @@ func (x *RevokeTokenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenReply.ProtoReflect.Descriptor instead.
 func (*RevokeTokenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{77}
+	return file_hoard_proto_rawDescGZIP(), []int{78}
 }
 
 type ReserveRequest struct {
@@ -5426,7 +5482,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_hoard_proto_msgTypes[78]
+	mi := &file_hoard_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5438,7 +5494,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[78]
+	mi := &file_hoard_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5451,7 +5507,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{78}
+	return file_hoard_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ReserveRequest) GetVolume() uint64 {
@@ -5484,7 +5540,7 @@ type ReserveReply struct {
 
 func (x *ReserveReply) Reset() {
 	*x = ReserveReply{}
-	mi := &file_hoard_proto_msgTypes[79]
+	mi := &file_hoard_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5496,7 +5552,7 @@ func (x *ReserveReply) String() string {
 func (*ReserveReply) ProtoMessage() {}
 
 func (x *ReserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[79]
+	mi := &file_hoard_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5509,7 +5565,7 @@ func (x *ReserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveReply.ProtoReflect.Descriptor instead.
 func (*ReserveReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{79}
+	return file_hoard_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ReserveReply) GetFids() []*FID {
@@ -5533,7 +5589,7 @@ type ReservedFile struct {
 
 func (x *ReservedFile) Reset() {
 	*x = ReservedFile{}
-	mi := &file_hoard_proto_msgTypes[80]
+	mi := &file_hoard_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5545,7 +5601,7 @@ func (x *ReservedFile) String() string {
 func (*ReservedFile) ProtoMessage() {}
 
 func (x *ReservedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[80]
+	mi := &file_hoard_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5558,7 +5614,7 @@ func (x *ReservedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservedFile.ProtoReflect.Descriptor instead.
 func (*ReservedFile) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{80}
+	return file_hoard_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ReservedFile) GetName() string {
@@ -5615,7 +5671,7 @@ type RemovedFile struct {
 
 func (x *RemovedFile) Reset() {
 	*x = RemovedFile{}
-	mi := &file_hoard_proto_msgTypes[81]
+	mi := &file_hoard_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5627,7 +5683,7 @@ func (x *RemovedFile) String() string {
 func (*RemovedFile) ProtoMessage() {}
 
 func (x *RemovedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[81]
+	mi := &file_hoard_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5640,7 +5696,7 @@ func (x *RemovedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovedFile.ProtoReflect.Descriptor instead.
 func (*RemovedFile) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{81}
+	return file_hoard_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RemovedFile) GetName() string {
@@ -5676,7 +5732,7 @@ type CreateReservedRequest struct {
 
 func (x *CreateReservedRequest) Reset() {
 	*x = CreateReservedRequest{}
-	mi := &file_hoard_proto_msgTypes[82]
+	mi := &file_hoard_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5688,7 +5744,7 @@ func (x *CreateReservedRequest) String() string {
 func (*CreateReservedRequest) ProtoMessage() {}
 
 func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[82]
+	mi := &file_hoard_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5701,7 +5757,7 @@ func (x *CreateReservedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedRequest.ProtoReflect.Descriptor instead.
 func (*CreateReservedRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{82}
+	return file_hoard_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *CreateReservedRequest) GetDir() *FID {
@@ -5753,7 +5809,7 @@ type CreateReservedReply struct {
 
 func (x *CreateReservedReply) Reset() {
 	*x = CreateReservedReply{}
-	mi := &file_hoard_proto_msgTypes[83]
+	mi := &file_hoard_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5765,7 +5821,7 @@ func (x *CreateReservedReply) String() string {
 func (*CreateReservedReply) ProtoMessage() {}
 
 func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[83]
+	mi := &file_hoard_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5778,7 +5834,7 @@ func (x *CreateReservedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservedReply.ProtoReflect.Descriptor instead.
 func (*CreateReservedReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{83}
+	return file_hoard_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *CreateReservedReply) GetDir() *Status {
@@ -5833,7 +5889,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_hoard_proto_msgTypes[84]
+	mi := &file_hoard_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5845,7 +5901,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[84]
+	mi := &file_hoard_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5858,7 +5914,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{84}
+	return file_hoard_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *OpenRequest) GetFid() *FID {
@@ -5910,7 +5966,7 @@ type OpenReply struct {
 
 func (x *OpenReply) Reset() {
 	*x = OpenReply{}
-	mi := &file_hoard_proto_msgTypes[85]
+	mi := &file_hoard_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5922,7 +5978,7 @@ func (x *OpenReply) String() string {
 func (*OpenReply) ProtoMessage() {}
 
 func (x *OpenReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[85]
+	mi := &file_hoard_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5935,7 +5991,7 @@ func (x *OpenReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenReply.ProtoReflect.Descriptor instead.
 func (*OpenReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{85}
+	return file_hoard_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *OpenReply) GetStatus() *Status {
@@ -5976,7 +6032,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_hoard_proto_msgTypes[86]
+	mi := &file_hoard_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5988,7 +6044,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[86]
+	mi := &file_hoard_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6001,7 +6057,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{86}
+	return file_hoard_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *CloseRequest) GetFid() *FID {
@@ -6026,7 +6082,7 @@ type CloseReply struct {
 
 func (x *CloseReply) Reset() {
 	*x = CloseReply{}
-	mi := &file_hoard_proto_msgTypes[87]
+	mi := &file_hoard_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6038,7 +6094,7 @@ func (x *CloseReply) String() string {
 func (*CloseReply) ProtoMessage() {}
 
 func (x *CloseReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[87]
+	mi := &file_hoard_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6051,7 +6107,7 @@ func (x *CloseReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseReply.ProtoReflect.Descriptor instead.
 func (*CloseReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{87}
+	return file_hoard_proto_rawDescGZIP(), []int{88}
 }
 
 // Return gives a delegation back after its dirty data was stored; readers
@@ -6069,7 +6125,7 @@ type ReturnRequest struct {
 
 func (x *ReturnRequest) Reset() {
 	*x = ReturnRequest{}
-	mi := &file_hoard_proto_msgTypes[88]
+	mi := &file_hoard_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6081,7 +6137,7 @@ func (x *ReturnRequest) String() string {
 func (*ReturnRequest) ProtoMessage() {}
 
 func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[88]
+	mi := &file_hoard_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6094,7 +6150,7 @@ func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{88}
+	return file_hoard_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ReturnRequest) GetFid() *FID {
@@ -6133,7 +6189,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_hoard_proto_msgTypes[89]
+	mi := &file_hoard_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6145,7 +6201,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[89]
+	mi := &file_hoard_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6158,7 +6214,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{89}
+	return file_hoard_proto_rawDescGZIP(), []int{90}
 }
 
 type RenewReply struct {
@@ -6169,7 +6225,7 @@ type RenewReply struct {
 
 func (x *RenewReply) Reset() {
 	*x = RenewReply{}
-	mi := &file_hoard_proto_msgTypes[90]
+	mi := &file_hoard_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6181,7 +6237,7 @@ func (x *RenewReply) String() string {
 func (*RenewReply) ProtoMessage() {}
 
 func (x *RenewReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[90]
+	mi := &file_hoard_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6194,7 +6250,7 @@ func (x *RenewReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewReply.ProtoReflect.Descriptor instead.
 func (*RenewReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{90}
+	return file_hoard_proto_rawDescGZIP(), []int{91}
 }
 
 type ReturnReply struct {
@@ -6207,7 +6263,7 @@ type ReturnReply struct {
 
 func (x *ReturnReply) Reset() {
 	*x = ReturnReply{}
-	mi := &file_hoard_proto_msgTypes[91]
+	mi := &file_hoard_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6219,7 +6275,7 @@ func (x *ReturnReply) String() string {
 func (*ReturnReply) ProtoMessage() {}
 
 func (x *ReturnReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[91]
+	mi := &file_hoard_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6232,7 +6288,7 @@ func (x *ReturnReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnReply.ProtoReflect.Descriptor instead.
 func (*ReturnReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{91}
+	return file_hoard_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ReturnReply) GetAccepted() bool {
@@ -6250,7 +6306,7 @@ type ProxyStatsRequest struct {
 
 func (x *ProxyStatsRequest) Reset() {
 	*x = ProxyStatsRequest{}
-	mi := &file_hoard_proto_msgTypes[92]
+	mi := &file_hoard_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6262,7 +6318,7 @@ func (x *ProxyStatsRequest) String() string {
 func (*ProxyStatsRequest) ProtoMessage() {}
 
 func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[92]
+	mi := &file_hoard_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6275,7 +6331,7 @@ func (x *ProxyStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsRequest.ProtoReflect.Descriptor instead.
 func (*ProxyStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{92}
+	return file_hoard_proto_rawDescGZIP(), []int{93}
 }
 
 // ProxyStatsReply: the proxy's disk store. Hits and misses count chunk
@@ -6325,7 +6381,7 @@ type ProxyStatsReply struct {
 
 func (x *ProxyStatsReply) Reset() {
 	*x = ProxyStatsReply{}
-	mi := &file_hoard_proto_msgTypes[93]
+	mi := &file_hoard_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6337,7 +6393,7 @@ func (x *ProxyStatsReply) String() string {
 func (*ProxyStatsReply) ProtoMessage() {}
 
 func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_hoard_proto_msgTypes[93]
+	mi := &file_hoard_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6350,7 +6406,7 @@ func (x *ProxyStatsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatsReply.ProtoReflect.Descriptor instead.
 func (*ProxyStatsReply) Descriptor() ([]byte, []int) {
-	return file_hoard_proto_rawDescGZIP(), []int{93}
+	return file_hoard_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *ProxyStatsReply) GetOrigin() string {
@@ -6561,15 +6617,17 @@ const file_hoard_proto_rawDesc = "" +
 	"\x05token\x18\x03 \x01(\fR\x05token\x12\x1a\n" +
 	"\bprevious\x18\x04 \x01(\tR\bprevious\"\x17\n" +
 	"\x03Ack\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\x91\x02\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xd3\x02\n" +
 	"\tServerMsg\x12-\n" +
 	"\awelcome\x18\x01 \x01(\v2\x11.hoard.v1.WelcomeH\x00R\awelcome\x12'\n" +
 	"\x05break\x18\x02 \x01(\v2\x0f.hoard.v1.BreakH\x00R\x05break\x12'\n" +
 	"\x05reset\x18\x03 \x01(\v2\x0f.hoard.v1.ResetH\x00R\x05reset\x12$\n" +
 	"\x04ping\x18\x04 \x01(\v2\x0e.hoard.v1.PingH\x00R\x04ping\x12*\n" +
 	"\x06recall\x18\x05 \x01(\v2\x10.hoard.v1.RecallH\x00R\x06recall\x12*\n" +
-	"\x06revoke\x18\x06 \x01(\v2\x10.hoard.v1.RevokeH\x00R\x06revokeB\x05\n" +
-	"\x03msg\"\xa9\x02\n" +
+	"\x06revoke\x18\x06 \x01(\v2\x10.hoard.v1.RevokeH\x00R\x06revoke\x12@\n" +
+	"\x0erights_changed\x18\a \x01(\v2\x17.hoard.v1.RightsChangedH\x00R\rrightsChangedB\x05\n" +
+	"\x03msg\"\x0f\n" +
+	"\rRightsChanged\"\xa9\x02\n" +
 	"\aWelcome\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
@@ -7064,7 +7122,7 @@ func file_hoard_proto_rawDescGZIP() []byte {
 }
 
 var file_hoard_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
+var file_hoard_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
 var file_hoard_proto_goTypes = []any{
 	(FileType)(0),                  // 0: hoard.v1.FileType
 	(XattrOp)(0),                   // 1: hoard.v1.XattrOp
@@ -7079,267 +7137,269 @@ var file_hoard_proto_goTypes = []any{
 	(*Hello)(nil),                  // 10: hoard.v1.Hello
 	(*Ack)(nil),                    // 11: hoard.v1.Ack
 	(*ServerMsg)(nil),              // 12: hoard.v1.ServerMsg
-	(*Welcome)(nil),                // 13: hoard.v1.Welcome
-	(*Break)(nil),                  // 14: hoard.v1.Break
-	(*Reset)(nil),                  // 15: hoard.v1.Reset
-	(*Recall)(nil),                 // 16: hoard.v1.Recall
-	(*Revoke)(nil),                 // 17: hoard.v1.Revoke
-	(*Ping)(nil),                   // 18: hoard.v1.Ping
-	(*Volume)(nil),                 // 19: hoard.v1.Volume
-	(*Site)(nil),                   // 20: hoard.v1.Site
-	(*Location)(nil),               // 21: hoard.v1.Location
-	(*LocateRequest)(nil),          // 22: hoard.v1.LocateRequest
-	(*ListLocationsRequest)(nil),   // 23: hoard.v1.ListLocationsRequest
-	(*ListLocationsReply)(nil),     // 24: hoard.v1.ListLocationsReply
-	(*ServerInfo)(nil),             // 25: hoard.v1.ServerInfo
-	(*ListServersRequest)(nil),     // 26: hoard.v1.ListServersRequest
-	(*ListServersReply)(nil),       // 27: hoard.v1.ListServersReply
-	(*SetVolumeRequest)(nil),       // 28: hoard.v1.SetVolumeRequest
-	(*RemoveVolumeRequest)(nil),    // 29: hoard.v1.RemoveVolumeRequest
-	(*RemoveVolumeReply)(nil),      // 30: hoard.v1.RemoveVolumeReply
-	(*FileVersion)(nil),            // 31: hoard.v1.FileVersion
-	(*MetaKV)(nil),                 // 32: hoard.v1.MetaKV
-	(*DumpVolumeRequest)(nil),      // 33: hoard.v1.DumpVolumeRequest
-	(*DumpPiece)(nil),              // 34: hoard.v1.DumpPiece
-	(*RestoreVolumeReply)(nil),     // 35: hoard.v1.RestoreVolumeReply
-	(*MoveVolumeRequest)(nil),      // 36: hoard.v1.MoveVolumeRequest
-	(*MoveVolumeReply)(nil),        // 37: hoard.v1.MoveVolumeReply
-	(*ReleaseVolumeRequest)(nil),   // 38: hoard.v1.ReleaseVolumeRequest
-	(*ReleaseVolumeReply)(nil),     // 39: hoard.v1.ReleaseVolumeReply
-	(*GetVolumeRequest)(nil),       // 40: hoard.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),     // 41: hoard.v1.ListVolumesRequest
-	(*ListVolumesReply)(nil),       // 42: hoard.v1.ListVolumesReply
-	(*CreateVolumeRequest)(nil),    // 43: hoard.v1.CreateVolumeRequest
-	(*LookupRequest)(nil),          // 44: hoard.v1.LookupRequest
-	(*LookupReply)(nil),            // 45: hoard.v1.LookupReply
-	(*GetStatusRequest)(nil),       // 46: hoard.v1.GetStatusRequest
-	(*StatusResult)(nil),           // 47: hoard.v1.StatusResult
-	(*GetStatusReply)(nil),         // 48: hoard.v1.GetStatusReply
-	(*ReadDirRequest)(nil),         // 49: hoard.v1.ReadDirRequest
-	(*DirEntry)(nil),               // 50: hoard.v1.DirEntry
-	(*ReadDirReply)(nil),           // 51: hoard.v1.ReadDirReply
-	(*CreateRequest)(nil),          // 52: hoard.v1.CreateRequest
-	(*CreateReply)(nil),            // 53: hoard.v1.CreateReply
-	(*LinkRequest)(nil),            // 54: hoard.v1.LinkRequest
-	(*LinkReply)(nil),              // 55: hoard.v1.LinkReply
-	(*RemoveRequest)(nil),          // 56: hoard.v1.RemoveRequest
-	(*RemoveReply)(nil),            // 57: hoard.v1.RemoveReply
-	(*RenameRequest)(nil),          // 58: hoard.v1.RenameRequest
-	(*RenameReply)(nil),            // 59: hoard.v1.RenameReply
-	(*SetAttrRequest)(nil),         // 60: hoard.v1.SetAttrRequest
-	(*SetAttrReply)(nil),           // 61: hoard.v1.SetAttrReply
-	(*XattrRequest)(nil),           // 62: hoard.v1.XattrRequest
-	(*XattrReply)(nil),             // 63: hoard.v1.XattrReply
-	(*StatFSRequest)(nil),          // 64: hoard.v1.StatFSRequest
-	(*StatFSReply)(nil),            // 65: hoard.v1.StatFSReply
-	(*FetchRequest)(nil),           // 66: hoard.v1.FetchRequest
-	(*FetchReply)(nil),             // 67: hoard.v1.FetchReply
-	(*StoreRequest)(nil),           // 68: hoard.v1.StoreRequest
-	(*StoreReply)(nil),             // 69: hoard.v1.StoreReply
-	(*WhoAmIRequest)(nil),          // 70: hoard.v1.WhoAmIRequest
-	(*WhoAmIReply)(nil),            // 71: hoard.v1.WhoAmIReply
-	(*ACLEntry)(nil),               // 72: hoard.v1.ACLEntry
-	(*GetACLRequest)(nil),          // 73: hoard.v1.GetACLRequest
-	(*SetACLRequest)(nil),          // 74: hoard.v1.SetACLRequest
-	(*ACLReply)(nil),               // 75: hoard.v1.ACLReply
-	(*ChangeGroupRequest)(nil),     // 76: hoard.v1.ChangeGroupRequest
-	(*ChangeGroupReply)(nil),       // 77: hoard.v1.ChangeGroupReply
-	(*ListGroupsRequest)(nil),      // 78: hoard.v1.ListGroupsRequest
-	(*Group)(nil),                  // 79: hoard.v1.Group
-	(*User)(nil),                   // 80: hoard.v1.User
-	(*ListGroupsReply)(nil),        // 81: hoard.v1.ListGroupsReply
-	(*RevokeTokenRequest)(nil),     // 82: hoard.v1.RevokeTokenRequest
-	(*RevokeTokenReply)(nil),       // 83: hoard.v1.RevokeTokenReply
-	(*ReserveRequest)(nil),         // 84: hoard.v1.ReserveRequest
-	(*ReserveReply)(nil),           // 85: hoard.v1.ReserveReply
-	(*ReservedFile)(nil),           // 86: hoard.v1.ReservedFile
-	(*RemovedFile)(nil),            // 87: hoard.v1.RemovedFile
-	(*CreateReservedRequest)(nil),  // 88: hoard.v1.CreateReservedRequest
-	(*CreateReservedReply)(nil),    // 89: hoard.v1.CreateReservedReply
-	(*OpenRequest)(nil),            // 90: hoard.v1.OpenRequest
-	(*OpenReply)(nil),              // 91: hoard.v1.OpenReply
-	(*CloseRequest)(nil),           // 92: hoard.v1.CloseRequest
-	(*CloseReply)(nil),             // 93: hoard.v1.CloseReply
-	(*ReturnRequest)(nil),          // 94: hoard.v1.ReturnRequest
-	(*RenewRequest)(nil),           // 95: hoard.v1.RenewRequest
-	(*RenewReply)(nil),             // 96: hoard.v1.RenewReply
-	(*ReturnReply)(nil),            // 97: hoard.v1.ReturnReply
-	(*ProxyStatsRequest)(nil),      // 98: hoard.v1.ProxyStatsRequest
-	(*ProxyStatsReply)(nil),        // 99: hoard.v1.ProxyStatsReply
+	(*RightsChanged)(nil),          // 13: hoard.v1.RightsChanged
+	(*Welcome)(nil),                // 14: hoard.v1.Welcome
+	(*Break)(nil),                  // 15: hoard.v1.Break
+	(*Reset)(nil),                  // 16: hoard.v1.Reset
+	(*Recall)(nil),                 // 17: hoard.v1.Recall
+	(*Revoke)(nil),                 // 18: hoard.v1.Revoke
+	(*Ping)(nil),                   // 19: hoard.v1.Ping
+	(*Volume)(nil),                 // 20: hoard.v1.Volume
+	(*Site)(nil),                   // 21: hoard.v1.Site
+	(*Location)(nil),               // 22: hoard.v1.Location
+	(*LocateRequest)(nil),          // 23: hoard.v1.LocateRequest
+	(*ListLocationsRequest)(nil),   // 24: hoard.v1.ListLocationsRequest
+	(*ListLocationsReply)(nil),     // 25: hoard.v1.ListLocationsReply
+	(*ServerInfo)(nil),             // 26: hoard.v1.ServerInfo
+	(*ListServersRequest)(nil),     // 27: hoard.v1.ListServersRequest
+	(*ListServersReply)(nil),       // 28: hoard.v1.ListServersReply
+	(*SetVolumeRequest)(nil),       // 29: hoard.v1.SetVolumeRequest
+	(*RemoveVolumeRequest)(nil),    // 30: hoard.v1.RemoveVolumeRequest
+	(*RemoveVolumeReply)(nil),      // 31: hoard.v1.RemoveVolumeReply
+	(*FileVersion)(nil),            // 32: hoard.v1.FileVersion
+	(*MetaKV)(nil),                 // 33: hoard.v1.MetaKV
+	(*DumpVolumeRequest)(nil),      // 34: hoard.v1.DumpVolumeRequest
+	(*DumpPiece)(nil),              // 35: hoard.v1.DumpPiece
+	(*RestoreVolumeReply)(nil),     // 36: hoard.v1.RestoreVolumeReply
+	(*MoveVolumeRequest)(nil),      // 37: hoard.v1.MoveVolumeRequest
+	(*MoveVolumeReply)(nil),        // 38: hoard.v1.MoveVolumeReply
+	(*ReleaseVolumeRequest)(nil),   // 39: hoard.v1.ReleaseVolumeRequest
+	(*ReleaseVolumeReply)(nil),     // 40: hoard.v1.ReleaseVolumeReply
+	(*GetVolumeRequest)(nil),       // 41: hoard.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),     // 42: hoard.v1.ListVolumesRequest
+	(*ListVolumesReply)(nil),       // 43: hoard.v1.ListVolumesReply
+	(*CreateVolumeRequest)(nil),    // 44: hoard.v1.CreateVolumeRequest
+	(*LookupRequest)(nil),          // 45: hoard.v1.LookupRequest
+	(*LookupReply)(nil),            // 46: hoard.v1.LookupReply
+	(*GetStatusRequest)(nil),       // 47: hoard.v1.GetStatusRequest
+	(*StatusResult)(nil),           // 48: hoard.v1.StatusResult
+	(*GetStatusReply)(nil),         // 49: hoard.v1.GetStatusReply
+	(*ReadDirRequest)(nil),         // 50: hoard.v1.ReadDirRequest
+	(*DirEntry)(nil),               // 51: hoard.v1.DirEntry
+	(*ReadDirReply)(nil),           // 52: hoard.v1.ReadDirReply
+	(*CreateRequest)(nil),          // 53: hoard.v1.CreateRequest
+	(*CreateReply)(nil),            // 54: hoard.v1.CreateReply
+	(*LinkRequest)(nil),            // 55: hoard.v1.LinkRequest
+	(*LinkReply)(nil),              // 56: hoard.v1.LinkReply
+	(*RemoveRequest)(nil),          // 57: hoard.v1.RemoveRequest
+	(*RemoveReply)(nil),            // 58: hoard.v1.RemoveReply
+	(*RenameRequest)(nil),          // 59: hoard.v1.RenameRequest
+	(*RenameReply)(nil),            // 60: hoard.v1.RenameReply
+	(*SetAttrRequest)(nil),         // 61: hoard.v1.SetAttrRequest
+	(*SetAttrReply)(nil),           // 62: hoard.v1.SetAttrReply
+	(*XattrRequest)(nil),           // 63: hoard.v1.XattrRequest
+	(*XattrReply)(nil),             // 64: hoard.v1.XattrReply
+	(*StatFSRequest)(nil),          // 65: hoard.v1.StatFSRequest
+	(*StatFSReply)(nil),            // 66: hoard.v1.StatFSReply
+	(*FetchRequest)(nil),           // 67: hoard.v1.FetchRequest
+	(*FetchReply)(nil),             // 68: hoard.v1.FetchReply
+	(*StoreRequest)(nil),           // 69: hoard.v1.StoreRequest
+	(*StoreReply)(nil),             // 70: hoard.v1.StoreReply
+	(*WhoAmIRequest)(nil),          // 71: hoard.v1.WhoAmIRequest
+	(*WhoAmIReply)(nil),            // 72: hoard.v1.WhoAmIReply
+	(*ACLEntry)(nil),               // 73: hoard.v1.ACLEntry
+	(*GetACLRequest)(nil),          // 74: hoard.v1.GetACLRequest
+	(*SetACLRequest)(nil),          // 75: hoard.v1.SetACLRequest
+	(*ACLReply)(nil),               // 76: hoard.v1.ACLReply
+	(*ChangeGroupRequest)(nil),     // 77: hoard.v1.ChangeGroupRequest
+	(*ChangeGroupReply)(nil),       // 78: hoard.v1.ChangeGroupReply
+	(*ListGroupsRequest)(nil),      // 79: hoard.v1.ListGroupsRequest
+	(*Group)(nil),                  // 80: hoard.v1.Group
+	(*User)(nil),                   // 81: hoard.v1.User
+	(*ListGroupsReply)(nil),        // 82: hoard.v1.ListGroupsReply
+	(*RevokeTokenRequest)(nil),     // 83: hoard.v1.RevokeTokenRequest
+	(*RevokeTokenReply)(nil),       // 84: hoard.v1.RevokeTokenReply
+	(*ReserveRequest)(nil),         // 85: hoard.v1.ReserveRequest
+	(*ReserveReply)(nil),           // 86: hoard.v1.ReserveReply
+	(*ReservedFile)(nil),           // 87: hoard.v1.ReservedFile
+	(*RemovedFile)(nil),            // 88: hoard.v1.RemovedFile
+	(*CreateReservedRequest)(nil),  // 89: hoard.v1.CreateReservedRequest
+	(*CreateReservedReply)(nil),    // 90: hoard.v1.CreateReservedReply
+	(*OpenRequest)(nil),            // 91: hoard.v1.OpenRequest
+	(*OpenReply)(nil),              // 92: hoard.v1.OpenReply
+	(*CloseRequest)(nil),           // 93: hoard.v1.CloseRequest
+	(*CloseReply)(nil),             // 94: hoard.v1.CloseReply
+	(*ReturnRequest)(nil),          // 95: hoard.v1.ReturnRequest
+	(*RenewRequest)(nil),           // 96: hoard.v1.RenewRequest
+	(*RenewReply)(nil),             // 97: hoard.v1.RenewReply
+	(*ReturnReply)(nil),            // 98: hoard.v1.ReturnReply
+	(*ProxyStatsRequest)(nil),      // 99: hoard.v1.ProxyStatsRequest
+	(*ProxyStatsReply)(nil),        // 100: hoard.v1.ProxyStatsReply
 }
 var file_hoard_proto_depIdxs = []int32{
 	6,   // 0: hoard.v1.Status.fid:type_name -> hoard.v1.FID
 	0,   // 1: hoard.v1.Status.type:type_name -> hoard.v1.FileType
 	10,  // 2: hoard.v1.ClientMsg.hello:type_name -> hoard.v1.Hello
 	11,  // 3: hoard.v1.ClientMsg.ack:type_name -> hoard.v1.Ack
-	13,  // 4: hoard.v1.ServerMsg.welcome:type_name -> hoard.v1.Welcome
-	14,  // 5: hoard.v1.ServerMsg.break:type_name -> hoard.v1.Break
-	15,  // 6: hoard.v1.ServerMsg.reset:type_name -> hoard.v1.Reset
-	18,  // 7: hoard.v1.ServerMsg.ping:type_name -> hoard.v1.Ping
-	16,  // 8: hoard.v1.ServerMsg.recall:type_name -> hoard.v1.Recall
-	17,  // 9: hoard.v1.ServerMsg.revoke:type_name -> hoard.v1.Revoke
-	6,   // 10: hoard.v1.Break.fids:type_name -> hoard.v1.FID
-	6,   // 11: hoard.v1.Recall.fids:type_name -> hoard.v1.FID
-	6,   // 12: hoard.v1.Revoke.fids:type_name -> hoard.v1.FID
-	6,   // 13: hoard.v1.Volume.root:type_name -> hoard.v1.FID
-	20,  // 14: hoard.v1.Location.rw:type_name -> hoard.v1.Site
-	20,  // 15: hoard.v1.Location.ro:type_name -> hoard.v1.Site
-	20,  // 16: hoard.v1.Location.pending:type_name -> hoard.v1.Site
-	21,  // 17: hoard.v1.ListLocationsReply.locations:type_name -> hoard.v1.Location
-	20,  // 18: hoard.v1.ServerInfo.site:type_name -> hoard.v1.Site
-	25,  // 19: hoard.v1.ListServersReply.servers:type_name -> hoard.v1.ServerInfo
-	31,  // 20: hoard.v1.DumpVolumeRequest.have:type_name -> hoard.v1.FileVersion
-	32,  // 21: hoard.v1.DumpPiece.meta:type_name -> hoard.v1.MetaKV
-	31,  // 22: hoard.v1.DumpPiece.file:type_name -> hoard.v1.FileVersion
-	31,  // 23: hoard.v1.DumpPiece.kept:type_name -> hoard.v1.FileVersion
-	31,  // 24: hoard.v1.RestoreVolumeReply.have:type_name -> hoard.v1.FileVersion
-	3,   // 25: hoard.v1.MoveVolumeRequest.step:type_name -> hoard.v1.MoveVolumeRequest.Step
-	21,  // 26: hoard.v1.MoveVolumeReply.location:type_name -> hoard.v1.Location
-	4,   // 27: hoard.v1.ReleaseVolumeRequest.step:type_name -> hoard.v1.ReleaseVolumeRequest.Step
-	21,  // 28: hoard.v1.ReleaseVolumeReply.location:type_name -> hoard.v1.Location
-	31,  // 29: hoard.v1.ReleaseVolumeReply.have:type_name -> hoard.v1.FileVersion
-	19,  // 30: hoard.v1.ListVolumesReply.volumes:type_name -> hoard.v1.Volume
-	6,   // 31: hoard.v1.LookupRequest.dir:type_name -> hoard.v1.FID
-	7,   // 32: hoard.v1.LookupReply.status:type_name -> hoard.v1.Status
-	7,   // 33: hoard.v1.LookupReply.dir:type_name -> hoard.v1.Status
-	6,   // 34: hoard.v1.GetStatusRequest.fids:type_name -> hoard.v1.FID
-	7,   // 35: hoard.v1.StatusResult.status:type_name -> hoard.v1.Status
-	47,  // 36: hoard.v1.GetStatusReply.results:type_name -> hoard.v1.StatusResult
-	6,   // 37: hoard.v1.ReadDirRequest.dir:type_name -> hoard.v1.FID
-	6,   // 38: hoard.v1.DirEntry.fid:type_name -> hoard.v1.FID
-	0,   // 39: hoard.v1.DirEntry.type:type_name -> hoard.v1.FileType
-	50,  // 40: hoard.v1.ReadDirReply.entries:type_name -> hoard.v1.DirEntry
-	7,   // 41: hoard.v1.ReadDirReply.dir:type_name -> hoard.v1.Status
-	6,   // 42: hoard.v1.CreateRequest.dir:type_name -> hoard.v1.FID
-	0,   // 43: hoard.v1.CreateRequest.type:type_name -> hoard.v1.FileType
-	7,   // 44: hoard.v1.CreateReply.status:type_name -> hoard.v1.Status
-	7,   // 45: hoard.v1.CreateReply.dir:type_name -> hoard.v1.Status
-	2,   // 46: hoard.v1.CreateReply.kind:type_name -> hoard.v1.DelegKind
-	6,   // 47: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
-	6,   // 48: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
-	7,   // 49: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
-	7,   // 50: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
-	6,   // 51: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
-	7,   // 52: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
-	7,   // 53: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
-	6,   // 54: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
-	6,   // 55: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
-	7,   // 56: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
-	7,   // 57: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
-	7,   // 58: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
-	7,   // 59: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
-	6,   // 60: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
-	7,   // 61: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
-	6,   // 62: hoard.v1.XattrRequest.fid:type_name -> hoard.v1.FID
-	1,   // 63: hoard.v1.XattrRequest.op:type_name -> hoard.v1.XattrOp
-	7,   // 64: hoard.v1.XattrReply.status:type_name -> hoard.v1.Status
-	6,   // 65: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
-	7,   // 66: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
-	6,   // 67: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
-	7,   // 68: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
-	6,   // 69: hoard.v1.GetACLRequest.fid:type_name -> hoard.v1.FID
-	6,   // 70: hoard.v1.SetACLRequest.dir:type_name -> hoard.v1.FID
-	6,   // 71: hoard.v1.ACLReply.dir:type_name -> hoard.v1.FID
-	72,  // 72: hoard.v1.ACLReply.entries:type_name -> hoard.v1.ACLEntry
-	5,   // 73: hoard.v1.ChangeGroupRequest.change:type_name -> hoard.v1.ChangeGroupRequest.Change
-	79,  // 74: hoard.v1.ListGroupsReply.groups:type_name -> hoard.v1.Group
-	80,  // 75: hoard.v1.ListGroupsReply.users:type_name -> hoard.v1.User
-	6,   // 76: hoard.v1.ReserveRequest.dir:type_name -> hoard.v1.FID
-	6,   // 77: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
-	6,   // 78: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
-	6,   // 79: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
-	6,   // 80: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
-	86,  // 81: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
-	87,  // 82: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
-	7,   // 83: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
-	7,   // 84: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
-	7,   // 85: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
-	6,   // 86: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
-	7,   // 87: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
-	2,   // 88: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
-	6,   // 89: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
-	6,   // 90: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
-	9,   // 91: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
-	40,  // 92: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
-	41,  // 93: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
-	43,  // 94: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
-	28,  // 95: hoard.v1.FileServer.SetVolume:input_type -> hoard.v1.SetVolumeRequest
-	29,  // 96: hoard.v1.FileServer.RemoveVolume:input_type -> hoard.v1.RemoveVolumeRequest
-	33,  // 97: hoard.v1.FileServer.DumpVolume:input_type -> hoard.v1.DumpVolumeRequest
-	34,  // 98: hoard.v1.FileServer.RestoreVolume:input_type -> hoard.v1.DumpPiece
-	36,  // 99: hoard.v1.FileServer.MoveVolume:input_type -> hoard.v1.MoveVolumeRequest
-	38,  // 100: hoard.v1.FileServer.ReleaseVolume:input_type -> hoard.v1.ReleaseVolumeRequest
-	22,  // 101: hoard.v1.FileServer.Locate:input_type -> hoard.v1.LocateRequest
-	23,  // 102: hoard.v1.FileServer.ListLocations:input_type -> hoard.v1.ListLocationsRequest
-	26,  // 103: hoard.v1.FileServer.ListServers:input_type -> hoard.v1.ListServersRequest
-	44,  // 104: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
-	46,  // 105: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
-	49,  // 106: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
-	52,  // 107: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
-	54,  // 108: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
-	56,  // 109: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
-	58,  // 110: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
-	60,  // 111: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
-	62,  // 112: hoard.v1.FileServer.Xattr:input_type -> hoard.v1.XattrRequest
-	64,  // 113: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
-	66,  // 114: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
-	68,  // 115: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
-	90,  // 116: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
-	92,  // 117: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
-	94,  // 118: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
-	95,  // 119: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
-	84,  // 120: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
-	88,  // 121: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
-	70,  // 122: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
-	73,  // 123: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
-	74,  // 124: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
-	76,  // 125: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
-	78,  // 126: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
-	82,  // 127: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
-	98,  // 128: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
-	12,  // 129: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
-	19,  // 130: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
-	42,  // 131: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
-	19,  // 132: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
-	19,  // 133: hoard.v1.FileServer.SetVolume:output_type -> hoard.v1.Volume
-	30,  // 134: hoard.v1.FileServer.RemoveVolume:output_type -> hoard.v1.RemoveVolumeReply
-	34,  // 135: hoard.v1.FileServer.DumpVolume:output_type -> hoard.v1.DumpPiece
-	35,  // 136: hoard.v1.FileServer.RestoreVolume:output_type -> hoard.v1.RestoreVolumeReply
-	37,  // 137: hoard.v1.FileServer.MoveVolume:output_type -> hoard.v1.MoveVolumeReply
-	39,  // 138: hoard.v1.FileServer.ReleaseVolume:output_type -> hoard.v1.ReleaseVolumeReply
-	21,  // 139: hoard.v1.FileServer.Locate:output_type -> hoard.v1.Location
-	24,  // 140: hoard.v1.FileServer.ListLocations:output_type -> hoard.v1.ListLocationsReply
-	27,  // 141: hoard.v1.FileServer.ListServers:output_type -> hoard.v1.ListServersReply
-	45,  // 142: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
-	48,  // 143: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
-	51,  // 144: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
-	53,  // 145: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
-	55,  // 146: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
-	57,  // 147: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
-	59,  // 148: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
-	61,  // 149: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
-	63,  // 150: hoard.v1.FileServer.Xattr:output_type -> hoard.v1.XattrReply
-	65,  // 151: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
-	67,  // 152: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
-	69,  // 153: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
-	91,  // 154: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
-	93,  // 155: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
-	97,  // 156: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
-	96,  // 157: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
-	85,  // 158: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
-	89,  // 159: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
-	71,  // 160: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
-	75,  // 161: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
-	75,  // 162: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
-	77,  // 163: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
-	81,  // 164: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
-	83,  // 165: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
-	99,  // 166: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
-	129, // [129:167] is the sub-list for method output_type
-	91,  // [91:129] is the sub-list for method input_type
-	91,  // [91:91] is the sub-list for extension type_name
-	91,  // [91:91] is the sub-list for extension extendee
-	0,   // [0:91] is the sub-list for field type_name
+	14,  // 4: hoard.v1.ServerMsg.welcome:type_name -> hoard.v1.Welcome
+	15,  // 5: hoard.v1.ServerMsg.break:type_name -> hoard.v1.Break
+	16,  // 6: hoard.v1.ServerMsg.reset:type_name -> hoard.v1.Reset
+	19,  // 7: hoard.v1.ServerMsg.ping:type_name -> hoard.v1.Ping
+	17,  // 8: hoard.v1.ServerMsg.recall:type_name -> hoard.v1.Recall
+	18,  // 9: hoard.v1.ServerMsg.revoke:type_name -> hoard.v1.Revoke
+	13,  // 10: hoard.v1.ServerMsg.rights_changed:type_name -> hoard.v1.RightsChanged
+	6,   // 11: hoard.v1.Break.fids:type_name -> hoard.v1.FID
+	6,   // 12: hoard.v1.Recall.fids:type_name -> hoard.v1.FID
+	6,   // 13: hoard.v1.Revoke.fids:type_name -> hoard.v1.FID
+	6,   // 14: hoard.v1.Volume.root:type_name -> hoard.v1.FID
+	21,  // 15: hoard.v1.Location.rw:type_name -> hoard.v1.Site
+	21,  // 16: hoard.v1.Location.ro:type_name -> hoard.v1.Site
+	21,  // 17: hoard.v1.Location.pending:type_name -> hoard.v1.Site
+	22,  // 18: hoard.v1.ListLocationsReply.locations:type_name -> hoard.v1.Location
+	21,  // 19: hoard.v1.ServerInfo.site:type_name -> hoard.v1.Site
+	26,  // 20: hoard.v1.ListServersReply.servers:type_name -> hoard.v1.ServerInfo
+	32,  // 21: hoard.v1.DumpVolumeRequest.have:type_name -> hoard.v1.FileVersion
+	33,  // 22: hoard.v1.DumpPiece.meta:type_name -> hoard.v1.MetaKV
+	32,  // 23: hoard.v1.DumpPiece.file:type_name -> hoard.v1.FileVersion
+	32,  // 24: hoard.v1.DumpPiece.kept:type_name -> hoard.v1.FileVersion
+	32,  // 25: hoard.v1.RestoreVolumeReply.have:type_name -> hoard.v1.FileVersion
+	3,   // 26: hoard.v1.MoveVolumeRequest.step:type_name -> hoard.v1.MoveVolumeRequest.Step
+	22,  // 27: hoard.v1.MoveVolumeReply.location:type_name -> hoard.v1.Location
+	4,   // 28: hoard.v1.ReleaseVolumeRequest.step:type_name -> hoard.v1.ReleaseVolumeRequest.Step
+	22,  // 29: hoard.v1.ReleaseVolumeReply.location:type_name -> hoard.v1.Location
+	32,  // 30: hoard.v1.ReleaseVolumeReply.have:type_name -> hoard.v1.FileVersion
+	20,  // 31: hoard.v1.ListVolumesReply.volumes:type_name -> hoard.v1.Volume
+	6,   // 32: hoard.v1.LookupRequest.dir:type_name -> hoard.v1.FID
+	7,   // 33: hoard.v1.LookupReply.status:type_name -> hoard.v1.Status
+	7,   // 34: hoard.v1.LookupReply.dir:type_name -> hoard.v1.Status
+	6,   // 35: hoard.v1.GetStatusRequest.fids:type_name -> hoard.v1.FID
+	7,   // 36: hoard.v1.StatusResult.status:type_name -> hoard.v1.Status
+	48,  // 37: hoard.v1.GetStatusReply.results:type_name -> hoard.v1.StatusResult
+	6,   // 38: hoard.v1.ReadDirRequest.dir:type_name -> hoard.v1.FID
+	6,   // 39: hoard.v1.DirEntry.fid:type_name -> hoard.v1.FID
+	0,   // 40: hoard.v1.DirEntry.type:type_name -> hoard.v1.FileType
+	51,  // 41: hoard.v1.ReadDirReply.entries:type_name -> hoard.v1.DirEntry
+	7,   // 42: hoard.v1.ReadDirReply.dir:type_name -> hoard.v1.Status
+	6,   // 43: hoard.v1.CreateRequest.dir:type_name -> hoard.v1.FID
+	0,   // 44: hoard.v1.CreateRequest.type:type_name -> hoard.v1.FileType
+	7,   // 45: hoard.v1.CreateReply.status:type_name -> hoard.v1.Status
+	7,   // 46: hoard.v1.CreateReply.dir:type_name -> hoard.v1.Status
+	2,   // 47: hoard.v1.CreateReply.kind:type_name -> hoard.v1.DelegKind
+	6,   // 48: hoard.v1.LinkRequest.dir:type_name -> hoard.v1.FID
+	6,   // 49: hoard.v1.LinkRequest.target:type_name -> hoard.v1.FID
+	7,   // 50: hoard.v1.LinkReply.status:type_name -> hoard.v1.Status
+	7,   // 51: hoard.v1.LinkReply.dir:type_name -> hoard.v1.Status
+	6,   // 52: hoard.v1.RemoveRequest.dir:type_name -> hoard.v1.FID
+	7,   // 53: hoard.v1.RemoveReply.dir:type_name -> hoard.v1.Status
+	7,   // 54: hoard.v1.RemoveReply.status:type_name -> hoard.v1.Status
+	6,   // 55: hoard.v1.RenameRequest.src_dir:type_name -> hoard.v1.FID
+	6,   // 56: hoard.v1.RenameRequest.dst_dir:type_name -> hoard.v1.FID
+	7,   // 57: hoard.v1.RenameReply.src_dir:type_name -> hoard.v1.Status
+	7,   // 58: hoard.v1.RenameReply.dst_dir:type_name -> hoard.v1.Status
+	7,   // 59: hoard.v1.RenameReply.status:type_name -> hoard.v1.Status
+	7,   // 60: hoard.v1.RenameReply.replaced:type_name -> hoard.v1.Status
+	6,   // 61: hoard.v1.SetAttrRequest.fid:type_name -> hoard.v1.FID
+	7,   // 62: hoard.v1.SetAttrReply.status:type_name -> hoard.v1.Status
+	6,   // 63: hoard.v1.XattrRequest.fid:type_name -> hoard.v1.FID
+	1,   // 64: hoard.v1.XattrRequest.op:type_name -> hoard.v1.XattrOp
+	7,   // 65: hoard.v1.XattrReply.status:type_name -> hoard.v1.Status
+	6,   // 66: hoard.v1.FetchRequest.fid:type_name -> hoard.v1.FID
+	7,   // 67: hoard.v1.FetchReply.status:type_name -> hoard.v1.Status
+	6,   // 68: hoard.v1.StoreRequest.fid:type_name -> hoard.v1.FID
+	7,   // 69: hoard.v1.StoreReply.status:type_name -> hoard.v1.Status
+	6,   // 70: hoard.v1.GetACLRequest.fid:type_name -> hoard.v1.FID
+	6,   // 71: hoard.v1.SetACLRequest.dir:type_name -> hoard.v1.FID
+	6,   // 72: hoard.v1.ACLReply.dir:type_name -> hoard.v1.FID
+	73,  // 73: hoard.v1.ACLReply.entries:type_name -> hoard.v1.ACLEntry
+	5,   // 74: hoard.v1.ChangeGroupRequest.change:type_name -> hoard.v1.ChangeGroupRequest.Change
+	80,  // 75: hoard.v1.ListGroupsReply.groups:type_name -> hoard.v1.Group
+	81,  // 76: hoard.v1.ListGroupsReply.users:type_name -> hoard.v1.User
+	6,   // 77: hoard.v1.ReserveRequest.dir:type_name -> hoard.v1.FID
+	6,   // 78: hoard.v1.ReserveReply.fids:type_name -> hoard.v1.FID
+	6,   // 79: hoard.v1.ReservedFile.fid:type_name -> hoard.v1.FID
+	6,   // 80: hoard.v1.RemovedFile.fid:type_name -> hoard.v1.FID
+	6,   // 81: hoard.v1.CreateReservedRequest.dir:type_name -> hoard.v1.FID
+	87,  // 82: hoard.v1.CreateReservedRequest.files:type_name -> hoard.v1.ReservedFile
+	88,  // 83: hoard.v1.CreateReservedRequest.removed:type_name -> hoard.v1.RemovedFile
+	7,   // 84: hoard.v1.CreateReservedReply.dir:type_name -> hoard.v1.Status
+	7,   // 85: hoard.v1.CreateReservedReply.files:type_name -> hoard.v1.Status
+	7,   // 86: hoard.v1.CreateReservedReply.removed:type_name -> hoard.v1.Status
+	6,   // 87: hoard.v1.OpenRequest.fid:type_name -> hoard.v1.FID
+	7,   // 88: hoard.v1.OpenReply.status:type_name -> hoard.v1.Status
+	2,   // 89: hoard.v1.OpenReply.kind:type_name -> hoard.v1.DelegKind
+	6,   // 90: hoard.v1.CloseRequest.fid:type_name -> hoard.v1.FID
+	6,   // 91: hoard.v1.ReturnRequest.fid:type_name -> hoard.v1.FID
+	9,   // 92: hoard.v1.FileServer.Connect:input_type -> hoard.v1.ClientMsg
+	41,  // 93: hoard.v1.FileServer.GetVolume:input_type -> hoard.v1.GetVolumeRequest
+	42,  // 94: hoard.v1.FileServer.ListVolumes:input_type -> hoard.v1.ListVolumesRequest
+	44,  // 95: hoard.v1.FileServer.CreateVolume:input_type -> hoard.v1.CreateVolumeRequest
+	29,  // 96: hoard.v1.FileServer.SetVolume:input_type -> hoard.v1.SetVolumeRequest
+	30,  // 97: hoard.v1.FileServer.RemoveVolume:input_type -> hoard.v1.RemoveVolumeRequest
+	34,  // 98: hoard.v1.FileServer.DumpVolume:input_type -> hoard.v1.DumpVolumeRequest
+	35,  // 99: hoard.v1.FileServer.RestoreVolume:input_type -> hoard.v1.DumpPiece
+	37,  // 100: hoard.v1.FileServer.MoveVolume:input_type -> hoard.v1.MoveVolumeRequest
+	39,  // 101: hoard.v1.FileServer.ReleaseVolume:input_type -> hoard.v1.ReleaseVolumeRequest
+	23,  // 102: hoard.v1.FileServer.Locate:input_type -> hoard.v1.LocateRequest
+	24,  // 103: hoard.v1.FileServer.ListLocations:input_type -> hoard.v1.ListLocationsRequest
+	27,  // 104: hoard.v1.FileServer.ListServers:input_type -> hoard.v1.ListServersRequest
+	45,  // 105: hoard.v1.FileServer.Lookup:input_type -> hoard.v1.LookupRequest
+	47,  // 106: hoard.v1.FileServer.GetStatus:input_type -> hoard.v1.GetStatusRequest
+	50,  // 107: hoard.v1.FileServer.ReadDir:input_type -> hoard.v1.ReadDirRequest
+	53,  // 108: hoard.v1.FileServer.Create:input_type -> hoard.v1.CreateRequest
+	55,  // 109: hoard.v1.FileServer.Link:input_type -> hoard.v1.LinkRequest
+	57,  // 110: hoard.v1.FileServer.Remove:input_type -> hoard.v1.RemoveRequest
+	59,  // 111: hoard.v1.FileServer.Rename:input_type -> hoard.v1.RenameRequest
+	61,  // 112: hoard.v1.FileServer.SetAttr:input_type -> hoard.v1.SetAttrRequest
+	63,  // 113: hoard.v1.FileServer.Xattr:input_type -> hoard.v1.XattrRequest
+	65,  // 114: hoard.v1.FileServer.StatFS:input_type -> hoard.v1.StatFSRequest
+	67,  // 115: hoard.v1.FileServer.Fetch:input_type -> hoard.v1.FetchRequest
+	69,  // 116: hoard.v1.FileServer.Store:input_type -> hoard.v1.StoreRequest
+	91,  // 117: hoard.v1.FileServer.Open:input_type -> hoard.v1.OpenRequest
+	93,  // 118: hoard.v1.FileServer.Close:input_type -> hoard.v1.CloseRequest
+	95,  // 119: hoard.v1.FileServer.Return:input_type -> hoard.v1.ReturnRequest
+	96,  // 120: hoard.v1.FileServer.Renew:input_type -> hoard.v1.RenewRequest
+	85,  // 121: hoard.v1.FileServer.Reserve:input_type -> hoard.v1.ReserveRequest
+	89,  // 122: hoard.v1.FileServer.CreateReserved:input_type -> hoard.v1.CreateReservedRequest
+	71,  // 123: hoard.v1.FileServer.WhoAmI:input_type -> hoard.v1.WhoAmIRequest
+	74,  // 124: hoard.v1.FileServer.GetACL:input_type -> hoard.v1.GetACLRequest
+	75,  // 125: hoard.v1.FileServer.SetACL:input_type -> hoard.v1.SetACLRequest
+	77,  // 126: hoard.v1.FileServer.ChangeGroup:input_type -> hoard.v1.ChangeGroupRequest
+	79,  // 127: hoard.v1.FileServer.ListGroups:input_type -> hoard.v1.ListGroupsRequest
+	83,  // 128: hoard.v1.FileServer.RevokeToken:input_type -> hoard.v1.RevokeTokenRequest
+	99,  // 129: hoard.v1.Proxy.Stats:input_type -> hoard.v1.ProxyStatsRequest
+	12,  // 130: hoard.v1.FileServer.Connect:output_type -> hoard.v1.ServerMsg
+	20,  // 131: hoard.v1.FileServer.GetVolume:output_type -> hoard.v1.Volume
+	43,  // 132: hoard.v1.FileServer.ListVolumes:output_type -> hoard.v1.ListVolumesReply
+	20,  // 133: hoard.v1.FileServer.CreateVolume:output_type -> hoard.v1.Volume
+	20,  // 134: hoard.v1.FileServer.SetVolume:output_type -> hoard.v1.Volume
+	31,  // 135: hoard.v1.FileServer.RemoveVolume:output_type -> hoard.v1.RemoveVolumeReply
+	35,  // 136: hoard.v1.FileServer.DumpVolume:output_type -> hoard.v1.DumpPiece
+	36,  // 137: hoard.v1.FileServer.RestoreVolume:output_type -> hoard.v1.RestoreVolumeReply
+	38,  // 138: hoard.v1.FileServer.MoveVolume:output_type -> hoard.v1.MoveVolumeReply
+	40,  // 139: hoard.v1.FileServer.ReleaseVolume:output_type -> hoard.v1.ReleaseVolumeReply
+	22,  // 140: hoard.v1.FileServer.Locate:output_type -> hoard.v1.Location
+	25,  // 141: hoard.v1.FileServer.ListLocations:output_type -> hoard.v1.ListLocationsReply
+	28,  // 142: hoard.v1.FileServer.ListServers:output_type -> hoard.v1.ListServersReply
+	46,  // 143: hoard.v1.FileServer.Lookup:output_type -> hoard.v1.LookupReply
+	49,  // 144: hoard.v1.FileServer.GetStatus:output_type -> hoard.v1.GetStatusReply
+	52,  // 145: hoard.v1.FileServer.ReadDir:output_type -> hoard.v1.ReadDirReply
+	54,  // 146: hoard.v1.FileServer.Create:output_type -> hoard.v1.CreateReply
+	56,  // 147: hoard.v1.FileServer.Link:output_type -> hoard.v1.LinkReply
+	58,  // 148: hoard.v1.FileServer.Remove:output_type -> hoard.v1.RemoveReply
+	60,  // 149: hoard.v1.FileServer.Rename:output_type -> hoard.v1.RenameReply
+	62,  // 150: hoard.v1.FileServer.SetAttr:output_type -> hoard.v1.SetAttrReply
+	64,  // 151: hoard.v1.FileServer.Xattr:output_type -> hoard.v1.XattrReply
+	66,  // 152: hoard.v1.FileServer.StatFS:output_type -> hoard.v1.StatFSReply
+	68,  // 153: hoard.v1.FileServer.Fetch:output_type -> hoard.v1.FetchReply
+	70,  // 154: hoard.v1.FileServer.Store:output_type -> hoard.v1.StoreReply
+	92,  // 155: hoard.v1.FileServer.Open:output_type -> hoard.v1.OpenReply
+	94,  // 156: hoard.v1.FileServer.Close:output_type -> hoard.v1.CloseReply
+	98,  // 157: hoard.v1.FileServer.Return:output_type -> hoard.v1.ReturnReply
+	97,  // 158: hoard.v1.FileServer.Renew:output_type -> hoard.v1.RenewReply
+	86,  // 159: hoard.v1.FileServer.Reserve:output_type -> hoard.v1.ReserveReply
+	90,  // 160: hoard.v1.FileServer.CreateReserved:output_type -> hoard.v1.CreateReservedReply
+	72,  // 161: hoard.v1.FileServer.WhoAmI:output_type -> hoard.v1.WhoAmIReply
+	76,  // 162: hoard.v1.FileServer.GetACL:output_type -> hoard.v1.ACLReply
+	76,  // 163: hoard.v1.FileServer.SetACL:output_type -> hoard.v1.ACLReply
+	78,  // 164: hoard.v1.FileServer.ChangeGroup:output_type -> hoard.v1.ChangeGroupReply
+	82,  // 165: hoard.v1.FileServer.ListGroups:output_type -> hoard.v1.ListGroupsReply
+	84,  // 166: hoard.v1.FileServer.RevokeToken:output_type -> hoard.v1.RevokeTokenReply
+	100, // 167: hoard.v1.Proxy.Stats:output_type -> hoard.v1.ProxyStatsReply
+	130, // [130:168] is the sub-list for method output_type
+	92,  // [92:130] is the sub-list for method input_type
+	92,  // [92:92] is the sub-list for extension type_name
+	92,  // [92:92] is the sub-list for extension extendee
+	0,   // [0:92] is the sub-list for field type_name
 }
 
 func init() { file_hoard_proto_init() }
@@ -7358,6 +7418,7 @@ func file_hoard_proto_init() {
 		(*ServerMsg_Ping)(nil),
 		(*ServerMsg_Recall)(nil),
 		(*ServerMsg_Revoke)(nil),
+		(*ServerMsg_RightsChanged)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -7365,7 +7426,7 @@ func file_hoard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoard_proto_rawDesc), len(file_hoard_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   94,
+			NumMessages:   95,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

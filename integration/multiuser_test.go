@@ -2,15 +2,18 @@ package integration
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cell"
+	"github.com/hoardfs/hoard/client"
 )
 
 // One root mount serves every local user with that user's own token, as
@@ -252,4 +255,58 @@ func TestMultiUserFlushIsPerUser(t *testing.T) {
 	if out, _ := run(t, "cache", "flush", m.dir); !strings.Contains(out, "/bob/draft") {
 		t.Fatalf("the mount owner's flush: %q; want bob's draft stored", out)
 	}
+}
+
+// A revocation, a group deleted and a token expired reach the mount's
+// cache at once: a user's rights learnt there are forgotten when the
+// cell's registry takes some away (as an ACL change breaks a
+// directory's promises), and an expired token gets nothing cached. The
+// mount once served them 5-30 s more, bounded only by the promise.
+func TestMultiUserRevocationReachesMount(t *testing.T) {
+	w, m, bob, alice, shared := multiUserWorld(t)
+	doc, secret := filepath.Join(m.dir, "pub", "doc"), filepath.Join(m.dir, "bob", "secret")
+	const docText, secretText = "for everyone", "bob's secret"
+	// alice reads bob's secret through a group.
+	if err := w.admin.ChangeGroup(client.GroupCreate, "readers", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.admin.ChangeGroup(client.GroupAdd, "readers", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	mustACL(t, w.admin, "/bob", "readers", access.Read|access.Lookup)
+	// A token that expires soon: dave's.
+	daveTok := issue(t, "dave", 1004, "--expires", "6s")
+	dave := asUser(t, 1004, shared)
+	dave.login(daveTok, m.dir)
+	for range 2 {
+		bob.reads(doc, docText)
+		alice.reads(secret, secretText)
+		dave.reads(doc, docText)
+	}
+	gone := func(u *localUser, file, text string, within time.Duration, say string) {
+		t.Helper()
+		waitFor(t, within, fmt.Sprintf("uid %d refused %s", u.uid, file), func() bool {
+			out, err := u.run("", "cat", file)
+			return err != nil && !strings.Contains(out, text)
+		})
+		if out, err := u.run("", "cat", file); err == nil || !strings.Contains(out, say) {
+			t.Errorf("uid %d: cat %s: %v: %q, want %q", u.uid, file, err, out, say)
+		}
+	}
+	claims, err := cell.Inspect(w.bobTok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.admin.RevokeToken(claims.ID, claims.Expires); err != nil {
+		t.Fatal(err)
+	}
+	gone(bob, doc, docText, 3*time.Second, "Permission denied")
+	if err := w.admin.ChangeGroup(client.GroupDelete, "readers", ""); err != nil {
+		t.Fatal(err)
+	}
+	gone(alice, secret, secretText, 3*time.Second, "Permission denied")
+	alice.reads(doc, docText) // her own rights stand
+	exp, _ := cell.Inspect(daveTok)
+	time.Sleep(time.Until(exp.Expires))
+	gone(dave, doc, docText, time.Second, "Key has expired")
 }

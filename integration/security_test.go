@@ -743,6 +743,23 @@ func TestSecurityThroughProxy(t *testing.T) {
 	if _, err := testkit.TryRead(alice, "/bob/secret"); !errors.Is(err, fs.ErrPermission) {
 		t.Fatalf("alice reads bob's secret through the proxy after her rights went: %v", err)
 	}
+	// A revocation at the origin reaches the proxy's clients at once, not
+	// after the minute the proxy trusts its origin's word on a token.
+	claims, err := cell.Inspect(w.bobTok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.admin.RevokeToken(claims.ID, claims.Expires); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*time.Second, "bob's revoked token refused through the proxy", func() bool {
+		_, err := testkit.TryRead(dialAs(t, px.addr, testCell.admin), "/bob/secret") // the proxy's cache is warm
+		if err != nil {
+			return false
+		}
+		_, err = testkit.TryRead(bob, "/bob/secret")
+		return errors.Is(err, fs.ErrPermission)
+	})
 	bad := badTokens(t, w)
 	before := snapshot(t, w.srv.addr)
 	for what, tok := range map[string]string{"anonymous": "", "forged": bad["forged"], "revoked": bad["revoked"], "alice": w.aliceTok} {

@@ -129,12 +129,14 @@ func (s *State) Reset() { *s = State{} }
 func (s *State) Value(key string) string { return s.kv[key] }
 
 // Apply makes s hold key's committed value (deleted: its removal). Keys
-// outside Prefix and values that do not parse are ignored.
-func (s *State) Apply(key string, value []byte, deleted bool) {
+// outside Prefix and values that do not parse are ignored. narrowed
+// reports whether the change may take rights from someone: a token
+// revoked, a group deleted or a member removed from it.
+func (s *State) Apply(key string, value []byte, deleted bool) (narrowed bool) {
 	s.init()
 	rel, ok := strings.CutPrefix(key, Prefix)
 	if !ok {
-		return
+		return false
 	}
 	if deleted {
 		delete(s.kv, key)
@@ -145,22 +147,31 @@ func (s *State) Apply(key string, value []byte, deleted bool) {
 	case strings.HasPrefix(rel, idKeys):
 		id, err := strconv.ParseUint(rel[len(idKeys):], 10, 32)
 		if err != nil {
-			return
+			return false
 		}
+		old, had := s.byID[access.ID(id)]
 		s.unindex(access.ID(id))
 		var p Principal
 		if deleted || json.Unmarshal(value, &p) != nil || p.ID != access.ID(id) {
-			return
+			return had
 		}
 		s.index(&p)
+		if had {
+			for _, m := range old.Members {
+				if _, still := slices.BinarySearch(p.Members, m); !still {
+					return true
+				}
+			}
+		}
 	case strings.HasPrefix(rel, revokedKeys):
 		tok := rel[len(revokedKeys):]
 		ns, err := strconv.ParseInt(string(value), 10, 64)
 		if deleted || err != nil {
 			delete(s.revoked, tok)
-			return
+			return false
 		}
 		s.revoked[tok] = ns
+		return true
 	case rel == nextKey:
 		n, _ := strconv.ParseUint(string(value), 10, 32)
 		s.next = access.ID(n)
@@ -168,6 +179,7 @@ func (s *State) Apply(key string, value []byte, deleted bool) {
 			s.next = 0
 		}
 	}
+	return false
 }
 
 func (s *State) index(p *Principal) {

@@ -288,8 +288,13 @@ func TestRevoke(t *testing.T) {
 // tokens with their groups, and tells its watchers of every change.
 func TestRegistry(t *testing.T) {
 	r := New()
-	changes := 0
-	r.OnChange(func() { changes++ })
+	changes, narrowed := 0, 0
+	r.OnChange(func(n bool) {
+		changes++
+		if n {
+			narrowed++
+		}
+	})
 	ctx := context.Background()
 	bob, err := r.Identify(ctx, "t1", "bob", 2002, false)
 	if err != nil || bob.ID < access.FirstID || bob.UID != 2002 || bob.User != "bob" {
@@ -310,14 +315,26 @@ func TestRegistry(t *testing.T) {
 	if !slices.Equal(bob.GroupIDs, []access.ID{g.ID}) || !slices.Equal(bob.Groups, []string{"bob:x"}) {
 		t.Fatalf("bob's groups: %+v", bob)
 	}
+	if narrowed != 0 {
+		t.Fatalf("registering, making a group and adding to it narrowed rights %d times", narrowed)
+	}
 	if err := r.Revoke(ctx, "t1", time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
+	}
+	if narrowed != 1 {
+		t.Fatalf("a revocation narrowed rights %d times, want 1", narrowed)
 	}
 	if _, err := r.Identify(ctx, "t1", "bob", 2002, false); !errors.Is(err, syscall.EACCES) {
 		t.Fatalf("a revoked token: %v", err)
 	}
 	if changes < 4 {
 		t.Fatalf("%d changes told", changes)
+	}
+	if err := r.SetMember(ctx, by, "bob:x", "bob", false); err != nil || narrowed != 2 {
+		t.Fatalf("a member removed: %v; narrowed %d times, want 2", err, narrowed)
+	}
+	if err := r.DeleteGroup(ctx, by, "bob:x"); err != nil || narrowed != 3 {
+		t.Fatalf("a group deleted: %v; narrowed %d times, want 3", err, narrowed)
 	}
 	if _, err := r.Create(ctx, "bob", 3000); !errors.Is(err, syscall.EEXIST) {
 		t.Fatalf("creating bob again: %v", err)

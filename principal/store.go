@@ -30,7 +30,7 @@ type Registry struct {
 
 	mu      sync.RWMutex
 	st      State
-	changed []func()
+	changed []func(narrowed bool)
 }
 
 // New is an empty registry kept in memory alone (tests, and a process
@@ -42,8 +42,9 @@ func New() *Registry { return &Registry{now: time.Now} }
 func (r *Registry) Keep(store Store) { r.store = store }
 
 // OnChange has f called after every change r learns of (outside r's lock;
-// f must not call the store).
-func (r *Registry) OnChange(f func()) {
+// f must not call the store); narrowed: it may have taken rights from
+// someone (State.Apply).
+func (r *Registry) OnChange(f func(narrowed bool)) {
 	r.mu.Lock()
 	r.changed = append(r.changed, f)
 	r.mu.Unlock()
@@ -62,11 +63,11 @@ func (r *Registry) Reset() {
 // Apply implements vldb.Mirror.
 func (r *Registry) Apply(key string, value []byte, deleted bool) {
 	r.mu.Lock()
-	r.st.Apply(key, value, deleted)
+	narrowed := r.st.Apply(key, value, deleted)
 	fs := r.changed
 	r.mu.Unlock()
 	for _, f := range fs {
-		f()
+		f(narrowed)
 	}
 }
 
@@ -77,16 +78,17 @@ func (r *Registry) commit(c Change) bool {
 		r.mu.Unlock()
 		return false
 	}
+	narrowed := false
 	for k, v := range c.Put {
-		r.st.Apply(k, []byte(v), false)
+		narrowed = r.st.Apply(k, []byte(v), false) || narrowed
 	}
 	for _, k := range c.Delete {
-		r.st.Apply(k, nil, true)
+		narrowed = r.st.Apply(k, nil, true) || narrowed
 	}
 	fs := r.changed
 	r.mu.Unlock()
 	for _, f := range fs {
-		f()
+		f(narrowed)
 	}
 	return true
 }

@@ -79,9 +79,19 @@ func (p *Proxy) SetACLEntry(dir node.FID, who access.Entry, r access.Rights) (ac
 	return a.Entries, nil
 }
 
-// userTTL is how long the proxy trusts its origin's word on a token: a
-// revocation or group change reaches a proxy's clients within it.
+// userTTL is how long the proxy trusts its origin's word on a token
+// without hearing from it: a revocation or group change the origin tells
+// of (rightsChanged) ends it at once.
 const userTTL = time.Minute
+
+// rightsChanged: the origin says someone may have lost rights in the
+// cell. The proxy forgets what it was told of its clients' tokens and
+// tells its own clients, as the origin told it.
+func (p *Proxy) rightsChanged() {
+	if s := p.srv.Load(); s != nil {
+		s.RightsChanged()
+	}
+}
 
 // Users says who a token's bearer is by asking the origin, which checks
 // it against its revocations and groups.

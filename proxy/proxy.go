@@ -170,11 +170,12 @@ func Open(o Options) (p *Proxy, err error) {
 		NoDirDelegations: true,
 		// Restarted, it continues its session at the origin, which then
 		// hands it what its clients' reclaims ask for.
-		KeepSession:  true,
-		Name:         fmt.Sprintf("proxy %s pid %d", host, os.Getpid()),
-		Logger:       o.Logger,
-		OnInvalidate: p.invalidate,
-		OnRecall:     p.recall,
+		KeepSession:     true,
+		Name:            fmt.Sprintf("proxy %s pid %d", host, os.Getpid()),
+		Logger:          o.Logger,
+		OnInvalidate:    p.invalidate,
+		OnRecall:        p.recall,
+		OnRightsChanged: p.rightsChanged,
 	})
 	if err != nil {
 		return nil, err

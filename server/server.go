@@ -214,7 +214,13 @@ func New(store Backend, cfg Config) *Server {
 		s.users = newUsers(cfg.Users)
 	}
 	if cfg.Principals != nil {
-		cfg.Principals.OnChange(s.users.forget)
+		cfg.Principals.OnChange(func(narrowed bool) {
+			if narrowed {
+				s.RightsChanged()
+			} else {
+				s.users.forget()
+			}
+		})
 	}
 	s.moves.init()
 	if cfg.Cell != nil {
@@ -364,6 +370,26 @@ func (s *Server) Bound(l net.Listener) net.Listener {
 	return connlimit.New(l, 2*s.cfg.MaxSessions, 2*s.cfg.MaxSessionsPerPeer, func(_ net.Conn, why error) {
 		s.log.Warn("control connection refused", "why", why)
 	})
+}
+
+// RightsChanged forgets the identities of the tokens it checked and
+// tells every client to forget the users' rights it learnt: someone may
+// have lost some (a token revoked, a member removed from a group, a
+// group deleted), as an ACL change breaks the promises of the files it
+// governs. A client whose queue is full is behind on everything, and is
+// cut off: it starts again, with nothing cached trusted.
+func (s *Server) RightsChanged() {
+	s.users.forget()
+	msg := &pb.ServerMsg{Msg: &pb.ServerMsg_RightsChanged{RightsChanged: &pb.RightsChanged{}}}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.conns {
+		select {
+		case c.out <- msg:
+		default:
+			c.cancel()
+		}
+	}
 }
 
 // admitLocked refuses a session past the bounds on sessions (mu held):

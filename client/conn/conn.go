@@ -86,6 +86,9 @@ type Handler interface {
 	// Answered hears of each call the server answered, and when it was
 	// sent: the delegation lease counts from there.
 	Answered(sent time.Time)
+	// RightsChanged says someone may have lost rights in the cell: every
+	// user's rights learnt are to be forgotten.
+	RightsChanged()
 }
 
 // Conn is a connection to one server.
@@ -321,6 +324,8 @@ func (c *Conn) runSession(first chan<- error) error {
 			c.h.Recall(m.Recall, w.StatesFrom)
 		case *pb.ServerMsg_Revoke:
 			c.h.Revoke(m.Revoke)
+		case *pb.ServerMsg_RightsChanged:
+			c.h.RightsChanged()
 		}
 	}
 }

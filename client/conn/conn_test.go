@@ -127,6 +127,8 @@ func (h *handler) Break([]*pb.FID) <-chan struct{} {
 
 func (h *handler) Reset() { h.mu.Lock(); h.resets++; h.mu.Unlock() }
 
+func (h *handler) RightsChanged() {}
+
 func (h *handler) Recall(_ *pb.Recall, statesFrom uint64) {
 	h.mu.Lock()
 	h.recalls = append(h.recalls, statesFrom)
