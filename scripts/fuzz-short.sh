@@ -13,3 +13,4 @@ go test -run='^$' -fuzz='^FuzzCheckName$' -fuzztime="$t" ./node
 go test -run='^$' -fuzz='^FuzzReadRequest$' -fuzztime="$t" ./datapath
 go test -run='^$' -fuzz='^FuzzVerify$' -fuzztime="$t" ./cell
 go test -run='^$' -fuzz='^FuzzDecodeACL$' -fuzztime="$t" ./access
+go test -run='^$' -fuzz='^FuzzNames$' -fuzztime="$t" ./principal
