@@ -236,3 +236,28 @@ func TestQuotaAtCloseUnderWriteBack(t *testing.T) {
 		t.Fatalf("lost records left: %s", out)
 	}
 }
+
+// A size set far past a file's data fills no quota: the quota counts
+// blocks, as ext4's and AFS's do. One SetAttr to 16 TiB once made a
+// volume full, and another user's 6 bytes were refused.
+func TestQuotaSparseSizeFillsNothing(t *testing.T) {
+	srv, c := cappedVolume(t)
+	if _, err := c.SetQuota("capped", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	bob := dialAs(t, srv.addr, testCell.admin) // no write-back: the truncation is stored at once
+	writeAs(t, bob, "/capped/bob", "bob's bytes")
+	if err := bob.Truncate("/capped/bob", 1<<40); err != nil {
+		t.Fatalf("a sparse size of 1 TiB: %v", err)
+	}
+	writeAs(t, dialAs(t, srv.addr, testCell.admin), "/capped/alice", "6 byte")
+	vs, err := c.Volumes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vs {
+		if v.Name == "capped" && v.Used > 64<<10 {
+			t.Fatalf("volume capped counts %d bytes used for 17 bytes of data", v.Used)
+		}
+	}
+}

@@ -257,9 +257,11 @@ func (u *Update) Commit(sync bool, mtime time.Time, op node.Op) (node.Status, er
 	var r record
 	var oldInline []byte
 	var q room
+	var before uint64 // what the file takes on disk before any byte moves
 	err := s.view(f.Volume, func(v *vtx) (err error) {
 		r, err = v.get(f)
 		oldInline = v.inlineData(f.Vnode, &r)
+		before = v.charge(&r, f.Vnode)
 		if _, made := v.findOp(op); !made {
 			q = v.room()
 		}
@@ -286,9 +288,15 @@ func (u *Update) Commit(sync bool, mtime time.Time, op node.Op) (node.Status, er
 	if p.size > uint64(s.maxSize) {
 		return node.Status{}, fmt.Errorf("store %v: size %d: %w", f, p.size, syscall.EFBIG)
 	}
-	// Over the quota as it is now: refused before any byte is moved.
-	// publish checks again, in the transaction that counts the growth.
-	if err := q.check(r.Size, p.size); err != nil {
+	// Over the quota as it is now: refused before any byte is moved, by
+	// what the store surely adds (its bytes past the old data; a size
+	// alone adds none). publish checks again, by the blocks the new
+	// version takes, in the transaction that counts them.
+	var added int64
+	for _, e := range ranges {
+		added += max(0, e.end-max(e.off, int64(cut)))
+	}
+	if err := q.check(0, uint64(added)); err != nil {
 		return node.Status{}, fmt.Errorf("store %v: %w", f, err)
 	}
 	if p.size <= inlineMax {
@@ -296,7 +304,7 @@ func (u *Update) Commit(sync bool, mtime time.Time, op node.Op) (node.Status, er
 		if err != nil {
 			return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
 		}
-		return u.commitInline(r, data, mtime, op)
+		return u.commitInline(r, before, data, mtime, op)
 	}
 	if err := u.spill(); err != nil {
 		return node.Status{}, err
@@ -331,12 +339,18 @@ func (u *Update) Commit(sync bool, mtime time.Time, op node.Op) (node.Status, er
 			return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
 		}
 	}
+	if p.newGen != 0 {
+		// Cut now, as finish would: the quota counts the blocks it holds.
+		if err := u.staging.Truncate(int64(p.size)); err != nil {
+			return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
+		}
+	}
 	if sync {
 		if err := u.staging.Sync(); err != nil {
 			return node.Status{}, fmt.Errorf("write %v: %w", f, errnoOf(err))
 		}
 	}
-	st, made, err := s.publish(f, op, p.size, mtime, func(v *vtx, r *record) error {
+	st, made, err := s.publish(f, op, p.size, before, mtime, func(v *vtx, r *record) error {
 		if r.DataGen == genInline {
 			if err := v.inline.Delete(u64(f.Vnode)); err != nil {
 				return err
@@ -366,10 +380,13 @@ func (u *Update) Commit(sync bool, mtime time.Time, op node.Op) (node.Status, er
 
 // publish runs the transaction that makes a store's new version of file
 // f, of size bytes (mtime, if not zero, is the writer's): apply changes the
-// record, read afresh, and the buckets that hold the bytes. A store
-// already made under op (its reply was lost) is answered with the status
-// it made instead (made).
-func (s *Store) publish(f node.FID, op node.Op, size uint64, mtime time.Time, apply func(v *vtx, r *record) error) (st node.Status, made bool, err error) {
+// record, read afresh, and the buckets that hold the bytes. The quota
+// counts the blocks the new version takes (its staging file's, or its
+// data file's with the blocks reserved for the store) in place of
+// before, what it took before the store moved a byte. A store already
+// made under op (its reply was lost) is answered with the status it made
+// instead (made).
+func (s *Store) publish(f node.FID, op node.Op, size, before uint64, mtime time.Time, apply func(v *vtx, r *record) error) (st node.Status, made bool, err error) {
 	err = s.mutate(f.Volume, func(v *vtx) error {
 		made = false // a run may be repeated (group)
 		if d, ok := v.findOp(op); ok {
@@ -380,13 +397,13 @@ func (s *Store) publish(f node.FID, op node.Op, size uint64, mtime time.Time, ap
 		if err != nil {
 			return err
 		}
-		if err := v.resize(r.Size, size); err != nil {
-			return fmt.Errorf("store %v: %w", f, err)
-		}
 		if err := apply(v, &r); err != nil {
 			return err
 		}
 		r.Size = size
+		if err := v.resize(before, v.charge(&r, f.Vnode)); err != nil {
+			return fmt.Errorf("store %v: %w", f, err)
+		}
 		r.DV++
 		if mtime.IsZero() {
 			r.Mtime = v.now

@@ -68,9 +68,9 @@ func (u *Update) content(r record, oldInline []byte, cut, size uint64, ranges []
 
 // commitInline publishes data as the file's new version, inline: one
 // transaction, no redo record. A data file the file had is deleted after.
-func (u *Update) commitInline(old record, data []byte, mtime time.Time, op node.Op) (node.Status, error) {
+func (u *Update) commitInline(old record, before uint64, data []byte, mtime time.Time, op node.Op) (node.Status, error) {
 	s, f := u.s, u.fid
-	st, made, err := s.publish(f, op, uint64(len(data)), mtime, func(v *vtx, r *record) error {
+	st, made, err := s.publish(f, op, uint64(len(data)), before, mtime, func(v *vtx, r *record) error {
 		if r.DataGen != 0 && r.DataGen != genInline {
 			if err := v.tx.Bucket(bktGarbage).Put([]byte(dataRel(f.Volume, f.Vnode, r.DataGen)), nil); err != nil {
 				return err

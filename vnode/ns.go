@@ -146,7 +146,7 @@ func (v *vtx) unlinkVnode(vnode uint64, r *record) error {
 		return err
 	}
 	if r.Type == node.TypeFile {
-		if err := v.resize(r.Size, 0); err != nil {
+		if err := v.resize(v.charge(r, vnode), 0); err != nil {
 			return err
 		}
 	}

@@ -9,12 +9,13 @@ import (
 	"github.com/hoardfs/hoard/node"
 )
 
-// A volume's meta bucket counts the bytes its regular files hold (their
-// sizes: a sparse file counts its holes, as the quota bounds what its
-// users may store, not this server's blocks) and its vnodes. Every
-// transaction that changes a file's size or makes or frees a vnode
-// changes them too, so they are never off by a crash. A quota, if set,
-// bounds the bytes: growth past it is refused, shrinking never is.
+// A volume's meta bucket counts the bytes its regular files take on this
+// server's disk (charge: their blocks, so a hole costs nothing, as in
+// ext4's and AFS's quotas; a size alone, set far past the data, fills no
+// quota) and its vnodes. Every transaction that changes a file's data or
+// makes or frees a vnode changes them too, so they are never off by a
+// crash. A quota, if set, bounds the bytes: growth past it is refused,
+// shrinking never is.
 var (
 	keyUsed  = []byte("used")
 	keyFiles = []byte("files")
@@ -58,6 +59,19 @@ func (v *vtx) resize(from, to uint64) error {
 	return v.meta.Put(keyUsed, u64(used))
 }
 
+// charge is what regular file r (vnode in v's volume) counts against the
+// quota: the bytes of the blocks its data file takes (blocks), or of its
+// inline data.
+func (v *vtx) charge(r *record, vnode uint64) uint64 {
+	switch {
+	case r.Type != node.TypeFile:
+		return 0
+	case r.DataGen == genInline:
+		return r.Size
+	}
+	return v.blocks(r, vnode) * 512
+}
+
 // countVnode counts a vnode made (+1) or freed (-1).
 func (v *vtx) countVnode(delta int) error {
 	n := getU64(v.meta.Get(keyFiles))
@@ -69,25 +83,28 @@ func (v *vtx) countVnode(delta int) error {
 	return v.meta.Put(keyFiles, u64(n))
 }
 
-// countUsage sets a volume's counters from its vnodes: once, for a
-// volume of a store from before they were kept.
-func countUsage(vb *bolt.Bucket) error {
+// countUsage sets volume id's counters from its vnodes: once, for a
+// volume of a store from before they were kept, or kept as sizes.
+func countUsage(tx *bolt.Tx, id uint64, dir string) error {
+	v, err := openVol(tx, id)
+	if err != nil {
+		return err
+	}
+	v.dir = dir
 	var used, files uint64
-	err := vb.Bucket(bktVnodes).ForEach(func(k, b []byte) error {
+	err = v.vnodes.ForEach(func(k, b []byte) error {
 		r, err := decodeRecord(b)
 		if err != nil {
 			return fmt.Errorf("vnode %d: %w", getU64(k), err)
 		}
 		files++
-		if r.Type == node.TypeFile {
-			used += r.Size
-		}
+		used += v.charge(&r, getU64(k))
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	vm := vb.Bucket(bktVolMeta)
+	vm := v.meta
 	if err := vm.Put(keyUsed, u64(used)); err != nil {
 		return err
 	}

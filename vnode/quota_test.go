@@ -30,9 +30,7 @@ func counts(t *testing.T, s *Store, vol, used, files uint64) {
 				t.Fatal(err)
 			}
 			scanFiles++
-			if r.Type == node.TypeFile {
-				scanUsed += r.Size
-			}
+			scanUsed += v.charge(&r, getU64(k))
 			return nil
 		})
 	})
@@ -59,10 +57,11 @@ func tryWrite(s *Store, f node.FID, off int64, data []byte, op node.Op) (node.St
 	return u.Commit(true, time.Time{}, op)
 }
 
-// The used bytes are the sizes of the volume's regular files, whichever
-// way a size changes (stores, truncations, moves between inline and data
-// files, removes, renames over a file), and the vnodes are counted as
-// made and freed; both survive a restart.
+// The used bytes are what the volume's regular files take on disk (a
+// data file's blocks, inline bytes), whichever way that changes (stores,
+// truncations, moves between inline and data files, removes, renames
+// over a file), and the vnodes are counted as made and freed; both
+// survive a restart.
 func TestQuotaUsageCounted(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir)
@@ -75,24 +74,31 @@ func TestQuotaUsageCounted(t *testing.T) {
 	counts(t, s, vol, 10, 2)
 	write(t, s, a, 0, bytes.Repeat([]byte("b"), 20)) // 10 bytes replaced, 10 more
 	counts(t, s, vol, 20, 2)
-	write(t, s, a, inlineMax, []byte("past inline")) // to a data file
-	counts(t, s, vol, inlineMax+11, 2)
+	write(t, s, a, inlineMax, []byte("past inline")) // to a data file, with a hole
+	counts(t, s, vol, disk(t, s, a), 2)
+	if d := disk(t, s, a); d >= inlineMax {
+		t.Fatalf("a data file with a hole of %d bytes counts %d", inlineMax, d)
+	}
 	write(t, s, a, 5, []byte("in place"))
-	counts(t, s, vol, inlineMax+11, 2)
+	counts(t, s, vol, disk(t, s, a), 2)
 	if _, err := setSize(s, a, 5); err != nil { // back inline
 		t.Fatal(err)
 	}
 	counts(t, s, vol, 5, 2)
-	if _, err := setSize(s, a, 1<<20); err != nil { // sparse: its size counts
+	if _, err := setSize(s, a, 1<<20); err != nil { // sparse: its size does not count
 		t.Fatal(err)
 	}
-	counts(t, s, vol, 1<<20, 2)
+	counts(t, s, vol, disk(t, s, a), 2)
+	if d := disk(t, s, a); d > 8192 {
+		t.Fatalf("a file of 5 bytes then a hole counts %d", d)
+	}
+	sparse := disk(t, s, a)
 
 	mustCreate(t, s, r, "d", node.TypeDir)
 	if _, _, _, err := s.Create(r, "sl", node.TypeSymlink, node.Attr{}, "a-long-enough-target", true, ""); err != nil {
 		t.Fatal(err)
 	}
-	counts(t, s, vol, 1<<20, 4)
+	counts(t, s, vol, sparse, 4)
 	// A second name is no second copy; the bytes go with the last one.
 	if _, _, err := s.Link(r, "a2", a, ""); err != nil {
 		t.Fatal(err)
@@ -100,7 +106,7 @@ func TestQuotaUsageCounted(t *testing.T) {
 	if _, _, err := s.Remove(r, "a", false, ""); err != nil {
 		t.Fatal(err)
 	}
-	counts(t, s, vol, 1<<20, 4)
+	counts(t, s, vol, sparse, 4)
 	if _, _, err := s.Remove(r, "a2", false, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +116,7 @@ func TestQuotaUsageCounted(t *testing.T) {
 	write(t, s, b, 0, []byte("bbb"))
 	c := mustCreate(t, s, r, "c", node.TypeFile).FID
 	write(t, s, c, 0, bytes.Repeat([]byte("c"), inlineMax+1))
-	counts(t, s, vol, inlineMax+4, 5)
+	counts(t, s, vol, 3+disk(t, s, c), 5)
 	if _, err := s.Rename(r, "b", r, "c", ""); err != nil { // c is freed
 		t.Fatal(err)
 	}
@@ -192,8 +198,9 @@ func TestQuotaRefusesGrowth(t *testing.T) {
 	counts(t, s, vol, 100, 3)
 
 	// Data files: neither the move from inline nor a store in place
-	// publishes anything.
-	if _, err := s.SetQuota(node.RootVolume, inlineMax+200); err != nil {
+	// publishes anything. The move takes whole blocks: more than the
+	// quota leaves.
+	if _, err := s.SetQuota(node.RootVolume, 1024); err != nil {
 		t.Fatal(err)
 	}
 	st, err = tryWrite(s, f, inlineMax, bytes.Repeat([]byte("z"), 200), "")
@@ -206,7 +213,7 @@ func TestQuotaRefusesGrowth(t *testing.T) {
 	}
 	big := bytes.Repeat([]byte("B"), inlineMax+100)
 	write(t, s, f, 0, big)
-	if _, err := s.SetQuota(node.RootVolume, inlineMax+150); err != nil {
+	if _, err := s.SetQuota(node.RootVolume, 40+disk(t, s, f)+100); err != nil {
 		t.Fatal(err)
 	}
 	files := dataFiles(s, f)
@@ -223,7 +230,41 @@ func TestQuotaRefusesGrowth(t *testing.T) {
 	if now := dataFiles(s, f); len(now) != 1 || now[0] != files[0] || stagingFiles(t, s) != 0 {
 		t.Fatalf("data files %v then %v, %d staging", files, now, stagingFiles(t, s))
 	}
-	counts(t, s, vol, inlineMax+140, 3)
+	counts(t, s, vol, 40+disk(t, s, f), 3)
+}
+
+// disk is what file f takes on the store's disk: its data file's blocks.
+func disk(t *testing.T, s *Store, f node.FID) uint64 {
+	t.Helper()
+	st, err := s.GetStatus(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+// A size set far past a file's data fills no quota: one SetAttr to a
+// large size once made a volume full, and another user's 6 bytes were
+// refused.
+func TestQuotaSparseSizeCostsNothing(t *testing.T) {
+	s := open(t, t.TempDir())
+	r := root(t, s)
+	if _, err := s.SetQuota(node.RootVolume, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	bob := mustCreate(t, s, r, "bob", node.TypeFile).FID
+	write(t, s, bob, 0, bytes.Repeat([]byte("b"), inlineMax+1))
+	if _, err := setSize(s, bob, 1<<40); err != nil {
+		t.Fatalf("a sparse size of 1 TiB under a quota of 1 MiB: %v", err)
+	}
+	alice := mustCreate(t, s, r, "alice", node.TypeFile).FID
+	if _, err := tryWrite(s, alice, 0, []byte("6 byte"), ""); err != nil {
+		t.Fatalf("alice's 6 bytes after bob's sparse size: %v", err)
+	}
+	// Data, though, counts, holes or not.
+	if _, err := tryWrite(s, bob, 1<<39, bytes.Repeat([]byte("x"), 2<<20), ""); !errors.Is(err, syscall.EDQUOT) {
+		t.Fatalf("2 MiB of data under a quota of 1 MiB: %v", err)
+	}
 }
 
 // A store made already (its reply lost) is answered as made when sent
@@ -368,7 +409,7 @@ func TestQuotaFormatUpgrade(t *testing.T) {
 	}
 	s.Close()
 	s = open(t, dir)
-	counts(t, s, r.Volume, inlineMax+10, 4)
+	counts(t, s, r.Volume, disk(t, s, f)+5, 4)
 	counts(t, s, pv.ID, 2, 2)
 	s.view(r.Volume, func(v *vtx) error {
 		if f := getU64(v.tx.Bucket(bktMeta).Get(keyFormat)); f != formatVersion {
@@ -377,5 +418,5 @@ func TestQuotaFormatUpgrade(t *testing.T) {
 		return nil
 	})
 	write(t, s, g, 5, []byte("er"))
-	counts(t, s, r.Volume, inlineMax+12, 4)
+	counts(t, s, r.Volume, disk(t, s, f)+7, 4)
 }

@@ -66,8 +66,9 @@ var (
 // bytes and vnodes (quota.go); a store of format 2 to 4 is upgraded when
 // opened (it has no ACLs: every directory has the default, acl.go; its
 // counts are made). An older hoard refuses format 5: it would not keep
-// the counts.
-const formatVersion = 5
+// the counts. 6 counts a file's blocks against the quota, not its size
+// (quota.go): a store of format 5 has its counts made again.
+const formatVersion = 6
 
 // Store is an open server data directory.
 type Store struct {
@@ -155,8 +156,8 @@ func (s *Store) init() error {
 					return err
 				}
 			}
-			if vb.Bucket(bktVolMeta).Get(keyUsed) == nil {
-				return countUsage(vb)
+			if vb.Bucket(bktVolMeta).Get(keyUsed) == nil || f != nil && getU64(f) < 6 {
+				return countUsage(tx, getU64(k), s.dir)
 			}
 			return nil
 		}); err != nil {
