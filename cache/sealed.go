@@ -55,7 +55,13 @@ func newSealer(key []byte) (*sealer, error) {
 // seal wraps f, the cache file of fid.
 func (s *sealer) seal(f *os.File, fid node.FID) (*sealedFile, error) {
 	info := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64([]byte("hoard cache file "), fid.Volume), fid.Vnode), fid.Unique)
-	k, err := hkdf.Key(sha256.New, s.key, nil, string(info), 64)
+	return s.sealAs(f, string(info))
+}
+
+// sealAs wraps f with the key the cache's key derives for info: each
+// file sealed gets its own.
+func (s *sealer) sealAs(f *os.File, info string) (*sealedFile, error) {
+	k, err := hkdf.Key(sha256.New, s.key, nil, info, 64)
 	if err != nil {
 		return nil, err
 	}
@@ -64,6 +70,33 @@ func (s *sealer) seal(f *os.File, fid node.FID) (*sealedFile, error) {
 		return nil, err
 	}
 	return &sealedFile{File: f, x: x}, nil
+}
+
+// Sealed is what Cache.Seal wraps a file in: its bytes are encrypted on
+// disk, by the cache's key.
+type Sealed interface {
+	io.ReaderAt
+	io.WriterAt
+}
+
+// Encrypted reports whether the cache's files are encrypted.
+func (c *Cache) Encrypted() bool { return c.sealer != nil }
+
+// Seal wraps f, a file the client keeps beside its cache (a write it
+// could not deliver, kept in lost/), so that its bytes on disk are
+// encrypted as the cache files are, with a key of its own derived for
+// name; sealed is false, and f returned as it is, when the cache is not
+// encrypted. Only this process, which holds the cache's key, can read
+// them back.
+func (c *Cache) Seal(f *os.File, name string) (w Sealed, sealed bool, err error) {
+	if c.sealer == nil {
+		return f, false, nil
+	}
+	sf, err := c.sealer.sealAs(f, "hoard kept file "+name)
+	if err != nil {
+		return nil, false, err
+	}
+	return sf, true, nil
 }
 
 // sealedFile is a cache file whose sectors are encrypted. Its length on

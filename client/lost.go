@@ -2,6 +2,8 @@ package client
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"syscall"
 
 	"github.com/hoardfs/hoard/client/lost"
@@ -55,10 +57,15 @@ func (c *Client) keepLost(n *Node, name string, cause error) error {
 
 // saveLost keeps writes under the lost directory (package lost).
 func (c *Client) saveLost(name string, fid node.FID, ranges [][2]int64, read func(p []byte, off int64) error, size int64, trunc *uint64, cause error) (string, error) {
-	dir, err := lost.Save(c.opts.CacheDir, lost.Record{Path: name, FID: fid.String(), Ranges: ranges, Size: size, Truncate: trunc, Error: cause.Error()}, read)
+	seal := func(f *os.File, name string) (io.WriterAt, bool, error) { return c.cache.Seal(f, name) }
+	dir, err := lost.Save(c.opts.CacheDir, lost.Record{Path: name, FID: fid.String(), Ranges: ranges, Size: size, Truncate: trunc, Error: cause.Error()}, read, seal)
 	if err == nil {
 		c.counters.lost.Add(1)
-		c.log.Error("writes could not be delivered to the server; kept locally", "path", name, "kept", dir, "err", cause)
+		how := "kept locally"
+		if c.cache.Encrypted() {
+			how = "kept locally, encrypted with this mount's key: unreadable once it stops"
+		}
+		c.log.Error("writes could not be delivered to the server; "+how, "path", name, "kept", dir, "err", cause)
 	}
 	return dir, err
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/internal/testkit"
@@ -800,14 +801,36 @@ func TestSecurityEncryptedCache(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(m.dir, "pub", "new"), []byte(marker), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A write the server refuses is kept in lost/: encrypted too.
+	if _, err := w.admin.CreateVolume("tiny"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.admin.MountVolume("/pub/tiny", "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.admin.SetQuota("tiny", 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(m.dir, "pub", "tiny", "over"), []byte(marker), 0o644); err == nil {
+		t.Fatal("a write past the quota was not refused at close")
+	}
+	kept, err := lost.List(cacheDir)
+	if err != nil || len(kept) != 1 || !kept[0].Sealed {
+		t.Fatalf("the refused write's lost record: %+v, %v; want one, sealed", kept, err)
+	}
+	if out, code := run(t, "cache", "lost", "restore", kept[0].ID, "--cache", cacheDir, "--server", w.srv.addr); code == 0 || !strings.Contains(out, "cannot be read") {
+		t.Fatalf("restoring sealed lost writes: exit %d: %s", code, out)
+	}
 	cached := 0
-	filepath.Walk(filepath.Join(cacheDir, "files"), func(p string, fi os.FileInfo, err error) error {
+	filepath.Walk(cacheDir, func(p string, fi os.FileInfo, err error) error {
 		if err == nil && fi.Mode().IsRegular() {
 			b, _ := os.ReadFile(p)
 			if bytes.Contains(b, []byte("plaintext marker")) {
-				t.Errorf("cache file %s holds plaintext", p)
+				t.Errorf("%s, beside an encrypted cache, holds plaintext", p)
 			}
-			cached += len(b)
+			if strings.HasPrefix(p, filepath.Join(cacheDir, "files")) {
+				cached += len(b)
+			}
 		}
 		return nil
 	})

@@ -5,6 +5,7 @@ package lost
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -27,6 +28,10 @@ type Record struct {
 	Error    string     `json:"error"`
 	Time     time.Time  `json:"time"`
 	Data     string     `json:"data"`
+	// Sealed: Data is encrypted with the key of the encrypted cache of the
+	// client that kept it (hoard mount --cache-encrypt), which only that
+	// process held: nothing is written in clear beside an encrypted cache.
+	Sealed bool `json:"sealed,omitempty"`
 	// ID names the record in its lost directory (List, Get, Remove).
 	ID string `json:"-"`
 }
@@ -40,11 +45,15 @@ func Dir(cacheDir string) string {
 	return filepath.Join(cacheDir, "lost")
 }
 
+// Sealer wraps the data file Save writes, named name, so that its bytes
+// on disk are encrypted (sealed) or not (cache.Cache.Seal).
+type Sealer func(f *os.File, name string) (w io.WriterAt, sealed bool, err error)
+
 // Save writes r's ranges (read through read) into a sparse data file in a
-// directory of its own under the lost directory of cacheDir, with an
-// info.json describing them, and returns that directory. It fills in r's
-// Time and Data.
-func Save(cacheDir string, r Record, read func(p []byte, off int64) error) (string, error) {
+// directory of its own under the lost directory of cacheDir, through seal
+// if not nil, with an info.json describing them, and returns that
+// directory. It fills in r's Time, Data and Sealed.
+func Save(cacheDir string, r Record, read func(p []byte, off int64) error, seal Sealer) (string, error) {
 	r.Time = time.Now()
 	dir := filepath.Join(Dir(cacheDir), fmt.Sprintf("%d-%s", r.Time.UnixNano(), r.FID))
 	r.Data = filepath.Join(dir, "data")
@@ -53,13 +62,19 @@ func Save(cacheDir string, r Record, read func(p []byte, off int64) error) (stri
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
-		data, err := os.OpenFile(rec.Data, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
+		data, err := os.OpenFile(rec.Data, os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o600)
 		if err != nil {
 			return err
 		}
 		defer data.Close()
+		var w io.WriterAt = data
+		if seal != nil {
+			if w, rec.Sealed, err = seal(data, filepath.Base(dir)); err != nil {
+				return err
+			}
+		}
 		if _, err := CopyRanges(ranges, read, func(p []byte, off int64) error {
-			_, err := data.WriteAt(p, off)
+			_, err := w.WriteAt(p, off)
 			return err
 		}); err != nil {
 			return err

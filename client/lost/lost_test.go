@@ -20,7 +20,7 @@ func TestSaveAndList(t *testing.T) {
 	read := func(p []byte, off int64) error { copy(p, data[off:]); return nil }
 	cut := uint64(7)
 	for i, path := range []string{"/a", "/b"} {
-		_, err := Save(cache, Record{Path: path, FID: "1.2.3", Ranges: [][2]int64{{int64(i) * 10, 2 << 20}}, Size: 3 << 20, Truncate: &cut, Error: "server gone"}, read)
+		_, err := Save(cache, Record{Path: path, FID: "1.2.3", Ranges: [][2]int64{{int64(i) * 10, 2 << 20}}, Size: 3 << 20, Truncate: &cut, Error: "server gone"}, read, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

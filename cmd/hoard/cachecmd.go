@@ -146,7 +146,11 @@ func cacheLostCmd() *cobra.Command {
 				return nil
 			}
 			for _, l := range ls {
-				fmt.Printf("%s  %s  %s  fid %s  %d range(s)  data %s\n    error: %s\n", l.ID, l.Time.Format(time.RFC3339), l.Path, l.FID, len(l.Ranges), l.Data, l.Error)
+				data := "data " + l.Data
+				if l.Sealed {
+					data = "encrypted with the key of the mount that kept it (--cache-encrypt): readable by that process alone"
+				}
+				fmt.Printf("%s  %s  %s  fid %s  %d range(s)  %s\n    error: %s\n", l.ID, l.Time.Format(time.RFC3339), l.Path, l.FID, len(l.Ranges), data, l.Error)
 			}
 			fmt.Println("(hoard cache lost restore ID stores one again; hoard cache lost rm ID discards it)")
 			return nil
@@ -195,6 +199,9 @@ func lostRestoreCmd(dir *string) *cobra.Command {
 			r, err := lost.Get(*dir, args[0])
 			if err != nil {
 				return err
+			}
+			if r.Sealed {
+				return fmt.Errorf("lost writes %s are encrypted with the key of the mount that kept them (--cache-encrypt), which only that process held: they cannot be read (hoard cache lost rm %s discards them)", r.ID, r.ID)
 			}
 			dest := cmp.Or(to, r.Path)
 			if !strings.HasPrefix(dest, "/") {
