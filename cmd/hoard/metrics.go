@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,6 +38,9 @@ type endpoint struct {
 	reg         *prometheus.Registry
 	page        *status.Page
 	invalidated status.Breaks
+	// private: the page is its owner's alone (a mount's names the files
+	// its users opened): metrics.OwnerOnly.
+	private bool
 }
 
 // openMetrics opens --metrics and --http ("": not asked). An --http
@@ -113,6 +117,7 @@ func (e *endpoint) showProxy(p *proxy.Proxy) {
 // showMount shows c's cache and protocol state, mounted at dir by m.
 func (e *endpoint) showMount(c *client.Client, m *mount.Mount, dir string) {
 	if e != nil {
+		e.private = true
 		e.show(absDir(dir), status.MountPart(c.Stats, c.LargestCached, pathsIn(m, dir), &e.invalidated))
 	}
 }
@@ -152,9 +157,13 @@ func (e *endpoint) start(name string) (stop func()) {
 		return func() {}
 	}
 	e.page.SetKind(name)
+	var page http.Handler = e.page
+	if e.private {
+		page = metrics.OwnerOnly(page, uint32(os.Getuid()))
+	}
 	var stops []func()
 	for _, l := range e.ls {
-		stops = append(stops, metrics.Serve(l, e.reg, e.page))
+		stops = append(stops, metrics.Serve(l, e.reg, page))
 	}
 	var at []string
 	if e.metricsAt != "" {
