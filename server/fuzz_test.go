@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"hash/fnv"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hoardfs/hoard/access"
+	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/principal"
@@ -102,6 +104,25 @@ func uidOf(name string) uint32 {
 	h := fnv.New32a()
 	h.Write([]byte(name))
 	return 1000 + h.Sum32()%60000
+}
+
+// sessions connects n sessions to s, as Connect would, with back
+// channels nobody reads.
+func sessions(s *Server, n int) []callback.ClientID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []callback.ClientID
+	for i := range n {
+		id := s.cb.Connect(fmt.Sprint("c", i), 0, time.Now())
+		s.conns[id] = &conn{out: make(chan *pb.ServerMsg, 64), cancel: func() {}}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// asIn is ctx for a request of user's in session id.
+func asIn(s *Server, id callback.ClientID, user string) context.Context {
+	return metadata.NewIncomingContext(context.Background(), metadata.Pairs(pb.ClientMetadata, s.token(s.store.Epoch(), id, id), pb.UserMetadata, "Bearer "+user))
 }
 
 // as is ctx for a request of user's (none: anonymous).

@@ -2,11 +2,7 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"testing"
-	"time"
-
-	"google.golang.org/grpc/metadata"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -44,17 +40,8 @@ func TestReserveNeedsInsertBoundedPerUser(t *testing.T) {
 	s, _ := newFuzzServer(t)
 	store := s.store
 	root, _ := store.VolumeByName(node.RootVolume)
-	s.mu.Lock()
-	var ids []callback.ClientID
-	for i := range 3 {
-		id := s.cb.Connect(fmt.Sprint("c", i), 0, time.Now())
-		s.conns[id] = &conn{out: make(chan *pb.ServerMsg, 64), cancel: func() {}}
-		ids = append(ids, id)
-	}
-	s.mu.Unlock()
-	as := func(id callback.ClientID, user string) context.Context {
-		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(pb.ClientMetadata, s.token(s.store.Epoch(), id, id), pb.UserMetadata, "Bearer "+user))
-	}
+	ids := sessions(s, 3)
+	as := func(id callback.ClientID, user string) context.Context { return asIn(s, id, user) }
 	req := &pb.ReserveRequest{Volume: root.ID, Count: vnode.MaxReserve, Dir: pb.FromFID(root.Root)}
 	// bob has only the default rl at the root: no insert.
 	if _, err := s.Reserve(as(ids[0], "bob"), req); status.Code(err) != codes.PermissionDenied {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/hoardfs/hoard/callback"
@@ -163,14 +162,7 @@ func TestStageBounds(t *testing.T) {
 		t.Fatalf("after a publication: %v", err)
 	}
 	// The server's bound, over many sessions.
-	s.mu.Lock()
-	var ids []callback.ClientID
-	for i := 0; i < maxStagesPerServer/maxStagesPerSession+1; i++ {
-		id := s.cb.Connect(fmt.Sprint("c", i), 0, time.Now())
-		s.conns[id] = &conn{out: make(chan *pb.ServerMsg, 64), cancel: func() {}}
-		ids = append(ids, id)
-	}
-	s.mu.Unlock()
+	ids := sessions(s, maxStagesPerServer/maxStagesPerSession+1)
 	refused := 0
 	for _, id := range ids {
 		for i := 0; i < maxStagesPerSession; i++ {
@@ -216,17 +208,8 @@ func TestStageDroppedAtSessionEnd(t *testing.T) {
 // every stage of the server, and another's bypassed write failed).
 func TestStagesBoundedPerUser(t *testing.T) {
 	s, f := newFuzzServer(t)
-	s.mu.Lock()
-	var ids []callback.ClientID
-	for i := range maxStagesPerUser/maxStagesPerSession + 1 {
-		id := s.cb.Connect(fmt.Sprint("c", i), 0, time.Now())
-		s.conns[id] = &conn{out: make(chan *pb.ServerMsg, 64), cancel: func() {}}
-		ids = append(ids, id)
-	}
-	s.mu.Unlock()
-	as := func(id callback.ClientID, user string) context.Context {
-		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(pb.ClientMetadata, s.token(s.store.Epoch(), id, id), pb.UserMetadata, "Bearer "+user))
-	}
+	ids := sessions(s, maxStagesPerUser/maxStagesPerSession+1)
+	as := func(id callback.ClientID, user string) context.Context { return asIn(s, id, user) }
 	begin := func(id callback.ClientID, user, name string) error {
 		_, err := storeAs(t, s, as(id, user), &pb.StoreRequest{Fid: pb.FromFID(f), Stage: name, Data: []byte("x")})
 		return err
