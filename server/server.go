@@ -214,11 +214,14 @@ func New(store Backend, cfg Config) *Server {
 		s.users = newUsers(cfg.Users)
 	}
 	if cfg.Principals != nil {
+		// Called under the location database's lock (its watch applies
+		// the change): forgetting the tokens' identities takes a leaf
+		// lock, so it is done at once, before a request could use one;
+		// telling the clients takes s.mu, so it is done beside.
 		cfg.Principals.OnChange(func(narrowed bool) {
+			s.users.forget()
 			if narrowed {
-				s.RightsChanged()
-			} else {
-				s.users.forget()
+				go s.tellRightsChanged()
 			}
 		})
 	}
@@ -380,6 +383,11 @@ func (s *Server) Bound(l net.Listener) net.Listener {
 // cut off: it starts again, with nothing cached trusted.
 func (s *Server) RightsChanged() {
 	s.users.forget()
+	s.tellRightsChanged()
+}
+
+// tellRightsChanged is RightsChanged's message to every client.
+func (s *Server) tellRightsChanged() {
 	msg := &pb.ServerMsg{Msg: &pb.ServerMsg_RightsChanged{RightsChanged: &pb.RightsChanged{}}}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -231,14 +231,7 @@ func (s *Store) Lookup(dir node.FID, name string) (child, d node.Status, err err
 			return err
 		}
 		d = v.statusOf(&dr, dir.Vnode)
-		e, ok, err := v.lookup(dir.Vnode, name)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("%s: %w", name, syscall.ENOENT)
-		}
-		cr, err := decodeRecord(v.vnodes.Get(u64(e.Vnode)))
+		e, cr, err := v.entry(dir.Vnode, name)
 		if err != nil {
 			return err
 		}
@@ -390,42 +383,58 @@ func (s *Store) Remove(dir node.FID, name string, dirOnly bool, op node.Op) (d, 
 			d, st = v.statusOf(&dr, dir.Vnode), v.statusNow(o.vnodes[0])
 			return nil
 		}
-		e, ok, err := v.lookup(dir.Vnode, name)
+		e, r, err := v.entry(dir.Vnode, name)
 		if err != nil {
 			return err
 		}
-		if !ok {
-			return fmt.Errorf("%s: %w", name, syscall.ENOENT)
-		}
-		r, err := decodeRecord(v.vnodes.Get(u64(e.Vnode)))
-		if err != nil {
-			return err
-		}
-		switch {
-		case dirOnly && r.Type != node.TypeDir:
-			return fmt.Errorf("%s: %w", name, syscall.ENOTDIR)
-		case !dirOnly && r.Type == node.TypeDir:
-			return fmt.Errorf("%s: %w", name, syscall.EISDIR)
-		case r.Type == node.TypeDir && !v.isEmptyDir(e.Vnode):
-			return fmt.Errorf("%s: %w", name, syscall.ENOTEMPTY)
-		}
-		if err := v.delEntry(dir.Vnode, name, e); err != nil {
+		if err := v.unlinkEntry(dir.Vnode, &dr, name, e, &r, dirOnly); err != nil {
 			return err
 		}
 		v.touchDir(&dr)
-		if r.Type == node.TypeDir {
-			dr.Nlink--
-		}
 		if err := v.put(dir.Vnode, &dr); err != nil {
-			return err
-		}
-		if err := v.unlinkVnode(e.Vnode, &r); err != nil {
 			return err
 		}
 		d, st = v.statusOf(&dr, dir.Vnode), v.statusOf(&r, e.Vnode)
 		return v.recordOp(op, done{vnodes: []named{namedBy(st)}})
 	})
 	return d, st, err
+}
+
+// entry is name's entry in directory dir, and the record of the vnode it
+// names: ENOENT if there is none.
+func (v *vtx) entry(dir uint64, name string) (entry, record, error) {
+	e, ok, err := v.lookup(dir, name)
+	if err != nil {
+		return e, record{}, err
+	}
+	if !ok {
+		return e, record{}, fmt.Errorf("%s: %w", name, syscall.ENOENT)
+	}
+	r, err := decodeRecord(v.vnodes.Get(u64(e.Vnode)))
+	return e, r, err
+}
+
+// unlinkEntry removes name, entry e of vnode record r, from directory dir
+// (record dr, one link fewer for a subdirectory) and unlinks the vnode,
+// refusing what rmdir, unlink and a rename over it refuse: a file where
+// a directory is wanted (ENOTDIR), a directory where a file is (EISDIR),
+// a directory not empty. r is left as unlinked.
+func (v *vtx) unlinkEntry(dir uint64, dr *record, name string, e entry, r *record, wantDir bool) error {
+	switch {
+	case wantDir && r.Type != node.TypeDir:
+		return fmt.Errorf("%s: %w", name, syscall.ENOTDIR)
+	case !wantDir && r.Type == node.TypeDir:
+		return fmt.Errorf("%s: %w", name, syscall.EISDIR)
+	case r.Type == node.TypeDir && !v.isEmptyDir(e.Vnode):
+		return fmt.Errorf("%s: %w", name, syscall.ENOTEMPTY)
+	}
+	if err := v.delEntry(dir, name, e); err != nil {
+		return err
+	}
+	if r.Type == node.TypeDir {
+		dr.Nlink--
+	}
+	return v.unlinkVnode(e.Vnode, r)
 }
 
 // Rename moves src/sname to dst/dname atomically, replacing an existing
@@ -461,14 +470,7 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, o
 			}
 			return nil
 		}
-		se, ok, err := v.lookup(src.Vnode, sname)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("%s: %w", sname, syscall.ENOENT)
-		}
-		mr, err := decodeRecord(v.vnodes.Get(u64(se.Vnode)))
+		se, mr, err := v.entry(src.Vnode, sname)
 		if err != nil {
 			return err
 		}
@@ -503,21 +505,7 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, o
 			if err != nil {
 				return err
 			}
-			switch {
-			case isDir && rr.Type != node.TypeDir:
-				return fmt.Errorf("%s: %w", dname, syscall.ENOTDIR)
-			case !isDir && rr.Type == node.TypeDir:
-				return fmt.Errorf("%s: %w", dname, syscall.EISDIR)
-			case rr.Type == node.TypeDir && !v.isEmptyDir(de.Vnode):
-				return fmt.Errorf("%s: %w", dname, syscall.ENOTEMPTY)
-			}
-			if err := v.delEntry(dst.Vnode, dname, de); err != nil {
-				return err
-			}
-			if rr.Type == node.TypeDir {
-				dd.Nlink--
-			}
-			if err := v.unlinkVnode(de.Vnode, &rr); err != nil {
+			if err := v.unlinkEntry(dst.Vnode, &dd, dname, de, &rr, isDir); err != nil {
 				return err
 			}
 			rst := v.statusOf(&rr, de.Vnode)
