@@ -50,3 +50,46 @@ func TestNamedPathsExist(t *testing.T) {
 		t.Fatalf("only %d paths checked: the pattern no longer finds them", checked)
 	}
 }
+
+// Every package of the repository has a row in the README's layout, so
+// that a package added is a package described.
+func TestEveryPackageInLayout(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if cells := strings.Split(line, "|"); len(cells) > 2 && strings.HasPrefix(line, "| `") {
+			for _, m := range span.FindAllStringSubmatch(cells[1], -1) {
+				listed[m[1]] = true
+			}
+		}
+	}
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() && p != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "bin" || name == "dist") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(name, ".go") {
+			return nil
+		}
+		dir, _ := filepath.Rel(root, filepath.Dir(p))
+		if dir == "." || listed[filepath.ToSlash(dir)] {
+			return nil
+		}
+		listed[filepath.ToSlash(dir)] = true // said once
+		t.Errorf("package %s has no row in the README's layout", filepath.ToSlash(dir))
+		return nil
+	})
+	if len(listed) < 20 {
+		t.Fatalf("only %d packages in the layout: the table was not found", len(listed))
+	}
+}
