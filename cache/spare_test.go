@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/hoardfs/hoard/internal/poll"
 )
 
 func spareFiles(t *testing.T, dir string) int {
@@ -20,12 +22,8 @@ func spareFiles(t *testing.T, dir string) int {
 
 func waitSpares(t *testing.T, dir string, want int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for spareFiles(t, dir) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d spare files, want %d", spareFiles(t, dir), want)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !poll.Until(10*time.Second, func() bool { return spareFiles(t, dir) == want }) {
+		t.Fatalf("%d spare files, want %d", spareFiles(t, dir), want)
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/hoardfs/hoard/internal/poll"
 )
 
 // store is a Source for tests: records changed with set and del.
@@ -222,12 +224,8 @@ func TestCommitterAndIndexed(t *testing.T) {
 	s.set("a", "1")
 	changed := time.Now()
 	var st testStats
-	deadline := time.Now().Add(10 * time.Second)
-	for ReadStats(dir, &st) != nil || !st.Indexed.After(changed) {
-		if time.Now().After(deadline) {
-			t.Fatalf("stats.json does not say the change is indexed: %+v", st)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !poll.Until(10*time.Second, func() bool { return ReadStats(dir, &st) == nil && st.Indexed.After(changed) }) {
+		t.Fatalf("stats.json does not say the change is indexed: %+v", st)
 	}
 	x.Abandon()
 	x, err := Open(dir)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/principal"
 	"github.com/hoardfs/hoard/server"
@@ -316,16 +317,12 @@ func short(b []byte) string {
 	return fmt.Sprintf("%q", b)
 }
 
-// waitFor polls cond every few milliseconds until it holds, failing the
-// test with what() once the deadline passes.
+// waitFor waits until cond holds (poll.Until), failing the test with
+// what() once within has passed: what says the state it ended in.
 func waitFor(t testing.TB, within time.Duration, cond func() bool, what func() string) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", within, what())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !poll.Until(within, cond) {
+		t.Fatalf("after %v: %s", within, what())
 	}
 }
 

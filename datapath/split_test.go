@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -266,11 +267,7 @@ func TestSplitRedialsClosedIdle(t *testing.T) {
 	}
 	s.put(a, false)
 	s.put(b, false)
-	for deadline := time.Now().Add(5 * time.Second); srv.closed.Load() < 2; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the server did not close the idle connections")
-		}
-	}
+	poll.Wait(t, 5*time.Second, "the server closing the idle connections", func() bool { return srv.closed.Load() >= 2 })
 	if _, got, err := fetch(t, s, testFID, 0, 10); err != nil || string(got) != "fresh" {
 		t.Fatalf("fetch after the pool went stale: %q %v", got, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
@@ -202,7 +203,7 @@ func TestReadAhead(t *testing.T) {
 		}
 	}
 	read := int64(8 * len(p))
-	if !eventually(5*time.Second, func() bool { return b.Stats().BytesFetched > read+256<<10 }) {
+	if !poll.Until(5*time.Second, func() bool { return b.Stats().BytesFetched > read+256<<10 }) {
 		t.Fatalf("fetched %d bytes after reading %d sequentially: no read-ahead", b.Stats().BytesFetched, read)
 	}
 	// Random access does not trigger it.
@@ -215,7 +216,7 @@ func TestReadAhead(t *testing.T) {
 	// Read-ahead would be started by a read and land a little later; the
 	// client counts no read-ahead started, so only a bounded wait can
 	// tell that none comes.
-	holds(t, 200*time.Millisecond, "random reads fetch exactly the 4 chunks read",
+	poll.Holds(t, 200*time.Millisecond, "random reads fetch exactly the 4 chunks read",
 		func() bool { return c.Stats().BytesFetched == 4*256<<10 })
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
@@ -133,7 +134,7 @@ func stagingEmpty(t *testing.T, data string) {
 	t.Helper()
 	dir := filepath.Join(data, "staging")
 	var ents []os.DirEntry
-	if !eventually(10*time.Second, func() bool { ents, _ = os.ReadDir(dir); return len(ents) == 0 }) {
+	if !poll.Until(10*time.Second, func() bool { ents, _ = os.ReadDir(dir); return len(ents) == 0 }) {
 		t.Fatalf("%d staging files left 10 s after the writer's session ended", len(ents))
 	}
 }

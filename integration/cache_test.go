@@ -14,6 +14,7 @@ import (
 
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
@@ -167,7 +168,7 @@ func TestCacheCommands(t *testing.T) {
 	}
 
 	// stats: the counters as JSON, and live rates with --watch.
-	waitFor(t, 10*time.Second, "stats.json counting the warmup", func() bool {
+	poll.Wait(t, 10*time.Second, "stats.json counting the warmup", func() bool {
 		out, code := run(t, "cache", "stats", "--cache", m.cache, "--json")
 		var st struct {
 			BytesFetched int64 `json:"bytes_fetched"`

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
@@ -101,22 +102,19 @@ func cellOf3(t *testing.T, extra ...string) ([]*etcdProc, []*serverProc) {
 // waitAlive waits until the cell lists want servers, all alive.
 func waitAlive(t *testing.T, c *client.Client, want int) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		ss, err := c.Servers()
+	var ss []client.Server
+	var err error
+	if !poll.Until(15*time.Second, func() bool {
+		ss, err = c.Servers()
 		alive := 0
 		for _, s := range ss {
 			if s.Alive {
 				alive++
 			}
 		}
-		if err == nil && alive == want && len(ss) == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("servers: %+v %v; want %d alive", ss, err, want)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return err == nil && alive == want && len(ss) == want
+	}) {
+		t.Fatalf("servers: %+v %v; want %d alive", ss, err, want)
 	}
 }
 
@@ -495,15 +493,10 @@ func moveAndKill(t *testing.T, admin *client.Client, addr, to string, kill func(
 	if err := mover.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		if info, err := admin.Examine("big"); err == nil && info.Moving == to {
-			break
-		}
-		if time.Now().After(deadline) {
-			mover.Process.Kill()
-			mover.Wait()
-			t.Fatalf("the move to %s was never recorded: %s", to, out.String())
-		}
+	if !poll.Until(10*time.Second, func() bool { info, err := admin.Examine("big"); return err == nil && info.Moving == to }) {
+		mover.Process.Kill()
+		mover.Wait()
+		t.Fatalf("the move to %s was never recorded: %s", to, out.String())
 	}
 	kill(mover)
 	err := mover.Wait()

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hoardfs/hoard/internal/poll"
 )
 
 // writeConfig writes a configuration file into a new directory.
@@ -302,15 +304,10 @@ func TestMountDaemonLogRotation(t *testing.T) {
 		os.Stat(filepath.Join(dir, "nothing"))
 	}
 	syscall.Kill(pid, syscall.SIGQUIT)
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Contains(string(b), ") Z ") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the daemon outlived SIGQUIT")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Wait(t, 10*time.Second, "the daemon's end after SIGQUIT", func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		return err != nil || strings.Contains(string(b), ") Z ")
+	})
 	pid = 0
 	b, _ := os.ReadFile(log)
 	if !strings.Contains(string(b), "SIGQUIT: quit") || !strings.Contains(string(b), "goroutine ") {

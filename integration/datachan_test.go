@@ -20,6 +20,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/datapath"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
@@ -324,7 +325,7 @@ func TestDataChanPastFdLimit(t *testing.T) {
 		c.Write([]byte("HDF"))
 		flood = append(flood, c)
 	}
-	if !eventually(10*time.Second, func() bool { return strings.Contains(srv.logs.String(), "too many open files") }) {
+	if !poll.Until(10*time.Second, func() bool { return strings.Contains(srv.logs.String(), "too many open files") }) {
 		t.Fatalf("the server never ran out of descriptors: %s", srv.logs)
 	}
 	for _, c := range flood {

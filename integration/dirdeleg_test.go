@@ -12,6 +12,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
@@ -445,7 +446,7 @@ func TestDirDelegationRemoveLaterLost(t *testing.T) {
 	link.Pause(false)
 	var st node.Status
 	var err error
-	if !eventually(20*time.Second, func() bool {
+	if !poll.Until(20*time.Second, func() bool {
 		st, err = a.Stat("/d/x")
 		return err == nil && st.Size == 5000
 	}) {

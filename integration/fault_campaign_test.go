@@ -28,6 +28,7 @@ import (
 	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
@@ -270,7 +271,7 @@ func (c *campaign) waitWorkers(when string, count func(*fcWorker) int64, n int64
 	}
 	deadline := time.Now().Add(90 * time.Second)
 	for _, w := range c.workers {
-		if !eventually(time.Until(deadline), func() bool { return count(w)-base[w] >= n }) {
+		if !poll.Until(time.Until(deadline), func() bool { return count(w)-base[w] >= n }) {
 			c.t.Errorf("round %d, %s: worker %s (/%s) made %d of %d operations in 90 s; last error: %v",
 				c.rounds, when, w.name, w.name, count(w)-base[w], n, w.lastErr.Load())
 			return
@@ -396,7 +397,7 @@ func (c *campaign) diskFull() string {
 		}
 	}
 	// Held until a worker hit it too, or for a while: the fault itself.
-	eventually(3*time.Second, func() bool { return c.nospace() != seen })
+	poll.Until(3*time.Second, func() bool { return c.nospace() != seen })
 	if err := procAlive(c.srv.cmd); err != nil {
 		t.Errorf("round %d: the server died on a full disk: %v", c.rounds, err)
 	}
@@ -428,7 +429,7 @@ func (c *campaign) cacheFull() string {
 		t.Fatal(err)
 	}
 	var err error
-	if !eventually(60*time.Second, func() bool { err = d.writeSized(d.files[2], 64<<10, true); return err == nil }) {
+	if !poll.Until(60*time.Second, func() bool { err = d.writeSized(d.files[2], 64<<10, true); return err == nil }) {
 		t.Errorf("round %d: the mount does not store again after its cache's disk had space: %v", c.rounds, err)
 	}
 	return fmt.Sprintf(" (24 MiB file: %v; %d MiB of ballast; a write on the full cache: %v)", errText(bigErr), n>>20, errText(fullErr))
@@ -550,7 +551,7 @@ func (c *campaign) probeWrite(name string, size int) error {
 // probeUntilOK waits until the server takes a synced store again.
 func (c *campaign) probeUntilOK(when string) {
 	var err error
-	if !eventually(60*time.Second, func() bool { err = c.probeWrite("/probe", 4096); return err == nil }) {
+	if !poll.Until(60*time.Second, func() bool { err = c.probeWrite("/probe", 4096); return err == nil }) {
 		c.t.Errorf("round %d: the server takes no store %s: %v", c.rounds, when, err)
 	}
 }
@@ -719,7 +720,7 @@ func (f *fcFile) settle(data []byte) {
 func (c *campaign) readRetry(v *client.Client, name string) ([]byte, error) {
 	var b []byte
 	var err error
-	if !eventually(60*time.Second, func() bool {
+	if !poll.Until(60*time.Second, func() bool {
 		b, err = testkit.TryRead(v, name)
 		return err == nil || errors.Is(err, syscall.ENOENT)
 	}) {

@@ -22,6 +22,7 @@ import (
 	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
@@ -178,7 +179,7 @@ func TestServerAwayDuringClose(t *testing.T) {
 	stores := a.Stats().Stores
 	closed := make(chan error, 1)
 	go func() { closed <- f.Close() }()
-	waitFor(t, 10*time.Second, "the close's store on its way", func() bool { return a.Stats().Stores > stores })
+	poll.Wait(t, 10*time.Second, "the close's store on its way", func() bool { return a.Stats().Stores > stores })
 	srv.restart()
 	if err := <-closed; err != nil {
 		t.Fatalf("close across a short outage: %v", err)
@@ -196,7 +197,7 @@ func TestServerAwayDuringClose(t *testing.T) {
 	stores = a.Stats().Stores
 	flushed := make(chan error, 1)
 	go func() { flushed <- g.Flush() }()
-	waitFor(t, 10*time.Second, "the flush's store on its way", func() bool { return a.Stats().Stores > stores })
+	poll.Wait(t, 10*time.Second, "the flush's store on its way", func() bool { return a.Stats().Stores > stores })
 	err = g.Close()
 	if !errors.Is(err, syscall.EIO) {
 		t.Fatalf("close with the server gone: %v, want EIO", err)

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hoardfs/hoard/internal/poll"
 )
 
 // A server at RLIMIT_NOFILE 1024 under a flood of idle TCP connections
@@ -132,14 +134,14 @@ func TestEtcdMemberRestarts(t *testing.T) {
 	if err := syscall.Kill(child, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the member serves again", func() bool {
+	poll.Wait(t, 30*time.Second, "the member serves again", func() bool {
 		return strings.Contains(s.logs.String(), "etcd member serves again")
 	})
 	if !strings.Contains(s.logs.String(), "the cell's etcd member stopped; starting it again") {
 		t.Fatalf("the member's end is not in the server's log:\n%s", s.logs)
 	}
 	writeAs(t, admin, "/after", "the server still serves")
-	waitFor(t, 30*time.Second, "a volume made after the restart", func() bool {
+	poll.Wait(t, 30*time.Second, "a volume made after the restart", func() bool {
 		_, err := admin.CreateVolume("after")
 		return err == nil
 	})

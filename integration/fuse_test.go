@@ -19,6 +19,7 @@ import (
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/mount"
 )
@@ -422,7 +423,7 @@ func TestFuseInvalidationStorm(t *testing.T) {
 	// fails.
 	const share = 20
 	var failed error
-	stormed := eventually(60*time.Second, func() bool {
+	stormed := poll.Until(60*time.Second, func() bool {
 		select {
 		case failed = <-errs:
 			return true
@@ -552,7 +553,7 @@ func TestFusePassthrough(t *testing.T) {
 	if got, _ := os.ReadFile(m.path("p")); string(got) != "new" {
 		t.Fatalf("read after the write: %q", got)
 	}
-	waitFor(t, 10*time.Second, "passthrough opens counted in stats.json", func() bool {
+	poll.Wait(t, 10*time.Second, "passthrough opens counted in stats.json", func() bool {
 		s, err := cache.ReadStats(cacheDir)
 		return err == nil && s.Gauges["passthrough_opens"] > 0
 	})
@@ -628,7 +629,7 @@ func TestFuseServerAway(t *testing.T) {
 		t.Fatalf("create took %v to fail with a 2s timeout", took)
 	}
 	srv.restart()
-	if !eventually(10*time.Second, func() bool {
+	if !poll.Until(10*time.Second, func() bool {
 		err = os.WriteFile(m.path("after"), []byte("back"), 0o644)
 		return err == nil
 	}) {
@@ -730,7 +731,7 @@ func TestFuseForgottenNodesReleased(t *testing.T) {
 	// the mount started: wait for it to show cond.
 	nodes := func(cond func(int64) bool) int64 {
 		var n int64
-		eventually(15*time.Second, func() bool {
+		poll.Until(15*time.Second, func() bool {
 			s, err := cache.ReadStats(cacheDir)
 			n = s.Gauges["nodes"]
 			return err == nil && cond(n)
@@ -875,7 +876,7 @@ func heldRename(t *testing.T, breakTimeout string, files map[string]string) (srv
 func reached(t *testing.T, c *client.Client, name string) {
 	t.Helper()
 	var err error
-	if !eventually(5*time.Second, func() bool { _, err = c.Stat(name); return err == nil }) {
+	if !poll.Until(5*time.Second, func() bool { _, err = c.Stat(name); return err == nil }) {
 		t.Fatalf("%s never reached the server: %v", name, err)
 	}
 }

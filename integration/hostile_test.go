@@ -22,6 +22,7 @@ import (
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/lograte"
 	"github.com/hoardfs/hoard/node"
@@ -112,7 +113,7 @@ func TestServerBoundsSessions(t *testing.T) {
 	cs[0].Close()
 	var in *client.Client
 	var err error
-	if !eventually(10*time.Second, func() bool {
+	if !poll.Until(10*time.Second, func() bool {
 		in, err = cellDial(client.Options{Server: srv.addr, CacheSize: 16 << 20})
 		return err == nil
 	}) {

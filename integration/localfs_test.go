@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
@@ -139,7 +140,7 @@ func TestFuseXattrs(t *testing.T) {
 		}
 		return string(buf[:n]), nil
 	}
-	waitFor(t, 10*time.Second, "the attribute seen through the proxy's mount", func() bool {
+	poll.Wait(t, 10*time.Second, "the attribute seen through the proxy's mount", func() bool {
 		v, err := get(b.path("f"), "user.color")
 		return err == nil && v == "blue"
 	})

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
@@ -82,7 +83,7 @@ func TestMakeRunCtrlC(t *testing.T) {
 	defer func() { srv.Process.Kill(); srv.Wait() }()
 	env := append(os.Environ(), "HOARD_CA="+filepath.Join(data, "cell", "ca.crt"))
 	var got string
-	waitFor(t, 30*time.Second, "the server back after Ctrl-C", func() bool {
+	poll.Wait(t, 30*time.Second, "the server back after Ctrl-C", func() bool {
 		got, _ = runEnv(t, env, "cat", "/last", "--server", listen, "--cache", "", "--token", filepath.Join(data, "cell", "admin.token"))
 		return len(got) >= len(want)
 	})

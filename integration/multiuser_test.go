@@ -14,6 +14,7 @@ import (
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/poll"
 )
 
 // One root mount serves every local user with that user's own token, as
@@ -285,7 +286,7 @@ func TestMultiUserRevocationReachesMount(t *testing.T) {
 	}
 	gone := func(u *localUser, file, text string, within time.Duration, say string) {
 		t.Helper()
-		waitFor(t, within, fmt.Sprintf("uid %d refused %s", u.uid, file), func() bool {
+		poll.Wait(t, within, fmt.Sprintf("uid %d refused %s", u.uid, file), func() bool {
 			out, err := u.run("", "cat", file)
 			return err != nil && !strings.Contains(out, text)
 		})

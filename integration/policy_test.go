@@ -11,6 +11,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/policy"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
@@ -326,7 +327,7 @@ func TestBypassReadAcrossTruncate(t *testing.T) {
 	}
 	// The read-ahead window reaches the end of the file: wait until it
 	// has all landed, beyond 2 MiB too.
-	waitFor(t, 10*time.Second, "the read-ahead of the whole file", func() bool { return r.Stats().BytesFetched >= int64(len(old)) })
+	poll.Wait(t, 10*time.Second, "the read-ahead of the whole file", func() bool { return r.Stats().BytesFetched >= int64(len(old)) })
 	fresh := testkit.Pattern(2<<20, 2)
 	g, err := w.Open("/__big", os.O_RDWR, 0)
 	if err != nil {

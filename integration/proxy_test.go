@@ -20,6 +20,7 @@ import (
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
@@ -353,7 +354,7 @@ func TestProxyReadDelegationLater(t *testing.T) {
 	if r := open(); r.Kind != pb.DelegKind_DELEG_NONE {
 		t.Fatalf("the first open through a proxy without a delegation got %v: it waited for the origin", r.Kind)
 	}
-	waitFor(t, 5*time.Second, "the proxy's read delegation from the origin after its client's open",
+	poll.Wait(t, 5*time.Second, "the proxy's read delegation from the origin after its client's open",
 		func() bool { return proxyStats(t, px.addr).OriginReadDelegations == 1 })
 	if r := open(); r.Kind != pb.DelegKind_DELEG_READ {
 		t.Fatalf("the second open got %v, want the proxy's read delegation passed on", r.Kind)
@@ -491,7 +492,7 @@ func TestProxyAsksForDataStreams(t *testing.T) {
 			got[i], errs[i] = testkit.TryRead(c, fmt.Sprintf("/f%d", i))
 		}()
 	}
-	eventually(2*time.Second, func() bool { return rl.Conns() >= files })
+	poll.Until(2*time.Second, func() bool { return rl.Conns() >= files })
 	conns := rl.Conns()
 	rl.Pause(false)
 	wg.Wait()
@@ -545,7 +546,7 @@ func TestProxyOriginAway(t *testing.T) {
 
 	origin.restart()
 	var got []byte
-	if !eventually(15*time.Second, func() bool { got, err = testkit.TryRead(fresh, "/cold"); return err == nil }) {
+	if !poll.Until(15*time.Second, func() bool { got, err = testkit.TryRead(fresh, "/cold"); return err == nil }) {
 		t.Fatalf("the proxy did not recover after the origin came back: %v", err)
 	}
 	if string(got) != "cold" {
@@ -594,7 +595,7 @@ func TestProxyKilledMidFetch(t *testing.T) {
 		}
 	}()
 	var at int64
-	waitFor(t, 10*time.Second, "the proxy fetching /big", func() bool {
+	poll.Wait(t, 10*time.Second, "the proxy fetching /big", func() bool {
 		at = proxyStats(t, px.addr).BytesFetched - int64(len(small))
 		return at > 0
 	})

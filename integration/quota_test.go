@@ -14,6 +14,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
@@ -148,7 +149,7 @@ func TestQuotaThroughMount(t *testing.T) {
 	if err := os.Remove(filepath.Join(dir, "fill")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the removed file's bytes freed", func() bool {
+	poll.Wait(t, 10*time.Second, "the removed file's bytes freed", func() bool {
 		_, free := space(dir)
 		return free == 4<<20
 	})

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
@@ -126,16 +127,9 @@ func TestCellRelease(t *testing.T) {
 	if rep.Bytes < 2*int64(len(v2)) || rep.Bytes > 2*int64(len(v2))+64<<10 {
 		t.Fatalf("second release sent %d bytes for one changed 8 MiB file at two sites", rep.Bytes)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b, err := os.ReadFile(m.path("sw/big"))
-		if err == nil && bytes.Equal(b, v2) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the copy not of the second release 10 s after it: %d bytes, %v", len(b), err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var b []byte
+	if !poll.Until(10*time.Second, func() bool { b, err = os.ReadFile(m.path("sw/big")); return err == nil && bytes.Equal(b, v2) }) {
+		t.Fatalf("the copy not of the second release 10 s after it: %d bytes, %v", len(b), err)
 	}
 	stop.Store(true)
 	wg.Wait()
@@ -301,15 +295,10 @@ func TestCellReadOnlyFailover(t *testing.T) {
 // follows etcd by a watch), for at most 5 s.
 func examined(t *testing.T, c *client.Client, name, want string, ok func(client.VolumeInfo) bool) client.VolumeInfo {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		info, err := c.Examine(name)
-		if err == nil && ok(info) {
-			return info
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("volume %s not %s: %+v %v", name, want, info.Location, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var info client.VolumeInfo
+	var err error
+	if !poll.Until(5*time.Second, func() bool { info, err = c.Examine(name); return err == nil && ok(info) }) {
+		t.Fatalf("volume %s not %s: %+v %v", name, want, info.Location, err)
 	}
+	return info
 }

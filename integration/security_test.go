@@ -34,6 +34,7 @@ import (
 	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
@@ -404,7 +405,7 @@ func badTokens(t *testing.T, w *secureWorld) map[string]string {
 		t.Fatal(err)
 	}
 	// The token's expiry is in whole seconds: wait until it is past.
-	waitFor(t, 5*time.Second, "the token to expire", func() bool { return time.Now().After(claims.Expires.Add(time.Second)) })
+	poll.Wait(t, 5*time.Second, "the token to expire", func() bool { return time.Now().After(claims.Expires.Add(time.Second)) })
 	return map[string]string{
 		"expired":  expired,
 		"revoked":  revoked,
@@ -753,7 +754,7 @@ func TestSecurityThroughProxy(t *testing.T) {
 	if err := w.admin.RevokeToken(claims.ID, claims.Expires); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 3*time.Second, "bob's revoked token refused through the proxy", func() bool {
+	poll.Wait(t, 3*time.Second, "bob's revoked token refused through the proxy", func() bool {
 		_, err := testkit.TryRead(dialAs(t, px.addr, testCell.admin), "/bob/secret") // the proxy's cache is warm
 		if err != nil {
 			return false

@@ -12,6 +12,7 @@ import (
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/poll"
 )
 
 // A token that expires under a running client: the writes a close
@@ -49,7 +50,7 @@ func TestTokenExpiryKeepsAcknowledgedWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer open.Close()
-	waitFor(t, 15*time.Second, "the token to expire", func() bool { return time.Now().After(claims.Expires.Add(time.Second)) })
+	poll.Wait(t, 15*time.Second, "the token to expire", func() bool { return time.Now().After(claims.Expires.Add(time.Second)) })
 
 	if got, err := readAs(admin, "/erin/before"); err != nil || got != "written before the token expired" {
 		t.Fatalf("a write acknowledged before the token expired, read at the server after: %q %v", got, err)

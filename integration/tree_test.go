@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
@@ -108,7 +109,7 @@ func TestReadAheadAcrossFiles(t *testing.T) {
 		read(c, d, e.Name)
 	}
 	// The third open in order fetches the next eight files ahead.
-	if !eventually(5*time.Second, func() bool { return c.Stats().BytesFetched >= size(ents[:11]...) }) {
+	if !poll.Until(5*time.Second, func() bool { return c.Stats().BytesFetched >= size(ents[:11]...) }) {
 		t.Fatalf("three opens in listing order fetched %d bytes, want the next eight files too (%d)", c.Stats().BytesFetched, size(ents[:11]...))
 	}
 	misses := c.Stats().Misses
@@ -130,6 +131,6 @@ func TestReadAheadAcrossFiles(t *testing.T) {
 	// Fetches ahead would be started by the opens and land a little
 	// later; the client counts no read-ahead started, so only a bounded
 	// wait can tell that none comes.
-	holds(t, 200*time.Millisecond, fmt.Sprintf("opens out of order fetch just the %d bytes they read", want),
+	poll.Holds(t, 200*time.Millisecond, fmt.Sprintf("opens out of order fetch just the %d bytes they read", want),
 		func() bool { return c.Stats().BytesFetched == want })
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
@@ -119,7 +120,7 @@ func TestFlusher(t *testing.T) {
 	// counted in Stores as it begins and in Flushed once it ended.
 	const start = 27 << 18
 	var st client.Stats
-	eventually(10*time.Second, func() bool {
+	poll.Until(10*time.Second, func() bool {
 		st = a.Stats()
 		return st.DirtyBytes <= start && st.DirtyBytes+st.Flushed == 10<<20 && st.Stores<<20 == st.Flushed
 	})
@@ -129,7 +130,7 @@ func TestFlusher(t *testing.T) {
 	// Below the start its passes, once a second, store nothing more. A
 	// pass that stores nothing leaves no trace (the client counts no
 	// passes), so only time tells that one came: a second and a half.
-	holds(t, 1500*time.Millisecond, fmt.Sprintf("the flusher stays below the start threshold at %d dirty bytes", st.DirtyBytes),
+	poll.Holds(t, 1500*time.Millisecond, fmt.Sprintf("the flusher stays below the start threshold at %d dirty bytes", st.DirtyBytes),
 		func() bool { return a.Stats().DirtyBytes == st.DirtyBytes })
 
 	b, err := cellDial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), FlushAge: time.Second})
@@ -141,7 +142,7 @@ func TestFlusher(t *testing.T) {
 	if b.Stats().DirtyBytes == 0 {
 		t.Fatal("close stored the data under a write delegation")
 	}
-	eventually(5*time.Second, func() bool { return b.Stats().Flushed == 1<<20 })
+	poll.Until(5*time.Second, func() bool { return b.Stats().Flushed == 1<<20 })
 	if st := b.Stats(); st.DirtyBytes != 0 || st.Flushed != 1<<20 {
 		t.Fatalf("1 s age bound: %d dirty bytes, %d flushed after 5 s", st.DirtyBytes, st.Flushed)
 	}
@@ -242,7 +243,7 @@ func TestLostLeaseKeepsData(t *testing.T) {
 			if how == syscall.SIGKILL {
 				cmd.Wait()
 			} else {
-				waitFor(t, 5*time.Second, "the writer stopped", func() bool { return stopped(cmd.Process.Pid) })
+				poll.Wait(t, 5*time.Second, "the writer stopped", func() bool { return stopped(cmd.Process.Pid) })
 			}
 			start := time.Now()
 			if got := testkit.ReadFile(t, b, name); len(got) != 0 {
@@ -315,7 +316,7 @@ func TestReclaimDuringOwnRenameOver(t *testing.T) {
 	renamed := make(chan error, 1)
 	go func() { renamed <- a.Rename("/f3", "/f1") }()
 	srv.restart()
-	waitFor(t, 10*time.Second, "a delegation reclaimed", func() bool {
+	poll.Wait(t, 10*time.Second, "a delegation reclaimed", func() bool {
 		select {
 		case err := <-renamed:
 			t.Fatalf("the rename returned (%v) before the delegation on the file it replaces was reclaimed", err)
@@ -353,7 +354,7 @@ func TestRecallDuringFlush(t *testing.T) {
 	before := a.Stats()
 	synced := make(chan error, 1)
 	go func() { synced <- f.Sync() }()
-	waitFor(t, 10*time.Second, "the holder's store on its way", func() bool { return a.Stats().Stores > before.Stores })
+	poll.Wait(t, 10*time.Second, "the holder's store on its way", func() bool { return a.Stats().Stores > before.Stores })
 	read := make(chan error, 1)
 	var got []byte
 	go func() {
@@ -361,7 +362,7 @@ func TestRecallDuringFlush(t *testing.T) {
 		got, err = testkit.TryRead(b, "/m")
 		read <- err
 	}()
-	waitFor(t, 10*time.Second, "the recall at the holder", func() bool { return a.Stats().Recalls > before.Recalls })
+	poll.Wait(t, 10*time.Second, "the recall at the holder", func() bool { return a.Stats().Recalls > before.Recalls })
 	select {
 	case err := <-synced:
 		t.Fatalf("the store ended (%v) while the relay held it: the test proves nothing", err)
@@ -408,7 +409,7 @@ func TestWriteWhileRecalled(t *testing.T) {
 		wrote <- nil
 	}()
 	// The open comes once the writer is under way, and before it is done.
-	waitFor(t, 10*time.Second, "the writer under way", func() bool { return done.Load() >= 10 })
+	poll.Wait(t, 10*time.Second, "the writer under way", func() bool { return done.Load() >= 10 })
 	k := int(done.Load())
 	got := testkit.ReadFile(t, b, "/w")
 	if k == blocks {
@@ -536,7 +537,7 @@ func TestRemoveWhileStoring(t *testing.T) {
 	stores := c.Stats().Stores
 	synced := make(chan error, 1)
 	go func() { synced <- f.Sync() }()
-	waitFor(t, 10*time.Second, "the store on its way", func() bool { return c.Stats().Stores > stores })
+	poll.Wait(t, 10*time.Second, "the store on its way", func() bool { return c.Stats().Stores > stores })
 	removed := make(chan error, 1)
 	go func() { removed <- c.Remove("/f") }()
 	select {

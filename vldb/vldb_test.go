@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/principal"
 )
 
@@ -34,18 +35,6 @@ func open(t *testing.T, m *Member) *DB {
 	return d
 }
 
-// eventually waits for cond, which another DB's change makes true
-// through the watch.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10 s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestCreateLookupAcrossCopies(t *testing.T) {
 	m := member(t, t.TempDir())
 	a, b := open(t, m), open(t, m)
@@ -61,7 +50,7 @@ func TestCreateLookupAcrossCopies(t *testing.T) {
 	if got, ok := a.ByName("home"); !ok || got.ID != v.ID || got.RW != "s1" {
 		t.Fatalf("creator's copy: %+v %v", got, ok)
 	}
-	eventually(t, "b sees home", func() bool { got, ok := b.Volume(v.ID); return ok && got.Name == "home" })
+	poll.Wait(t, 10*time.Second, "b sees home", func() bool { got, ok := b.Volume(v.ID); return ok && got.Name == "home" })
 	if _, err := b.Create(ctx, Volume{Name: "home", RW: "s2"}); !errors.Is(err, ErrExists) {
 		t.Fatalf("same name again: %v, want ErrExists", err)
 	}
@@ -130,7 +119,7 @@ func TestUpdateRemove(t *testing.T) {
 	if _, err := b.Update(ctx, v.ID, func(v *Volume) error { v.RO = append(v.RO, "s2"); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a sees the new site", func() bool { got, _ := a.Volume(v.ID); return len(got.RO) == 1 && got.RO[0] == "s2" })
+	poll.Wait(t, 10*time.Second, "a sees the new site", func() bool { got, _ := a.Volume(v.ID); return len(got.RO) == 1 && got.RO[0] == "s2" })
 	refuse := errors.New("no")
 	if _, err := a.Update(ctx, v.ID, func(v *Volume) error { v.RW = "x"; return refuse }); !errors.Is(err, refuse) {
 		t.Fatalf("update refused by fn: %v", err)
@@ -141,7 +130,7 @@ func TestUpdateRemove(t *testing.T) {
 	if err := a.Remove(ctx, v.ID); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "b sees it gone", func() bool { _, ok := b.ByName("sw"); return !ok })
+	poll.Wait(t, 10*time.Second, "b sees it gone", func() bool { _, ok := b.ByName("sw"); return !ok })
 	if _, err := a.Update(ctx, v.ID, func(*Volume) error { return nil }); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("update of a removed volume: %v", err)
 	}
@@ -161,14 +150,14 @@ func TestLiveness(t *testing.T) {
 	if err := s.Register(Server{Name: "s1", Addr: "127.0.0.1:1", Free: 5}, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "s1 alive", func() bool { got, ok := watcher.Server("s1"); return ok && got.Alive && got.Addr == "127.0.0.1:1" })
+	poll.Wait(t, 10*time.Second, "s1 alive", func() bool { got, ok := watcher.Server("s1"); return ok && got.Alive && got.Addr == "127.0.0.1:1" })
 	if p, ok := watcher.Place(); !ok || p.Name != "s1" {
 		t.Fatalf("place: %+v %v", p, ok)
 	}
 	// A server that stops is seen dead once its lease expires; its
 	// record stays.
 	s.Close()
-	eventually(t, "s1 dead", func() bool { got, ok := watcher.Server("s1"); return ok && !got.Alive })
+	poll.Wait(t, 10*time.Second, "s1 dead", func() bool { got, ok := watcher.Server("s1"); return ok && !got.Alive })
 	if _, ok := watcher.Place(); ok {
 		t.Fatal("placed on a dead server")
 	}
@@ -258,7 +247,7 @@ func TestPrincipalsAcrossServers(t *testing.T) {
 	if _, err := regs[0].Identify(ctx, "t", "alice", 2001, false); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the others see alice", func() bool {
+	poll.Wait(t, 10*time.Second, "the others see alice", func() bool {
 		for _, r := range regs {
 			if p, ok := r.Lookup("alice"); !ok || p.UID != 2001 {
 				return false

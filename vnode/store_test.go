@@ -15,6 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/hoardfs/hoard/internal/fsx"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -725,12 +726,16 @@ func TestRemoveWaitsForCommitInFlight(t *testing.T) {
 	l.RLock()
 	removed := make(chan error, 1)
 	go func() { _, _, err := s.Remove(r, "f", false, ""); removed <- err }()
-	for deadline := time.Now().Add(10 * time.Second); l.TryRLock(); time.Sleep(time.Millisecond) {
-		l.RUnlock()
-		if time.Now().After(deadline) {
+	// A writer waiting for the lock keeps new readers out.
+	if !poll.Until(10*time.Second, func() bool {
+		if l.TryRLock() {
 			l.RUnlock()
-			t.Fatal("the remove did not wait for the file's lock")
+			return false
 		}
+		return true
+	}) {
+		l.RUnlock()
+		t.Fatal("the remove did not wait for the file's lock")
 	}
 	if len(files()) != 1 {
 		l.RUnlock()

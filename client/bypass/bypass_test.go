@@ -12,6 +12,7 @@ import (
 
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/node"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -217,17 +218,11 @@ func TestReadNeverMixesVersions(t *testing.T) {
 	if _, _, err := o.ReadAt(p, 0); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+	poll.Wait(t, 5*time.Second, "read-ahead", func() bool {
 		f.mu.Lock()
-		ahead := len(f.fetches) >= 3 // chunk 0, and 1 and 2 ahead
-		f.mu.Unlock()
-		if ahead {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no read-ahead")
-		}
-	}
+		defer f.mu.Unlock()
+		return len(f.fetches) >= 3 // chunk 0, and 1 and 2 ahead
+	})
 	f.mu.Lock()
 	f.data, f.dv = pattern(4*cs, 9), f.dv+1
 	f.mu.Unlock()

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/internal/poll"
 )
 
 // server is a fake file server: it welcomes each back channel with a new
@@ -228,7 +229,7 @@ func TestReconnectNamesLastSession(t *testing.T) {
 	st.Send(&pb.ServerMsg{Msg: &pb.ServerMsg_Recall{Recall: &pb.Recall{}}})
 	s.end(st)
 	stream(t, s)
-	waitFor(t, "resumed", func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.resumed == 1 })
+	poll.Wait(t, 10*time.Second, "resumed", func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.resumed == 1 })
 	if s.hellos[1].Previous != "tok1" {
 		t.Fatalf("second hello names %q, want tok1", s.hellos[1].Previous)
 	}
@@ -257,7 +258,7 @@ func TestCallRetriedInNewSession(t *testing.T) {
 	s.mu.Unlock()
 	go func() {
 		// The server restarts once it refused the call.
-		waitFor(t, "call", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.seen) > 0 })
+		poll.Wait(t, 10*time.Second, "call", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.seen) > 0 })
 		s.end(st)
 	}()
 	err := c.Call(func(ctx context.Context) error {
@@ -290,15 +291,6 @@ func TestSessionFileKept(t *testing.T) {
 	stream(t, s2)
 	if s2.hellos[0].Previous != "tok1" {
 		t.Fatalf("a new process names %q, want the last session tok1", s2.hellos[0].Previous)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s", what)
-		}
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hoardfs/hoard/internal/poll"
 )
 
 // file is a dirty file of the tests.
@@ -207,11 +209,7 @@ func TestRunWakesAboveStart(t *testing.T) {
 	go func() { fl.Run(context.Background(), nil); close(ran) }()
 	fl.Add(small)
 	fl.Add(big) // 900 > 750
-	for deadline := time.Now().Add(5 * time.Second); w.bytes.Load() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("passing the start threshold did not wake the flusher")
-		}
-	}
+	poll.Wait(t, 5*time.Second, "the flusher woken by passing the start threshold", func() bool { return w.bytes.Load() != 0 })
 	fl.Halt()
 	<-ran
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/hoardfs/hoard/internal/poll"
 )
 
 // testTree is a small hoard: mount, and vol move.
@@ -138,14 +140,11 @@ func TestLogFileRotates(t *testing.T) {
 		}
 	}
 	var old []string
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	if !poll.Until(10*time.Second, func() bool {
 		old, _ = filepath.Glob(filepath.Join(dir, "server-*"))
-		if len(old) == 1 && strings.HasSuffix(old[0], ".log.gz") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rotated logs: %v, want one compressed", old)
-		}
+		return len(old) == 1 && strings.HasSuffix(old[0], ".log.gz")
+	}) {
+		t.Fatalf("rotated logs: %v, want one compressed", old)
 	}
 	if fi, err := os.Stat(path); err != nil || fi.Size() > 1<<20 || fi.Size() == 0 {
 		t.Fatalf("the log being written: %v %v", fi, err)

@@ -3,6 +3,7 @@ package loginsock
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"errors"
 	"io"
 	"log/slog"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hoardfs/hoard/internal/poll"
 )
 
 // tokens is a Handler that keeps each uid's token.
@@ -236,15 +239,9 @@ func TestSocketBoundedPerUser(t *testing.T) {
 
 func waitAdmitted(t *testing.T, s *Server, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+	poll.Wait(t, 5*time.Second, fmt.Sprintf("%d connections admitted", n), func() bool {
 		s.mu.Lock()
-		open := s.open
-		s.mu.Unlock()
-		if open == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connections admitted, want %d", open, n)
-		}
-	}
+		defer s.mu.Unlock()
+		return s.open == n
+	})
 }
