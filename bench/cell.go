@@ -63,7 +63,7 @@ func cellBench(bin, scratch string) error {
 		last := fmt.Sprintf("user.%06d", n-1)
 		// The server's copy has the last one once its watch delivered it.
 		for {
-			if _, err := c.Locate(last); err == nil {
+			if _, err := c.Admin().Locate(last); err == nil {
 				break
 			}
 			time.Sleep(10 * time.Millisecond)
@@ -79,7 +79,7 @@ func cellBench(bin, scratch string) error {
 		for i := range 2000 {
 			name := fmt.Sprintf("user.%06d", (i*7919)%n)
 			t0 := time.Now()
-			if _, err := c.Locate(name); err != nil {
+			if _, err := c.Admin().Locate(name); err != nil {
 				return err
 			}
 			locs = append(locs, time.Since(t0))
@@ -89,10 +89,10 @@ func cellBench(bin, scratch string) error {
 		// running one.)
 		mp := fmt.Sprintf("/m%d", n)
 		vname := fmt.Sprintf("real%d", n)
-		if _, err := c.CreateVolume(vname); err != nil {
+		if _, err := c.Admin().CreateVolume(vname); err != nil {
 			return err
 		}
-		if err := c.MountVolume(mp, vname); err != nil {
+		if err := c.Admin().MountVolume(mp, vname); err != nil {
 			return err
 		}
 		if _, err := c.Stat(mp); err != nil {
@@ -188,10 +188,10 @@ func moveBench(bin, scratch string) error {
 		return err
 	}
 	defer c.Close()
-	if _, err := c.CreateVolumeOn("mv", a); err != nil {
+	if _, err := c.Admin().CreateVolumeOn("mv", a); err != nil {
 		return err
 	}
-	if err := c.MountVolume("/mv", "mv"); err != nil {
+	if err := c.Admin().MountVolume("/mv", "mv"); err != nil {
 		return err
 	}
 	data := make([]byte, 4<<20)
@@ -249,7 +249,7 @@ func moveBench(bin, scratch string) error {
 		}
 	}()
 	time.Sleep(time.Second)
-	there, err := c.MoveVolume("mv", "b")
+	there, err := c.Admin().MoveVolume("mv", "b")
 	if err != nil {
 		return err
 	}
@@ -262,7 +262,7 @@ func moveBench(bin, scratch string) error {
 			return err
 		}
 	}
-	back, err := c.MoveVolume("mv", a)
+	back, err := c.Admin().MoveVolume("mv", a)
 	if err != nil {
 		return err
 	}

@@ -213,7 +213,7 @@ func hadesWrite(o *origin, loads []hadesLoad, c content) error {
 				if err := w.Mkdir(d, 0o755); err != nil {
 					return err
 				}
-				if err := w.SetPolicy(d, policy.Bypass, false); err != nil {
+				if err := w.Cache().SetPolicy(d, policy.Bypass, false); err != nil {
 					return err
 				}
 				for j := range l.files {

@@ -49,10 +49,10 @@ func releaseBench(bin, scratch string) error {
 	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, n := range []int{*filesFlag / 4, *filesFlag / 2, *filesFlag} {
 		name := fmt.Sprintf("rel%d", n)
-		if _, err := c.CreateVolumeOn(name, a); err != nil {
+		if _, err := c.Admin().CreateVolumeOn(name, a); err != nil {
 			return err
 		}
-		if err := c.MountVolume("/%"+name, "%"+name); err != nil {
+		if err := c.Admin().MountVolume("/%"+name, "%"+name); err != nil {
 			return err
 		}
 		w, err := client.Dial(client.Options{Server: a, CacheSize: 64 << 20})
@@ -66,11 +66,11 @@ func releaseBench(bin, scratch string) error {
 		}
 		w.Close()
 		for _, site := range []string{"b", "c"} {
-			if err := c.AddSite(name, site); err != nil {
+			if err := c.Admin().AddSite(name, site); err != nil {
 				return err
 			}
 		}
-		first, err := c.Release(name)
+		first, err := c.Admin().Release(name)
 		if err != nil {
 			return err
 		}
@@ -86,7 +86,7 @@ func releaseBench(bin, scratch string) error {
 			changed++
 		}
 		w.Close()
-		second, err := c.Release(name)
+		second, err := c.Admin().Release(name)
 		if err != nil {
 			return err
 		}
@@ -98,10 +98,10 @@ func releaseBench(bin, scratch string) error {
 
 	// Failover: a reader of a 256 MiB file of the copy, whose site dies.
 	const foSize = 256 << 20
-	if _, err := c.CreateVolumeOn("fo", a); err != nil {
+	if _, err := c.Admin().CreateVolumeOn("fo", a); err != nil {
 		return err
 	}
-	if err := c.MountVolume("/fo", "fo"); err != nil {
+	if err := c.Admin().MountVolume("/fo", "fo"); err != nil {
 		return err
 	}
 	w, err := client.Dial(client.Options{Server: a, CacheSize: 64 << 20})
@@ -113,11 +113,11 @@ func releaseBench(bin, scratch string) error {
 	}
 	w.Close()
 	for _, site := range []string{"b", "c"} {
-		if err := c.AddSite("fo", site); err != nil {
+		if err := c.Admin().AddSite("fo", site); err != nil {
 			return err
 		}
 	}
-	if _, err := c.Release("fo"); err != nil {
+	if _, err := c.Admin().Release("fo"); err != nil {
 		return err
 	}
 	r, err := client.Dial(client.Options{Server: a, CacheSize: 64 << 20})

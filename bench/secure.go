@@ -60,7 +60,7 @@ func secureBench(bin, scratch string) error {
 	if err != nil {
 		return err
 	}
-	_, err = ac.SetACL("/", "bench", access.All&^access.Administer)
+	_, err = ac.Admin().SetACL("/", "bench", access.All&^access.Administer)
 	ac.Close()
 	if err != nil {
 		return err

@@ -13,13 +13,15 @@ import (
 // revoked tokens, all decided by the server.
 
 // WhoAmI is whom the server takes this client's requests to come from.
-func (c *Client) WhoAmI() (access.Identity, error) {
-	id, err := c.WhoIs(c.self.token)
+func (adm Admin) WhoAmI() (access.Identity, error) {
+	c := adm.c
+	id, err := c.Admin().WhoIs(c.self.token)
 	return id, errTold("whoami", "", err)
 }
 
 // WhoIs is whom the server takes the bearer of token to be.
-func (c *Client) WhoIs(token string) (access.Identity, error) {
+func (adm Admin) WhoIs(token string) (access.Identity, error) {
+	c := adm.c
 	var r *pb.WhoAmIReply
 	err := c.conn.As(token).Call(func(ctx context.Context) (err error) {
 		r, err = c.rpc.WhoAmI(ctx, &pb.WhoAmIRequest{})
@@ -53,7 +55,8 @@ func toACL(r *pb.ACLReply) ACL {
 }
 
 // GetACL reads the ACL governing name.
-func (c *Client) GetACL(name string) (ACL, error) {
+func (adm Admin) GetACL(name string) (ACL, error) {
+	c := adm.c
 	n, err := c.resolve(name, true)
 	if err != nil {
 		return ACL{}, errTold("get acl", name, err)
@@ -78,7 +81,8 @@ func (p *FIDs) ACL(f node.FID) (ACL, error) {
 
 // SetACL gives who the rights r in directory name (none: removes who's
 // entry), and returns the list as it is now.
-func (c *Client) SetACL(name, who string, r access.Rights) (ACL, error) {
+func (adm Admin) SetACL(name, who string, r access.Rights) (ACL, error) {
+	c := adm.c
 	n, err := c.resolve(name, true)
 	if err != nil {
 		return ACL{}, errTold("set acl", name, err)
@@ -115,7 +119,8 @@ const (
 
 // CreateUser registers user name with uid in the cell's registry, ahead
 // of their token's first use (admins only).
-func (c *Client) CreateUser(name string, uid uint32) error {
+func (adm Admin) CreateUser(name string, uid uint32) error {
+	c := adm.c
 	err := c.conn.Call(func(ctx context.Context) error {
 		_, err := c.rpc.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: pb.ChangeGroupRequest_CHANGE_CREATE_USER, Group: name, Uid: uid})
 		return err
@@ -124,7 +129,8 @@ func (c *Client) CreateUser(name string, uid uint32) error {
 }
 
 // ChangeGroup creates or deletes group, or adds or removes member.
-func (c *Client) ChangeGroup(change GroupChange, group, member string) error {
+func (adm Admin) ChangeGroup(change GroupChange, group, member string) error {
+	c := adm.c
 	err := c.conn.Call(func(ctx context.Context) error {
 		_, err := c.rpc.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: change, Group: group, Member: member})
 		return err
@@ -146,7 +152,8 @@ type Principal struct {
 }
 
 // Groups lists the cell's groups, and to an admin its users.
-func (c *Client) Groups() ([]Group, []Principal, error) {
+func (adm Admin) Groups() ([]Group, []Principal, error) {
+	c := adm.c
 	var r *pb.ListGroupsReply
 	err := c.conn.Call(func(ctx context.Context) (err error) {
 		r, err = c.rpc.ListGroups(ctx, &pb.ListGroupsRequest{})
@@ -168,7 +175,8 @@ func (c *Client) Groups() ([]Group, []Principal, error) {
 
 // RevokeToken has the server refuse the token id from now on; expires is
 // when it lapses anyway (zero: unknown).
-func (c *Client) RevokeToken(id string, expires time.Time) error {
+func (adm Admin) RevokeToken(id string, expires time.Time) error {
+	c := adm.c
 	var ns int64
 	if !expires.IsZero() {
 		ns = expires.UnixNano()

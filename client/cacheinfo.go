@@ -151,7 +151,8 @@ func (k *Nodes) Evict(n *Node) error {
 // CacheInfoAt, WarmAt and EvictAt are CacheInfo, Warm and Evict of the
 // file at path p in the cell, as the client's own user: `hoard cache`
 // on a cache directory that no mount holds.
-func (c *Client) CacheInfoAt(p string) (FileCache, error) {
+func (ctl CacheControl) CacheInfoAt(p string) (FileCache, error) {
+	c := ctl.c
 	n, err := c.resolve(p, true)
 	if err != nil {
 		return FileCache{}, err
@@ -165,7 +166,8 @@ func (c *Client) CacheInfoAt(p string) (FileCache, error) {
 }
 
 // WarmAt is Warm of the file at p.
-func (c *Client) WarmAt(ctx context.Context, p string, progress func(int64)) error {
+func (ctl CacheControl) WarmAt(ctx context.Context, p string, progress func(int64)) error {
+	c := ctl.c
 	n, err := c.resolve(p, true)
 	if err != nil {
 		return err
@@ -174,7 +176,8 @@ func (c *Client) WarmAt(ctx context.Context, p string, progress func(int64)) err
 }
 
 // EvictAt is Evict of the file at p.
-func (c *Client) EvictAt(p string) error {
+func (ctl CacheControl) EvictAt(p string) error {
+	c := ctl.c
 	n, err := c.resolve(p, true)
 	if err != nil {
 		return err

@@ -87,11 +87,12 @@ func (c *Client) atVolume(call func(s *Client, on string) error) error {
 
 // CreateVolume makes a new volume on the server of the cell with the most
 // free space; MountVolume attaches it to the tree.
-func (c *Client) CreateVolume(name string) (Volume, error) { return c.CreateVolumeOn(name, "") }
+func (adm Admin) CreateVolume(name string) (Volume, error) { return adm.CreateVolumeOn(name, "") }
 
 // CreateVolumeOn makes a new volume on server on ("": where the cell
 // places it).
-func (c *Client) CreateVolumeOn(name, on string) (Volume, error) {
+func (adm Admin) CreateVolumeOn(name, on string) (Volume, error) {
+	c := adm.c
 	var v *pb.Volume
 	err := c.atVolume(func(s *Client, there string) error {
 		if there != "" {
@@ -109,7 +110,8 @@ func (c *Client) CreateVolumeOn(name, on string) (Volume, error) {
 }
 
 // RemoveVolume deletes a volume and everything in it, wherever it is.
-func (c *Client) RemoveVolume(name string) error {
+func (adm Admin) RemoveVolume(name string) error {
+	c := adm.c
 	err := c.atVolume(func(s *Client, _ string) error {
 		return s.conn.Call(func(ctx context.Context) error {
 			_, err := s.rpc.RemoveVolume(ctx, &pb.RemoveVolumeRequest{Name: name})
@@ -143,7 +145,8 @@ func (c *Client) locate(op, name string) (*pb.Location, error) {
 
 // Locate says where volume name lives, asking the server (not the
 // locations this client keeps).
-func (c *Client) Locate(name string) (Location, error) {
+func (adm Admin) Locate(name string) (Location, error) {
+	c := adm.c
 	l, err := c.locate("locate volume", name)
 	if err != nil {
 		return Location{}, err
@@ -152,7 +155,8 @@ func (c *Client) Locate(name string) (Location, error) {
 }
 
 // Servers lists the cell's file servers.
-func (c *Client) Servers() ([]Server, error) {
+func (adm Admin) Servers() ([]Server, error) {
+	c := adm.c
 	r, err := ask(c, "list servers", "", func(ctx context.Context, rpc pb.FileServerClient) (*pb.ListServersReply, error) {
 		return rpc.ListServers(ctx, &pb.ListServersRequest{})
 	})
@@ -176,7 +180,8 @@ type VolumeInfo struct {
 
 // VolumeInfos lists every volume of the cell with its sizes: one request
 // to each server holding some.
-func (c *Client) VolumeInfos() ([]VolumeInfo, error) {
+func (adm Admin) VolumeInfos() ([]VolumeInfo, error) {
+	c := adm.c
 	r, err := ask(c, "list volumes", "", func(ctx context.Context, rpc pb.FileServerClient) (*pb.ListLocationsReply, error) {
 		return rpc.ListLocations(ctx, &pb.ListLocationsRequest{})
 	})
@@ -213,7 +218,8 @@ func (c *Client) VolumeInfos() ([]VolumeInfo, error) {
 }
 
 // Examine is one volume with its sizes and where it lives.
-func (c *Client) Examine(name string) (VolumeInfo, error) {
+func (adm Admin) Examine(name string) (VolumeInfo, error) {
+	c := adm.c
 	l, err := c.locate("examine volume", name)
 	if err != nil {
 		return VolumeInfo{}, err

@@ -628,3 +628,18 @@ func (e *rpcError) Error() string {
 	return e.errno.Error() + ": " + m
 }
 func (e *rpcError) Unwrap() error { return e.errno }
+
+// Admin is the cell's administration as a client sees it: volumes, their
+// sites and quotas, locations and servers, ACLs, groups, users and
+// tokens. A program that reads and writes files needs none of it.
+type Admin struct{ c *Client }
+
+// Admin is c's view of the cell's administration.
+func (c *Client) Admin() Admin { return Admin{c} }
+
+// CacheControl is what a client's cache holds of a path, and what a user
+// may ask of it: warm, evict, the caching policy, the largest files.
+type CacheControl struct{ c *Client }
+
+// Cache is c's view of its cache's control.
+func (c *Client) Cache() CacheControl { return CacheControl{c} }

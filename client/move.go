@@ -32,7 +32,8 @@ const maxFinalPasses = 3
 // stays where it was. Run again, it finishes a move a dead mover left;
 // asked to move a volume to where it is while a move of it is unfinished,
 // it undoes that move.
-func (c *Client) MoveVolume(name, to string) (MoveReport, error) {
+func (adm Admin) MoveVolume(name, to string) (MoveReport, error) {
+	c := adm.c
 	start := time.Now()
 	var rep MoveReport
 	l, err := c.locate("move volume", name)
@@ -105,7 +106,7 @@ func (c *Client) MoveVolume(name, to string) (MoveReport, error) {
 // volume as before, the target drops what it received.
 func (c *Client) undoMove(src *Client, name, to string) error {
 	err := moveStep(src, name, "", pb.MoveVolumeRequest_ABORT)
-	servers, serr := c.Servers()
+	servers, serr := c.Admin().Servers()
 	for _, s := range servers {
 		if s.Name == to {
 			dst, derr := c.sites.site(&pb.Site{Name: s.Name, Addr: s.Addr})

@@ -484,7 +484,8 @@ func (c *Client) Readlink(name string) (string, error) {
 
 // MountVolume makes name a mount point for volume: the volume's root
 // appears there, and the tree spans volumes as in AFS.
-func (c *Client) MountVolume(name, volume string) error {
+func (adm Admin) MountVolume(name, volume string) error {
+	c := adm.c
 	dir, base, err := c.resolveParent(name)
 	if err == nil {
 		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeMountPoint, Mode: 0o755, Who: c.creator(), Target: volume, Excl: true}, c.self)
@@ -737,7 +738,8 @@ func toVolume(v *pb.Volume) Volume {
 }
 
 // Volumes lists the cell's volumes.
-func (c *Client) Volumes() ([]Volume, error) {
+func (adm Admin) Volumes() ([]Volume, error) {
+	c := adm.c
 	var r *pb.ListVolumesReply
 	err := c.conn.Call(func(ctx context.Context) (err error) {
 		r, err = c.rpc.ListVolumes(ctx, &pb.ListVolumesRequest{})

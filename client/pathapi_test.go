@@ -359,13 +359,13 @@ func TestVolumes(t *testing.T) {
 	s := startServer(t)
 	a := s.dial(t)
 	b := s.dial(t, memCache())
-	v, err := a.CreateVolume("proj")
+	v, err := a.Admin().CreateVolume("proj")
 	if err != nil || v.Name != "proj" || v.ID == 0 || v.Root.IsZero() || v.Created.IsZero() {
 		t.Fatalf("create volume: %+v %v", v, err)
 	}
-	_, err = a.CreateVolume("proj")
+	_, err = a.Admin().CreateVolume("proj")
 	wantErrno(t, "a volume's name twice", err, syscall.EEXIST)
-	vols, err := b.Volumes()
+	vols, err := b.Admin().Volumes()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -377,8 +377,8 @@ func TestVolumes(t *testing.T) {
 	if !slices.Equal(names, []string{"proj", "root"}) {
 		t.Fatalf("volumes %v", names)
 	}
-	must(t, a.MountVolume("/proj", "proj"))
-	wantErrno(t, "mount over a name", a.MountVolume("/proj", "proj"), syscall.EEXIST)
+	must(t, a.Admin().MountVolume("/proj", "proj"))
+	wantErrno(t, "mount over a name", a.Admin().MountVolume("/proj", "proj"), syscall.EEXIST)
 	testkit.WriteFile(t, a, "/proj/inside", []byte("in the volume"))
 	must(t, a.Mkdir("/proj/sub", 0o755))
 	testkit.WriteFile(t, a, "/proj/sub/deep", []byte("deep"))
@@ -401,7 +401,7 @@ func TestVolumes(t *testing.T) {
 		f.Close()
 	}
 	// A mount point of a volume that does not exist is refused.
-	wantErrno(t, "mount of a missing volume", a.MountVolume("/ghost", "no-such-volume"), syscall.ENOENT)
+	wantErrno(t, "mount of a missing volume", a.Admin().MountVolume("/ghost", "no-such-volume"), syscall.ENOENT)
 	fs, err := b.StatFS()
 	if err != nil || fs.Blocks == 0 || fs.BlockSize == 0 {
 		t.Fatalf("statfs: %+v %v", fs, err)
@@ -412,7 +412,7 @@ func TestVolumes(t *testing.T) {
 	must(t, a.Remove("/proj"))
 	_, err = b.Stat("/proj/inside")
 	wantErrno(t, "a path through a removed mount point", err, syscall.ENOENT)
-	must(t, a.MountVolume("/again", "proj"))
+	must(t, a.Admin().MountVolume("/again", "proj"))
 	wantFile(t, b, "/again/sub/deep", []byte("deep"))
 }
 

@@ -53,7 +53,8 @@ func (c *Client) volumeName(id uint64) string {
 
 // PolicyOf reports the policy that an open of name would use now, and
 // why. For a directory it reports the override its files inherit.
-func (c *Client) PolicyOf(name string) (policy.Decision, error) {
+func (ctl CacheControl) PolicyOf(name string) (policy.Decision, error) {
+	c := ctl.c
 	n, err := c.resolve(name, true)
 	if err != nil {
 		return policy.Decision{}, errOf("policy", name, err)
@@ -84,7 +85,8 @@ func (c *Client) policyAt(n *Node, parent *Node, base string, u User) (policy.De
 // SetPolicy sets the override of name (cache, bypass, or auto to remove
 // it); with recursive, of everything under a directory too. A file that
 // turns to bypass first stores its local writes, then drops its chunks.
-func (c *Client) SetPolicy(name, mode string, recursive bool) error {
+func (ctl CacheControl) SetPolicy(name, mode string, recursive bool) error {
+	c := ctl.c
 	if mode != policy.Cache && mode != policy.Bypass && mode != policy.Auto {
 		return fmt.Errorf("policy %q: want cache, bypass or auto", mode)
 	}

@@ -18,7 +18,7 @@ import (
 // that contains why.
 func wantPolicy(t testing.TB, c *client.Client, name string, bypass bool, why string) {
 	t.Helper()
-	d, err := c.PolicyOf(name)
+	d, err := c.Cache().PolicyOf(name)
 	if err != nil {
 		t.Fatalf("policy of %s: %v", name, err)
 	}
@@ -63,15 +63,15 @@ func TestPolicyRules(t *testing.T) {
 	}
 
 	// Overrides on a file, and on a directory, recursively.
-	must(t, c.SetPolicy("/big", policy.Cache, false))
+	must(t, c.Cache().SetPolicy("/big", policy.Cache, false))
 	wantPolicy(t, c, "/big", false, "override on the file")
 	wantFile(t, c, "/big", big)
 	if st := c.Stats(); st.BytesWritten < written+int64(len(big)) {
 		t.Fatal("a file with a cache override was not cached")
 	}
-	must(t, c.SetPolicy("/big", policy.Auto, false))
+	must(t, c.Cache().SetPolicy("/big", policy.Auto, false))
 	wantPolicy(t, c, "/big", true, "≥ threshold")
-	must(t, c.SetPolicy("/small", policy.Bypass, false))
+	must(t, c.Cache().SetPolicy("/small", policy.Bypass, false))
 	wantPolicy(t, c, "/small", true, "override on the file")
 	wantFile(t, c, "/small", small)
 
@@ -80,28 +80,28 @@ func TestPolicyRules(t *testing.T) {
 	testkit.WriteFile(t, w, "/d/a", small)
 	testkit.WriteFile(t, w, "/d/sub/b", small)
 	must(t, w.Symlink("a", "/d/link"))
-	must(t, c.SetPolicy("/d", policy.Bypass, true))
+	must(t, c.Cache().SetPolicy("/d", policy.Bypass, true))
 	wantPolicy(t, c, "/d", true, "override on the directory")
 	wantPolicy(t, c, "/d/a", true, "override on the file")
 	wantPolicy(t, c, "/d/sub/b", true, "override on the file")
-	must(t, c.SetPolicy("/d", policy.Auto, true))
+	must(t, c.Cache().SetPolicy("/d", policy.Auto, true))
 	wantPolicy(t, c, "/d/a", false, "< threshold")
-	must(t, c.SetPolicy("/d", policy.Cache, false))
+	must(t, c.Cache().SetPolicy("/d", policy.Cache, false))
 	wantPolicy(t, c, "/d", false, "override on the directory")
 	testkit.WriteFile(t, w, "/d/big", big)
 	wantPolicy(t, c, "/d/big", false, "override on its directory")
 
-	if err := c.SetPolicy("/d", "sometimes", false); err == nil {
+	if err := c.Cache().SetPolicy("/d", "sometimes", false); err == nil {
 		t.Fatal("a policy that is none was set")
 	}
-	_, err = c.PolicyOf("/none")
+	_, err = c.Cache().PolicyOf("/none")
 	wantErrno(t, "policy of a missing file", err, syscall.ENOENT)
-	wantErrno(t, "set policy of a missing file", c.SetPolicy("/none", policy.Cache, false), syscall.ENOENT)
+	wantErrno(t, "set policy of a missing file", c.Cache().SetPolicy("/none", policy.Cache, false), syscall.ENOENT)
 
 	// A volume named __something bypasses.
-	_, err = w.CreateVolume("__scratch")
+	_, err = w.Admin().CreateVolume("__scratch")
 	must(t, err)
-	must(t, w.MountVolume("/scratch", "__scratch"))
+	must(t, w.Admin().MountVolume("/scratch", "__scratch"))
 	testkit.WriteFile(t, w, "/scratch/f", small)
 	wantPolicy(t, c, "/scratch/f", true, "volume __scratch")
 	wantFile(t, c, "/scratch/f", small)
@@ -190,9 +190,9 @@ func TestPolicySwitchKeepsWrites(t *testing.T) {
 	if c.Stats().DirtyBytes == 0 {
 		t.Fatal("nothing dirty")
 	}
-	must(t, c.SetPolicy("/d/f", policy.Bypass, false))
+	must(t, c.Cache().SetPolicy("/d/f", policy.Bypass, false))
 	wantFile(t, r, "/d/f", []byte("written here"))
-	must(t, c.SetPolicy("/d", policy.Bypass, false))
+	must(t, c.Cache().SetPolicy("/d", policy.Bypass, false))
 	f, err := c.Open("/d/g", os.O_RDWR, 0)
 	must(t, err)
 	if !f.Bypassed() {

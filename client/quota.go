@@ -9,7 +9,8 @@ import (
 
 // SetQuota bounds the bytes of volume's files (0: no bound); only an
 // administrator may. Stores past it fail with EDQUOT.
-func (c *Client) SetQuota(volume string, quota uint64) (Volume, error) {
+func (adm Admin) SetQuota(volume string, quota uint64) (Volume, error) {
+	c := adm.c
 	var v *pb.Volume
 	err := c.atVolume(func(s *Client, _ string) error {
 		return s.conn.Call(func(ctx context.Context) (err error) {

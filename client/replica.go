@@ -153,13 +153,15 @@ type ReleaseReport struct {
 
 // AddSite makes server a read-only site of volume name; the next release
 // reaches it.
-func (c *Client) AddSite(name, server string) error {
+func (adm Admin) AddSite(name, server string) error {
+	c := adm.c
 	return c.siteStep(name, server, pb.ReleaseVolumeRequest_ADD_SITE)
 }
 
 // RemoveSite makes server no longer a read-only site of volume name, and
 // drops its copy there.
-func (c *Client) RemoveSite(name, server string) error {
+func (adm Admin) RemoveSite(name, server string) error {
+	c := adm.c
 	if err := c.siteStep(name, server, pb.ReleaseVolumeRequest_REMOVE_SITE); err != nil {
 		return err
 	}
@@ -194,7 +196,7 @@ func (c *Client) rwSite(name string) (*Client, error) {
 
 // serverNamed is the Client of the cell's server named name.
 func (c *Client) serverNamed(name string) (*Client, error) {
-	servers, err := c.Servers()
+	servers, err := c.Admin().Servers()
 	if err != nil {
 		return nil, err
 	}
@@ -220,7 +222,8 @@ func releaseStep(s *Client, req *pb.ReleaseVolumeRequest) (*pb.ReleaseVolumeRepl
 // last release is sent to it. A site the release does not reach (down)
 // keeps the copy it had, and the release says so in its error: each site
 // has one release or the next, never a mix.
-func (c *Client) Release(name string) (ReleaseReport, error) {
+func (adm Admin) Release(name string) (ReleaseReport, error) {
+	c := adm.c
 	start := time.Now()
 	var rep ReleaseReport
 	l, err := c.locate("release volume", name)

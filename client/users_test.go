@@ -53,9 +53,9 @@ func token(tok string) clientOpt { return func(o *client.Options) { o.Token = to
 func private(t *testing.T, admin *client.Client, dir, who string) {
 	t.Helper()
 	must(t, admin.Mkdir(dir, 0o777))
-	_, err := admin.SetACL(dir, who, access.All)
+	_, err := admin.Admin().SetACL(dir, who, access.All)
 	must(t, err)
-	_, err = admin.SetACL(dir, access.AuthUser, 0)
+	_, err = admin.Admin().SetACL(dir, access.AuthUser, 0)
 	must(t, err)
 }
 
@@ -74,8 +74,8 @@ func TestUsersShareTheCacheNotTheRights(t *testing.T) {
 	adminTok, aliceTok, bobTok := issue("admin", 0, true), issue("alice", 1001, false), issue("bob", 1002, false)
 	s := startServer(t, secure(v))
 	admin := s.dial(t, memCache(), token(adminTok))
-	must(t, admin.CreateUser("alice", 1001))
-	must(t, admin.CreateUser("bob", 1002))
+	must(t, admin.Admin().CreateUser("alice", 1001))
+	must(t, admin.Admin().CreateUser("bob", 1002))
 	private(t, admin, "/bob", "bob")
 	secret := []byte("bob's secret")
 	testkit.WriteFile(t, s.dial(t, memCache(), token(bobTok)), "/bob/secret", secret)
@@ -145,12 +145,12 @@ func TestUsersWriteBackAsTheWriter(t *testing.T) {
 	adminTok, aliceTok, bobTok := issue("admin", 0, true), issue("alice", 1001, false), issue("bob", 1002, false)
 	s := startServer(t, secure(v), withConfig(func(c *server.Config) { c.DirDelegations = server.DirAny }))
 	admin := s.dial(t, memCache(), token(adminTok))
-	must(t, admin.CreateUser("alice", 1001))
-	must(t, admin.CreateUser("bob", 1002))
-	_, err := admin.SetACL("/", access.AnyUser, access.Lookup) // for the anonymous client to start
+	must(t, admin.Admin().CreateUser("alice", 1001))
+	must(t, admin.Admin().CreateUser("bob", 1002))
+	_, err := admin.Admin().SetACL("/", access.AnyUser, access.Lookup) // for the anonymous client to start
 	must(t, err)
 	private(t, admin, "/shared", "alice")
-	_, err = admin.SetACL("/shared", "bob", access.All)
+	_, err = admin.Admin().SetACL("/shared", "bob", access.All)
 	must(t, err)
 	c := s.dial(t)
 	alice, bob := c.Nodes().As(client.NewUser(aliceTok)), c.Nodes().As(client.NewUser(bobTok))

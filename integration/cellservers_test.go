@@ -105,7 +105,7 @@ func waitAlive(t *testing.T, c *client.Client, want int) {
 	var ss []client.Server
 	var err error
 	if !poll.Until(15*time.Second, func() bool {
-		ss, err = c.Servers()
+		ss, err = c.Admin().Servers()
 		alive := 0
 		for _, s := range ss {
 			if s.Alive {
@@ -129,10 +129,10 @@ func TestCellThreeServers(t *testing.T) {
 	waitAlive(t, c, 3)
 	for i := range 3 {
 		name := fmt.Sprintf("v%d", i+1)
-		if _, err := c.CreateVolumeOn(name, fmt.Sprintf("s%d", i+1)); err != nil {
+		if _, err := c.Admin().CreateVolumeOn(name, fmt.Sprintf("s%d", i+1)); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.MountVolume("/"+name, name); err != nil {
+		if err := c.Admin().MountVolume("/"+name, name); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -166,7 +166,7 @@ func TestCellThreeServers(t *testing.T) {
 	write("first")
 	// Each volume's bytes are at its own server, and only there.
 	for i := range 3 {
-		info, err := c.Examine(fmt.Sprintf("v%d", i+1))
+		info, err := c.Admin().Examine(fmt.Sprintf("v%d", i+1))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -181,15 +181,15 @@ func TestCellThreeServers(t *testing.T) {
 		}
 	}
 	// A mount point to a volume no server has is refused.
-	if err := c.MountVolume("/nowhere", "nowhere"); !os.IsNotExist(err) {
+	if err := c.Admin().MountVolume("/nowhere", "nowhere"); !os.IsNotExist(err) {
 		t.Fatalf("mount point to no volume: %v", err)
 	}
 
 	members[0].kill9()
-	if _, err := c.CreateVolume("after-one"); err != nil {
+	if _, err := c.Admin().CreateVolume("after-one"); err != nil {
 		t.Fatalf("a volume made with one etcd member of three dead: %v", err)
 	}
-	if _, err := c.MoveVolume("v3", "s1"); err != nil {
+	if _, err := c.Admin().MoveVolume("v3", "s1"); err != nil {
 		t.Fatalf("a move with one etcd member of three dead: %v", err)
 	}
 	write("second")
@@ -256,10 +256,10 @@ func TestCellProxy(t *testing.T) {
 	waitAlive(t, admin, 3)
 	for i := range 3 {
 		name := fmt.Sprintf("v%d", i+1)
-		if _, err := admin.CreateVolumeOn(name, fmt.Sprintf("s%d", i+1)); err != nil {
+		if _, err := admin.Admin().CreateVolumeOn(name, fmt.Sprintf("s%d", i+1)); err != nil {
 			t.Fatal(err)
 		}
-		if err := admin.MountVolume("/"+name, name); err != nil {
+		if err := admin.Admin().MountVolume("/"+name, name); err != nil {
 			t.Fatal(err)
 		}
 		testkit.WriteFile(t, admin, "/"+name+"/f", []byte("one "+name))
@@ -280,7 +280,7 @@ func TestCellProxy(t *testing.T) {
 		t.Fatalf("after a change at s3, the proxy's client read %q", got)
 	}
 	testkit.WriteFile(t, a, "/v1/g", []byte("made through the proxy"))
-	info, err := admin.Examine("v1")
+	info, err := admin.Admin().Examine("v1")
 	if err != nil || info.Files != 3 {
 		t.Fatalf("v1 at s1 after a create through the proxy: %+v %v", info, err)
 	}
@@ -299,10 +299,10 @@ func TestCellMoveConsistency(t *testing.T) {
 	_, srvs := cellOf3(t)
 	admin := dial(t, srvs[0].addr, "mem", 16<<20)
 	waitAlive(t, admin, 3)
-	if _, err := admin.CreateVolumeOn("mv", "s1"); err != nil {
+	if _, err := admin.Admin().CreateVolumeOn("mv", "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.MountVolume("/mv", "mv"); err != nil {
+	if err := admin.Admin().MountVolume("/mv", "mv"); err != nil {
 		t.Fatal(err)
 	}
 	if err := admin.Mkdir("/mv/d", 0o755); err != nil {
@@ -317,7 +317,7 @@ func TestCellMoveConsistency(t *testing.T) {
 	var rep client.MoveReport
 	consRun(t, srvs[0], clients, 6*time.Second, false, func() {
 		var err error
-		if rep, err = admin.MoveVolume("mv", "s2"); err != nil {
+		if rep, err = admin.Admin().MoveVolume("mv", "s2"); err != nil {
 			t.Errorf("move under load: %v", err)
 		}
 	})
@@ -346,7 +346,7 @@ func TestCellMoveConsistency(t *testing.T) {
 			t.Fatalf("client %d read %q (%v) after client %d wrote %q", (i+1)%len(clients), b, err, i, name)
 		}
 	}
-	info, err := admin.Examine("mv")
+	info, err := admin.Admin().Examine("mv")
 	if err != nil || info.RW.Name != "s2" || info.Moving != "" {
 		t.Fatalf("after the move: %+v %v", info, err)
 	}
@@ -363,10 +363,10 @@ func TestCellMoveInterrupted(t *testing.T) {
 	_, srvs := cellOf3(t, "--move-hold", "2s")
 	admin := dial(t, srvs[0].addr, "mem", 16<<20)
 	waitAlive(t, admin, 3)
-	if _, err := admin.CreateVolumeOn("big", "s1"); err != nil {
+	if _, err := admin.Admin().CreateVolumeOn("big", "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.MountVolume("/big", "big"); err != nil {
+	if err := admin.Admin().MountVolume("/big", "big"); err != nil {
 		t.Fatal(err)
 	}
 	data := testkit.Pattern(192<<20, 7)
@@ -391,7 +391,7 @@ func TestCellMoveInterrupted(t *testing.T) {
 	}
 	killMover("s2")
 	writable("after the mover died")
-	if info, err := admin.Examine("big"); err != nil || info.RW.Name != "s1" {
+	if info, err := admin.Admin().Examine("big"); err != nil || info.RW.Name != "s1" {
 		t.Fatalf("after the mover died: %+v %v", info, err)
 	}
 	// Run again: it finishes.
@@ -425,10 +425,10 @@ func TestCellMoveServerDies(t *testing.T) {
 	_, srvs := cellOf3(t)
 	admin := dial(t, srvs[2].addr, "mem", 16<<20) // s3 stays up
 	waitAlive(t, admin, 3)
-	if _, err := admin.CreateVolumeOn("big", "s1"); err != nil {
+	if _, err := admin.Admin().CreateVolumeOn("big", "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.MountVolume("/big", "big"); err != nil {
+	if err := admin.Admin().MountVolume("/big", "big"); err != nil {
 		t.Fatal(err)
 	}
 	data := testkit.Pattern(192<<20, 9)
@@ -441,7 +441,7 @@ func TestCellMoveServerDies(t *testing.T) {
 	}
 	at := func(want string) {
 		t.Helper()
-		info, err := admin.Examine("big")
+		info, err := admin.Admin().Examine("big")
 		if err != nil || info.RW.Name != want {
 			t.Fatalf("volume at %+v (%v), want %s", info.Location, err, want)
 		}
@@ -459,7 +459,7 @@ func TestCellMoveServerDies(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(srvs[1].data, "data", "2")); err == nil {
 		t.Fatal("the restarted target kept a partial copy")
 	}
-	if _, err := admin.MoveVolume("big", "s2"); err != nil {
+	if _, err := admin.Admin().MoveVolume("big", "s2"); err != nil {
 		t.Fatalf("the move again: %v", err)
 	}
 	at("s2")
@@ -468,10 +468,10 @@ func TestCellMoveServerDies(t *testing.T) {
 	}
 	srvs[1].restart()
 	at("s2")
-	if rep, err := admin.MoveVolume("big", "s2"); err != nil || !rep.Undone {
+	if rep, err := admin.Admin().MoveVolume("big", "s2"); err != nil || !rep.Undone {
 		t.Fatalf("undo: %+v %v", rep, err)
 	}
-	if info, err := admin.Examine("big"); err != nil || info.Moving != "" {
+	if info, err := admin.Admin().Examine("big"); err != nil || info.Moving != "" {
 		t.Fatalf("after the undo: %+v %v", info, err)
 	}
 	if _, err := os.Stat(filepath.Join(srvs[0].data, "data", "2")); err == nil {
@@ -493,7 +493,7 @@ func moveAndKill(t *testing.T, admin *client.Client, addr, to string, kill func(
 	if err := mover.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if !poll.Until(10*time.Second, func() bool { info, err := admin.Examine("big"); return err == nil && info.Moving == to }) {
+	if !poll.Until(10*time.Second, func() bool { info, err := admin.Admin().Examine("big"); return err == nil && info.Moving == to }) {
 		mover.Process.Kill()
 		mover.Wait()
 		t.Fatalf("the move to %s was never recorded: %s", to, out.String())
@@ -512,15 +512,15 @@ func TestCellMoveWriteBack(t *testing.T) {
 	_, srvs := cellOf3(t)
 	admin := dial(t, srvs[2].addr, "mem", 16<<20)
 	waitAlive(t, admin, 3)
-	if _, err := admin.CreateVolumeOn("wb", "s1"); err != nil {
+	if _, err := admin.Admin().CreateVolumeOn("wb", "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.MountVolume("/wb", "wb"); err != nil {
+	if err := admin.Admin().MountVolume("/wb", "wb"); err != nil {
 		t.Fatal(err)
 	}
 	data := testkit.Pattern(64<<20, 5)
 	testkit.WriteFile(t, dial(t, srvs[0].addr, "mem", 128<<20), "/wb/f", data) // closed, not synced
-	if _, err := admin.MoveVolume("wb", "s2"); err != nil {
+	if _, err := admin.Admin().MoveVolume("wb", "s2"); err != nil {
 		t.Fatal(err)
 	}
 	if got := testkit.ReadFile(t, dial(t, srvs[2].addr, "mem", 128<<20), "/wb/f"); !bytes.Equal(got, data) {

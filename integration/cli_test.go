@@ -153,17 +153,17 @@ func TestVolumesAndMountPoints(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	a := dial(t, srv.addr, "mem", 16<<20)
 	b := dial(t, srv.addr, "mem", 16<<20)
-	v, err := a.CreateVolume("proj")
+	v, err := a.Admin().CreateVolume("proj")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.CreateVolume("proj"); !errors.Is(err, syscall.EEXIST) {
+	if _, err := a.Admin().CreateVolume("proj"); !errors.Is(err, syscall.EEXIST) {
 		t.Fatalf("duplicate volume: %v", err)
 	}
-	if _, err := a.CreateVolume("bad/name"); !errors.Is(err, syscall.EINVAL) {
+	if _, err := a.Admin().CreateVolume("bad/name"); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("bad volume name: %v", err)
 	}
-	if err := a.MountVolume("/proj", "proj"); err != nil {
+	if err := a.Admin().MountVolume("/proj", "proj"); err != nil {
 		t.Fatal(err)
 	}
 	testkit.WriteFile(t, a, "/proj/readme", []byte("in another volume"))
@@ -181,7 +181,7 @@ func TestVolumesAndMountPoints(t *testing.T) {
 	if err := a.Rename("/proj/readme", "/readme"); !errors.Is(err, syscall.EXDEV) {
 		t.Fatalf("rename across volumes: %v", err)
 	}
-	vs, err := b.Volumes()
+	vs, err := b.Admin().Volumes()
 	if err != nil || len(vs) != 2 {
 		t.Fatalf("volumes: %v %v", vs, err)
 	}
@@ -189,7 +189,7 @@ func TestVolumesAndMountPoints(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "proj") || !strings.Contains(out, "root") {
 		t.Fatalf("vol list: %d %q", code, out)
 	}
-	if err := a.MountVolume("/nowhere", "missing"); !errors.Is(err, syscall.ENOENT) {
+	if err := a.Admin().MountVolume("/nowhere", "missing"); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("mount point to a missing volume: %v", err)
 	}
 }
@@ -217,7 +217,7 @@ func TestBadNames(t *testing.T) {
 func TestCLINoPanic(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	a := dial(t, srv.addr, "mem", 16<<20)
-	if _, err := a.CreateVolume("proj"); err != nil {
+	if _, err := a.Admin().CreateVolume("proj"); err != nil {
 		t.Fatal(err)
 	}
 	// A local file that a failing get must leave alone.
@@ -253,7 +253,7 @@ func TestCLINoPanic(t *testing.T) {
 			case node.TypeSymlink:
 				err = a.Symlink(e.target, e.name)
 			case node.TypeMountPoint:
-				err = a.MountVolume(e.name, e.target)
+				err = a.Admin().MountVolume(e.name, e.target)
 			}
 			if err != nil {
 				t.Fatal(err)

@@ -142,7 +142,7 @@ func TestEtcdMemberRestarts(t *testing.T) {
 	}
 	writeAs(t, admin, "/after", "the server still serves")
 	poll.Wait(t, 30*time.Second, "a volume made after the restart", func() bool {
-		_, err := admin.CreateVolume("after")
+		_, err := admin.Admin().CreateVolume("after")
 		return err == nil
 	})
 }

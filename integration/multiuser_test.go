@@ -268,10 +268,10 @@ func TestMultiUserRevocationReachesMount(t *testing.T) {
 	doc, secret := filepath.Join(m.dir, "pub", "doc"), filepath.Join(m.dir, "bob", "secret")
 	const docText, secretText = "for everyone", "bob's secret"
 	// alice reads bob's secret through a group.
-	if err := w.admin.ChangeGroup(client.GroupCreate, "readers", ""); err != nil {
+	if err := w.admin.Admin().ChangeGroup(client.GroupCreate, "readers", ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.admin.ChangeGroup(client.GroupAdd, "readers", "alice"); err != nil {
+	if err := w.admin.Admin().ChangeGroup(client.GroupAdd, "readers", "alice"); err != nil {
 		t.Fatal(err)
 	}
 	mustACL(t, w.admin, "/bob", "readers", access.Read|access.Lookup)
@@ -298,11 +298,11 @@ func TestMultiUserRevocationReachesMount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.admin.RevokeToken(claims.ID, claims.Expires); err != nil {
+	if err := w.admin.Admin().RevokeToken(claims.ID, claims.Expires); err != nil {
 		t.Fatal(err)
 	}
 	gone(bob, doc, docText, 3*time.Second, "Permission denied")
-	if err := w.admin.ChangeGroup(client.GroupDelete, "readers", ""); err != nil {
+	if err := w.admin.Admin().ChangeGroup(client.GroupDelete, "readers", ""); err != nil {
 		t.Fatal(err)
 	}
 	gone(alice, secret, secretText, 3*time.Second, "Permission denied")

@@ -52,10 +52,10 @@ func readSeq(t *testing.T, c *client.Client, name string) []byte {
 func TestPolicyRules(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	w := dial(t, srv.addr, "mem", 64<<20)
-	if _, err := w.CreateVolume("__stream"); err != nil {
+	if _, err := w.Admin().CreateVolume("__stream"); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.MountVolume("/stream", "__stream"); err != nil {
+	if err := w.Admin().MountVolume("/stream", "__stream"); err != nil {
 		t.Fatal(err)
 	}
 	small := testkit.Pattern(600<<10, 1)
@@ -74,7 +74,7 @@ func TestPolicyRules(t *testing.T) {
 		{"/stream/++keep", false, "name starts with ++"},
 	}
 	for _, tc := range cases {
-		d, err := c.PolicyOf(tc.name)
+		d, err := c.Cache().PolicyOf(tc.name)
 		if err != nil || d.Bypass != tc.bypass || !strings.Contains(d.Why, tc.why) {
 			t.Errorf("%s: %v %v, want bypass=%v because %q", tc.name, d, err, tc.bypass, tc.why)
 		}
@@ -92,26 +92,26 @@ func TestPolicyRules(t *testing.T) {
 	// a directory's override is inherited by its files.
 	dir := t.TempDir()
 	o := dialOpts(t, client.Options{Server: srv.addr, CacheDir: dir, CacheSize: 64 << 20})
-	if err := o.SetPolicy("/__skip", policy.Cache, false); err != nil {
+	if err := o.Cache().SetPolicy("/__skip", policy.Cache, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := o.SetPolicy("/stream", policy.Cache, false); err != nil {
+	if err := o.Cache().SetPolicy("/stream", policy.Cache, false); err != nil {
 		t.Fatal(err)
 	}
 	o.Close()
 	o2 := dialOpts(t, client.Options{Server: srv.addr, CacheDir: dir, CacheSize: 64 << 20})
 	for _, name := range []string{"/__skip", "/stream/data"} {
-		if d, _ := o2.PolicyOf(name); d.Bypass || !strings.Contains(d.Why, "override") {
+		if d, _ := o2.Cache().PolicyOf(name); d.Bypass || !strings.Contains(d.Why, "override") {
 			t.Errorf("%s after a restart: %v", name, d)
 		}
 	}
-	if err := o2.SetPolicy("/stream", "sometimes", false); err == nil {
+	if err := o2.Cache().SetPolicy("/stream", "sometimes", false); err == nil {
 		t.Error("a bad policy was accepted")
 	}
 
 	// The size threshold.
 	th := dialOpts(t, client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 64 << 20, BypassThreshold: 512 << 10})
-	if d, _ := th.PolicyOf("/plain"); !d.Bypass || !strings.Contains(d.Why, "threshold") {
+	if d, _ := th.Cache().PolicyOf("/plain"); !d.Bypass || !strings.Contains(d.Why, "threshold") {
 		t.Errorf("threshold: %v", d)
 	}
 }
@@ -232,7 +232,7 @@ func TestPolicySwitchKeepsWrites(t *testing.T) {
 	b := dial(t, srv.addr, "mem", 64<<20)
 	f, _ := a.Create("/f")
 	f.Write([]byte("written before the switch"))
-	if err := a.SetPolicy("/f", policy.Bypass, false); err != nil {
+	if err := a.Cache().SetPolicy("/f", policy.Bypass, false); err != nil {
 		t.Fatal(err)
 	}
 	if got := testkit.ReadFile(t, b, "/f"); string(got) != "written before the switch" {

@@ -24,14 +24,14 @@ import (
 func TestSecurityGroupNamedAfterUser(t *testing.T) {
 	w := newSecureWorld(t)
 	writeAs(t, w.alice, "/alice/secret", "alice's secret")
-	if err := w.bob.ChangeGroup(client.GroupCreate, "alice", ""); !errors.Is(err, fs.ErrPermission) {
+	if err := w.bob.Admin().ChangeGroup(client.GroupCreate, "alice", ""); !errors.Is(err, fs.ErrPermission) {
 		t.Fatalf("bob makes a group named alice: %v, want it refused", err)
 	}
-	if err := w.bob.ChangeGroup(client.GroupCreate, "staff", ""); !errors.Is(err, fs.ErrPermission) {
+	if err := w.bob.Admin().ChangeGroup(client.GroupCreate, "staff", ""); !errors.Is(err, fs.ErrPermission) {
 		t.Fatalf("bob makes an unprefixed group: %v, want it refused (admins only)", err)
 	}
 	// Not even an admin can make a group of a user's name.
-	if err := w.admin.ChangeGroup(client.GroupCreate, "alice", ""); !errors.Is(err, fs.ErrExist) {
+	if err := w.admin.Admin().ChangeGroup(client.GroupCreate, "alice", ""); !errors.Is(err, fs.ErrExist) {
 		t.Fatalf("an admin makes a group named alice: %v, want EEXIST", err)
 	}
 	// Through the CLI, as the attack was made.
@@ -40,29 +40,29 @@ func TestSecurityGroupNamedAfterUser(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "bob:NAME") {
 		t.Fatalf("hoard group create alice as bob: %v: %s; want it refused, naming bob's own prefix", err, out)
 	}
-	if err := w.bob.ChangeGroup(client.GroupCreate, "bob:alice", ""); err != nil {
+	if err := w.bob.Admin().ChangeGroup(client.GroupCreate, "bob:alice", ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.bob.ChangeGroup(client.GroupAdd, "bob:alice", "bob"); err != nil {
+	if err := w.bob.Admin().ChangeGroup(client.GroupAdd, "bob:alice", "bob"); err != nil {
 		t.Fatal(err)
 	}
 	bob := dialAs(t, w.srv.addr, w.bobTok) // a new session: its identity is read anew
 	if _, err := testkit.TryRead(bob, "/alice/secret"); !errors.Is(err, fs.ErrPermission) {
 		t.Fatalf("bob in bob:alice reads alice's secret: %v", err)
 	}
-	if _, err := bob.SetACL("/alice", "bob", access.All); !errors.Is(err, fs.ErrPermission) {
+	if _, err := bob.Admin().SetACL("/alice", "bob", access.All); !errors.Is(err, fs.ErrPermission) {
 		t.Fatalf("bob in bob:alice changes alice's ACL: %v", err)
 	}
 	// A group deleted and made again is a new principal: the old one's
 	// entries do not come back to it.
-	if err := w.alice.ChangeGroup(client.GroupCreate, "alice:friends", ""); err != nil {
+	if err := w.alice.Admin().ChangeGroup(client.GroupCreate, "alice:friends", ""); err != nil {
 		t.Fatal(err)
 	}
 	mustACL(t, w.alice, "/alice", "alice:friends", access.Read|access.Lookup)
-	if err := w.alice.ChangeGroup(client.GroupDelete, "alice:friends", ""); err != nil {
+	if err := w.alice.Admin().ChangeGroup(client.GroupDelete, "alice:friends", ""); err != nil {
 		t.Fatal(err)
 	}
-	a, err := w.alice.GetACL("/alice")
+	a, err := w.alice.Admin().GetACL("/alice")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,10 +75,10 @@ func TestSecurityGroupNamedAfterUser(t *testing.T) {
 	if old.ID == 0 || old.Rights != access.Read|access.Lookup {
 		t.Fatalf("the deleted group's entry: %v", a.Entries)
 	}
-	if err := w.alice.ChangeGroup(client.GroupCreate, "alice:friends", ""); err != nil {
+	if err := w.alice.Admin().ChangeGroup(client.GroupCreate, "alice:friends", ""); err != nil {
 		t.Fatal(err)
 	}
-	if a, _ := w.alice.GetACL("/alice"); strings.Contains(a.Entries.String(), "alice:friends") {
+	if a, _ := w.alice.Admin().GetACL("/alice"); strings.Contains(a.Entries.String(), "alice:friends") {
 		t.Fatalf("a group made again took the old one's entry: %v", a.Entries)
 	}
 }
@@ -109,9 +109,9 @@ func TestSecurityUIDIsNoOwnership(t *testing.T) {
 		cl, err := cellDial(client.Options{Server: w.srv.addr, Token: tok, CacheSize: 16 << 20, DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second,
 			NoDelegations: true, NoDirDelegations: true})
 		if err == nil {
-			_, err = cl.SetACL("/alice/own", c.user, access.All)
+			_, err = cl.Admin().SetACL("/alice/own", c.user, access.All)
 			if err == nil {
-				_, err = cl.SetACL("/", c.user, access.All)
+				_, err = cl.Admin().SetACL("/", c.user, access.All)
 			}
 			cl.Close()
 		}
@@ -119,10 +119,10 @@ func TestSecurityUIDIsNoOwnership(t *testing.T) {
 			t.Errorf("%s with uid %d: %v; want refused, saying %q", c.user, c.uid, err, c.say)
 		}
 	}
-	if a, err := w.admin.GetACL("/"); err != nil || strings.Contains(a.Entries.String(), "mallory") {
+	if a, err := w.admin.Admin().GetACL("/"); err != nil || strings.Contains(a.Entries.String(), "mallory") {
 		t.Fatalf("the root's ACL: %v, %v", a.Entries, err)
 	}
-	if a, err := w.admin.GetACL("/alice/own"); err != nil || strings.Contains(a.Entries.String(), "carol") {
+	if a, err := w.admin.Admin().GetACL("/alice/own"); err != nil || strings.Contains(a.Entries.String(), "carol") {
 		t.Fatalf("alice's ACL: %v, %v", a.Entries, err)
 	}
 }

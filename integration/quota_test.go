@@ -25,10 +25,10 @@ func cappedVolume(t *testing.T) (*serverProc, *client.Client) {
 	t.Helper()
 	srv := startServer(t, t.TempDir())
 	c := dial(t, srv.addr, "mem", 16<<20)
-	if _, err := c.CreateVolume("capped"); err != nil {
+	if _, err := c.Admin().CreateVolume("capped"); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.MountVolume("/capped", "capped"); err != nil {
+	if err := c.Admin().MountVolume("/capped", "capped"); err != nil {
 		t.Fatal(err)
 	}
 	return srv, c
@@ -53,7 +53,7 @@ func TestQuotaThroughMount(t *testing.T) {
 		t.Fatalf("vol set: exit %d: %s", code, out)
 	}
 	alice := dialAs(t, srv.addr, issue(t, "alice", 1001))
-	if _, err := alice.SetQuota("capped", 0); !errors.Is(err, syscall.EPERM) {
+	if _, err := alice.Admin().SetQuota("capped", 0); !errors.Is(err, syscall.EPERM) {
 		t.Fatalf("a user who is no admin set a quota: %v", err)
 	}
 	listed := func(quota, used string) {
@@ -174,7 +174,7 @@ func TestQuotaThroughMount(t *testing.T) {
 func TestQuotaAtCloseUnderWriteBack(t *testing.T) {
 	needFuse(t)
 	srv, c := cappedVolume(t)
-	if _, err := c.SetQuota("capped", 4<<20); err != nil {
+	if _, err := c.Admin().SetQuota("capped", 4<<20); err != nil {
 		t.Fatal(err)
 	}
 	m := startMount(t, srv, t.TempDir())
@@ -214,7 +214,7 @@ func TestQuotaAtCloseUnderWriteBack(t *testing.T) {
 	}
 	// Once there is room, the refused writes are stored again from lost/,
 	// and their record goes; the refused big file's is discarded.
-	if _, err := c.SetQuota("capped", 0); err != nil {
+	if _, err := c.Admin().SetQuota("capped", 0); err != nil {
 		t.Fatal(err)
 	}
 	recs, err := lost.List(m.cache)
@@ -243,7 +243,7 @@ func TestQuotaAtCloseUnderWriteBack(t *testing.T) {
 // volume full, and another user's 6 bytes were refused.
 func TestQuotaSparseSizeFillsNothing(t *testing.T) {
 	srv, c := cappedVolume(t)
-	if _, err := c.SetQuota("capped", 1<<20); err != nil {
+	if _, err := c.Admin().SetQuota("capped", 1<<20); err != nil {
 		t.Fatal(err)
 	}
 	bob := dialAs(t, srv.addr, testCell.admin) // no write-back: the truncation is stored at once
@@ -252,7 +252,7 @@ func TestQuotaSparseSizeFillsNothing(t *testing.T) {
 		t.Fatalf("a sparse size of 1 TiB: %v", err)
 	}
 	writeAs(t, dialAs(t, srv.addr, testCell.admin), "/capped/alice", "6 byte")
-	vs, err := c.Volumes()
+	vs, err := c.Admin().Volumes()
 	if err != nil {
 		t.Fatal(err)
 	}

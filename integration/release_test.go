@@ -30,11 +30,11 @@ func TestCellRelease(t *testing.T) {
 	_, srvs := cellOf3(t)
 	admin := dial(t, srvs[2].addr, "mem", 64<<20)
 	waitAlive(t, admin, 3)
-	if _, err := admin.CreateVolumeOn("sw", "s1"); err != nil {
+	if _, err := admin.Admin().CreateVolumeOn("sw", "s1"); err != nil {
 		t.Fatal(err)
 	}
 	for _, mp := range [][2]string{{"/sw", "sw"}, {"/sw-rw", "%sw"}} {
-		if err := admin.MountVolume(mp[0], mp[1]); err != nil {
+		if err := admin.Admin().MountVolume(mp[0], mp[1]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -48,17 +48,17 @@ func TestCellRelease(t *testing.T) {
 		t.Fatalf("release with no sites: exit %d: %q", code, out)
 	}
 	for _, s := range []string{"s2", "s3"} {
-		if err := admin.AddSite("sw", s); err != nil {
+		if err := admin.Admin().AddSite("sw", s); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := admin.AddSite("sw", "s2"); err == nil {
+	if err := admin.Admin().AddSite("sw", "s2"); err == nil {
 		t.Fatal("a site added twice")
 	}
-	if err := admin.AddSite("sw", "nobody"); err == nil {
+	if err := admin.Admin().AddSite("sw", "nobody"); err == nil {
 		t.Fatal("an unknown server added as a site")
 	}
-	rep, err := admin.Release("sw")
+	rep, err := admin.Admin().Release("sw")
 	if err != nil || len(rep.Sites) != 2 {
 		t.Fatalf("first release: %+v %v", rep, err)
 	}
@@ -119,7 +119,7 @@ func TestCellRelease(t *testing.T) {
 	for reads.Load() < 2 {
 		time.Sleep(10 * time.Millisecond)
 	}
-	rep, err = admin.Release("sw")
+	rep, err = admin.Admin().Release("sw")
 	if err != nil {
 		t.Fatalf("second release: %v", err)
 	}
@@ -149,10 +149,10 @@ func TestCellRelease(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(srvs[1].data, "data", fmt.Sprint(info.ROID))); err != nil {
 		t.Fatalf("s2's copy after a restart: %v", err)
 	}
-	if _, err := admin.Examine("sw" + node.ReadOnlySuffix); err != nil {
+	if _, err := admin.Admin().Examine("sw" + node.ReadOnlySuffix); err != nil {
 		t.Fatalf("the copy after s2 restarted: %v", err)
 	}
-	vols, err := admin.VolumeInfos()
+	vols, err := admin.Admin().VolumeInfos()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,15 +164,15 @@ func TestCellRelease(t *testing.T) {
 
 	// Sites go as they came; a volume with sites is not removed. A site
 	// removed while down drops its copy when it starts.
-	if err := admin.RemoveVolume("sw"); err == nil {
+	if err := admin.Admin().RemoveVolume("sw"); err == nil {
 		t.Fatal("a volume with read-only sites removed")
 	}
-	if err := admin.RemoveSite("sw", "s2"); err != nil {
+	if err := admin.Admin().RemoveSite("sw", "s2"); err != nil {
 		t.Fatal(err)
 	}
 	srvs[2].kill9()
 	admin = dial(t, srvs[0].addr, "mem", 16<<20) // the first was s3's
-	if err := admin.RemoveSite("sw", "s3"); err == nil || !strings.Contains(err.Error(), "until it restarts") {
+	if err := admin.Admin().RemoveSite("sw", "s3"); err == nil || !strings.Contains(err.Error(), "until it restarts") {
 		t.Fatalf("remsite of a site that is down: %v", err)
 	}
 	srvs[2].restart()
@@ -182,7 +182,7 @@ func TestCellRelease(t *testing.T) {
 		}
 	}
 	examined(t, admin, "sw", "no sites", func(info client.VolumeInfo) bool { return len(info.RO)+len(info.Pending) == 0 })
-	if err := admin.RemoveVolume("sw"); err != nil {
+	if err := admin.Admin().RemoveVolume("sw"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -193,13 +193,13 @@ func TestCellReadOnlyFailover(t *testing.T) {
 	_, srvs := cellOf3(t)
 	admin := dial(t, srvs[2].addr, "mem", 64<<20)
 	waitAlive(t, admin, 3)
-	if _, err := admin.CreateVolumeOn("sw", "s3"); err != nil {
+	if _, err := admin.Admin().CreateVolumeOn("sw", "s3"); err != nil {
 		t.Fatal(err)
 	}
 	// (The root volume, on s1, is unreachable once s1 dies: mount
 	// points are made first.)
 	for _, mp := range [][2]string{{"/sw", "sw"}, {"/sw-rw", "%sw"}} {
-		if err := admin.MountVolume(mp[0], mp[1]); err != nil {
+		if err := admin.Admin().MountVolume(mp[0], mp[1]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -208,11 +208,11 @@ func TestCellReadOnlyFailover(t *testing.T) {
 	testkit.WriteFile(t, w, "/sw/big", data)
 	w.Close() // stores what it holds
 	for _, s := range []string{"s1", "s2"} {
-		if err := admin.AddSite("sw", s); err != nil {
+		if err := admin.Admin().AddSite("sw", s); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := admin.Release("sw"); err != nil {
+	if _, err := admin.Admin().Release("sw"); err != nil {
 		t.Fatal(err)
 	}
 	// A mount and a library client read from s1, the first site; s1 dies
@@ -284,7 +284,7 @@ func TestCellReadOnlyFailover(t *testing.T) {
 		t.Fatalf("remove in the copy: %v", err)
 	}
 	testkit.WriteFile(t, admin, "/sw-rw/after", []byte("after"))
-	rep, err := admin.Release("sw")
+	rep, err := admin.Admin().Release("sw")
 	if err == nil || !strings.Contains(err.Error(), "s1 keeps its last release") || len(rep.Sites) != 1 || rep.Sites[0] != "s2" {
 		t.Fatalf("release with s1 down: %+v %v", rep, err)
 	}
@@ -297,7 +297,7 @@ func examined(t *testing.T, c *client.Client, name, want string, ok func(client.
 	t.Helper()
 	var info client.VolumeInfo
 	var err error
-	if !poll.Until(5*time.Second, func() bool { info, err = c.Examine(name); return err == nil && ok(info) }) {
+	if !poll.Until(5*time.Second, func() bool { info, err = c.Admin().Examine(name); return err == nil && ok(info) }) {
 		t.Fatalf("volume %s not %s: %+v %v", name, want, info.Location, err)
 	}
 	return info

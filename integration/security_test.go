@@ -104,7 +104,7 @@ func newSecureWorld(t *testing.T) *secureWorld {
 
 func mustACL(t *testing.T, c *client.Client, dir, who string, r access.Rights) {
 	t.Helper()
-	if _, err := c.SetACL(dir, who, r); err != nil {
+	if _, err := c.Admin().SetACL(dir, who, r); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -141,7 +141,7 @@ func snapshot(t *testing.T, addr string) string {
 	var b strings.Builder
 	var walk func(dir string)
 	walk = func(dir string) {
-		a, err := c.GetACL(dir)
+		a, err := c.Admin().GetACL(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -167,11 +167,11 @@ func snapshot(t *testing.T, addr string) string {
 		}
 	}
 	walk("/")
-	gs, _, err := c.Groups()
+	gs, _, err := c.Admin().Groups()
 	if err != nil {
 		t.Fatal(err)
 	}
-	vs, err := c.Volumes()
+	vs, err := c.Admin().Volumes()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -532,10 +532,10 @@ func TestSecurityAliceCannotTouchBobs(t *testing.T) {
 	}
 	// What only admins do, alice may not, even in her own directory.
 	for what, err := range map[string]error{
-		"create a volume":  readErr(w.alice.CreateVolume("alices")),
+		"create a volume":  readErr(w.alice.Admin().CreateVolume("alices")),
 		"set the setuid":   w.alice.Chmod("/alice/prog", os.ModeSetuid|0o755),
 		"give a file away": w.alice.Chown("/alice/prog", 0, 0),
-		"mount a volume":   w.alice.MountVolume("/alice/vol", "root"),
+		"mount a volume":   w.alice.Admin().MountVolume("/alice/vol", "root"),
 	} {
 		if !errors.Is(err, fs.ErrPermission) {
 			t.Errorf("alice may %s: %v, want it refused", what, err)
@@ -751,7 +751,7 @@ func TestSecurityThroughProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.admin.RevokeToken(claims.ID, claims.Expires); err != nil {
+	if err := w.admin.Admin().RevokeToken(claims.ID, claims.Expires); err != nil {
 		t.Fatal(err)
 	}
 	poll.Wait(t, 3*time.Second, "bob's revoked token refused through the proxy", func() bool {
@@ -803,13 +803,13 @@ func TestSecurityEncryptedCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A write the server refuses is kept in lost/: encrypted too.
-	if _, err := w.admin.CreateVolume("tiny"); err != nil {
+	if _, err := w.admin.Admin().CreateVolume("tiny"); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.admin.MountVolume("/pub/tiny", "tiny"); err != nil {
+	if err := w.admin.Admin().MountVolume("/pub/tiny", "tiny"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.admin.SetQuota("tiny", 64<<10); err != nil {
+	if _, err := w.admin.Admin().SetQuota("tiny", 64<<10); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(m.dir, "pub", "tiny", "over"), []byte(marker), 0o644); err == nil {

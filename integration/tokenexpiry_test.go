@@ -26,7 +26,7 @@ func TestTokenExpiryKeepsAcknowledgedWrites(t *testing.T) {
 	if err := admin.Mkdir("/erin", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.CreateUser("erin", 1005); err != nil {
+	if err := admin.Admin().CreateUser("erin", 1005); err != nil {
 		t.Fatal(err)
 	}
 	mustACL(t, admin, "/erin", "erin", access.All)

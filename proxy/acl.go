@@ -100,7 +100,7 @@ func (p *Proxy) Users() server.Users { return originUsers{p.c} }
 type originUsers struct{ c *client.Client }
 
 func (u originUsers) Identify(token string) (access.Identity, time.Time, error) {
-	id, err := u.c.WhoIs(token)
+	id, err := u.c.Admin().WhoIs(token)
 	if err != nil {
 		return access.Identity{}, time.Time{}, unwrap(err)
 	}

@@ -367,13 +367,13 @@ func fromVolume(v client.Volume) node.Volume {
 }
 
 func (p *Proxy) CreateVolume(name string) (node.Volume, error) {
-	v, err := p.c.CreateVolume(name)
+	v, err := p.c.Admin().CreateVolume(name)
 	return fromVolume(v), unwrap(err)
 }
 
 // SetQuota sets the quota at the origin, which enforces it.
 func (p *Proxy) SetQuota(name string, quota uint64) (node.Volume, error) {
-	v, err := p.c.SetQuota(name, quota)
+	v, err := p.c.Admin().SetQuota(name, quota)
 	return fromVolume(v), unwrap(err)
 }
 
@@ -388,7 +388,7 @@ func (p *Proxy) VolumeByID(id uint64) (node.Volume, error) {
 }
 
 func (p *Proxy) Volumes() ([]node.Volume, error) {
-	vs, err := p.c.Volumes()
+	vs, err := p.c.Admin().Volumes()
 	if err != nil {
 		return nil, unwrap(err)
 	}

@@ -20,7 +20,7 @@ import (
 
 func whoamiCmd() *cobra.Command {
 	cmd := withAdmin("whoami", "say whom the server takes you to be", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
-		id, err := c.WhoAmI()
+		id, err := c.Admin().WhoAmI()
 		if err != nil {
 			return err
 		}
@@ -48,7 +48,7 @@ func describeID(id access.Identity) string {
 func aclCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "acl", Short: "read and change directories' access control lists (AFS rights rlidwka)"}
 	get := withAdmin("get PATH", "show the ACL governing a file or directory", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
-		a, err := c.GetACL(args[0])
+		a, err := c.Admin().GetACL(args[0])
 		if err != nil {
 			return err
 		}
@@ -70,7 +70,7 @@ func aclCmd() *cobra.Command {
 	}
 	set := withAdmin("set PATH WHO RIGHTS", "give a user or group rights in a directory (RIGHTS: letters of rlidwka, or read, write, all, none)", cobra.MatchAll(cobra.ExactArgs(3), checkEntry), nil, func(c *client.Client, args []string) error {
 		r, _ := access.ParseRights(args[2])
-		a, err := c.SetACL(args[0], args[1], r)
+		a, err := c.Admin().SetACL(args[0], args[1], r)
 		if err != nil {
 			return err
 		}
@@ -105,7 +105,7 @@ deleted and made again does not get the old one's rights back.`}
 			if n > 1 {
 				member = args[1]
 			}
-			return c.ChangeGroup(kind, args[0], member)
+			return c.Admin().ChangeGroup(kind, args[0], member)
 		})
 		cmd.Example = example
 		return cmd
@@ -115,7 +115,7 @@ deleted and made again does not get the old one's rights back.`}
 	add := change("add GROUP USER", "add a user to a group", "  hoard group add alice:friends bob", 2, client.GroupAdd)
 	rm := change("remove GROUP USER", "remove a user from a group", "  hoard group remove alice:friends bob", 2, client.GroupRemove)
 	list := withAdmin("list", "list the groups and their members", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
-		gs, _, err := c.Groups()
+		gs, _, err := c.Admin().Groups()
 		if err != nil {
 			return err
 		}
@@ -142,10 +142,10 @@ ACL first) with hoard user create.`,
 	var uid uint32
 	create := withAdmin("create NAME --uid N", "register a user with their uid (admins)", cobra.ExactArgs(1),
 		func(f *pflag.FlagSet) { f.Uint32Var(&uid, "uid", 0, "the user's uid (not 0 or 65534)") },
-		func(c *client.Client, args []string) error { return c.CreateUser(args[0], uid) })
+		func(c *client.Client, args []string) error { return c.Admin().CreateUser(args[0], uid) })
 	create.Example = "  hoard user create alice --uid 1001"
 	list := withAdmin("list", "list the cell's users and their uids (admins)", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
-		_, us, err := c.Groups()
+		_, us, err := c.Admin().Groups()
 		if err != nil {
 			return err
 		}
@@ -187,7 +187,7 @@ func tokenRevokeCmd() *cobra.Command {
 			case id == "":
 				return usagef("hoard token revoke: needs TOKEN, FILE or --id ID")
 			}
-			if err := c.RevokeToken(id, expires); err != nil {
+			if err := c.Admin().RevokeToken(id, expires); err != nil {
 				return err
 			}
 			fmt.Printf("token %s revoked\n", id)

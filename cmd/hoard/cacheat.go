@@ -146,18 +146,20 @@ func (cc cellCache) files(paths []string, recursive bool) (files []string, faile
 }
 
 func (cc cellCache) info(p string) (client.FileCache, error) {
-	fc, err := cc.c.CacheInfoAt(p)
+	fc, err := cc.c.Cache().CacheInfoAt(p)
 	return fc, cellErr(p, err)
 }
 
 func (cc cellCache) warm(ctx context.Context, p string) error {
-	return cellErr(p, cc.c.WarmAt(ctx, p, func(int64) {}))
+	return cellErr(p, cc.c.Cache().WarmAt(ctx, p, func(int64) {}))
 }
 
-func (cc cellCache) evict(_ context.Context, p string) error { return cellErr(p, cc.c.EvictAt(p)) }
+func (cc cellCache) evict(_ context.Context, p string) error {
+	return cellErr(p, cc.c.Cache().EvictAt(p))
+}
 
 func (cc cellCache) cacheIt(_ context.Context, p string) error {
-	return cellErr(p, cc.c.SetPolicy(p, policy.Cache, false))
+	return cellErr(p, cc.c.Cache().SetPolicy(p, policy.Cache, false))
 }
 
 func (cellCache) waits() bool { return true }

@@ -136,7 +136,7 @@ func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, l
 
 func serverListCmd() *cobra.Command {
 	return withAdmin("list", "list the cell's file servers: liveness, volumes, space", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
-		ss, err := c.Servers()
+		ss, err := c.Admin().Servers()
 		if err != nil {
 			return err
 		}

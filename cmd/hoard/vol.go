@@ -27,7 +27,7 @@ func volCmd() *cobra.Command {
 				f.StringVar(&on, "on", "", "the server to place it on (hoard server list names them)")
 			},
 			func(c *client.Client, args []string) error {
-				v, err := c.CreateVolumeOn(args[0], on)
+				v, err := c.Admin().CreateVolumeOn(args[0], on)
 				if err != nil {
 					return err
 				}
@@ -35,7 +35,7 @@ func volCmd() *cobra.Command {
 				return nil
 			}),
 		withAdmin("list", "list the cell's volumes: where each lives, its quota and use", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
-			vs, err := c.VolumeInfos()
+			vs, err := c.Admin().VolumeInfos()
 			if err != nil {
 				return err
 			}
@@ -48,7 +48,7 @@ func volCmd() *cobra.Command {
 			return tw.Flush()
 		}),
 		withAdmin("examine NAME", "show where a volume lives, its sites, quota, use and files", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
-			v, err := c.Examine(args[0])
+			v, err := c.Admin().Examine(args[0])
 			if err != nil {
 				return err
 			}
@@ -66,7 +66,7 @@ func volCmd() *cobra.Command {
 			return nil
 		}),
 		withAdmin("remove NAME", "delete a volume and everything in it (admins)", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
-			if err := c.RemoveVolume(args[0]); err != nil {
+			if err := c.Admin().RemoveVolume(args[0]); err != nil {
 				return err
 			}
 			fmt.Printf("volume %s removed\n", args[0])
@@ -75,21 +75,21 @@ func volCmd() *cobra.Command {
 		volSetCmd(),
 		volMoveCmd(),
 		withAdmin("addsite NAME SERVER", "make SERVER a read-only site of a volume; the next release reaches it (admins)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
-			if err := c.AddSite(args[0], args[1]); err != nil {
+			if err := c.Admin().AddSite(args[0], args[1]); err != nil {
 				return err
 			}
 			fmt.Printf("%s is a read-only site of volume %s; publish to it with: hoard vol release %s\n", args[1], args[0], args[0])
 			return nil
 		}),
 		withAdmin("remsite NAME SERVER", "make SERVER no longer a read-only site of a volume, and drop its copy (admins)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
-			if err := c.RemoveSite(args[0], args[1]); err != nil {
+			if err := c.Admin().RemoveSite(args[0], args[1]); err != nil {
 				return err
 			}
 			fmt.Printf("%s is no longer a read-only site of volume %s\n", args[1], args[0])
 			return nil
 		}),
 		withAdmin("release NAME", "publish a volume as it is now to its read-only sites (admins)", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
-			r, err := c.Release(args[0])
+			r, err := c.Admin().Release(args[0])
 			if err != nil {
 				return err
 			}
@@ -98,7 +98,7 @@ func volCmd() *cobra.Command {
 			return nil
 		}),
 		withAdmin("mount VOLUME PATH", "attach a volume at PATH (an AFS-style mount point)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
-			return c.MountVolume(args[1], args[0])
+			return c.Admin().MountVolume(args[1], args[0])
 		}),
 	)
 	return cmd
@@ -124,7 +124,7 @@ func volSetCmd() *cobra.Command {
 			f.StringVar(&size, "quota", "", "quota, e.g. 500M, 10G; 0 removes it")
 		},
 		func(c *client.Client, args []string) error {
-			v, err := c.SetQuota(args[0], quota)
+			v, err := c.Admin().SetQuota(args[0], quota)
 			if err != nil {
 				return err
 			}
@@ -234,9 +234,9 @@ func policyCmd() *cobra.Command {
 			}
 			defer c.Close()
 			if len(args) == 2 {
-				return c.SetPolicy(target, args[1], recursive)
+				return c.Cache().SetPolicy(target, args[1], recursive)
 			}
-			d, err := c.PolicyOf(target)
+			d, err := c.Cache().PolicyOf(target)
 			if err != nil {
 				return err
 			}
@@ -274,7 +274,7 @@ func volMoveCmd() *cobra.Command {
 			if to == "" {
 				return usagef("hoard vol move: needs --to SERVER")
 			}
-			r, err := c.MoveVolume(args[0], to)
+			r, err := c.Admin().MoveVolume(args[0], to)
 			switch {
 			case err != nil:
 				return err

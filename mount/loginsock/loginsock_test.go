@@ -3,8 +3,8 @@ package loginsock
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
