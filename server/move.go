@@ -292,6 +292,25 @@ func (s *Server) mover(o *op, what string) (volumeMover, *Cell, error) {
 	return vm, s.cfg.Cell, nil
 }
 
+// moving begins a request (rpc) that moves or releases volume name (an
+// admin's, what), at a file server of a cell: the store's mover, the
+// cell, and the volume's location.
+func (s *Server) moving(ctx context.Context, rpc, what, name string) (volumeMover, *Cell, vldb.Volume, error) {
+	o, err := s.begin(ctx)
+	if err != nil {
+		return nil, nil, vldb.Volume{}, err
+	}
+	vm, c, err := s.mover(o, what+" "+name)
+	if err != nil {
+		return nil, nil, vldb.Volume{}, err
+	}
+	v, ok := c.DB.ByName(name)
+	if !ok {
+		return nil, nil, vldb.Volume{}, s.fail(rpc, fmt.Errorf("volume %s: %w", name, syscall.ENOENT))
+	}
+	return vm, c, v, nil
+}
+
 const dumpPiece = 1 << 20
 
 // DumpVolume sends a volume held here: its metadata, then the data files
@@ -496,17 +515,9 @@ func (s *Server) finishFile(f *vnode.RestoreFile, fv *pb.FileVersion, reply *pb.
 // MoveVolume steps a move of one of this server's volumes (the source),
 // or undoes what a target received (ABORT at the target).
 func (s *Server) MoveVolume(ctx context.Context, req *pb.MoveVolumeRequest) (*pb.MoveVolumeReply, error) {
-	o, err := s.begin(ctx)
+	vm, c, v, err := s.moving(ctx, "MoveVolume", "move volume", req.Name)
 	if err != nil {
 		return nil, err
-	}
-	vm, c, err := s.mover(o, "move volume "+req.Name)
-	if err != nil {
-		return nil, err
-	}
-	v, ok := c.DB.ByName(req.Name)
-	if !ok {
-		return nil, s.fail("MoveVolume", fmt.Errorf("volume %s: %w", req.Name, syscall.ENOENT))
 	}
 	if v.RW != c.Name {
 		if req.Step == pb.MoveVolumeRequest_ABORT {

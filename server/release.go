@@ -90,17 +90,9 @@ func byName(db *vldb.DB, name string) (v vldb.Volume, ro, ok bool) {
 // ReleaseVolume steps a release of one of this server's volumes, or
 // answers for a read-only site (HAVE, and REMOVE_SITE of itself).
 func (s *Server) ReleaseVolume(ctx context.Context, req *pb.ReleaseVolumeRequest) (*pb.ReleaseVolumeReply, error) {
-	o, err := s.begin(ctx)
+	vm, c, v, err := s.moving(ctx, "ReleaseVolume", "release volume", req.Name)
 	if err != nil {
 		return nil, err
-	}
-	vm, c, err := s.mover(o, "release volume "+req.Name)
-	if err != nil {
-		return nil, err
-	}
-	v, ok := c.DB.ByName(req.Name)
-	if !ok {
-		return nil, s.fail("ReleaseVolume", fmt.Errorf("volume %s: %w", req.Name, syscall.ENOENT))
 	}
 	switch req.Step {
 	case pb.ReleaseVolumeRequest_HAVE:
