@@ -311,6 +311,29 @@ func (s *Server) moving(ctx context.Context, rpc, what, name string) (volumeMove
 	return vm, c, v, nil
 }
 
+// aliveIn refuses a server the cell does not have (NOT_FOUND) or that is
+// not alive now (ABORTED): one a volume cannot go to.
+func aliveIn(c *Cell, name string) error {
+	srv, ok := c.DB.Server(name)
+	switch {
+	case !ok:
+		return status.Errorf(codes.NotFound, "no server %s in the cell", name)
+	case !srv.Alive:
+		return status.Errorf(codes.Aborted, "server %s is not alive", name)
+	}
+	return nil
+}
+
+// stepFailed is the error a step of a move or release (rpc) answers
+// with: a refusal as it was made, a failure of the location database as
+// cellErr says it.
+func (s *Server) stepFailed(rpc string, err error) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return s.fail(rpc, cellErr(err))
+}
+
 const dumpPiece = 1 << 20
 
 // DumpVolume sends a volume held here: its metadata, then the data files
@@ -535,14 +558,11 @@ func (s *Server) MoveVolume(ctx context.Context, req *pb.MoveVolumeRequest) (*pb
 	defer cancel()
 	switch req.Step {
 	case pb.MoveVolumeRequest_BEGIN:
-		to, ok := c.DB.Server(req.To)
-		switch {
-		case !ok:
-			return nil, status.Errorf(codes.NotFound, "no server %s in the cell", req.To)
-		case req.To == c.Name:
+		if req.To == c.Name {
 			return nil, status.Errorf(codes.InvalidArgument, "volume %s is on %s already", v.Name, req.To)
-		case !to.Alive:
-			return nil, status.Errorf(codes.Aborted, "server %s is not alive", req.To)
+		}
+		if err := aliveIn(c, req.To); err != nil {
+			return nil, err
 		}
 		v, err = c.DB.Update(dctx, v.ID, func(w *vldb.Volume) error {
 			if w.Moving != "" && w.Moving != req.To {
@@ -596,10 +616,7 @@ func (s *Server) MoveVolume(ctx context.Context, req *pb.MoveVolumeRequest) (*pb
 		return nil, status.Errorf(codes.InvalidArgument, "move step %d", req.Step)
 	}
 	if err != nil {
-		if _, ok := status.FromError(err); ok {
-			return nil, err
-		}
-		return nil, s.fail("MoveVolume", cellErr(err))
+		return nil, s.stepFailed("MoveVolume", err)
 	}
 	return &pb.MoveVolumeReply{Location: s.location(v)}, nil
 }

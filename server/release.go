@@ -133,13 +133,10 @@ func (s *Server) ReleaseVolume(ctx context.Context, req *pb.ReleaseVolumeRequest
 	defer cancel()
 	switch req.Step {
 	case pb.ReleaseVolumeRequest_ADD_SITE:
-		srv, ok := c.DB.Server(req.Site)
-		switch {
-		case !ok:
-			return nil, status.Errorf(codes.NotFound, "no server %s in the cell", req.Site)
-		case !srv.Alive:
-			return nil, status.Errorf(codes.Aborted, "server %s is not alive", req.Site)
-		case slices.Contains(v.RO, req.Site) || slices.Contains(v.Pending, req.Site):
+		if err := aliveIn(c, req.Site); err != nil {
+			return nil, err
+		}
+		if slices.Contains(v.RO, req.Site) || slices.Contains(v.Pending, req.Site) {
 			return nil, status.Errorf(codes.AlreadyExists, "server %s is a read-only site of volume %s already", req.Site, v.Name)
 		}
 		v, err = c.DB.Update(dctx, v.ID, func(w *vldb.Volume) error {
@@ -187,10 +184,7 @@ func (s *Server) ReleaseVolume(ctx context.Context, req *pb.ReleaseVolumeRequest
 		return nil, status.Errorf(codes.InvalidArgument, "release step %d", req.Step)
 	}
 	if err != nil {
-		if _, ok := status.FromError(err); ok {
-			return nil, err
-		}
-		return nil, s.fail("ReleaseVolume", cellErr(err))
+		return nil, s.stepFailed("ReleaseVolume", err)
 	}
 	return &pb.ReleaseVolumeReply{Location: s.location(v)}, nil
 }
