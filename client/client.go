@@ -577,29 +577,26 @@ func (c *Client) invalidate(fids []node.FID) {
 	}
 }
 
-// errOf turns an RPC error into an errno-carrying error for the caller.
+// errOf turns an RPC error into an errno-carrying error for the caller,
+// keeping the transport's explanation for EIO and ETIMEDOUT.
 func errOf(op, path string, err error) error {
-	if err == nil {
-		return nil
-	}
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return err
-	}
-	var errno syscall.Errno
-	if !errors.As(err, &errno) {
-		errno = pb.Errno(err)
-	}
-	if errno == syscall.EIO || errno == syscall.ETIMEDOUT {
-		return &os.PathError{Op: op, Path: path, Err: &rpcError{errno, err}}
-	}
-	return &os.PathError{Op: op, Path: path, Err: errno}
+	return pathErr(op, path, err, func(errno syscall.Errno) bool {
+		return errno == syscall.EIO || errno == syscall.ETIMEDOUT
+	})
 }
 
-// errTold is errOf keeping the server's explanation, for the cell's
-// administration (ACLs, groups, users, tokens), where a refusal's reason
-// is what its user needs.
+// errTold is errOf keeping the server's explanation whatever the errno,
+// for the cell's administration (ACLs, groups, users, tokens), where a
+// refusal's reason is what its user needs.
 func errTold(op, path string, err error) error {
+	_, told := status.FromError(err)
+	return pathErr(op, path, err, func(syscall.Errno) bool { return told })
+}
+
+// pathErr is err as an *os.PathError of op on path carrying its errno,
+// and its explanation too where explain says so; an *os.PathError
+// already is returned as it is.
+func pathErr(op, path string, err error, explain func(syscall.Errno) bool) error {
 	var pe *os.PathError
 	if err == nil || errors.As(err, &pe) {
 		return err
@@ -608,10 +605,10 @@ func errTold(op, path string, err error) error {
 	if !errors.As(err, &errno) {
 		errno = pb.Errno(err)
 	}
-	if _, ok := status.FromError(err); !ok {
-		return &os.PathError{Op: op, Path: path, Err: errno}
+	if explain(errno) {
+		return &os.PathError{Op: op, Path: path, Err: &rpcError{errno, err}}
 	}
-	return &os.PathError{Op: op, Path: path, Err: &rpcError{errno, err}}
+	return &os.PathError{Op: op, Path: path, Err: errno}
 }
 
 // rpcError keeps the transport's explanation next to the errno.

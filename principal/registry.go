@@ -490,6 +490,22 @@ func (s *State) Prune(now time.Time) Change {
 	return c
 }
 
+// Commit applies c if every condition of c holds in s, as a store's
+// commit would (ok), and says whether it may have taken rights from
+// someone (Apply).
+func (s *State) Commit(c Change) (ok, narrowed bool) {
+	if !s.Holds(c) {
+		return false, false
+	}
+	for k, v := range c.Put {
+		narrowed = s.Apply(k, []byte(v), false) || narrowed
+	}
+	for _, k := range c.Delete {
+		narrowed = s.Apply(k, nil, true) || narrowed
+	}
+	return true, narrowed
+}
+
 // Holds reports whether every condition of c holds in s.
 func (s *State) Holds(c Change) bool {
 	for _, e := range c.Expect {

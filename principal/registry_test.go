@@ -18,14 +18,8 @@ var t0 = time.Unix(1_800_000_000, 0)
 // commit applies c to s as a store would, checking its conditions.
 func commit(t *testing.T, s *State, c Change) {
 	t.Helper()
-	if !s.Holds(c) {
+	if ok, _ := s.Commit(c); !ok {
 		t.Fatalf("change %+v does not hold", c)
-	}
-	for k, v := range c.Put {
-		s.Apply(k, []byte(v), false)
-	}
-	for _, k := range c.Delete {
-		s.Apply(k, nil, true)
 	}
 }
 

@@ -74,23 +74,15 @@ func (r *Registry) Apply(key string, value []byte, deleted bool) {
 // commit is a memory registry's Store.
 func (r *Registry) commit(c Change) bool {
 	r.mu.Lock()
-	if !r.st.Holds(c) {
-		r.mu.Unlock()
-		return false
-	}
-	narrowed := false
-	for k, v := range c.Put {
-		narrowed = r.st.Apply(k, []byte(v), false) || narrowed
-	}
-	for _, k := range c.Delete {
-		narrowed = r.st.Apply(k, nil, true) || narrowed
-	}
+	ok, narrowed := r.st.Commit(c)
 	fs := r.changed
 	r.mu.Unlock()
-	for _, f := range fs {
-		f(narrowed)
+	if ok {
+		for _, f := range fs {
+			f(narrowed)
+		}
 	}
-	return true
+	return ok
 }
 
 // tries bounds how often a change is computed again after another

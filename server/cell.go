@@ -53,13 +53,13 @@ func (s *Server) Locate(ctx context.Context, req *pb.LocateRequest) (*pb.Locatio
 	if (req.Name == "") == (req.Id == 0) {
 		return nil, s.fail("Locate", fmt.Errorf("locate: give exactly one of name and id: %w", syscall.EINVAL))
 	}
+	what := req.Name
+	if what == "" {
+		what = fmt.Sprintf("id %d", req.Id)
+	}
 	if s.mayListCell(o) != nil {
 		v, err := s.localVolume(req.Name, req.Id)
 		if err != nil || o.may(v.Root, access.Lookup, "") != nil {
-			what := req.Name
-			if what == "" {
-				what = fmt.Sprintf("id %d", req.Id)
-			}
 			// The same refusal whether or not it exists.
 			return nil, refuse(o.who, "look up volume "+what, syscall.EACCES)
 		}
@@ -83,10 +83,6 @@ func (s *Server) Locate(ctx context.Context, req *pb.LocateRequest) (*pb.Locatio
 		ok = false // no release yet
 	}
 	if !ok {
-		what := req.Name
-		if what == "" {
-			what = fmt.Sprintf("id %d", req.Id)
-		}
 		return nil, s.fail("Locate", fmt.Errorf("volume %s: %w", what, syscall.ENOENT))
 	}
 	if ro {
