@@ -23,8 +23,8 @@ func (adm Admin) WhoAmI() (access.Identity, error) {
 func (adm Admin) WhoIs(token string) (access.Identity, error) {
 	c := adm.c
 	var r *pb.WhoAmIReply
-	err := c.conn.As(token).Call(func(ctx context.Context) (err error) {
-		r, err = c.rpc.WhoAmI(ctx, &pb.WhoAmIRequest{})
+	err := c.sites.first.conn.As(token).Call(func(ctx context.Context) (err error) {
+		r, err = c.sites.first.rpc.WhoAmI(ctx, &pb.WhoAmIRequest{})
 		return err
 	})
 	if err != nil {
@@ -61,7 +61,7 @@ func (adm Admin) GetACL(name string) (ACL, error) {
 	if err != nil {
 		return ACL{}, errTold("get acl", name, err)
 	}
-	a, err := n.at().FIDs().ACL(n.fid)
+	a, err := n.c.FIDs().ACL(n.fid)
 	return a, errTold("get acl", name, err)
 }
 
@@ -87,7 +87,7 @@ func (adm Admin) SetACL(name, who string, r access.Rights) (ACL, error) {
 	if err != nil {
 		return ACL{}, errTold("set acl", name, err)
 	}
-	a, err := n.at().FIDs().SetACL(n.fid, who, r)
+	a, err := n.c.FIDs().SetACL(n.fid, who, r)
 	return a, errTold("set acl", name, err)
 }
 
@@ -121,8 +121,8 @@ const (
 // of their token's first use (admins only).
 func (adm Admin) CreateUser(name string, uid uint32) error {
 	c := adm.c
-	err := c.conn.Call(func(ctx context.Context) error {
-		_, err := c.rpc.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: pb.ChangeGroupRequest_CHANGE_CREATE_USER, Group: name, Uid: uid})
+	err := c.sites.first.conn.Call(func(ctx context.Context) error {
+		_, err := c.sites.first.rpc.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: pb.ChangeGroupRequest_CHANGE_CREATE_USER, Group: name, Uid: uid})
 		return err
 	})
 	return errTold("user", name, err)
@@ -131,8 +131,8 @@ func (adm Admin) CreateUser(name string, uid uint32) error {
 // ChangeGroup creates or deletes group, or adds or removes member.
 func (adm Admin) ChangeGroup(change GroupChange, group, member string) error {
 	c := adm.c
-	err := c.conn.Call(func(ctx context.Context) error {
-		_, err := c.rpc.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: change, Group: group, Member: member})
+	err := c.sites.first.conn.Call(func(ctx context.Context) error {
+		_, err := c.sites.first.rpc.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: change, Group: group, Member: member})
 		return err
 	})
 	return errTold("group", group, err)
@@ -155,8 +155,8 @@ type Principal struct {
 func (adm Admin) Groups() ([]Group, []Principal, error) {
 	c := adm.c
 	var r *pb.ListGroupsReply
-	err := c.conn.Call(func(ctx context.Context) (err error) {
-		r, err = c.rpc.ListGroups(ctx, &pb.ListGroupsRequest{})
+	err := c.sites.first.conn.Call(func(ctx context.Context) (err error) {
+		r, err = c.sites.first.rpc.ListGroups(ctx, &pb.ListGroupsRequest{})
 		return err
 	})
 	if err != nil {
@@ -181,8 +181,8 @@ func (adm Admin) RevokeToken(id string, expires time.Time) error {
 	if !expires.IsZero() {
 		ns = expires.UnixNano()
 	}
-	err := c.conn.Call(func(ctx context.Context) error {
-		_, err := c.rpc.RevokeToken(ctx, &pb.RevokeTokenRequest{Id: id, ExpiresNs: ns})
+	err := c.sites.first.conn.Call(func(ctx context.Context) error {
+		_, err := c.sites.first.rpc.RevokeToken(ctx, &pb.RevokeTokenRequest{Id: id, ExpiresNs: ns})
 		return err
 	})
 	return errTold("revoke token", id, err)

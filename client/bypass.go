@@ -16,19 +16,19 @@ import (
 type bypassClient struct{ f *File }
 
 func (f *File) openBypass(probation bool) *bypass.Open {
-	c := f.n.at()
+	c := f.n.c
 	return bypass.New(bypassClient{f}, bypass.Config{Name: f.name, FID: f.n.fid, ChunkSize: c.cache.ChunkSize(),
 		Probation: probation, Timeout: c.opts.RPCTimeout, Log: c.log})
 }
 
-func (b bypassClient) Status() (node.Status, error) { return b.f.n.at().fresh(b.f.n, b.f.u) }
+func (b bypassClient) Status() (node.Status, error) { return b.f.n.c.fresh(b.f.n, b.f.u) }
 
 func (b bypassClient) FetchChunk(idx int64) ([]byte, uint64, error) {
 	return b.f.n.fetchChunk(idx, b.f.u)
 }
 
 func (b bypassClient) Store(args datapath.StoreArgs) error {
-	return b.f.n.at().storeData(args, b.f.u, nil)
+	return b.f.n.c.storeData(b.f.n.at(), args, b.f.u, nil)
 }
 
 func (b bypassClient) Session() string { return b.f.n.at().conn.Session() }
@@ -38,7 +38,7 @@ func (b bypassClient) AwaitSession(deadline time.Time) string {
 }
 
 func (b bypassClient) KeepLost(ranges [][2]int64, read func(p []byte, off int64) error, size int64, trunc *uint64, cause error) error {
-	c, name := b.f.n.at(), b.f.name
+	c, name := b.f.n.c, b.f.name
 	where, err := c.saveLost(name, b.f.n.fid, ranges, read, size, trunc, cause)
 	if err != nil {
 		c.log.Error("undelivered writes could not be saved", "path", name, "err", err)
@@ -48,13 +48,13 @@ func (b bypassClient) KeepLost(ranges [][2]int64, read func(p []byte, off int64)
 
 func (b bypassClient) Unpublished(o *bypass.Open, pending bool) {
 	if pending {
-		b.f.n.at().unpublished.add(b.f.n, o)
+		b.f.n.c.unpublished.add(b.f.n, o)
 	} else {
-		b.f.n.at().unpublished.remove(b.f.n, o)
+		b.f.n.c.unpublished.remove(b.f.n, o)
 	}
 }
 
-func (b bypassClient) Missed() { b.f.n.at().cache.CountMiss(1) }
+func (b bypassClient) Missed() { b.f.n.c.cache.CountMiss(1) }
 
 // stageIndex holds, by node, the bypassed opens with writes not yet
 // published (Client.unpublished): a read of the node elsewhere in this

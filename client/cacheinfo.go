@@ -49,7 +49,7 @@ func (k *Nodes) CacheInfo(n *Node, parent *Node, base string) (FileCache, error)
 	if err != nil {
 		return FileCache{}, err
 	}
-	c := n.at()
+	c := n.c
 	st := n.status()
 	fc := FileCache{Size: int64(st.Size), Policy: "cache", Why: d.Why, Probation: d.Probation,
 		CacheSize: c.cache.Size(), CacheUsed: c.cache.Used()}
@@ -69,14 +69,15 @@ func (k *Nodes) CacheInfo(n *Node, parent *Node, base string) (FileCache, error)
 	}
 	fc.Dirty = n.entry.DirtyBytes()
 	now := time.Now()
-	c.cbMu.Lock()
-	if t, ok := c.cb.Expiry(n.fid); ok && t.After(now) {
+	at := n.at()
+	at.cbMu.Lock()
+	if t, ok := at.cb.Expiry(n.fid); ok && t.After(now) {
 		fc.PromiseMs = t.Sub(now).Milliseconds()
 	}
-	if h, ok := c.cb.Delegation(n.fid, now); ok {
+	if h, ok := at.cb.Delegation(n.fid, now); ok {
 		fc.Delegation = h.Kind.String()
 	}
-	c.cbMu.Unlock()
+	at.cbMu.Unlock()
 	return fc, nil
 }
 
@@ -104,14 +105,14 @@ func (k *Nodes) Warm(ctx context.Context, n *Node, progress func(int64)) error {
 }
 
 func (k *Nodes) warm(ctx context.Context, n *Node, progress func(int64)) error {
-	st, err := n.at().fresh(n, k.u)
+	st, err := n.c.fresh(n, k.u)
 	if err != nil {
 		return err
 	}
 	if st.Type != node.TypeFile || n.entry == nil {
 		return fmt.Errorf("warm %v: %w", n.fid, syscall.EISDIR)
 	}
-	cs := n.at().cache.ChunkSize()
+	cs := n.c.cache.ChunkSize()
 	size := int64(st.Size)
 	missing := n.entry.Missing(0, size)
 	for len(missing) > 0 {
@@ -196,7 +197,7 @@ type DirtyFile struct {
 // any other user only for the writes they made, as the rest of a shared
 // mount keeps users apart.
 func (k *Nodes) mine(n *Node) bool {
-	return k.u.key == k.c.self.key || n.at().writerOf(n).key == k.u.key
+	return k.u.key == k.c.self.key || n.c.writerOf(n).key == k.u.key
 }
 
 // DirtyFiles lists the files with writes not yet stored that are k's
@@ -204,13 +205,11 @@ func (k *Nodes) mine(n *Node) bool {
 // dirty bytes first.
 func (k *Nodes) DirtyFiles() []DirtyFile {
 	var fs []DirtyFile
-	k.c.sites.each(func(c *Client) {
-		for _, d := range c.flusher.Files() {
-			if b := d.n.entry.DirtyBytes(); b > 0 && k.mine(d.n) {
-				fs = append(fs, DirtyFile{Path: d.n.entry.Policy("path"), Dirty: b})
-			}
+	for _, d := range k.c.flusher.Files() {
+		if b := d.n.entry.DirtyBytes(); b > 0 && k.mine(d.n) {
+			fs = append(fs, DirtyFile{Path: d.n.entry.Policy("path"), Dirty: b})
 		}
-	})
+	}
 	slices.SortFunc(fs, func(a, b DirtyFile) int { return cmp.Compare(b.Dirty, a.Dirty) })
 	return fs
 }
@@ -234,15 +233,13 @@ func (k *Nodes) FlushAll() []Refusal {
 		dirty  int64
 	}
 	var files []was
-	k.c.sites.each(func(c *Client) {
-		for _, d := range c.flusher.Files() {
-			if k.mine(d.n) {
-				files = append(files, was{d.n, d.n.lossCount(), d.n.entry.DirtyBytes()})
-			}
+	for _, d := range k.c.flusher.Files() {
+		if k.mine(d.n) {
+			files = append(files, was{d.n, d.n.lossCount(), d.n.entry.DirtyBytes()})
 		}
-	})
+	}
 	if k.u.key == k.c.self.key {
-		k.c.sites.each(func(c *Client) { c.flusher.Drain(dirtyNode{}) })
+		k.c.flusher.Drain(dirtyNode{})
 	} else {
 		for _, f := range files {
 			dirtyNode{f.n}.Store(false)

@@ -73,7 +73,7 @@ func whereIs(err error) *pb.Location {
 
 // atVolume runs call at the first server and, if it answers that the
 // volume is at another, there: call is told which server it asks (on).
-func (c *Client) atVolume(call func(s *Client, on string) error) error {
+func (c *Client) atVolume(call func(s *site, on string) error) error {
 	err := call(c.sites.first, "")
 	if l := whereIs(err); l != nil {
 		s, serr := c.sites.site(l.Rw)
@@ -94,7 +94,7 @@ func (adm Admin) CreateVolume(name string) (Volume, error) { return adm.CreateVo
 func (adm Admin) CreateVolumeOn(name, on string) (Volume, error) {
 	c := adm.c
 	var v *pb.Volume
-	err := c.atVolume(func(s *Client, there string) error {
+	err := c.atVolume(func(s *site, there string) error {
 		if there != "" {
 			on = there
 		}
@@ -112,7 +112,7 @@ func (adm Admin) CreateVolumeOn(name, on string) (Volume, error) {
 // RemoveVolume deletes a volume and everything in it, wherever it is.
 func (adm Admin) RemoveVolume(name string) error {
 	c := adm.c
-	err := c.atVolume(func(s *Client, _ string) error {
+	err := c.atVolume(func(s *site, _ string) error {
 		return s.conn.Call(func(ctx context.Context) error {
 			_, err := s.rpc.RemoveVolume(ctx, &pb.RemoveVolumeRequest{Name: name})
 			return err
@@ -188,11 +188,11 @@ func (adm Admin) VolumeInfos() ([]VolumeInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	sizes := map[*Client]map[uint64]*pb.Volume{}
+	sizes := map[*site]map[uint64]*pb.Volume{}
 	out := make([]VolumeInfo, 0, len(r.Locations))
 	for _, l := range r.Locations {
 		info := VolumeInfo{Location: toLocation(l), Volume: Volume{ID: l.Id, Name: l.Name, Created: time.Unix(0, l.CreatedNs)}}
-		s, err := c.siteFor(l)
+		s, err := c.sites.siteFor(l)
 		if err != nil {
 			return nil, err
 		}
@@ -224,7 +224,7 @@ func (adm Admin) Examine(name string) (VolumeInfo, error) {
 	if err != nil {
 		return VolumeInfo{}, err
 	}
-	s, err := c.siteFor(l)
+	s, err := c.sites.siteFor(l)
 	if err != nil {
 		return VolumeInfo{}, err
 	}

@@ -25,7 +25,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -144,31 +143,26 @@ func (o *Options) defaults() {
 	}
 }
 
-// Client is a connected cache manager. Its methods are safe for concurrent use.
+// Client is a connected cache manager: the user's handle on the cell. It
+// keeps one cache and one table of nodes for all the cell's servers (FIDs
+// are unique in a cell), and sends each node's requests to the site of
+// the server holding its volume (site.go, sites.go). Its methods are safe
+// for concurrent use.
 type Client struct {
 	opts Options
 	// self is the client's own user (Options.Token): the path API and
 	// FIDs act as it, and Nodes until told otherwise (Nodes.As).
 	self  User
 	log   *slog.Logger
-	conn  *conn.Conn
-	rpc   pb.FileServerClient // conn's; calls go through conn.Call
 	cache *cache.Cache
+	// sites are the cell's servers this client reaches: the one it was
+	// dialled to first.
+	sites *sites
 
 	// unpublished are the bypassed opens with writes not yet published.
 	unpublished stageIndex
 
-	cbMu sync.Mutex
-	cb   *callback.Client
-	// lease is the delegation lease the server announced (0: it grants
-	// none); renewing is set while a Renew is in flight.
-	lease atomic.Int64
-	// maxFile is the largest file size the server stores (its Welcome;
-	// 0: unknown): a larger size is EFBIG at the call, not a store the
-	// server refuses after the call succeeded.
-	maxFile  atomic.Uint64
-	renewing atomic.Bool
-	flusher  *writeback.Flusher[dirtyNode]
+	flusher *writeback.Flusher[dirtyNode]
 	// rate is the flusher's progress at the last setGauges (expirer only).
 	rate struct {
 		at      time.Time
@@ -188,21 +182,8 @@ type Client struct {
 	room   map[uint64]*volRoom
 	// expiredLogged holds the tokens whose expiry was logged (checkToken).
 	expiredLogged sync.Map
-	// root is the root volume's root directory (Dial's Client only).
+	// root is the root volume's root directory.
 	root *Node
-	// sites are the cell's servers this client reaches, shared by their
-	// Clients; ownsCache is set on the one Dial made, which closes the
-	// others and the cache they share.
-	sites     *sites
-	ownsCache bool
-
-	// resMu guards fids: FIDs reserved for files made here, by volume,
-	// in server life fidsLife.
-	resMu    sync.Mutex
-	fids     map[uint64][]node.FID
-	fidsLife uint64
-	// reserving shares one Reserve call per volume (reserved).
-	reserving singleflight.Group
 
 	fetchSem chan struct{}
 	ghosts   *policy.Ghosts
@@ -250,18 +231,41 @@ func Dial(opts Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Client{
+		opts:      opts,
+		self:      NewUser(opts.Token),
+		log:       opts.Logger,
+		cache:     ch,
+		nodes:     map[node.FID]*Node{},
+		forgotten: map[*Node]struct{}{},
+		vols:      map[string]*pb.Volume{},
+		fetchSem:  make(chan struct{}, 16),
+		ghosts:    policy.NewGhosts(4096, 10*time.Minute),
+		ctx:       ctx,
+		cancel:    cancel,
+	}
+	c.sites = newSites(c)
+	c.flusher = newFlusher(c)
 	sessionFile := ""
 	if opts.KeepSession && opts.CacheDir != "" {
 		sessionFile = filepath.Join(opts.CacheDir, "session")
 	}
-	ss := newSites()
-	c, err := start(opts, ch, sessionFile, ss)
+	first, err := c.start(opts.Server, sessionFile, opts.Patience)
 	if err != nil {
+		cancel()
 		ch.Close()
 		return nil, err
 	}
-	c.ownsCache = true
-	ss.first = c
+	c.sites.first = first
+	c.wg.Add(2)
+	go c.expirer()
+	go func() {
+		defer c.wg.Done()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		c.flusher.Run(c.ctx, t.C)
+	}()
 	if err = c.recoverDirty(); err == nil {
 		c.root, err = c.volumeRoot(node.RootVolume, c.self)
 	}
@@ -272,60 +276,34 @@ func Dial(opts Options) (*Client, error) {
 	return c, nil
 }
 
-// start connects a Client to opts.Server, using cache ch, and waits for
-// the server's welcome: Dial's first server, or another of the cell's
-// (sites.go).
-func start(opts Options, ch *cache.Cache, sessionFile string, ss *sites) (*Client, error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &Client{
-		sites:     ss,
-		opts:      opts,
-		self:      NewUser(opts.Token),
-		log:       opts.Logger,
-		cache:     ch,
-		cb:        callback.NewClient(),
-		nodes:     map[node.FID]*Node{},
-		forgotten: map[*Node]struct{}{},
-		vols:      map[string]*pb.Volume{},
-		fids:      map[uint64][]node.FID{},
-		fetchSem:  make(chan struct{}, 16),
-		ghosts:    policy.NewGhosts(4096, 10*time.Minute),
-		ctx:       ctx,
-		cancel:    cancel,
-	}
-	c.flusher = newFlusher(c)
-	cfg := conn.Config{Server: opts.Server, Name: opts.Name, RPCTimeout: opts.RPCTimeout, Patience: opts.Patience, SessionFile: sessionFile,
+// start opens a session with the server at addr, waiting patience for it
+// when unreachable (0: the RPC timeout), and waits for its welcome:
+// Dial's first server, or another of the cell's (sites.go).
+func (c *Client) start(addr, sessionFile string, patience time.Duration) (*site, error) {
+	opts := c.opts
+	s := &site{addr: addr, log: c.log, self: c.self, noDelegations: opts.NoDelegations, cb: callback.NewClient(), fids: map[uint64][]node.FID{}}
+	cfg := conn.Config{Server: addr, Name: opts.Name, RPCTimeout: opts.RPCTimeout, Patience: patience, SessionFile: sessionFile,
 		DataStreams: opts.DataStreams, NoDataChannel: opts.NoDataChannel, TLS: opts.TLS, Token: opts.Token, Log: opts.Logger,
 		OnRefused: func(err error) {
 			if l := whereIs(err); l != nil && l.Id != 0 {
 				c.sites.moved(l)
 			}
 		}}
-	var err error
-	if c.conn, err = conn.New(cfg, handler{c}); err != nil {
-		cancel()
+	cn, err := conn.New(cfg, handler{c, s})
+	if err != nil {
 		return nil, err
 	}
-	c.rpc = c.conn.RPC()
-	first := c.conn.Start()
-	c.wg.Add(2)
-	go c.expirer()
-	go func() {
-		defer c.wg.Done()
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		c.flusher.Run(c.ctx, t.C)
-	}()
+	s.conn, s.rpc = connLink{cn}, cn.RPC()
 	select {
-	case err = <-first:
+	case err = <-cn.Start():
 	case <-time.After(opts.DialTimeout):
 		err = fmt.Errorf("no answer within %v", opts.DialTimeout)
 	}
 	if err != nil {
-		c.Close()
-		return nil, dialErr(opts, err)
+		s.conn.Close()
+		return nil, dialErr(Options{Server: addr, Token: opts.Token}, err)
 	}
-	return c, nil
+	return s, nil
 }
 
 // dialErr says why a server could not be used, in a line.
@@ -384,38 +362,38 @@ func transportCause(addr string, err error) string {
 }
 
 // Close stores what the flusher still holds, gives delegations back, stops
-// the back channel and closes the cache cleanly. Writes it could not store
+// the back channels and closes the cache cleanly. Writes it could not store
 // are kept in lost/, and the error says so. An unreachable server is
 // waited for until closeWait after Close began, not an RPC timeout per
 // request: a client whose server is gone stops in seconds.
 func (c *Client) Close() error {
-	var errs []error
-	if c.ownsCache {
-		errs = append(errs, c.sites.close())
+	all := c.sites.close()
+	giveUp := time.Now().Add(closeWait)
+	for _, s := range all {
+		s.conn.GiveUp(giveUp)
 	}
-	c.conn.GiveUp(time.Now().Add(closeWait))
 	lost := c.flushAll()
-	c.returnAll()
+	for _, s := range all {
+		c.returnAll(s)
+	}
 	c.cancel()
-	c.conn.Close()
+	for _, s := range all {
+		s.conn.Close()
+	}
 	c.wg.Wait()
 	c.bgMu.Lock()
 	c.closing = true
 	c.bgMu.Unlock()
 	c.bg.Wait()
 	c.setGauges()
-	errs = append(errs, lost)
-	if c.ownsCache {
-		errs = append(errs, c.cache.Close())
-	}
-	return errors.Join(errs...)
+	return errors.Join(lost, c.cache.Close())
 }
 
 // closeWait is how long Close waits for an unreachable server.
 const closeWait = 2 * time.Second
 
 // spawn runs fn in the background, for Close to wait for; once Close has
-// stopped the back channel, not at all (the server revokes what a give
+// stopped the back channels, not at all (the server revokes what a give
 // back would have returned).
 func (c *Client) spawn(fn func()) {
 	c.bgMu.Lock()
@@ -431,22 +409,17 @@ func (c *Client) spawn(fn func()) {
 	}()
 }
 
-// handler is what the client does with what the back channel hears
+// handler is what the client does with what a site's back channel hears
 // (conn.Handler).
-type handler struct{ c *Client }
+type handler struct {
+	c *Client
+	s *site
+}
 
 func (h handler) Welcome(w *pb.Welcome) {
-	c := h.c
-	c.cbMu.Lock()
-	changed, _ := c.cb.SetEpoch(w.Epoch)
-	c.cb.SetLease(time.Duration(w.LeaseMs) * time.Millisecond)
-	c.cbMu.Unlock()
-	c.lease.Store(int64(time.Duration(w.LeaseMs) * time.Millisecond))
-	c.maxFile.Store(w.MaxFileSize)
-	if changed {
-		c.log.Info("server restarted; cached files will be revalidated", "server", c.opts.Server, "epoch", w.Epoch)
+	if h.s.welcome(w) {
+		h.c.log.Info("server restarted; cached files will be revalidated", "server", h.s.addr, "epoch", w.Epoch)
 	}
-	c.newLife(w.Epoch)
 }
 
 // Resumed: the old session's promises may have missed breaks. Its
@@ -454,24 +427,24 @@ func (h handler) Welcome(w *pb.Welcome) {
 // restart, for the grace period): reclaim those with dirty data, after
 // the reset, which voids the tickets of replies already under way.
 func (h handler) Resumed() {
-	h.c.resetPromises()
-	h.c.dropDelegations(true)
+	h.c.resetPromises(h.s)
+	h.c.dropDelegations(h.s, true)
 }
 
-func (h handler) Break(fids []*pb.FID) <-chan struct{} { return h.c.breakPromises(fids) }
+func (h handler) Break(fids []*pb.FID) <-chan struct{} { return h.c.breakPromises(h.s, fids) }
 
 func (h handler) Reset() {
 	h.c.counters.resets.Add(1)
-	h.c.resetPromises()
-	h.c.dropDelegations(false)
+	h.c.resetPromises(h.s)
+	h.c.dropDelegations(h.s, false)
 }
 
-func (h handler) Recall(r *pb.Recall, statesFrom uint64) { h.c.onRecall(r, statesFrom) }
-func (h handler) Revoke(r *pb.Revoke)                    { h.c.onRevoke(r) }
-func (h handler) Answered(sent time.Time)                { h.c.answered(sent) }
+func (h handler) Recall(r *pb.Recall, statesFrom uint64) { h.c.onRecall(h.s, r, statesFrom) }
+func (h handler) Revoke(r *pb.Revoke)                    { h.c.onRevoke(h.s, r) }
+func (h handler) Answered(sent time.Time)                { h.c.giveBackAll(h.s, h.s.answered(sent)) }
 func (h handler) RightsChanged()                         { h.c.forgetRights() }
 
-// expirer examines the promise list once a second (Faster AFS §3.1.1) so
+// expirer examines the promise lists once a second (Faster AFS §3.1.1) so
 // that the read path only ever checks a flag.
 func (c *Client) expirer() {
 	defer c.wg.Done()
@@ -482,26 +455,22 @@ func (c *Client) expirer() {
 		case <-c.ctx.Done():
 			return
 		case now := <-t.C:
-			c.cbMu.Lock()
-			expired := c.cb.Tick(now)
-			c.cbMu.Unlock()
-			c.invalidate(expired)
-			c.keepLease(now)
+			c.sites.each(func(s *site) {
+				s.cbMu.Lock()
+				expired := s.cb.Tick(now)
+				s.cbMu.Unlock()
+				c.invalidate(expired)
+				c.giveBackAll(s, s.keepLease(now))
+			})
 			c.dropForgotten(now)
 			c.setGauges()
 		}
 	}
 }
 
-func (c *Client) promiseCount() int {
-	c.cbMu.Lock()
-	defer c.cbMu.Unlock()
-	return c.cb.Len()
-}
-
-// breakPromises drops the promises on fids and returns a channel closed
-// once OnInvalidate heard of them.
-func (c *Client) breakPromises(pfids []*pb.FID) <-chan struct{} {
+// breakPromises drops site s's promises on fids and returns a channel
+// closed once OnInvalidate heard of them.
+func (c *Client) breakPromises(s *site, pfids []*pb.FID) <-chan struct{} {
 	fids := make([]node.FID, len(pfids))
 	for i, f := range pfids {
 		fids[i] = f.ToFID()
@@ -509,11 +478,11 @@ func (c *Client) breakPromises(pfids []*pb.FID) <-chan struct{} {
 	fids = c.wholeVolumes(fids)
 	c.log.Debug("break", "fids", fids)
 	c.counters.breaks.Add(int64(len(fids)))
-	c.cbMu.Lock()
+	s.cbMu.Lock()
 	for _, f := range fids {
-		c.cb.Break(f)
+		s.cb.Break(f)
 	}
-	c.cbMu.Unlock()
+	s.cbMu.Unlock()
 	c.invalidate(fids)
 	done := make(chan struct{})
 	if c.opts.OnInvalidate == nil {
@@ -527,19 +496,23 @@ func (c *Client) breakPromises(pfids []*pb.FID) <-chan struct{} {
 	return done
 }
 
-func (c *Client) resetPromises() {
-	c.cbMu.Lock()
-	fids := c.cb.Reset()
-	c.cbMu.Unlock()
+// resetPromises drops every promise of site s: a new session, whose
+// server may have missed telling the old one of changes.
+func (c *Client) resetPromises(s *site) {
+	s.cbMu.Lock()
+	fids := s.cb.Reset()
+	s.cbMu.Unlock()
 	c.invalidate(fids)
 	// Nodes without a recorded promise may still carry a stale flag from a
-	// grant racing this reset; clear them all.
+	// grant racing this reset; clear all of the site's.
 	c.nodesMu.Lock()
-	all := make([]node.FID, 0, len(c.nodes))
+	var all []node.FID
 	for f, n := range c.nodes {
-		n.valid.Store(false)
-		n.dropRights()
-		all = append(all, f)
+		if n.at() == s {
+			n.valid.Store(false)
+			n.dropRights()
+			all = append(all, f)
+		}
 	}
 	c.nodesMu.Unlock()
 	if c.opts.OnInvalidate != nil {

@@ -36,24 +36,18 @@ type fileDeleg struct {
 // a return), which are closed with Close.
 type opens struct{ r, w, recR, recW int }
 
-// delegating reports whether opens ask for delegations: the server grants
-// them (a lease in its Welcome) and the client was not told not to.
-func (c *Client) delegating() bool {
-	return !c.opts.NoDelegations && c.lease.Load() > 0
-}
-
-// delegation is the delegation held on n now, if any.
-func (c *Client) delegation(n *Node) (callback.Held, bool) {
-	if !c.delegating() {
+// delegation is the delegation held on n at s now, if any.
+func (s *site) delegation(n *Node) (callback.Held, bool) {
+	if !s.delegating() {
 		return callback.Held{}, false
 	}
 	if n.made() != nil {
 		// Covered by the directory's: the server does not know it yet.
 		return callback.Held{FID: n.fid, Kind: callback.DelegWrite}, true
 	}
-	c.cbMu.Lock()
-	defer c.cbMu.Unlock()
-	return c.cb.Delegation(n.fid, time.Now())
+	s.cbMu.Lock()
+	defer s.cbMu.Unlock()
+	return s.cb.Delegation(n.fid, time.Now())
 }
 
 // current reports whether n's cached status may be used without asking:
@@ -64,7 +58,7 @@ func (c *Client) current(n *Node) bool {
 	if n.valid.Load() {
 		return true
 	}
-	h, ok := c.delegation(n)
+	h, ok := n.at().delegation(n)
 	return ok && !h.Recalled
 }
 
@@ -78,24 +72,24 @@ func (c *Client) current(n *Node) bool {
 // the server would cost every open of a cached file a round trip. (The
 // opener's rights were checked first: permitted.) The server is asked as u.
 func (c *Client) openDeleg(n *Node, write bool, u User) error {
-	return n.onServer(false, func(at *Client) error { return at.openDelegHere(n, write, u) })
+	return n.onServer(false, func(at *site) error { return c.openDelegHere(at, n, write, u) })
 }
 
-// openDelegHere is openDeleg at the Client of the server holding n.
-func (c *Client) openDelegHere(n *Node, write bool, u User) error {
-	if !c.delegating() {
+// openDelegHere is openDeleg at site at.
+func (c *Client) openDelegHere(at *site, n *Node, write bool, u User) error {
+	if !at.delegating() {
 		return nil
 	}
-	if h, ok := c.delegation(n); ok && !h.Recalled && (h.Kind == callback.DelegWrite || !write) || !write && n.valid.Load() {
+	if h, ok := at.delegation(n); ok && !h.Recalled && (h.Kind == callback.DelegWrite || !write) || !write && n.valid.Load() {
 		n.addOpen(write, false)
 		c.counters.localOpens.Add(1)
 		return nil
 	}
-	t := c.begin()
-	defer c.end(t)
+	t := at.begin()
+	defer t.end()
 	var reply *pb.OpenReply
-	err := c.as(u).Call(func(ctx context.Context) (err error) {
-		reply, err = c.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write})
+	err := at.as(u).Call(func(ctx context.Context) (err error) {
+		reply, err = at.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write})
 		return err
 	})
 	if err != nil {
@@ -114,25 +108,18 @@ const refusedFor = time.Second
 
 // held is the delegation this client holds on n now (FIDs.Held).
 func (c *Client) held(n *Node) (callback.Held, bool) {
-	if n.at() != c {
-		return n.at().held(n)
-	}
-
-	h, ok := c.delegation(n)
+	h, ok := n.at().delegation(n)
 	return h, ok && !h.Recalled
 }
 
 // delegate gets this client a delegation on file n without opening it
 // (FIDs.Delegate), asking as u, whose rights the server checks.
 func (c *Client) delegate(n *Node, write bool, u User) (callback.Held, bool) {
-	if n.at() != c {
-		return n.at().delegate(n, write, u)
-	}
-
-	if !c.delegating() {
+	at := n.at()
+	if !at.delegating() {
 		return callback.Held{}, false
 	}
-	if h, ok := c.delegation(n); ok && !h.Recalled && (h.Kind == callback.DelegWrite || !write) {
+	if h, ok := at.delegation(n); ok && !h.Recalled && (h.Kind == callback.DelegWrite || !write) {
 		return h, true
 	}
 	wait := refusedFor
@@ -142,17 +129,17 @@ func (c *Client) delegate(n *Node, write bool, u User) (callback.Held, bool) {
 	n.mu.Lock()
 	refused := time.Since(n.refusedAt) < wait
 	n.mu.Unlock()
-	if refused || !c.conn.Ready() {
+	if refused || !at.conn.Ready() {
 		// Not now: the open goes on without one rather than wait for
 		// a server that is away.
-		h, ok := c.delegation(n)
+		h, ok := at.delegation(n)
 		return h, ok && !h.Recalled
 	}
-	t := c.begin()
-	defer c.end(t)
+	t := at.begin()
+	defer t.end()
 	var reply *pb.OpenReply
-	err := c.as(u).Call(func(ctx context.Context) (err error) {
-		reply, err = c.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write, DelegationOnly: true})
+	err := at.as(u).Call(func(ctx context.Context) (err error) {
+		reply, err = at.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write, DelegationOnly: true})
 		return err
 	})
 	if err != nil {
@@ -176,25 +163,26 @@ func (n *Node) refused() {
 
 // delegated installs the delegation an open or create reply granted, and
 // starts the recall of one that was recalled before its grant arrived.
-func (c *Client) delegated(t callback.Ticket, n *Node, kind pb.DelegKind, state uint64) (callback.Held, bool) {
+func (c *Client) delegated(t ticket, n *Node, kind pb.DelegKind, state uint64) (callback.Held, bool) {
 	if kind == pb.DelegKind_DELEG_NONE {
 		return callback.Held{}, false
 	}
-	c.cbMu.Lock()
-	h, ok := c.cb.Delegated(t, n.fid, callback.DelegKind(kind), state, c.cb.Epoch())
-	voided := !ok && c.cb.Voided(t)
-	c.cbMu.Unlock()
+	at := t.at
+	at.cbMu.Lock()
+	h, ok := at.cb.Delegated(t.t, n.fid, callback.DelegKind(kind), state, at.cb.Epoch())
+	voided := !ok && at.cb.Voided(t.t)
+	at.cbMu.Unlock()
 	c.log.Debug("delegated", "fid", n.fid, "kind", kind, "state", state, "installed", ok, "recalled", h.Recalled)
 	if ok && h.Recalled {
-		c.spawn(func() { c.giveBack(n.fid, h.State) })
+		c.spawn(func() { c.giveBack(at, n.fid, h.State) })
 	}
 	if voided {
 		// Granted while this client's session changed (a reset, a
 		// reconnection): it is not used, but the server holds it for
 		// this client, and would make others wait a lease for it.
 		c.spawn(func() {
-			c.conn.Call(func(ctx context.Context) error {
-				_, err := c.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(n.fid), State: state})
+			at.conn.Call(func(ctx context.Context) error {
+				_, err := at.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(n.fid), State: state})
 				return err
 			})
 		})
@@ -221,7 +209,8 @@ func (n *Node) addOpen(write, recorded bool) {
 // closeDeleg records the close of an open of n by u, telling the server
 // when it recorded one.
 func (c *Client) closeDeleg(n *Node, write bool, u User) error {
-	if !c.delegating() {
+	at := n.at()
+	if !at.delegating() {
 		return nil
 	}
 	n.mu.Lock()
@@ -244,21 +233,22 @@ func (c *Client) closeDeleg(n *Node, write bool, u User) error {
 		c.counters.localCloses.Add(1)
 		return nil
 	}
-	return c.closeOne(n.fid, write, u)
+	return at.closeOne(n.fid, write, u)
 }
 
-func (c *Client) closeOne(fid node.FID, write bool, u User) error {
-	return c.as(u).Call(func(ctx context.Context) error {
-		_, err := c.rpc.Close(ctx, &pb.CloseRequest{Fid: pb.FromFID(fid), Write: write})
+// closeOne tells the server that an open of fid it recorded closed.
+func (s *site) closeOne(fid node.FID, write bool, u User) error {
+	return s.as(u).Call(func(ctx context.Context) error {
+		_, err := s.rpc.Close(ctx, &pb.CloseRequest{Fid: pb.FromFID(fid), Write: write})
 		return err
 	})
 }
 
 // closeRecorded tells the server of r read and w write opens of fid that
 // it recorded and that are closed.
-func (c *Client) closeRecorded(fid node.FID, r, w int) {
+func (c *Client) closeRecorded(at *site, fid node.FID, r, w int) {
 	for i := range r + w {
-		if err := c.closeOne(fid, i >= r, c.self); err != nil {
+		if err := at.closeOne(fid, i >= r, c.self); err != nil {
 			c.log.Warn("close not recorded", "fid", fid, "err", err)
 			return
 		}
@@ -268,14 +258,14 @@ func (c *Client) closeRecorded(fid node.FID, r, w int) {
 // writeBack reports whether writes to n may stay in the cache past Close:
 // a write delegation is held on it.
 func (c *Client) writeBack(n *Node) bool {
-	h, ok := c.delegation(n)
+	h, ok := n.at().delegation(n)
 	return ok && h.Kind == callback.DelegWrite
 }
 
 // writeHere reports whether a change to n may stay in the cache: a write
 // delegation is held on it and not being recalled.
 func (c *Client) writeHere(n *Node) bool {
-	h, ok := c.delegation(n)
+	h, ok := n.at().delegation(n)
 	return ok && h.Kind == callback.DelegWrite && !h.Recalled
 }
 
@@ -285,7 +275,7 @@ func (c *Client) writeHere(n *Node) bool {
 // server refuses them all, rather than take the old ones under the new
 // delegation.
 func (c *Client) dirtied(n *Node) {
-	h, ok := c.delegation(n)
+	h, ok := n.at().delegation(n)
 	if !ok || h.Kind != callback.DelegWrite {
 		return
 	}
@@ -337,10 +327,10 @@ func (n *Node) takeLost() error {
 }
 
 // giveBack stores what is dirty under the delegation state on fid and
-// returns the delegation: on a recall, and for delegations the client
+// returns the delegation to site at: on a recall, and for delegations the client
 // stopped trusting (lease lapsed, revoked, reset), whose store the server
 // then judges. Data it refuses is kept in lost/.
-func (c *Client) giveBack(fid node.FID, state uint64) {
+func (c *Client) giveBack(at *site, fid node.FID, state uint64) {
 	if c.opts.OnRecall != nil {
 		c.opts.OnRecall(fid)
 	}
@@ -382,8 +372,8 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 		n.mu.Unlock()
 	}
 	var reply *pb.ReturnReply
-	err := c.conn.Call(func(ctx context.Context) (err error) {
-		reply, err = c.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(fid), State: state, Readers: uint32(r), Writers: uint32(w)})
+	err := at.conn.Call(func(ctx context.Context) (err error) {
+		reply, err = at.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(fid), State: state, Readers: uint32(r), Writers: uint32(w)})
 		return err
 	})
 	if err != nil {
@@ -402,11 +392,11 @@ func (c *Client) giveBack(fid node.FID, state uint64) {
 		goneR, goneW := max(n.opens.recR-n.opens.r, 0), max(n.opens.recW-n.opens.w, 0)
 		n.opens.recR, n.opens.recW = n.opens.recR-goneR, n.opens.recW-goneW
 		n.mu.Unlock()
-		c.closeRecorded(fid, goneR, goneW)
+		c.closeRecorded(at, fid, goneR, goneW)
 	}
-	c.cbMu.Lock()
-	c.cb.Returned(fid, state)
-	c.cbMu.Unlock()
+	at.cbMu.Lock()
+	at.cb.Returned(fid, state)
+	at.cbMu.Unlock()
 }
 
 // storeBack stores n's dirty data as u (wmu held): the user of the file
@@ -462,7 +452,7 @@ func (n *Node) goneHere(err error) bool {
 	if err == nil || !gone || pb.Errno(err) != syscall.ESTALE {
 		return false
 	}
-	n.at().log.Debug("dirty data of a file removed here dropped", "fid", n.fid)
+	n.c.log.Debug("dirty data of a file removed here dropped", "fid", n.fid)
 	return true
 }
 
@@ -487,10 +477,10 @@ func kept(err error) bool {
 
 // reclaim asks a new session (after a reconnection or a server restart)
 // for the write delegation dirty data of n was made under, as the user who
-// wrote it: the server checks that user's right to write. If the server
+// wrote it, at site at: the server checks that user's right to write. If the server
 // no longer has it for this client (revoked after the lease), the data is
 // kept in lost/.
-func (c *Client) reclaim(n *Node, state uint64) {
+func (c *Client) reclaim(at *site, n *Node, state uint64) {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
 	n.mu.Lock()
@@ -501,11 +491,11 @@ func (c *Client) reclaim(n *Node, state uint64) {
 	}
 	u := c.writerOf(n)
 	est, _ := n.entry.Status()
-	t := c.begin()
-	defer c.end(t)
+	t := at.begin()
+	defer t.end()
 	var reply *pb.OpenReply
-	err := c.as(u).Call(func(ctx context.Context) (err error) {
-		reply, err = c.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: true, Reclaim: state, BaseVersion: est.DataVersion})
+	err := at.as(u).Call(func(ctx context.Context) (err error) {
+		reply, err = at.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: true, Reclaim: state, BaseVersion: est.DataVersion})
 		return err
 	})
 	if err != nil {
@@ -523,7 +513,7 @@ func (c *Client) reclaim(n *Node, state uint64) {
 	}
 	n.mu.Unlock()
 	if reply.Recorded {
-		c.closeOne(n.fid, true, u)
+		at.closeOne(n.fid, true, u)
 	}
 	c.learnPB(t, reply.Status, u)
 	if !covered {
@@ -533,16 +523,16 @@ func (c *Client) reclaim(n *Node, state uint64) {
 	}
 }
 
-// dropDelegations forgets every delegation after a new session began
+// dropDelegations forgets every delegation of site s after a new session began
 // (reconnection, server restart) or a reset, and deals with the dirty data
 // made under write delegations, including those already dropped when the
 // lease lapsed: on a new session it is reclaimed; after a reset the server
 // refuses it and it is kept in lost/. Opens the server recorded are gone
 // with the session.
-func (c *Client) dropDelegations(reclaim bool) {
-	c.cbMu.Lock()
-	dropped := c.cb.DropDelegations()
-	c.cbMu.Unlock()
+func (c *Client) dropDelegations(s *site, reclaim bool) {
+	s.cbMu.Lock()
+	dropped := s.cb.DropDelegations()
+	s.cbMu.Unlock()
 	if c.opts.OnRecall != nil {
 		for _, h := range dropped {
 			go c.opts.OnRecall(h.FID)
@@ -550,13 +540,18 @@ func (c *Client) dropDelegations(reclaim bool) {
 	}
 	c.nodesMu.Lock()
 	for _, n := range c.nodes {
-		n.mu.Lock()
-		n.opens.recR, n.opens.recW = 0, 0
-		n.mu.Unlock()
+		if n.at() == s {
+			n.mu.Lock()
+			n.opens.recR, n.opens.recW = 0, 0
+			n.mu.Unlock()
+		}
 	}
 	c.nodesMu.Unlock()
 	for _, d := range c.flusher.Files() {
 		n := d.n
+		if n.at() != s {
+			continue
+		}
 		n.mu.Lock()
 		state := n.dirtyState
 		n.mu.Unlock()
@@ -564,7 +559,7 @@ func (c *Client) dropDelegations(reclaim bool) {
 			continue
 		}
 		if reclaim {
-			c.spawn(func() { c.reclaim(n, state) })
+			c.spawn(func() { c.reclaim(s, n, state) })
 		} else {
 			c.spawn(func() {
 				n.wmu.Lock()
@@ -573,31 +568,31 @@ func (c *Client) dropDelegations(reclaim bool) {
 			})
 		}
 	}
-	c.settleAll()
+	c.settleAll(s)
 }
 
-// onRecall handles a Recall from the server.
-func (c *Client) onRecall(m *pb.Recall, statesFrom uint64) {
+// onRecall handles a Recall from site s's server.
+func (c *Client) onRecall(s *site, m *pb.Recall, statesFrom uint64) {
 	// Answered at once, whatever the stores behind it wait for: the
 	// server takes a holder silent for a break timeout after a recall to
 	// be stopped, and revokes; one that answers has a lease to store in.
-	c.spawn(c.renew)
+	c.spawn(s.renew)
 	for i, f := range m.Fids {
 		if i >= len(m.States) {
 			break
 		}
 		fid := f.ToFID()
-		c.cbMu.Lock()
-		_, ok := c.cb.Recall(fid, m.States[i])
-		c.cbMu.Unlock()
+		s.cbMu.Lock()
+		_, ok := s.cb.Recall(fid, m.States[i])
+		s.cbMu.Unlock()
 		c.log.Debug("recall", "fid", fid, "state", m.States[i], "held", ok)
 		c.counters.recalls.Add(1)
 		state := m.States[i]
 		switch {
 		case ok:
-			c.spawn(func() { c.giveBack(fid, state) })
+			c.spawn(func() { c.giveBack(s, fid, state) })
 		case state < statesFrom:
-			c.spawn(func() { c.returnUnknown(fid, state) })
+			c.spawn(func() { c.returnUnknown(s, fid, state) })
 		}
 	}
 }
@@ -607,12 +602,12 @@ func (c *Client) onRecall(m *pb.Recall, statesFrom uint64) {
 // line (a restarted proxy), and recalled it. Nothing this process wrote is
 // under it; what the earlier process's own clients wrote comes back
 // through their reclaims, which OnRecall waits for first.
-func (c *Client) returnUnknown(fid node.FID, state uint64) {
+func (c *Client) returnUnknown(s *site, fid node.FID, state uint64) {
 	if c.opts.OnRecall != nil {
 		c.opts.OnRecall(fid)
 	}
-	err := c.conn.Call(func(ctx context.Context) error {
-		_, err := c.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(fid), State: state})
+	err := s.conn.Call(func(ctx context.Context) error {
+		_, err := s.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(fid), State: state})
 		return err
 	})
 	if err != nil {
@@ -620,94 +615,43 @@ func (c *Client) returnUnknown(fid node.FID, state uint64) {
 	}
 }
 
-// onRevoke handles a Revoke: the delegations are gone, and dirty data
+// onRevoke handles a Revoke from site s's server: the delegations are gone, and dirty data
 // under them can no longer be stored; it is kept in lost/.
-func (c *Client) onRevoke(m *pb.Revoke) {
+func (c *Client) onRevoke(s *site, m *pb.Revoke) {
 	for i, f := range m.Fids {
 		if i >= len(m.States) {
 			break
 		}
 		fid := f.ToFID()
-		c.cbMu.Lock()
-		held := c.cb.Revoke(fid, m.States[i])
-		c.cbMu.Unlock()
+		s.cbMu.Lock()
+		held := s.cb.Revoke(fid, m.States[i])
+		s.cbMu.Unlock()
 		if held {
 			c.counters.revoked.Add(1)
 			state := m.States[i]
-			c.spawn(func() { c.giveBack(fid, state) })
+			c.spawn(func() { c.giveBack(s, fid, state) })
 		}
 	}
 }
 
-// answered renews the lease from the sending time of a request the server
-// answered. Delegations whose lease lapsed before are not renewed by it:
-// the server may have revoked them already.
-func (c *Client) answered(sent time.Time) {
-	if c.lease.Load() == 0 {
-		return
-	}
-	c.cbMu.Lock()
-	lapsed := c.lapsedLocked(time.Now())
-	c.cb.Answered(sent)
-	c.cbMu.Unlock()
-	c.giveBackAll(lapsed)
-}
-
-// lapsedLocked drops the delegations if the lease ran out (cbMu held).
-func (c *Client) lapsedLocked(now time.Time) []callback.Held {
-	if r, w := c.cb.Delegations(); r+w > 0 && !c.cb.LeaseEnd().After(now) {
-		return c.cb.DropDelegations()
-	}
-	return nil
-}
-
-// giveBackAll gives back delegations the client stopped trusting: their
+// giveBackAll gives back site s's delegations the client stopped trusting: their
 // dirty data is stored if the server still holds them, kept in lost/ if not.
-func (c *Client) giveBackAll(hs []callback.Held) {
+func (c *Client) giveBackAll(s *site, hs []callback.Held) {
 	for _, h := range hs {
-		c.spawn(func() { c.giveBack(h.FID, h.State) })
+		c.spawn(func() { c.giveBack(s, h.FID, h.State) })
 	}
 }
 
-// keepLease renews the lease when delegations are held and nothing else
-// renewed it for a third of the lease, and gives back delegations whose
-// lease lapsed anyway. Called once a second.
-func (c *Client) keepLease(now time.Time) {
-	lease := time.Duration(c.lease.Load())
-	if lease == 0 {
-		return
-	}
-	c.cbMu.Lock()
-	lapsed := c.lapsedLocked(now)
-	r, w := c.cb.Delegations()
-	end := c.cb.LeaseEnd()
-	c.cbMu.Unlock()
-	c.giveBackAll(lapsed)
-	if r+w > 0 && end.Sub(now) < lease*2/3 && c.renewing.CompareAndSwap(false, true) {
-		go func() {
-			defer c.renewing.Store(false)
-			c.renew()
-		}()
-	}
-}
-
-func (c *Client) renew() {
-	c.conn.Call(func(ctx context.Context) error {
-		_, err := c.rpc.Renew(ctx, &pb.RenewRequest{})
-		return err
-	})
-}
-
-// returnAll gives every delegation back, at Close, after the flusher
+// returnAll gives every delegation of site s back, at Close, after the flusher
 // drained: other clients need not wait for a lease to run out.
-func (c *Client) returnAll() {
-	c.cbMu.Lock()
-	held := c.cb.DropDelegations()
-	c.cbMu.Unlock()
-	if len(held) > 0 && c.conn.AwaitReady(c.conn.GiveUpAt()) != nil {
+func (c *Client) returnAll(s *site) {
+	s.cbMu.Lock()
+	held := s.cb.DropDelegations()
+	s.cbMu.Unlock()
+	if len(held) > 0 && s.conn.AwaitReady(s.conn.GiveUpAt()) != nil {
 		// Closing with the server gone: what they covered was kept in
 		// lost/ (flushAll), and the server revokes them after the lease.
-		c.log.Warn("delegations not returned: the server is unreachable", "server", c.opts.Server, "delegations", len(held))
+		c.log.Warn("delegations not returned: the server is unreachable", "server", s.addr, "delegations", len(held))
 		return
 	}
 	var wg sync.WaitGroup
@@ -715,7 +659,7 @@ func (c *Client) returnAll() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.giveBack(h.FID, h.State)
+			c.giveBack(s, h.FID, h.State)
 		}()
 	}
 	wg.Wait()
@@ -723,11 +667,8 @@ func (c *Client) returnAll() {
 
 // setGauges publishes what `hoard cache stats` shows of another process;
 // the flush rate is over the time since the last call (a second, from the
-// expirer). The first server's Client publishes for all (Stats).
+// expirer).
 func (c *Client) setGauges() {
-	if !c.ownsCache {
-		return
-	}
 	st := c.Stats()
 	now := time.Now()
 	if dt := now.Sub(c.rate.at).Seconds(); !c.rate.at.IsZero() && dt > 0 {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -52,9 +51,6 @@ type dirDeleg struct {
 // delegation the server revoked, they are refused, and what was written to
 // them is kept in lost/, as for any write-back.
 
-// reserveBatch is how many FIDs one Reserve asks for.
-const reserveBatch = 64
-
 // made is the directory a file was made in here and not yet created at
 // the server (nil once it was, or for any other file).
 func (n *Node) made() *Node { return n.madeIn.Load() }
@@ -62,16 +58,13 @@ func (n *Node) made() *Node { return n.madeIn.Load() }
 // dirDelegation is the write delegation held on dir for making files in
 // it, getting one as u if it can be had; the listing is then complete.
 func (c *Client) dirDelegation(dir *Node, u User) (callback.Held, bool) {
-	if dir.at() != c {
-		return dir.at().dirDelegation(dir, u)
-	}
-
-	if c.opts.NoDirDelegations || !c.delegating() || !c.conn.Ready() {
+	at := dir.at()
+	if c.opts.NoDirDelegations || !at.delegating() || !at.conn.Ready() {
 		// Not with the server away: a create then fails, saying so,
 		// rather than pile up files the server may never take.
 		return callback.Held{}, false
 	}
-	h, ok := c.delegation(dir)
+	h, ok := at.delegation(dir)
 	if !ok {
 		dir.mu.Lock()
 		recent := time.Since(dir.recalledAt) < c.opts.DirBackoff
@@ -126,21 +119,22 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	if !held || !c.mayHere(dir, u, access.Insert) {
 		return nil, false, false, nil
 	}
-	fid, life, err := c.reserved(dir.fid, u)
+	at := dir.at()
+	fid, life, err := at.reserved(dir.fid, u)
 	if err != nil {
 		return nil, false, false, nil // made at the server instead
 	}
 	dir.nsmu.Lock()
 	// Still held, and not being recalled: a recall settles under nsmu,
 	// and a file made after it would come under a returned delegation.
-	cur, held := c.delegation(dir)
+	cur, held := at.delegation(dir)
 	dir.mu.Lock()
 	d, exists := dir.dents.get(name)
 	stale := !held || cur.Recalled || cur.State != h.State || !dir.dents.isComplete() || dir.madeState != 0 && dir.madeState != h.State
 	dir.mu.Unlock()
 	if stale || exists {
 		dir.nsmu.Unlock()
-		c.unreserve(fid, life)
+		at.unreserve(fid, life)
 		switch {
 		case stale:
 			// The delegation went, the listing was dropped, or files
@@ -154,7 +148,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	}
 	defer dir.nsmu.Unlock()
 	now := time.Now()
-	n = c.node(fid)
+	n = c.node(fid, at)
 	n.mu.Lock()
 	n.st = node.Status{FID: fid, Type: node.TypeFile, Mode: mode & 0o7777, UID: who.UID, GID: who.GID, Nlink: 1,
 		DataVersion: 1, Atime: now, Mtime: now, Ctime: now}
@@ -188,79 +182,6 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 // its status (mu held): its version stays the server's until the settle.
 func (dir *Node) changedHere(now time.Time) {
 	dir.st.Mtime, dir.st.Ctime = now, now
-}
-
-// reserved takes a FID reserved in dir's volume, reserving more (as u,
-// for files in dir: the server reserves for users with the right to
-// insert there) when none is left,
-// and the server life it was reserved in. resMu is not held across the
-// Reserve call: a new session's newLife takes it before the session
-// carries any request, the call's retries among them. One call per volume
-// is under way at a time (reserving); FIDs it brings from a life that
-// ended meanwhile are dropped, and the next pass asks again.
-func (c *Client) reserved(dir node.FID, u User) (node.FID, uint64, error) {
-	volume := dir.Volume
-	for {
-		c.resMu.Lock()
-		life := c.fidsLife
-		if fs := c.fids[volume]; len(fs) > 0 {
-			c.fids[volume] = fs[1:]
-			c.resMu.Unlock()
-			return fs[0], life, nil
-		}
-		c.resMu.Unlock()
-		_, err, _ := c.reserving.Do(strconv.FormatUint(volume, 10), func() (any, error) {
-			var reply *pb.ReserveReply
-			err := c.as(u).Call(func(ctx context.Context) (err error) {
-				reply, err = c.rpc.Reserve(ctx, &pb.ReserveRequest{Volume: volume, Count: reserveBatch, Dir: pb.FromFID(dir)})
-				return err
-			})
-			if err != nil {
-				return nil, err
-			}
-			c.resMu.Lock()
-			defer c.resMu.Unlock()
-			if c.fidsLife != life {
-				return nil, nil
-			}
-			n := len(c.fids[volume])
-			for _, f := range reply.Fids {
-				if fid := f.ToFID(); fid.Volume == volume && fid.Vnode != 0 {
-					c.fids[volume] = append(c.fids[volume], fid)
-				}
-			}
-			if len(c.fids[volume]) == n {
-				return nil, errors.New("protocol: reserve returned no fids")
-			}
-			return nil, nil
-		})
-		if err != nil {
-			return node.FID{}, 0, err
-		}
-	}
-}
-
-// unreserve puts back a FID that named nothing, reserved in server life
-// life: not one of an earlier life.
-func (c *Client) unreserve(f node.FID, life uint64) {
-	c.resMu.Lock()
-	if life == c.fidsLife {
-		c.fids[f.Volume] = append(c.fids[f.Volume], f)
-	}
-	c.resMu.Unlock()
-}
-
-// newLife forgets the FIDs reserved before the server restarted (a new
-// epoch): it prunes a reservation at its second start after, and a file
-// made here with one it pruned would be refused at the settle, its data
-// lost.
-func (c *Client) newLife(epoch uint64) {
-	c.resMu.Lock()
-	if c.fidsLife != epoch {
-		clear(c.fids)
-		c.fidsLife = epoch
-	}
-	c.resMu.Unlock()
 }
 
 // removeHere removes name from dir for u without asking the server,
@@ -320,14 +241,15 @@ func (c *Client) removeHere(dir *Node, name string, u User) (done bool) {
 // included, goes at once; the flusher's age bound settles the remove as
 // it stores writes.
 func (c *Client) removeLater(dir *Node, name string, n *Node, u User) bool {
-	if h, ok := c.delegation(dir); !ok || h.Kind != callback.DelegWrite || h.Recalled || !c.writeHere(n) {
+	at := dir.at()
+	if h, ok := at.delegation(dir); !ok || h.Kind != callback.DelegWrite || h.Recalled || !c.writeHere(n) {
 		return false
 	}
 	n.wmu.Lock() // no store of n under way
 	defer n.wmu.Unlock()
 	dir.nsmu.Lock()
 	defer dir.nsmu.Unlock()
-	h, held := c.delegation(dir)
+	h, held := at.delegation(dir)
 	if !held || h.Kind != callback.DelegWrite || h.Recalled || !c.writeHere(n) {
 		return false
 	}
@@ -409,7 +331,7 @@ func (c *Client) settleNamed(dir *Node, name string) error {
 		return nil
 	}
 	var errs []error
-	for _, n := range c.madeDirs() {
+	for _, n := range c.madeDirs(dir.at()) {
 		if !ok || n.fid == d.fid {
 			errs = append(errs, c.settle(n))
 		}
@@ -417,12 +339,16 @@ func (c *Client) settleNamed(dir *Node, name string) error {
 	return errors.Join(errs...)
 }
 
-// madeDirs lists the directories with files made in them.
-func (c *Client) madeDirs() []*Node {
+// madeDirs lists the directories at site s (nil: any) with files made
+// in them.
+func (c *Client) madeDirs(s *site) []*Node {
 	c.nodesMu.Lock()
 	defer c.nodesMu.Unlock()
 	var dirs []*Node
 	for _, n := range c.nodes {
+		if s != nil && n.at() != s {
+			continue
+		}
 		n.mu.Lock()
 		if n.madeFiles.len() > 0 {
 			dirs = append(dirs, n)
@@ -573,10 +499,6 @@ func fidBefore(a, b node.FID) bool {
 // user's), and reports whether more are left, and which it created
 // without their write delegation.
 func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
-	if dir.at() != c {
-		return dir.at().settleSome(dir)
-	}
-
 	dir.mu.Lock()
 	made := dir.madeFiles.first(maxSettle)
 	state, base := dir.madeState, dir.madeBase
@@ -599,12 +521,13 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 		created = append(created, m)
 		req.Files = append(req.Files, &pb.ReservedFile{Name: m.name, Fid: pb.FromFID(m.n.fid), Mode: st.Mode, Uid: st.UID, Gid: st.GID, MtimeNs: st.Mtime.UnixNano()})
 	}
-	t := c.begin()
-	defer c.end(t)
+	at := dir.at()
+	t := at.begin()
+	defer t.end()
 	var reply *pb.CreateReservedReply
 	u := made[0].u
-	err = c.as(u).CallOnce("", func(ctx context.Context) (err error) {
-		reply, err = c.rpc.CreateReserved(ctx, req)
+	err = at.as(u).CallOnce("", func(ctx context.Context) (err error) {
+		reply, err = at.rpc.CreateReserved(ctx, req)
 		return err
 	})
 	if err == nil && (len(reply.Files) != len(created) || len(reply.States) != len(created) || len(reply.Removed) != len(removed)) {
@@ -709,11 +632,11 @@ func (c *Client) loseMade(dir *Node, made []madeFile, cause error) {
 	c.spawn(func() { c.uncovered(lost) }) // nsmu is held; the files are gone anyway
 }
 
-// settleAll settles every directory with files made in it: after a new
+// settleAll settles every directory at s with files made in it: after a new
 // session, in the server's grace period, when the old delegation's files
 // are still taken (or, after a reset, refused and kept in lost/).
-func (c *Client) settleAll() {
-	for _, d := range c.madeDirs() {
+func (c *Client) settleAll(s *site) {
+	for _, d := range c.madeDirs(s) {
 		c.spawn(func() {
 			if err := c.settle(d); err != nil {
 				c.log.Warn("files made in a directory not created at the server yet", "dir", d.fid, "err", err)

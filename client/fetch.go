@@ -65,7 +65,7 @@ func (n *Node) fetch(idxs []int64, wait bool, u User) (map[int64][]byte, error) 
 // bytes only when they could not be cached (no evictable space): the
 // waiting readers are served from them instead.
 func (n *Node) fetchOne(idx int64, u User) ([]byte, error) {
-	c := n.at()
+	c := n.c
 	n.fetching.Add(1)
 	defer n.fetching.Add(-1)
 	if n.entry.Present(idx) {
@@ -92,15 +92,16 @@ func (n *Node) fetchOne(idx int64, u User) ([]byte, error) {
 // of a volume that moved, or of a read-only copy whose site stopped
 // answering, is fetched again where the volume is now.
 func (n *Node) fetchChunk(idx int64, u User) (buf []byte, dv uint64, err error) {
-	err = n.onServer(false, func(at *Client) (err error) {
+	err = n.onServer(false, func(at *site) (err error) {
 		buf, dv, err = n.fetchChunkAt(at, idx, u)
 		return err
 	})
 	return buf, dv, err
 }
 
-// fetchChunkAt is fetchChunk at Client c.
-func (n *Node) fetchChunkAt(c *Client, idx int64, u User) (buf []byte, dv uint64, err error) {
+// fetchChunkAt is fetchChunk at site at.
+func (n *Node) fetchChunkAt(at *site, idx int64, u User) (buf []byte, dv uint64, err error) {
+	c := n.c
 	if err := c.settleFor(n); err != nil {
 		return nil, 0, err
 	}
@@ -113,11 +114,11 @@ func (n *Node) fetchChunkAt(c *Client, idx int64, u User) (buf []byte, dv uint64
 	defer c.counters.fetchTime.Since(time.Now())
 	cs := c.cache.ChunkSize()
 	pieces := 0
-	t := c.begin()
-	defer c.end(t)
-	err = c.as(u).CallData(func(ctx context.Context) error {
+	t := at.begin()
+	defer t.end()
+	err = at.as(u).CallData(func(ctx context.Context) error {
 		buf, pieces = nil, 0
-		st, ttl, err := c.conn.Data().Fetch(ctx, n.fid, idx*cs, cs, int(cs), func(off int64, pdv uint64, data []byte) error {
+		st, ttl, err := at.conn.Data().Fetch(ctx, n.fid, idx*cs, cs, int(cs), func(off int64, pdv uint64, data []byte) error {
 			if pieces > 0 && pdv != dv {
 				return cache.ErrStale
 			}

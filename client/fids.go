@@ -28,11 +28,11 @@ func (c *Client) FIDs() *FIDs { return &FIDs{c} }
 // cell holding its volume. A volume that cannot be located yet gets a
 // Node at the first server, which answers for it with an error.
 func (p *FIDs) Node(fid node.FID) *Node {
-	s, err := p.c.siteOfID(fid.Volume, p.c.self)
+	s, err := p.c.sites.siteOfID(fid.Volume, p.c.self)
 	if err != nil {
-		s = p.c
+		s = p.c.sites.first
 	}
-	return s.node(fid)
+	return p.c.node(fid, s)
 }
 
 // Status returns n's status, from the cache while a promise is held.
@@ -155,7 +155,7 @@ func (p *FIDs) StoreThrough(args datapath.StoreArgs) (node.Status, error) {
 	n := p.Node(args.FID)
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if err := n.at().storeData(args, p.c.self, nil); err != nil {
+	if err := n.c.storeData(n.at(), args, p.c.self, nil); err != nil {
 		return node.Status{}, err
 	}
 	return n.status(), nil
@@ -164,24 +164,25 @@ func (p *FIDs) StoreThrough(args datapath.StoreArgs) (node.Status, error) {
 // Volume finds a volume by name or, with name empty, by id. Volumes are
 // remembered: their names and roots never change.
 func (p *FIDs) Volume(name string, id uint64) (Volume, error) {
-	var s *Client
+	c := p.c
+	c.volMu.Lock()
+	for _, v := range c.vols {
+		if name != "" && v.Name == name || name == "" && v.Id == id {
+			c.volMu.Unlock()
+			return toVolume(v), nil
+		}
+	}
+	c.volMu.Unlock()
+	var s *site
 	var err error
 	if name != "" {
-		s, err = p.c.siteOf(name, p.c.self)
+		s, err = c.sites.siteOf(name, c.self)
 	} else {
-		s, err = p.c.siteOfID(id, p.c.self)
+		s, err = c.sites.siteOfID(id, c.self)
 	}
 	if err != nil {
 		return Volume{}, err
 	}
-	s.volMu.Lock()
-	for _, v := range s.vols {
-		if name != "" && v.Name == name || name == "" && v.Id == id {
-			s.volMu.Unlock()
-			return toVolume(v), nil
-		}
-	}
-	s.volMu.Unlock()
 	var v *pb.Volume
 	err = s.conn.Call(func(ctx context.Context) (err error) {
 		v, err = s.rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: name, Id: id})
@@ -190,26 +191,27 @@ func (p *FIDs) Volume(name string, id uint64) (Volume, error) {
 	if err != nil {
 		return Volume{}, err
 	}
-	s.volMu.Lock()
-	s.vols[v.Name] = v
-	s.volMu.Unlock()
+	c.volMu.Lock()
+	c.vols[v.Name] = v
+	c.volMu.Unlock()
 	return toVolume(v), nil
 }
 
 // StatFS reports the space of a volume (its quota), or of the server
 // holding it.
 func (p *FIDs) StatFS(volume uint64) (node.FSStat, error) {
-	s, err := p.c.siteOfID(volume, p.c.self)
+	s, err := p.c.sites.siteOfID(volume, p.c.self)
 	if err != nil {
 		return node.FSStat{}, err
 	}
 	return s.statFS(volume, p.c.self)
 }
 
-func (c *Client) statFS(volume uint64, u User) (node.FSStat, error) {
+// statFS is the space of volume (its quota), or of the server.
+func (s *site) statFS(volume uint64, u User) (node.FSStat, error) {
 	var r *pb.StatFSReply
-	err := c.as(u).Call(func(ctx context.Context) (err error) {
-		r, err = c.rpc.StatFS(ctx, &pb.StatFSRequest{Volume: volume})
+	err := s.as(u).Call(func(ctx context.Context) (err error) {
+		r, err = s.rpc.StatFS(ctx, &pb.StatFSRequest{Volume: volume})
 		return err
 	})
 	if err != nil {
@@ -237,7 +239,7 @@ func (p *FIDs) Delegate(n *Node, write bool) (callback.Held, bool) {
 
 // MaxFileSize is the largest file size the server stores (0: unknown):
 // a proxy tells its own clients the same.
-func (p *FIDs) MaxFileSize() uint64 { return p.c.maxFile.Load() }
+func (p *FIDs) MaxFileSize() uint64 { return p.c.sites.first.maxFile.Load() }
 
 // Lease is the delegation lease the server announced (0: it grants none).
-func (p *FIDs) Lease() time.Duration { return time.Duration(p.c.lease.Load()) }
+func (p *FIDs) Lease() time.Duration { return time.Duration(p.c.sites.first.lease.Load()) }

@@ -125,7 +125,7 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	bp := f.bp.Load()
 	// Writes other opens here left unpublished are this client's own:
 	// they are published first, so that it reads them.
-	f.n.at().publishFor(f.n, bp)
+	f.n.c.publishFor(f.n, bp)
 	if bp != nil {
 		n, admit, err := bp.ReadAt(p, off)
 		if !admit {
@@ -137,7 +137,7 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	if f.n.valid.Load() {
 		n, err := f.n.entry.ReadAt(p, off)
 		if err != cache.ErrMiss {
-			f.n.at().cache.CountHit(1)
+			f.n.c.cache.CountHit(1)
 			f.readAhead(off, int64(n))
 			return n, f.pathErr("read", err)
 		}
@@ -158,7 +158,7 @@ func (f *File) readSlow(p []byte, off int64) (int, error) {
 // new version overtook (its chunks replaced the ones read) is read again.
 func (n *Node) read(p []byte, off int64, u User) (int, node.Status, error) {
 	for attempt := 0; ; attempt++ {
-		st, err := n.at().fresh(n, u)
+		st, err := n.c.fresh(n, u)
 		if err != nil {
 			return 0, st, err
 		}
@@ -189,11 +189,11 @@ func (n *Node) readFetching(p []byte, off int64, u User) (int, error) {
 	if len(missing) == 0 {
 		k, err := n.entry.ReadAt(p, off)
 		if err != cache.ErrMiss {
-			n.at().cache.CountHit(1)
+			n.c.cache.CountHit(1)
 		}
 		return k, err
 	}
-	n.at().cache.CountMiss(1)
+	n.c.cache.CountMiss(1)
 	got, err := n.fetch(missing, true, u)
 	if err != nil {
 		return 0, err
@@ -210,7 +210,7 @@ func (n *Node) readFetching(p []byte, off int64, u User) (int, error) {
 // u, none cached; chunks whose bytes are this client's (unstored writes,
 // zeros past a local truncation) are read from the cache, which pins them.
 func (n *Node) readPast(p []byte, off int64, st node.Status, u User) (int, error) {
-	cs := n.at().cache.ChunkSize()
+	cs := n.c.cache.ChunkSize()
 	size := int64(st.Size)
 	if est, ok := n.entry.Status(); ok {
 		size = int64(est.Size)
@@ -229,14 +229,14 @@ func (n *Node) readPast(p []byte, off int64, st node.Status, u User) (int, error
 		}
 		mem[idx] = data
 	}
-	n.at().cache.CountBypassed(int64(len(mem)))
+	n.c.cache.CountBypassed(int64(len(mem)))
 	return n.readMixed(p, off, mem)
 }
 
 // readMixed serves a read from chunks held in memory where the cache could
 // not take them, and from the cache elsewhere.
 func (n *Node) readMixed(p []byte, off int64, mem map[int64][]byte) (int, error) {
-	cs := n.at().cache.ChunkSize()
+	cs := n.c.cache.ChunkSize()
 	st, _ := n.entry.Status()
 	size := int64(st.Size)
 	if off >= size {
@@ -277,7 +277,7 @@ func (f *File) readAhead(off, n int64) {
 		f.window.Store(0)
 		return
 	}
-	cs := f.n.at().cache.ChunkSize()
+	cs := f.n.c.cache.ChunkSize()
 	w := f.window.Load()
 	if w == 0 {
 		w = 2
@@ -346,7 +346,7 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 	n := f.n
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if _, err := f.n.at().fresh(n, f.u); err != nil {
+	if _, err := f.n.c.fresh(n, f.u); err != nil {
 		return 0, f.pathErr("write", err)
 	}
 	if appending {
@@ -371,7 +371,7 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 		return err
 	})
 	if k > 0 {
-		f.n.at().dirtied(n)
+		f.n.c.dirtied(n)
 	}
 	return k, f.pathErr("write", err)
 }
@@ -385,8 +385,8 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 func (n *Node) withRoom(u User, change func() error) error {
 	err := change()
 	for attempt := 0; (errors.Is(err, cache.ErrNoSpace) || errors.Is(err, cache.ErrMiss)) && attempt < 3; attempt++ {
-		serr := n.at().storeBack(n, false, u)
-		if !n.at().flusher.Drain(dirtyNode{n}) && serr != nil {
+		serr := n.c.storeBack(n, false, u)
+		if !n.c.flusher.Drain(dirtyNode{n}) && serr != nil {
 			return &rpcError{syscall.ENOSPC, serr}
 		}
 		err = change()
@@ -402,7 +402,7 @@ func (n *Node) withRoom(u User, change func() error) error {
 // hold the server's bytes. Chunks wholly past the server's data need
 // nothing.
 func (n *Node) prepareWrite(off, length int64, u User) error {
-	cs := n.at().cache.ChunkSize()
+	cs := n.c.cache.ChunkSize()
 	n.mu.Lock()
 	remote := int64(n.st.Size)
 	n.mu.Unlock()
@@ -442,7 +442,7 @@ func (n *Node) fetchNow(idxs []int64, u User) (map[int64][]byte, error) {
 		if !errors.Is(err, cache.ErrStale) || attempt == 3 {
 			return mem, err
 		}
-		if _, err := n.at().fresh(n, u); err != nil {
+		if _, err := n.c.fresh(n, u); err != nil {
 			return nil, err
 		}
 	}
@@ -481,7 +481,7 @@ func (f *File) Truncate(size int64) error {
 	n := f.n
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if _, err := f.n.at().fresh(n, f.u); err != nil {
+	if _, err := f.n.c.fresh(n, f.u); err != nil {
 		return f.pathErr("truncate", err)
 	}
 	return f.pathErr("truncate", n.truncateLocked(uint64(size), f.u))
@@ -498,7 +498,7 @@ func (n *Node) truncateLocked(size uint64, u User) error {
 		if errors.Is(err, cache.ErrMiss) {
 			// The chunk the new end falls in keeps its first part: fetch
 			// it (ErrNoSpace if the cache could not keep it).
-			cs := n.at().cache.ChunkSize()
+			cs := n.c.cache.ChunkSize()
 			var mem map[int64][]byte
 			if mem, err = n.fetchNow([]int64{int64(size) / cs}, u); err == nil && len(mem) > 0 {
 				err = cache.ErrNoSpace
@@ -509,7 +509,7 @@ func (n *Node) truncateLocked(size uint64, u User) error {
 		return err
 	})
 	if err == nil {
-		n.at().dirtied(n)
+		n.c.dirtied(n)
 	}
 	return err
 }
@@ -540,7 +540,7 @@ func (f *File) Sync() error {
 	defer f.n.wmu.Unlock()
 	err := f.rescan()
 	if err == nil {
-		err = f.n.at().storeBack(f.n, false, f.u)
+		err = f.n.c.storeBack(f.n, false, f.u)
 	}
 	if err == nil {
 		err = f.n.takeLost()
@@ -554,7 +554,7 @@ func (f *File) Sync() error {
 // storeLocked sends the dirty ranges and any truncation to the server as
 // one atomic commit, as u. Called with wmu held.
 func (n *Node) storeLocked(sync bool, u User) error {
-	if err := n.at().settleFor(n); err != nil {
+	if err := n.c.settleFor(n); err != nil {
 		return err
 	}
 	n.mu.Lock()
@@ -592,7 +592,7 @@ func (n *Node) storeLocked(sync bool, u User) error {
 		if err := n.entry.Cleaned(ranges, st); err != nil {
 			return err
 		}
-		n.at().stored(n)
+		n.c.stored(n)
 		if st.DataVersion != est.DataVersion+1 {
 			// Another client's store came between: the clean chunks we
 			// kept may predate it.
@@ -601,20 +601,20 @@ func (n *Node) storeLocked(sync bool, u User) error {
 		return nil
 	}
 	home := n.at()
-	return n.onServer(true, func(at *Client) error {
+	return n.onServer(true, func(at *site) error {
 		if at != home {
 			// The volume moved; the old server's delegation went with it.
 			args.DelegState = 0
 		}
-		return at.storeData(args, u, stored)
+		return n.c.storeData(at, args, u, stored)
 	})
 }
 
 // storeData runs one store as u, lets stored update local state from the
 // new status, then records the status and the promise that came with it.
-func (c *Client) storeData(args datapath.StoreArgs, u User, stored func(st node.Status) error) error {
-	t := c.begin()
-	defer c.end(t)
+func (c *Client) storeData(at *site, args datapath.StoreArgs, u User, stored func(st node.Status) error) error {
+	t := at.begin()
+	defer t.end()
 	var st node.Status
 	var ttl time.Duration
 	c.counters.stores.Add(1)
@@ -624,8 +624,8 @@ func (c *Client) storeData(args datapath.StoreArgs, u User, stored func(st node.
 		// before a lost reply is not made again over later stores.
 		args.Op = string(node.NewOp())
 	}
-	err := c.as(u).CallData(func(ctx context.Context) (err error) {
-		st, ttl, err = c.conn.Data().Store(ctx, args)
+	err := at.as(u).CallData(func(ctx context.Context) (err error) {
+		st, ttl, err = at.conn.Data().Store(ctx, args)
 		return err
 	})
 	if err == nil && stored != nil {
@@ -654,7 +654,7 @@ func (f *File) Close() error {
 		last := f.n.files == 0 && f.n.unlinked
 		f.n.mu.Unlock()
 		if last {
-			f.n.at().dropUnread(f.n)
+			f.n.c.dropUnread(f.n)
 		}
 	}
 	return err
@@ -669,7 +669,7 @@ func (f *File) uncount() error {
 		f.n.mu.Unlock()
 	}
 	if f.counted {
-		return f.n.at().closeDeleg(f.n, f.writable(), f.u)
+		return f.n.c.closeDeleg(f.n, f.writable(), f.u)
 	}
 	return nil
 }
@@ -697,9 +697,9 @@ func (f *File) flush(op string) error {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
 	err := f.rescan()
-	if err == nil && f.n.at().writeBack(n) && f.u.storableFor(f.n.at().opts.FlushAge) && f.n.at().roomFor(n, f.u) {
+	if err == nil && f.n.c.writeBack(n) && f.u.storableFor(f.n.c.opts.FlushAge) && f.n.c.roomFor(n, f.u) {
 		if n.localChanges() {
-			f.n.at().dirtied(n) // writes through passthrough did not say so
+			f.n.c.dirtied(n) // writes through passthrough did not say so
 		}
 		err = n.takeLost()
 	} else {
@@ -709,7 +709,7 @@ func (f *File) flush(op string) error {
 			}
 		}
 		if err != nil {
-			err = n.at().keepLost(n, f.name, err)
+			err = n.c.keepLost(n, f.name, err)
 		} else {
 			err = n.takeLost()
 		}
@@ -737,7 +737,7 @@ func (f *File) Stat() (node.Status, error) {
 		st, err := bp.Status()
 		return st, f.pathErr("stat", err)
 	}
-	st, err := f.n.at().fresh(f.n, f.u)
+	st, err := f.n.c.fresh(f.n, f.u)
 	return st, f.pathErr("stat", err)
 }
 
@@ -750,7 +750,7 @@ func (f *File) Seek(offset int64, whence int) (int64, error) {
 	case io.SeekCurrent:
 		offset += f.off
 	case io.SeekEnd:
-		st, err := f.n.at().fresh(f.n, f.u)
+		st, err := f.n.c.fresh(f.n, f.u)
 		if bp := f.bp.Load(); bp != nil {
 			st, err = bp.Status() // with its unpublished writes
 		}

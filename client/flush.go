@@ -40,7 +40,7 @@ func (d dirtyNode) Dirty() (int64, time.Time, bool) {
 	if n.wrote && !n.writer.expires.IsZero() && !since.IsZero() {
 		// Stored by tokenMargin before the writer's token expires, which
 		// the age bound alone would not: the server refuses it after.
-		since = minTime(since, n.writer.expires.Add(-tokenMargin-n.at().opts.FlushAge))
+		since = minTime(since, n.writer.expires.Add(-tokenMargin-n.c.opts.FlushAge))
 	}
 	n.mu.Unlock()
 	return n.entry.DirtyBytes(), since, writing
@@ -60,10 +60,10 @@ func (d dirtyNode) Store(try bool) error {
 	} else if !n.wmu.TryLock() {
 		return writeback.ErrBusy
 	}
-	err := n.at().storeBack(n, true, n.at().writerOf(n))
+	err := n.c.storeBack(n, true, n.c.writerOf(n))
 	n.wmu.Unlock()
 	if err != nil && !kept(err) {
-		n.at().log.Debug("flusher: store failed; will retry", "fid", n.fid, "err", err)
+		n.c.log.Debug("flusher: store failed; will retry", "fid", n.fid, "err", err)
 	}
 	return err
 }
@@ -107,7 +107,7 @@ func (c *Client) flushAll() error {
 		n.wmu.Unlock()
 	}
 	if removes > 0 {
-		c.log.Warn("files removed here are still at the server: it was unreachable when the client closed", "server", c.opts.Server, "files", removes)
+		c.log.Warn("files removed here are still at the server: it was unreachable when the client closed", "files", removes)
 	}
 	return errors.Join(errs...)
 }

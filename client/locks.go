@@ -52,10 +52,10 @@ package client
 //     Create, Link, Remove or Rename. Taken under the wmu of a file made in
 //     or removed from the directory (removeLater, storeBack, storeLocked via
 //     settleFor), never the reverse: storeBare runs once nsmu is released.
-//  9. resMu: fids, fidsLife. Taken holding no client lock (makeHere before
-//     nsmu; newLife on the back channel). Not across Reserve: reserved
+//  9. site.resMu: fids, fidsLife. Taken holding no client lock (makeHere
+//     before nsmu; welcome on the back channel). Not across Reserve: reserved
 //     drops it for the call, which one caller per volume makes
-//     (Client.reserving), so a new session's newLife never waits for it.
+//     (site.reserving), so a new session's welcome never waits for it.
 // 10. nodesMu: nodes, forgotten, writes of Node.forgot. Short. Under it
 //     Node.mu, one node at a time (dropDelegations, madeDirs; invalidate
 //     and resetPromises, which drop the users' rights with the promises).
@@ -69,8 +69,8 @@ package client
 //     and its user's rights with its status, so that a break (cb.Break,
 //     then invalidate, which drops the rights under Node.mu) comes wholly
 //     before them, voiding them, or after.
-// 12. Leaves, which take nothing: cbMu (cb's promises, delegations and
-//     lease), conn.Conn.mu (sessionC), writeback.Flusher.mu (dirty), bgMu
+// 12. Leaves, which take nothing: site.cbMu (a site's promises,
+//     delegations and lease; one site's at a time), conn.Conn.mu (sessionC), writeback.Flusher.mu (dirty), bgMu
 //     (closing), volMu (vols), roomMu (room), stageIndex.mu, policy.Ghosts.mu, the
 //     singleflights' own (fileData.fetches runs fetchOne on its
 //     goroutine). Short; never across an RPC or a wait.
@@ -119,7 +119,7 @@ package client
 //
 // conn.Conn's runSession answers a server that waits for it (acks,
 // recalls); the client's handler runs on it. It takes only leaves,
-// nodesMu, Node.mu and resMu (newLife), and makes no RPC: giveBack,
+// nodesMu, Node.mu and site.resMu (welcome), and makes no RPC: giveBack,
 // reclaim, settle and renew go to spawn. A break drops promises
 // under cbMu, clears Node.valid under nodesMu, then calls OnInvalidate on
 // its own goroutine; the ack waits for that.
@@ -140,8 +140,9 @@ package client
 //   - Node.forgot: written under nodesMu; Hold reads it to skip the lock.
 //   - Node.entry: set once under Node.mu, then read without it.
 //   - fileData.fetching: fetches under way, for dropForgotten.
-//   - conn.Conn.session, data, giveUp; Client.lease, renewing: read by
-//     every RPC.
+//   - Node.site (handOver changes it without locks: the caller may hold
+//     the node's); conn.Conn.session, data, giveUp; site.lease, renewing:
+//     read by every RPC.
 //   - File.closed, bp, seqNext, window; hnode.lateTicket (Mount.distrust);
 //     Mount.withOlder (read on every write).
 //   - Client.expiredLogged (a sync.Map): the tokens whose expiry was logged.

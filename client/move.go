@@ -40,7 +40,7 @@ func (adm Admin) MoveVolume(name, to string) (MoveReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	src, err := c.siteFor(l)
+	src, err := c.sites.siteFor(l)
 	if err != nil {
 		return rep, err
 	}
@@ -104,7 +104,7 @@ func (adm Admin) MoveVolume(name, to string) (MoveReport, error) {
 
 // undoMove ends an unfinished move of name to to: the source serves the
 // volume as before, the target drops what it received.
-func (c *Client) undoMove(src *Client, name, to string) error {
+func (c *Client) undoMove(src *site, name, to string) error {
 	err := moveStep(src, name, "", pb.MoveVolumeRequest_ABORT)
 	servers, serr := c.Admin().Servers()
 	for _, s := range servers {
@@ -124,7 +124,7 @@ func (c *Client) undoMove(src *Client, name, to string) error {
 // waiting with the volume quiet or frozen.
 const movePatience = 5 * time.Second
 
-func moveStep(s *Client, name, to string, step pb.MoveVolumeRequest_Step) error {
+func moveStep(s *site, name, to string, step pb.MoveVolumeRequest_Step) error {
 	err := s.as(s.self).CallPatient(movePatience, func(ctx context.Context) error {
 		_, err := s.rpc.MoveVolume(ctx, &pb.MoveVolumeRequest{Name: name, To: to, Step: step})
 		return err
@@ -134,7 +134,7 @@ func moveStep(s *Client, name, to string, step pb.MoveVolumeRequest_Step) error 
 
 // copyPass pipes one dump of name from src into dst; mark, if set, sees
 // each piece on its way (a release marks the first and the last).
-func copyPass(src, dst *Client, name string, have []*pb.FileVersion, mark func(*pb.DumpPiece)) (*pb.RestoreVolumeReply, error) {
+func copyPass(src, dst *site, name string, have []*pb.FileVersion, mark func(*pb.DumpPiece)) (*pb.RestoreVolumeReply, error) {
 	var reply *pb.RestoreVolumeReply
 	err := dst.as(dst.self).CallPatient(movePatience, func(dctx context.Context) error {
 		rs, err := dst.rpc.RestoreVolume(dctx)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cache"
-	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
@@ -31,9 +30,11 @@ import (
 // mu guards st, rights and every field of the groups not said to be
 // otherwise.
 type Node struct {
-	// site is the Client of the server holding the node's volume: it
-	// changes when the volume moves (handOver).
-	site  atomic.Pointer[Client]
+	// c is the cache manager the node belongs to; site is the session
+	// with the server holding its volume, which changes when the volume
+	// moves (handOver).
+	c     *Client
+	site  atomic.Pointer[site]
 	fid   node.FID
 	valid atomic.Bool
 	// forgot is when the kernel forgot the node (Release), 0 while held.
@@ -53,8 +54,8 @@ type Node struct {
 	dirDeleg
 }
 
-// at is the Client of the server holding n's volume now.
-func (n *Node) at() *Client { return n.site.Load() }
+// at is the site of the server holding n's volume now.
+func (n *Node) at() *site { return n.site.Load() }
 
 // FID is the node's file identifier.
 func (n *Node) FID() node.FID { return n.fid }
@@ -111,30 +112,17 @@ func (n *Node) localChanges() bool {
 	return cut || n.entry.DirtyBytes() > 0
 }
 
-// node returns the one Node for fid.
-func (c *Client) node(fid node.FID) *Node {
+// node returns the one Node for fid, at site at if it is new.
+func (c *Client) node(fid node.FID, at *site) *Node {
 	c.nodesMu.Lock()
 	defer c.nodesMu.Unlock()
 	n := c.nodes[fid]
 	if n == nil {
-		n = &Node{fid: fid}
-		n.site.Store(c)
+		n = &Node{c: c, fid: fid}
+		n.site.Store(at)
 		c.nodes[fid] = n
 	}
 	return n
-}
-
-// begin and end bracket an RPC whose reply may grant promises.
-func (c *Client) begin() callback.Ticket {
-	c.cbMu.Lock()
-	defer c.cbMu.Unlock()
-	return c.cb.Begin(time.Now())
-}
-
-func (c *Client) end(t callback.Ticket) {
-	c.cbMu.Lock()
-	defer c.cbMu.Unlock()
-	c.cb.End(t)
 }
 
 // learn records a status from the server's reply to a request of u's, the
@@ -145,8 +133,8 @@ func (c *Client) end(t callback.Ticket) {
 // kept only if no break voided the reply meanwhile, checked with the
 // promise under one hold of mu, so that a break's invalidate, which
 // drops them, comes either after or before both.
-func (c *Client) learn(t callback.Ticket, st node.Status, ttl time.Duration, u User) (*Node, error) {
-	n := c.node(st.FID)
+func (c *Client) learn(t ticket, st node.Status, ttl time.Duration, u User) (*Node, error) {
+	n := c.node(st.FID, t.at)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	known := !n.st.FID.IsZero()
@@ -176,15 +164,18 @@ func (c *Client) learn(t callback.Ticket, st node.Status, ttl time.Duration, u U
 		}
 	}
 	n.st = st
-	c.cbMu.Lock()
-	granted := ttl > 0 && c.cb.Granted(t, st.FID, ttl, c.cb.Epoch())
+	at := t.at
+	at.cbMu.Lock()
+	// A promise counts only from the site holding the node: a late reply
+	// from the one its volume left is taken for its status alone.
+	granted := ttl > 0 && n.at() == at && at.cb.Granted(t.t, st.FID, ttl, at.cb.Epoch())
 	if granted {
 		n.valid.Store(true)
 	}
-	if granted || ttl <= 0 && c.cb.Intact(t, st.FID) {
+	if granted || ttl <= 0 && at.cb.Intact(t.t, st.FID) {
 		n.setRightsLocked(u, st.Rights)
 	}
-	c.cbMu.Unlock()
+	at.cbMu.Unlock()
 	return n, nil
 }
 
@@ -193,13 +184,13 @@ func (c *Client) learn(t callback.Ticket, st node.Status, ttl time.Duration, u U
 func (n *Node) syncEntry(st node.Status) error {
 	changed, err := n.entry.Learn(st)
 	if changed {
-		n.at().counters.dropped.Add(1)
+		n.c.counters.dropped.Add(1)
 	}
 	return err
 }
 
 // learnPB is learn for a status in wire form.
-func (c *Client) learnPB(t callback.Ticket, ps *pb.Status, u User) (*Node, error) {
+func (c *Client) learnPB(t ticket, ps *pb.Status, u User) (*Node, error) {
 	st, ttl, err := ps.ToStatus()
 	if err != nil {
 		return nil, err
@@ -214,15 +205,15 @@ func (c *Client) learnPB(t callback.Ticket, ps *pb.Status, u User) (*Node, error
 // other users learnt of it stay.
 func (c *Client) fresh(n *Node, u User) (node.Status, error) {
 	var st node.Status
-	err := n.onServer(false, func(at *Client) (err error) {
-		st, err = at.freshHere(n, u)
+	err := n.onServer(false, func(at *site) (err error) {
+		st, err = c.freshHere(at, n, u)
 		return err
 	})
 	return st, err
 }
 
 // freshHere is fresh at the Client of the server holding n.
-func (c *Client) freshHere(n *Node, u User) (node.Status, error) {
+func (c *Client) freshHere(at *site, n *Node, u User) (node.Status, error) {
 	if err := c.checkToken(u); err != nil {
 		return node.Status{}, err
 	}
@@ -232,11 +223,11 @@ func (c *Client) freshHere(n *Node, u User) (node.Status, error) {
 	if err := c.settleFor(n); err != nil {
 		return node.Status{}, err
 	}
-	t := c.begin()
-	defer c.end(t)
+	t := at.begin()
+	defer t.end()
 	var reply *pb.GetStatusReply
-	err := c.as(u).Call(func(ctx context.Context) (err error) {
-		reply, err = c.rpc.GetStatus(ctx, &pb.GetStatusRequest{Fids: []*pb.FID{pb.FromFID(n.fid)}})
+	err := at.as(u).Call(func(ctx context.Context) (err error) {
+		reply, err = at.rpc.GetStatus(ctx, &pb.GetStatusRequest{Fids: []*pb.FID{pb.FromFID(n.fid)}})
 		return err
 	})
 	if err != nil {
@@ -271,7 +262,7 @@ const bulkStatus = 1024
 // otherwise. Entries gone meanwhile, or not u's to see, are skipped: a
 // lookup finds out. Those current but with u's rights unknown are asked
 // too: the kernel's next open or stat of one would ask alone.
-func (c *Client) statusAll(ents []DirEntry, u User) error {
+func (c *Client) statusAll(at *site, ents []DirEntry, u User) error {
 	var todo []*pb.FID
 	for _, e := range ents {
 		c.nodesMu.Lock()
@@ -284,10 +275,10 @@ func (c *Client) statusAll(ents []DirEntry, u User) error {
 	for len(todo) > 0 {
 		batch := todo[:min(len(todo), bulkStatus)]
 		todo = todo[len(batch):]
-		t := c.begin()
+		t := at.begin()
 		var reply *pb.GetStatusReply
-		err := c.as(u).Call(func(ctx context.Context) (err error) {
-			reply, err = c.rpc.GetStatus(ctx, &pb.GetStatusRequest{Fids: batch})
+		err := at.as(u).Call(func(ctx context.Context) (err error) {
+			reply, err = at.rpc.GetStatus(ctx, &pb.GetStatusRequest{Fids: batch})
 			return err
 		})
 		if err == nil && len(reply.Results) != len(batch) {
@@ -298,7 +289,7 @@ func (c *Client) statusAll(ents []DirEntry, u User) error {
 				_, err = c.learnPB(t, r.Status, u)
 			}
 		}
-		c.end(t)
+		t.end()
 		if err != nil {
 			return err
 		}
@@ -312,10 +303,11 @@ func (c *Client) statusAll(ents []DirEntry, u User) error {
 func (c *Client) forget(n *Node) {
 	n.valid.Store(false)
 	c.flusher.Remove(dirtyNode{n})
-	c.cbMu.Lock()
-	c.cb.Break(n.fid)
-	c.cb.FileGone(n.fid)
-	c.cbMu.Unlock()
+	at := n.at()
+	at.cbMu.Lock()
+	at.cb.Break(n.fid)
+	at.cb.FileGone(n.fid)
+	at.cbMu.Unlock()
 	c.nodesMu.Lock()
 	if c.nodes[n.fid] == n {
 		delete(c.nodes, n.fid)
@@ -355,7 +347,7 @@ func (dir *Node) addDent(dv uint64, name string, child *Node, typ node.Type) {
 // changedDir applies our own change, made as u, to a cached listing: when
 // the reply's version is exactly one past the cached one nobody else came
 // between, so the listing can be patched instead of dropped.
-func (c *Client) changedDir(t callback.Ticket, dir *Node, ps *pb.Status, u User, patch func(dir *Node)) error {
+func (c *Client) changedDir(t ticket, dir *Node, ps *pb.Status, u User, patch func(dir *Node)) error {
 	dir.mu.Lock()
 	before := dir.st.DataVersion
 	dents := dir.dents
@@ -434,15 +426,15 @@ func (c *Client) lookup(dir *Node, name string, u User) (*Node, error) {
 func (c *Client) lookupAt(dir *Node, name string, u User) (*Node, node.Status, error) {
 	var n *Node
 	var st node.Status
-	err := dir.onServer(false, func(at *Client) (err error) {
-		n, st, err = at.lookupAtHere(dir, name, u)
+	err := dir.onServer(false, func(at *site) (err error) {
+		n, st, err = c.lookupAtHere(at, dir, name, u)
 		return err
 	})
 	return n, st, err
 }
 
 // lookupAtHere is lookupAt at the Client of the server holding dir.
-func (c *Client) lookupAtHere(dir *Node, name string, u User) (*Node, node.Status, error) {
+func (c *Client) lookupAtHere(at *site, dir *Node, name string, u User) (*Node, node.Status, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, node.Status{}, err
 	}
@@ -485,11 +477,11 @@ func (c *Client) lookupAtHere(dir *Node, name string, u User) (*Node, node.Statu
 	if err := c.settle(dir); err != nil {
 		return nil, node.Status{}, err
 	}
-	t := c.begin()
-	defer c.end(t)
+	t := at.begin()
+	defer t.end()
 	var reply *pb.LookupReply
-	err := c.as(u).Call(func(ctx context.Context) (err error) {
-		reply, err = c.rpc.Lookup(ctx, &pb.LookupRequest{Dir: pb.FromFID(dir.fid), Name: name})
+	err := at.as(u).Call(func(ctx context.Context) (err error) {
+		reply, err = at.rpc.Lookup(ctx, &pb.LookupRequest{Dir: pb.FromFID(dir.fid), Name: name})
 		return err
 	})
 	if err != nil {
@@ -519,15 +511,15 @@ func (c *Client) lookupAtHere(dir *Node, name string, u User) (*Node, node.Statu
 func (c *Client) readDir(dir *Node, u User) ([]DirEntry, uint64, error) {
 	var ents []DirEntry
 	var dv uint64
-	err := dir.onServer(false, func(at *Client) (err error) {
-		ents, dv, err = at.readDirHere(dir, u)
+	err := dir.onServer(false, func(at *site) (err error) {
+		ents, dv, err = c.readDirHere(at, dir, u)
 		return err
 	})
 	return ents, dv, err
 }
 
 // readDirHere is readDir at the Client of the server holding dir.
-func (c *Client) readDirHere(dir *Node, u User) ([]DirEntry, uint64, error) {
+func (c *Client) readDirHere(at *site, dir *Node, u User) ([]DirEntry, uint64, error) {
 	for attempt := 0; ; attempt++ {
 		if c.listed(dir) {
 			st, err := c.fresh(dir, u)
@@ -546,7 +538,7 @@ func (c *Client) readDirHere(dir *Node, u User) ([]DirEntry, uint64, error) {
 			}
 			dir.mu.Unlock()
 		}
-		out, dv, consistent, err := c.fetchDir(dir, u)
+		out, dv, consistent, err := c.fetchDir(at, dir, u)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -566,18 +558,18 @@ func (c *Client) readDirHere(dir *Node, u User) ([]DirEntry, uint64, error) {
 	}
 }
 
-func (c *Client) fetchDir(dir *Node, u User) (out []DirEntry, dv uint64, consistent bool, err error) {
+func (c *Client) fetchDir(at *site, dir *Node, u User) (out []DirEntry, dv uint64, consistent bool, err error) {
 	if err := c.settle(dir); err != nil {
 		return nil, 0, false, err
 	}
-	t := c.begin()
-	defer c.end(t)
+	t := at.begin()
+	defer t.end()
 	var cookie uint64
 	consistent = true
 	for first := true; ; first = false {
 		var reply *pb.ReadDirReply
-		err := c.as(u).Call(func(ctx context.Context) (err error) {
-			reply, err = c.rpc.ReadDir(ctx, &pb.ReadDirRequest{Dir: pb.FromFID(dir.fid), Cookie: cookie, MaxEntries: 4096})
+		err := at.as(u).Call(func(ctx context.Context) (err error) {
+			reply, err = at.rpc.ReadDir(ctx, &pb.ReadDirRequest{Dir: pb.FromFID(dir.fid), Cookie: cookie, MaxEntries: 4096})
 			return err
 		})
 		if err != nil {
@@ -621,11 +613,11 @@ func (c *Client) volumeRoot(target string, u User) (*Node, error) {
 		name += node.ReadOnlySuffix
 	}
 	for again := false; ; again = true {
-		site, err := c.siteOf(name, u)
+		at, err := c.sites.siteOf(name, u)
 		if err != nil {
 			return nil, err
 		}
-		n, err := site.rootOf(name, u)
+		n, err := c.rootOf(at, name, u)
 		if err == nil || again || !c.sites.stale(name, err) {
 			return n, err
 		}
@@ -633,13 +625,13 @@ func (c *Client) volumeRoot(target string, u User) (*Node, error) {
 }
 
 // rootOf is volumeRoot at the server holding the volume.
-func (c *Client) rootOf(name string, u User) (*Node, error) {
+func (c *Client) rootOf(at *site, name string, u User) (*Node, error) {
 	c.volMu.Lock()
 	v := c.vols[name]
 	c.volMu.Unlock()
 	if v == nil {
-		err := c.as(u).Call(func(ctx context.Context) (err error) {
-			v, err = c.rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: name})
+		err := at.as(u).Call(func(ctx context.Context) (err error) {
+			v, err = at.rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: name})
 			return err
 		})
 		if err != nil {
@@ -649,7 +641,7 @@ func (c *Client) rootOf(name string, u User) (*Node, error) {
 		c.vols[name] = v
 		c.volMu.Unlock()
 	}
-	n := c.node(v.Root.ToFID())
+	n := c.node(v.Root.ToFID(), at)
 	if _, err := c.fresh(n, u); err != nil {
 		return nil, err
 	}

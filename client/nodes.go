@@ -46,11 +46,11 @@ func (k *Nodes) Root() *Node { return k.c.root }
 
 // Getattr returns n's status, from the cache while a promise is held.
 func (k *Nodes) Getattr(n *Node) (node.Status, error) {
-	st, err := n.at().fresh(n, k.u)
+	st, err := n.c.fresh(n, k.u)
 	if err == nil && st.Type == node.TypeMountPoint {
 		var root *Node
-		if root, err = n.at().volumeRoot(st.Target, k.u); err == nil {
-			st, err = root.at().fresh(root, k.u)
+		if root, err = n.c.volumeRoot(st.Target, k.u); err == nil {
+			st, err = root.c.fresh(root, k.u)
 		}
 	}
 	return st, err
@@ -58,13 +58,13 @@ func (k *Nodes) Getattr(n *Node) (node.Status, error) {
 
 // Lookup finds name in dir, crossing a mount point to the root of its volume.
 func (k *Nodes) Lookup(dir *Node, name string) (*Node, node.Status, error) {
-	n, err := dir.at().lookup(dir, name, k.u)
+	n, err := dir.c.lookup(dir, name, k.u)
 	if err != nil {
 		return nil, node.Status{}, err
 	}
 	st := n.status()
 	if st.Type == node.TypeMountPoint {
-		if n, err = dir.at().volumeRoot(st.Target, k.u); err != nil {
+		if n, err = dir.c.volumeRoot(st.Target, k.u); err != nil {
 			return nil, node.Status{}, err
 		}
 		st = n.status()
@@ -75,11 +75,11 @@ func (k *Nodes) Lookup(dir *Node, name string) (*Node, node.Status, error) {
 // ReadDir lists dir, with the status of every entry learnt (a kernel
 // asks for them all: READDIRPLUS); mount points are listed as directories.
 func (k *Nodes) ReadDir(dir *Node) ([]DirEntry, error) {
-	ents, _, err := dir.at().readDir(dir, k.u)
+	ents, _, err := dir.c.readDir(dir, k.u)
 	if err != nil {
 		return nil, err
 	}
-	if err := dir.at().statusAll(ents, k.u); err != nil {
+	if err := dir.c.statusAll(dir.at(), ents, k.u); err != nil {
 		return nil, err
 	}
 	out := make([]DirEntry, len(ents))
@@ -95,7 +95,7 @@ func (k *Nodes) ReadDir(dir *Node) ([]DirEntry, error) {
 // Open opens an already resolved file, named base in directory parent
 // (nil if unknown: for its caching policy); name is kept for reports.
 func (k *Nodes) Open(n *Node, parent *Node, base, name string, flag int) (*File, error) {
-	return n.at().openFile(n, parent, base, name, flag, resolved, k.u)
+	return n.c.openFile(n, parent, base, name, flag, resolved, k.u)
 }
 
 // CreateOpen is Create of a regular file followed by Open, except that
@@ -104,7 +104,7 @@ func (k *Nodes) Open(n *Node, parent *Node, base, name string, flag int) (*File,
 // reports.
 func (k *Nodes) CreateOpen(m Make, path string, flag int) (*Node, *File, error) {
 	m.Type = node.TypeFile
-	c := m.Dir.at()
+	c := m.Dir.c
 	n, created, err := c.create(m, k.u)
 	if err != nil {
 		return nil, nil, err
@@ -116,13 +116,13 @@ func (k *Nodes) CreateOpen(m Make, path string, flag int) (*Node, *File, error) 
 // Create makes m: a file, directory, symlink, mount point or special
 // file. With m.Excl unset an existing regular file is returned instead.
 func (k *Nodes) Create(m Make) (*Node, error) {
-	n, _, err := m.Dir.at().create(m, k.u)
+	n, _, err := m.Dir.c.create(m, k.u)
 	return n, err
 }
 
 // Link makes name in dir a hard link to target.
 func (k *Nodes) Link(dir *Node, name string, target *Node) (*Node, error) {
-	n, _, err := dir.at().linkAt(dir, name, target, "", k.u)
+	n, _, err := dir.c.linkAt(dir, name, target, "", k.u)
 	return n, err
 }
 
@@ -130,19 +130,18 @@ func (k *Nodes) Link(dir *Node, name string, target *Node) (*Node, error) {
 func (c *Client) linkAt(dir *Node, name string, target *Node, op string, u User) (*Node, *pb.LinkReply, error) {
 	var n *Node
 	var reply *pb.LinkReply
-	err := dir.onServer(false, func(at *Client) (err error) {
-		n, reply, err = at.linkAtHere(dir, name, target, op, u)
+	err := dir.onServer(false, func(at *site) (err error) {
+		n, reply, err = c.linkAtHere(at, dir, name, target, op, u)
 		return err
 	})
 	return n, reply, err
 }
 
 // linkAtHere is linkAt at the Client of the server holding dir.
-func (c *Client) linkAtHere(dir *Node, name string, target *Node, op string, u User) (*Node, *pb.LinkReply, error) {
-	if target.at() != c {
+func (c *Client) linkAtHere(at *site, dir *Node, name string, target *Node, op string, u User) (*Node, *pb.LinkReply, error) {
+	if target.at() != at {
 		return nil, nil, syscall.EXDEV // another server's volume
 	}
-
 	if err := node.CheckName(name); err != nil {
 		return nil, nil, err
 	}
@@ -154,11 +153,11 @@ func (c *Client) linkAtHere(dir *Node, name string, target *Node, op string, u U
 		return nil, nil, herr
 	}
 	defer release()
-	t := c.begin()
-	defer c.end(t)
+	t := at.begin()
+	defer t.end()
 	var reply *pb.LinkReply
-	err := c.as(u).CallOnce(op, func(ctx context.Context) (err error) {
-		reply, err = c.rpc.Link(ctx, &pb.LinkRequest{Dir: pb.FromFID(dir.fid), Name: name, Target: pb.FromFID(target.fid)})
+	err := at.as(u).CallOnce(op, func(ctx context.Context) (err error) {
+		reply, err = at.rpc.Link(ctx, &pb.LinkRequest{Dir: pb.FromFID(dir.fid), Name: name, Target: pb.FromFID(target.fid)})
 		return err
 	})
 	if err != nil {
@@ -174,10 +173,10 @@ func (c *Client) linkAtHere(dir *Node, name string, target *Node, op string, u U
 // Remove removes name from dir: with dirOnly an empty directory (rmdir),
 // otherwise anything else (unlink).
 func (k *Nodes) Remove(dir *Node, name string, dirOnly bool) error {
-	if !dirOnly && dir.at().removeHere(dir, name, k.u) {
+	if !dirOnly && dir.c.removeHere(dir, name, k.u) {
 		return nil
 	}
-	_, err := dir.at().removeAt(dir, name, dirOnly, "", k.u)
+	_, err := dir.c.removeAt(dir, name, dirOnly, "", k.u)
 	return err
 }
 
@@ -185,15 +184,15 @@ func (k *Nodes) Remove(dir *Node, name string, dirOnly bool) error {
 // request.
 func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string, u User) (*pb.RemoveReply, error) {
 	var reply *pb.RemoveReply
-	err := dir.onServer(false, func(at *Client) (err error) {
-		reply, err = at.removeAtHere(dir, name, dirOnly, op, u)
+	err := dir.onServer(false, func(at *site) (err error) {
+		reply, err = c.removeAtHere(at, dir, name, dirOnly, op, u)
 		return err
 	})
 	return reply, err
 }
 
 // removeAtHere is removeAt at the Client of the server holding dir.
-func (c *Client) removeAtHere(dir *Node, name string, dirOnly bool, op string, u User) (*pb.RemoveReply, error) {
+func (c *Client) removeAtHere(at *site, dir *Node, name string, dirOnly bool, op string, u User) (*pb.RemoveReply, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, err
 	}
@@ -206,11 +205,11 @@ func (c *Client) removeAtHere(dir *Node, name string, dirOnly bool, op string, u
 		return nil, herr
 	}
 	defer release()
-	t := c.begin()
-	defer c.end(t)
+	t := at.begin()
+	defer t.end()
 	var reply *pb.RemoveReply
-	err := c.as(u).CallOnce(op, func(ctx context.Context) (err error) {
-		reply, err = c.rpc.Remove(ctx, &pb.RemoveRequest{Dir: pb.FromFID(dir.fid), Name: name, DirOnly: dirOnly})
+	err := at.as(u).CallOnce(op, func(ctx context.Context) (err error) {
+		reply, err = at.rpc.Remove(ctx, &pb.RemoveRequest{Dir: pb.FromFID(dir.fid), Name: name, DirOnly: dirOnly})
 		return err
 	})
 	if err != nil {
@@ -225,11 +224,11 @@ func (c *Client) removeAtHere(dir *Node, name string, dirOnly bool, op string, u
 // server, which may not be the one the caller thought.
 func (k *Nodes) Rename(sdir *Node, sname string, ddir *Node, dname string) (node.FID, error) {
 	if sdir == ddir {
-		if fid, ok := sdir.at().renameHere(sdir, sname, dname, k.u); ok {
+		if fid, ok := sdir.c.renameHere(sdir, sname, dname, k.u); ok {
 			return fid, nil
 		}
 	}
-	reply, err := sdir.at().renameAt(sdir, sname, ddir, dname, "", k.u)
+	reply, err := sdir.c.renameAt(sdir, sname, ddir, dname, "", k.u)
 	if err != nil {
 		return node.FID{}, err
 	}
@@ -275,7 +274,7 @@ func (k *Nodes) SetAttr(n *Node, a Attr) (node.Status, error) {
 	if req.Mask == 0 {
 		return k.Getattr(n)
 	}
-	if err := n.at().setattr(n, req, k.u); err != nil {
+	if err := n.c.setattr(n, req, k.u); err != nil {
 		return node.Status{}, err
 	}
 	return n.status(), nil
@@ -290,7 +289,7 @@ func (k *Nodes) TruncateHere(n *Node, size uint64) (bool, error) {
 	n.mu.Lock()
 	bypassed := n.bypassing > 0
 	n.mu.Unlock()
-	if bypassed || !n.at().writeHere(n) || n.entry == nil {
+	if bypassed || !n.c.writeHere(n) || n.entry == nil {
 		return false, nil
 	}
 	if st, ok := n.statusAs(k.u); !ok || !allows(st, access.Write) {
@@ -298,7 +297,7 @@ func (k *Nodes) TruncateHere(n *Node, size uint64) (bool, error) {
 	}
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if !n.at().writeHere(n) {
+	if !n.c.writeHere(n) {
 		return false, nil // recalled meanwhile
 	}
 	return true, n.truncateLocked(size, k.u)
@@ -309,22 +308,19 @@ func (k *Nodes) TruncateHere(n *Node, size uint64) (bool, error) {
 // made here has its directory's: nobody else can reach it before a settle
 // hands it to the server, and one that leaves it uncovered (without a
 // write delegation of its own) says so (OnInvalidate).
-func (k *Nodes) PromiseLeft(n *Node) time.Duration { return n.at().promiseLeft(n) }
+func (k *Nodes) PromiseLeft(n *Node) time.Duration { return n.c.promiseLeft(n) }
 
 func (c *Client) promiseLeft(n *Node) time.Duration {
-	if n.at() != c {
-		return n.at().promiseLeft(n)
-	}
-
 	if dir := n.made(); dir != nil {
 		n = dir
 	}
 	if !n.valid.Load() {
 		return 0
 	}
-	c.cbMu.Lock()
-	exp, ok := c.cb.Expiry(n.fid)
-	c.cbMu.Unlock()
+	at := n.at()
+	at.cbMu.Lock()
+	exp, ok := at.cb.Expiry(n.fid)
+	at.cbMu.Unlock()
 	if !ok {
 		return 0
 	}
@@ -335,7 +331,7 @@ func (c *Client) promiseLeft(n *Node) time.Duration {
 // cache file can then stand in for the file (FUSE passthrough). Unstored
 // writes are in the cache file too.
 func (n *Node) Complete() bool {
-	return n.at().current(n) && n.entry != nil && n.entry.Complete()
+	return n.c.current(n) && n.entry != nil && n.entry.Complete()
 }
 
 // CachePath is n's cache file, empty for a memory cache.
@@ -393,7 +389,7 @@ func Errno(err error) syscall.Errno {
 func (k *Nodes) TruncateStored(n *Node, size uint64) (node.Status, error) {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	st, err := n.at().fresh(n, k.u)
+	st, err := n.c.fresh(n, k.u)
 	if err != nil {
 		return node.Status{}, err
 	}
@@ -417,8 +413,8 @@ func (k *Nodes) TruncateStored(n *Node, size uint64) (node.Status, error) {
 // racing the kernel's forget can hand n to the kernel again, which Hold
 // then says, and a Node the kernel holds must stay the one for its FID.
 func (k *Nodes) Release(n *Node) {
-	c := n.at()
-	if n == c.sites.first.root {
+	c := n.c
+	if n == c.root {
 		return
 	}
 	c.nodesMu.Lock()
@@ -432,7 +428,7 @@ func (k *Nodes) Hold(n *Node) {
 	if n.forgot.Load() == 0 {
 		return
 	}
-	c := n.at()
+	c := n.c
 	c.nodesMu.Lock()
 	n.forgot.Store(0)
 	delete(c.forgotten, n)
@@ -474,12 +470,12 @@ func (c *Client) dropForgotten(now time.Time) {
 
 // Policy is the caching policy of n, opened as base in parent.
 func (k *Nodes) Policy(n *Node, parent *Node, base string) (policy.Decision, error) {
-	return n.at().policyAt(n, parent, base, k.u)
+	return n.c.policyAt(n, parent, base, k.u)
 }
 
 // SetPolicy sets n's caching policy (and, if recursive, its subtree's).
 func (k *Nodes) SetPolicy(n *Node, mode string, recursive bool) error {
-	return n.at().setPolicyAt(n, mode, recursive, k.u)
+	return n.c.setPolicyAt(n, mode, recursive, k.u)
 }
 
 // Seek is lseek's SEEK_DATA or SEEK_HOLE (whence) from off in file n:
@@ -487,7 +483,7 @@ func (k *Nodes) SetPolicy(n *Node, mode string, recursive bool) error {
 // its holes; otherwise all of the file is data, as a file system that
 // knows of no holes answers. ENXIO at or past the end.
 func (k *Nodes) Seek(n *Node, off int64, whence int) (int64, error) {
-	st, err := n.at().fresh(n, k.u)
+	st, err := n.c.fresh(n, k.u)
 	if err != nil {
 		return 0, err
 	}
@@ -510,7 +506,7 @@ func (k *Nodes) Seek(n *Node, off int64, whence int) (int64, error) {
 // server: names made and removed under a directory delegation are settled
 // (the server commits each change durably before it answers).
 func (k *Nodes) SyncDir(dir *Node) error {
-	err := dir.onServer(false, func(at *Client) error { return at.settle(dir) })
+	err := dir.onServer(false, func(*site) error { return k.c.settle(dir) })
 	return errOf("fsync", "/", err)
 }
 

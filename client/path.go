@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/access"
-	"github.com/hoardfs/hoard/callback"
 	"github.com/hoardfs/hoard/client/policy"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
@@ -180,10 +179,6 @@ type Make struct {
 // returned instead (created=false). A new file comes with a write
 // delegation when the client takes them (it is about to be opened).
 func (c *Client) create(m Make, u User) (*Node, bool, error) {
-	if m.Dir.at() != c {
-		return m.Dir.at().create(m, u)
-	}
-
 	if m.Type == node.TypeFile && m.Op == "" {
 		if err := node.CheckName(m.Name); err != nil {
 			return nil, false, err
@@ -203,15 +198,15 @@ func (c *Client) create(m Make, u User) (*Node, bool, error) {
 func (c *Client) createAt(m Make, u User) (*Node, *pb.CreateReply, error) {
 	var n *Node
 	var reply *pb.CreateReply
-	err := m.Dir.onServer(false, func(at *Client) (err error) {
-		n, reply, err = at.createAtHere(m, u)
+	err := m.Dir.onServer(false, func(at *site) (err error) {
+		n, reply, err = c.createAtHere(at, m, u)
 		return err
 	})
 	return n, reply, err
 }
 
 // createAtHere is createAt at the Client of the server holding m.Dir.
-func (c *Client) createAtHere(m Make, u User) (*Node, *pb.CreateReply, error) {
+func (c *Client) createAtHere(at *site, m Make, u User) (*Node, *pb.CreateReply, error) {
 	dir, name, t := m.Dir, m.Name, m.Type
 	if err := node.CheckName(name); err != nil {
 		return nil, nil, err
@@ -221,12 +216,12 @@ func (c *Client) createAtHere(m Make, u User) (*Node, *pb.CreateReply, error) {
 		return nil, nil, herr
 	}
 	defer release()
-	tk := c.begin()
-	defer c.end(tk)
+	tk := at.begin()
+	defer tk.end()
 	var reply *pb.CreateReply
-	err := c.as(u).CallOnce(m.Op, func(ctx context.Context) (err error) {
-		reply, err = c.rpc.Create(ctx, &pb.CreateRequest{Dir: pb.FromFID(dir.fid), Name: name, Type: pb.FromType(t),
-			Mode: m.Mode, Uid: m.Who.UID, Gid: m.Who.GID, Target: m.Target, Rdev: m.Rdev, Exclusive: m.Excl, Open: t == node.TypeFile && c.delegating()})
+	err := at.as(u).CallOnce(m.Op, func(ctx context.Context) (err error) {
+		reply, err = at.rpc.Create(ctx, &pb.CreateRequest{Dir: pb.FromFID(dir.fid), Name: name, Type: pb.FromType(t),
+			Mode: m.Mode, Uid: m.Who.UID, Gid: m.Who.GID, Target: m.Target, Rdev: m.Rdev, Exclusive: m.Excl, Open: t == node.TypeFile && at.delegating()})
 		return err
 	})
 	if err != nil {
@@ -317,9 +312,6 @@ func createdHow(created bool) openedBy {
 // that is gone is kept in lost/, as always. A file the create found is
 // opened as an open of it would be: as u's rights allow.
 func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, how openedBy, u User) (*File, error) {
-	if n.at() != c {
-		return n.at().openFile(n, parent, base, name, flag, how, u)
-	}
 	if flag&(os.O_WRONLY|os.O_RDWR|os.O_TRUNC) != 0 && c.sites.readOnly(n.fid.Volume) {
 		return nil, errOf("open", name, syscall.EROFS)
 	}
@@ -378,7 +370,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 		n.mu.Lock()
 		n.bypassing++
 		n.mu.Unlock()
-	} else if c.delegating() {
+	} else if n.at().delegating() {
 		switch err := c.openDeleg(n, f.writable(), u); {
 		case err == nil:
 			f.counted = true
@@ -532,7 +524,7 @@ func (c *Client) remove(name string) error {
 // removed updates a vnode that lost a name by u's request: forgotten when
 // it is gone, given the status the server replied with otherwise (a
 // delegation would go on serving the one from before).
-func (c *Client) removed(t callback.Ticket, ps *pb.Status, u User) {
+func (c *Client) removed(t ticket, ps *pb.Status, u User) {
 	st, _, err := ps.ToStatus()
 	if err != nil {
 		return
@@ -551,7 +543,7 @@ func (c *Client) removed(t callback.Ticket, ps *pb.Status, u User) {
 		}
 		return
 	}
-	c.node(st.FID).valid.Store(false)
+	c.node(st.FID, t.at).valid.Store(false)
 	c.learn(t, st, 0, u)
 }
 
@@ -578,15 +570,15 @@ func (c *Client) rename(oldname, newname string) error {
 // request for its retries ("": a new name).
 func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op string, u User) (*pb.RenameReply, error) {
 	var reply *pb.RenameReply
-	err := sdir.onServer(false, func(at *Client) (err error) {
-		reply, err = at.renameAtHere(sdir, sbase, ddir, dbase, op, u)
+	err := sdir.onServer(false, func(at *site) (err error) {
+		reply, err = c.renameAtHere(at, sdir, sbase, ddir, dbase, op, u)
 		return err
 	})
 	return reply, err
 }
 
 // renameAtHere is renameAt at the Client of the server holding sdir.
-func (c *Client) renameAtHere(sdir *Node, sbase string, ddir *Node, dbase string, op string, u User) (*pb.RenameReply, error) {
+func (c *Client) renameAtHere(at *site, sdir *Node, sbase string, ddir *Node, dbase string, op string, u User) (*pb.RenameReply, error) {
 	if sdir.at() != ddir.at() {
 		return nil, syscall.EXDEV // another server's volume
 	}
@@ -605,11 +597,11 @@ func (c *Client) renameAtHere(sdir *Node, sbase string, ddir *Node, dbase string
 		return nil, herr
 	}
 	defer release()
-	t := c.begin()
-	defer c.end(t)
+	t := at.begin()
+	defer t.end()
 	var reply *pb.RenameReply
-	err := c.as(u).CallOnce(op, func(ctx context.Context) (err error) {
-		reply, err = c.rpc.Rename(ctx, &pb.RenameRequest{SrcDir: pb.FromFID(sdir.fid), SrcName: sbase, DstDir: pb.FromFID(ddir.fid), DstName: dbase})
+	err := at.as(u).CallOnce(op, func(ctx context.Context) (err error) {
+		reply, err = at.rpc.Rename(ctx, &pb.RenameRequest{SrcDir: pb.FromFID(sdir.fid), SrcName: sbase, DstDir: pb.FromFID(ddir.fid), DstName: dbase})
 		return err
 	})
 	if err != nil {
@@ -637,11 +629,11 @@ func (c *Client) renameAtHere(sdir *Node, sbase string, ddir *Node, dbase string
 
 // setattr changes status fields of an already resolved node, as u.
 func (c *Client) setattr(n *Node, req *pb.SetAttrRequest, u User) error {
-	return n.onServer(false, func(at *Client) error { return at.setattrHere(n, req, u) })
+	return n.onServer(false, func(at *site) error { return c.setattrHere(at, n, req, u) })
 }
 
 // setattrHere is setattr at the Client of the server holding n.
-func (c *Client) setattrHere(n *Node, req *pb.SetAttrRequest, u User) error {
+func (c *Client) setattrHere(at *site, n *Node, req *pb.SetAttrRequest, u User) error {
 	if err := c.settleFor(n); err != nil {
 		return err
 	}
@@ -655,11 +647,11 @@ func (c *Client) setattrHere(n *Node, req *pb.SetAttrRequest, u User) error {
 		}
 	}
 	req.Fid = pb.FromFID(n.fid)
-	t := c.begin()
-	defer c.end(t)
+	t := at.begin()
+	defer t.end()
 	var reply *pb.SetAttrReply
-	err := c.as(u).Call(func(ctx context.Context) (err error) {
-		reply, err = c.rpc.SetAttr(ctx, req)
+	err := at.as(u).Call(func(ctx context.Context) (err error) {
+		reply, err = at.rpc.SetAttr(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -741,8 +733,8 @@ func toVolume(v *pb.Volume) Volume {
 func (adm Admin) Volumes() ([]Volume, error) {
 	c := adm.c
 	var r *pb.ListVolumesReply
-	err := c.conn.Call(func(ctx context.Context) (err error) {
-		r, err = c.rpc.ListVolumes(ctx, &pb.ListVolumesRequest{})
+	err := c.sites.first.conn.Call(func(ctx context.Context) (err error) {
+		r, err = c.sites.first.rpc.ListVolumes(ctx, &pb.ListVolumesRequest{})
 		return err
 	})
 	if err != nil {

@@ -65,10 +65,6 @@ func (ctl CacheControl) PolicyOf(name string) (policy.Decision, error) {
 
 // policyAt is PolicyOf for a resolved node opened as base in parent, for u.
 func (c *Client) policyAt(n *Node, parent *Node, base string, u User) (policy.Decision, error) {
-	if n.at() != c {
-		return n.at().policyAt(n, parent, base, u)
-	}
-
 	st, err := c.fresh(n, u)
 	if err != nil {
 		return policy.Decision{}, err
@@ -99,10 +95,6 @@ func (ctl CacheControl) SetPolicy(name, mode string, recursive bool) error {
 
 // setPolicyAt is SetPolicy for a resolved node, by u.
 func (c *Client) setPolicyAt(n *Node, mode string, recursive bool, u User) error {
-	if n.at() != c {
-		return n.at().setPolicyAt(n, mode, recursive, u)
-	}
-
 	st, err := c.fresh(n, u)
 	if err != nil {
 		return err

@@ -12,7 +12,7 @@ import (
 func (adm Admin) SetQuota(volume string, quota uint64) (Volume, error) {
 	c := adm.c
 	var v *pb.Volume
-	err := c.atVolume(func(s *Client, _ string) error {
+	err := c.atVolume(func(s *site, _ string) error {
 		return s.conn.Call(func(ctx context.Context) (err error) {
 			v, err = s.rpc.SetVolume(ctx, &pb.SetVolumeRequest{Name: volume, Quota: quota})
 			return err
@@ -64,7 +64,7 @@ func (c *Client) roomFor(n *Node, u User) bool {
 		return true
 	}
 	c.roomMu.Unlock()
-	fs, err := c.statFS(vol, u)
+	fs, err := n.at().statFS(vol, u)
 	if err != nil {
 		return true // the server is away: the write-back holds the writes
 	}

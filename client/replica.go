@@ -42,9 +42,9 @@ func (s *sites) readOnly(vol uint64) bool {
 	return l != nil && l.ReadOnly
 }
 
-// roSite is the Client reading copy l: from its first site not known to
+// roSite is the site reading copy l: from its first site not known to
 // be down (all down: the one down longest, the likeliest back).
-func (s *sites) roSite(l *pb.Location) (*Client, error) {
+func (s *sites) roSite(l *pb.Location) (*site, error) {
 	if len(l.Ro) == 0 {
 		return nil, fmt.Errorf("volume %s: no read-only site: %w", l.Name, syscall.ENOENT)
 	}
@@ -75,12 +75,12 @@ func unreachable(err error) bool {
 	return false
 }
 
-// failover follows copy vol from at, whose site err says is unreachable,
-// to another of its sites: the copy's nodes go to that site's Client. It
+// failover follows copy vol from site at, which err says is unreachable,
+// to another of its sites: the copy's nodes go to that site. It
 // reports whether the request should be sent again: to the new site, or,
 // when at's connection is up after all (the failure was the request's,
 // not the site's), to the same.
-func (s *sites) failover(vol uint64, at *Client, err error) bool {
+func (s *sites) failover(vol uint64, at *site, err error) bool {
 	if !unreachable(err) {
 		return false
 	}
@@ -94,21 +94,15 @@ func (s *sites) failover(vol uint64, at *Client, err error) bool {
 		s.mu.Unlock()
 		return true
 	}
-	s.down[at.opts.Server] = time.Now()
+	s.down[at.addr] = time.Now()
 	s.mu.Unlock()
 	to, derr := s.roSite(l)
 	if derr != nil || to == at {
-		at.log.Warn("no other site of a read-only volume answers", "volume", l.Name, "site", at.opts.Server, "err", err, "dial", derr)
+		at.log.Warn("no other site of a read-only volume answers", "volume", l.Name, "site", at.addr, "err", err, "dial", derr)
 		return false
 	}
-	moved := false
-	s.each(func(c *Client) {
-		if c != to && c.handOver(vol, to) {
-			moved = true
-		}
-	})
-	if moved {
-		at.log.Warn("a site of a read-only volume does not answer; reading from another", "volume", l.Name, "from", at.opts.Server, "to", to.opts.Server)
+	if s.c.handOver(vol, to) {
+		at.log.Warn("a site of a read-only volume does not answer; reading from another", "volume", l.Name, "from", at.addr, "to", to.addr)
 	}
 	return true
 }
@@ -185,17 +179,17 @@ func (c *Client) siteStep(name, server string, step pb.ReleaseVolumeRequest_Step
 	return err
 }
 
-// rwSite is the Client of the server holding volume name read-write.
-func (c *Client) rwSite(name string) (*Client, error) {
+// rwSite is the site of the server holding volume name read-write.
+func (c *Client) rwSite(name string) (*site, error) {
 	l, err := c.locate("volume", name)
 	if err != nil {
 		return nil, err
 	}
-	return c.siteFor(l)
+	return c.sites.siteFor(l)
 }
 
-// serverNamed is the Client of the cell's server named name.
-func (c *Client) serverNamed(name string) (*Client, error) {
+// serverNamed is the site of the cell's server named name.
+func (c *Client) serverNamed(name string) (*site, error) {
 	servers, err := c.Admin().Servers()
 	if err != nil {
 		return nil, err
@@ -208,7 +202,7 @@ func (c *Client) serverNamed(name string) (*Client, error) {
 	return nil, fmt.Errorf("no server %s in the cell", name)
 }
 
-func releaseStep(s *Client, req *pb.ReleaseVolumeRequest) (*pb.ReleaseVolumeReply, error) {
+func releaseStep(s *site, req *pb.ReleaseVolumeRequest) (*pb.ReleaseVolumeReply, error) {
 	var reply *pb.ReleaseVolumeReply
 	err := s.as(s.self).CallPatient(movePatience, func(ctx context.Context) (err error) {
 		reply, err = s.rpc.ReleaseVolume(ctx, req)
@@ -234,13 +228,13 @@ func (adm Admin) Release(name string) (ReleaseReport, error) {
 	if len(all) == 0 {
 		return rep, fmt.Errorf("release volume %s: it has no read-only sites: add one with hoard vol addsite %s SERVER", name, name)
 	}
-	src, err := c.siteFor(l)
+	src, err := c.sites.siteFor(l)
 	if err != nil {
 		return rep, err
 	}
 	type target struct {
 		name string
-		c    *Client
+		c    *site
 		have []*pb.FileVersion
 	}
 	var targets []*target

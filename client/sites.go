@@ -17,20 +17,19 @@ import (
 )
 
 // sites are the file servers of a cell one client reaches: the server it
-// was dialled to, and a Client of its own for each other server it found
-// a volume on, all sharing the first's cache (FIDs are unique in a cell).
-// A Node belongs to the Client of the server holding its volume, and
-// every request about it goes there: the internal methods pass a node of
-// another Client on to it.
+// was dialled to, and a session with each other server it found a volume
+// on (FIDs are unique in a cell). A Node belongs to the site of the server
+// holding its volume, and every request about it goes there.
 //
 // Locations are asked of the first server, which answers from its copy
 // of the cell's location database (clients never talk to etcd), and kept
 // until a server says the volume is not there (moved).
 type sites struct {
-	first *Client
+	c     *Client
+	first *site
 
 	mu     sync.Mutex
-	byName map[string]*Client      // other servers' Clients, by server name (read-only copies': roKey)
+	byName map[string]*site        // other servers' sessions, by server name (read-only copies': roKey)
 	locs   map[string]*pb.Location // by volume name
 	byID   map[uint64]*pb.Location
 	asked  map[string]time.Time // when locs' entries were asked for
@@ -46,8 +45,8 @@ type sites struct {
 	moving  singleflight.Group
 }
 
-func newSites() *sites {
-	return &sites{byName: map[string]*Client{}, locs: map[string]*pb.Location{}, byID: map[uint64]*pb.Location{},
+func newSites(c *Client) *sites {
+	return &sites{c: c, byName: map[string]*site{}, locs: map[string]*pb.Location{}, byID: map[uint64]*pb.Location{},
 		asked: map[string]time.Time{}, down: map[string]time.Time{}}
 }
 
@@ -83,9 +82,9 @@ func (s *sites) locateID(id uint64, u User) (*pb.Location, error) {
 // ask asks the first server where a volume is, and keeps the answer.
 func (s *sites) ask(req *pb.LocateRequest, u User) (*pb.Location, error) {
 	var l *pb.Location
-	c := s.first
-	err := c.as(u).Call(func(ctx context.Context) (err error) {
-		l, err = c.rpc.Locate(ctx, req)
+	f := s.first
+	err := f.as(u).Call(func(ctx context.Context) (err error) {
+		l, err = f.rpc.Locate(ctx, req)
 		return err
 	})
 	if status.Code(err) == codes.Unimplemented {
@@ -127,99 +126,95 @@ func (s *sites) forget(name string) {
 	delete(s.locs, name)
 	delete(s.asked, name)
 	s.mu.Unlock()
-	s.each(func(c *Client) {
-		c.volMu.Lock()
-		delete(c.vols, name)
-		c.volMu.Unlock()
-	})
+	s.c.volMu.Lock()
+	delete(s.c.vols, name)
+	s.c.volMu.Unlock()
 }
 
-// siteOf is the Client of the server holding volume name.
-func (c *Client) siteOf(name string, u User) (*Client, error) {
-	s := c.sites
+// siteOf is the site of the server holding volume name.
+func (s *sites) siteOf(name string, u User) (*site, error) {
 	l, err := s.locate(name, u)
 	if err != nil {
 		return nil, err
 	}
-	return c.siteFor(l)
+	return s.siteFor(l)
 }
 
-// siteFor is the Client of the server holding the volume l names.
-func (c *Client) siteFor(l *pb.Location) (*Client, error) {
+// siteFor is the site of the server holding the volume l names.
+func (s *sites) siteFor(l *pb.Location) (*site, error) {
 	switch {
 	case l.ReadOnly:
-		return c.sites.roSite(l)
+		return s.roSite(l)
 	case l.Here:
-		return c.sites.first, nil
+		return s.first, nil
 	}
-	return c.sites.site(l.Rw)
+	return s.site(l.Rw)
 }
 
-// siteOfID is the Client of the server holding volume id.
-func (c *Client) siteOfID(id uint64, u User) (*Client, error) {
-	l, err := c.sites.locateID(id, u)
+// siteOfID is the site of the server holding volume id.
+func (s *sites) siteOfID(id uint64, u User) (*site, error) {
+	l, err := s.locateID(id, u)
 	if err != nil {
 		return nil, err
 	}
-	return c.siteFor(l)
+	return s.siteFor(l)
 }
 
-// site is the Client of server to, dialled on first use.
-func (s *sites) site(to *pb.Site) (*Client, error) { return s.dial(to.GetName(), to, 0) }
+// site is the session with server to, begun on first use.
+func (s *sites) site(to *pb.Site) (*site, error) { return s.dial(to.GetName(), to, 0) }
 
-// dial is the Client kept as key, of server to, waiting patience for it
-// when unreachable (0: the RPC timeout), dialled on first use.
-func (s *sites) dial(key string, to *pb.Site, patience time.Duration) (*Client, error) {
+// dial is the session kept as key, with server to, waiting patience for
+// it when unreachable (0: the RPC timeout), begun on first use.
+func (s *sites) dial(key string, to *pb.Site, patience time.Duration) (*site, error) {
 	if to.GetName() == "" || to.GetAddr() == "" {
 		return nil, fmt.Errorf("the location database names no address for a server: %w", errors.ErrUnsupported)
 	}
 	s.mu.Lock()
-	c := s.byName[key]
+	at := s.byName[key]
 	s.mu.Unlock()
-	if c != nil {
-		return c, nil
+	if at != nil {
+		return at, nil
 	}
 	v, err, _ := s.dialing.Do(key, func() (any, error) {
 		s.mu.Lock()
-		if c := s.byName[key]; c != nil || s.closed {
+		if at := s.byName[key]; at != nil || s.closed {
 			s.mu.Unlock()
-			if c == nil {
+			if at == nil {
 				return nil, errors.New("client closed")
 			}
-			return c, nil
+			return at, nil
 		}
 		s.mu.Unlock()
-		opts := s.first.opts
-		opts.Server = to.Addr
-		if patience > 0 {
-			opts.Patience = patience
+		opts := s.c.opts
+		if patience == 0 {
+			patience = opts.Patience
 		}
 		sessionFile := ""
 		if opts.KeepSession && opts.CacheDir != "" {
 			sessionFile = filepath.Join(opts.CacheDir, "session."+key)
 		}
-		c, err := start(opts, s.first.cache, sessionFile, s)
+		at, err := s.c.start(to.Addr, sessionFile, patience)
 		if err != nil {
 			return nil, fmt.Errorf("server %s of the cell: %w", to.Name, err)
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.closed {
-			go c.Close()
+			go at.conn.Close()
 			return nil, errors.New("client closed")
 		}
-		s.byName[key] = c
-		return c, nil
+		s.byName[key] = at
+		return at, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return v.(*Client), nil
+	return v.(*site), nil
 }
 
 // moved follows a volume to the server holding it now, as l (another
 // server's refusal) says: the nodes of the volume move to that server's
-// Client, without their promises (the old server broke them before the
+// site, without their promises (the old server broke them before the
 // move) and without taking their locks (the caller may hold one). The
 // refusal is believed over the first server's copy of the location
 // database, which may not have seen the move yet.
@@ -237,29 +232,25 @@ func (s *sites) moved(l *pb.Location) {
 	})
 }
 
-// movedTo hands volume id's nodes to Client to, and forgets where the
+// movedTo hands volume id's nodes to site to, and forgets where the
 // volume was.
-func (s *sites) movedTo(id uint64, to *Client) {
+func (s *sites) movedTo(id uint64, to *site) {
 	s.mu.Lock()
 	if old := s.byID[id]; old != nil {
 		delete(s.locs, old.Name)
 	}
 	delete(s.byID, id)
 	s.mu.Unlock()
-	s.each(func(c *Client) {
-		if c != to {
-			c.handOver(id, to)
-		}
-	})
+	s.c.handOver(id, to)
 }
 
-// siteOfRW is the Client of the server rw names: the first server's own
+// siteOfRW is the site of the server rw names: the first server's own
 // when it is that one (by its name in the cell, or its address).
-func (s *sites) siteOfRW(rw *pb.Site) (*Client, error) {
+func (s *sites) siteOfRW(rw *pb.Site) (*site, error) {
 	s.mu.Lock()
 	first := s.firstName
 	s.mu.Unlock()
-	if rw.GetName() == first || rw.GetAddr() == s.first.opts.Server {
+	if rw.GetName() == first || rw.GetAddr() == s.first.addr {
 		return s.first, nil
 	}
 	return s.site(rw)
@@ -271,107 +262,107 @@ func (s *sites) siteOfRW(rw *pb.Site) (*Client, error) {
 // may move once more meanwhile.
 const maxHops = 3
 
-// onServer runs f at the Client of the server holding n, and again
+// onServer runs f at the site of the server holding n, and again
 // wherever relocated (with stale) says n went, up to maxHops times.
-func (n *Node) onServer(stale bool, f func(at *Client) error) error {
+func (n *Node) onServer(stale bool, f func(at *site) error) error {
 	for hop := 0; ; hop++ {
 		at := n.at()
 		err := f(at)
-		if hop == maxHops || !relocated(n, at, err, stale) {
+		if hop == maxHops || !n.c.sites.relocated(n, at, err, stale) {
 			return err
 		}
 	}
 }
 
-// relocated reports whether err, from Client at about node n, came of
-// n's volume moving away from at's server, and n now belongs to another
-// Client: its refusal said so (and moved followed it), or, where stale
-// is set (requests about n itself, which its server should know), the
+// relocated reports whether err, from site at about node n, came of n's
+// volume moving away from at's server, and n now belongs to another
+// site: its refusal said so (and moved followed it), or, where stale is
+// set (requests about n itself, which its server should know), the
 // server no longer has it, which the first server is asked about.
-func relocated(n *Node, at *Client, err error, stale bool) bool {
+func (s *sites) relocated(n *Node, at *site, err error, stale bool) bool {
 	if err == nil {
 		return false
 	}
-	if n.at() != at || at.sites.failover(n.fid.Volume, at, err) {
+	if n.at() != at || s.failover(n.fid.Volume, at, err) {
 		return true
 	}
 	if stale && (errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESTALE) || pb.Errno(err) == syscall.ENOENT || pb.Errno(err) == syscall.ESTALE) {
 		// The data channel says no more than that: the first server's
 		// copy of the location database is asked.
-		switch l, err := at.sites.ask(&pb.LocateRequest{Id: n.fid.Volume}, at.self); {
+		switch l, err := s.ask(&pb.LocateRequest{Id: n.fid.Volume}, s.c.self); {
 		case err != nil:
 		case l.Here:
-			at.sites.movedTo(l.Id, at.sites.first)
+			s.movedTo(l.Id, s.first)
 		default:
-			at.sites.moved(l)
+			s.moved(l)
 		}
 	}
 	return n.at() != at
 }
 
-// handOver gives c's nodes of volume vol to Client to, and reports
-// whether it had any.
-func (c *Client) handOver(vol uint64, to *Client) bool {
+// handOver gives the nodes of volume vol to site to, and reports whether
+// any belonged to another site. Their promises there are dropped: the
+// server they came from broke them, or cannot be reached.
+func (c *Client) handOver(vol uint64, to *site) bool {
 	var ns []*Node
 	c.nodesMu.Lock()
 	for fid, n := range c.nodes {
-		if fid.Volume == vol {
+		if fid.Volume == vol && n.at() != to {
 			ns = append(ns, n)
-			delete(c.nodes, fid)
-			delete(c.forgotten, n)
 		}
 	}
 	c.nodesMu.Unlock()
+	c.sites.each(func(s *site) {
+		if s != to {
+			s.dropReserved(vol)
+		}
+	})
 	if len(ns) == 0 {
 		return false
 	}
-	c.cbMu.Lock()
+	from := map[*site]bool{}
 	for _, n := range ns {
-		c.cb.Break(n.fid)
-	}
-	c.cbMu.Unlock()
-	c.resMu.Lock()
-	delete(c.fids, vol)
-	c.resMu.Unlock()
-	to.nodesMu.Lock()
-	for _, n := range ns {
+		at := n.at()
+		at.cbMu.Lock()
+		at.cb.Break(n.fid)
+		at.cbMu.Unlock()
 		n.valid.Store(false)
 		n.site.Store(to)
-		if _, ok := to.nodes[n.fid]; !ok {
-			to.nodes[n.fid] = n
-		}
+		from[at] = true
 	}
-	to.nodesMu.Unlock()
-	c.log.Info("a volume's files follow it to another server", "volume", vol, "files", len(ns), "to", to.opts.Server)
+	for at := range from {
+		c.log.Info("a volume's files follow it to another server", "volume", vol, "files", len(ns), "from", at.addr, "to", to.addr)
+	}
 	return true
 }
 
-// each calls fn for every Client of the cell's servers, the first too.
-func (s *sites) each(fn func(*Client)) {
-	s.mu.Lock()
-	cs := []*Client{s.first}
-	for _, c := range s.byName {
-		cs = append(cs, c)
-	}
-	s.mu.Unlock()
-	for _, c := range cs {
-		fn(c)
+// each calls fn for every site, the first too.
+func (s *sites) each(fn func(*site)) {
+	for _, at := range s.all() {
+		fn(at)
 	}
 }
 
-// close closes the other servers' Clients (the first's Close calls it
-// before its own).
-func (s *sites) close() error {
+// all is every site, the first first.
+func (s *sites) all() []*site {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.allLocked()
+}
+
+func (s *sites) allLocked() []*site {
+	all := []*site{s.first}
+	for _, at := range s.byName {
+		all = append(all, at)
+	}
+	return all
+}
+
+// close refuses new sites, and returns those there are (Client.Close
+// closes them).
+func (s *sites) close() []*site {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.closed = true
-	cs := make([]*Client, 0, len(s.byName))
-	for _, c := range s.byName {
-		cs = append(cs, c)
-	}
-	s.mu.Unlock()
-	var errs []error
-	for _, c := range cs {
-		errs = append(errs, c.Close())
-	}
-	return errors.Join(errs...)
+	return s.allLocked()
 }

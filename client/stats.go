@@ -56,64 +56,14 @@ type Stats struct {
 // Stats reports counters for tests, benchmarks and `hoard cache stats`:
 // of every server of the cell the client reaches.
 func (c *Client) Stats() Stats {
-	st := c.siteStats()
-	if c.ownsCache {
-		c.sites.each(func(o *Client) {
-			if o != c {
-				st.add(o.siteStats())
-			}
-		})
-	}
-	return st
-}
-
-// add adds o's protocol counters to st (the cache's are shared).
-func (st *Stats) add(o Stats) {
-	st.RPCs += o.RPCs
-	st.Breaks += o.Breaks
-	st.Resets += o.Resets
-	st.Revalidations += o.Revalidations
-	st.Dropped += o.Dropped
-	st.Stores += o.Stores
-	st.Promises += o.Promises
-	st.ReadDelegations += o.ReadDelegations
-	st.WriteDelegations += o.WriteDelegations
-	st.LocalOpens += o.LocalOpens
-	st.LocalCloses += o.LocalCloses
-	st.Recalls += o.Recalls
-	st.Revoked += o.Revoked
-	st.Reclaimed += o.Reclaimed
-	st.Flushed += o.Flushed
-	st.MadeHere += o.MadeHere
-	st.MadeDropped += o.MadeDropped
-	st.Settled += o.Settled
-	st.RemovedHere += o.RemovedHere
-	st.Nodes += o.Nodes
-	st.DirtyAge = max(st.DirtyAge, o.DirtyAge)
-	st.Lost += o.Lost
-	for r, n := range o.BypassOpens {
-		st.BypassOpens[r] += n
-	}
-	st.FetchTime.Add(o.FetchTime)
-	st.StoreTime.Add(o.StoreTime)
-}
-
-// siteStats are Stats of this server's Client alone.
-func (c *Client) siteStats() Stats {
-	c.cbMu.Lock()
-	r, w := c.cb.Delegations()
-	c.cbMu.Unlock()
-	return Stats{
-		Stats:           c.cache.Stats(),
-		RPCs:            c.conn.RPCs(),
-		Breaks:          c.counters.breaks.Load(),
-		Resets:          c.counters.resets.Load(),
-		Revalidations:   c.counters.revalidations.Load(),
-		Dropped:         c.counters.dropped.Load(),
-		Stores:          c.counters.stores.Load(),
-		Promises:        c.promiseCount(),
-		ReadDelegations: r, WriteDelegations: w,
-		LocalOpens: c.counters.localOpens.Load(), LocalCloses: c.counters.localCloses.Load(),
+	st := Stats{
+		Stats:         c.cache.Stats(),
+		Breaks:        c.counters.breaks.Load(),
+		Resets:        c.counters.resets.Load(),
+		Revalidations: c.counters.revalidations.Load(),
+		Dropped:       c.counters.dropped.Load(),
+		Stores:        c.counters.stores.Load(),
+		LocalOpens:    c.counters.localOpens.Load(), LocalCloses: c.counters.localCloses.Load(),
 		Recalls: c.counters.recalls.Load(), Revoked: c.counters.revoked.Load(), Reclaimed: c.counters.reclaims.Load(),
 		DirtyBytes: c.cache.DirtyBytes(), Flushed: c.counters.flushed.Load(),
 		MadeHere: c.counters.madeHere.Load(), MadeDropped: c.counters.madeDropped.Load(), Settled: c.counters.settled.Load(),
@@ -125,6 +75,16 @@ func (c *Client) siteStats() Stats {
 		FetchTime:   c.counters.fetchTime.Snapshot(),
 		StoreTime:   c.counters.storeTime.Snapshot(),
 	}
+	c.sites.each(func(s *site) {
+		s.cbMu.Lock()
+		r, w := s.cb.Delegations()
+		st.Promises += s.cb.Len()
+		s.cbMu.Unlock()
+		st.ReadDelegations += r
+		st.WriteDelegations += w
+		st.RPCs += s.conn.RPCs()
+	})
+	return st
 }
 
 // dirtyAge is how long the oldest write not yet stored has waited.

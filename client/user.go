@@ -8,7 +8,6 @@ import (
 
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cell"
-	"github.com/hoardfs/hoard/client/conn"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -94,9 +93,6 @@ func (u User) String() string {
 
 // GoString is String, for %#v.
 func (u User) GoString() string { return u.String() }
-
-// as is the connection's caller for u.
-func (c *Client) as(u User) conn.Caller { return c.conn.As(u.token) }
 
 // maxRightsUsers bounds the users whose rights a node keeps: a node
 // rarely has more than a few users, and past the bound the map starts

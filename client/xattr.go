@@ -17,22 +17,22 @@ import (
 // status a change returns.
 func (c *Client) xattr(n *Node, req *pb.XattrRequest, u User) (*pb.XattrReply, error) {
 	var reply *pb.XattrReply
-	err := n.onServer(false, func(at *Client) error {
-		if err := at.checkToken(u); err != nil {
+	err := n.onServer(false, func(at *site) error {
+		if err := c.checkToken(u); err != nil {
 			return err
 		}
-		if err := at.settleFor(n); err != nil {
+		if err := c.settleFor(n); err != nil {
 			return err
 		}
 		req.Fid = pb.FromFID(n.fid)
 		t := at.begin()
-		defer at.end(t)
+		defer t.end()
 		err := at.as(u).Call(func(ctx context.Context) (err error) {
 			reply, err = at.rpc.Xattr(ctx, req)
 			return err
 		})
 		if err == nil && reply.Status != nil {
-			_, err = at.learnPB(t, reply.Status, u)
+			_, err = c.learnPB(t, reply.Status, u)
 		}
 		return err
 	})
