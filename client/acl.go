@@ -23,8 +23,8 @@ func (adm Admin) WhoAmI() (access.Identity, error) {
 func (adm Admin) WhoIs(token string) (access.Identity, error) {
 	c := adm.c
 	var r *pb.WhoAmIReply
-	err := c.sites.first.conn.As(token).Call(func(ctx context.Context) (err error) {
-		r, err = c.sites.first.rpc.WhoAmI(ctx, &pb.WhoAmIRequest{})
+	err := c.sites.First().Conn.As(token).Call(func(ctx context.Context) (err error) {
+		r, err = c.sites.First().RPC.WhoAmI(ctx, &pb.WhoAmIRequest{})
 		return err
 	})
 	if err != nil {
@@ -69,8 +69,8 @@ func (adm Admin) GetACL(name string) (ACL, error) {
 func (p *FIDs) ACL(f node.FID) (ACL, error) {
 	s := p.Node(f).at()
 	var r *pb.ACLReply
-	err := s.conn.Call(func(ctx context.Context) (err error) {
-		r, err = s.rpc.GetACL(ctx, &pb.GetACLRequest{Fid: pb.FromFID(f)})
+	err := s.Conn.Call(func(ctx context.Context) (err error) {
+		r, err = s.RPC.GetACL(ctx, &pb.GetACLRequest{Fid: pb.FromFID(f)})
 		return err
 	})
 	if err != nil {
@@ -96,8 +96,8 @@ func (adm Admin) SetACL(name, who string, r access.Rights) (ACL, error) {
 func (p *FIDs) SetACL(dir node.FID, who string, r access.Rights) (ACL, error) {
 	s := p.Node(dir).at()
 	var out *pb.ACLReply
-	err := s.conn.Call(func(ctx context.Context) (err error) {
-		out, err = s.rpc.SetACL(ctx, &pb.SetACLRequest{Dir: pb.FromFID(dir), Who: who, Rights: uint32(r)})
+	err := s.Conn.Call(func(ctx context.Context) (err error) {
+		out, err = s.RPC.SetACL(ctx, &pb.SetACLRequest{Dir: pb.FromFID(dir), Who: who, Rights: uint32(r)})
 		return err
 	})
 	if err != nil {
@@ -121,8 +121,8 @@ const (
 // of their token's first use (admins only).
 func (adm Admin) CreateUser(name string, uid uint32) error {
 	c := adm.c
-	err := c.sites.first.conn.Call(func(ctx context.Context) error {
-		_, err := c.sites.first.rpc.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: pb.ChangeGroupRequest_CHANGE_CREATE_USER, Group: name, Uid: uid})
+	err := c.sites.First().Conn.Call(func(ctx context.Context) error {
+		_, err := c.sites.First().RPC.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: pb.ChangeGroupRequest_CHANGE_CREATE_USER, Group: name, Uid: uid})
 		return err
 	})
 	return errTold("user", name, err)
@@ -131,8 +131,8 @@ func (adm Admin) CreateUser(name string, uid uint32) error {
 // ChangeGroup creates or deletes group, or adds or removes member.
 func (adm Admin) ChangeGroup(change GroupChange, group, member string) error {
 	c := adm.c
-	err := c.sites.first.conn.Call(func(ctx context.Context) error {
-		_, err := c.sites.first.rpc.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: change, Group: group, Member: member})
+	err := c.sites.First().Conn.Call(func(ctx context.Context) error {
+		_, err := c.sites.First().RPC.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: change, Group: group, Member: member})
 		return err
 	})
 	return errTold("group", group, err)
@@ -155,8 +155,8 @@ type Principal struct {
 func (adm Admin) Groups() ([]Group, []Principal, error) {
 	c := adm.c
 	var r *pb.ListGroupsReply
-	err := c.sites.first.conn.Call(func(ctx context.Context) (err error) {
-		r, err = c.sites.first.rpc.ListGroups(ctx, &pb.ListGroupsRequest{})
+	err := c.sites.First().Conn.Call(func(ctx context.Context) (err error) {
+		r, err = c.sites.First().RPC.ListGroups(ctx, &pb.ListGroupsRequest{})
 		return err
 	})
 	if err != nil {
@@ -181,8 +181,8 @@ func (adm Admin) RevokeToken(id string, expires time.Time) error {
 	if !expires.IsZero() {
 		ns = expires.UnixNano()
 	}
-	err := c.sites.first.conn.Call(func(ctx context.Context) error {
-		_, err := c.sites.first.rpc.RevokeToken(ctx, &pb.RevokeTokenRequest{Id: id, ExpiresNs: ns})
+	err := c.sites.First().Conn.Call(func(ctx context.Context) error {
+		_, err := c.sites.First().RPC.RevokeToken(ctx, &pb.RevokeTokenRequest{Id: id, ExpiresNs: ns})
 		return err
 	})
 	return errTold("revoke token", id, err)

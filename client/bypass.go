@@ -31,10 +31,10 @@ func (b bypassClient) Store(args datapath.StoreArgs) error {
 	return b.f.n.c.storeData(b.f.n.at(), args, b.f.u, nil)
 }
 
-func (b bypassClient) Session() string { return b.f.n.at().conn.Session() }
+func (b bypassClient) Session() string { return b.f.n.at().Conn.Session() }
 
 func (b bypassClient) AwaitSession(deadline time.Time) string {
-	return b.f.n.at().conn.AwaitSession("", deadline)
+	return b.f.n.at().Conn.AwaitSession("", deadline)
 }
 
 func (b bypassClient) KeepLost(ranges [][2]int64, read func(p []byte, off int64) error, size int64, trunc *uint64, cause error) error {

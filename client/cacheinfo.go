@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hoardfs/hoard/callback"
 	"slices"
 	"syscall"
 	"time"
@@ -70,14 +71,14 @@ func (k *Nodes) CacheInfo(n *Node, parent *Node, base string) (FileCache, error)
 	fc.Dirty = n.entry.DirtyBytes()
 	now := time.Now()
 	at := n.at()
-	at.cbMu.Lock()
-	if t, ok := at.cb.Expiry(n.fid); ok && t.After(now) {
-		fc.PromiseMs = t.Sub(now).Milliseconds()
-	}
-	if h, ok := at.cb.Delegation(n.fid, now); ok {
-		fc.Delegation = h.Kind.String()
-	}
-	at.cbMu.Unlock()
+	at.Table(func(cb *callback.Client) {
+		if t, ok := cb.Expiry(n.fid); ok && t.After(now) {
+			fc.PromiseMs = t.Sub(now).Milliseconds()
+		}
+		if h, ok := cb.Delegation(n.fid, now); ok {
+			fc.Delegation = h.Kind.String()
+		}
+	})
 	return fc, nil
 }
 

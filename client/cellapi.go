@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"github.com/hoardfs/hoard/client/site"
 	"syscall"
 	"time"
 
@@ -56,27 +57,12 @@ func toLocation(l *pb.Location) Location {
 	return out
 }
 
-// whereIs is the location a server's refusal points to: the volume the
-// request was about is at another server.
-func whereIs(err error) *pb.Location {
-	st, ok := status.FromError(err)
-	if !ok || err == nil {
-		return nil
-	}
-	for _, d := range st.Details() {
-		if l, ok := d.(*pb.Location); ok && (l.Rw != nil || l.ReadOnly) {
-			return l
-		}
-	}
-	return nil
-}
-
 // atVolume runs call at the first server and, if it answers that the
 // volume is at another, there: call is told which server it asks (on).
-func (c *Client) atVolume(call func(s *site, on string) error) error {
-	err := call(c.sites.first, "")
-	if l := whereIs(err); l != nil {
-		s, serr := c.sites.site(l.Rw)
+func (c *Client) atVolume(call func(s *site.Site, on string) error) error {
+	err := call(c.sites.First(), "")
+	if l := site.WhereIs(err); l != nil {
+		s, serr := c.sites.Server(l.Rw)
 		if serr != nil {
 			return serr
 		}
@@ -94,12 +80,12 @@ func (adm Admin) CreateVolume(name string) (Volume, error) { return adm.CreateVo
 func (adm Admin) CreateVolumeOn(name, on string) (Volume, error) {
 	c := adm.c
 	var v *pb.Volume
-	err := c.atVolume(func(s *site, there string) error {
+	err := c.atVolume(func(s *site.Site, there string) error {
 		if there != "" {
 			on = there
 		}
-		return s.conn.Call(func(ctx context.Context) (err error) {
-			v, err = s.rpc.CreateVolume(ctx, &pb.CreateVolumeRequest{Name: name, On: on})
+		return s.Conn.Call(func(ctx context.Context) (err error) {
+			v, err = s.RPC.CreateVolume(ctx, &pb.CreateVolumeRequest{Name: name, On: on})
 			return err
 		})
 	})
@@ -112,15 +98,13 @@ func (adm Admin) CreateVolumeOn(name, on string) (Volume, error) {
 // RemoveVolume deletes a volume and everything in it, wherever it is.
 func (adm Admin) RemoveVolume(name string) error {
 	c := adm.c
-	err := c.atVolume(func(s *site, _ string) error {
-		return s.conn.Call(func(ctx context.Context) error {
-			_, err := s.rpc.RemoveVolume(ctx, &pb.RemoveVolumeRequest{Name: name})
+	err := c.atVolume(func(s *site.Site, _ string) error {
+		return s.Conn.Call(func(ctx context.Context) error {
+			_, err := s.RPC.RemoveVolume(ctx, &pb.RemoveVolumeRequest{Name: name})
 			return err
 		})
 	})
-	c.sites.mu.Lock()
-	delete(c.sites.locs, name)
-	c.sites.mu.Unlock()
+	c.sites.Forget(name)
 	return cellErrOf("remove volume", name, err)
 }
 
@@ -128,9 +112,9 @@ func (adm Admin) RemoveVolume(name string) error {
 // of the location database; a refusal is an error of op on name.
 func ask[T any](c *Client, op, name string, call func(context.Context, pb.FileServerClient) (T, error)) (T, error) {
 	var out T
-	f := c.sites.first
-	err := f.conn.Call(func(ctx context.Context) (err error) {
-		out, err = call(ctx, f.rpc)
+	f := c.sites.First()
+	err := f.Conn.Call(func(ctx context.Context) (err error) {
+		out, err = call(ctx, f.RPC)
 		return err
 	})
 	return out, cellErrOf(op, name, err)
@@ -188,18 +172,18 @@ func (adm Admin) VolumeInfos() ([]VolumeInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	sizes := map[*site]map[uint64]*pb.Volume{}
+	sizes := map[*site.Site]map[uint64]*pb.Volume{}
 	out := make([]VolumeInfo, 0, len(r.Locations))
 	for _, l := range r.Locations {
 		info := VolumeInfo{Location: toLocation(l), Volume: Volume{ID: l.Id, Name: l.Name, Created: time.Unix(0, l.CreatedNs)}}
-		s, err := c.sites.siteFor(l)
+		s, err := c.sites.For(l)
 		if err != nil {
 			return nil, err
 		}
 		if sizes[s] == nil {
 			var vr *pb.ListVolumesReply
-			if err := s.conn.Call(func(ctx context.Context) (err error) {
-				vr, err = s.rpc.ListVolumes(ctx, &pb.ListVolumesRequest{})
+			if err := s.Conn.Call(func(ctx context.Context) (err error) {
+				vr, err = s.RPC.ListVolumes(ctx, &pb.ListVolumesRequest{})
 				return err
 			}); err != nil {
 				return nil, cellErrOf("list volumes", l.Rw.GetName(), err)
@@ -224,13 +208,13 @@ func (adm Admin) Examine(name string) (VolumeInfo, error) {
 	if err != nil {
 		return VolumeInfo{}, err
 	}
-	s, err := c.sites.siteFor(l)
+	s, err := c.sites.For(l)
 	if err != nil {
 		return VolumeInfo{}, err
 	}
 	var v *pb.Volume
-	if err := s.conn.Call(func(ctx context.Context) (err error) {
-		v, err = s.rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: name})
+	if err := s.Conn.Call(func(ctx context.Context) (err error) {
+		v, err = s.RPC.GetVolume(ctx, &pb.GetVolumeRequest{Name: name})
 		return err
 	}); err != nil {
 		return VolumeInfo{}, cellErrOf("examine volume", name, err)

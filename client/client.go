@@ -14,6 +14,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/hoardfs/hoard/client/site"
 	"log/slog"
 	"net"
 	"os"
@@ -29,7 +30,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hoardfs/hoard/cache"
-	"github.com/hoardfs/hoard/callback"
 	"github.com/hoardfs/hoard/client/conn"
 	"github.com/hoardfs/hoard/client/policy"
 	"github.com/hoardfs/hoard/client/writeback"
@@ -146,7 +146,7 @@ func (o *Options) defaults() {
 // Client is a connected cache manager: the user's handle on the cell. It
 // keeps one cache and one table of nodes for all the cell's servers (FIDs
 // are unique in a cell), and sends each node's requests to the site of
-// the server holding its volume (site.go, sites.go). Its methods are safe
+// the server holding its volume (package site). Its methods are safe
 // for concurrent use.
 type Client struct {
 	opts Options
@@ -157,7 +157,7 @@ type Client struct {
 	cache *cache.Cache
 	// sites are the cell's servers this client reaches: the one it was
 	// dialled to first.
-	sites *sites
+	sites *site.Sites
 
 	// unpublished are the bypassed opens with writes not yet published.
 	unpublished stageIndex
@@ -245,7 +245,6 @@ func Dial(opts Options) (*Client, error) {
 		ctx:       ctx,
 		cancel:    cancel,
 	}
-	c.sites = newSites(c)
 	c.flusher = newFlusher(c)
 	sessionFile := ""
 	if opts.KeepSession && opts.CacheDir != "" {
@@ -257,7 +256,7 @@ func Dial(opts Options) (*Client, error) {
 		ch.Close()
 		return nil, err
 	}
-	c.sites.first = first
+	c.sites = site.NewSites(cellOf{c}, first)
 	c.wg.Add(2)
 	go c.expirer()
 	go func() {
@@ -278,29 +277,29 @@ func Dial(opts Options) (*Client, error) {
 
 // start opens a session with the server at addr, waiting patience for it
 // when unreachable (0: the RPC timeout), and waits for its welcome:
-// Dial's first server, or another of the cell's (sites.go).
-func (c *Client) start(addr, sessionFile string, patience time.Duration) (*site, error) {
+// Dial's first server, or another of the cell's (site.Sites).
+func (c *Client) start(addr, sessionFile string, patience time.Duration) (*site.Site, error) {
 	opts := c.opts
-	s := &site{addr: addr, log: c.log, self: c.self, noDelegations: opts.NoDelegations, cb: callback.NewClient(), fids: map[uint64][]node.FID{}}
+	s := site.New(addr, opts.Token, nil, nil, opts.NoDelegations, c.log)
 	cfg := conn.Config{Server: addr, Name: opts.Name, RPCTimeout: opts.RPCTimeout, Patience: patience, SessionFile: sessionFile,
 		DataStreams: opts.DataStreams, NoDataChannel: opts.NoDataChannel, TLS: opts.TLS, Token: opts.Token, Log: opts.Logger,
 		OnRefused: func(err error) {
-			if l := whereIs(err); l != nil && l.Id != 0 {
-				c.sites.moved(l)
+			if l := site.WhereIs(err); l != nil && l.Id != 0 {
+				c.sites.Moved(l)
 			}
 		}}
 	cn, err := conn.New(cfg, handler{c, s})
 	if err != nil {
 		return nil, err
 	}
-	s.conn, s.rpc = connLink{cn}, cn.RPC()
+	s.Conn, s.RPC = site.ConnLink{Conn: cn}, cn.RPC()
 	select {
 	case err = <-cn.Start():
 	case <-time.After(opts.DialTimeout):
 		err = fmt.Errorf("no answer within %v", opts.DialTimeout)
 	}
 	if err != nil {
-		s.conn.Close()
+		s.Conn.Close()
 		return nil, dialErr(Options{Server: addr, Token: opts.Token}, err)
 	}
 	return s, nil
@@ -367,10 +366,10 @@ func transportCause(addr string, err error) string {
 // waited for until closeWait after Close began, not an RPC timeout per
 // request: a client whose server is gone stops in seconds.
 func (c *Client) Close() error {
-	all := c.sites.close()
+	all := c.sites.Close()
 	giveUp := time.Now().Add(closeWait)
 	for _, s := range all {
-		s.conn.GiveUp(giveUp)
+		s.Conn.GiveUp(giveUp)
 	}
 	lost := c.flushAll()
 	for _, s := range all {
@@ -378,7 +377,7 @@ func (c *Client) Close() error {
 	}
 	c.cancel()
 	for _, s := range all {
-		s.conn.Close()
+		s.Conn.Close()
 	}
 	c.wg.Wait()
 	c.bgMu.Lock()
@@ -413,12 +412,12 @@ func (c *Client) spawn(fn func()) {
 // (conn.Handler).
 type handler struct {
 	c *Client
-	s *site
+	s *site.Site
 }
 
 func (h handler) Welcome(w *pb.Welcome) {
-	if h.s.welcome(w) {
-		h.c.log.Info("server restarted; cached files will be revalidated", "server", h.s.addr, "epoch", w.Epoch)
+	if h.s.Welcome(w) {
+		h.c.log.Info("server restarted; cached files will be revalidated", "server", h.s.Addr, "epoch", w.Epoch)
 	}
 }
 
@@ -441,7 +440,7 @@ func (h handler) Reset() {
 
 func (h handler) Recall(r *pb.Recall, statesFrom uint64) { h.c.onRecall(h.s, r, statesFrom) }
 func (h handler) Revoke(r *pb.Revoke)                    { h.c.onRevoke(h.s, r) }
-func (h handler) Answered(sent time.Time)                { h.c.giveBackAll(h.s, h.s.answered(sent)) }
+func (h handler) Answered(sent time.Time)                { h.c.giveBackAll(h.s, h.s.Answered(sent)) }
 func (h handler) RightsChanged()                         { h.c.forgetRights() }
 
 // expirer examines the promise lists once a second (Faster AFS §3.1.1) so
@@ -455,12 +454,9 @@ func (c *Client) expirer() {
 		case <-c.ctx.Done():
 			return
 		case now := <-t.C:
-			c.sites.each(func(s *site) {
-				s.cbMu.Lock()
-				expired := s.cb.Tick(now)
-				s.cbMu.Unlock()
-				c.invalidate(expired)
-				c.giveBackAll(s, s.keepLease(now))
+			c.sites.Each(func(s *site.Site) {
+				c.invalidate(s.Tick(now))
+				c.giveBackAll(s, s.KeepLease(now))
 			})
 			c.dropForgotten(now)
 			c.setGauges()
@@ -470,7 +466,7 @@ func (c *Client) expirer() {
 
 // breakPromises drops site s's promises on fids and returns a channel
 // closed once OnInvalidate heard of them.
-func (c *Client) breakPromises(s *site, pfids []*pb.FID) <-chan struct{} {
+func (c *Client) breakPromises(s *site.Site, pfids []*pb.FID) <-chan struct{} {
 	fids := make([]node.FID, len(pfids))
 	for i, f := range pfids {
 		fids[i] = f.ToFID()
@@ -478,11 +474,7 @@ func (c *Client) breakPromises(s *site, pfids []*pb.FID) <-chan struct{} {
 	fids = c.wholeVolumes(fids)
 	c.log.Debug("break", "fids", fids)
 	c.counters.breaks.Add(int64(len(fids)))
-	s.cbMu.Lock()
-	for _, f := range fids {
-		s.cb.Break(f)
-	}
-	s.cbMu.Unlock()
+	s.Break(fids...)
 	c.invalidate(fids)
 	done := make(chan struct{})
 	if c.opts.OnInvalidate == nil {
@@ -498,11 +490,8 @@ func (c *Client) breakPromises(s *site, pfids []*pb.FID) <-chan struct{} {
 
 // resetPromises drops every promise of site s: a new session, whose
 // server may have missed telling the old one of changes.
-func (c *Client) resetPromises(s *site) {
-	s.cbMu.Lock()
-	fids := s.cb.Reset()
-	s.cbMu.Unlock()
-	c.invalidate(fids)
+func (c *Client) resetPromises(s *site.Site) {
+	c.invalidate(s.Reset())
 	// Nodes without a recorded promise may still carry a stale flag from a
 	// grant racing this reset; clear all of the site's.
 	c.nodesMu.Lock()

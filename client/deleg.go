@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"github.com/hoardfs/hoard/client/site"
 	"sync"
 	"syscall"
 	"time"
@@ -36,18 +37,13 @@ type fileDeleg struct {
 // a return), which are closed with Close.
 type opens struct{ r, w, recR, recW int }
 
-// delegation is the delegation held on n at s now, if any.
-func (s *site) delegation(n *Node) (callback.Held, bool) {
-	if !s.delegating() {
-		return callback.Held{}, false
-	}
-	if n.made() != nil {
+// delegationAt is the delegation held on n at site at now, if any.
+func delegationAt(at *site.Site, n *Node) (callback.Held, bool) {
+	if n.made() != nil && at.Delegating() {
 		// Covered by the directory's: the server does not know it yet.
 		return callback.Held{FID: n.fid, Kind: callback.DelegWrite}, true
 	}
-	s.cbMu.Lock()
-	defer s.cbMu.Unlock()
-	return s.cb.Delegation(n.fid, time.Now())
+	return at.Delegation(n.fid)
 }
 
 // current reports whether n's cached status may be used without asking:
@@ -58,7 +54,7 @@ func (c *Client) current(n *Node) bool {
 	if n.valid.Load() {
 		return true
 	}
-	h, ok := n.at().delegation(n)
+	h, ok := delegationAt(n.at(), n)
 	return ok && !h.Recalled
 }
 
@@ -72,24 +68,24 @@ func (c *Client) current(n *Node) bool {
 // the server would cost every open of a cached file a round trip. (The
 // opener's rights were checked first: permitted.) The server is asked as u.
 func (c *Client) openDeleg(n *Node, write bool, u User) error {
-	return n.onServer(false, func(at *site) error { return c.openDelegHere(at, n, write, u) })
+	return n.onServer(false, func(at *site.Site) error { return c.openDelegHere(at, n, write, u) })
 }
 
 // openDelegHere is openDeleg at site at.
-func (c *Client) openDelegHere(at *site, n *Node, write bool, u User) error {
-	if !at.delegating() {
+func (c *Client) openDelegHere(at *site.Site, n *Node, write bool, u User) error {
+	if !at.Delegating() {
 		return nil
 	}
-	if h, ok := at.delegation(n); ok && !h.Recalled && (h.Kind == callback.DelegWrite || !write) || !write && n.valid.Load() {
+	if h, ok := delegationAt(at, n); ok && !h.Recalled && (h.Kind == callback.DelegWrite || !write) || !write && n.valid.Load() {
 		n.addOpen(write, false)
 		c.counters.localOpens.Add(1)
 		return nil
 	}
-	t := at.begin()
-	defer t.end()
+	t := at.Begin()
+	defer t.End()
 	var reply *pb.OpenReply
-	err := at.as(u).Call(func(ctx context.Context) (err error) {
-		reply, err = at.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write})
+	err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+		reply, err = at.RPC.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write})
 		return err
 	})
 	if err != nil {
@@ -108,7 +104,7 @@ const refusedFor = time.Second
 
 // held is the delegation this client holds on n now (FIDs.Held).
 func (c *Client) held(n *Node) (callback.Held, bool) {
-	h, ok := n.at().delegation(n)
+	h, ok := delegationAt(n.at(), n)
 	return h, ok && !h.Recalled
 }
 
@@ -116,10 +112,10 @@ func (c *Client) held(n *Node) (callback.Held, bool) {
 // (FIDs.Delegate), asking as u, whose rights the server checks.
 func (c *Client) delegate(n *Node, write bool, u User) (callback.Held, bool) {
 	at := n.at()
-	if !at.delegating() {
+	if !at.Delegating() {
 		return callback.Held{}, false
 	}
-	if h, ok := at.delegation(n); ok && !h.Recalled && (h.Kind == callback.DelegWrite || !write) {
+	if h, ok := delegationAt(at, n); ok && !h.Recalled && (h.Kind == callback.DelegWrite || !write) {
 		return h, true
 	}
 	wait := refusedFor
@@ -129,17 +125,17 @@ func (c *Client) delegate(n *Node, write bool, u User) (callback.Held, bool) {
 	n.mu.Lock()
 	refused := time.Since(n.refusedAt) < wait
 	n.mu.Unlock()
-	if refused || !at.conn.Ready() {
+	if refused || !at.Conn.Ready() {
 		// Not now: the open goes on without one rather than wait for
 		// a server that is away.
-		h, ok := at.delegation(n)
+		h, ok := delegationAt(at, n)
 		return h, ok && !h.Recalled
 	}
-	t := at.begin()
-	defer t.end()
+	t := at.Begin()
+	defer t.End()
 	var reply *pb.OpenReply
-	err := at.as(u).Call(func(ctx context.Context) (err error) {
-		reply, err = at.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write, DelegationOnly: true})
+	err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+		reply, err = at.RPC.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write, DelegationOnly: true})
 		return err
 	})
 	if err != nil {
@@ -163,15 +159,17 @@ func (n *Node) refused() {
 
 // delegated installs the delegation an open or create reply granted, and
 // starts the recall of one that was recalled before its grant arrived.
-func (c *Client) delegated(t ticket, n *Node, kind pb.DelegKind, state uint64) (callback.Held, bool) {
+func (c *Client) delegated(t site.Ticket, n *Node, kind pb.DelegKind, state uint64) (callback.Held, bool) {
 	if kind == pb.DelegKind_DELEG_NONE {
 		return callback.Held{}, false
 	}
-	at := t.at
-	at.cbMu.Lock()
-	h, ok := at.cb.Delegated(t.t, n.fid, callback.DelegKind(kind), state, at.cb.Epoch())
-	voided := !ok && at.cb.Voided(t.t)
-	at.cbMu.Unlock()
+	at := t.At
+	var h callback.Held
+	var ok, voided bool
+	at.Table(func(cb *callback.Client) {
+		h, ok = cb.Delegated(t.T, n.fid, callback.DelegKind(kind), state, cb.Epoch())
+		voided = !ok && cb.Voided(t.T)
+	})
 	c.log.Debug("delegated", "fid", n.fid, "kind", kind, "state", state, "installed", ok, "recalled", h.Recalled)
 	if ok && h.Recalled {
 		c.spawn(func() { c.giveBack(at, n.fid, h.State) })
@@ -181,8 +179,8 @@ func (c *Client) delegated(t ticket, n *Node, kind pb.DelegKind, state uint64) (
 		// reconnection): it is not used, but the server holds it for
 		// this client, and would make others wait a lease for it.
 		c.spawn(func() {
-			at.conn.Call(func(ctx context.Context) error {
-				_, err := at.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(n.fid), State: state})
+			at.Conn.Call(func(ctx context.Context) error {
+				_, err := at.RPC.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(n.fid), State: state})
 				return err
 			})
 		})
@@ -210,7 +208,7 @@ func (n *Node) addOpen(write, recorded bool) {
 // when it recorded one.
 func (c *Client) closeDeleg(n *Node, write bool, u User) error {
 	at := n.at()
-	if !at.delegating() {
+	if !at.Delegating() {
 		return nil
 	}
 	n.mu.Lock()
@@ -233,22 +231,14 @@ func (c *Client) closeDeleg(n *Node, write bool, u User) error {
 		c.counters.localCloses.Add(1)
 		return nil
 	}
-	return at.closeOne(n.fid, write, u)
-}
-
-// closeOne tells the server that an open of fid it recorded closed.
-func (s *site) closeOne(fid node.FID, write bool, u User) error {
-	return s.as(u).Call(func(ctx context.Context) error {
-		_, err := s.rpc.Close(ctx, &pb.CloseRequest{Fid: pb.FromFID(fid), Write: write})
-		return err
-	})
+	return at.CloseOne(n.fid, write, u.token)
 }
 
 // closeRecorded tells the server of r read and w write opens of fid that
 // it recorded and that are closed.
-func (c *Client) closeRecorded(at *site, fid node.FID, r, w int) {
+func (c *Client) closeRecorded(at *site.Site, fid node.FID, r, w int) {
 	for i := range r + w {
-		if err := at.closeOne(fid, i >= r, c.self); err != nil {
+		if err := at.CloseOne(fid, i >= r, c.self.token); err != nil {
 			c.log.Warn("close not recorded", "fid", fid, "err", err)
 			return
 		}
@@ -258,14 +248,14 @@ func (c *Client) closeRecorded(at *site, fid node.FID, r, w int) {
 // writeBack reports whether writes to n may stay in the cache past Close:
 // a write delegation is held on it.
 func (c *Client) writeBack(n *Node) bool {
-	h, ok := n.at().delegation(n)
+	h, ok := delegationAt(n.at(), n)
 	return ok && h.Kind == callback.DelegWrite
 }
 
 // writeHere reports whether a change to n may stay in the cache: a write
 // delegation is held on it and not being recalled.
 func (c *Client) writeHere(n *Node) bool {
-	h, ok := n.at().delegation(n)
+	h, ok := delegationAt(n.at(), n)
 	return ok && h.Kind == callback.DelegWrite && !h.Recalled
 }
 
@@ -275,7 +265,7 @@ func (c *Client) writeHere(n *Node) bool {
 // server refuses them all, rather than take the old ones under the new
 // delegation.
 func (c *Client) dirtied(n *Node) {
-	h, ok := n.at().delegation(n)
+	h, ok := delegationAt(n.at(), n)
 	if !ok || h.Kind != callback.DelegWrite {
 		return
 	}
@@ -330,7 +320,7 @@ func (n *Node) takeLost() error {
 // returns the delegation to site at: on a recall, and for delegations the client
 // stopped trusting (lease lapsed, revoked, reset), whose store the server
 // then judges. Data it refuses is kept in lost/.
-func (c *Client) giveBack(at *site, fid node.FID, state uint64) {
+func (c *Client) giveBack(at *site.Site, fid node.FID, state uint64) {
 	if c.opts.OnRecall != nil {
 		c.opts.OnRecall(fid)
 	}
@@ -372,8 +362,8 @@ func (c *Client) giveBack(at *site, fid node.FID, state uint64) {
 		n.mu.Unlock()
 	}
 	var reply *pb.ReturnReply
-	err := at.conn.Call(func(ctx context.Context) (err error) {
-		reply, err = at.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(fid), State: state, Readers: uint32(r), Writers: uint32(w)})
+	err := at.Conn.Call(func(ctx context.Context) (err error) {
+		reply, err = at.RPC.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(fid), State: state, Readers: uint32(r), Writers: uint32(w)})
 		return err
 	})
 	if err != nil {
@@ -394,9 +384,7 @@ func (c *Client) giveBack(at *site, fid node.FID, state uint64) {
 		n.mu.Unlock()
 		c.closeRecorded(at, fid, goneR, goneW)
 	}
-	at.cbMu.Lock()
-	at.cb.Returned(fid, state)
-	at.cbMu.Unlock()
+	at.Returned(fid, state)
 }
 
 // storeBack stores n's dirty data as u (wmu held): the user of the file
@@ -480,7 +468,7 @@ func kept(err error) bool {
 // wrote it, at site at: the server checks that user's right to write. If the server
 // no longer has it for this client (revoked after the lease), the data is
 // kept in lost/.
-func (c *Client) reclaim(at *site, n *Node, state uint64) {
+func (c *Client) reclaim(at *site.Site, n *Node, state uint64) {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
 	n.mu.Lock()
@@ -491,11 +479,11 @@ func (c *Client) reclaim(at *site, n *Node, state uint64) {
 	}
 	u := c.writerOf(n)
 	est, _ := n.entry.Status()
-	t := at.begin()
-	defer t.end()
+	t := at.Begin()
+	defer t.End()
 	var reply *pb.OpenReply
-	err := at.as(u).Call(func(ctx context.Context) (err error) {
-		reply, err = at.rpc.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: true, Reclaim: state, BaseVersion: est.DataVersion})
+	err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+		reply, err = at.RPC.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: true, Reclaim: state, BaseVersion: est.DataVersion})
 		return err
 	})
 	if err != nil {
@@ -513,7 +501,7 @@ func (c *Client) reclaim(at *site, n *Node, state uint64) {
 	}
 	n.mu.Unlock()
 	if reply.Recorded {
-		at.closeOne(n.fid, true, u)
+		at.CloseOne(n.fid, true, u.token)
 	}
 	c.learnPB(t, reply.Status, u)
 	if !covered {
@@ -529,10 +517,8 @@ func (c *Client) reclaim(at *site, n *Node, state uint64) {
 // lease lapsed: on a new session it is reclaimed; after a reset the server
 // refuses it and it is kept in lost/. Opens the server recorded are gone
 // with the session.
-func (c *Client) dropDelegations(s *site, reclaim bool) {
-	s.cbMu.Lock()
-	dropped := s.cb.DropDelegations()
-	s.cbMu.Unlock()
+func (c *Client) dropDelegations(s *site.Site, reclaim bool) {
+	dropped := s.DropDelegations()
 	if c.opts.OnRecall != nil {
 		for _, h := range dropped {
 			go c.opts.OnRecall(h.FID)
@@ -572,19 +558,17 @@ func (c *Client) dropDelegations(s *site, reclaim bool) {
 }
 
 // onRecall handles a Recall from site s's server.
-func (c *Client) onRecall(s *site, m *pb.Recall, statesFrom uint64) {
+func (c *Client) onRecall(s *site.Site, m *pb.Recall, statesFrom uint64) {
 	// Answered at once, whatever the stores behind it wait for: the
 	// server takes a holder silent for a break timeout after a recall to
 	// be stopped, and revokes; one that answers has a lease to store in.
-	c.spawn(s.renew)
+	c.spawn(s.Renew)
 	for i, f := range m.Fids {
 		if i >= len(m.States) {
 			break
 		}
 		fid := f.ToFID()
-		s.cbMu.Lock()
-		_, ok := s.cb.Recall(fid, m.States[i])
-		s.cbMu.Unlock()
+		ok := s.Recall(fid, m.States[i])
 		c.log.Debug("recall", "fid", fid, "state", m.States[i], "held", ok)
 		c.counters.recalls.Add(1)
 		state := m.States[i]
@@ -602,12 +586,12 @@ func (c *Client) onRecall(s *site, m *pb.Recall, statesFrom uint64) {
 // line (a restarted proxy), and recalled it. Nothing this process wrote is
 // under it; what the earlier process's own clients wrote comes back
 // through their reclaims, which OnRecall waits for first.
-func (c *Client) returnUnknown(s *site, fid node.FID, state uint64) {
+func (c *Client) returnUnknown(s *site.Site, fid node.FID, state uint64) {
 	if c.opts.OnRecall != nil {
 		c.opts.OnRecall(fid)
 	}
-	err := s.conn.Call(func(ctx context.Context) error {
-		_, err := s.rpc.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(fid), State: state})
+	err := s.Conn.Call(func(ctx context.Context) error {
+		_, err := s.RPC.Return(ctx, &pb.ReturnRequest{Fid: pb.FromFID(fid), State: state})
 		return err
 	})
 	if err != nil {
@@ -617,15 +601,13 @@ func (c *Client) returnUnknown(s *site, fid node.FID, state uint64) {
 
 // onRevoke handles a Revoke from site s's server: the delegations are gone, and dirty data
 // under them can no longer be stored; it is kept in lost/.
-func (c *Client) onRevoke(s *site, m *pb.Revoke) {
+func (c *Client) onRevoke(s *site.Site, m *pb.Revoke) {
 	for i, f := range m.Fids {
 		if i >= len(m.States) {
 			break
 		}
 		fid := f.ToFID()
-		s.cbMu.Lock()
-		held := s.cb.Revoke(fid, m.States[i])
-		s.cbMu.Unlock()
+		held := s.Revoke(fid, m.States[i])
 		if held {
 			c.counters.revoked.Add(1)
 			state := m.States[i]
@@ -636,7 +618,7 @@ func (c *Client) onRevoke(s *site, m *pb.Revoke) {
 
 // giveBackAll gives back site s's delegations the client stopped trusting: their
 // dirty data is stored if the server still holds them, kept in lost/ if not.
-func (c *Client) giveBackAll(s *site, hs []callback.Held) {
+func (c *Client) giveBackAll(s *site.Site, hs []callback.Held) {
 	for _, h := range hs {
 		c.spawn(func() { c.giveBack(s, h.FID, h.State) })
 	}
@@ -644,14 +626,12 @@ func (c *Client) giveBackAll(s *site, hs []callback.Held) {
 
 // returnAll gives every delegation of site s back, at Close, after the flusher
 // drained: other clients need not wait for a lease to run out.
-func (c *Client) returnAll(s *site) {
-	s.cbMu.Lock()
-	held := s.cb.DropDelegations()
-	s.cbMu.Unlock()
-	if len(held) > 0 && s.conn.AwaitReady(s.conn.GiveUpAt()) != nil {
+func (c *Client) returnAll(s *site.Site) {
+	held := s.DropDelegations()
+	if len(held) > 0 && s.Conn.AwaitReady(s.Conn.GiveUpAt()) != nil {
 		// Closing with the server gone: what they covered was kept in
 		// lost/ (flushAll), and the server revokes them after the lease.
-		c.log.Warn("delegations not returned: the server is unreachable", "server", s.addr, "delegations", len(held))
+		c.log.Warn("delegations not returned: the server is unreachable", "server", s.Addr, "delegations", len(held))
 		return
 	}
 	var wg sync.WaitGroup

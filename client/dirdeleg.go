@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hoardfs/hoard/client/site"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -59,12 +60,12 @@ func (n *Node) made() *Node { return n.madeIn.Load() }
 // it, getting one as u if it can be had; the listing is then complete.
 func (c *Client) dirDelegation(dir *Node, u User) (callback.Held, bool) {
 	at := dir.at()
-	if c.opts.NoDirDelegations || !at.delegating() || !at.conn.Ready() {
+	if c.opts.NoDirDelegations || !at.Delegating() || !at.Conn.Ready() {
 		// Not with the server away: a create then fails, saying so,
 		// rather than pile up files the server may never take.
 		return callback.Held{}, false
 	}
-	h, ok := at.delegation(dir)
+	h, ok := delegationAt(at, dir)
 	if !ok {
 		dir.mu.Lock()
 		recent := time.Since(dir.recalledAt) < c.opts.DirBackoff
@@ -120,21 +121,21 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 		return nil, false, false, nil
 	}
 	at := dir.at()
-	fid, life, err := at.reserved(dir.fid, u)
+	fid, life, err := at.Reserved(dir.fid, u.token)
 	if err != nil {
 		return nil, false, false, nil // made at the server instead
 	}
 	dir.nsmu.Lock()
 	// Still held, and not being recalled: a recall settles under nsmu,
 	// and a file made after it would come under a returned delegation.
-	cur, held := at.delegation(dir)
+	cur, held := delegationAt(at, dir)
 	dir.mu.Lock()
 	d, exists := dir.dents.get(name)
 	stale := !held || cur.Recalled || cur.State != h.State || !dir.dents.isComplete() || dir.madeState != 0 && dir.madeState != h.State
 	dir.mu.Unlock()
 	if stale || exists {
 		dir.nsmu.Unlock()
-		at.unreserve(fid, life)
+		at.Unreserve(fid, life)
 		switch {
 		case stale:
 			// The delegation went, the listing was dropped, or files
@@ -242,14 +243,14 @@ func (c *Client) removeHere(dir *Node, name string, u User) (done bool) {
 // it stores writes.
 func (c *Client) removeLater(dir *Node, name string, n *Node, u User) bool {
 	at := dir.at()
-	if h, ok := at.delegation(dir); !ok || h.Kind != callback.DelegWrite || h.Recalled || !c.writeHere(n) {
+	if h, ok := delegationAt(at, dir); !ok || h.Kind != callback.DelegWrite || h.Recalled || !c.writeHere(n) {
 		return false
 	}
 	n.wmu.Lock() // no store of n under way
 	defer n.wmu.Unlock()
 	dir.nsmu.Lock()
 	defer dir.nsmu.Unlock()
-	h, held := at.delegation(dir)
+	h, held := delegationAt(at, dir)
 	if !held || h.Kind != callback.DelegWrite || h.Recalled || !c.writeHere(n) {
 		return false
 	}
@@ -341,7 +342,7 @@ func (c *Client) settleNamed(dir *Node, name string) error {
 
 // madeDirs lists the directories at site s (nil: any) with files made
 // in them.
-func (c *Client) madeDirs(s *site) []*Node {
+func (c *Client) madeDirs(s *site.Site) []*Node {
 	c.nodesMu.Lock()
 	defer c.nodesMu.Unlock()
 	var dirs []*Node
@@ -522,12 +523,12 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 		req.Files = append(req.Files, &pb.ReservedFile{Name: m.name, Fid: pb.FromFID(m.n.fid), Mode: st.Mode, Uid: st.UID, Gid: st.GID, MtimeNs: st.Mtime.UnixNano()})
 	}
 	at := dir.at()
-	t := at.begin()
-	defer t.end()
+	t := at.Begin()
+	defer t.End()
 	var reply *pb.CreateReservedReply
 	u := made[0].u
-	err = at.as(u).CallOnce("", func(ctx context.Context) (err error) {
-		reply, err = at.rpc.CreateReserved(ctx, req)
+	err = at.As(u.token).CallOnce("", func(ctx context.Context) (err error) {
+		reply, err = at.RPC.CreateReserved(ctx, req)
 		return err
 	})
 	if err == nil && (len(reply.Files) != len(created) || len(reply.States) != len(created) || len(reply.Removed) != len(removed)) {
@@ -635,7 +636,7 @@ func (c *Client) loseMade(dir *Node, made []madeFile, cause error) {
 // settleAll settles every directory at s with files made in it: after a new
 // session, in the server's grace period, when the old delegation's files
 // are still taken (or, after a reset, refused and kept in lost/).
-func (c *Client) settleAll(s *site) {
+func (c *Client) settleAll(s *site.Site) {
 	for _, d := range c.madeDirs(s) {
 		c.spawn(func() {
 			if err := c.settle(d); err != nil {

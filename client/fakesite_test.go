@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hoardfs/hoard/client/site"
 	"io"
 	"log/slog"
 	"os"
@@ -338,7 +339,7 @@ type fakeLink struct {
 	answered func(sent time.Time)
 }
 
-func (l fakeLink) As(string) caller { return l }
+func (l fakeLink) As(string) site.Caller { return l }
 
 func (l fakeLink) Call(fn func(ctx context.Context) error) error {
 	sent := time.Now()
@@ -373,7 +374,7 @@ type fakeClient struct {
 	*Client
 	t   *testing.T
 	srv *fakeServer
-	at  *site
+	at  *site.Site
 	h   handler
 }
 
@@ -395,14 +396,12 @@ func newFakeClient(t *testing.T, opts Options) *fakeClient {
 	c := &Client{opts: opts, log: opts.Logger, cache: ch, nodes: map[node.FID]*Node{}, forgotten: map[*Node]struct{}{},
 		vols: map[string]*pb.Volume{}, fetchSem: make(chan struct{}, 4), ctx: ctx, cancel: cancel}
 	c.ghosts = policy.NewGhosts(16, time.Minute)
-	c.sites = newSites(c)
 	c.flusher = newFlusher(c)
 	srv := newFakeServer()
-	s := &site{addr: opts.Server, log: c.log, noDelegations: opts.NoDelegations, cb: callback.NewClient(),
-		fids: map[uint64][]node.FID{}, rpc: srv}
-	c.sites.first = s
+	s := site.New(opts.Server, "", nil, srv, opts.NoDelegations, c.log)
+	c.sites = site.NewSites(cellOf{c}, s)
 	fc := &fakeClient{Client: c, t: t, srv: srv, at: s, h: handler{c, s}}
-	s.conn = fakeLink{srv, fc.h.Answered}
+	s.Conn = fakeLink{srv, fc.h.Answered}
 	fc.h.Welcome(&pb.Welcome{Epoch: 1, LeaseMs: 60_000})
 	// The flusher runs only when a test drains it: its ticks never come.
 	c.wg.Add(1)
@@ -475,7 +474,7 @@ func (fc *fakeClient) want(want ...string) {
 	}
 }
 
-func (fc *fakeClient) held(n *Node) (callback.Held, bool) { return fc.at.delegation(n) }
+func (fc *fakeClient) held(n *Node) (callback.Held, bool) { return delegationAt(fc.at, n) }
 
 func (fc *fakeClient) content(n *Node) string {
 	fc.srv.mu.Lock()
@@ -553,14 +552,14 @@ func TestFakeSiteLeaseLapseAndRenewal(t *testing.T) {
 	fc.write(n, "x")
 	fc.srv.took()
 	now := time.Now()
-	if lapsed := fc.at.keepLease(now); len(lapsed) != 0 {
+	if lapsed := fc.at.KeepLease(now); len(lapsed) != 0 {
 		t.Fatalf("lapsed at once: %v", lapsed)
 	}
-	fc.at.keepLease(now.Add(50 * time.Second)) // less than 2/3 of 60 s left
+	fc.at.KeepLease(now.Add(50 * time.Second)) // less than 2/3 of 60 s left
 	if !poll.Until(5*time.Second, func() bool { return fc.srv.renewed() == 1 }) {
 		t.Fatal("no renewal with a third of the lease left")
 	}
-	lapsed := fc.at.keepLease(now.Add(2 * time.Minute))
+	lapsed := fc.at.KeepLease(now.Add(2 * time.Minute))
 	if len(lapsed) != 1 || lapsed[0].FID != n.fid {
 		t.Fatalf("lapsed %v, want the file's delegation", lapsed)
 	}

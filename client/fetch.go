@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hoardfs/hoard/client/site"
 	"strconv"
 	"syscall"
 	"time"
@@ -92,7 +93,7 @@ func (n *Node) fetchOne(idx int64, u User) ([]byte, error) {
 // of a volume that moved, or of a read-only copy whose site stopped
 // answering, is fetched again where the volume is now.
 func (n *Node) fetchChunk(idx int64, u User) (buf []byte, dv uint64, err error) {
-	err = n.onServer(false, func(at *site) (err error) {
+	err = n.onServer(false, func(at *site.Site) (err error) {
 		buf, dv, err = n.fetchChunkAt(at, idx, u)
 		return err
 	})
@@ -100,7 +101,7 @@ func (n *Node) fetchChunk(idx int64, u User) (buf []byte, dv uint64, err error) 
 }
 
 // fetchChunkAt is fetchChunk at site at.
-func (n *Node) fetchChunkAt(at *site, idx int64, u User) (buf []byte, dv uint64, err error) {
+func (n *Node) fetchChunkAt(at *site.Site, idx int64, u User) (buf []byte, dv uint64, err error) {
 	c := n.c
 	if err := c.settleFor(n); err != nil {
 		return nil, 0, err
@@ -114,11 +115,11 @@ func (n *Node) fetchChunkAt(at *site, idx int64, u User) (buf []byte, dv uint64,
 	defer c.counters.fetchTime.Since(time.Now())
 	cs := c.cache.ChunkSize()
 	pieces := 0
-	t := at.begin()
-	defer t.end()
-	err = at.as(u).CallData(func(ctx context.Context) error {
+	t := at.Begin()
+	defer t.End()
+	err = at.As(u.token).CallData(func(ctx context.Context) error {
 		buf, pieces = nil, 0
-		st, ttl, err := at.conn.Data().Fetch(ctx, n.fid, idx*cs, cs, int(cs), func(off int64, pdv uint64, data []byte) error {
+		st, ttl, err := at.Conn.Data().Fetch(ctx, n.fid, idx*cs, cs, int(cs), func(off int64, pdv uint64, data []byte) error {
 			if pieces > 0 && pdv != dv {
 				return cache.ErrStale
 			}

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"github.com/hoardfs/hoard/client/site"
 	"syscall"
 	"time"
 
@@ -28,9 +29,9 @@ func (c *Client) FIDs() *FIDs { return &FIDs{c} }
 // cell holding its volume. A volume that cannot be located yet gets a
 // Node at the first server, which answers for it with an error.
 func (p *FIDs) Node(fid node.FID) *Node {
-	s, err := p.c.sites.siteOfID(fid.Volume, p.c.self)
+	s, err := p.c.sites.OfID(fid.Volume, p.c.self.token)
 	if err != nil {
-		s = p.c.sites.first
+		s = p.c.sites.First()
 	}
 	return p.c.node(fid, s)
 }
@@ -173,19 +174,19 @@ func (p *FIDs) Volume(name string, id uint64) (Volume, error) {
 		}
 	}
 	c.volMu.Unlock()
-	var s *site
+	var s *site.Site
 	var err error
 	if name != "" {
-		s, err = c.sites.siteOf(name, c.self)
+		s, err = c.sites.Of(name, c.self.token)
 	} else {
-		s, err = c.sites.siteOfID(id, c.self)
+		s, err = c.sites.OfID(id, c.self.token)
 	}
 	if err != nil {
 		return Volume{}, err
 	}
 	var v *pb.Volume
-	err = s.conn.Call(func(ctx context.Context) (err error) {
-		v, err = s.rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: name, Id: id})
+	err = s.Conn.Call(func(ctx context.Context) (err error) {
+		v, err = s.RPC.GetVolume(ctx, &pb.GetVolumeRequest{Name: name, Id: id})
 		return err
 	})
 	if err != nil {
@@ -200,24 +201,11 @@ func (p *FIDs) Volume(name string, id uint64) (Volume, error) {
 // StatFS reports the space of a volume (its quota), or of the server
 // holding it.
 func (p *FIDs) StatFS(volume uint64) (node.FSStat, error) {
-	s, err := p.c.sites.siteOfID(volume, p.c.self)
+	s, err := p.c.sites.OfID(volume, p.c.self.token)
 	if err != nil {
 		return node.FSStat{}, err
 	}
-	return s.statFS(volume, p.c.self)
-}
-
-// statFS is the space of volume (its quota), or of the server.
-func (s *site) statFS(volume uint64, u User) (node.FSStat, error) {
-	var r *pb.StatFSReply
-	err := s.as(u).Call(func(ctx context.Context) (err error) {
-		r, err = s.rpc.StatFS(ctx, &pb.StatFSRequest{Volume: volume})
-		return err
-	})
-	if err != nil {
-		return node.FSStat{}, err
-	}
-	return node.FSStat{BlockSize: r.BlockSize, Blocks: r.Blocks, BlocksFree: r.BlocksFree, Files: r.Files, FilesFree: r.FilesFree}, nil
+	return s.StatFS(volume, p.c.self.token)
 }
 
 // PromiseLeft is how long n's callback promise still holds: how long the
@@ -239,7 +227,7 @@ func (p *FIDs) Delegate(n *Node, write bool) (callback.Held, bool) {
 
 // MaxFileSize is the largest file size the server stores (0: unknown):
 // a proxy tells its own clients the same.
-func (p *FIDs) MaxFileSize() uint64 { return p.c.sites.first.maxFile.Load() }
+func (p *FIDs) MaxFileSize() uint64 { return p.c.sites.First().MaxFile() }
 
 // Lease is the delegation lease the server announced (0: it grants none).
-func (p *FIDs) Lease() time.Duration { return time.Duration(p.c.sites.first.lease.Load()) }
+func (p *FIDs) Lease() time.Duration { return p.c.sites.First().Lease() }

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"github.com/hoardfs/hoard/client/site"
 	"io"
 	"os"
 	"sync"
@@ -518,7 +519,7 @@ func (n *Node) truncateLocked(size uint64, u User) error {
 // (EFBIG, as a local file system refuses it), before it is cached: its
 // store would be refused after the call succeeded.
 func (n *Node) sizeAllowed(size uint64) error {
-	if most := n.at().maxFile.Load(); most > 0 && size > most {
+	if most := n.at().MaxFile(); most > 0 && size > most {
 		return syscall.EFBIG
 	}
 	return nil
@@ -601,7 +602,7 @@ func (n *Node) storeLocked(sync bool, u User) error {
 		return nil
 	}
 	home := n.at()
-	return n.onServer(true, func(at *site) error {
+	return n.onServer(true, func(at *site.Site) error {
 		if at != home {
 			// The volume moved; the old server's delegation went with it.
 			args.DelegState = 0
@@ -612,9 +613,9 @@ func (n *Node) storeLocked(sync bool, u User) error {
 
 // storeData runs one store as u, lets stored update local state from the
 // new status, then records the status and the promise that came with it.
-func (c *Client) storeData(at *site, args datapath.StoreArgs, u User, stored func(st node.Status) error) error {
-	t := at.begin()
-	defer t.end()
+func (c *Client) storeData(at *site.Site, args datapath.StoreArgs, u User, stored func(st node.Status) error) error {
+	t := at.Begin()
+	defer t.End()
 	var st node.Status
 	var ttl time.Duration
 	c.counters.stores.Add(1)
@@ -624,8 +625,8 @@ func (c *Client) storeData(at *site, args datapath.StoreArgs, u User, stored fun
 		// before a lost reply is not made again over later stores.
 		args.Op = string(node.NewOp())
 	}
-	err := at.as(u).CallData(func(ctx context.Context) (err error) {
-		st, ttl, err = at.conn.Data().Store(ctx, args)
+	err := at.As(u.token).CallData(func(ctx context.Context) (err error) {
+		st, ttl, err = at.Conn.Data().Store(ctx, args)
 		return err
 	})
 	if err == nil && stored != nil {

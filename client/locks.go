@@ -2,7 +2,7 @@ package client
 
 // Lock order
 //
-// Every lock of mount, client (with its packages conn, bypass, writeback
+// Every lock of mount, client (with its packages site, conn, bypass, writeback
 // and policy) and cache, outermost first. Take a lock only
 // while holding none listed below it; "under it" says what it may take.
 // Nothing enforces this: keep it current when a lock or a call changes.
@@ -17,7 +17,7 @@ package client
 //
 //  1. hnode.mu: ptOpens, cachedOpens, ptVersion, ptFile, pageVersion,
 //     sillyDir, sillyName, issued. Short. Under it only client calls that
-//     end in leaf locks: Node.Complete, Pin, Unpin, Valid, CachePath (cbMu,
+//     end in leaf locks: Node.Complete, Pin, Unpin, Valid, CachePath (a site's table,
 //     Entry.mu, Cache.mu, cache-file reads, stat). Never Node.Status or
 //     anything else taking Node.mu, wmu or nsmu; never an RPC. One hnode.mu
 //     at a time, never with Mount.mu. Handlers call the client holding none.
@@ -52,10 +52,10 @@ package client
 //     Create, Link, Remove or Rename. Taken under the wmu of a file made in
 //     or removed from the directory (removeLater, storeBack, storeLocked via
 //     settleFor), never the reverse: storeBare runs once nsmu is released.
-//  9. site.resMu: fids, fidsLife. Taken holding no client lock (makeHere
+//  9. site.Site.resMu: fids, fidsLife. Taken holding no client lock (makeHere
 //     before nsmu; welcome on the back channel). Not across Reserve: reserved
 //     drops it for the call, which one caller per volume makes
-//     (site.reserving), so a new session's welcome never waits for it.
+//     (site.Site.reserving), so a new session's Welcome never waits for it.
 // 10. nodesMu: nodes, forgotten, writes of Node.forgot. Short. Under it
 //     Node.mu, one node at a time (dropDelegations, madeDirs; invalidate
 //     and resetPromises, which drop the users' rights with the promises).
@@ -65,12 +65,14 @@ package client
 //     held as well. Under it only cache calls (cache.Entry, Entry
 //     methods): it may wait for cache-file I/O (learn's SetStatus punches
 //     holes), never for an RPC or another goroutine. No other client lock
-//     is taken under it but cbMu, a leaf: learn installs a reply's promise
+//     is taken under it but a site's table lock, a leaf: learn installs a reply's promise
 //     and its user's rights with its status, so that a break (cb.Break,
 //     then invalidate, which drops the rights under Node.mu) comes wholly
 //     before them, voiding them, or after.
-// 12. Leaves, which take nothing: site.cbMu (a site's promises,
-//     delegations and lease; one site's at a time), conn.Conn.mu (sessionC), writeback.Flusher.mu (dirty), bgMu
+// 12. Leaves, which take nothing: site.Site.mu (a site's callback table:
+//     its promises, delegations and lease; Site.Table and the methods
+//     over it; one site's at a time), site.Sites.mu (locations, sessions,
+//     sites down), conn.Conn.mu (sessionC), writeback.Flusher.mu (dirty), bgMu
 //     (closing), volMu (vols), roomMu (room), stageIndex.mu, policy.Ghosts.mu, the
 //     singleflights' own (fileData.fetches runs fetchOne on its
 //     goroutine). Short; never across an RPC or a wait.
@@ -119,9 +121,9 @@ package client
 //
 // conn.Conn's runSession answers a server that waits for it (acks,
 // recalls); the client's handler runs on it. It takes only leaves,
-// nodesMu, Node.mu and site.resMu (welcome), and makes no RPC: giveBack,
+// nodesMu, Node.mu and site.Site.resMu (Welcome), and makes no RPC: giveBack,
 // reclaim, settle and renew go to spawn. A break drops promises
-// under cbMu, clears Node.valid under nodesMu, then calls OnInvalidate on
+// under the site's table lock, clears Node.valid under nodesMu, then calls OnInvalidate on
 // its own goroutine; the ack waits for that.
 // OnInvalidate may also run holding a file's Node.wmu (storeBack or
 // storeLocked, then settle, then uncovered) or a directory's Node.nsmu
@@ -133,15 +135,15 @@ package client
 // FIDs.StoreThrough, which takes Node.wmu. giveBack locks only after it.
 //
 // Lock-free, so that a cached read takes no client lock and no Cache.mu:
-//   - Node.valid: the fast path's only check. Set under cbMu once cb.Granted
-//     took the ticket; cleared after cb dropped the promise.
+//   - Node.valid: the fast path's only check. Set under the site's table lock once
+//     cb.Granted took the site.Ticket; cleared after cb dropped the promise.
 //   - Node.madeIn, removedIn: written holding the directory's nsmu, read
 //     without it (delegation, current, Valid); removeHere rechecks under it.
 //   - Node.forgot: written under nodesMu; Hold reads it to skip the lock.
 //   - Node.entry: set once under Node.mu, then read without it.
 //   - fileData.fetching: fetches under way, for dropForgotten.
 //   - Node.site (handOver changes it without locks: the caller may hold
-//     the node's); conn.Conn.session, data, giveUp; site.lease, renewing:
+//     the node's); conn.Conn.session, data, giveUp; site.Site.lease, renewing:
 //     read by every RPC.
 //   - File.closed, bp, seqNext, window; hnode.lateTicket (Mount.distrust);
 //     Mount.withOlder (read on every write).

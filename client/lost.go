@@ -79,7 +79,7 @@ func (c *Client) recoverDirty() error {
 		if !ok || e.DirtyBytes() == 0 {
 			continue
 		}
-		n := c.node(fid, c.sites.first)
+		n := c.node(fid, c.sites.First())
 		n.mu.Lock()
 		n.entry = e
 		n.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hoardfs/hoard/client/site"
 	"io"
 	"time"
 
@@ -40,7 +41,7 @@ func (adm Admin) MoveVolume(name, to string) (MoveReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	src, err := c.sites.siteFor(l)
+	src, err := c.sites.For(l)
 	if err != nil {
 		return rep, err
 	}
@@ -98,18 +99,18 @@ func (adm Admin) MoveVolume(name, to string) (MoveReport, error) {
 		return rep, err
 	}
 	rep.Freeze, rep.Took = time.Since(frozen), time.Since(start)
-	c.sites.forget(name)
+	c.sites.Forget(name)
 	return rep, nil
 }
 
 // undoMove ends an unfinished move of name to to: the source serves the
 // volume as before, the target drops what it received.
-func (c *Client) undoMove(src *site, name, to string) error {
+func (c *Client) undoMove(src *site.Site, name, to string) error {
 	err := moveStep(src, name, "", pb.MoveVolumeRequest_ABORT)
 	servers, serr := c.Admin().Servers()
 	for _, s := range servers {
 		if s.Name == to {
-			dst, derr := c.sites.site(&pb.Site{Name: s.Name, Addr: s.Addr})
+			dst, derr := c.sites.Server(&pb.Site{Name: s.Name, Addr: s.Addr})
 			if derr == nil {
 				derr = moveStep(dst, name, "", pb.MoveVolumeRequest_ABORT)
 			}
@@ -124,9 +125,9 @@ func (c *Client) undoMove(src *site, name, to string) error {
 // waiting with the volume quiet or frozen.
 const movePatience = 5 * time.Second
 
-func moveStep(s *site, name, to string, step pb.MoveVolumeRequest_Step) error {
-	err := s.as(s.self).CallPatient(movePatience, func(ctx context.Context) error {
-		_, err := s.rpc.MoveVolume(ctx, &pb.MoveVolumeRequest{Name: name, To: to, Step: step})
+func moveStep(s *site.Site, name, to string, step pb.MoveVolumeRequest_Step) error {
+	err := s.As(s.Self).CallPatient(movePatience, func(ctx context.Context) error {
+		_, err := s.RPC.MoveVolume(ctx, &pb.MoveVolumeRequest{Name: name, To: to, Step: step})
 		return err
 	})
 	return cellErrOf(fmt.Sprintf("move volume %s (%s)", name, step), "", err)
@@ -134,15 +135,15 @@ func moveStep(s *site, name, to string, step pb.MoveVolumeRequest_Step) error {
 
 // copyPass pipes one dump of name from src into dst; mark, if set, sees
 // each piece on its way (a release marks the first and the last).
-func copyPass(src, dst *site, name string, have []*pb.FileVersion, mark func(*pb.DumpPiece)) (*pb.RestoreVolumeReply, error) {
+func copyPass(src, dst *site.Site, name string, have []*pb.FileVersion, mark func(*pb.DumpPiece)) (*pb.RestoreVolumeReply, error) {
 	var reply *pb.RestoreVolumeReply
-	err := dst.as(dst.self).CallPatient(movePatience, func(dctx context.Context) error {
-		rs, err := dst.rpc.RestoreVolume(dctx)
+	err := dst.As(dst.Self).CallPatient(movePatience, func(dctx context.Context) error {
+		rs, err := dst.RPC.RestoreVolume(dctx)
 		if err != nil {
 			return err
 		}
-		err = src.as(src.self).CallPatient(movePatience, func(sctx context.Context) error {
-			ds, err := src.rpc.DumpVolume(sctx, &pb.DumpVolumeRequest{Name: name, Have: have})
+		err = src.As(src.Self).CallPatient(movePatience, func(sctx context.Context) error {
+			ds, err := src.RPC.DumpVolume(sctx, &pb.DumpVolumeRequest{Name: name, Have: have})
 			if err != nil {
 				return err
 			}

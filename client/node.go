@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 	"fmt"
+	"github.com/hoardfs/hoard/callback"
+	"github.com/hoardfs/hoard/client/site"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -34,7 +36,7 @@ type Node struct {
 	// with the server holding its volume, which changes when the volume
 	// moves (handOver).
 	c     *Client
-	site  atomic.Pointer[site]
+	site  atomic.Pointer[site.Site]
 	fid   node.FID
 	valid atomic.Bool
 	// forgot is when the kernel forgot the node (Release), 0 while held.
@@ -55,7 +57,7 @@ type Node struct {
 }
 
 // at is the site of the server holding n's volume now.
-func (n *Node) at() *site { return n.site.Load() }
+func (n *Node) at() *site.Site { return n.site.Load() }
 
 // FID is the node's file identifier.
 func (n *Node) FID() node.FID { return n.fid }
@@ -113,7 +115,7 @@ func (n *Node) localChanges() bool {
 }
 
 // node returns the one Node for fid, at site at if it is new.
-func (c *Client) node(fid node.FID, at *site) *Node {
+func (c *Client) node(fid node.FID, at *site.Site) *Node {
 	c.nodesMu.Lock()
 	defer c.nodesMu.Unlock()
 	n := c.nodes[fid]
@@ -133,8 +135,8 @@ func (c *Client) node(fid node.FID, at *site) *Node {
 // kept only if no break voided the reply meanwhile, checked with the
 // promise under one hold of mu, so that a break's invalidate, which
 // drops them, comes either after or before both.
-func (c *Client) learn(t ticket, st node.Status, ttl time.Duration, u User) (*Node, error) {
-	n := c.node(st.FID, t.at)
+func (c *Client) learn(t site.Ticket, st node.Status, ttl time.Duration, u User) (*Node, error) {
+	n := c.node(st.FID, t.At)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	known := !n.st.FID.IsZero()
@@ -164,18 +166,18 @@ func (c *Client) learn(t ticket, st node.Status, ttl time.Duration, u User) (*No
 		}
 	}
 	n.st = st
-	at := t.at
-	at.cbMu.Lock()
-	// A promise counts only from the site holding the node: a late reply
-	// from the one its volume left is taken for its status alone.
-	granted := ttl > 0 && n.at() == at && at.cb.Granted(t.t, st.FID, ttl, at.cb.Epoch())
-	if granted {
-		n.valid.Store(true)
-	}
-	if granted || ttl <= 0 && at.cb.Intact(t.t, st.FID) {
-		n.setRightsLocked(u, st.Rights)
-	}
-	at.cbMu.Unlock()
+	at := t.At
+	at.Table(func(cb *callback.Client) {
+		// A promise counts only from the site holding the node: a late reply
+		// from the one its volume left is taken for its status alone.
+		granted := ttl > 0 && n.at() == at && cb.Granted(t.T, st.FID, ttl, cb.Epoch())
+		if granted {
+			n.valid.Store(true)
+		}
+		if granted || ttl <= 0 && cb.Intact(t.T, st.FID) {
+			n.setRightsLocked(u, st.Rights)
+		}
+	})
 	return n, nil
 }
 
@@ -190,7 +192,7 @@ func (n *Node) syncEntry(st node.Status) error {
 }
 
 // learnPB is learn for a status in wire form.
-func (c *Client) learnPB(t ticket, ps *pb.Status, u User) (*Node, error) {
+func (c *Client) learnPB(t site.Ticket, ps *pb.Status, u User) (*Node, error) {
 	st, ttl, err := ps.ToStatus()
 	if err != nil {
 		return nil, err
@@ -205,15 +207,15 @@ func (c *Client) learnPB(t ticket, ps *pb.Status, u User) (*Node, error) {
 // other users learnt of it stay.
 func (c *Client) fresh(n *Node, u User) (node.Status, error) {
 	var st node.Status
-	err := n.onServer(false, func(at *site) (err error) {
+	err := n.onServer(false, func(at *site.Site) (err error) {
 		st, err = c.freshHere(at, n, u)
 		return err
 	})
 	return st, err
 }
 
-// freshHere is fresh at the Client of the server holding n.
-func (c *Client) freshHere(at *site, n *Node, u User) (node.Status, error) {
+// freshHere is fresh at site at, which holds n.
+func (c *Client) freshHere(at *site.Site, n *Node, u User) (node.Status, error) {
 	if err := c.checkToken(u); err != nil {
 		return node.Status{}, err
 	}
@@ -223,11 +225,11 @@ func (c *Client) freshHere(at *site, n *Node, u User) (node.Status, error) {
 	if err := c.settleFor(n); err != nil {
 		return node.Status{}, err
 	}
-	t := at.begin()
-	defer t.end()
+	t := at.Begin()
+	defer t.End()
 	var reply *pb.GetStatusReply
-	err := at.as(u).Call(func(ctx context.Context) (err error) {
-		reply, err = at.rpc.GetStatus(ctx, &pb.GetStatusRequest{Fids: []*pb.FID{pb.FromFID(n.fid)}})
+	err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+		reply, err = at.RPC.GetStatus(ctx, &pb.GetStatusRequest{Fids: []*pb.FID{pb.FromFID(n.fid)}})
 		return err
 	})
 	if err != nil {
@@ -262,7 +264,7 @@ const bulkStatus = 1024
 // otherwise. Entries gone meanwhile, or not u's to see, are skipped: a
 // lookup finds out. Those current but with u's rights unknown are asked
 // too: the kernel's next open or stat of one would ask alone.
-func (c *Client) statusAll(at *site, ents []DirEntry, u User) error {
+func (c *Client) statusAll(at *site.Site, ents []DirEntry, u User) error {
 	var todo []*pb.FID
 	for _, e := range ents {
 		c.nodesMu.Lock()
@@ -275,10 +277,10 @@ func (c *Client) statusAll(at *site, ents []DirEntry, u User) error {
 	for len(todo) > 0 {
 		batch := todo[:min(len(todo), bulkStatus)]
 		todo = todo[len(batch):]
-		t := at.begin()
+		t := at.Begin()
 		var reply *pb.GetStatusReply
-		err := at.as(u).Call(func(ctx context.Context) (err error) {
-			reply, err = at.rpc.GetStatus(ctx, &pb.GetStatusRequest{Fids: batch})
+		err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+			reply, err = at.RPC.GetStatus(ctx, &pb.GetStatusRequest{Fids: batch})
 			return err
 		})
 		if err == nil && len(reply.Results) != len(batch) {
@@ -289,7 +291,7 @@ func (c *Client) statusAll(at *site, ents []DirEntry, u User) error {
 				_, err = c.learnPB(t, r.Status, u)
 			}
 		}
-		t.end()
+		t.End()
 		if err != nil {
 			return err
 		}
@@ -304,10 +306,10 @@ func (c *Client) forget(n *Node) {
 	n.valid.Store(false)
 	c.flusher.Remove(dirtyNode{n})
 	at := n.at()
-	at.cbMu.Lock()
-	at.cb.Break(n.fid)
-	at.cb.FileGone(n.fid)
-	at.cbMu.Unlock()
+	at.Table(func(cb *callback.Client) {
+		cb.Break(n.fid)
+		cb.FileGone(n.fid)
+	})
 	c.nodesMu.Lock()
 	if c.nodes[n.fid] == n {
 		delete(c.nodes, n.fid)
@@ -347,7 +349,7 @@ func (dir *Node) addDent(dv uint64, name string, child *Node, typ node.Type) {
 // changedDir applies our own change, made as u, to a cached listing: when
 // the reply's version is exactly one past the cached one nobody else came
 // between, so the listing can be patched instead of dropped.
-func (c *Client) changedDir(t ticket, dir *Node, ps *pb.Status, u User, patch func(dir *Node)) error {
+func (c *Client) changedDir(t site.Ticket, dir *Node, ps *pb.Status, u User, patch func(dir *Node)) error {
 	dir.mu.Lock()
 	before := dir.st.DataVersion
 	dents := dir.dents
@@ -426,15 +428,15 @@ func (c *Client) lookup(dir *Node, name string, u User) (*Node, error) {
 func (c *Client) lookupAt(dir *Node, name string, u User) (*Node, node.Status, error) {
 	var n *Node
 	var st node.Status
-	err := dir.onServer(false, func(at *site) (err error) {
+	err := dir.onServer(false, func(at *site.Site) (err error) {
 		n, st, err = c.lookupAtHere(at, dir, name, u)
 		return err
 	})
 	return n, st, err
 }
 
-// lookupAtHere is lookupAt at the Client of the server holding dir.
-func (c *Client) lookupAtHere(at *site, dir *Node, name string, u User) (*Node, node.Status, error) {
+// lookupAtHere is lookupAt at site at, which holds dir.
+func (c *Client) lookupAtHere(at *site.Site, dir *Node, name string, u User) (*Node, node.Status, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, node.Status{}, err
 	}
@@ -477,11 +479,11 @@ func (c *Client) lookupAtHere(at *site, dir *Node, name string, u User) (*Node, 
 	if err := c.settle(dir); err != nil {
 		return nil, node.Status{}, err
 	}
-	t := at.begin()
-	defer t.end()
+	t := at.Begin()
+	defer t.End()
 	var reply *pb.LookupReply
-	err := at.as(u).Call(func(ctx context.Context) (err error) {
-		reply, err = at.rpc.Lookup(ctx, &pb.LookupRequest{Dir: pb.FromFID(dir.fid), Name: name})
+	err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+		reply, err = at.RPC.Lookup(ctx, &pb.LookupRequest{Dir: pb.FromFID(dir.fid), Name: name})
 		return err
 	})
 	if err != nil {
@@ -511,15 +513,15 @@ func (c *Client) lookupAtHere(at *site, dir *Node, name string, u User) (*Node, 
 func (c *Client) readDir(dir *Node, u User) ([]DirEntry, uint64, error) {
 	var ents []DirEntry
 	var dv uint64
-	err := dir.onServer(false, func(at *site) (err error) {
+	err := dir.onServer(false, func(at *site.Site) (err error) {
 		ents, dv, err = c.readDirHere(at, dir, u)
 		return err
 	})
 	return ents, dv, err
 }
 
-// readDirHere is readDir at the Client of the server holding dir.
-func (c *Client) readDirHere(at *site, dir *Node, u User) ([]DirEntry, uint64, error) {
+// readDirHere is readDir at site at, which holds dir.
+func (c *Client) readDirHere(at *site.Site, dir *Node, u User) ([]DirEntry, uint64, error) {
 	for attempt := 0; ; attempt++ {
 		if c.listed(dir) {
 			st, err := c.fresh(dir, u)
@@ -558,18 +560,18 @@ func (c *Client) readDirHere(at *site, dir *Node, u User) ([]DirEntry, uint64, e
 	}
 }
 
-func (c *Client) fetchDir(at *site, dir *Node, u User) (out []DirEntry, dv uint64, consistent bool, err error) {
+func (c *Client) fetchDir(at *site.Site, dir *Node, u User) (out []DirEntry, dv uint64, consistent bool, err error) {
 	if err := c.settle(dir); err != nil {
 		return nil, 0, false, err
 	}
-	t := at.begin()
-	defer t.end()
+	t := at.Begin()
+	defer t.End()
 	var cookie uint64
 	consistent = true
 	for first := true; ; first = false {
 		var reply *pb.ReadDirReply
-		err := at.as(u).Call(func(ctx context.Context) (err error) {
-			reply, err = at.rpc.ReadDir(ctx, &pb.ReadDirRequest{Dir: pb.FromFID(dir.fid), Cookie: cookie, MaxEntries: 4096})
+		err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+			reply, err = at.RPC.ReadDir(ctx, &pb.ReadDirRequest{Dir: pb.FromFID(dir.fid), Cookie: cookie, MaxEntries: 4096})
 			return err
 		})
 		if err != nil {
@@ -603,7 +605,7 @@ func (c *Client) volumeRoot(target string, u User) (*Node, error) {
 	name, rw, ro := node.MountTarget(target)
 	if !rw && !ro {
 		// The read-only copy once there is one (released).
-		l, err := c.sites.locate(name, u)
+		l, err := c.sites.Locate(name, u.token)
 		if err != nil {
 			return nil, err
 		}
@@ -613,25 +615,25 @@ func (c *Client) volumeRoot(target string, u User) (*Node, error) {
 		name += node.ReadOnlySuffix
 	}
 	for again := false; ; again = true {
-		at, err := c.sites.siteOf(name, u)
+		at, err := c.sites.Of(name, u.token)
 		if err != nil {
 			return nil, err
 		}
 		n, err := c.rootOf(at, name, u)
-		if err == nil || again || !c.sites.stale(name, err) {
+		if err == nil || again || !c.sites.Stale(name, err) {
 			return n, err
 		}
 	}
 }
 
 // rootOf is volumeRoot at the server holding the volume.
-func (c *Client) rootOf(at *site, name string, u User) (*Node, error) {
+func (c *Client) rootOf(at *site.Site, name string, u User) (*Node, error) {
 	c.volMu.Lock()
 	v := c.vols[name]
 	c.volMu.Unlock()
 	if v == nil {
-		err := at.as(u).Call(func(ctx context.Context) (err error) {
-			v, err = at.rpc.GetVolume(ctx, &pb.GetVolumeRequest{Name: name})
+		err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+			v, err = at.RPC.GetVolume(ctx, &pb.GetVolumeRequest{Name: name})
 			return err
 		})
 		if err != nil {

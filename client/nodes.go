@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"github.com/hoardfs/hoard/client/site"
 	"golang.org/x/sys/unix"
 	"os"
 	"syscall"
@@ -130,15 +131,15 @@ func (k *Nodes) Link(dir *Node, name string, target *Node) (*Node, error) {
 func (c *Client) linkAt(dir *Node, name string, target *Node, op string, u User) (*Node, *pb.LinkReply, error) {
 	var n *Node
 	var reply *pb.LinkReply
-	err := dir.onServer(false, func(at *site) (err error) {
+	err := dir.onServer(false, func(at *site.Site) (err error) {
 		n, reply, err = c.linkAtHere(at, dir, name, target, op, u)
 		return err
 	})
 	return n, reply, err
 }
 
-// linkAtHere is linkAt at the Client of the server holding dir.
-func (c *Client) linkAtHere(at *site, dir *Node, name string, target *Node, op string, u User) (*Node, *pb.LinkReply, error) {
+// linkAtHere is linkAt at site at, which holds dir.
+func (c *Client) linkAtHere(at *site.Site, dir *Node, name string, target *Node, op string, u User) (*Node, *pb.LinkReply, error) {
 	if target.at() != at {
 		return nil, nil, syscall.EXDEV // another server's volume
 	}
@@ -153,11 +154,11 @@ func (c *Client) linkAtHere(at *site, dir *Node, name string, target *Node, op s
 		return nil, nil, herr
 	}
 	defer release()
-	t := at.begin()
-	defer t.end()
+	t := at.Begin()
+	defer t.End()
 	var reply *pb.LinkReply
-	err := at.as(u).CallOnce(op, func(ctx context.Context) (err error) {
-		reply, err = at.rpc.Link(ctx, &pb.LinkRequest{Dir: pb.FromFID(dir.fid), Name: name, Target: pb.FromFID(target.fid)})
+	err := at.As(u.token).CallOnce(op, func(ctx context.Context) (err error) {
+		reply, err = at.RPC.Link(ctx, &pb.LinkRequest{Dir: pb.FromFID(dir.fid), Name: name, Target: pb.FromFID(target.fid)})
 		return err
 	})
 	if err != nil {
@@ -184,15 +185,15 @@ func (k *Nodes) Remove(dir *Node, name string, dirOnly bool) error {
 // request.
 func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string, u User) (*pb.RemoveReply, error) {
 	var reply *pb.RemoveReply
-	err := dir.onServer(false, func(at *site) (err error) {
+	err := dir.onServer(false, func(at *site.Site) (err error) {
 		reply, err = c.removeAtHere(at, dir, name, dirOnly, op, u)
 		return err
 	})
 	return reply, err
 }
 
-// removeAtHere is removeAt at the Client of the server holding dir.
-func (c *Client) removeAtHere(at *site, dir *Node, name string, dirOnly bool, op string, u User) (*pb.RemoveReply, error) {
+// removeAtHere is removeAt at site at, which holds dir.
+func (c *Client) removeAtHere(at *site.Site, dir *Node, name string, dirOnly bool, op string, u User) (*pb.RemoveReply, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, err
 	}
@@ -205,11 +206,11 @@ func (c *Client) removeAtHere(at *site, dir *Node, name string, dirOnly bool, op
 		return nil, herr
 	}
 	defer release()
-	t := at.begin()
-	defer t.end()
+	t := at.Begin()
+	defer t.End()
 	var reply *pb.RemoveReply
-	err := at.as(u).CallOnce(op, func(ctx context.Context) (err error) {
-		reply, err = at.rpc.Remove(ctx, &pb.RemoveRequest{Dir: pb.FromFID(dir.fid), Name: name, DirOnly: dirOnly})
+	err := at.As(u.token).CallOnce(op, func(ctx context.Context) (err error) {
+		reply, err = at.RPC.Remove(ctx, &pb.RemoveRequest{Dir: pb.FromFID(dir.fid), Name: name, DirOnly: dirOnly})
 		return err
 	})
 	if err != nil {
@@ -317,10 +318,7 @@ func (c *Client) promiseLeft(n *Node) time.Duration {
 	if !n.valid.Load() {
 		return 0
 	}
-	at := n.at()
-	at.cbMu.Lock()
-	exp, ok := at.cb.Expiry(n.fid)
-	at.cbMu.Unlock()
+	exp, ok := n.at().Expiry(n.fid)
 	if !ok {
 		return 0
 	}
@@ -506,14 +504,14 @@ func (k *Nodes) Seek(n *Node, off int64, whence int) (int64, error) {
 // server: names made and removed under a directory delegation are settled
 // (the server commits each change durably before it answers).
 func (k *Nodes) SyncDir(dir *Node) error {
-	err := dir.onServer(false, func(*site) error { return k.c.settle(dir) })
+	err := dir.onServer(false, func(*site.Site) error { return k.c.settle(dir) })
 	return errOf("fsync", "/", err)
 }
 
 // StatFS reports the space of n's volume: its quota if it has one, or
 // the space of the server holding it.
 func (k *Nodes) StatFS(n *Node) (FSStat, error) {
-	fs, err := n.at().statFS(n.fid.Volume, k.u)
+	fs, err := n.at().StatFS(n.fid.Volume, k.u.token)
 	if err != nil {
 		return FSStat{}, errOf("statfs", "/", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hoardfs/hoard/client/site"
 	"os"
 	"path"
 	"slices"
@@ -198,15 +199,15 @@ func (c *Client) create(m Make, u User) (*Node, bool, error) {
 func (c *Client) createAt(m Make, u User) (*Node, *pb.CreateReply, error) {
 	var n *Node
 	var reply *pb.CreateReply
-	err := m.Dir.onServer(false, func(at *site) (err error) {
+	err := m.Dir.onServer(false, func(at *site.Site) (err error) {
 		n, reply, err = c.createAtHere(at, m, u)
 		return err
 	})
 	return n, reply, err
 }
 
-// createAtHere is createAt at the Client of the server holding m.Dir.
-func (c *Client) createAtHere(at *site, m Make, u User) (*Node, *pb.CreateReply, error) {
+// createAtHere is createAt at site at, which holds m.Dir.
+func (c *Client) createAtHere(at *site.Site, m Make, u User) (*Node, *pb.CreateReply, error) {
 	dir, name, t := m.Dir, m.Name, m.Type
 	if err := node.CheckName(name); err != nil {
 		return nil, nil, err
@@ -216,12 +217,12 @@ func (c *Client) createAtHere(at *site, m Make, u User) (*Node, *pb.CreateReply,
 		return nil, nil, herr
 	}
 	defer release()
-	tk := at.begin()
-	defer tk.end()
+	tk := at.Begin()
+	defer tk.End()
 	var reply *pb.CreateReply
-	err := at.as(u).CallOnce(m.Op, func(ctx context.Context) (err error) {
-		reply, err = at.rpc.Create(ctx, &pb.CreateRequest{Dir: pb.FromFID(dir.fid), Name: name, Type: pb.FromType(t),
-			Mode: m.Mode, Uid: m.Who.UID, Gid: m.Who.GID, Target: m.Target, Rdev: m.Rdev, Exclusive: m.Excl, Open: t == node.TypeFile && at.delegating()})
+	err := at.As(u.token).CallOnce(m.Op, func(ctx context.Context) (err error) {
+		reply, err = at.RPC.Create(ctx, &pb.CreateRequest{Dir: pb.FromFID(dir.fid), Name: name, Type: pb.FromType(t),
+			Mode: m.Mode, Uid: m.Who.UID, Gid: m.Who.GID, Target: m.Target, Rdev: m.Rdev, Exclusive: m.Excl, Open: t == node.TypeFile && at.Delegating()})
 		return err
 	})
 	if err != nil {
@@ -312,7 +313,7 @@ func createdHow(created bool) openedBy {
 // that is gone is kept in lost/, as always. A file the create found is
 // opened as an open of it would be: as u's rights allow.
 func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, how openedBy, u User) (*File, error) {
-	if flag&(os.O_WRONLY|os.O_RDWR|os.O_TRUNC) != 0 && c.sites.readOnly(n.fid.Volume) {
+	if flag&(os.O_WRONLY|os.O_RDWR|os.O_TRUNC) != 0 && c.sites.ReadOnly(n.fid.Volume) {
 		return nil, errOf("open", name, syscall.EROFS)
 	}
 
@@ -370,7 +371,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 		n.mu.Lock()
 		n.bypassing++
 		n.mu.Unlock()
-	} else if n.at().delegating() {
+	} else if n.at().Delegating() {
 		switch err := c.openDeleg(n, f.writable(), u); {
 		case err == nil:
 			f.counted = true
@@ -524,7 +525,7 @@ func (c *Client) remove(name string) error {
 // removed updates a vnode that lost a name by u's request: forgotten when
 // it is gone, given the status the server replied with otherwise (a
 // delegation would go on serving the one from before).
-func (c *Client) removed(t ticket, ps *pb.Status, u User) {
+func (c *Client) removed(t site.Ticket, ps *pb.Status, u User) {
 	st, _, err := ps.ToStatus()
 	if err != nil {
 		return
@@ -543,7 +544,7 @@ func (c *Client) removed(t ticket, ps *pb.Status, u User) {
 		}
 		return
 	}
-	c.node(st.FID, t.at).valid.Store(false)
+	c.node(st.FID, t.At).valid.Store(false)
 	c.learn(t, st, 0, u)
 }
 
@@ -570,15 +571,15 @@ func (c *Client) rename(oldname, newname string) error {
 // request for its retries ("": a new name).
 func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op string, u User) (*pb.RenameReply, error) {
 	var reply *pb.RenameReply
-	err := sdir.onServer(false, func(at *site) (err error) {
+	err := sdir.onServer(false, func(at *site.Site) (err error) {
 		reply, err = c.renameAtHere(at, sdir, sbase, ddir, dbase, op, u)
 		return err
 	})
 	return reply, err
 }
 
-// renameAtHere is renameAt at the Client of the server holding sdir.
-func (c *Client) renameAtHere(at *site, sdir *Node, sbase string, ddir *Node, dbase string, op string, u User) (*pb.RenameReply, error) {
+// renameAtHere is renameAt at site at, which holds sdir.
+func (c *Client) renameAtHere(at *site.Site, sdir *Node, sbase string, ddir *Node, dbase string, op string, u User) (*pb.RenameReply, error) {
 	if sdir.at() != ddir.at() {
 		return nil, syscall.EXDEV // another server's volume
 	}
@@ -597,11 +598,11 @@ func (c *Client) renameAtHere(at *site, sdir *Node, sbase string, ddir *Node, db
 		return nil, herr
 	}
 	defer release()
-	t := at.begin()
-	defer t.end()
+	t := at.Begin()
+	defer t.End()
 	var reply *pb.RenameReply
-	err := at.as(u).CallOnce(op, func(ctx context.Context) (err error) {
-		reply, err = at.rpc.Rename(ctx, &pb.RenameRequest{SrcDir: pb.FromFID(sdir.fid), SrcName: sbase, DstDir: pb.FromFID(ddir.fid), DstName: dbase})
+	err := at.As(u.token).CallOnce(op, func(ctx context.Context) (err error) {
+		reply, err = at.RPC.Rename(ctx, &pb.RenameRequest{SrcDir: pb.FromFID(sdir.fid), SrcName: sbase, DstDir: pb.FromFID(ddir.fid), DstName: dbase})
 		return err
 	})
 	if err != nil {
@@ -629,11 +630,11 @@ func (c *Client) renameAtHere(at *site, sdir *Node, sbase string, ddir *Node, db
 
 // setattr changes status fields of an already resolved node, as u.
 func (c *Client) setattr(n *Node, req *pb.SetAttrRequest, u User) error {
-	return n.onServer(false, func(at *site) error { return c.setattrHere(at, n, req, u) })
+	return n.onServer(false, func(at *site.Site) error { return c.setattrHere(at, n, req, u) })
 }
 
-// setattrHere is setattr at the Client of the server holding n.
-func (c *Client) setattrHere(at *site, n *Node, req *pb.SetAttrRequest, u User) error {
+// setattrHere is setattr at site at, which holds n.
+func (c *Client) setattrHere(at *site.Site, n *Node, req *pb.SetAttrRequest, u User) error {
 	if err := c.settleFor(n); err != nil {
 		return err
 	}
@@ -647,11 +648,11 @@ func (c *Client) setattrHere(at *site, n *Node, req *pb.SetAttrRequest, u User) 
 		}
 	}
 	req.Fid = pb.FromFID(n.fid)
-	t := at.begin()
-	defer t.end()
+	t := at.Begin()
+	defer t.End()
 	var reply *pb.SetAttrReply
-	err := at.as(u).Call(func(ctx context.Context) (err error) {
-		reply, err = at.rpc.SetAttr(ctx, req)
+	err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+		reply, err = at.RPC.SetAttr(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -718,7 +719,7 @@ type FSStat = node.FSStat
 
 // StatFS reports the server's space.
 func (c *Client) StatFS() (FSStat, error) {
-	fs, err := c.root.at().statFS(c.root.fid.Volume, c.self)
+	fs, err := c.root.at().StatFS(c.root.fid.Volume, c.self.token)
 	if err != nil {
 		return FSStat{}, errOf("statfs", "/", err)
 	}
@@ -733,8 +734,8 @@ func toVolume(v *pb.Volume) Volume {
 func (adm Admin) Volumes() ([]Volume, error) {
 	c := adm.c
 	var r *pb.ListVolumesReply
-	err := c.sites.first.conn.Call(func(ctx context.Context) (err error) {
-		r, err = c.sites.first.rpc.ListVolumes(ctx, &pb.ListVolumesRequest{})
+	err := c.sites.First().Conn.Call(func(ctx context.Context) (err error) {
+		r, err = c.sites.First().RPC.ListVolumes(ctx, &pb.ListVolumesRequest{})
 		return err
 	})
 	if err != nil {

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"github.com/hoardfs/hoard/client/site"
 	"time"
 
 	pb "github.com/hoardfs/hoard/hoardpb"
@@ -12,9 +13,9 @@ import (
 func (adm Admin) SetQuota(volume string, quota uint64) (Volume, error) {
 	c := adm.c
 	var v *pb.Volume
-	err := c.atVolume(func(s *site, _ string) error {
-		return s.conn.Call(func(ctx context.Context) (err error) {
-			v, err = s.rpc.SetVolume(ctx, &pb.SetVolumeRequest{Name: volume, Quota: quota})
+	err := c.atVolume(func(s *site.Site, _ string) error {
+		return s.Conn.Call(func(ctx context.Context) (err error) {
+			v, err = s.RPC.SetVolume(ctx, &pb.SetVolumeRequest{Name: volume, Quota: quota})
 			return err
 		})
 	})
@@ -64,7 +65,7 @@ func (c *Client) roomFor(n *Node, u User) bool {
 		return true
 	}
 	c.roomMu.Unlock()
-	fs, err := n.at().statFS(vol, u)
+	fs, err := n.at().StatFS(vol, u.token)
 	if err != nil {
 		return true // the server is away: the write-back holds the writes
 	}

@@ -4,108 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hoardfs/hoard/client/site"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
-
-// A volume's read-only copy (docs/cell.md) is the same at each of its
-// sites, FIDs included, so its nodes may be read from any: they belong to
-// a Client of one site, dialled apart from the server's own Client with
-// a short patience (roPatience), and when a request finds that site
-// unreachable the copy's nodes go to the next site (failover) and the
-// request is sent there.
-
-// roPatience is how long a request to a read-only copy's site waits for
-// it before it goes to another site.
-const roPatience = time.Second
-
-// downFor is how long a site that stopped answering is passed over.
-const downFor = 30 * time.Second
-
-// roKey keys the Clients of read-only copies' sites in sites.byName.
-func roKey(server string) string { return "ro:" + server }
-
-// readOnly reports whether vol is a read-only copy, as far as the client
-// has located it.
-func (s *sites) readOnly(vol uint64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l := s.byID[vol]
-	return l != nil && l.ReadOnly
-}
-
-// roSite is the site reading copy l: from its first site not known to
-// be down (all down: the one down longest, the likeliest back).
-func (s *sites) roSite(l *pb.Location) (*site, error) {
-	if len(l.Ro) == 0 {
-		return nil, fmt.Errorf("volume %s: no read-only site: %w", l.Name, syscall.ENOENT)
-	}
-	s.mu.Lock()
-	var pick *pb.Site
-	var since time.Time
-	for _, site := range l.Ro {
-		t, down := s.down[site.Addr]
-		if !down || time.Since(t) > downFor {
-			pick = site
-			break
-		}
-		if pick == nil || t.Before(since) {
-			pick, since = site, t
-		}
-	}
-	s.mu.Unlock()
-	return s.dial(roKey(pick.Name), pick, roPatience)
-}
-
-// unreachable reports whether err says the server could not be reached
-// (after the Client's patience).
-func unreachable(err error) bool {
-	switch status.Code(err) {
-	case codes.Unavailable, codes.DeadlineExceeded:
-		return true
-	}
-	return false
-}
-
-// failover follows copy vol from site at, which err says is unreachable,
-// to another of its sites: the copy's nodes go to that site. It
-// reports whether the request should be sent again: to the new site, or,
-// when at's connection is up after all (the failure was the request's,
-// not the site's), to the same.
-func (s *sites) failover(vol uint64, at *site, err error) bool {
-	if !unreachable(err) {
-		return false
-	}
-	s.mu.Lock()
-	l := s.byID[vol]
-	if l == nil || !l.ReadOnly {
-		s.mu.Unlock()
-		return false
-	}
-	if at.conn.Ready() {
-		s.mu.Unlock()
-		return true
-	}
-	s.down[at.addr] = time.Now()
-	s.mu.Unlock()
-	to, derr := s.roSite(l)
-	if derr != nil || to == at {
-		at.log.Warn("no other site of a read-only volume answers", "volume", l.Name, "site", at.addr, "err", err, "dial", derr)
-		return false
-	}
-	if s.c.handOver(vol, to) {
-		at.log.Warn("a site of a read-only volume does not answer; reading from another", "volume", l.Name, "from", at.addr, "to", to.addr)
-	}
-	return true
-}
 
 // wholeVolumes adds to broken FIDs the nodes of the volumes among them: a
 // read-only copy's site keeps one promise per client on the whole copy,
@@ -180,32 +86,32 @@ func (c *Client) siteStep(name, server string, step pb.ReleaseVolumeRequest_Step
 }
 
 // rwSite is the site of the server holding volume name read-write.
-func (c *Client) rwSite(name string) (*site, error) {
+func (c *Client) rwSite(name string) (*site.Site, error) {
 	l, err := c.locate("volume", name)
 	if err != nil {
 		return nil, err
 	}
-	return c.sites.siteFor(l)
+	return c.sites.For(l)
 }
 
 // serverNamed is the site of the cell's server named name.
-func (c *Client) serverNamed(name string) (*site, error) {
+func (c *Client) serverNamed(name string) (*site.Site, error) {
 	servers, err := c.Admin().Servers()
 	if err != nil {
 		return nil, err
 	}
 	for _, s := range servers {
 		if s.Name == name {
-			return c.sites.site(&pb.Site{Name: s.Name, Addr: s.Addr})
+			return c.sites.Server(&pb.Site{Name: s.Name, Addr: s.Addr})
 		}
 	}
 	return nil, fmt.Errorf("no server %s in the cell", name)
 }
 
-func releaseStep(s *site, req *pb.ReleaseVolumeRequest) (*pb.ReleaseVolumeReply, error) {
+func releaseStep(s *site.Site, req *pb.ReleaseVolumeRequest) (*pb.ReleaseVolumeReply, error) {
 	var reply *pb.ReleaseVolumeReply
-	err := s.as(s.self).CallPatient(movePatience, func(ctx context.Context) (err error) {
-		reply, err = s.rpc.ReleaseVolume(ctx, req)
+	err := s.As(s.Self).CallPatient(movePatience, func(ctx context.Context) (err error) {
+		reply, err = s.RPC.ReleaseVolume(ctx, req)
 		return err
 	})
 	return reply, cellErrOf(fmt.Sprintf("release volume %s (%s)", req.Name, req.Step), "", err)
@@ -228,13 +134,13 @@ func (adm Admin) Release(name string) (ReleaseReport, error) {
 	if len(all) == 0 {
 		return rep, fmt.Errorf("release volume %s: it has no read-only sites: add one with hoard vol addsite %s SERVER", name, name)
 	}
-	src, err := c.sites.siteFor(l)
+	src, err := c.sites.For(l)
 	if err != nil {
 		return rep, err
 	}
 	type target struct {
 		name string
-		c    *site
+		c    *site.Site
 		have []*pb.FileVersion
 	}
 	var targets []*target
@@ -242,7 +148,7 @@ func (adm Admin) Release(name string) (ReleaseReport, error) {
 	for _, site := range all {
 		t := &target{name: site.Name}
 		hr, err := func() (*pb.ReleaseVolumeReply, error) {
-			if t.c, err = c.sites.site(site); err != nil {
+			if t.c, err = c.sites.Server(site); err != nil {
 				return nil, err
 			}
 			return releaseStep(t.c, &pb.ReleaseVolumeRequest{Name: name, Step: pb.ReleaseVolumeRequest_HAVE})
@@ -323,6 +229,6 @@ func (adm Admin) Release(name string) (ReleaseReport, error) {
 		err = cerr
 	}
 	rep.Sites, rep.Took = published, time.Since(start)
-	c.sites.forget(name + node.ReadOnlySuffix)
+	c.sites.Forget(name + node.ReadOnlySuffix)
 	return rep, err
 }

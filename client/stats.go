@@ -1,6 +1,7 @@
 package client
 
 import (
+	"github.com/hoardfs/hoard/client/site"
 	"time"
 
 	"github.com/hoardfs/hoard/cache"
@@ -75,14 +76,12 @@ func (c *Client) Stats() Stats {
 		FetchTime:   c.counters.fetchTime.Snapshot(),
 		StoreTime:   c.counters.storeTime.Snapshot(),
 	}
-	c.sites.each(func(s *site) {
-		s.cbMu.Lock()
-		r, w := s.cb.Delegations()
-		st.Promises += s.cb.Len()
-		s.cbMu.Unlock()
+	c.sites.Each(func(s *site.Site) {
+		p, r, w := s.Counts()
+		st.Promises += p
 		st.ReadDelegations += r
 		st.WriteDelegations += w
-		st.RPCs += s.conn.RPCs()
+		st.RPCs += s.Conn.RPCs()
 	})
 	return st
 }

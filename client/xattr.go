@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"github.com/hoardfs/hoard/client/site"
 
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
@@ -17,7 +18,7 @@ import (
 // status a change returns.
 func (c *Client) xattr(n *Node, req *pb.XattrRequest, u User) (*pb.XattrReply, error) {
 	var reply *pb.XattrReply
-	err := n.onServer(false, func(at *site) error {
+	err := n.onServer(false, func(at *site.Site) error {
 		if err := c.checkToken(u); err != nil {
 			return err
 		}
@@ -25,10 +26,10 @@ func (c *Client) xattr(n *Node, req *pb.XattrRequest, u User) (*pb.XattrReply, e
 			return err
 		}
 		req.Fid = pb.FromFID(n.fid)
-		t := at.begin()
-		defer t.end()
-		err := at.as(u).Call(func(ctx context.Context) (err error) {
-			reply, err = at.rpc.Xattr(ctx, req)
+		t := at.Begin()
+		defer t.End()
+		err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+			reply, err = at.RPC.Xattr(ctx, req)
 			return err
 		})
 		if err == nil && reply.Status != nil {
