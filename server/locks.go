@@ -19,9 +19,10 @@ package server
 //     Under it only non-blocking sends on connections' queues. The store
 //     (vnode) is never called under it: vnode's file locks are its own,
 //     taken by requests holding none of the server's.
-//  3. moves.mu and its cond: volumes frozen, quiet, departing and
-//     receiving, and the changes under way on each. Never held with
-//     Server.mu: a move takes one, lets it go, then the other.
+//  3. moves.mu and its cond: the holds on volumes (volhold.State, pure:
+//     frozen, quiet, departing, receiving, and the changes under way on
+//     each). Never held with Server.mu: a move takes one, lets it go,
+//     then the other.
 //  4. stages.mu, then a stage's mu (never the other way): the stages kept
 //     across requests, and one stage's writes.
 //  5. users.mu: the identities of verified tokens. A leaf.

@@ -17,6 +17,7 @@ import (
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/vldb"
 	"github.com/hoardfs/hoard/vnode"
+	"github.com/hoardfs/hoard/volhold"
 )
 
 // Moving a volume to another server (docs/cell.md, "Moving a volume").
@@ -40,31 +41,18 @@ import (
 // that dies leaves the volume at the source: the freeze and the quiet
 // lapse after Config.MoveHold, and the move may be run again (or undone).
 
-// moves is a server's part in the moves of its volumes.
+// moves is a server's part in the moves and releases of its volumes: the
+// holds on them (volhold, whose rules they are), under mu, and cond,
+// which a freeze waits on for the changes under way to drain.
 type moves struct {
 	mu   sync.Mutex
 	cond *sync.Cond
-	// active counts the changes under way on each volume; frozen are the
-	// volumes refusing new ones, until when.
-	active map[uint64]int
-	frozen map[uint64]time.Time
-	// quiet are the volumes granted nothing on, until when.
-	quiet map[uint64]time.Time
-	// departing are the volumes whose move is being committed: from
-	// before the location database names the target until the copy here
-	// is gone, nothing is answered from it, reads neither (a client that
-	// learnt of the move from another server may be changing the target's
-	// copy already).
-	departing map[uint64]bool
-	// receiving are the read-only copies a release is being received
-	// into here: one release at a time per copy.
-	receiving map[uint64]bool
+	hold *volhold.State
 }
 
 func (m *moves) init() {
 	m.cond = sync.NewCond(&m.mu)
-	m.active, m.frozen, m.quiet = map[uint64]int{}, map[uint64]time.Time{}, map[uint64]time.Time{}
-	m.departing, m.receiving = map[uint64]bool{}, map[uint64]bool{}
+	m.hold = volhold.New()
 }
 
 // errDeparting refuses a request about a volume whose move is being
@@ -97,7 +85,7 @@ func elsewhere(w error) bool {
 func (s *Server) departed(vol uint64) error {
 	s.moves.mu.Lock()
 	defer s.moves.mu.Unlock()
-	if s.moves.departing[vol] {
+	if s.moves.hold.Departing(vol) {
 		return errDeparting(vol)
 	}
 	return nil
@@ -149,29 +137,21 @@ func (g guarded) GoverningACL(f node.FID) (node.FID, access.ACL, error) {
 // volume is frozen (UNAVAILABLE: the client sends it again), or is a
 // read-only copy (EROFS).
 func (s *Server) enter(vols ...uint64) (leave func(), err error) {
-	m := &s.moves
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	now := time.Now()
 	for _, v := range vols {
 		if s.readOnly(v) {
 			return nil, errReadOnly(v)
 		}
-		if until, ok := m.frozen[v]; ok && now.Before(until) {
-			return nil, status.Errorf(codes.Unavailable, "volume %d is moving to another server; send the change again", v)
-		}
 	}
-	for _, v := range vols {
-		m.active[v]++
+	m := &s.moves
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if v, ok := m.hold.Enter(time.Now(), vols...); !ok {
+		return nil, status.Errorf(codes.Unavailable, "volume %d is moving to another server; send the change again", v)
 	}
 	return func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		for _, v := range vols {
-			if m.active[v]--; m.active[v] == 0 {
-				delete(m.active, v)
-			}
-		}
+		m.hold.Leave(vols...)
 		m.cond.Broadcast()
 	}, nil
 }
@@ -195,7 +175,7 @@ func volumesOf(fids ...node.FID) []uint64 {
 func (s *Server) freeze(ctx context.Context, vol uint64) error {
 	m := &s.moves
 	m.mu.Lock()
-	m.frozen[vol] = time.Now().Add(s.cfg.MoveHold)
+	m.hold.Freeze(vol, time.Now().Add(s.cfg.MoveHold))
 	m.mu.Unlock()
 	stop := context.AfterFunc(ctx, func() {
 		m.mu.Lock()
@@ -205,9 +185,9 @@ func (s *Server) freeze(ctx context.Context, vol uint64) error {
 	defer stop()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for m.active[vol] > 0 {
+	for !m.hold.Drained(vol) {
 		if err := ctx.Err(); err != nil {
-			delete(m.frozen, vol)
+			m.hold.Unfreeze(vol)
 			return err
 		}
 		m.cond.Wait()
@@ -220,14 +200,14 @@ func (s *Server) freeze(ctx context.Context, vol uint64) error {
 func (s *Server) quiesce(vol uint64) {
 	until := time.Now().Add(s.cfg.MoveHold)
 	s.moves.mu.Lock()
-	s.moves.quiet[vol] = until
+	s.moves.hold.Quiet(vol, until)
 	s.moves.mu.Unlock()
 	s.mu.Lock()
 	held := s.cb.Quiesce(vol)
 	s.mu.Unlock()
 	time.AfterFunc(s.cfg.MoveHold, func() {
 		s.moves.mu.Lock()
-		lapsed := s.moves.quiet[vol] == until
+		lapsed := s.moves.hold.QuietSince(vol, until)
 		s.moves.mu.Unlock()
 		if lapsed {
 			s.log.Warn("a move of volume went silent; serving it as before", "volume", vol)
@@ -242,8 +222,7 @@ func (s *Server) quiesce(vol uint64) {
 // thaw ends a freeze and a quiet of vol.
 func (s *Server) thaw(vol uint64) {
 	s.moves.mu.Lock()
-	delete(s.moves.frozen, vol)
-	delete(s.moves.quiet, vol)
+	s.moves.hold.Thaw(vol)
 	s.moves.mu.Unlock()
 	s.mu.Lock()
 	s.cb.Resume(vol)
@@ -253,19 +232,14 @@ func (s *Server) thaw(vol uint64) {
 func (s *Server) setDeparting(vol uint64, on bool) {
 	s.moves.mu.Lock()
 	defer s.moves.mu.Unlock()
-	if on {
-		s.moves.departing[vol] = true
-	} else {
-		delete(s.moves.departing, vol)
-	}
+	s.moves.hold.Depart(vol, on)
 }
 
 // frozenNow reports whether vol is frozen and quiet, neither lapsed.
 func (s *Server) frozenNow(vol uint64) bool {
 	s.moves.mu.Lock()
 	defer s.moves.mu.Unlock()
-	now := time.Now()
-	return now.Before(s.moves.frozen[vol]) && now.Before(s.moves.quiet[vol])
+	return s.moves.hold.FrozenAt(vol, time.Now())
 }
 
 // volumeMover is what a file server's own store offers a move.

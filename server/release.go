@@ -209,13 +209,12 @@ func (s *Server) receive(v vldb.Volume) (done func(), err error) {
 	m := &s.moves
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.receiving[v.ROID] {
+	if !m.hold.Receive(v.ROID) {
 		return nil, status.Errorf(codes.Aborted, "a release of volume %s is under way at %s: wait for it, then release again", v.Name, s.cfg.Cell.Name)
 	}
-	m.receiving[v.ROID] = true
 	return func() {
 		m.mu.Lock()
-		delete(m.receiving, v.ROID)
+		m.hold.Received(v.ROID)
 		m.mu.Unlock()
 	}, nil
 }
