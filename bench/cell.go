@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/hoardfs/hoard/client/admin"
 	"io"
 	"os"
 	"os/exec"
@@ -273,7 +274,7 @@ func moveBench(bin, scratch string) error {
 	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, r := range []struct {
 		name string
-		rep  client.MoveReport
+		rep  admin.MoveReport
 	}{{"there, with a writer", there}, {"back, 1% rewritten", back}} {
 		rate := mbps(r.rep.Bytes, r.rep.Took)
 		fmt.Printf("| %s | %s | %d | %.2f | %.0f | %.0f | %.2f× (%.0f MB/s) | %.2f× (%.0f MB/s) |\n", r.name, human(r.rep.Bytes), r.rep.Passes, r.rep.Took.Seconds(),

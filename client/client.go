@@ -14,6 +14,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/hoardfs/hoard/client/admin"
 	"github.com/hoardfs/hoard/client/site"
 	"log/slog"
 	"net"
@@ -539,62 +540,28 @@ func (c *Client) invalidate(fids []node.FID) {
 	}
 }
 
-// errOf turns an RPC error into an errno-carrying error for the caller,
-// keeping the transport's explanation for EIO and ETIMEDOUT.
-func errOf(op, path string, err error) error {
-	return pathErr(op, path, err, func(errno syscall.Errno) bool {
-		return errno == syscall.EIO || errno == syscall.ETIMEDOUT
-	})
-}
-
-// errTold is errOf keeping the server's explanation whatever the errno,
-// for the cell's administration (ACLs, groups, users, tokens), where a
-// refusal's reason is what its user needs.
-func errTold(op, path string, err error) error {
-	_, told := status.FromError(err)
-	return pathErr(op, path, err, func(syscall.Errno) bool { return told })
-}
-
-// pathErr is err as an *os.PathError of op on path carrying its errno,
-// and its explanation too where explain says so; an *os.PathError
-// already is returned as it is.
-func pathErr(op, path string, err error, explain func(syscall.Errno) bool) error {
-	var pe *os.PathError
-	if err == nil || errors.As(err, &pe) {
-		return err
-	}
-	var errno syscall.Errno
-	if !errors.As(err, &errno) {
-		errno = pb.Errno(err)
-	}
-	if explain(errno) {
-		return &os.PathError{Op: op, Path: path, Err: &rpcError{errno, err}}
-	}
-	return &os.PathError{Op: op, Path: path, Err: errno}
-}
-
-// rpcError keeps the transport's explanation next to the errno.
-type rpcError struct {
-	errno syscall.Errno
-	err   error
-}
-
-func (e *rpcError) Error() string {
-	m := status.Convert(e.err).Message()
-	if strings.HasSuffix(m, e.errno.Error()) {
-		return m // the server's explanation, ending in the errno's
-	}
-	return e.errno.Error() + ": " + m
-}
-func (e *rpcError) Unwrap() error { return e.errno }
-
-// Admin is the cell's administration as a client sees it: volumes, their
-// sites and quotas, locations and servers, ACLs, groups, users and
-// tokens. A program that reads and writes files needs none of it.
-type Admin struct{ c *Client }
-
 // Admin is c's view of the cell's administration.
-func (c *Client) Admin() Admin { return Admin{c} }
+func (c *Client) Admin() admin.Admin { return admin.New(c.sites, c.opts.Token, namespace{c}) }
+
+// namespace is c's tree as the administration needs it (admin.Namespace).
+type namespace struct{ c *Client }
+
+func (ns namespace) Resolve(name string) (node.FID, error) {
+	n, err := ns.c.resolve(name, true)
+	if err != nil {
+		return node.FID{}, err
+	}
+	return n.fid, nil
+}
+
+func (ns namespace) MountPoint(name, volume string) error {
+	c := ns.c
+	dir, base, err := c.resolveParent(name)
+	if err == nil {
+		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeMountPoint, Mode: 0o755, Who: c.creator(), Target: volume, Excl: true}, c.self)
+	}
+	return site.ErrOf("mount", name, err)
+}
 
 // CacheControl is what a client's cache holds of a path, and what a user
 // may ask of it: warm, evict, the caching policy, the largest files.

@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 	"fmt"
+	"github.com/hoardfs/hoard/access"
+	"github.com/hoardfs/hoard/client/admin"
 	"github.com/hoardfs/hoard/client/site"
 	"syscall"
 	"time"
@@ -164,13 +166,13 @@ func (p *FIDs) StoreThrough(args datapath.StoreArgs) (node.Status, error) {
 
 // Volume finds a volume by name or, with name empty, by id. Volumes are
 // remembered: their names and roots never change.
-func (p *FIDs) Volume(name string, id uint64) (Volume, error) {
+func (p *FIDs) Volume(name string, id uint64) (admin.Volume, error) {
 	c := p.c
 	c.volMu.Lock()
 	for _, v := range c.vols {
 		if name != "" && v.Name == name || name == "" && v.Id == id {
 			c.volMu.Unlock()
-			return toVolume(v), nil
+			return admin.VolumeOf(v), nil
 		}
 	}
 	c.volMu.Unlock()
@@ -182,7 +184,7 @@ func (p *FIDs) Volume(name string, id uint64) (Volume, error) {
 		s, err = c.sites.OfID(id, c.self.token)
 	}
 	if err != nil {
-		return Volume{}, err
+		return admin.Volume{}, err
 	}
 	var v *pb.Volume
 	err = s.Conn.Call(func(ctx context.Context) (err error) {
@@ -190,12 +192,12 @@ func (p *FIDs) Volume(name string, id uint64) (Volume, error) {
 		return err
 	})
 	if err != nil {
-		return Volume{}, err
+		return admin.Volume{}, err
 	}
 	c.volMu.Lock()
 	c.vols[v.Name] = v
 	c.volMu.Unlock()
-	return toVolume(v), nil
+	return admin.VolumeOf(v), nil
 }
 
 // StatFS reports the space of a volume (its quota), or of the server
@@ -231,3 +233,12 @@ func (p *FIDs) MaxFileSize() uint64 { return p.c.sites.First().MaxFile() }
 
 // Lease is the delegation lease the server announced (0: it grants none).
 func (p *FIDs) Lease() time.Duration { return p.c.sites.First().Lease() }
+
+// ACL reads the ACL governing f, at the server holding its volume.
+func (p *FIDs) ACL(f node.FID) (admin.ACL, error) { return p.c.Admin().ACLOf(f) }
+
+// SetACL gives who the rights r in directory dir, at the server holding
+// its volume.
+func (p *FIDs) SetACL(dir node.FID, who string, r access.Rights) (admin.ACL, error) {
+	return p.c.Admin().SetACLOf(dir, who, r)
+}

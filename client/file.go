@@ -108,7 +108,7 @@ func (f *File) pathErr(op string, err error) error {
 	if err == nil || err == io.EOF {
 		return err
 	}
-	return errOf(op, f.name, err)
+	return site.ErrOf(op, f.name, err)
 }
 
 // ReadAt reads len(p) bytes at off. With a valid promise and the data
@@ -388,7 +388,7 @@ func (n *Node) withRoom(u User, change func() error) error {
 	for attempt := 0; (errors.Is(err, cache.ErrNoSpace) || errors.Is(err, cache.ErrMiss)) && attempt < 3; attempt++ {
 		serr := n.c.storeBack(n, false, u)
 		if !n.c.flusher.Drain(dirtyNode{n}) && serr != nil {
-			return &rpcError{syscall.ENOSPC, serr}
+			return site.Explained(syscall.ENOSPC, serr)
 		}
 		err = change()
 	}

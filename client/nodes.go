@@ -505,7 +505,7 @@ func (k *Nodes) Seek(n *Node, off int64, whence int) (int64, error) {
 // (the server commits each change durably before it answers).
 func (k *Nodes) SyncDir(dir *Node) error {
 	err := dir.onServer(false, func(*site.Site) error { return k.c.settle(dir) })
-	return errOf("fsync", "/", err)
+	return site.ErrOf("fsync", "/", err)
 }
 
 // StatFS reports the space of n's volume: its quota if it has one, or
@@ -513,7 +513,7 @@ func (k *Nodes) SyncDir(dir *Node) error {
 func (k *Nodes) StatFS(n *Node) (FSStat, error) {
 	fs, err := n.at().StatFS(n.fid.Volume, k.u.token)
 	if err != nil {
-		return FSStat{}, errOf("statfs", "/", err)
+		return FSStat{}, site.ErrOf("statfs", "/", err)
 	}
 	return fs, nil
 }

@@ -25,17 +25,6 @@ type DirEntry struct {
 	FID  node.FID
 }
 
-// Volume describes a volume of the cell.
-type Volume struct {
-	ID      uint64
-	Name    string
-	Root    node.FID
-	Created time.Time
-	// Quota bounds the bytes of the volume's files (0: none); Used is
-	// what they hold, Files how many files and directories it has.
-	Quota, Used, Files uint64
-}
-
 // maxLinks bounds symlink hops in one path resolution, as Linux's 40.
 const maxLinks = 40
 
@@ -248,7 +237,7 @@ func (c *Client) createAtHere(at *site.Site, m Make, u User) (*Node, *pb.CreateR
 func (c *Client) Open(name string, flag int, perm os.FileMode) (*File, error) {
 	n, how, err := c.openNode(name, flag, perm)
 	if err != nil {
-		return nil, errOf("open", name, err)
+		return nil, site.ErrOf("open", name, err)
 	}
 	parent, base := c.parentOf(name)
 	return c.openFile(n, parent, base, name, flag, how, c.self)
@@ -314,7 +303,7 @@ func createdHow(created bool) openedBy {
 // opened as an open of it would be: as u's rights allow.
 func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, how openedBy, u User) (*File, error) {
 	if flag&(os.O_WRONLY|os.O_RDWR|os.O_TRUNC) != 0 && c.sites.ReadOnly(n.fid.Volume) {
-		return nil, errOf("open", name, syscall.EROFS)
+		return nil, site.ErrOf("open", name, syscall.EROFS)
 	}
 
 	gone := func(err error) bool {
@@ -334,7 +323,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 		case gone(err):
 			check = false
 		default:
-			return nil, errOf("open", name, err)
+			return nil, site.ErrOf("open", name, err)
 		}
 	}
 	f := &File{n: n, u: u, name: name, flags: flag}
@@ -343,13 +332,13 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 	case node.TypeDir:
 		// A directory has no file data to read or write (list it with
 		// ReadDir): a File on one would read a cache entry it has not.
-		return nil, errOf("open", name, syscall.EISDIR)
+		return nil, site.ErrOf("open", name, syscall.EISDIR)
 	default:
-		return nil, errOf("open", name, syscall.EINVAL)
+		return nil, site.ErrOf("open", name, syscall.EINVAL)
 	}
 	if check {
 		if err := permitted(st, flag); err != nil {
-			return nil, errOf("open", name, err)
+			return nil, site.ErrOf("open", name, err)
 		}
 	}
 	if f.writable() {
@@ -365,7 +354,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 			c.counters.bypassOpens[i].Add(1)
 		}
 		if err := c.leaveCache(n, u); err != nil {
-			return nil, errOf("open", name, err)
+			return nil, site.ErrOf("open", name, err)
 		}
 		f.bp.Store(f.openBypass(f.decision.Probation))
 		n.mu.Lock()
@@ -376,7 +365,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 		case err == nil:
 			f.counted = true
 		case !gone(err):
-			return nil, errOf("open", name, err)
+			return nil, site.ErrOf("open", name, err)
 		}
 	}
 	if !f.decision.Bypass && f.readable() && parent != nil {
@@ -386,7 +375,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 		err := f.Truncate(0)
 		if err != nil && !gone(err) {
 			f.uncount()
-			return nil, errOf("open", name, err)
+			return nil, site.ErrOf("open", name, err)
 		}
 	}
 	n.mu.Lock()
@@ -425,10 +414,10 @@ func (c *Client) Lstat(name string) (node.Status, error) { return c.stat("lstat"
 func (c *Client) stat(op, name string, follow bool) (node.Status, error) {
 	n, err := c.resolve(name, follow)
 	if err != nil {
-		return node.Status{}, errOf(op, name, err)
+		return node.Status{}, site.ErrOf(op, name, err)
 	}
 	st, err := c.fresh(n, c.self)
-	return st, errOf(op, name, err)
+	return st, site.ErrOf(op, name, err)
 }
 
 // ReadDir lists a directory in the server's stable order.
@@ -438,10 +427,10 @@ func (c *Client) ReadDir(name string) ([]DirEntry, error) {
 		n, err = c.enterDir(n, c.self)
 	}
 	if err != nil {
-		return nil, errOf("readdir", name, err)
+		return nil, site.ErrOf("readdir", name, err)
 	}
 	ents, _, err := c.readDir(n, c.self)
-	return ents, errOf("readdir", name, err)
+	return ents, site.ErrOf("readdir", name, err)
 }
 
 // Mkdir makes a directory.
@@ -450,7 +439,7 @@ func (c *Client) Mkdir(name string, perm os.FileMode) error {
 	if err == nil {
 		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeDir, Mode: unixMode(perm), Who: c.creator(), Excl: true}, c.self)
 	}
-	return errOf("mkdir", name, err)
+	return site.ErrOf("mkdir", name, err)
 }
 
 // Symlink makes link a symbolic link to target.
@@ -459,37 +448,26 @@ func (c *Client) Symlink(target, link string) error {
 	if err == nil {
 		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeSymlink, Mode: 0o777, Who: c.creator(), Target: target, Excl: true}, c.self)
 	}
-	return errOf("symlink", link, err)
+	return site.ErrOf("symlink", link, err)
 }
 
 // Readlink returns a symlink's target.
 func (c *Client) Readlink(name string) (string, error) {
 	n, err := c.resolve(name, false)
 	if err != nil {
-		return "", errOf("readlink", name, err)
+		return "", site.ErrOf("readlink", name, err)
 	}
 	st, err := c.fresh(n, c.self)
 	if err == nil && st.Type != node.TypeSymlink {
 		err = syscall.EINVAL
 	}
-	return st.Target, errOf("readlink", name, err)
-}
-
-// MountVolume makes name a mount point for volume: the volume's root
-// appears there, and the tree spans volumes as in AFS.
-func (adm Admin) MountVolume(name, volume string) error {
-	c := adm.c
-	dir, base, err := c.resolveParent(name)
-	if err == nil {
-		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeMountPoint, Mode: 0o755, Who: c.creator(), Target: volume, Excl: true}, c.self)
-	}
-	return errOf("mount", name, err)
+	return st.Target, site.ErrOf("readlink", name, err)
 }
 
 // Link makes newname a hard link to oldname.
 func (c *Client) Link(oldname, newname string) error {
 	err := c.link(oldname, newname)
-	return errOf("link", newname, err)
+	return site.ErrOf("link", newname, err)
 }
 
 func (c *Client) link(oldname, newname string) error {
@@ -507,7 +485,7 @@ func (c *Client) link(oldname, newname string) error {
 
 // Remove removes a file, symlink, mount point or empty directory.
 func (c *Client) Remove(name string) error {
-	return errOf("remove", name, c.remove(name))
+	return site.ErrOf("remove", name, c.remove(name))
 }
 
 func (c *Client) remove(name string) error {
@@ -551,7 +529,7 @@ func (c *Client) removed(t site.Ticket, ps *pb.Status, u User) {
 // Rename renames oldname to newname, replacing newname if it exists (and
 // is not a non-empty directory), atomically.
 func (c *Client) Rename(oldname, newname string) error {
-	return errOf("rename", oldname, c.rename(oldname, newname))
+	return site.ErrOf("rename", oldname, c.rename(oldname, newname))
 }
 
 func (c *Client) rename(oldname, newname string) error {
@@ -667,7 +645,7 @@ func (c *Client) setattrPath(op, name string, req *pb.SetAttrRequest) error {
 	if err == nil {
 		err = c.setattr(n, req, c.self)
 	}
-	return errOf(op, name, err)
+	return site.ErrOf(op, name, err)
 }
 
 // Chmod changes the permission bits.
@@ -701,7 +679,7 @@ func (c *Client) Chtimes(name string, atime, mtime time.Time) error {
 // otherwise at the server at once (after storing any local writes to it).
 func (c *Client) Truncate(name string, size int64) error {
 	if size < 0 {
-		return errOf("truncate", name, syscall.EINVAL)
+		return site.ErrOf("truncate", name, syscall.EINVAL)
 	}
 	n, err := c.resolve(name, true)
 	if err == nil {
@@ -711,7 +689,7 @@ func (c *Client) Truncate(name string, size int64) error {
 			_, err = c.Nodes().SetAttr(n, Attr{Size: &sz})
 		}
 	}
-	return errOf("truncate", name, err)
+	return site.ErrOf("truncate", name, err)
 }
 
 // FSStat is the space of the server's file system.
@@ -721,29 +699,7 @@ type FSStat = node.FSStat
 func (c *Client) StatFS() (FSStat, error) {
 	fs, err := c.root.at().StatFS(c.root.fid.Volume, c.self.token)
 	if err != nil {
-		return FSStat{}, errOf("statfs", "/", err)
+		return FSStat{}, site.ErrOf("statfs", "/", err)
 	}
 	return fs, nil
-}
-
-func toVolume(v *pb.Volume) Volume {
-	return Volume{ID: v.Id, Name: v.Name, Root: v.Root.ToFID(), Created: time.Unix(0, v.CreatedNs), Quota: v.Quota, Used: v.Used, Files: v.Files}
-}
-
-// Volumes lists the cell's volumes.
-func (adm Admin) Volumes() ([]Volume, error) {
-	c := adm.c
-	var r *pb.ListVolumesReply
-	err := c.sites.First().Conn.Call(func(ctx context.Context) (err error) {
-		r, err = c.sites.First().RPC.ListVolumes(ctx, &pb.ListVolumesRequest{})
-		return err
-	})
-	if err != nil {
-		return nil, errOf("list volumes", "", err)
-	}
-	out := make([]Volume, len(r.Volumes))
-	for i, v := range r.Volumes {
-		out[i] = toVolume(v)
-	}
-	return out, nil
 }

@@ -2,6 +2,7 @@ package client
 
 import (
 	"fmt"
+	"github.com/hoardfs/hoard/client/site"
 	"path"
 	"time"
 
@@ -57,7 +58,7 @@ func (ctl CacheControl) PolicyOf(name string) (policy.Decision, error) {
 	c := ctl.c
 	n, err := c.resolve(name, true)
 	if err != nil {
-		return policy.Decision{}, errOf("policy", name, err)
+		return policy.Decision{}, site.ErrOf("policy", name, err)
 	}
 	parent, base := c.parentOf(name)
 	return c.policyAt(n, parent, base, c.self)
@@ -88,9 +89,9 @@ func (ctl CacheControl) SetPolicy(name, mode string, recursive bool) error {
 	}
 	n, err := c.resolve(name, true)
 	if err != nil {
-		return errOf("policy", name, err)
+		return site.ErrOf("policy", name, err)
 	}
-	return errOf("policy", name, c.setPolicyAt(n, mode, recursive, c.self))
+	return site.ErrOf("policy", name, c.setPolicyAt(n, mode, recursive, c.self))
 }
 
 // setPolicyAt is SetPolicy for a resolved node, by u.

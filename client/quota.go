@@ -1,29 +1,8 @@
 package client
 
 import (
-	"context"
-	"github.com/hoardfs/hoard/client/site"
 	"time"
-
-	pb "github.com/hoardfs/hoard/hoardpb"
 )
-
-// SetQuota bounds the bytes of volume's files (0: no bound); only an
-// administrator may. Stores past it fail with EDQUOT.
-func (adm Admin) SetQuota(volume string, quota uint64) (Volume, error) {
-	c := adm.c
-	var v *pb.Volume
-	err := c.atVolume(func(s *site.Site, _ string) error {
-		return s.Conn.Call(func(ctx context.Context) (err error) {
-			v, err = s.RPC.SetVolume(ctx, &pb.SetVolumeRequest{Name: volume, Quota: quota})
-			return err
-		})
-	})
-	if err != nil {
-		return Volume{}, cellErrOf("set quota of volume", volume, err)
-	}
-	return toVolume(v), nil
-}
 
 // volRoom is what a close under write-back may take of a volume: the free
 // space of its quota the server said at asked, less the growth of the

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	cadmin "github.com/hoardfs/hoard/client/admin"
 	"io"
 	"os"
 	"os/exec"
@@ -102,7 +103,7 @@ func cellOf3(t *testing.T, extra ...string) ([]*etcdProc, []*serverProc) {
 // waitAlive waits until the cell lists want servers, all alive.
 func waitAlive(t *testing.T, c *client.Client, want int) {
 	t.Helper()
-	var ss []client.Server
+	var ss []cadmin.Server
 	var err error
 	if !poll.Until(15*time.Second, func() bool {
 		ss, err = c.Admin().Servers()
@@ -314,7 +315,7 @@ func TestCellMoveConsistency(t *testing.T) {
 		libFS{dialConsWith(t, srvs[2], t.Name()+"-c1", client.Options{DirBackoff: time.Millisecond}), "/mv/d", srvs[2]},
 		osFS{m.path("mv/d")},
 	}
-	var rep client.MoveReport
+	var rep cadmin.MoveReport
 	consRun(t, srvs[0], clients, 6*time.Second, false, func() {
 		var err error
 		if rep, err = admin.Admin().MoveVolume("mv", "s2"); err != nil {
@@ -398,7 +399,7 @@ func TestCellMoveInterrupted(t *testing.T) {
 	if out, err := hoard("vol", "move", "big", "--to", "s2").CombinedOutput(); err != nil {
 		t.Fatalf("move run again: %v: %s", err, out)
 	}
-	examined(t, admin, "big", "at s2, not moving", func(info client.VolumeInfo) bool { return info.RW.Name == "s2" && info.Moving == "" })
+	examined(t, admin, "big", "at s2, not moving", func(info cadmin.VolumeInfo) bool { return info.RW.Name == "s2" && info.Moving == "" })
 	if got := testkit.ReadFile(t, dial(t, srvs[2].addr, "mem", 256<<20), "/big/f"); !bytes.Equal(got, data) {
 		t.Fatal("the moved file's bytes differ")
 	}
@@ -409,7 +410,7 @@ func TestCellMoveInterrupted(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "undone") {
 		t.Fatalf("undo: %v: %s", err, out)
 	}
-	examined(t, admin, "big", "at s2, not moving", func(info client.VolumeInfo) bool { return info.RW.Name == "s2" && info.Moving == "" })
+	examined(t, admin, "big", "at s2, not moving", func(info cadmin.VolumeInfo) bool { return info.RW.Name == "s2" && info.Moving == "" })
 	if _, err := os.Stat(filepath.Join(srvs[2].data, "data", "2")); err == nil {
 		t.Fatal("s3 kept the copy of an undone move")
 	}

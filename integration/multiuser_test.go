@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"fmt"
+	cadmin "github.com/hoardfs/hoard/client/admin"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cell"
-	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/internal/poll"
 )
 
@@ -268,10 +268,10 @@ func TestMultiUserRevocationReachesMount(t *testing.T) {
 	doc, secret := filepath.Join(m.dir, "pub", "doc"), filepath.Join(m.dir, "bob", "secret")
 	const docText, secretText = "for everyone", "bob's secret"
 	// alice reads bob's secret through a group.
-	if err := w.admin.Admin().ChangeGroup(client.GroupCreate, "readers", ""); err != nil {
+	if err := w.admin.Admin().ChangeGroup(cadmin.GroupCreate, "readers", ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.admin.Admin().ChangeGroup(client.GroupAdd, "readers", "alice"); err != nil {
+	if err := w.admin.Admin().ChangeGroup(cadmin.GroupAdd, "readers", "alice"); err != nil {
 		t.Fatal(err)
 	}
 	mustACL(t, w.admin, "/bob", "readers", access.Read|access.Lookup)
@@ -302,7 +302,7 @@ func TestMultiUserRevocationReachesMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	gone(bob, doc, docText, 3*time.Second, "Permission denied")
-	if err := w.admin.Admin().ChangeGroup(client.GroupDelete, "readers", ""); err != nil {
+	if err := w.admin.Admin().ChangeGroup(cadmin.GroupDelete, "readers", ""); err != nil {
 		t.Fatal(err)
 	}
 	gone(alice, secret, secretText, 3*time.Second, "Permission denied")

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"errors"
+	cadmin "github.com/hoardfs/hoard/client/admin"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -24,14 +25,14 @@ import (
 func TestSecurityGroupNamedAfterUser(t *testing.T) {
 	w := newSecureWorld(t)
 	writeAs(t, w.alice, "/alice/secret", "alice's secret")
-	if err := w.bob.Admin().ChangeGroup(client.GroupCreate, "alice", ""); !errors.Is(err, fs.ErrPermission) {
+	if err := w.bob.Admin().ChangeGroup(cadmin.GroupCreate, "alice", ""); !errors.Is(err, fs.ErrPermission) {
 		t.Fatalf("bob makes a group named alice: %v, want it refused", err)
 	}
-	if err := w.bob.Admin().ChangeGroup(client.GroupCreate, "staff", ""); !errors.Is(err, fs.ErrPermission) {
+	if err := w.bob.Admin().ChangeGroup(cadmin.GroupCreate, "staff", ""); !errors.Is(err, fs.ErrPermission) {
 		t.Fatalf("bob makes an unprefixed group: %v, want it refused (admins only)", err)
 	}
 	// Not even an admin can make a group of a user's name.
-	if err := w.admin.Admin().ChangeGroup(client.GroupCreate, "alice", ""); !errors.Is(err, fs.ErrExist) {
+	if err := w.admin.Admin().ChangeGroup(cadmin.GroupCreate, "alice", ""); !errors.Is(err, fs.ErrExist) {
 		t.Fatalf("an admin makes a group named alice: %v, want EEXIST", err)
 	}
 	// Through the CLI, as the attack was made.
@@ -40,10 +41,10 @@ func TestSecurityGroupNamedAfterUser(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "bob:NAME") {
 		t.Fatalf("hoard group create alice as bob: %v: %s; want it refused, naming bob's own prefix", err, out)
 	}
-	if err := w.bob.Admin().ChangeGroup(client.GroupCreate, "bob:alice", ""); err != nil {
+	if err := w.bob.Admin().ChangeGroup(cadmin.GroupCreate, "bob:alice", ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.bob.Admin().ChangeGroup(client.GroupAdd, "bob:alice", "bob"); err != nil {
+	if err := w.bob.Admin().ChangeGroup(cadmin.GroupAdd, "bob:alice", "bob"); err != nil {
 		t.Fatal(err)
 	}
 	bob := dialAs(t, w.srv.addr, w.bobTok) // a new session: its identity is read anew
@@ -55,11 +56,11 @@ func TestSecurityGroupNamedAfterUser(t *testing.T) {
 	}
 	// A group deleted and made again is a new principal: the old one's
 	// entries do not come back to it.
-	if err := w.alice.Admin().ChangeGroup(client.GroupCreate, "alice:friends", ""); err != nil {
+	if err := w.alice.Admin().ChangeGroup(cadmin.GroupCreate, "alice:friends", ""); err != nil {
 		t.Fatal(err)
 	}
 	mustACL(t, w.alice, "/alice", "alice:friends", access.Read|access.Lookup)
-	if err := w.alice.Admin().ChangeGroup(client.GroupDelete, "alice:friends", ""); err != nil {
+	if err := w.alice.Admin().ChangeGroup(cadmin.GroupDelete, "alice:friends", ""); err != nil {
 		t.Fatal(err)
 	}
 	a, err := w.alice.Admin().GetACL("/alice")
@@ -75,7 +76,7 @@ func TestSecurityGroupNamedAfterUser(t *testing.T) {
 	if old.ID == 0 || old.Rights != access.Read|access.Lookup {
 		t.Fatalf("the deleted group's entry: %v", a.Entries)
 	}
-	if err := w.alice.Admin().ChangeGroup(client.GroupCreate, "alice:friends", ""); err != nil {
+	if err := w.alice.Admin().ChangeGroup(cadmin.GroupCreate, "alice:friends", ""); err != nil {
 		t.Fatal(err)
 	}
 	if a, _ := w.alice.Admin().GetACL("/alice"); strings.Contains(a.Entries.String(), "alice:friends") {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	cadmin "github.com/hoardfs/hoard/client/admin"
 	"io"
 	"os"
 	"path/filepath"
@@ -65,7 +66,7 @@ func TestCellRelease(t *testing.T) {
 	if rep.Bytes < int64(len(v1)) {
 		t.Fatalf("first release sent %d bytes, less than the volume's", rep.Bytes)
 	}
-	examined(t, admin, "sw", "two sites, release 1", func(info client.VolumeInfo) bool {
+	examined(t, admin, "sw", "two sites, release 1", func(info cadmin.VolumeInfo) bool {
 		return len(info.RO) == 2 && info.Released == 1 && len(info.Pending) == 0
 	})
 
@@ -145,7 +146,7 @@ func TestCellRelease(t *testing.T) {
 	// A site restarted keeps its copy (it is not a volume of its own).
 	srvs[1].kill9()
 	srvs[1].restart()
-	info := examined(t, admin, "sw", "two sites", func(info client.VolumeInfo) bool { return len(info.RO) == 2 })
+	info := examined(t, admin, "sw", "two sites", func(info cadmin.VolumeInfo) bool { return len(info.RO) == 2 })
 	if _, err := os.Stat(filepath.Join(srvs[1].data, "data", fmt.Sprint(info.ROID))); err != nil {
 		t.Fatalf("s2's copy after a restart: %v", err)
 	}
@@ -181,7 +182,7 @@ func TestCellRelease(t *testing.T) {
 			t.Fatalf("s%d kept the copy of a site removed", i+2)
 		}
 	}
-	examined(t, admin, "sw", "no sites", func(info client.VolumeInfo) bool { return len(info.RO)+len(info.Pending) == 0 })
+	examined(t, admin, "sw", "no sites", func(info cadmin.VolumeInfo) bool { return len(info.RO)+len(info.Pending) == 0 })
 	if err := admin.Admin().RemoveVolume("sw"); err != nil {
 		t.Fatal(err)
 	}
@@ -293,9 +294,9 @@ func TestCellReadOnlyFailover(t *testing.T) {
 // examined waits until volume name, as the server c is dialled to has
 // it, is as ok wants (each server's copy of the location database
 // follows etcd by a watch), for at most 5 s.
-func examined(t *testing.T, c *client.Client, name, want string, ok func(client.VolumeInfo) bool) client.VolumeInfo {
+func examined(t *testing.T, c *client.Client, name, want string, ok func(cadmin.VolumeInfo) bool) cadmin.VolumeInfo {
 	t.Helper()
-	var info client.VolumeInfo
+	var info cadmin.VolumeInfo
 	var err error
 	if !poll.Until(5*time.Second, func() bool { info, err = c.Admin().Examine(name); return err == nil && ok(info) }) {
 		t.Fatalf("volume %s not %s: %+v %v", name, want, info.Location, err)

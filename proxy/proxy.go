@@ -30,6 +30,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/hoardfs/hoard/client/admin"
 	"io"
 	"log/slog"
 	"os"
@@ -362,7 +363,7 @@ func (p *Proxy) Epoch() uint64 { return p.epoch }
 // MaxFileSize is the origin's.
 func (p *Proxy) MaxFileSize() uint64 { return p.fids.MaxFileSize() }
 
-func fromVolume(v client.Volume) node.Volume {
+func fromVolume(v admin.Volume) node.Volume {
 	return node.Volume{ID: v.ID, Name: v.Name, Root: v.Root, Created: v.Created, Quota: v.Quota, Used: v.Used, Files: v.Files}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/hoardfs/hoard/client/admin"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -82,7 +83,7 @@ func aclCmd() *cobra.Command {
 	return cmd
 }
 
-func printACL(a client.ACL) {
+func printACL(a admin.ACL) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "WHO\tRIGHTS")
 	for _, e := range a.Entries {
@@ -99,7 +100,7 @@ themselves, USER:NAME (alice:friends); only admins make others (staff). A
 group's owner or an admin adds and removes its members, who must be users
 of the cell's registry. ACL entries name a group by its number, so a group
 deleted and made again does not get the old one's rights back.`}
-	change := func(use, short, example string, n int, kind client.GroupChange) *cobra.Command {
+	change := func(use, short, example string, n int, kind admin.GroupChange) *cobra.Command {
 		cmd := withAdmin(use, short, cobra.ExactArgs(n), nil, func(c *client.Client, args []string) error {
 			member := ""
 			if n > 1 {
@@ -110,10 +111,10 @@ deleted and made again does not get the old one's rights back.`}
 		cmd.Example = example
 		return cmd
 	}
-	create := change("create GROUP", "make a group you own (yours: USER:NAME; others: admins)", "  hoard group create alice:friends", 1, client.GroupCreate)
-	del := change("delete GROUP", "delete a group", "  hoard group delete alice:friends", 1, client.GroupDelete)
-	add := change("add GROUP USER", "add a user to a group", "  hoard group add alice:friends bob", 2, client.GroupAdd)
-	rm := change("remove GROUP USER", "remove a user from a group", "  hoard group remove alice:friends bob", 2, client.GroupRemove)
+	create := change("create GROUP", "make a group you own (yours: USER:NAME; others: admins)", "  hoard group create alice:friends", 1, admin.GroupCreate)
+	del := change("delete GROUP", "delete a group", "  hoard group delete alice:friends", 1, admin.GroupDelete)
+	add := change("add GROUP USER", "add a user to a group", "  hoard group add alice:friends bob", 2, admin.GroupAdd)
+	rm := change("remove GROUP USER", "remove a user from a group", "  hoard group remove alice:friends bob", 2, admin.GroupRemove)
 	list := withAdmin("list", "list the groups and their members", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
 		gs, _, err := c.Admin().Groups()
 		if err != nil {

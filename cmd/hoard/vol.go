@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/hoardfs/hoard/client/admin"
 	"math"
 	"os"
 	"strings"
@@ -256,7 +257,7 @@ func orDash(s string) string {
 	return s
 }
 
-func siteNames(ss []client.Site) string {
+func siteNames(ss []admin.Site) string {
 	names := make([]string, len(ss))
 	for i, s := range ss {
 		names[i] = s.Name

@@ -1,15 +1,16 @@
-package client
+package admin
 
 import (
 	"context"
 	"fmt"
-	"github.com/hoardfs/hoard/client/site"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc/status"
 
+	"github.com/hoardfs/hoard/client/site"
 	pb "github.com/hoardfs/hoard/hoardpb"
+	"github.com/hoardfs/hoard/node"
 )
 
 // Site is a file server of the cell.
@@ -59,10 +60,10 @@ func toLocation(l *pb.Location) Location {
 
 // atVolume runs call at the first server and, if it answers that the
 // volume is at another, there: call is told which server it asks (on).
-func (c *Client) atVolume(call func(s *site.Site, on string) error) error {
-	err := call(c.sites.First(), "")
+func (adm Admin) atVolume(call func(s *site.Site, on string) error) error {
+	err := call(adm.sites.First(), "")
 	if l := site.WhereIs(err); l != nil {
-		s, serr := c.sites.Server(l.Rw)
+		s, serr := adm.sites.Server(l.Rw)
 		if serr != nil {
 			return serr
 		}
@@ -78,9 +79,8 @@ func (adm Admin) CreateVolume(name string) (Volume, error) { return adm.CreateVo
 // CreateVolumeOn makes a new volume on server on ("": where the cell
 // places it).
 func (adm Admin) CreateVolumeOn(name, on string) (Volume, error) {
-	c := adm.c
 	var v *pb.Volume
-	err := c.atVolume(func(s *site.Site, there string) error {
+	err := adm.atVolume(func(s *site.Site, there string) error {
 		if there != "" {
 			on = there
 		}
@@ -92,27 +92,26 @@ func (adm Admin) CreateVolumeOn(name, on string) (Volume, error) {
 	if err != nil {
 		return Volume{}, cellErrOf("create volume", name, err)
 	}
-	return toVolume(v), nil
+	return VolumeOf(v), nil
 }
 
 // RemoveVolume deletes a volume and everything in it, wherever it is.
 func (adm Admin) RemoveVolume(name string) error {
-	c := adm.c
-	err := c.atVolume(func(s *site.Site, _ string) error {
+	err := adm.atVolume(func(s *site.Site, _ string) error {
 		return s.Conn.Call(func(ctx context.Context) error {
 			_, err := s.RPC.RemoveVolume(ctx, &pb.RemoveVolumeRequest{Name: name})
 			return err
 		})
 	})
-	c.sites.Forget(name)
+	adm.sites.Forget(name)
 	return cellErrOf("remove volume", name, err)
 }
 
 // ask calls the first server, which answers for the cell from its copy
 // of the location database; a refusal is an error of op on name.
-func ask[T any](c *Client, op, name string, call func(context.Context, pb.FileServerClient) (T, error)) (T, error) {
+func ask[T any](adm Admin, op, name string, call func(context.Context, pb.FileServerClient) (T, error)) (T, error) {
 	var out T
-	f := c.sites.First()
+	f := adm.sites.First()
 	err := f.Conn.Call(func(ctx context.Context) (err error) {
 		out, err = call(ctx, f.RPC)
 		return err
@@ -121,8 +120,8 @@ func ask[T any](c *Client, op, name string, call func(context.Context, pb.FileSe
 }
 
 // locate asks the first server where volume name lives, for op.
-func (c *Client) locate(op, name string) (*pb.Location, error) {
-	return ask(c, op, name, func(ctx context.Context, rpc pb.FileServerClient) (*pb.Location, error) {
+func (adm Admin) locate(op, name string) (*pb.Location, error) {
+	return ask(adm, op, name, func(ctx context.Context, rpc pb.FileServerClient) (*pb.Location, error) {
 		return rpc.Locate(ctx, &pb.LocateRequest{Name: name})
 	})
 }
@@ -130,8 +129,7 @@ func (c *Client) locate(op, name string) (*pb.Location, error) {
 // Locate says where volume name lives, asking the server (not the
 // locations this client keeps).
 func (adm Admin) Locate(name string) (Location, error) {
-	c := adm.c
-	l, err := c.locate("locate volume", name)
+	l, err := adm.locate("locate volume", name)
 	if err != nil {
 		return Location{}, err
 	}
@@ -140,8 +138,7 @@ func (adm Admin) Locate(name string) (Location, error) {
 
 // Servers lists the cell's file servers.
 func (adm Admin) Servers() ([]Server, error) {
-	c := adm.c
-	r, err := ask(c, "list servers", "", func(ctx context.Context, rpc pb.FileServerClient) (*pb.ListServersReply, error) {
+	r, err := ask(adm, "list servers", "", func(ctx context.Context, rpc pb.FileServerClient) (*pb.ListServersReply, error) {
 		return rpc.ListServers(ctx, &pb.ListServersRequest{})
 	})
 	if err != nil {
@@ -165,8 +162,7 @@ type VolumeInfo struct {
 // VolumeInfos lists every volume of the cell with its sizes: one request
 // to each server holding some.
 func (adm Admin) VolumeInfos() ([]VolumeInfo, error) {
-	c := adm.c
-	r, err := ask(c, "list volumes", "", func(ctx context.Context, rpc pb.FileServerClient) (*pb.ListLocationsReply, error) {
+	r, err := ask(adm, "list volumes", "", func(ctx context.Context, rpc pb.FileServerClient) (*pb.ListLocationsReply, error) {
 		return rpc.ListLocations(ctx, &pb.ListLocationsRequest{})
 	})
 	if err != nil {
@@ -176,7 +172,7 @@ func (adm Admin) VolumeInfos() ([]VolumeInfo, error) {
 	out := make([]VolumeInfo, 0, len(r.Locations))
 	for _, l := range r.Locations {
 		info := VolumeInfo{Location: toLocation(l), Volume: Volume{ID: l.Id, Name: l.Name, Created: time.Unix(0, l.CreatedNs)}}
-		s, err := c.sites.For(l)
+		s, err := adm.sites.For(l)
 		if err != nil {
 			return nil, err
 		}
@@ -194,7 +190,7 @@ func (adm Admin) VolumeInfos() ([]VolumeInfo, error) {
 			}
 		}
 		if v := sizes[s][l.Id]; v != nil {
-			info.Volume = toVolume(v)
+			info.Volume = VolumeOf(v)
 		}
 		out = append(out, info)
 	}
@@ -203,12 +199,11 @@ func (adm Admin) VolumeInfos() ([]VolumeInfo, error) {
 
 // Examine is one volume with its sizes and where it lives.
 func (adm Admin) Examine(name string) (VolumeInfo, error) {
-	c := adm.c
-	l, err := c.locate("examine volume", name)
+	l, err := adm.locate("examine volume", name)
 	if err != nil {
 		return VolumeInfo{}, err
 	}
-	s, err := c.sites.For(l)
+	s, err := adm.sites.For(l)
 	if err != nil {
 		return VolumeInfo{}, err
 	}
@@ -219,7 +214,7 @@ func (adm Admin) Examine(name string) (VolumeInfo, error) {
 	}); err != nil {
 		return VolumeInfo{}, cellErrOf("examine volume", name, err)
 	}
-	return VolumeInfo{Volume: toVolume(v), Location: toLocation(l)}, nil
+	return VolumeInfo{Volume: VolumeOf(v), Location: toLocation(l)}, nil
 }
 
 // cellError is a refusal of a cell operation in the server's words (no
@@ -245,4 +240,53 @@ func cellErrOf(op, name string, err error) error {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	return &cellError{op + ": " + st.Message(), pb.Errno(err)}
+}
+
+// Volume describes a volume of the cell.
+type Volume struct {
+	ID      uint64
+	Name    string
+	Root    node.FID
+	Created time.Time
+	// Quota bounds the bytes of the volume's files (0: none); Used is
+	// what they hold, Files how many files and directories it has.
+	Quota, Used, Files uint64
+}
+
+// VolumeOf is v as a Volume.
+func VolumeOf(v *pb.Volume) Volume {
+	return Volume{ID: v.Id, Name: v.Name, Root: v.Root.ToFID(), Created: time.Unix(0, v.CreatedNs), Quota: v.Quota, Used: v.Used, Files: v.Files}
+}
+
+// Volumes lists the cell's volumes.
+func (adm Admin) Volumes() ([]Volume, error) {
+	var r *pb.ListVolumesReply
+	err := adm.sites.First().Conn.Call(func(ctx context.Context) (err error) {
+		r, err = adm.sites.First().RPC.ListVolumes(ctx, &pb.ListVolumesRequest{})
+		return err
+	})
+	if err != nil {
+		return nil, site.ErrOf("list volumes", "", err)
+	}
+	out := make([]Volume, len(r.Volumes))
+	for i, v := range r.Volumes {
+		out[i] = VolumeOf(v)
+	}
+	return out, nil
+}
+
+// SetQuota bounds the bytes of volume's files (0: no bound); only an
+// administrator may. Stores past it fail with EDQUOT.
+func (adm Admin) SetQuota(volume string, quota uint64) (Volume, error) {
+	var v *pb.Volume
+	err := adm.atVolume(func(s *site.Site, _ string) error {
+		return s.Conn.Call(func(ctx context.Context) (err error) {
+			v, err = s.RPC.SetVolume(ctx, &pb.SetVolumeRequest{Name: volume, Quota: quota})
+			return err
+		})
+	})
+	if err != nil {
+		return Volume{}, cellErrOf("set quota of volume", volume, err)
+	}
+	return VolumeOf(v), nil
 }

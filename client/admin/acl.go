@@ -1,10 +1,11 @@
-package client
+package admin
 
 import (
 	"context"
 	"time"
 
 	"github.com/hoardfs/hoard/access"
+	"github.com/hoardfs/hoard/client/site"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
@@ -14,17 +15,15 @@ import (
 
 // WhoAmI is whom the server takes this client's requests to come from.
 func (adm Admin) WhoAmI() (access.Identity, error) {
-	c := adm.c
-	id, err := c.Admin().WhoIs(c.self.token)
-	return id, errTold("whoami", "", err)
+	id, err := adm.WhoIs(adm.self)
+	return id, site.ErrTold("whoami", "", err)
 }
 
 // WhoIs is whom the server takes the bearer of token to be.
 func (adm Admin) WhoIs(token string) (access.Identity, error) {
-	c := adm.c
 	var r *pb.WhoAmIReply
-	err := c.sites.First().Conn.As(token).Call(func(ctx context.Context) (err error) {
-		r, err = c.sites.First().RPC.WhoAmI(ctx, &pb.WhoAmIRequest{})
+	err := adm.sites.First().Conn.As(token).Call(func(ctx context.Context) (err error) {
+		r, err = adm.sites.First().RPC.WhoAmI(ctx, &pb.WhoAmIRequest{})
 		return err
 	})
 	if err != nil {
@@ -56,54 +55,23 @@ func toACL(r *pb.ACLReply) ACL {
 
 // GetACL reads the ACL governing name.
 func (adm Admin) GetACL(name string) (ACL, error) {
-	c := adm.c
-	n, err := c.resolve(name, true)
+	fid, err := adm.tree.Resolve(name)
 	if err != nil {
-		return ACL{}, errTold("get acl", name, err)
+		return ACL{}, site.ErrTold("get acl", name, err)
 	}
-	a, err := n.c.FIDs().ACL(n.fid)
-	return a, errTold("get acl", name, err)
-}
-
-// ACL reads the ACL governing f, at the server holding its volume.
-func (p *FIDs) ACL(f node.FID) (ACL, error) {
-	s := p.Node(f).at()
-	var r *pb.ACLReply
-	err := s.Conn.Call(func(ctx context.Context) (err error) {
-		r, err = s.RPC.GetACL(ctx, &pb.GetACLRequest{Fid: pb.FromFID(f)})
-		return err
-	})
-	if err != nil {
-		return ACL{}, err
-	}
-	return toACL(r), nil
+	a, err := adm.ACLOf(fid)
+	return a, site.ErrTold("get acl", name, err)
 }
 
 // SetACL gives who the rights r in directory name (none: removes who's
 // entry), and returns the list as it is now.
 func (adm Admin) SetACL(name, who string, r access.Rights) (ACL, error) {
-	c := adm.c
-	n, err := c.resolve(name, true)
+	fid, err := adm.tree.Resolve(name)
 	if err != nil {
-		return ACL{}, errTold("set acl", name, err)
+		return ACL{}, site.ErrTold("set acl", name, err)
 	}
-	a, err := n.c.FIDs().SetACL(n.fid, who, r)
-	return a, errTold("set acl", name, err)
-}
-
-// SetACL gives who the rights r in directory dir, at the server holding
-// its volume.
-func (p *FIDs) SetACL(dir node.FID, who string, r access.Rights) (ACL, error) {
-	s := p.Node(dir).at()
-	var out *pb.ACLReply
-	err := s.Conn.Call(func(ctx context.Context) (err error) {
-		out, err = s.RPC.SetACL(ctx, &pb.SetACLRequest{Dir: pb.FromFID(dir), Who: who, Rights: uint32(r)})
-		return err
-	})
-	if err != nil {
-		return ACL{}, err
-	}
-	return toACL(out), nil
+	a, err := adm.SetACLOf(fid, who, r)
+	return a, site.ErrTold("set acl", name, err)
 }
 
 // GroupChange is what ChangeGroup does.
@@ -120,22 +88,20 @@ const (
 // CreateUser registers user name with uid in the cell's registry, ahead
 // of their token's first use (admins only).
 func (adm Admin) CreateUser(name string, uid uint32) error {
-	c := adm.c
-	err := c.sites.First().Conn.Call(func(ctx context.Context) error {
-		_, err := c.sites.First().RPC.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: pb.ChangeGroupRequest_CHANGE_CREATE_USER, Group: name, Uid: uid})
+	err := adm.sites.First().Conn.Call(func(ctx context.Context) error {
+		_, err := adm.sites.First().RPC.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: pb.ChangeGroupRequest_CHANGE_CREATE_USER, Group: name, Uid: uid})
 		return err
 	})
-	return errTold("user", name, err)
+	return site.ErrTold("user", name, err)
 }
 
 // ChangeGroup creates or deletes group, or adds or removes member.
 func (adm Admin) ChangeGroup(change GroupChange, group, member string) error {
-	c := adm.c
-	err := c.sites.First().Conn.Call(func(ctx context.Context) error {
-		_, err := c.sites.First().RPC.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: change, Group: group, Member: member})
+	err := adm.sites.First().Conn.Call(func(ctx context.Context) error {
+		_, err := adm.sites.First().RPC.ChangeGroup(ctx, &pb.ChangeGroupRequest{Change: change, Group: group, Member: member})
 		return err
 	})
-	return errTold("group", group, err)
+	return site.ErrTold("group", group, err)
 }
 
 // Group is a protection group and its members.
@@ -153,14 +119,13 @@ type Principal struct {
 
 // Groups lists the cell's groups, and to an admin its users.
 func (adm Admin) Groups() ([]Group, []Principal, error) {
-	c := adm.c
 	var r *pb.ListGroupsReply
-	err := c.sites.First().Conn.Call(func(ctx context.Context) (err error) {
-		r, err = c.sites.First().RPC.ListGroups(ctx, &pb.ListGroupsRequest{})
+	err := adm.sites.First().Conn.Call(func(ctx context.Context) (err error) {
+		r, err = adm.sites.First().RPC.ListGroups(ctx, &pb.ListGroupsRequest{})
 		return err
 	})
 	if err != nil {
-		return nil, nil, errTold("groups", "", err)
+		return nil, nil, site.ErrTold("groups", "", err)
 	}
 	gs := make([]Group, len(r.Groups))
 	for i, g := range r.Groups {
@@ -176,14 +141,13 @@ func (adm Admin) Groups() ([]Group, []Principal, error) {
 // RevokeToken has the server refuse the token id from now on; expires is
 // when it lapses anyway (zero: unknown).
 func (adm Admin) RevokeToken(id string, expires time.Time) error {
-	c := adm.c
 	var ns int64
 	if !expires.IsZero() {
 		ns = expires.UnixNano()
 	}
-	err := c.sites.First().Conn.Call(func(ctx context.Context) error {
-		_, err := c.sites.First().RPC.RevokeToken(ctx, &pb.RevokeTokenRequest{Id: id, ExpiresNs: ns})
+	err := adm.sites.First().Conn.Call(func(ctx context.Context) error {
+		_, err := adm.sites.First().RPC.RevokeToken(ctx, &pb.RevokeTokenRequest{Id: id, ExpiresNs: ns})
 		return err
 	})
-	return errTold("revoke token", id, err)
+	return site.ErrTold("revoke token", id, err)
 }

@@ -1,13 +1,13 @@
-package client
+package admin
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/hoardfs/hoard/client/site"
 	"io"
 	"time"
 
+	"github.com/hoardfs/hoard/client/site"
 	pb "github.com/hoardfs/hoard/hoardpb"
 )
 
@@ -34,14 +34,13 @@ const maxFinalPasses = 3
 // asked to move a volume to where it is while a move of it is unfinished,
 // it undoes that move.
 func (adm Admin) MoveVolume(name, to string) (MoveReport, error) {
-	c := adm.c
 	start := time.Now()
 	var rep MoveReport
-	l, err := c.locate("move volume", name)
+	l, err := adm.locate("move volume", name)
 	if err != nil {
 		return rep, err
 	}
-	src, err := c.sites.For(l)
+	src, err := adm.sites.For(l)
 	if err != nil {
 		return rep, err
 	}
@@ -51,9 +50,9 @@ func (adm Admin) MoveVolume(name, to string) (MoveReport, error) {
 			return rep, nil
 		}
 		rep.Undone = true
-		return rep, c.undoMove(src, name, l.Moving)
+		return rep, adm.undoMove(src, name, l.Moving)
 	}
-	dst, err := c.serverNamed(to)
+	dst, err := adm.serverNamed(to)
 	if err != nil {
 		return rep, fmt.Errorf("move volume %s: %w", name, err)
 	}
@@ -93,24 +92,24 @@ func (adm Admin) MoveVolume(name, to string) (MoveReport, error) {
 		}
 	}()
 	if err != nil {
-		if uerr := c.undoMove(src, name, to); uerr != nil {
+		if uerr := adm.undoMove(src, name, to); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
 		return rep, err
 	}
 	rep.Freeze, rep.Took = time.Since(frozen), time.Since(start)
-	c.sites.Forget(name)
+	adm.sites.Forget(name)
 	return rep, nil
 }
 
 // undoMove ends an unfinished move of name to to: the source serves the
 // volume as before, the target drops what it received.
-func (c *Client) undoMove(src *site.Site, name, to string) error {
+func (adm Admin) undoMove(src *site.Site, name, to string) error {
 	err := moveStep(src, name, "", pb.MoveVolumeRequest_ABORT)
-	servers, serr := c.Admin().Servers()
+	servers, serr := adm.Servers()
 	for _, s := range servers {
 		if s.Name == to {
-			dst, derr := c.sites.Server(&pb.Site{Name: s.Name, Addr: s.Addr})
+			dst, derr := adm.sites.Server(&pb.Site{Name: s.Name, Addr: s.Addr})
 			if derr == nil {
 				derr = moveStep(dst, name, "", pb.MoveVolumeRequest_ABORT)
 			}
