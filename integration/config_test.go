@@ -151,6 +151,11 @@ func TestConfigErrors(t *testing.T) {
 			`hoard: %s: line 3: invalid value "abc" for max-sessions in [server]: strconv.ParseInt: parsing "abc": invalid syntax`},
 		{"[mount]\ntimeout = 5\n", []string{"config", "show", "mount"}, nil,
 			`hoard: %s: line 2: invalid value 5 for timeout in [mount]: time: missing unit in duration "5"`},
+		// A size is checked where it is read, not first when used.
+		{"[mount]\ncache-size = \"lots\"\n", []string{"config", "show", "mount"}, nil,
+			`hoard: %s: line 2: invalid value "lots" for cache-size in [mount]: want a positive size such as 4096, 512M or 10G`},
+		{"", []string{"config", "show", "proxy"}, []string{"HOARD_CACHE_SIZE=10Q"},
+			`hoard: HOARD_CACHE_SIZE="10Q": invalid value for --cache-size: want a positive size such as 4096, 512M or 10G`},
 		{"", []string{"server", "--data", dir, "--listen", freeAddr(t)}, []string{"HOARD_MAX_SESSIONS=abc"},
 			`hoard: HOARD_MAX_SESSIONS="abc": invalid value for --max-sessions: strconv.ParseInt: parsing "abc": invalid syntax`},
 	}

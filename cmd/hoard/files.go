@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -61,9 +62,9 @@ func defaultServer() string {
 func (cf *clientFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&cf.server, "server", defaultServer(), "file server address (env HOARD_SERVER)")
 	f.StringVar(&cf.cache, "cache", defaultCacheDir(), "cache directory, kept between runs (env HOARD_CACHE); empty for a memory cache")
-	f.StringVar(&cf.cacheSize, "cache-size", "1G", "cache size limit, e.g. 512M, 10G")
+	sizeVar(f, &cf.cacheSize, "cache-size", "1G", "cache size limit, e.g. 512M, 10G")
 	f.DurationVar(&cf.timeout, "timeout", 5*time.Second, "how long to wait for the server")
-	f.StringVar(&cf.bypassAt, "bypass-threshold", "", "files at least this large bypass the cache, e.g. 1G (default: off, auto decides)")
+	sizeVar(f, &cf.bypassAt, "bypass-threshold", "", "files at least this large bypass the cache, e.g. 1G (default: off, auto decides)", "")
 	f.IntVar(&cf.streams, "data-streams", 4, "connections to the server's bulk-data channel, or as many as the server asks for if more (a proxy with a data channel asks for 16); 0: file data over the control connection")
 	f.BoolVar(&cf.noDeleg, "no-delegations", false, "take no delegations: every open and close goes to the server, writes are stored at close")
 	f.BoolVar(&cf.noDirDeleg, "no-dir-delegations", false, "take no delegations on directories: every create goes to the server at once")
@@ -112,6 +113,34 @@ func (cf *clientFlags) dial() (*client.Client, error) {
 		return client.Dial(o)
 	}
 	return c, err
+}
+
+// sizeVar defines a flag holding a size as parseSize reads it, or one of
+// the literals also (a quota's "0", an unset threshold's ""). The value is
+// checked when it is set, so a bad one in a configuration file or the
+// environment is refused where it is read, by config show too.
+func sizeVar(f *pflag.FlagSet, p *string, name, def, usage string, also ...string) {
+	*p = def
+	f.Var(sizeValue{p, also}, name, usage)
+}
+
+// sizeValue is a size flag's pflag.Value.
+type sizeValue struct {
+	p    *string
+	also []string
+}
+
+func (v sizeValue) String() string { return *v.p }
+func (v sizeValue) Type() string   { return "size" }
+
+func (v sizeValue) Set(s string) error {
+	if !slices.Contains(v.also, strings.TrimSpace(s)) {
+		if _, err := parseSize(s); err != nil {
+			return err
+		}
+	}
+	*v.p = s
+	return nil
 }
 
 // parseSize reads sizes like 4096, 512K, 10M, 2G, 1T (powers of 1024).

@@ -134,7 +134,7 @@ func proxyCmd() *cobra.Command {
 	logFlags(f, "log here, rotated by size (default: stderr)")
 	f.BoolVar(&insecure, "insecure", false, "talk to an insecure origin and serve without TLS or authentication (benchmarks only)")
 	f.StringVar(&dir, "cache", "", "directory of the proxy's cache (created if missing)")
-	f.StringVar(&size, "cache-size", "10G", "size of the disk store of file data, e.g. 512M, 10G (the pooled layout allocates it at once)")
+	sizeVar(f, &size, "cache-size", "10G", "size of the disk store of file data, e.g. 512M, 10G (the pooled layout allocates it at once)")
 	f.StringVar(&layout, "layout", proxystore.Pooled, "disk store layout: pooled (large preallocated files, chunks placed by file and user) or per-chunk (one file per chunk)")
 	f.DurationVar(&fast, "fast-fetch", 10*time.Millisecond, "chunks fetched from the origin quicker than this are evicted first (cheap to fetch again)")
 	f.DurationVar(&timeout, "timeout", 10*time.Second, "how long a request waits for an unreachable origin before it fails")

@@ -122,7 +122,7 @@ func volSetCmd() *cobra.Command {
 	}
 	cmd := withAdmin("set NAME --quota SIZE", "set a volume's quota (admins): the most its files may hold", cobra.MatchAll(cobra.ExactArgs(1), checkQuota),
 		func(f *pflag.FlagSet) {
-			f.StringVar(&size, "quota", "", "quota, e.g. 500M, 10G; 0 removes it")
+			sizeVar(f, &size, "quota", "", "quota, e.g. 500M, 10G; 0 removes it", "", "0")
 		},
 		func(c *client.Client, args []string) error {
 			v, err := c.Admin().SetQuota(args[0], quota)
