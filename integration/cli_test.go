@@ -98,6 +98,9 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"proxy", "--origin", "127.0.0.1:9", "--cache", filepath.Join(tmp, "fresh8"), "--data-idle-timeout", "0s"}, "--data-idle-timeout"},
 		{[]string{"ls", "/", "--cache", file}, file},
 		{[]string{"ls", "/", "--cache-size", "lots"}, "--cache-size"},
+		// A port alone, or a host alone, is not a server's address.
+		{[]string{"ls", "/", "--server", "7601"}, `--server "7601": want the host:port of a hoard server`},
+		{[]string{"ls", "/", "--server", "localhost"}, `--server "localhost": want the host:port`},
 		{[]string{"frobnicate"}, "unknown command"},
 		{[]string{"put", "onlyone"}, "hoard put: needs LOCAL and REMOTE"},
 		{[]string{"put", "a", "b", "c"}, "hoard put: takes only LOCAL and REMOTE"},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/signal"
 	"path"
@@ -73,6 +74,9 @@ func (cf *clientFlags) add(f *pflag.FlagSet) {
 
 // options turns the flags into client options.
 func (cf *clientFlags) options() (client.Options, error) {
+	if _, port, err := net.SplitHostPort(cf.server); err != nil || port == "" {
+		return client.Options{}, usagef("--server %q: want the host:port of a hoard server, such as 127.0.0.1:7100", cf.server)
+	}
 	size, err := parseSize(cf.cacheSize)
 	if err != nil {
 		return client.Options{}, usagef("--cache-size %q: %v", cf.cacheSize, err)
