@@ -247,11 +247,7 @@ func Dial(opts Options) (*Client, error) {
 		cancel:    cancel,
 	}
 	c.flusher = newFlusher(c)
-	sessionFile := ""
-	if opts.KeepSession && opts.CacheDir != "" {
-		sessionFile = filepath.Join(opts.CacheDir, "session")
-	}
-	first, err := c.start(opts.Server, sessionFile, opts.Patience)
+	first, err := c.start(opts.Server, c.sessionFile("session"), opts.Patience)
 	if err != nil {
 		cancel()
 		ch.Close()
@@ -274,6 +270,15 @@ func Dial(opts Options) (*Client, error) {
 		return nil, dialErr(opts, err)
 	}
 	return c, nil
+}
+
+// sessionFile is where the session named name is kept (KeepSession),
+// or "" for none.
+func (c *Client) sessionFile(name string) string {
+	if !c.opts.KeepSession || c.opts.CacheDir == "" {
+		return ""
+	}
+	return filepath.Join(c.opts.CacheDir, name)
 }
 
 // start opens a session with the server at addr, waiting patience for it

@@ -2,7 +2,6 @@ package client
 
 import (
 	"errors"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -19,11 +18,7 @@ func (cl cellOf) Dial(key, addr string, patience time.Duration) (*site.Site, err
 	if patience == 0 {
 		patience = opts.Patience
 	}
-	sessionFile := ""
-	if opts.KeepSession && opts.CacheDir != "" {
-		sessionFile = filepath.Join(opts.CacheDir, "session."+key)
-	}
-	return cl.c.start(addr, sessionFile, patience)
+	return cl.c.start(addr, cl.c.sessionFile("session."+key), patience)
 }
 
 func (cl cellOf) HandOver(vol uint64, to *site.Site) bool { return cl.c.handOver(vol, to) }
