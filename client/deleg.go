@@ -332,17 +332,27 @@ func (c *Client) giveBack(at *site.Site, fid node.FID, state uint64) {
 		n.mu.Lock()
 		n.recalledAt = time.Now()
 		n.mu.Unlock()
-		// Held until the return is sent: a file made meanwhile under
-		// the delegation would come after it.
+		// Nothing is made, removed or renamed here under a delegation
+		// recalled or dropped (makeHere and the others check it under
+		// nsmu), so nsmu is not held past the settle: a store of a file
+		// it created, under way, may need it to finish (storeLocked
+		// settles first).
 		n.nsmu.Lock()
-		defer n.nsmu.Unlock()
 		bare, err := c.settleLocked(n)
+		n.nsmu.Unlock()
 		c.uncovered(bare) // before the return lets others at them
-		// And stored before it: nothing covers their writes once the
-		// directory's delegation is back (a settle the server gave no
-		// write delegation, as a volume that is moving gives none), and
+		// And stored before it, a store under way waited for: nothing
+		// covers their writes once the directory's delegation is back
+		// (a settle the server gave no write delegation, as a volume
+		// that is moving or a client backing off gets none), and
 		// whoever asked for it may open them next.
-		c.storeBare(bare)
+		for _, f := range bare {
+			f.wmu.Lock()
+			if err := c.storeBack(f, true, c.writerOf(f)); err != nil {
+				c.log.Warn("recall: a settled file's writes not stored yet", "fid", f.fid, "err", err)
+			}
+			f.wmu.Unlock()
+		}
 		if err != nil && !refusedCreate(err) {
 			c.log.Warn("recall: files made in the directory not created yet", "fid", fid, "err", err)
 			return

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,6 +48,9 @@ type fakeServer struct {
 	// refuse, when set, refuses stores with that errno (a revoked
 	// delegation: ESTALE); refuseSettle refuses CreateReserved.
 	refuse, refuseSettle syscall.Errno
+	// bareSettle: CreateReserved grants the files no write delegation
+	// (as for a client backing off after recalls).
+	bareSettle bool
 	// onOpen, when set, runs inside every Open, before its reply.
 	onOpen func()
 	renews int
@@ -265,6 +269,10 @@ func (f *fakeServer) CreateReserved(_ context.Context, in *pb.CreateReservedRequ
 		made = append(made, r.Name)
 		ps, _ := f.statusOf(fid)
 		out.Files = append(out.Files, ps)
+		if f.bareSettle {
+			out.States = append(out.States, 0)
+			continue
+		}
 		f.state++
 		out.States = append(out.States, f.state)
 	}
@@ -754,6 +762,34 @@ func TestFakeSiteDirRecallSettlesFirst(t *testing.T) {
 	fc.want("settle 1 made=[x] removed=[]", "return 1 state=1")
 	if n.made() != nil {
 		t.Fatal("the file is still only here after the recall")
+	}
+}
+
+// A file a recall's settle creates without a write delegation of its own
+// has its writes stored before the directory's delegation goes back,
+// even while another store of it (the flusher's) is under way: nothing
+// covers them once the directory is returned, and whoever recalled it
+// may open the file next.
+func TestFakeSiteDirRecallStoresBareFiles(t *testing.T) {
+	fc := newFakeClient(t, Options{})
+	n := fc.make("x")
+	f := fc.open(n, os.O_RDWR)
+	if _, err := f.WriteAt([]byte("data"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fc.srv.took()
+	fc.srv.bareSettle = true
+	n.wmu.Lock() // a store of x under way
+	fc.h.Recall(recallOf(fc.root, 1), 1)
+	poll.Wait(t, 5*time.Second, "the recall's settle", func() bool { return n.made() == nil })
+	n.wmu.Unlock()
+	fc.settled()
+	fc.want("settle 1 made=[x] removed=[]", "store "+strconv.FormatUint(n.fid.Vnode, 10)+" deleg=0", "return 1 state=1")
+	if got := fc.content(n); got != "data" {
+		t.Fatalf("the server has %q", got)
 	}
 }
 

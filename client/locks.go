@@ -48,10 +48,11 @@ package client
 //  8. Node.nsmu (directories): orders files made, removed and settled here
 //     with requests that change the directory at the server. Exclusive in
 //     makeHere, removeHere, removeLater, renameHere, settle and giveBack,
-//     held across CreateReserved and the Return; shared in hold, across the
-//     Create, Link, Remove or Rename. Taken under the wmu of a file made in
-//     or removed from the directory (removeLater, storeBack, storeLocked via
-//     settleFor), never the reverse: storeBare runs once nsmu is released.
+//     held across CreateReserved; shared in hold, across the Create, Link,
+//     Remove or Rename. Taken under the wmu of a file made in or removed
+//     from the directory (removeLater, storeBack, storeLocked via
+//     settleFor), never the reverse: storeBare, and giveBack's stores of
+//     the files its settle created, run once nsmu is released.
 //  9. site.Site.resMu: fids, fidsLife. Taken holding no client lock (makeHere
 //     before nsmu; welcome on the back channel). Not across Reserve: reserved
 //     drops it for the call, which one caller per volume makes

@@ -867,9 +867,10 @@ func consVerify(t *testing.T, ops []porcupine.Operation, undecided, illegal func
 	slices.SortStableFunc(sorted, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
 	last := -1
 	if res == porcupine.Illegal {
-		last = consFirstIllegal(model, sorted)
-		op := sorted[last]
-		t.Logf("the shortest illegal prefix ends at %.3fms: %s", float64(op.Call)/1e6, consDescribe(op.Input, op.Output))
+		if last = consStuck(info, sorted); last >= 0 {
+			op := sorted[last]
+			t.Logf("the first operation the checker could not explain, at %.3fms: %s", float64(op.Call)/1e6, consDescribe(op.Input, op.Output))
+		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, "history.txt"), []byte(consText(sorted, last)), 0o644); err != nil {
 		t.Error(err)
@@ -882,22 +883,31 @@ func consVerify(t *testing.T, ops []porcupine.Operation, undecided, illegal func
 	return res
 }
 
-// consFirstIllegal returns the index of the last operation of the
-// shortest prefix of sorted (by invocation) that the model refuses: what
-// went wrong is at or shortly before it. Refuting a history can take
-// porcupine very long, so a prefix it cannot decide in a few seconds
-// counts as refused: the answer may then come a little late.
-func consFirstIllegal(model porcupine.Model, sorted []porcupine.Operation) int {
-	lo, hi := 1, len(sorted) // sorted[:hi] is illegal
-	for lo < hi {
-		mid := (lo + hi) / 2
-		if porcupine.CheckOperationsTimeout(model, sorted[:mid], 3*time.Second) == porcupine.Ok {
-			lo = mid + 1
-		} else {
-			hi = mid
+// consStuck returns the index in sorted (by invocation) of the
+// operation the checker could not place: of those left out of its longest
+// partial linearization, the first to return. What went wrong is there or
+// shortly before. (The shortest illegal prefix by invocation can instead
+// name a legal read whose value a write invoked later explains.)
+func consStuck(info porcupine.LinearizationInfo, sorted []porcupine.Operation) int {
+	placed := map[int]bool{} // by consIn.id
+	for _, part := range info.PartialLinearizationsOperations() {
+		var longest []porcupine.Operation
+		for _, lin := range part {
+			if len(lin) > len(longest) {
+				longest = lin
+			}
+		}
+		for _, op := range longest {
+			placed[op.Input.(consIn).id] = true
 		}
 	}
-	return hi - 1
+	stuck := -1
+	for i, op := range sorted {
+		if !placed[op.Input.(consIn).id] && (stuck < 0 || op.Return < sorted[stuck].Return) {
+			stuck = i
+		}
+	}
+	return stuck
 }
 
 // consText lists a history sorted by invocation, one operation a line,
@@ -911,7 +921,7 @@ func consText(sorted []porcupine.Operation, mark int) string {
 		}
 		fmt.Fprintf(&b, "%.3fms %s %s\n", float64(op.Call)/1e6, ret, consDescribe(op.Input, op.Output))
 		if k == mark {
-			b.WriteString("^^^ the shortest prefix the model refuses ends here\n")
+			b.WriteString("^^^ the first operation the checker could not explain\n")
 		}
 	}
 	return b.String()
@@ -927,10 +937,18 @@ func dialCons(t *testing.T, srv *serverProc, name string, noDeleg bool) *client.
 func dialConsWith(t *testing.T, srv *serverProc, name string, o client.Options) *client.Client {
 	t.Helper()
 	// Stores refused for files renamed over are logged as errors; the
-	// history says all there is to say, unless debugging.
+	// history says all there is to say, unless debugging. Then the log
+	// is kept in memory, not written as it goes (which hides races), and
+	// shown if the test fails.
 	log := slog.New(slog.DiscardHandler)
 	if logLevel() == "debug" {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("client", name)
+		buf := &logBuf{}
+		log = slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		t.Cleanup(func() {
+			if t.Failed() || os.Getenv("HOARD_TEST_DUMP") != "" {
+				t.Logf("client %s log:\n%s", name, buf)
+			}
+		})
 	}
 	o.Server, o.CacheDir, o.CacheSize, o.Name = srv.addr, t.TempDir(), 64<<20, name
 	o.DialTimeout, o.RPCTimeout, o.Logger = 5*time.Second, 10*time.Second, log
@@ -1113,5 +1131,39 @@ func TestConsistencyModel(t *testing.T) {
 		if got := porcupine.CheckOperations(consModel(), ops); got != c.ok {
 			t.Errorf("%s: judged consistent: %v, want %v", c.name, got, c.ok)
 		}
+	}
+}
+
+// The operation named when a history cannot be explained is the stale
+// read, not an earlier legal read of a value written by a session invoked
+// after it.
+func TestConsistencyStuck(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	mk := func(in consIn, out consOut, call, ret int64) porcupine.Operation {
+		return porcupine.Operation{ClientId: in.client, Input: in, Output: out, Call: call, Return: ret}
+	}
+	ops := []porcupine.Operation{
+		mk(consIn{kind: kOpen, client: 0, name: 0, create: true}, consOut{fid: 7}, 0, 1*ms),
+		mk(consIn{kind: kWrite, client: 0, fid: 7, value: "A"}, consOut{}, 0, 3*ms),
+		// c2's read, invoked before c1's session, sees its "B": legal.
+		mk(consIn{kind: kOpen, client: 2, name: 0}, consOut{fid: 7}, 3*ms+ms/2, 5*ms),
+		mk(consIn{kind: kRead, client: 2, fid: 7}, consOut{data: "B"}, 3*ms+ms/2, 5*ms),
+		mk(consIn{kind: kOpen, client: 1, name: 0, create: true}, consOut{fid: 7}, 4*ms, 5*ms),
+		mk(consIn{kind: kEmpty, client: 1, fid: 7, session: 2}, consOut{}, 4*ms, 6*ms),
+		mk(consIn{kind: kWrite, client: 1, fid: 7, value: "B", session: 2}, consOut{}, 4*ms, 6*ms),
+		// c0 reads "A" after c1's close: the fault.
+		mk(consIn{kind: kOpen, client: 0, name: 0}, consOut{fid: 7}, 7*ms, 8*ms),
+		mk(consIn{kind: kRead, client: 0, fid: 7}, consOut{data: "A"}, 7*ms, 8*ms),
+	}
+	consPrepare(ops)
+	res, info := porcupine.CheckOperationsVerbose(consModel(), ops, 10*time.Second)
+	if res != porcupine.Illegal {
+		t.Fatalf("judged %v, want illegal", res)
+	}
+	sorted := slices.Clone(ops)
+	slices.SortStableFunc(sorted, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
+	i := consStuck(info, sorted)
+	if i < 0 || sorted[i].Call != 7*ms || sorted[i].Input.(consIn).kind != kRead {
+		t.Fatalf("named %d, want c0's read at 7 ms", i)
 	}
 }
