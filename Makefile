@@ -5,7 +5,7 @@ DATA ?= $(CURDIR)/.hoard/server
 LISTEN ?= 127.0.0.1:7100
 SOAK ?= 30m
 
-.PHONY: build run test proto bench fuzz clean conformance soak man deb
+.PHONY: build run test proto bench fuzz clean conformance soak man deb deb-version
 
 # hoard version says what it was built from (Go's own VCS stamping is
 # off where GOFLAGS has -buildvcs=false).
@@ -42,10 +42,14 @@ DIST ?= dist
 NFPM ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
 # Debian's version of git describe's, each sorting after the one before:
 # v1.2 -> 1.2, v1.2-3-gSHA -> 1.2+3.gSHA, v1.2-rc1 -> 1.2~rc1, before any
-# tag 0.0~gitDATE.SHA.
-DEB_VERSION ?= $(or $(shell git describe --tags --always 2>/dev/null | sed -E \
+# tag (a bare hash, which may start with a digit) 0.0~gitDATE.SHA.
+GIT_DESCRIBE ?= $(shell git describe --tags --always 2>/dev/null)
+DEB_VERSION ?= $(or $(if $(GIT_DESCRIBE),$(shell echo '$(GIT_DESCRIBE)' | sed -E \
 	-e 's/^v([0-9])/\1/' -e 's/-([0-9]+)-g([0-9a-f]+)$$/+\1.g\2/' -e 's/-/~/g' \
-	-e '/^[0-9]/!s/^/0.0~git$(shell TZ=UTC git log -1 --date=format-local:%Y%m%d%H%M%S --format=%cd 2>/dev/null)./'),0.0~unknown)
+	-e '/^[0-9]+\.[0-9]/!s/^/0.0~git$(shell TZ=UTC git log -1 --date=format-local:%Y%m%d%H%M%S --format=%cd 2>/dev/null)./')),0.0~unknown)
+
+deb-version:
+	@echo '$(DEB_VERSION)'
 
 deb:
 	test -n "$(DIST)"

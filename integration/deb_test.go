@@ -229,3 +229,27 @@ func TestDebPackage(t *testing.T) {
 		t.Errorf("hoard version says\n%s", out)
 	}
 }
+
+// The package's version is Debian's of git describe's, each sorting after
+// the one before; a bare hash, even one starting with a digit, sorts
+// before any tag.
+func TestDebVersion(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("no make")
+	}
+	for describe, want := range map[string]string{
+		"v1.2":           "^1\\.2$",
+		"v1.2-3-gabc123": `^1\.2\+3\.gabc123$`,
+		"v1.2-rc1":       `^1\.2~rc1$`,
+		"075f25d":        `^0\.0~git[0-9]{14}\.075f25d$`,
+		"abcdef1":        `^0\.0~git[0-9]{14}\.abcdef1$`,
+	} {
+		out, err := exec.Command("make", "-s", "-C", "..", "deb-version", "GIT_DESCRIBE="+describe).Output()
+		if err != nil {
+			t.Fatalf("make deb-version: %v", err)
+		}
+		if got := strings.TrimSpace(string(out)); !regexp.MustCompile(want).MatchString(got) {
+			t.Errorf("git describe %s: version %q, want %s", describe, got, want)
+		}
+	}
+}
