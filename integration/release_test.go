@@ -177,6 +177,9 @@ func TestCellRelease(t *testing.T) {
 		t.Fatalf("remsite of a site that is down: %v", err)
 	}
 	srvs[2].restart()
+	if !strings.Contains(srvs[2].logs.String(), "no longer a site of\" volume="+"sw"+node.ReadOnlySuffix) {
+		t.Errorf("s3 did not say it dropped sw's copy, by the copy's name:\n%s", srvs[2].logs)
+	}
 	for i, s := range srvs[1:] {
 		if _, err := os.Stat(filepath.Join(s.data, "data", fmt.Sprint(info.ROID))); err == nil {
 			t.Fatalf("s%d kept the copy of a site removed", i+2)

@@ -377,7 +377,7 @@ func JoinCell(store *vnode.Store, db *vldb.DB, self string) error {
 		if rw, isCopy := db.ByROID(v.ID); isCopy {
 			// A read-only copy: kept while this server is one of its sites.
 			if !slices.Contains(rw.RO, self) && !slices.Contains(rw.Pending, self) {
-				slog.Warn("dropping a read-only copy this server is no longer a site of", "volume", v.Name, "id", v.ID)
+				slog.Warn("dropping a read-only copy this server is no longer a site of", "volume", rw.Name+node.ReadOnlySuffix, "id", v.ID)
 				if err := store.RemoveVolume(v.ID); err != nil {
 					return err
 				}
