@@ -82,6 +82,8 @@ func TestCLIBadInput(t *testing.T) {
 	os.WriteFile(file, nil, 0o600)
 	ro := filepath.Join(tmp, "ro")
 	os.Mkdir(ro, 0o500)
+	full := filepath.Join(tmp, "full")
+	os.MkdirAll(filepath.Join(full, "kept"), 0o755)
 	cases := []struct {
 		args []string
 		want string
@@ -98,6 +100,8 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"proxy", "--origin", "127.0.0.1:9", "--cache", filepath.Join(tmp, "fresh8"), "--data-idle-timeout", "0s"}, "--data-idle-timeout"},
 		{[]string{"ls", "/", "--cache", file}, file},
 		{[]string{"ls", "/", "--cache-size", "lots"}, "--cache-size"},
+		// A mount would hide a directory's files.
+		{[]string{"mount", "--server", "127.0.0.1:9", full}, "is not empty (it holds kept): the mount would hide its files until unmounted; pass --nonempty"},
 		// A port alone, or a host alone, is not a server's address.
 		{[]string{"ls", "/", "--server", "7601"}, `--server "7601": want the host:port of a hoard server`},
 		{[]string{"ls", "/", "--server", "localhost"}, `--server "localhost": want the host:port`},

@@ -278,8 +278,9 @@ func (m *Mount) countPassthrough() {
 }
 
 // CheckMountpoint refuses a mountpoint that is missing, not a directory,
-// or already a mount, with a message that says which.
-func CheckMountpoint(dir string) error {
+// already a mount, or (unless nonEmpty) holds files, which the mount
+// would hide until it is gone, with a message that says which.
+func CheckMountpoint(dir string, nonEmpty bool) error {
 	var sfs syscall.Statfs_t
 	fi, err := os.Stat(dir)
 	if err == nil {
@@ -301,6 +302,17 @@ func CheckMountpoint(dir string) error {
 	}
 	if mounted, _ := IsMounted(dir); mounted {
 		return fmt.Errorf("mountpoint %s: already a mount", dir)
+	}
+	if !nonEmpty {
+		f, err := os.Open(dir)
+		if err != nil {
+			return fmt.Errorf("mountpoint %s: %v", dir, errors.Unwrap(err))
+		}
+		names, _ := f.Readdirnames(1)
+		f.Close()
+		if len(names) > 0 {
+			return fmt.Errorf("mountpoint %s is not empty (it holds %s): the mount would hide its files until unmounted; pass --nonempty to mount over them", dir, names[0])
+		}
 	}
 	return nil
 }

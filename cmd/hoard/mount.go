@@ -37,7 +37,7 @@ const readyFD = 3
 
 func mountCmd() *cobra.Command {
 	var cf clientFlags
-	var daemon, passthrough, debug, singleUser, encrypt bool
+	var daemon, passthrough, debug, singleUser, encrypt, nonEmpty bool
 	var pidfile, profile, metricsAddr, httpAddr string
 	cmd := &cobra.Command{
 		Use:   "mount [flags] MOUNTPOINT",
@@ -45,7 +45,7 @@ func mountCmd() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dir := args[0]
-			if err := mount.CheckMountpoint(dir); err != nil {
+			if err := mount.CheckMountpoint(dir, nonEmpty); err != nil {
 				return usageError{err}
 			}
 			if err := mount.CheckFuse(); err != nil {
@@ -145,6 +145,7 @@ func mountCmd() *cobra.Command {
 	logFlags(cmd.Flags(), "log here, rotated by size (default: stderr; with --daemon: <cache>/mount.log)")
 	cmd.Flags().BoolVar(&passthrough, "passthrough", true, "let the kernel read wholly cached files straight from the cache (Linux ≥ 6.9, root)")
 	cmd.Flags().BoolVar(&debug, "debug", false, "log every FUSE request")
+	cmd.Flags().BoolVar(&nonEmpty, "nonempty", false, "mount over a directory that holds files (they are hidden until unmounted)")
 	cmd.Flags().BoolVar(&encrypt, "cache-encrypt", false, "keep the cache files encrypted with a key held only in this process's memory (a stolen disk shows nothing of them); the cache starts empty, passthrough and delegations are off (docs/security.md)")
 	cmd.Flags().BoolVar(&singleUser, "single-user", false, "act for every local user with this mount's token, leaving them apart to the files' mode bits (default for root: each user acts with the token they handed it with hoard login, others anonymously)")
 	profileFlag(cmd.Flags(), &profile)
