@@ -40,9 +40,9 @@ const (
 )
 
 // InitOptions says how Init makes a cell; the zero value is a cell named
-// after this host.
+// after this host (defaultName).
 type InitOptions struct {
-	Name         string        // the cell's name; default: the host name (os.Hostname), lower-cased
+	Name         string        // the cell's name; default: defaultName
 	Hosts        []string      // more names or IP addresses the server certificate is valid for
 	Admin        string        // the admin user's name; default "admin"
 	AdminExpires time.Duration // the admin token's lifetime; default 8760h (a year)
@@ -70,6 +70,19 @@ func checkName(what, name string) error {
 	return nil
 }
 
+// defaultName is the name of a cell made on host without one: the host's
+// name and four random hex digits. Two cells made on one machine (a
+// test's and make run's) then differ, and so do the logins kept by
+// cell name, one of which would otherwise replace the other.
+func defaultName(host string) string {
+	var b [2]byte
+	rand.Read(b[:])
+	if len(host) > 59 {
+		host = host[:59]
+	}
+	return fmt.Sprintf("%s-%x", host, b)
+}
+
 // Init makes a new cell in dir (created 0700 if missing): a CA (Ed25519,
 // self-signed, CommonName "hoard cell NAME", valid 10 years, IsCA, MaxPathLen 0),
 // a server certificate for this host (CommonName = the host name, role server,
@@ -84,7 +97,7 @@ func Init(dir string, o InitOptions) error {
 	}
 	host = strings.ToLower(host)
 	if o.Name == "" {
-		o.Name = host
+		o.Name = defaultName(host)
 	}
 	if err := checkName("cell", o.Name); err != nil {
 		return err

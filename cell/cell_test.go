@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -123,8 +124,16 @@ func TestInitDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if id.Cell != hostname(t) {
-		t.Errorf("default cell name %q, want the host name %q", id.Cell, hostname(t))
+	if !regexp.MustCompile("^" + regexp.QuoteMeta(hostname(t)) + "-[0-9a-f]{4}$").MatchString(id.Cell) {
+		t.Errorf("default cell name %q, want the host name %q and four hex digits", id.Cell, hostname(t))
+	}
+	// A second cell made here is named apart: logins are kept by name.
+	other := filepath.Join(t.TempDir(), "c2")
+	if err := Init(other, InitOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if id2, err := Load(other); err != nil || id2.Cell == id.Cell {
+		t.Errorf("two default cells named %q and %q (%v)", id.Cell, id2.Cell, err)
 	}
 	data, _ := os.ReadFile(filepath.Join(dir, AdminTokenFile))
 	c, err := Inspect(strings.TrimSpace(string(data)))

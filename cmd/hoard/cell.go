@@ -75,7 +75,7 @@ func cellInitCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&dir, "dir", "", "directory for the cell's files (created 0700)")
-	f.StringVar(&name, "name", "", "the cell's name (default: this host's name)")
+	f.StringVar(&name, "name", "", "the cell's name (default: this host's name and four random hex digits, e.g. files-3fa2)")
 	f.StringSliceVar(&hosts, "host", nil, "another DNS name or IP address the server certificate is valid for (repeatable)")
 	f.StringVar(&admin, "admin", "admin", "the first admin's user name")
 	f.DurationVar(&expires, "admin-expires", 8760*time.Hour, "how long the admin token lasts")
