@@ -306,7 +306,7 @@ func (c *Client) start(addr, sessionFile string, patience time.Duration) (*site.
 	}
 	if err != nil {
 		s.Conn.Close()
-		return nil, dialErr(Options{Server: addr, Token: opts.Token}, err)
+		return nil, dialErr(Options{Server: addr, Token: opts.Token, TLS: opts.TLS}, err)
 	}
 	return s, nil
 }
@@ -327,7 +327,7 @@ func dialErr(opts Options, err error) error {
 	if strings.HasPrefix(err.Error(), "server ") {
 		return err // said already
 	}
-	return &plainError{fmt.Sprintf("server %s unreachable: %s", opts.Server, transportCause(opts.Server, err)), err}
+	return &plainError{fmt.Sprintf("server %s unreachable: %s", opts.Server, transportCause(opts.Server, opts.TLS != nil, err)), err}
 }
 
 // plainError says err in a person's words; errors.Is and As see err.
@@ -343,7 +343,7 @@ func (e *plainError) Unwrap() error { return e.err }
 // words of the system or of TLS ("connection refused"), without gRPC's
 // layers ("rpc error: code = Unavailable desc = connection error: desc =
 // \"transport: Error while dialing: dial tcp ...").
-func transportCause(addr string, err error) string {
+func transportCause(addr string, tls bool, err error) string {
 	msg := status.Convert(err).Message()
 	msg = strings.ReplaceAll(msg, `\"`, `"`)
 	host, _, _ := net.SplitHostPort(addr)
@@ -354,8 +354,11 @@ func transportCause(addr string, err error) string {
 		msg = "cannot resolve " + host
 	case strings.Contains(msg, "authentication handshake failed: "):
 		msg = "TLS handshake failed: " + msg[strings.LastIndex(msg, "handshake failed: ")+len("handshake failed: "):]
-	case strings.Contains(msg, "server preface"):
-		msg = "it answered, but not as a server without TLS (is it one with TLS, reached with --insecure?)"
+	case (strings.Contains(msg, "server preface") || strings.Contains(msg, "broken pipe")) && tls:
+		msg = "it answered, but not as a hoard server (another service's port, such as an etcd member's?)"
+	case strings.Contains(msg, "server preface"), strings.Contains(msg, "broken pipe"):
+		// A TLS server hangs up on a plaintext client.
+		msg = "it answered, but not as a hoard server without TLS (one with TLS, reached with --insecure? another service's port?)"
 	case strings.Contains(msg, "i/o timeout"):
 		msg = "no answer (timed out)"
 	default:

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -150,6 +151,35 @@ func TestCLIBadInput(t *testing.T) {
 	for _, d := range []string{"missing", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7", "fresh8"} {
 		if _, err := os.Stat(filepath.Join(tmp, d)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("a refused server or proxy invocation left %s behind", d)
+		}
+	}
+}
+
+// Pointed at a port that is not a hoard server's (the server's own etcd
+// member), or at a TLS server without TLS, a command says so in a line.
+func TestCLIWrongService(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	m := regexp.MustCompile(`etcd member of its own at https://([0-9.:]+)`).FindStringSubmatch(srv.logs.String())
+	if m == nil {
+		t.Fatalf("the server named no etcd member of its own:\n%s", srv.logs)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"ls", "/", "--server", m[1], "--cache", ""}, "server " + m[1] + " unreachable: it answered, but not as a hoard server (another service's port"},
+		{[]string{"ls", "/", "--server", srv.addr, "--cache", "", "--insecure"}, "it answered, but not as a hoard server without TLS (one with TLS, reached with --insecure?"},
+	} {
+		out, code := run(t, c.args...)
+		var lines []string
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			if !strings.Contains(l, "WARNING: insecure") { // --insecure's own
+				lines = append(lines, l)
+			}
+		}
+		out = strings.Join(lines, "\n")
+		if code != 1 || !strings.Contains(out, c.want) || strings.Contains(out, "\n") {
+			t.Errorf("hoard %v: exit %d, output %q; want exit 1 and one line mentioning %q", c.args, code, out, c.want)
 		}
 	}
 }
