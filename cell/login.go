@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/hoardfs/hoard/dirs"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -22,9 +23,9 @@ const (
 	tokenFile   = "token"
 )
 
-// ConfigDir is os.UserConfigDir()/hoard.
+// ConfigDir is dirs.UserConfigDir()/hoard.
 func ConfigDir() (string, error) {
-	d, err := os.UserConfigDir()
+	d, err := dirs.UserConfigDir()
 	if err != nil {
 		return "", err
 	}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/user"
+	"path/filepath"
 )
 
 // Ensure accepts an existing writable directory, or creates a missing one
@@ -44,4 +46,25 @@ func unwrap(err error) error {
 		return u
 	}
 	return err
+}
+
+// UserConfigDir is os.UserConfigDir, and where that finds no $HOME (a
+// system service, which systemd starts without one), the XDG default
+// under the home directory the user database gives: the same directory
+// hoard login wrote to from the user's shell.
+func UserConfigDir() (string, error) { return userDir(os.UserConfigDir, ".config") }
+
+// UserCacheDir is UserConfigDir for os.UserCacheDir.
+func UserCacheDir() (string, error) { return userDir(os.UserCacheDir, ".cache") }
+
+func userDir(fromEnv func() (string, error), under string) (string, error) {
+	d, err := fromEnv()
+	if err == nil || os.Getenv("HOME") != "" {
+		return d, err
+	}
+	u, uerr := user.Current()
+	if uerr != nil || u.HomeDir == "" {
+		return "", err
+	}
+	return filepath.Join(u.HomeDir, under), nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -92,6 +93,26 @@ server = "move.example:7100"
 	out, _ = runEnv(t, []string{"XDG_CONFIG_HOME=" + home, "HOARD_CONFIG=" + cfg}, "config", "show", "mount")
 	if got := showLine(out, "cache-size"); got != "cache-size 1G default" {
 		t.Errorf("HOARD_CONFIG: %q, want the default\n%s", got, out)
+	}
+}
+
+// Started with no environment at all, as a system unit is, a command
+// finds its user's directories through the user database: the cache is
+// the one a shell's mount uses, not a memory cache, and the logins are
+// read where hoard login wrote them.
+func TestNoHomeEnvironment(t *testing.T) {
+	u, err := user.Current()
+	if err != nil || u.HomeDir == "" {
+		t.Skipf("no home directory in the user database: %v", err)
+	}
+	cmd := exec.Command(hoardBin, "config", "show", "mount")
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("config show: %v\n%s", err, out)
+	}
+	if got, want := showLine(string(out), "cache"), "cache "+filepath.Join(u.HomeDir, ".cache", "hoard")+" default"; got != want {
+		t.Errorf("without $HOME: %q, want %q\n%s", got, want, out)
 	}
 }
 

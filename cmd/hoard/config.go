@@ -30,6 +30,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/hoardfs/hoard/dirs"
 	"github.com/knadh/koanf/parsers/toml/v2"
 	"github.com/knadh/koanf/providers/env/v2"
 	"github.com/knadh/koanf/providers/file"
@@ -65,7 +66,7 @@ func configPaths(flags *pflag.FlagSet) (paths []string, given bool) {
 		return []string{p}, true
 	}
 	paths = []string{systemConfig}
-	if dir, err := os.UserConfigDir(); err == nil {
+	if dir, err := dirs.UserConfigDir(); err == nil {
 		paths = append(paths, filepath.Join(dir, "hoard", "config.toml"))
 	}
 	return paths, false

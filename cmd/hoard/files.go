@@ -47,7 +47,7 @@ func defaultCacheDir() string {
 	if d := os.Getenv("HOARD_CACHE"); d != "" {
 		return d
 	}
-	if d, err := os.UserCacheDir(); err == nil {
+	if d, err := dirs.UserCacheDir(); err == nil {
 		return filepath.Join(d, "hoard")
 	}
 	return ""

@@ -51,6 +51,11 @@ func mountCmd() *cobra.Command {
 			if err := mount.CheckFuse(); err != nil {
 				return usageError{err}
 			}
+			if cf.cache == "" && defaultCacheDir() == "" && !cmd.Flags().Changed("cache") {
+				// Not a memory cache by accident: it would start empty
+				// every time, and keep no writes across a crash.
+				return usagef("no cache directory: no home directory is known for this user; give --cache DIR (--cache \"\" for a memory cache)")
+			}
 			me, err := openMetrics(metricsAddr, httpAddr)
 			if err != nil {
 				return err
