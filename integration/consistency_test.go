@@ -2,6 +2,7 @@ package integration
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -937,16 +938,18 @@ func dialCons(t *testing.T, srv *serverProc, name string, noDeleg bool) *client.
 func dialConsWith(t *testing.T, srv *serverProc, name string, o client.Options) *client.Client {
 	t.Helper()
 	// Stores refused for files renamed over are logged as errors; the
-	// history says all there is to say, unless debugging. Then the log
-	// is kept in memory, not written as it goes (which hides races), and
-	// shown if the test fails.
+	// history says all there is to say, unless debugging
+	// (HOARD_TEST_LOG_LEVEL=debug, or HOARD_TEST_CLIENT_LOG=debug for the
+	// library clients alone). Then the last records are kept unformatted,
+	// as formatting each as it comes hides races, and shown if the test
+	// fails.
 	log := slog.New(slog.DiscardHandler)
-	if logLevel() == "debug" {
-		buf := &logBuf{}
-		log = slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if logLevel() == "debug" || os.Getenv("HOARD_TEST_CLIENT_LOG") == "debug" {
+		recs := &recordLog{recs: make([]slog.Record, 1<<17)}
+		log = slog.New(recordHandler{l: recs})
 		t.Cleanup(func() {
 			if t.Failed() || os.Getenv("HOARD_TEST_DUMP") != "" {
-				t.Logf("client %s log:\n%s", name, buf)
+				t.Logf("client %s log (its last %d records):\n%s", name, len(recs.recs), recs)
 			}
 		})
 	}
@@ -1167,3 +1170,53 @@ func TestConsistencyStuck(t *testing.T) {
 		t.Fatalf("named %d, want c0's read at 7 ms", i)
 	}
 }
+
+// recordLog keeps the last of a client's log records as they came,
+// formatting them only when asked (String).
+type recordLog struct {
+	mu   sync.Mutex
+	recs []slog.Record // a ring
+	next int
+	full bool
+}
+
+func (l *recordLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b strings.Builder
+	h := slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelDebug})
+	order := l.recs[:l.next]
+	if l.full {
+		order = append(slices.Clone(l.recs[l.next:]), order...)
+	}
+	for _, r := range order {
+		h.Handle(context.Background(), r)
+	}
+	return b.String()
+}
+
+// recordHandler is a slog.Handler into a recordLog, at every level.
+type recordHandler struct {
+	l     *recordLog
+	attrs []slog.Attr
+}
+
+func (h recordHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h recordHandler) Handle(_ context.Context, r slog.Record) error {
+	r = r.Clone()
+	r.AddAttrs(h.attrs...)
+	h.l.mu.Lock()
+	h.l.recs[h.l.next] = r
+	if h.l.next++; h.l.next == len(h.l.recs) {
+		h.l.next, h.l.full = 0, true
+	}
+	h.l.mu.Unlock()
+	return nil
+}
+
+func (h recordHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return recordHandler{h.l, append(slices.Clone(h.attrs), as...)}
+}
+
+func (h recordHandler) WithGroup(string) slog.Handler { return h }
