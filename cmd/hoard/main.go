@@ -5,6 +5,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/hoardfs/hoard/config"
 	"io/fs"
 	"os"
 	"regexp"
@@ -38,12 +39,12 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().String("log-level", "warn", "log level: debug, info, warn, error")
-	root.PersistentFlags().String(configFlag, "", "read settings from this TOML file alone (env HOARD_CONFIG; default: /etc/hoard/hoard.toml, then ~/.config/hoard/config.toml; hoard config show)")
+	root.PersistentFlags().String(config.Flag, "", "read settings from this TOML file alone (env HOARD_CONFIG; default: /etc/hoard/hoard.toml, then ~/.config/hoard/config.toml; hoard config show)")
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
 		// Before anything reads a flag: the environment and the
 		// configuration files fill in those not on the command line.
 		if !cmd.DisableFlagParsing {
-			if err := configure(cmd); err != nil {
+			if err := config.Apply(cmd); err != nil {
 				return err
 			}
 		}
@@ -53,7 +54,7 @@ func main() {
 	root.AddCommand(serverCmd(), etcdCmd(), proxyCmd(), volCmd(), cacheCmd(), mountCmd(), umountCmd())
 	root.AddCommand(cellCmd(), tokenCmd(), loginCmd(), logoutCmd(), tokensCmd(), whoamiCmd(), aclCmd(), groupCmd(), userCmd())
 	root.AddCommand(fileCmds()...)
-	root.AddCommand(versionCmd(), manCmd(root), configCmd())
+	root.AddCommand(versionCmd(), manCmd(root), config.Command())
 	root.Version = "set" // cobra's --version flag, printing versionText
 	root.SetVersionTemplate(versionText())
 	root.SetHelpCommand(&cobra.Command{Use: "help [command]", Short: "help about any command",
@@ -159,7 +160,8 @@ func unknownCommand(cmd *cobra.Command, args []string) error {
 
 func exitCode(err error) int {
 	var ue usageError
-	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") ||
+	var ce config.Error
+	if errors.As(err, &ue) || errors.As(err, &ce) || strings.HasPrefix(err.Error(), "unknown command") ||
 		strings.HasPrefix(err.Error(), "accepts ") || strings.HasPrefix(err.Error(), "requires ") {
 		return 2
 	}

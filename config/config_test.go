@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"os"
@@ -8,9 +8,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
-
-	"github.com/hoardfs/hoard/internal/poll"
 )
 
 // testTree is a small hoard: mount, and vol move.
@@ -18,7 +15,7 @@ func testTree() (root, mount, move *cobra.Command) {
 	run := func(*cobra.Command, []string) {}
 	root = &cobra.Command{Use: "hoard"}
 	root.PersistentFlags().String("log-level", "warn", "")
-	root.PersistentFlags().String(configFlag, "", "")
+	root.PersistentFlags().String(Flag, "", "")
 	mount = &cobra.Command{Use: "mount", Run: run}
 	mount.Flags().String("cache", "/default", "")
 	mount.Flags().Duration("timeout", 10*time.Second, "")
@@ -117,36 +114,5 @@ server = { a = 1,
 		if got[k] != want {
 			t.Errorf("line of %s: %d, want %d (%v)", k, got[k], want, got)
 		}
-	}
-}
-
-// A log file is rotated at its size, old ones compressed, only as many
-// kept as asked for.
-func TestLogFileRotates(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "server.log")
-	flags := pflag.NewFlagSet("server", pflag.ContinueOnError)
-	logFlags(flags, "")
-	flags.Parse([]string{"--log-max-size", "1", "--log-backups", "1"})
-	lf, err := openLog(flags, path, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeLog()
-	line := []byte(strings.Repeat("x", 1023) + "\n")
-	for range 2500 { // 2.5 MB: two rotations
-		if _, err := lf.Write(line); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var old []string
-	if !poll.Until(10*time.Second, func() bool {
-		old, _ = filepath.Glob(filepath.Join(dir, "server-*"))
-		return len(old) == 1 && strings.HasSuffix(old[0], ".log.gz")
-	}) {
-		t.Fatalf("rotated logs: %v, want one compressed", old)
-	}
-	if fi, err := os.Stat(path); err != nil || fi.Size() > 1<<20 || fi.Size() == 0 {
-		t.Fatalf("the log being written: %v %v", fi, err)
 	}
 }

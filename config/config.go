@@ -1,7 +1,6 @@
-package main
-
-// Configuration: settings for flags the command line leaves out, from
-// HOARD_* environment variables and a TOML file.
+// Package config gives hoard's commands settings for the flags their
+// command line leaves out, from HOARD_* environment variables and TOML
+// files.
 //
 // A flag given on the command line wins; then HOARD_<FLAG> (upper case,
 // dashes as underscores; empty counts as unset); then the file; then the
@@ -17,6 +16,7 @@ package main
 // naming no command, is an error, as is a value the flag refuses (checked
 // when a command uses it). Values set this way act as the flag's default:
 // a command that wants a flag on its command line still wants it there.
+package config
 
 import (
 	"errors"
@@ -45,8 +45,17 @@ import (
 // systemConfig is the configuration file of every user on the machine.
 const systemConfig = "/etc/hoard/hoard.toml"
 
-// configFlag names the flag that chooses the configuration file.
-const configFlag = "config"
+// Flag names the flag that chooses the configuration file.
+const Flag = "config"
+
+// An Error is a mistake in how hoard was invoked: a file, a variable or
+// a command line it cannot take (hoard exits 2 for it, as for a bad
+// flag).
+type Error struct{ error }
+
+func (e Error) Unwrap() error { return e.error }
+
+func usagef(format string, args ...any) error { return Error{fmt.Errorf(format, args...)} }
 
 // confFile is one configuration file, parsed.
 type confFile struct {
@@ -59,10 +68,10 @@ type confFile struct {
 // configPaths are the files to read: the one named by --config or
 // HOARD_CONFIG (given: it must exist), or the system's and the user's.
 func configPaths(flags *pflag.FlagSet) (paths []string, given bool) {
-	if f := flags.Lookup(configFlag); f != nil && f.Changed {
+	if f := flags.Lookup(Flag); f != nil && f.Changed {
 		return []string{f.Value.String()}, true
 	}
-	if p := os.Getenv(envName(configFlag)); p != "" {
+	if p := os.Getenv(envName(Flag)); p != "" {
 		return []string{p}, true
 	}
 	paths = []string{systemConfig}
@@ -219,7 +228,7 @@ func subcommand(c *cobra.Command, name string) *cobra.Command {
 // settable reports whether a configuration may set the flag name: not
 // help, version or config itself.
 func settable(name string) bool {
-	return name != "help" && name != "version" && name != configFlag
+	return name != "help" && name != "version" && name != Flag
 }
 
 // commandFlags are all the flags of c: its own and those it inherits.
@@ -397,9 +406,9 @@ func tomlValue(v any) string {
 	return fmt.Sprint(v)
 }
 
-// configure applies the configuration to cmd, about to run with its
-// command line parsed.
-func configure(cmd *cobra.Command) error {
+// Apply applies the configuration to cmd, about to run with its command
+// line parsed.
+func Apply(cmd *cobra.Command) error {
 	files, err := loadConfig(cmd.Root(), cmd.Flags())
 	if err != nil {
 		return err
@@ -415,7 +424,9 @@ func configure(cmd *cobra.Command) error {
 	return err
 }
 
-func configCmd() *cobra.Command {
+// Command is hoard config: config show prints the settings a command
+// would run with.
+func Command() *cobra.Command {
 	cmd := &cobra.Command{Use: "config", Short: "hoard's configuration file and environment"}
 	show := &cobra.Command{
 		Use:   "show COMMAND...",
