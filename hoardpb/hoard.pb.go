@@ -1991,8 +1991,12 @@ func (*ListServersRequest) Descriptor() ([]byte, []int) {
 }
 
 type ListServersReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Servers       []*ServerInfo          `protobuf:"bytes,1,rep,name=servers,proto3" json:"servers,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Servers []*ServerInfo          `protobuf:"bytes,1,rep,name=servers,proto3" json:"servers,omitempty"`
+	// stale: the answering server does not hold its own lease in the
+	// location database now (etcd unreachable, or without a quorum): each
+	// server's alive is as it last saw it, not known.
+	Stale         bool `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2032,6 +2036,13 @@ func (x *ListServersReply) GetServers() []*ServerInfo {
 		return x.Servers
 	}
 	return nil
+}
+
+func (x *ListServersReply) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
 }
 
 type SetVolumeRequest struct {
@@ -6693,9 +6704,10 @@ const file_hoard_proto_rawDesc = "" +
 	"\avolumes\x18\x05 \x01(\rR\avolumes\x12\x1d\n" +
 	"\n" +
 	"started_ns\x18\x06 \x01(\x03R\tstartedNs\"\x14\n" +
-	"\x12ListServersRequest\"B\n" +
+	"\x12ListServersRequest\"X\n" +
 	"\x10ListServersReply\x12.\n" +
-	"\aservers\x18\x01 \x03(\v2\x14.hoard.v1.ServerInfoR\aservers\"<\n" +
+	"\aservers\x18\x01 \x03(\v2\x14.hoard.v1.ServerInfoR\aservers\x12\x14\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\"<\n" +
 	"\x10SetVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05quota\x18\x02 \x01(\x04R\x05quota\")\n" +

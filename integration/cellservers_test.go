@@ -23,8 +23,27 @@ import (
 // etcdProc is a running `hoard etcd` member.
 type etcdProc struct {
 	cmd    *exec.Cmd
-	client string // its client URL
+	args   []string // hoard's, to start it again
+	client string   // its client URL
 	logs   *logBuf
+}
+
+// launch starts the member; ready gets i once it serves.
+func (m *etcdProc) launch(t *testing.T, i int, ready chan<- int) {
+	m.cmd = exec.Command(hoardBin, m.args...)
+	stderr, _ := m.cmd.StderrPipe()
+	if err := m.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			m.logs.WriteString(sc.Text() + "\n")
+			if strings.Contains(sc.Text(), "serving clients") {
+				ready <- i
+			}
+		}
+	}()
 }
 
 // startEtcd starts a cluster of n members, secured with the tests'
@@ -42,22 +61,9 @@ func startEtcd(t *testing.T, n int) []*etcdProc {
 	ms := make([]*etcdProc, n)
 	ready := make(chan int, n)
 	for i := range n {
-		m := &etcdProc{client: "https://" + clients[i], logs: &logBuf{}}
-		m.cmd = exec.Command(hoardBin, "etcd", "--name", names[i], "--data", t.TempDir(), "--cell", testCell.dir,
-			"--client", clients[i], "--peer", peers[i], "--cluster", strings.Join(cluster, ","))
-		stderr, _ := m.cmd.StderrPipe()
-		if err := m.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			sc := bufio.NewScanner(stderr)
-			for sc.Scan() {
-				m.logs.WriteString(sc.Text() + "\n")
-				if strings.Contains(sc.Text(), "serving clients") {
-					ready <- i
-				}
-			}
-		}()
+		m := &etcdProc{client: "https://" + clients[i], logs: &logBuf{}, args: []string{"etcd", "--name", names[i], "--data", t.TempDir(),
+			"--cell", testCell.dir, "--client", clients[i], "--peer", peers[i], "--cluster", strings.Join(cluster, ",")}}
+		m.launch(t, i, ready)
 		ms[i] = m
 		t.Cleanup(func() {
 			m.kill9()
@@ -205,6 +211,40 @@ func TestCellThreeServers(t *testing.T) {
 		t.Fatalf("the refusal took %v", took)
 	}
 	write("third")
+
+	// Without a quorum no lease is kept, nor can one expire: liveness is
+	// unknown, and said so, once the answering server lost its own.
+	list := func() string {
+		out, _ := run(t, "server", "list", "--server", srvs[0].addr)
+		return out
+	}
+	var out2 string
+	if !poll.Until(45*time.Second, func() bool { out2 = list(); return strings.Contains(out2, "liveness unknown") }) {
+		t.Fatalf("server list with two etcd members of three dead:\n%s", out2)
+	}
+	if strings.Contains(out2, " yes ") {
+		t.Errorf("server list says a server is alive without a quorum:\n%s", out2)
+	}
+	// A quorum back, each server says its lease is back, and the list
+	// knows again.
+	back := make(chan int, 1)
+	members[1].launch(t, 1, back)
+	select {
+	case <-back:
+	case <-time.After(time.Minute):
+		t.Fatal("the etcd member did not come back within a minute")
+	}
+	poll.Wait(t, 45*time.Second, "every server's lease back", func() bool {
+		for _, s := range srvs {
+			if !strings.Contains(s.logs.String(), "lease in the location database back") {
+				return false
+			}
+		}
+		return true
+	})
+	if !poll.Until(30*time.Second, func() bool { out2 = list(); return strings.Count(out2, " yes ") == 3 }) {
+		t.Errorf("server list with the quorum back:\n%s", out2)
+	}
 }
 
 // Bad input to the cell's commands: one line, exit 1 or 2, nothing made.

@@ -233,7 +233,9 @@ func (s *Server) ListServers(ctx context.Context, req *pb.ListServersRequest) (*
 	for _, v := range c.DB.Volumes() {
 		count[v.RW]++
 	}
-	out := &pb.ListServersReply{}
+	// Without its own lease this server cannot tell a server alive from
+	// one whose key etcd could not expire for want of a quorum.
+	out := &pb.ListServersReply{Stale: !c.DB.Holding()}
 	for _, srv := range c.DB.Servers() {
 		out.Servers = append(out.Servers, &pb.ServerInfo{Site: &pb.Site{Name: srv.Name, Addr: srv.Addr}, Alive: srv.Alive,
 			Capacity: srv.Capacity, Free: srv.Free, Volumes: count[srv.Name], StartedNs: srv.Started.UnixNano()})

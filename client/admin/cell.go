@@ -39,7 +39,11 @@ type Location struct {
 // Server is a file server as the location database has it.
 type Server struct {
 	Site
-	Alive          bool
+	// Alive: it holds its lease in the location database, as the server
+	// answering saw last; Unknown: that server has lost its own lease
+	// (etcd unreachable from it, or without a quorum), so Alive may be
+	// out of date.
+	Alive, Unknown bool
 	Capacity, Free uint64
 	Volumes        int
 	Started        time.Time
@@ -146,7 +150,7 @@ func (adm Admin) Servers() ([]Server, error) {
 	}
 	out := make([]Server, len(r.Servers))
 	for i, s := range r.Servers {
-		out[i] = Server{Site: toSite(s.Site), Alive: s.Alive, Capacity: s.Capacity, Free: s.Free,
+		out[i] = Server{Site: toSite(s.Site), Alive: s.Alive, Unknown: r.Stale, Capacity: s.Capacity, Free: s.Free,
 			Volumes: int(s.Volumes), Started: time.Unix(0, s.StartedNs)}
 	}
 	return out, nil

@@ -142,14 +142,24 @@ func serverListCmd() *cobra.Command {
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tADDRESS\tALIVE\tVOLUMES\tFREE\tCAPACITY\tSTARTED")
+		unknown := false
 		for _, s := range ss {
 			alive := "no"
-			if s.Alive {
+			switch {
+			case s.Unknown:
+				alive, unknown = "?", true
+			case s.Alive:
 				alive = "yes"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.Name, s.Addr, alive, s.Volumes, humanSize(s.Free), humanSize(s.Capacity), s.Started.Format(time.RFC3339))
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if unknown {
+			fmt.Fprintln(os.Stderr, "hoard: ALIVE ?: the server that answered has lost its own lease in the location database (etcd unreachable from it, or without a quorum): liveness unknown")
+		}
+		return nil
 	})
 }
 
