@@ -33,17 +33,28 @@ func TestManPages(t *testing.T) {
 	if out, code := run(t, "man", dir); code != 0 {
 		t.Fatalf("hoard man: exit %d: %s", code, out)
 	}
-	for page, want := range map[string]string{
-		"hoard.1":             ".TH \"HOARD\" \"1\"",
-		"hoard-server.1":      "--metrics",
-		"hoard-vol-release.1": "read-only sites",
-		"hoard-mount.1":       "--cache",
-		"hoard-cache-stats.1": "hits",
-		"hoard-vol-addsite.1": "SERVER",
+	for _, c := range []struct{ page, want string }{
+		{"hoard.1", `.TH "HOARD" "1"`},
+		// Each page is titled by its command.
+		{"hoard-mount.1", `.TH "HOARD-MOUNT" "1"`},
+		{"hoard-vol-move.1", `.TH "HOARD-VOL-MOVE" "1"`},
+		{"hoard-server.1", "--metrics"},
+		{"hoard-vol-release.1", "read-only sites"},
+		{"hoard-mount.1", "mount.log in the cache directory"},
+		{"hoard-cache-stats.1", "hits"},
+		{"hoard-vol-addsite.1", "SERVER"},
 	} {
-		b, err := os.ReadFile(filepath.Join(dir, page))
-		if err != nil || !strings.Contains(string(b), want) {
-			t.Errorf("%s: %v; want it to say %q", page, err, want)
+		b, err := os.ReadFile(filepath.Join(dir, c.page))
+		if err != nil || !strings.Contains(string(b), c.want) {
+			t.Errorf("%s: %v; want it to say %q", c.page, err, c.want)
+		}
+	}
+	// A default from the environment of whoever made the pages shows as
+	// the reader's own.
+	if home, err := os.UserHomeDir(); err == nil && home != "/" {
+		b, _ := os.ReadFile(filepath.Join(dir, "hoard-mount.1"))
+		if strings.Contains(string(b), home+"/") || !strings.Contains(string(b), `--cache\fP="~/`) {
+			t.Errorf("hoard-mount.1 shows %s's cache as the default, or no ~/ one", home)
 		}
 	}
 }

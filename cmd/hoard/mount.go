@@ -146,8 +146,8 @@ func mountCmd() *cobra.Command {
 	cmd.Flags().Lookup("timeout").DefValue = "10s"
 	cf.timeout = 10 * time.Second
 	cmd.Flags().BoolVar(&daemon, "daemon", false, "detach and run in the background")
-	cmd.Flags().StringVar(&pidfile, "pidfile", "", "with --daemon: write the daemon's pid here (default: <cache>/mount.pid)")
-	logFlags(cmd.Flags(), "log here, rotated by size (default: stderr; with --daemon: <cache>/mount.log)")
+	cmd.Flags().StringVar(&pidfile, "pidfile", "", "with --daemon: write the daemon's pid here (default: mount.pid in the cache directory)")
+	logFlags(cmd.Flags(), "log here, rotated by size (default: stderr; with --daemon: mount.log in the cache directory)")
 	cmd.Flags().BoolVar(&passthrough, "passthrough", true, "let the kernel read wholly cached files straight from the cache (Linux ≥ 6.9, root)")
 	cmd.Flags().BoolVar(&debug, "debug", false, "log every FUSE request")
 	cmd.Flags().BoolVar(&nonEmpty, "nonempty", false, "mount over a directory that holds files (they are hidden until unmounted)")
