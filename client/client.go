@@ -79,6 +79,10 @@ type Options struct {
 	// the other at every create.
 	NoDirDelegations bool
 	DirBackoff       time.Duration
+	// LazyRoot resolves the root volume at its first use, not at Dial:
+	// a client for the cell's administration then works while the root
+	// volume's server is down.
+	LazyRoot bool
 	// FlushAge bounds how long writes under a write delegation stay
 	// unstored (default 30 s): what a client crash can lose.
 	FlushAge time.Duration
@@ -183,8 +187,11 @@ type Client struct {
 	room   map[uint64]*volRoom
 	// expiredLogged holds the tokens whose expiry was logged (checkToken).
 	expiredLogged sync.Map
-	// root is the root volume's root directory.
-	root *Node
+	// root is the root volume's root directory, once resolved
+	// (rootDir); rootMu orders its resolution. Nodes.Root and Release
+	// read it unlocked: a mount resolves it at Dial.
+	rootMu sync.Mutex
+	root   *Node
 
 	fetchSem chan struct{}
 	ghosts   *policy.Ghosts
@@ -262,14 +269,29 @@ func Dial(opts Options) (*Client, error) {
 		defer t.Stop()
 		c.flusher.Run(c.ctx, t.C)
 	}()
-	if err = c.recoverDirty(); err == nil {
-		c.root, err = c.volumeRoot(node.RootVolume, c.self)
+	if err = c.recoverDirty(); err == nil && !opts.LazyRoot {
+		_, err = c.rootDir()
 	}
 	if err != nil {
 		c.Close()
 		return nil, dialErr(opts, err)
 	}
 	return c, nil
+}
+
+// rootDir is the root volume's root directory, resolved at Dial or, with
+// LazyRoot, at the first call.
+func (c *Client) rootDir() (*Node, error) {
+	c.rootMu.Lock()
+	defer c.rootMu.Unlock()
+	if c.root == nil {
+		n, err := c.volumeRoot(node.RootVolume, c.self)
+		if err != nil {
+			return nil, err
+		}
+		c.root = n
+	}
+	return c.root, nil
 }
 
 // sessionFile is where the session named name is kept (KeepSession),

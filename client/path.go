@@ -56,8 +56,12 @@ func (c *Client) resolve(p string, follow bool) (*Node, error) {
 		return nil, err
 	}
 	links := 0
+	root, err := c.rootDir()
+	if err != nil {
+		return nil, err
+	}
 walk:
-	cur := c.root
+	cur := root
 	for i, name := range comps {
 		if cur, err = c.enterDir(cur, c.self); err != nil {
 			return nil, err
@@ -697,7 +701,11 @@ type FSStat = node.FSStat
 
 // StatFS reports the server's space.
 func (c *Client) StatFS() (FSStat, error) {
-	fs, err := c.root.at().StatFS(c.root.fid.Volume, c.self.token)
+	root, err := c.rootDir()
+	if err != nil {
+		return FSStat{}, site.ErrOf("statfs", "/", err)
+	}
+	fs, err := root.at().StatFS(root.fid.Volume, c.self.token)
 	if err != nil {
 		return FSStat{}, site.ErrOf("statfs", "/", err)
 	}

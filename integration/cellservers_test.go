@@ -247,6 +247,37 @@ func TestCellThreeServers(t *testing.T) {
 	}
 }
 
+// The cell's administration answers through any server with the root
+// volume's server down: the commands that need no path do not look for
+// the root, and a volume list shows what the dead server holds without
+// its sizes, saying why.
+func TestCellAdminRootServerDown(t *testing.T) {
+	_, srvs := cellOf3(t)
+	admin := dial(t, srvs[1].addr, "mem", 16<<20)
+	waitAlive(t, admin, 3)
+	if _, err := admin.Admin().CreateVolumeOn("v2", "s2"); err != nil {
+		t.Fatal(err)
+	}
+	srvs[0].kill9() // s1, the root volume's
+	via := []string{"--server", srvs[1].addr}
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"server", "list"}, []string{"s1", "s2", "s3"}},
+		{[]string{"vol", "list"}, []string{"v2", "root", "sizes shown as ?: ", "s1"}},
+		{[]string{"vol", "examine", "v2"}, []string{"volume v2", "read-write at s2"}},
+	} {
+		out, code := run(t, append(c.args, via...)...)
+		for _, w := range c.want {
+			if code != 0 || !strings.Contains(out, w) {
+				t.Errorf("hoard %v with s1 down: exit %d, want %q in:\n%s", c.args, code, w, out)
+				break
+			}
+		}
+	}
+}
+
 // Bad input to the cell's commands: one line, exit 1 or 2, nothing made.
 func TestCellBadInput(t *testing.T) {
 	srv := startServer(t, t.TempDir())

@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"fmt"
+	"strings"
 	"syscall"
 	"time"
 
@@ -161,6 +162,9 @@ func (adm Admin) Servers() ([]Server, error) {
 type VolumeInfo struct {
 	Volume
 	Location
+	// Unknown says why the sizes are missing: its server did not answer
+	// (VolumeInfos lists the volume all the same).
+	Unknown error
 }
 
 // VolumeInfos lists every volume of the cell with its sizes: one request
@@ -172,33 +176,57 @@ func (adm Admin) VolumeInfos() ([]VolumeInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	sizes := map[*site.Site]map[uint64]*pb.Volume{}
+	// Each server is asked for its volumes' sizes once; one that does not
+	// answer leaves its volumes listed without them.
+	sizes := map[string]map[uint64]*pb.Volume{}
+	failed := map[string]error{}
 	out := make([]VolumeInfo, 0, len(r.Locations))
 	for _, l := range r.Locations {
 		info := VolumeInfo{Location: toLocation(l), Volume: Volume{ID: l.Id, Name: l.Name, Created: time.Unix(0, l.CreatedNs)}}
-		s, err := adm.sites.For(l)
-		if err != nil {
-			return nil, err
+		key := l.Rw.GetName()
+		if l.ReadOnly {
+			key = "ro:" + strings.Join(siteNamesOf(l.Ro), ",")
 		}
-		if sizes[s] == nil {
-			var vr *pb.ListVolumesReply
-			if err := s.Conn.Call(func(ctx context.Context) (err error) {
-				vr, err = s.RPC.ListVolumes(ctx, &pb.ListVolumesRequest{})
-				return err
-			}); err != nil {
-				return nil, cellErrOf("list volumes", l.Rw.GetName(), err)
-			}
-			sizes[s] = map[uint64]*pb.Volume{}
-			for _, v := range vr.Volumes {
-				sizes[s][v.Id] = v
-			}
+		if sizes[key] == nil && failed[key] == nil {
+			failed[key] = adm.volumeSizes(l, func(vs map[uint64]*pb.Volume) { sizes[key] = vs })
 		}
-		if v := sizes[s][l.Id]; v != nil {
+		if v := sizes[key][l.Id]; v != nil {
 			info.Volume = VolumeOf(v)
 		}
+		info.Unknown = failed[key]
 		out = append(out, info)
 	}
 	return out, nil
+}
+
+// volumeSizes asks the server holding the volume l names for all its
+// volumes' sizes, and hands them to got.
+func (adm Admin) volumeSizes(l *pb.Location, got func(map[uint64]*pb.Volume)) error {
+	s, err := adm.sites.For(l)
+	if err != nil {
+		return err
+	}
+	var vr *pb.ListVolumesReply
+	if err := s.Conn.Call(func(ctx context.Context) (err error) {
+		vr, err = s.RPC.ListVolumes(ctx, &pb.ListVolumesRequest{})
+		return err
+	}); err != nil {
+		return cellErrOf("list volumes", l.Rw.GetName(), err)
+	}
+	vs := map[uint64]*pb.Volume{}
+	for _, v := range vr.Volumes {
+		vs[v.Id] = v
+	}
+	got(vs)
+	return nil
+}
+
+func siteNamesOf(ss []*pb.Site) []string {
+	var out []string
+	for _, s := range ss {
+		out = append(out, s.GetName())
+	}
+	return out
 }
 
 // Examine is one volume with its sizes and where it lives.

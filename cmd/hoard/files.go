@@ -40,7 +40,9 @@ type clientFlags struct {
 	noDirDeleg bool
 	// cacheGiven: --cache was on the command line (not the default).
 	cacheGiven bool
-	sec        securityFlags
+	// lazyRoot: the root volume is resolved at its first use (withAdmin).
+	lazyRoot bool
+	sec      securityFlags
 }
 
 func defaultCacheDir() string {
@@ -99,7 +101,7 @@ func (cf *clientFlags) options() (client.Options, error) {
 	if err != nil {
 		return client.Options{}, err
 	}
-	return client.Options{Server: cf.server, TLS: tlsc, Token: token, CacheDir: cf.cache, CacheSize: size, BypassThreshold: threshold,
+	return client.Options{Server: cf.server, TLS: tlsc, Token: token, LazyRoot: cf.lazyRoot, CacheDir: cf.cache, CacheSize: size, BypassThreshold: threshold,
 		DataStreams: cf.streams, NoDataChannel: cf.streams == 0, NoDelegations: cf.noDeleg, NoDirDelegations: cf.noDirDeleg, DialTimeout: cf.timeout, RPCTimeout: max(cf.timeout, 30*time.Second)}, nil
 }
 
@@ -187,7 +189,15 @@ func nonEmpty(cmd *cobra.Command, args []string) error {
 
 // withClient builds a command that dials, runs fn, and closes.
 func withClient(use, short string, args cobra.PositionalArgs, setup func(*pflag.FlagSet), fn func(c *client.Client, args []string) error) *cobra.Command {
+	return clientCmd(use, short, args, setup, fn, false)
+}
+
+// clientCmd is withClient, or withAdmin when admin is set: its client
+// resolves the root volume only if fn uses a path, so that the cell's
+// administration works with the root volume's server down.
+func clientCmd(use, short string, args cobra.PositionalArgs, setup func(*pflag.FlagSet), fn func(c *client.Client, args []string) error, admin bool) *cobra.Command {
 	var cf clientFlags
+	cf.lazyRoot = admin
 	cmd := &cobra.Command{Use: use, Short: short, Args: cobra.MatchAll(args, nonEmpty),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cf.cacheGiven = cmd.Flags().Changed("cache")
@@ -214,7 +224,7 @@ func withClient(use, short string, args cobra.PositionalArgs, setup func(*pflag.
 // with a mount for the default one, and its help leaves out the cache's
 // flags, which would change nothing.
 func withAdmin(use, short string, args cobra.PositionalArgs, setup func(*pflag.FlagSet), fn func(c *client.Client, args []string) error) *cobra.Command {
-	cmd := withClient(use, short, args, setup, fn)
+	cmd := clientCmd(use, short, args, setup, fn, true)
 	f := cmd.Flags()
 	f.Lookup("cache").Value.Set("")
 	f.Lookup("cache").DefValue = ""

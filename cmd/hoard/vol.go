@@ -5,6 +5,7 @@ import (
 	"github.com/hoardfs/hoard/client/admin"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -42,11 +43,25 @@ func volCmd() *cobra.Command {
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tNAME\tSERVER\tQUOTA\tUSED\tFILES\tREAD-ONLY\tCREATED")
+			var unknown []string // why sizes are missing, each once
 			for _, v := range vs {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", v.Volume.ID, v.Volume.Name, orDash(v.RW.Name), quotaString(v.Quota), humanSize(v.Used), v.Files,
+				quota, used, files := quotaString(v.Quota), humanSize(v.Used), fmt.Sprint(v.Files)
+				if v.Unknown != nil {
+					quota, used, files = "?", "?", "?"
+					if !slices.Contains(unknown, v.Unknown.Error()) {
+						unknown = append(unknown, v.Unknown.Error())
+					}
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.Volume.ID, v.Volume.Name, orDash(v.RW.Name), quota, used, files,
 					siteNames(v.RO), v.Volume.Created.Format(time.RFC3339))
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			for _, why := range unknown {
+				fmt.Fprintf(os.Stderr, "hoard: sizes shown as ?: %s\n", why)
+			}
+			return nil
 		}),
 		withAdmin("examine NAME", "show where a volume lives, its sites, quota, use and files", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
 			v, err := c.Admin().Examine(args[0])
