@@ -937,22 +937,18 @@ func dialCons(t *testing.T, srv *serverProc, name string, noDeleg bool) *client.
 // dialConsWith is dialCons with more options.
 func dialConsWith(t *testing.T, srv *serverProc, name string, o client.Options) *client.Client {
 	t.Helper()
-	// Stores refused for files renamed over are logged as errors; the
-	// history says all there is to say, unless debugging
-	// (HOARD_TEST_LOG_LEVEL=debug, or HOARD_TEST_CLIENT_LOG=debug for the
-	// library clients alone). Then the last records are kept unformatted,
-	// as formatting each as it comes hides races, and shown if the test
-	// fails.
-	log := slog.New(slog.DiscardHandler)
-	if logLevel() == "debug" || os.Getenv("HOARD_TEST_CLIENT_LOG") == "debug" {
-		recs := &recordLog{recs: make([]slog.Record, 1<<17)}
-		log = slog.New(recordHandler{l: recs})
-		t.Cleanup(func() {
-			if t.Failed() || os.Getenv("HOARD_TEST_DUMP") != "" {
-				t.Logf("client %s log (its last %d records):\n%s", name, len(recs.recs), recs)
-			}
-		})
-	}
+	// The client's log, at debug, is kept as records in a ring, and
+	// shown if the test fails: a history the checker cannot explain then
+	// comes with the breaks, recalls and grants each client saw. Records
+	// are not formatted as they come, which would slow the clients
+	// enough to hide races.
+	recs := &recordLog{}
+	log := slog.New(recordHandler{l: recs})
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("HOARD_TEST_DUMP") != "" {
+			t.Logf("client %s log (its last %d records):\n%s", name, recordLogMax, recs)
+		}
+	})
 	o.Server, o.CacheDir, o.CacheSize, o.Name = srv.addr, t.TempDir(), 64<<20, name
 	o.DialTimeout, o.RPCTimeout, o.Logger = 5*time.Second, 10*time.Second, log
 	c, err := cellDial(o)
@@ -1171,23 +1167,25 @@ func TestConsistencyStuck(t *testing.T) {
 	}
 }
 
-// recordLog keeps the last of a client's log records as they came,
-// formatting them only when asked (String).
+// recordLog keeps the last recordLogMax of a client's log records as
+// they came, formatting them only when asked (String).
 type recordLog struct {
 	mu   sync.Mutex
-	recs []slog.Record // a ring
+	recs []slog.Record // a ring, once full
 	next int
 	full bool
 }
+
+const recordLogMax = 1 << 14
 
 func (l *recordLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var b strings.Builder
 	h := slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelDebug})
-	order := l.recs[:l.next]
+	order := l.recs
 	if l.full {
-		order = append(slices.Clone(l.recs[l.next:]), order...)
+		order = append(slices.Clone(l.recs[l.next:]), l.recs[:l.next]...)
 	}
 	for _, r := range order {
 		h.Handle(context.Background(), r)
@@ -1207,9 +1205,11 @@ func (h recordHandler) Handle(_ context.Context, r slog.Record) error {
 	r = r.Clone()
 	r.AddAttrs(h.attrs...)
 	h.l.mu.Lock()
-	h.l.recs[h.l.next] = r
-	if h.l.next++; h.l.next == len(h.l.recs) {
-		h.l.next, h.l.full = 0, true
+	if len(h.l.recs) < recordLogMax {
+		h.l.recs = append(h.l.recs, r)
+	} else {
+		h.l.recs[h.l.next] = r
+		h.l.next, h.l.full = (h.l.next+1)%recordLogMax, true
 	}
 	h.l.mu.Unlock()
 	return nil
