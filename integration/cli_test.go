@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -152,6 +153,28 @@ func TestCLIBadInput(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(tmp, d)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("a refused server or proxy invocation left %s behind", d)
 		}
+	}
+}
+
+// A put of a large file shows its progress on a terminal (a pty, as
+// script(1) gives), and nothing when its output is not one.
+func TestPutProgress(t *testing.T) {
+	if _, err := exec.LookPath("script"); err != nil {
+		t.Skip("no script(1) to run hoard put on a terminal")
+	}
+	srv := startServer(t, t.TempDir())
+	local := filepath.Join(t.TempDir(), "big")
+	os.WriteFile(local, testkit.Pattern(40<<20, 3), 0o644)
+	line := fmt.Sprintf("%s put %s /big --server %s --cache ''", hoardBin, local, srv.addr)
+	out, err := exec.Command("script", "-qefc", line, "/dev/null").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "copying") {
+		t.Fatalf("hoard put on a terminal: %v, no progress in:\n%q", err, out)
+	}
+	if out, code := run(t, "put", local, "/big2", "--server", srv.addr, "--cache", ""); code != 0 || strings.TrimSpace(out) != "" {
+		t.Fatalf("hoard put to a pipe: exit %d, said %q", code, out)
+	}
+	if out, code := run(t, "stat", "/big", "--server", srv.addr, "--cache", ""); code != 0 || !strings.Contains(out, fmt.Sprintf("size: %d", 40<<20)) {
+		t.Fatalf("stat /big after the put: exit %d: %s", code, out)
 	}
 }
 

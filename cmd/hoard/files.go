@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -328,13 +330,18 @@ func put(c *client.Client, args []string) error {
 		out.Close()
 		return err
 	}
-	if err := copyIn(ctx, out, in, fi); err != nil {
+	bar := putBar(fi.Size())
+	if err := copyIn(ctx, out, in, fi, bar.add); err != nil {
+		bar.done()
 		if ctx.Err() != nil {
 			err = fmt.Errorf("put %s: interrupted; %s is as it was", local, remote)
 		}
 		return abandon(err)
 	}
-	if err := out.Sync(); err != nil {
+	bar.storing()
+	err = out.Sync()
+	bar.done()
+	if err != nil {
 		return abandon(err)
 	}
 	if err := out.Close(); err != nil {
@@ -352,7 +359,44 @@ func put(c *client.Client, args []string) error {
 // skipped (SEEK_DATA, SEEK_HOLE) and its size set at the end, so that a
 // sparse file stays sparse at the server and its zeros cross no network;
 // anything else (a pipe) is streamed.
-func copyIn(ctx context.Context, out *client.File, in *os.File, fi os.FileInfo) error {
+// putProgress is put's progress bar on a terminal (nil: none): bytes
+// copied into hoard, then the store that makes them the server's.
+type putProgress struct{ pb *progressbar.ProgressBar }
+
+// putBar is the bar for a put of size bytes: none unless stderr is a
+// terminal and the file big enough to wait for.
+func putBar(size int64) *putProgress {
+	if size < 16<<20 || !term.IsTerminal(int(os.Stderr.Fd())) {
+		return nil
+	}
+	return &putProgress{progressbar.NewOptions64(size, progressbar.OptionSetWriter(os.Stderr), progressbar.OptionShowBytes(true),
+		progressbar.OptionSetDescription("copying"), progressbar.OptionSetPredictTime(true), progressbar.OptionSetWidth(30),
+		progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())}
+}
+
+func (p *putProgress) add(n int64) {
+	if p != nil {
+		p.pb.Add64(n)
+	}
+}
+
+// storing says the copy is done and the server is taking what the
+// cache still holds (Sync).
+func (p *putProgress) storing() {
+	if p != nil {
+		p.pb.Describe("storing on the server")
+	}
+}
+
+func (p *putProgress) done() {
+	if p != nil {
+		p.pb.Finish()
+	}
+}
+
+// copyIn copies in to out, holes as holes, telling progress of each
+// stretch of the file done.
+func copyIn(ctx context.Context, out *client.File, in *os.File, fi os.FileInfo, progress func(int64)) error {
 	buf := make([]byte, 1<<20)
 	copyRange := func(from, to int64) error {
 		for off := from; off < to; {
@@ -365,6 +409,7 @@ func copyIn(ctx context.Context, out *client.File, in *os.File, fi os.FileInfo) 
 					return err
 				}
 				off += int64(n)
+				progress(int64(n))
 			}
 			if err == io.EOF {
 				return nil
@@ -386,6 +431,7 @@ func copyIn(ctx context.Context, out *client.File, in *os.File, fi os.FileInfo) 
 				if _, err := out.Write(buf[:n]); err != nil {
 					return err
 				}
+				progress(int64(n))
 			}
 			if rerr == io.EOF {
 				return nil
@@ -398,7 +444,8 @@ func copyIn(ctx context.Context, out *client.File, in *os.File, fi os.FileInfo) 
 	for off := int64(0); off < size; {
 		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
 		if err == unix.ENXIO {
-			break // holes to the end
+			progress(size - off) // holes to the end
+			break
 		}
 		if err != nil {
 			return err
@@ -407,6 +454,7 @@ func copyIn(ctx context.Context, out *client.File, in *os.File, fi os.FileInfo) 
 		if err != nil {
 			return err
 		}
+		progress(data - off) // a hole, nothing to copy
 		if err := copyRange(data, min(hole, size)); err != nil {
 			return err
 		}
