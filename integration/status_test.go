@@ -247,6 +247,8 @@ func TestStatusPage(t *testing.T) {
 	p.wait(t, "a client connected to the server", cardAtLeast("sessions", 1))
 	p.wait(t, "requests the server handled", `/^[1-9]/.test(document.querySelector('#card-rpc-rate .sub')?.textContent || '') ? 1 : 0`)
 	p.wait(t, "the server's root volume", tableHas("volumes", "root"))
+	p.wait(t, "the server's lease in the location database", `document.getElementById('v-lease')?.textContent === 'lease held' ? 1 : 0`)
+	p.wait(t, "the server's free disk", cardAtLeast("disk", 1))
 	p.screenshot("-server")
 
 	// A proxy's page: what it served, and fetched from its origin.

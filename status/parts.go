@@ -75,9 +75,21 @@ func ServerPart(load func() server.Load, handled func() int64) Part {
 			s.RPCs = handled()
 		}
 		if st.Server != nil {
-			s.Volumes = st.Server.Volumes
+			s.Volumes, s.Cell = st.Server.Volumes, st.Server.Cell
 		}
 		st.Server = s
+	}
+}
+
+// CellPart is a server's standing in its cell: its name, holding its
+// lease (Holding), and disk its data directory's size and free space.
+func CellPart(name string, holding func() bool, disk func() (size, free uint64)) Part {
+	return func(st *Status) {
+		if st.Server == nil {
+			st.Server = &Server{}
+		}
+		size, free := disk()
+		st.Server.Cell = &Cell{Name: name, Lease: holding(), DiskSize: size, DiskFree: free}
 	}
 }
 

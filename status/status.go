@@ -107,6 +107,18 @@ type Server struct {
 	RPCs int64 `json:"rpcs"`
 	// Volumes are those the server holds (a server's, not a proxy's).
 	Volumes []Volume `json:"volumes,omitempty"`
+	// Cell is the server's standing in its cell (a server's in one).
+	Cell *Cell `json:"cell,omitempty"`
+}
+
+// Cell is a server's standing in its cell: whether it holds its lease in
+// the location database (without it, it changes no location, and the
+// cell may count it dead), and its disk's space.
+type Cell struct {
+	Name     string `json:"name"`
+	Lease    bool   `json:"lease"`
+	DiskSize uint64 `json:"disk_size"`
+	DiskFree uint64 `json:"disk_free"`
 }
 
 // Volume is one volume a server holds.

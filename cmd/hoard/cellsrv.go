@@ -96,13 +96,7 @@ func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, l
 		stop()
 		return nil, nil, "", err
 	}
-	space := func() (uint64, uint64) {
-		fs, err := store.StatFS()
-		if err != nil {
-			return 0, 0
-		}
-		return fs.Blocks * fs.BlockSize, fs.BlocksFree * fs.BlockSize
-	}
+	space := func() (uint64, uint64) { return diskSpace(store) }
 	capacity, free := space()
 	if err := db.Register(vldb.Server{Name: name, Addr: addr, Capacity: capacity, Free: free}, leaseTTL); err != nil {
 		stop()
@@ -215,4 +209,14 @@ func etcdCmd() *cobra.Command {
 	f.StringVar(&cellDir, "cell", "", "a cell directory with ca.crt, host.crt and host.key: peers and clients must show certificates of this cell")
 	f.BoolVar(&insecure, "insecure", false, "plain TCP, no certificates (tests and benchmarks only)")
 	return cmd
+}
+
+// diskSpace is the size and free space of the disk holding store (0, 0
+// if unknown).
+func diskSpace(store *vnode.Store) (size, free uint64) {
+	fs, err := store.StatFS()
+	if err != nil {
+		return 0, 0
+	}
+	return fs.Blocks * fs.BlockSize, fs.BlocksFree * fs.BlockSize
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/hoardfs/hoard/vnode"
 	"net"
 	"net/http"
 	"os"
@@ -105,6 +106,15 @@ func (e *endpoint) showServer(srv *server.Server, addr string) {
 // showVolumes shows a server's volumes, as list lists them.
 func (e *endpoint) showVolumes(list func() ([]node.Volume, error)) {
 	e.show("", status.VolumesPart(list))
+}
+
+// showCell shows a server's standing in its cell c (nil: in none) and
+// store's disk.
+func (e *endpoint) showCell(c *server.Cell, store *vnode.Store) {
+	if e == nil || c == nil {
+		return
+	}
+	e.show("", status.CellPart(c.Name, c.DB.Holding, func() (uint64, uint64) { return diskSpace(store) }))
 }
 
 // showProxy shows p's store and its traffic with its origin.

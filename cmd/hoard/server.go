@@ -126,6 +126,7 @@ func serverCmd() *cobra.Command {
 			defer srv.Shutdown()
 			dataNote := serveData(srv, dataLis, dataAdvertise)
 			me.showVolumes(store.Volumes)
+			me.showCell(sc, store)
 			return serve("server", srv, lis, creds, fmt.Sprintf("serving %s on %s (epoch %d, %s, %s); %s", store.Dir(), lis.Addr(), store.Epoch(), dataNote, secNote, cellNote), me)
 		},
 	}

@@ -140,6 +140,12 @@
       cards: serverCards.concat([
         { id: 'volumes', label: 'Volumes', value: (s) => (S(s).volumes || []).length, fmt: count,
           sub: (s) => (S(s).volumes || []).map((v) => v.name).slice(0, 4).join(', ') },
+        // Without its lease a server changes no location, and the cell
+        // may take it for dead.
+        { id: 'lease', label: 'Location database', value: (s) => !S(s).cell ? 'no cell' : S(s).cell.lease ? 'lease held' : 'LEASE LOST',
+          fmt: (v) => v, sub: (s) => S(s).cell ? 'server ' + S(s).cell.name : '' },
+        { id: 'disk', label: 'Disk free', value: (s) => S(s).cell ? S(s).cell.disk_free : null, fmt: bytes,
+          sub: (s) => S(s).cell ? 'of ' + bytes(S(s).cell.disk_size) : '' },
       ]),
       charts: serverCharts,
       tables: [
