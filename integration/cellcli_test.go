@@ -58,8 +58,12 @@ func TestCellCommands(t *testing.T) {
 	// No login yet: no CA to trust, so nothing is sent.
 	refused("no cell CA", 2, append([]string{"ls", "/"}, at...)...)
 	ca := filepath.Join(cellDir, "ca.crt")
-	// Anonymous may not even look at the root volume, and is told so.
-	refused("anonymous: not permitted to look up volume root", 1, append([]string{"whoami", "--ca", ca}, at...)...)
+	// Anonymous may not even look at the root volume, and is told so;
+	// asked who it is, the server says.
+	refused("anonymous: not permitted to look up volume root", 1, append([]string{"ls", "/", "--ca", ca}, at...)...)
+	if out, code := hoard(append([]string{"whoami", "--ca", ca}, at...)...); code != 0 || !strings.HasPrefix(out, "anonymous") {
+		t.Fatalf("hoard whoami without a token: exit %d: %s", code, out)
+	}
 	issue := exec.Command(hoardBin, "token", "issue", "--cell", cellDir, "--user", "alice", "--uid", "1001")
 	issue.Env = env
 	tok, err := issue.Output() // the token alone on stdout; what it is on stderr

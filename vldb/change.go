@@ -240,11 +240,12 @@ func (d *DB) grant(ctx context.Context, s Server, ttl time.Duration) (clientv3.L
 func (d *DB) keepAlive(s Server, ttl time.Duration, lease clientv3.LeaseID) {
 	defer d.wg.Done()
 	for {
-		ka, err := d.cli.KeepAlive(d.ctx, lease)
+		ctx, cancel := context.WithCancel(d.ctx)
+		ka, err := d.cli.KeepAlive(ctx, lease)
 		if err == nil {
-			for range ka {
-			}
+			renewing(ka, ttl)
 		}
+		cancel()
 		if d.ctx.Err() != nil {
 			return
 		}
@@ -263,6 +264,26 @@ func (d *DB) keepAlive(s Server, ttl time.Duration, lease clientv3.LeaseID) {
 				return
 			case <-time.After(time.Second):
 			}
+		}
+	}
+}
+
+// renewing drains ka until it closes, or until no renewal came for ttl:
+// etcd without a quorum renews no lease, yet may leave the channel open
+// long past the lease's end, and the server would go on taking itself
+// for alive.
+func renewing(ka <-chan *clientv3.LeaseKeepAliveResponse, ttl time.Duration) {
+	t := time.NewTimer(ttl)
+	defer t.Stop()
+	for {
+		select {
+		case _, ok := <-ka:
+			if !ok {
+				return
+			}
+			t.Reset(ttl)
+		case <-t.C:
+			return
 		}
 	}
 }
