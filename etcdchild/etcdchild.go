@@ -1,4 +1,7 @@
-package main
+// Package etcdchild runs a file server's own etcd member as a child
+// process of the same binary (hoard etcd), started again whenever it
+// stops.
+package etcdchild
 
 import (
 	"bufio"
@@ -16,12 +19,12 @@ import (
 	"time"
 )
 
-// etcdChild is a server's own etcd member, run as a child process (hoard
+// A Child is a server's own etcd member, run as a child process (hoard
 // etcd) and started again whenever it stops. etcd ends its process on
 // some errors (out of descriptors while purging its log, say): as a
 // child, that ends the member, never the file server, and the descriptors
 // a flood of its clients' port takes are the child's own.
-type etcdChild struct {
+type Child struct {
 	args     []string // hoard etcd's, but --client
 	client   string   // host:port it serves at: the first start's from then on
 	endpoint string   // the URL clients reach it at
@@ -37,17 +40,17 @@ type etcdChild struct {
 // for its cluster's leader.
 const readyTimeout = 70 * time.Second
 
-// startEtcdChild starts the member, serving clients at client (port 0:
+// Start starts the member, serving clients at client (port 0:
 // any), its data in dir, secured by the certificates of cellDir (""
 // plain TCP), and returns once it serves.
-func startEtcdChild(dir, client, cellDir string) (*etcdChild, error) {
+func Start(dir, client, cellDir string) (*Child, error) {
 	args := []string{"etcd", "--name", "default", "--data", dir, "--peer", "127.0.0.1:0"}
 	if cellDir != "" {
 		args = append(args, "--cell", cellDir)
 	} else {
 		args = append(args, "--insecure")
 	}
-	c := &etcdChild{args: args, client: client, logFile: filepath.Join(dir, "etcd.log"), stop: make(chan struct{}), done: make(chan struct{})}
+	c := &Child{args: args, client: client, logFile: filepath.Join(dir, "etcd.log"), stop: make(chan struct{}), done: make(chan struct{})}
 	if err := c.start(); err != nil {
 		return nil, err
 	}
@@ -57,7 +60,7 @@ func startEtcdChild(dir, client, cellDir string) (*etcdChild, error) {
 
 // start runs the member and waits for the line that says where it
 // serves.
-func (c *etcdChild) start() error {
+func (c *Child) start() error {
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("etcd member: %v", err)
@@ -113,7 +116,7 @@ func (c *etcdChild) start() error {
 
 // supervise starts the member again whenever it stops, waiting longer
 // after each stop that came soon after its start.
-func (c *etcdChild) supervise() {
+func (c *Child) supervise() {
 	defer close(c.done)
 	wait := time.Second
 	for {
@@ -142,7 +145,7 @@ func (c *etcdChild) supervise() {
 				slog.Error("the cell's etcd member did not start again", "err", err, "in", wait)
 				continue
 			}
-			slog.Info("the cell's etcd member serves again", "at", c.endpoint)
+			slog.Info("the cell's etcd member serves again", "at", c.Endpoint())
 			break
 		}
 	}
@@ -150,7 +153,7 @@ func (c *etcdChild) supervise() {
 
 // lastWords is the last line of the member's log ("" when there is
 // none): what it said before it ended.
-func (c *etcdChild) lastWords() string {
+func (c *Child) lastWords() string {
 	f, err := os.Open(c.logFile)
 	if err != nil {
 		return ""
@@ -169,7 +172,7 @@ func (c *etcdChild) lastWords() string {
 }
 
 // lastSaid is lastWords for the end of an error message.
-func (c *etcdChild) lastSaid() string {
+func (c *Child) lastSaid() string {
 	if w := c.lastWords(); w != "" {
 		return "; its log's last line: " + w
 	}
@@ -178,7 +181,7 @@ func (c *etcdChild) lastSaid() string {
 
 // Close stops the member and waits for it: SIGTERM, again (a start
 // under way may make another child meanwhile), and SIGKILL past 10 s.
-func (c *etcdChild) Close() {
+func (c *Child) Close() {
 	close(c.stop)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -196,4 +199,12 @@ func (c *etcdChild) Close() {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// Endpoint is the URL the member's clients reach it at. It stays the
+// same across restarts: each serves at the first start's address.
+func (c *Child) Endpoint() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.endpoint
 }

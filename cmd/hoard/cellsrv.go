@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/hoardfs/hoard/etcdchild"
 	"log/slog"
 	"net"
 	"os"
@@ -49,7 +50,7 @@ func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, l
 	if c.etcd != "" && c.etcdListen != "127.0.0.1:0" {
 		return nil, nil, "", usagef("--etcd and --etcd-listen: the first joins an etcd elsewhere, the second configures the member of its own; pick one")
 	}
-	var member *etcdChild
+	var member *etcdchild.Child
 	stops := []func(){}
 	stop = func() {
 		for i := len(stops) - 1; i >= 0; i-- {
@@ -67,11 +68,11 @@ func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, l
 		if id != nil {
 			secureDir = cellDir
 		}
-		if member, err = startEtcdChild(filepath.Join(store.Dir(), "etcd"), c.etcdListen, secureDir); err != nil {
+		if member, err = etcdchild.Start(filepath.Join(store.Dir(), "etcd"), c.etcdListen, secureDir); err != nil {
 			return nil, nil, "", err
 		}
 		stops = append(stops, member.Close)
-		cfg.Endpoints = []string{member.endpoint}
+		cfg.Endpoints = []string{member.Endpoint()}
 	}
 	db, err := vldb.Open(cfg)
 	if err != nil {
@@ -123,7 +124,7 @@ func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, l
 	stops = append(stops, func() { cancel(); <-done })
 	note = fmt.Sprintf("server %s of the cell at etcd %s", name, strings.Join(cfg.Endpoints, ","))
 	if member != nil {
-		note = fmt.Sprintf("server %s; the cell's etcd member of its own at %s (other servers join with --etcd %s)", name, member.endpoint, member.endpoint)
+		note = fmt.Sprintf("server %s; the cell's etcd member of its own at %s (other servers join with --etcd %s)", name, member.Endpoint(), member.Endpoint())
 	}
 	return &server.Cell{DB: db, Name: name}, stop, note, nil
 }
