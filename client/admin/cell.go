@@ -3,7 +3,6 @@ package admin
 import (
 	"context"
 	"fmt"
-	"strings"
 	"syscall"
 	"time"
 
@@ -183,12 +182,12 @@ func (adm Admin) VolumeInfos() ([]VolumeInfo, error) {
 	out := make([]VolumeInfo, 0, len(r.Locations))
 	for _, l := range r.Locations {
 		info := VolumeInfo{Location: toLocation(l), Volume: Volume{ID: l.Id, Name: l.Name, Created: time.Unix(0, l.CreatedNs)}}
-		key := l.Rw.GetName()
+		key := info.RW.Name
 		if l.ReadOnly {
-			key = "ro:" + strings.Join(siteNamesOf(l.Ro), ",")
+			key = fmt.Sprint("ro", info.RO)
 		}
 		if sizes[key] == nil && failed[key] == nil {
-			failed[key] = adm.volumeSizes(l, func(vs map[uint64]*pb.Volume) { sizes[key] = vs })
+			sizes[key], failed[key] = adm.volumeSizes(l)
 		}
 		if v := sizes[key][l.Id]; v != nil {
 			info.Volume = VolumeOf(v)
@@ -200,33 +199,24 @@ func (adm Admin) VolumeInfos() ([]VolumeInfo, error) {
 }
 
 // volumeSizes asks the server holding the volume l names for all its
-// volumes' sizes, and hands them to got.
-func (adm Admin) volumeSizes(l *pb.Location, got func(map[uint64]*pb.Volume)) error {
+// volumes' sizes, by id.
+func (adm Admin) volumeSizes(l *pb.Location) (map[uint64]*pb.Volume, error) {
 	s, err := adm.sites.For(l)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var vr *pb.ListVolumesReply
 	if err := s.Conn.Call(func(ctx context.Context) (err error) {
 		vr, err = s.RPC.ListVolumes(ctx, &pb.ListVolumesRequest{})
 		return err
 	}); err != nil {
-		return cellErrOf("list volumes", l.Rw.GetName(), err)
+		return nil, cellErrOf("list volumes", l.Rw.GetName(), err)
 	}
 	vs := map[uint64]*pb.Volume{}
 	for _, v := range vr.Volumes {
 		vs[v.Id] = v
 	}
-	got(vs)
-	return nil
-}
-
-func siteNamesOf(ss []*pb.Site) []string {
-	var out []string
-	for _, s := range ss {
-		out = append(out, s.GetName())
-	}
-	return out
+	return vs, nil
 }
 
 // Examine is one volume with its sizes and where it lives.
