@@ -157,7 +157,12 @@ func makeTree(t *testing.T, dir string) {
 func TestFuseRealTools(t *testing.T) {
 	needFuse(t)
 	srv := startServer(t, t.TempDir())
-	m := startMount(t, srv, t.TempDir())
+	realTools(t, startMount(t, srv, t.TempDir()))
+}
+
+// realTools runs tar, cp -a, rsync, git and make on m, each against the
+// same done on the local disk.
+func realTools(t *testing.T, m *mountProc) {
 	src := t.TempDir()
 	makeTree(t, src)
 	local := t.TempDir()

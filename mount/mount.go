@@ -21,6 +21,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/fuseuring"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -38,7 +39,11 @@ type Options struct {
 	// is anonymous. A mount a user other than root starts is single-user
 	// (the kernel lets no other user in).
 	SingleUser bool
-	Logger     *slog.Logger
+	// IOUring serves the kernel's requests over io_uring, each CPU's on
+	// that CPU (Linux 6.14+, root, the fuse module's enable_uring);
+	// otherwise, or where the kernel will not, over /dev/fuse.
+	IOUring bool
+	Logger  *slog.Logger
 }
 
 // Mount is a mounted hoard file system.
@@ -48,8 +53,12 @@ type Mount struct {
 	single bool
 	dir    string
 	server *fuse.Server
-	log    *slog.Logger
-	queue  *invalQueue
+	ring   *fuseuring.Transport // nil: requests come over /dev/fuse
+	uring  bool                 // asked for
+	// ownMount: fuseuring mounted it, and go-fuse does not know where.
+	ownMount bool
+	log      *slog.Logger
+	queue    *invalQueue
 
 	passthrough bool
 	ptCount     atomic.Int64
@@ -89,7 +98,7 @@ func New(o Options) *Mount {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	m := &Mount{log: o.Logger, inodes: map[node.FID]*hnode{}, older: map[node.FID][]*hnode{}, gens: map[node.FID]uint64{}, refs: map[*client.Node]int{}, passthrough: o.Passthrough, single: o.SingleUser}
+	m := &Mount{log: o.Logger, inodes: map[node.FID]*hnode{}, older: map[node.FID][]*hnode{}, gens: map[node.FID]uint64{}, refs: map[*client.Node]int{}, passthrough: o.Passthrough, single: o.SingleUser, uring: o.IOUring}
 	m.queue = newInvalQueue(m.notify)
 	return m
 }
@@ -386,7 +395,7 @@ func (m *Mount) Serve(c *client.Client, dir string, debug bool) error {
 			return err
 		}
 	}
-	server, err := fs.Mount(dir, root, opts)
+	server, err := m.mount(dir, root, opts, asRoot)
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dir, err)
 	}
@@ -394,6 +403,50 @@ func (m *Mount) Serve(c *client.Client, dir string, debug bool) error {
 	m.track(root, true)
 	m.reportReadPath(asRoot)
 	return nil
+}
+
+// mount mounts root at dir: over io_uring when asked and this kernel and
+// user allow it, otherwise as go-fuse does, over /dev/fuse.
+func (m *Mount) mount(dir string, root fs.InodeEmbedder, opts *fs.Options, asRoot bool) (*fuse.Server, error) {
+	why := "off by option"
+	if m.uring {
+		why = "needs root"
+		if asRoot {
+			why = ""
+			if err := fuseuring.Check(); err != nil {
+				why = err.Error()
+			}
+		}
+	}
+	if why != "" {
+		if m.uring {
+			m.log.Warn("FUSE requests over /dev/fuse: io_uring unavailable", "mountpoint", dir, "why", why)
+		}
+		return fs.Mount(dir, root, opts)
+	}
+	server, ring, err := fuseuring.Mount(dir, fs.NewNodeFS(root, opts), &opts.MountOptions, fuseuring.Config{PerCPU: ringThreads})
+	if server == nil {
+		return nil, err
+	}
+	if err != nil {
+		m.log.Warn("FUSE requests over /dev/fuse: io_uring refused", "mountpoint", dir, "err", err)
+	} else {
+		m.log.Info("FUSE requests over io_uring", "mountpoint", dir, "queues", ring.Queues(), "threads_per_queue", ringThreads)
+	}
+	m.ring, m.ownMount = ring, true
+	return server, nil
+}
+
+// ringThreads is how many requests each CPU's ring queue serves at once; a
+// request waiting on the server holds one.
+const ringThreads = 8
+
+// Transport names how the kernel's requests reach this mount.
+func (m *Mount) Transport() string {
+	if m.ring != nil {
+		return "io_uring"
+	}
+	return "/dev/fuse"
 }
 
 // reportReadPath logs once which path cached reads take.
@@ -431,11 +484,21 @@ func (m *Mount) Logout(uid uint32) error { return m.users.drop(uid) }
 func (m *Mount) Passthrough() bool { return m.passthrough }
 
 // Wait blocks until the file system is unmounted.
-func (m *Mount) Wait() { m.server.Wait() }
+func (m *Mount) Wait() {
+	m.server.Wait()
+	if m.ring != nil {
+		m.ring.Wait()
+	}
+}
 
 // Unmount unmounts and stops the invalidation worker.
 func (m *Mount) Unmount() error {
-	err := m.server.Unmount()
+	var err error
+	if m.ownMount {
+		err = fuseuring.Unmount(m.dir)
+	} else {
+		err = m.server.Unmount()
+	}
 	m.queue.close()
 	return err
 }

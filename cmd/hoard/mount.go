@@ -37,7 +37,7 @@ const readyFD = 3
 
 func mountCmd() *cobra.Command {
 	var cf clientFlags
-	var daemon, passthrough, debug, singleUser, encrypt, nonEmpty bool
+	var daemon, passthrough, debug, singleUser, encrypt, nonEmpty, ioURing bool
 	var pidfile, profile, metricsAddr, httpAddr string
 	cmd := &cobra.Command{
 		Use:   "mount [flags] MOUNTPOINT",
@@ -87,7 +87,7 @@ func mountCmd() *cobra.Command {
 				}
 				o.NoDelegations, o.NoDirDelegations, passthrough = true, true, false
 			}
-			m := mount.New(mount.Options{Passthrough: passthrough, SingleUser: singleUser, Logger: slog.Default()})
+			m := mount.New(mount.Options{Passthrough: passthrough, SingleUser: singleUser, IOUring: ioURing, Logger: slog.Default()})
 			o.RPCTimeout, o.OnInvalidate = cf.timeout, me.invalidations(m, dir)
 			c, err := client.Dial(o)
 			if err != nil {
@@ -118,7 +118,7 @@ func mountCmd() *cobra.Command {
 			if registerUmountHelper(dir) {
 				defer unregisterUmountHelper(dir)
 			}
-			msg := fmt.Sprintf("hoard: %s mounted at %s (cache %s, %s)", cf.server, dir, cacheLabel(cf.cache), readPath(m))
+			msg := fmt.Sprintf("hoard: %s mounted at %s (cache %s, %s, requests over %s)", cf.server, dir, cacheLabel(cf.cache), readPath(m), m.Transport())
 			if os.Getenv("HOARD_DAEMONIZED") != "" {
 				ready := os.NewFile(readyFD, "ready")
 				fmt.Fprintln(ready, msg)
@@ -150,6 +150,7 @@ func mountCmd() *cobra.Command {
 	logFlags(cmd.Flags(), "log here, rotated by size (default: stderr; with --daemon: mount.log in the cache directory)")
 	cmd.Flags().BoolVar(&passthrough, "passthrough", true, "let the kernel read wholly cached files straight from the cache (Linux ≥ 6.9, root)")
 	cmd.Flags().BoolVar(&debug, "debug", false, "log every FUSE request")
+	cmd.Flags().BoolVar(&ioURing, "io-uring", false, "serve the kernel's requests over io_uring, each CPU's on that CPU (Linux ≥ 6.14, root, fuse module parameter enable_uring=Y); /dev/fuse where unavailable")
 	cmd.Flags().BoolVar(&nonEmpty, "nonempty", false, "mount over a directory that holds files (they are hidden until unmounted)")
 	cmd.Flags().BoolVar(&encrypt, "cache-encrypt", false, "keep the cache files encrypted with a key held only in this process's memory (a stolen disk shows nothing of them); the cache starts empty, passthrough and delegations are off (docs/security.md)")
 	cmd.Flags().BoolVar(&singleUser, "single-user", false, "act for every local user with this mount's token, leaving them apart to the files' mode bits (default for root: each user acts with the token they handed it with hoard login, others anonymously)")

@@ -1,0 +1,101 @@
+package fuseuring
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// Mount mounts fs at dir (as root: it mounts directly) on a connection
+// that asks for io_uring at INIT, and serves it: the rings when Start
+// succeeds, /dev/fuse for the rest. The Transport is nil, with the reason
+// in err, when the connection goes on over /dev/fuse alone; the Server is
+// nil only when the mount itself failed. Unmount with Unmount, not the
+// Server's (it does not know the mount point).
+func Mount(dir string, fs fuse.RawFileSystem, opts *fuse.MountOptions, cfg Config) (*fuse.Server, *Transport, error) {
+	o := *opts
+	o.DirectMount, o.DirectMountStrict = false, false
+	o.ExtraCapabilities |= fuse.CAP_OVER_IO_URING
+	fd, err := mountFD(dir, &o)
+	if err != nil {
+		return nil, nil, err
+	}
+	// go-fuse serves a connection mounted elsewhere by its magic path.
+	server, err := fuse.NewServer(fs, fmt.Sprintf("/dev/fd/%d", fd), &o)
+	if err != nil {
+		syscall.Unmount(dir, syscall.MNT_DETACH)
+		return nil, nil, err
+	}
+	t, err := Start(fd, server.KernelSettings(), fs, &o, cfg)
+	go server.Serve()
+	return server, t, err
+}
+
+// mountFD opens /dev/fuse and mounts it at dir with opts, as fusermount
+// would, and returns the descriptor.
+func mountFD(dir string, opts *fuse.MountOptions) (int, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		return -1, err
+	}
+	fd, err := syscall.Open("/dev/fuse", os.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("/dev/fuse: %w", err)
+	}
+	data := []string{
+		fmt.Sprintf("fd=%d", fd),
+		fmt.Sprintf("rootmode=%o", st.Mode&syscall.S_IFMT),
+		fmt.Sprintf("user_id=%d", os.Geteuid()),
+		fmt.Sprintf("group_id=%d", os.Getegid()),
+		fmt.Sprintf("max_read=%d", max(opts.MaxWrite, 128<<10)),
+	}
+	flags := uintptr(syscall.MS_NOSUID | syscall.MS_NODEV)
+	for _, opt := range opts.Options {
+		switch opt {
+		case "nodev":
+			flags |= syscall.MS_NODEV
+		case "dev":
+			flags &^= syscall.MS_NODEV
+		case "nosuid":
+			flags |= syscall.MS_NOSUID
+		case "suid":
+			flags &^= syscall.MS_NOSUID
+		case "noexec":
+			flags |= syscall.MS_NOEXEC
+		case "exec":
+		default:
+			data = append(data, opt)
+		}
+	}
+	if opts.AllowOther {
+		data = append(data, "allow_other")
+	}
+	source := opts.FsName
+	if source == "" {
+		source = opts.Name
+	}
+	if err := syscall.Mount(source, dir, "fuse."+opts.Name, flags, strings.Join(data, ",")); err != nil {
+		syscall.Close(fd)
+		return -1, fmt.Errorf("mount %s: %w", dir, err)
+	}
+	return fd, nil
+}
+
+// Unmount unmounts dir, retrying while the kernel still counts files open
+// there, as go-fuse's Server.Unmount does.
+func Unmount(dir string) error {
+	var err error
+	delay := time.Duration(0)
+	for range 5 {
+		if err = syscall.Unmount(dir, 0); err == nil {
+			return nil
+		}
+		delay = 2*delay + 5*time.Millisecond
+		time.Sleep(delay)
+	}
+	return fmt.Errorf("umount %s: %w", dir, err)
+}
