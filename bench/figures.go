@@ -56,7 +56,7 @@ func treeFigures(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*b
 	c := &chart.Chart{Title: "Trees of small files: local disk, bindfs and hoard as the file count doubles (seconds, lower is better)", Columns: 4}
 	for _, w := range treeRows {
 		p := chart.Panel{Title: w.short, XLabel: "files", YLabel: "seconds", LogX: true, LogY: true}
-		for _, fsys := range []string{"local", "bindfs", "hoard"} {
+		for _, fsys := range []string{"local", "bindfs", "hoard", "hoard-uring"} {
 			if res[fsys] != nil {
 				p.Series = append(p.Series, seriesOver(fsys, ns, at(fsys, w.of)))
 			}

@@ -21,12 +21,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hoardfs/hoard/fuseuring"
 )
 
 var (
 	treeFiles   = flag.String("tree-files", "1000,2000,4000,8000", "tree: file counts of the file-count rounds, comma-separated (e.g. 12500,25000,50000,100000)")
 	treeBig     = flag.String("tree-big", "1G", "tree: size of the large file, whole MiB (64M, 1G); 0 skips the large-file rows")
-	treeFS      = flag.String("tree-fs", "local,bindfs,hoard", "tree: file systems to run, comma-separated: local, bindfs, hoard")
+	treeFS      = flag.String("tree-fs", "local,bindfs,hoard", "tree: file systems to run, comma-separated: local, bindfs, hoard, hoard-uring (hoard --io-uring)")
 	treeNoDeleg = flag.Bool("tree-nodeleg", true, "tree: also run postmark on a hoard mount with --no-delegations")
 	treePM      = flag.Bool("tree-postmark", true, "tree: run postmark (false: the other rows only, for runs at large N)")
 	treeTimeout = flag.Duration("tree-timeout", 10*time.Minute, "tree: longest a round (one file system at one file count, or with the large file) may take")
@@ -73,8 +75,20 @@ func treeBench(bin, scratch string) error {
 	}
 	fss := strings.Split(*treeFS, ",")
 	for _, f := range fss {
-		if f != "local" && f != "bindfs" && f != "hoard" {
-			return fmt.Errorf("-tree-fs %q: want local, bindfs and/or hoard", *treeFS)
+		if !slices.Contains([]string{"local", "bindfs", "hoard", "hoard-uring"}, f) {
+			return fmt.Errorf("-tree-fs %q: want local, bindfs, hoard and/or hoard-uring", *treeFS)
+		}
+	}
+	if slices.Contains(fss, "hoard-uring") {
+		wasOn, err := fuseuring.Enable()
+		if err == nil {
+			err = fuseuring.Check()
+		}
+		if err != nil {
+			return fmt.Errorf("-tree-fs hoard-uring: %w", err)
+		}
+		if !wasOn {
+			defer fuseuring.Disable()
 		}
 	}
 	fmt.Printf("\ncommand: HOARD_BIN=%s go run ./bench %s\n", os.Getenv("HOARD_BIN"), strings.Join(os.Args[1:], " "))
@@ -122,6 +136,9 @@ func treeBench(bin, scratch string) error {
 	for _, f := range fss {
 		if big == 0 {
 			break
+		}
+		if f == "hoard-uring" {
+			continue // the large file's requests are few: the transport does not show
 		}
 		b := &bigTimes{}
 		err := inRound(fmt.Sprintf("%s, %s file", f, human(big)), func(ctx context.Context) error {
@@ -373,7 +390,10 @@ func withTarget(ctx context.Context, bin, dir, fsys string, cacheSize int64, fn 
 		_, uerr := runCmd(cctx, "fusermount3", "-u", tg.root)
 		cancel()
 		err = cmp.Or(err, uerr)
-	case "hoard":
+	case "hoard", "hoard-uring":
+		if fsys == "hoard-uring" {
+			flags = append(flags, "--io-uring")
+		}
 		addr, _, stop, serr := startServer(bin, filepath.Join(dir, "server"))
 		if serr != nil {
 			return serr
@@ -536,6 +556,10 @@ func printTree(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*big
 	for _, r := range treeRows {
 		fmt.Printf("\n### %s\n\n", r.title)
 		head, line := "| N | local s | bindfs s | hoard s | hoard × local | growth |", "|---|---|---|---|---|---|"
+		uring := res["hoard-uring"] != nil
+		if uring {
+			head, line = head+" hoard --io-uring s | io_uring × local | io_uring ÷ /dev/fuse |", line+"---|---|---|"
+		}
 		if r.pm {
 			head, line = head+" hoard --no-delegations s | --no-delegations ÷ delegations |", line+"---|---|"
 		}
@@ -549,6 +573,10 @@ func printTree(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*big
 			}
 			fmt.Printf("| %d | %s | %s | %s | %s | %s |", n, secs(at("local", n, r.of)), secs(at("bindfs", n, r.of)), secs(h),
 				ratio(h, at("local", n, r.of)), growth)
+			if uring {
+				u := at("hoard-uring", n, r.of)
+				fmt.Printf(" %s | %s | %s |", secs(u), ratio(u, at("local", n, r.of)), ratio(u, h))
+			}
 			if r.pm {
 				nd := at("hoard", n, func(t *treeTimes) time.Duration { return t.pmNoDeleg })
 				fmt.Printf(" %s | %s |", secs(nd), ratio(nd, h))
@@ -639,10 +667,14 @@ func roundTrips(bin, dir string, fss []string) (map[string]tripTimes, error) {
 				if err != nil {
 					return err
 				}
-				if _, err := runCmd(ctx, "taskset", "-a", "-p", "-c", "0", strconv.Itoa(pid)); err != nil {
-					return err
+				// Over io_uring each CPU's requests are served on it: the
+				// daemon's ring threads hold themselves to their CPUs.
+				if f != "hoard-uring" {
+					if _, err := runCmd(ctx, "taskset", "-a", "-p", "-c", "0", strconv.Itoa(pid)); err != nil {
+						return err
+					}
+					defer runCmd(ctx, "taskset", "-a", "-p", "-c", fmt.Sprintf("0-%d", runtime.NumCPU()-1), strconv.Itoa(pid))
 				}
-				defer runCmd(ctx, "taskset", "-a", "-p", "-c", fmt.Sprintf("0-%d", runtime.NumCPU()-1), strconv.Itoa(pid))
 				t := tripTimes{same: tripOn(0, path), other: tripOn(1, path)}
 				out[f] = t
 				return nil
@@ -655,7 +687,9 @@ func roundTrips(bin, dir string, fss []string) (map[string]tripTimes, error) {
 	return out, nil
 }
 
-// tripOn is the mean time of a getxattr of path from a thread held to cpu.
+// tripOn is the mean time of a getxattr of path from a thread held to cpu:
+// of a trusted.* name, which hoard answers without asking its server (and
+// bindfs with one getxattr of the file under it).
 func tripOn(cpu int, path string) time.Duration {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -668,7 +702,7 @@ func tripOn(cpu int, path string) time.Duration {
 	buf := make([]byte, 64)
 	start := time.Now()
 	for range n {
-		unix.Getxattr(path, "user.hoard-bench", buf)
+		unix.Getxattr(path, "trusted.hoard-bench", buf)
 	}
 	return time.Since(start) / n
 }
@@ -692,11 +726,11 @@ func printTrips(trips map[string]tripTimes) {
 		return
 	}
 	fmt.Printf("\n### A FUSE request's round trip\n\n")
-	fmt.Println("Mean of 20,000 getxattr calls the daemon answers, its threads held to CPU 0; µs.")
+	fmt.Println("Mean of 20,000 getxattr calls the daemon answers, its threads held to CPU 0 (over io_uring: each CPU's to it); µs.")
 	fmt.Println()
-	fmt.Println("| file system | caller on the daemon's CPU | caller on another CPU |")
+	fmt.Println("| file system | caller on CPU 0 | caller on CPU 1 |")
 	fmt.Println("|---|---|---|")
-	for _, f := range []string{"bindfs", "hoard"} {
+	for _, f := range []string{"bindfs", "hoard", "hoard-uring"} {
 		if t, ok := trips[f]; ok {
 			fmt.Printf("| %s | %.1f | %.1f |\n", f, us(t.same), us(t.other))
 		}

@@ -1000,18 +1000,23 @@ func TestConsistencyLibrary(t *testing.T) {
 	}
 }
 
-// Two FUSE mounts and a library client; and the same with one of the
-// mounts through a proxy.
+// Two FUSE mounts and a library client; the same with one of the mounts
+// through a proxy, and with one served over io_uring.
 func TestConsistencyFuse(t *testing.T) {
 	needFuse(t)
-	for _, mode := range []string{"direct", "proxy"} {
+	for _, mode := range []string{"direct", "proxy", "io_uring"} {
 		t.Run(mode, func(t *testing.T) {
+			var ring []string
+			if mode == "io_uring" {
+				needURing(t)
+				ring = []string{"--io-uring"}
+			}
 			srv := startServer(t, t.TempDir(), "--grace", consGrace.String())
 			lib := dialCons(t, srv, t.Name()+"-lib", false)
 			if err := lib.Mkdir("/d", 0o755); err != nil {
 				t.Fatal(err)
 			}
-			a := startMount(t, srv, t.TempDir(), mountDebug()...)
+			a := startMount(t, srv, t.TempDir(), append(mountDebug(), ring...)...)
 			to := srv
 			if mode == "proxy" {
 				to = startProxy(t, srv, t.TempDir(), "--grace", consGrace.String())

@@ -62,15 +62,18 @@ func envSeed(t *testing.T, name string) uint64 {
 // mapped reads, reopens and remounts on one 16 MiB file whose cache is
 // half the file, comparing every read and every size with an in-memory
 // model, and at the end the server's copy: through the library, then
-// through a mount with delegations, without, through a proxy, and with a
-// second mount reading the file throughout.
+// through a mount with delegations, without, through a proxy, with a
+// second mount reading the file throughout, and over io_uring.
 func TestFsxModel(t *testing.T) {
 	needFuse(t)
 	budget, seed := fsxBudget(t)
-	for i, mode := range []string{"library", "delegations", "no-delegations", "proxy", "second-reader"} {
+	for i, mode := range []string{"library", "delegations", "no-delegations", "proxy", "second-reader", "io_uring"} {
 		t.Run(mode, func(t *testing.T) {
+			if mode == "io_uring" {
+				needURing(t)
+			}
 			seed := seed + uint64(i)
-			t.Logf("HOARD_FSX_SEED=%d HOARD_FSX=%v (replay with these; the subtests add 0..4)", seed-uint64(i), budget)
+			t.Logf("HOARD_FSX_SEED=%d HOARD_FSX=%v (replay with these; the subtests add 0..5)", seed-uint64(i), budget)
 			srv := startServer(t, t.TempDir())
 			to := srv
 			if mode == "proxy" {
@@ -96,6 +99,9 @@ func TestFsxModel(t *testing.T) {
 			var args []string
 			if mode == "no-delegations" {
 				args = append(args, "--no-delegations")
+			}
+			if mode == "io_uring" {
+				args = append(args, "--io-uring")
 			}
 			m := startMount(t, to, t.TempDir(), append(args, "--cache-size", "8M")...)
 			var reader sync.WaitGroup

@@ -41,16 +41,42 @@ addr=$(sed -n 's/.* on \(127\.0\.0\.1:[0-9]*\) .*/\1/p' "$work/server.log" | hea
 # anonymous and refused everything, where the suite expects the mode bits
 # (which the kernel checks) to decide.
 cell=$work/data/cell
-"$bin" mount --server "$addr" --cache "$work/cache" --ca "$cell/ca.crt" --token "$cell/admin.token" --single-user --daemon "$work/mnt" 2>/dev/null
-mkdir -m 755 "$work/mnt/pjd"
-status=0
 cfg=$PWD/conformance/pjdfstest.toml
-(cd /tmp && "$pjd" -c "$cfg" -p "$work/mnt/pjd") > "$work/pjd.out" 2>&1 || status=$?
-awk '$NF ~ /^(ok|FAILED|skipped)$/ && $1 ~ /::/ { split($1, a, "::"); n[a[1] " " $NF]++; g[a[1]] = 1; t[$NF]++ }
-     END { printf "%-16s %5s %7s %8s\n", "group", "ok", "failed", "skipped";
-           for (x in g) printf "%-16s %5d %7d %8d\n", x, n[x " ok"], n[x " FAILED"], n[x " skipped"] | "sort";
-           close("sort"); printf "%-16s %5d %7d %8d\n", "total", t["ok"], t["FAILED"], t["skipped"] }' "$work/pjd.out"
-if [ "$status" != 0 ]; then
-  grep -E "FAILED$" "$work/pjd.out" >&2 || tail -20 "$work/pjd.out" >&2
-  exit 1
+status=0
+# suite NAME TRANSPORT [MOUNT FLAGS]: mount, run pjdfstest, print its
+# counts, unmount.
+suite() {
+  local label=$1 transport=$2 out=$work/pjd-$1.out rc=0
+  shift 2
+  "$bin" mount --server "$addr" --cache "$work/cache-$label" --ca "$cell/ca.crt" --token "$cell/admin.token" --single-user --daemon "$@" "$work/mnt" 2> "$work/mount-$label.out"
+  if ! grep -q "requests over $transport" "$work/mount-$label.out"; then
+    echo "conformance: the mount does not serve over $transport:" >&2
+    cat "$work/mount-$label.out" >&2
+    exit 1
+  fi
+  mkdir -m 755 "$work/mnt/pjd-$label"
+  (cd /tmp && "$pjd" -c "$cfg" -p "$work/mnt/pjd-$label") > "$out" 2>&1 || rc=$?
+  echo "pjdfstest, requests over $transport:"
+  awk '$NF ~ /^(ok|FAILED|skipped)$/ && $1 ~ /::/ { split($1, a, "::"); n[a[1] " " $NF]++; g[a[1]] = 1; t[$NF]++ }
+       END { printf "%-16s %5s %7s %8s\n", "group", "ok", "failed", "skipped";
+             for (x in g) printf "%-16s %5d %7d %8d\n", x, n[x " ok"], n[x " FAILED"], n[x " skipped"] | "sort";
+             close("sort"); printf "%-16s %5d %7d %8d\n", "total", t["ok"], t["FAILED"], t["skipped"] }' "$out"
+  "$bin" umount "$work/mnt"
+  if [ "$rc" != 0 ]; then
+    grep -E "FAILED$" "$out" >&2 || tail -20 "$out" >&2
+    status=1
+  fi
+}
+suite dev /dev/fuse
+# Again over io_uring where this kernel has it (Linux 6.14+); the fuse
+# module's switch is turned on for the run and back after.
+param=/sys/module/fuse/parameters/enable_uring
+if [ -w "$param" ]; then
+  was=$(cat "$param")
+  echo Y > "$param"
+  suite uring io_uring --io-uring
+  echo "$was" > "$param"
+else
+  echo "conformance: SKIP over io_uring: this kernel has no FUSE over io_uring ($param)" >&2
 fi
+exit $status
