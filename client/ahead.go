@@ -14,6 +14,10 @@ import "github.com/hoardfs/hoard/node"
 type dirAhead struct {
 	last   int // listing position of the last file opened for reading
 	window int // files fetched ahead of it; 0 until an open keeps order
+	// seen is the listing position up to which entries were looked at
+	// for fetching: an open in order looks only past it, so a pass over
+	// a listing looks at each entry once, however wide the window.
+	seen int
 }
 
 // maxAhead bounds the window, in files.
@@ -33,27 +37,10 @@ func (c *Client) readAheadIn(dir *Node, base string, u User) {
 		dir.mu.Unlock()
 		return
 	}
-	a := &dir.ahead
-	switch {
-	case d.at > a.last && d.at <= a.last+max(a.window, 1)+1:
-		// In order, or a step past an entry that is not a file.
-		a.window = min(max(2*a.window, 4), maxAhead)
-	default:
-		a.window = 0
-	}
-	a.last = d.at
-	var next []node.FID
-	if a.window > 0 {
-		after := dir.dents.order[min(d.at+1, len(dir.dents.order)):]
-		for _, name := range after[:min(len(after), 4*a.window)] {
-			if len(next) == a.window {
-				break
-			}
-			if e, ok := dir.dents.get(name); ok && e.typ == node.TypeFile {
-				next = append(next, e.fid)
-			}
-		}
-	}
+	next := dir.ahead.step(d.at, dir.dents.order, func(name string) (node.FID, bool) {
+		e, ok := dir.dents.get(name)
+		return e.fid, ok && e.typ == node.TypeFile
+	})
 	dir.mu.Unlock()
 	cs := c.cache.ChunkSize()
 	for _, f := range next {
@@ -70,4 +57,30 @@ func (c *Client) readAheadIn(dir *Node, base string, u User) {
 		}
 		n.fetch([]int64{0}, false, u)
 	}
+}
+
+// step notes an open for reading of the entry at listing position at, and
+// returns the files to fetch ahead of it: up to window of them, among the
+// 4×window entries after it that no earlier step looked at. file says
+// whether a name is a file, and its FID.
+func (a *dirAhead) step(at int, order []string, file func(string) (node.FID, bool)) []node.FID {
+	if at > a.last && at <= a.last+max(a.window, 1)+1 {
+		// In order, or a step past an entry that is not a file.
+		a.window = min(max(2*a.window, 4), maxAhead)
+	} else {
+		a.window, a.seen = 0, 0
+	}
+	a.last = at
+	if a.window == 0 {
+		return nil
+	}
+	var next []node.FID
+	i := max(at+1, a.seen)
+	for end := min(at+1+4*a.window, len(order)); i < end && len(next) < a.window; i++ {
+		if f, ok := file(order[i]); ok {
+			next = append(next, f)
+		}
+	}
+	a.seen = i
+	return next
 }

@@ -1008,3 +1008,56 @@ func TestFuseRenameOverOpenFile(t *testing.T) {
 		}
 	}
 }
+
+// TestFuseListingKeptByKernel: a directory listed again under its promise
+// is listed from the kernel's copy, with no request to the mount; another
+// mount's change to it is listed at once all the same.
+func TestFuseListingKeptByKernel(t *testing.T) {
+	needFuse(t)
+	srv := startServer(t, t.TempDir())
+	a := startMount(t, srv, t.TempDir(), "--debug")
+	b := startMount(t, srv, t.TempDir())
+	if err := os.Mkdir(a.path("d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 300 {
+		if err := os.WriteFile(a.path(fmt.Sprintf("d/f%03d", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	marks := 0
+	// mark has a's kernel send a LOOKUP of a new name and waits for the
+	// mount's trace to show it: what the trace holds before it, the mount
+	// was sent before.
+	mark := func() int {
+		marks++
+		name := fmt.Sprintf("mark-%d", marks)
+		os.Stat(a.path(name))
+		var at int
+		poll.Wait(t, 5*time.Second, "the mount's trace of "+name, func() bool {
+			at = strings.Index(a.logs.String(), `"`+name+`"`)
+			return at >= 0
+		})
+		return at
+	}
+	// listings is how many READDIR(PLUS) requests listing d cost.
+	listings := func(want int) int {
+		from := mark()
+		if names := strings.Split(a.listNames(t, "d"), ","); len(names) != want {
+			t.Fatalf("listed %d names, want %d", len(names), want)
+		}
+		to := mark()
+		return strings.Count(a.logs.String()[from:to], ": READDIR")
+	}
+	listings(300)
+	listings(300)
+	if n := listings(300); n != 0 {
+		t.Fatalf("a warm listing cost %d READDIR requests", n)
+	}
+	if err := os.WriteFile(b.path("d/new"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n := listings(301); n == 0 {
+		t.Fatal("the listing after another mount's create was served from the kernel's old copy")
+	}
+}

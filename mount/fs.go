@@ -319,6 +319,69 @@ func (h *hnode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn
 	return 0
 }
 
+// OpendirHandle lets the kernel keep the directory's listing
+// (FOPEN_CACHE_DIR) and read it again with no request, while the
+// directory's promise holds and its data version is the one the kernel
+// was last shown: a break invalidates the kernel's copy (invalidate), and
+// the kernel drops it itself when it changes the directory. go-fuse sets
+// the two flags together, so the first open of a version keeps nothing
+// and the second fills the kernel's copy.
+func (h *hnode) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	st := h.n.Status()
+	h.mu.Lock()
+	keep := h.n.Valid() && h.pageVersion == st.DataVersion
+	h.pageVersion = st.DataVersion
+	h.mu.Unlock()
+	var fuseFlags uint32
+	if keep {
+		fuseFlags = fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE
+	}
+	return &dirHandle{h: h}, fuseFlags, 0
+}
+
+// dirHandle is an open directory; its listing is taken at the first read.
+type dirHandle struct {
+	h  *hnode
+	ds fs.DirStream
+}
+
+func (d *dirHandle) stream(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	if d.ds == nil {
+		ds, e := d.h.Readdir(ctx)
+		if e != 0 {
+			return nil, e
+		}
+		d.ds = ds
+	}
+	return d.ds, 0
+}
+
+func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	ds, e := d.stream(ctx)
+	if e != 0 || !ds.HasNext() {
+		return nil, e
+	}
+	ent, e := ds.Next()
+	return &ent, e
+}
+
+func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	ds, e := d.stream(ctx)
+	if e != 0 {
+		return e
+	}
+	if sd, ok := ds.(fs.FileSeekdirer); ok {
+		return sd.Seekdir(ctx, off)
+	}
+	return syscall.ENOTSUP
+}
+
+func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
+	if d.ds != nil {
+		d.ds.Close()
+	}
+}
+
 func (h *hnode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 	ents, err := h.m.as(ctx).ReadDir(h.n)
 	if err != nil {
