@@ -11,11 +11,14 @@ import (
 )
 
 // Mount mounts fs at dir (as root: it mounts directly) on a connection
-// that asks for io_uring at INIT, and serves it: the rings when Start
-// succeeds, /dev/fuse for the rest. The Transport is nil, with the reason
-// in err, when the connection goes on over /dev/fuse alone; the Server is
-// nil only when the mount itself failed. Unmount with Unmount, not the
-// Server's (it does not know the mount point).
+// that asks for io_uring at INIT, and serves it. When the rings start,
+// the Transport also reads what the kernel still sends on /dev/fuse
+// (FORGET, and INTERRUPT, which must reach the protocol server that
+// holds the request in flight), and Transport.Wait waits for the end of
+// both. When they do not, the Transport is nil, err says why, and
+// go-fuse's Server serves /dev/fuse alone; wait on it. The Server is nil
+// only when the mount itself failed. Unmount with Unmount, not the
+// Server's: it does not know the mount point.
 func Mount(dir string, fs fuse.RawFileSystem, opts *fuse.MountOptions, cfg Config) (*fuse.Server, *Transport, error) {
 	o := *opts
 	o.DirectMount, o.DirectMountStrict = false, false
@@ -24,15 +27,28 @@ func Mount(dir string, fs fuse.RawFileSystem, opts *fuse.MountOptions, cfg Confi
 	if err != nil {
 		return nil, nil, err
 	}
-	// go-fuse serves a connection mounted elsewhere by its magic path.
+	// go-fuse serves a connection mounted elsewhere by its magic path. It
+	// answers INIT before it returns; its Server is what the file system
+	// sends notifications through.
 	server, err := fuse.NewServer(fs, fmt.Sprintf("/dev/fd/%d", fd), &o)
 	if err != nil {
 		syscall.Unmount(dir, syscall.MNT_DETACH)
 		return nil, nil, err
 	}
 	t, err := Start(fd, server.KernelSettings(), fs, &o, cfg)
-	go server.Serve()
-	return server, t, err
+	if err != nil {
+		go server.Serve()
+		return server, nil, err
+	}
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		t.serveDev(fd)
+		// The connection is gone: the Server's loop finds it so at once,
+		// and closes the descriptor it owns.
+		server.Serve()
+	}()
+	return server, t, nil
 }
 
 // mountFD opens /dev/fuse and mounts it at dir with opts, as fusermount

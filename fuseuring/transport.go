@@ -11,9 +11,10 @@
 //
 // Requests are decoded and dispatched by go-fuse's ProtocolServer, so the
 // file system behind it is any fuse.RawFileSystem and does not change.
-// go-fuse's own Server still owns /dev/fuse: it answers INIT, and the
-// kernel sends FORGET, INTERRUPT and notification replies there, never on
-// the rings.
+// go-fuse's Server answers INIT on /dev/fuse and sends the file system's
+// notifications there. The kernel sends FORGET and INTERRUPT on /dev/fuse,
+// never on the rings; Mount reads them into the rings' ProtocolServer, so
+// an INTERRUPT reaches the request it names.
 package fuseuring
 
 import (
@@ -151,14 +152,39 @@ func Start(dev int, kernel *fuse.InitIn, fs fuse.RawFileSystem, opts *fuse.Mount
 	return t, nil
 }
 
+// serveDev answers what the kernel sends on /dev/fuse while the rings
+// serve the rest, through the same protocol server: an INTERRUPT then
+// finds the request it names in flight and cancels it. It returns when
+// the connection ends.
+func (t *Transport) serveDev(dev int) {
+	in := make([]byte, t.payload+4096)
+	out := make([]byte, t.payload+4096)
+	for {
+		n, err := unix.Read(dev, in)
+		switch err {
+		case nil:
+		case unix.EINTR, unix.EAGAIN, unix.ENOENT: // ENOENT: interrupted before it was read
+			continue
+		default: // ENODEV: unmounted
+			return
+		}
+		if m, _ := t.ps.HandleRequest([][]byte{in[:n]}, [][]byte{out}); m > 0 {
+			// An INTERRUPT of a request not yet in flight is answered
+			// EAGAIN; the kernel does not find a ring request by it, and
+			// refuses the answer.
+			unix.Write(dev, out[:m])
+		}
+	}
+}
+
 // Served is how many requests the rings have answered.
 func (t *Transport) Served() int64 { return t.served.Load() }
 
 // Queues is how many queues (the kernel's possible CPUs) are served.
 func (t *Transport) Queues() int { return t.queues }
 
-// Wait blocks until the kernel has ended every ring entry: the
-// connection's end (unmount or abort).
+// Wait blocks until the connection's end (unmount or abort) has ended
+// every ring entry and the reading of /dev/fuse.
 func (t *Transport) Wait() { t.wg.Wait() }
 
 // giveUp makes the kernel stop waiting for this connection's rings: a

@@ -2,13 +2,18 @@ package fuseuring
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 func TestParseCPUList(t *testing.T) {
@@ -26,8 +31,9 @@ func TestParseCPUList(t *testing.T) {
 }
 
 // ringMount mounts a loopback of a fresh directory over io_uring, or skips
-// saying why this machine cannot.
-func ringMount(t *testing.T) (mnt, under string, tr *Transport) {
+// saying why this machine cannot. node, when not nil, makes the loopback's
+// nodes.
+func ringMount(t *testing.T, node func(*fs.LoopbackRoot) fs.InodeEmbedder) (mnt, under string, tr *Transport) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		skip(t, "FUSE over io_uring here mounts directly, which needs root")
@@ -43,10 +49,17 @@ func ringMount(t *testing.T) (mnt, under string, tr *Transport) {
 		skip(t, err.Error())
 	}
 	under, mnt = t.TempDir(), t.TempDir()
-	root, err := fs.NewLoopbackRoot(under)
-	if err != nil {
+	var st syscall.Stat_t
+	if err := syscall.Stat(under, &st); err != nil {
 		t.Fatal(err)
 	}
+	lr := &fs.LoopbackRoot{Path: under, Dev: uint64(st.Dev)}
+	var root fs.InodeEmbedder = &fs.LoopbackNode{RootData: lr}
+	if node != nil {
+		root = node(lr)
+		lr.NewNode = func(r *fs.LoopbackRoot, _ *fs.Inode, _ string, _ *syscall.Stat_t) fs.InodeEmbedder { return node(r) }
+	}
+	lr.RootNode = root
 	opts := &fuse.MountOptions{FsName: "ringtest", Name: "ringtest", MaxWrite: 1 << 20}
 	server, tr, err := Mount(mnt, fs.NewNodeFS(root, &fs.Options{}), opts, Config{PerCPU: 2})
 	if server == nil {
@@ -79,7 +92,7 @@ func skip(t *testing.T, why string) {
 // the rings and checks both what they return and that the rings, not
 // /dev/fuse, answered them.
 func TestRingServesFileOps(t *testing.T) {
-	mnt, under, tr := ringMount(t)
+	mnt, under, tr := ringMount(t, nil)
 	data := bytes.Repeat([]byte("hoard-ring "), 300_000) // 3.3 MB: several 1 MiB writes
 	p := filepath.Join(mnt, "d", "f")
 	if err := os.Mkdir(filepath.Join(mnt, "d"), 0o755); err != nil {
@@ -121,5 +134,65 @@ func TestRingServesFileOps(t *testing.T) {
 	t.Logf("the rings answered %d requests on %d queues", tr.Served(), tr.Queues())
 	if tr.Queues() < 1 {
 		t.Fatalf("%d queues", tr.Queues())
+	}
+}
+
+// waitingNode answers a getxattr of "user.wait" only when the kernel
+// interrupts it, or after a minute.
+type waitingNode struct {
+	fs.LoopbackNode
+	cancelled chan struct{}
+}
+
+func (n *waitingNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if attr != "user.wait" {
+		return n.LoopbackNode.Getxattr(ctx, attr, dest)
+	}
+	select {
+	case <-ctx.Done():
+		close(n.cancelled)
+		return 0, syscall.EINTR
+	case <-time.After(time.Minute):
+		return 0, syscall.ENODATA
+	}
+}
+
+// TestRingRequestInterrupted: a signal to a process waiting on a request
+// served on a ring reaches the request (the kernel's INTERRUPT comes on
+// /dev/fuse), and the call returns EINTR at once.
+func TestRingRequestInterrupted(t *testing.T) {
+	cancelled := make(chan struct{})
+	mnt, _, _ := ringMount(t, func(r *fs.LoopbackRoot) fs.InodeEmbedder {
+		return &waitingNode{LoopbackNode: fs.LoopbackNode{RootData: r}, cancelled: cancelled}
+	})
+	tid := make(chan int, 1)
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		tid <- unix.Gettid()
+		_, err := unix.Getxattr(mnt, "user.wait", make([]byte, 16))
+		done <- err
+	}()
+	id := <-tid
+	deadline := time.After(10 * time.Second)
+	for {
+		// SIGURG: the Go runtime's own, which it ignores as a signal.
+		unix.Tgkill(os.Getpid(), id, unix.SIGURG)
+		select {
+		case err := <-done:
+			if err != unix.EINTR {
+				t.Fatalf("getxattr returned %v, want EINTR", err)
+			}
+			select {
+			case <-cancelled:
+			default:
+				t.Fatal("the handler was not cancelled")
+			}
+			return
+		case <-deadline:
+			t.Fatal("an interrupted request on a ring ran on")
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
