@@ -391,9 +391,8 @@ func withTarget(ctx context.Context, bin, dir, fsys string, cacheSize int64, fn 
 		cancel()
 		err = cmp.Or(err, uerr)
 	case "hoard", "hoard-uring":
-		if fsys == "hoard-uring" {
-			flags = append(flags, "--io-uring")
-		}
+		// The same mount, its requests over /dev/fuse or over io_uring.
+		flags = append(flags, fmt.Sprint("--io-uring=", fsys == "hoard-uring"))
 		addr, _, stop, serr := startServer(bin, filepath.Join(dir, "server"))
 		if serr != nil {
 			return serr

@@ -164,7 +164,13 @@ func (c *campaign) setup() {
 	testkit.WriteFile(t, c.probe, "/hostile", []byte("target of hostile requests"))
 
 	m1cache := filepath.Join(c.cacheDisk, "cache")
-	m1 := startMount(t, c.srv, m1cache, "--timeout", "5s", "--cache-size", "16M")
+	m1args := []string{"--timeout", "5s", "--cache-size", "16M"}
+	if why := useURing(t); why == "" {
+		m1args = append(m1args, "--io-uring") // its kills, cache and disk faults over the rings
+	} else {
+		t.Logf("the first mount over /dev/fuse: %s", why)
+	}
+	m1 := startMount(t, c.srv, m1cache, m1args...)
 	m2cache := t.TempDir()
 	m2 := startMount(t, c.proxy, m2cache, "--timeout", "5s", "--cache-size", "64M")
 	c.mounts, c.mountTo = []*mountProc{m1, m2}, []*serverProc{c.srv, c.proxy}

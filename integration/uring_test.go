@@ -16,19 +16,28 @@ import (
 func needURing(t *testing.T) {
 	t.Helper()
 	needFuse(t)
+	if why := useURing(t); why != "" {
+		t.Skipf("SKIP: %s", why)
+	}
+}
+
+// useURing turns the kernel's FUSE over io_uring on for the test, or says
+// why it cannot.
+func useURing(t *testing.T) (why string) {
 	if os.Geteuid() != 0 {
-		t.Skip("SKIP: FUSE over io_uring: hoard uses it only as root")
+		return "FUSE over io_uring: hoard uses it only as root"
 	}
 	wasOn, err := fuseuring.Enable()
 	if err != nil {
-		t.Skipf("SKIP: %v", err)
+		return err.Error()
 	}
 	if !wasOn {
 		t.Cleanup(func() { fuseuring.Disable() })
 	}
 	if err := fuseuring.Check(); err != nil {
-		t.Skipf("SKIP: %v", err)
+		return err.Error()
 	}
+	return ""
 }
 
 // TestFuseOverIOURing serves a mount's requests over io_uring: real tools
@@ -42,9 +51,9 @@ func TestFuseOverIOURing(t *testing.T) {
 	if !strings.Contains(ring.logs.String(), "requests over io_uring") {
 		t.Fatalf("the mount does not say it serves over io_uring:\n%s", ring.logs)
 	}
-	dev := startMount(t, srv, t.TempDir())
+	dev := startMount(t, srv, t.TempDir(), "--io-uring=false")
 	if !strings.Contains(dev.logs.String(), "requests over /dev/fuse") {
-		t.Fatalf("a mount without --io-uring:\n%s", dev.logs)
+		t.Fatalf("a mount with --io-uring=false:\n%s", dev.logs)
 	}
 	t.Run("tools", func(t *testing.T) { realTools(t, ring) })
 	t.Run("from the other mount", func(t *testing.T) { twoMounts(t, dev, ring) })
@@ -66,4 +75,25 @@ func TestFuseOverIOURing(t *testing.T) {
 			t.Fatal("still mounted after the mount exited")
 		}
 	})
+}
+
+// TestFuseIOURingUnavailableSaysWhy: a mount asked for io_uring where the
+// kernel does not offer it serves over /dev/fuse and warns, saying why.
+func TestFuseIOURingUnavailableSaysWhy(t *testing.T) {
+	needFuse(t)
+	if os.Geteuid() == 0 && fuseuring.Check() == nil {
+		t.Skip("SKIP: this kernel offers FUSE over io_uring now")
+	}
+	srv := startServer(t, t.TempDir())
+	m := startMount(t, srv, t.TempDir(), "--io-uring")
+	logs := m.logs.String()
+	if !strings.Contains(logs, "requests over /dev/fuse") || !strings.Contains(logs, "--io-uring: the kernel's requests come over /dev/fuse") {
+		t.Fatalf("no warning, or not over /dev/fuse:\n%s", logs)
+	}
+	if !strings.Contains(logs, "off in this kernel") && !strings.Contains(logs, "no FUSE over io_uring") && !strings.Contains(logs, "needs root") {
+		t.Fatalf("the warning does not say why:\n%s", logs)
+	}
+	if m := startMount(t, srv, t.TempDir()); strings.Contains(m.logs.String(), "level=WARN") {
+		t.Fatalf("the default warns where the kernel has no io_uring:\n%s", m.logs)
+	}
 }

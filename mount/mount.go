@@ -40,8 +40,8 @@ type Options struct {
 	// (the kernel lets no other user in).
 	SingleUser bool
 	// IOUring serves the kernel's requests over io_uring, each CPU's on
-	// that CPU (Linux 6.14+, root, the fuse module's enable_uring);
-	// otherwise, or where the kernel will not, over /dev/fuse.
+	// that CPU, where the kernel offers it (Linux 6.14+, root, the fuse
+	// module's enable_uring); otherwise over /dev/fuse.
 	IOUring bool
 	Logger  *slog.Logger
 }
@@ -55,6 +55,7 @@ type Mount struct {
 	server *fuse.Server
 	ring   *fuseuring.Transport // nil: requests come over /dev/fuse
 	uring  bool                 // asked for
+	noRing string               // why not over io_uring
 	// ownMount: fuseuring mounted it, and go-fuse does not know where.
 	ownMount bool
 	log      *slog.Logger
@@ -419,8 +420,9 @@ func (m *Mount) mount(dir string, root fs.InodeEmbedder, opts *fs.Options, asRoo
 		}
 	}
 	if why != "" {
+		m.noRing = why
 		if m.uring {
-			m.log.Warn("FUSE requests over /dev/fuse: io_uring unavailable", "mountpoint", dir, "why", why)
+			m.log.Info("FUSE requests over /dev/fuse", "mountpoint", dir, "io_uring", why)
 		}
 		return fs.Mount(dir, root, opts)
 	}
@@ -429,6 +431,7 @@ func (m *Mount) mount(dir string, root fs.InodeEmbedder, opts *fs.Options, asRoo
 		return nil, err
 	}
 	if err != nil {
+		m.noRing = err.Error()
 		m.log.Warn("FUSE requests over /dev/fuse: io_uring refused", "mountpoint", dir, "err", err)
 	} else {
 		m.log.Info("FUSE requests over io_uring", "mountpoint", dir, "queues", ring.Queues(), "threads_per_queue", ringThreads)
@@ -441,12 +444,13 @@ func (m *Mount) mount(dir string, root fs.InodeEmbedder, opts *fs.Options, asRoo
 // request waiting on the server holds one.
 const ringThreads = 8
 
-// Transport names how the kernel's requests reach this mount.
-func (m *Mount) Transport() string {
+// Transport names how the kernel's requests reach this mount, and when
+// not over io_uring, why.
+func (m *Mount) Transport() (name, whyNotRing string) {
 	if m.ring != nil {
-		return "io_uring"
+		return "io_uring", ""
 	}
-	return "/dev/fuse"
+	return "/dev/fuse", m.noRing
 }
 
 // reportReadPath logs once which path cached reads take.

@@ -67,7 +67,7 @@ suite() {
     status=1
   fi
 }
-suite dev /dev/fuse
+suite dev /dev/fuse --io-uring=false
 # Again over io_uring where this kernel has it (Linux 6.14+); the fuse
 # module's switch is turned on for the run and back after.
 param=/sys/module/fuse/parameters/enable_uring

@@ -101,6 +101,10 @@ func mountCmd() *cobra.Command {
 			if err := m.Serve(c, dir, debug); err != nil {
 				return err
 			}
+			transport, whyNot := m.Transport()
+			if whyNot != "" && ioURing && cmd.Flags().Changed("io-uring") {
+				slog.Warn("--io-uring: the kernel's requests come over /dev/fuse", "why", whyNot)
+			}
 			if me != nil {
 				metrics.Client(me.reg, c.Stats)
 				me.showMount(c, m, dir)
@@ -118,7 +122,7 @@ func mountCmd() *cobra.Command {
 			if registerUmountHelper(dir) {
 				defer unregisterUmountHelper(dir)
 			}
-			msg := fmt.Sprintf("hoard: %s mounted at %s (cache %s, %s, requests over %s)", cf.server, dir, cacheLabel(cf.cache), readPath(m), m.Transport())
+			msg := fmt.Sprintf("hoard: %s mounted at %s (cache %s, %s, requests over %s)", cf.server, dir, cacheLabel(cf.cache), readPath(m), transport)
 			if os.Getenv("HOARD_DAEMONIZED") != "" {
 				ready := os.NewFile(readyFD, "ready")
 				fmt.Fprintln(ready, msg)
@@ -150,7 +154,7 @@ func mountCmd() *cobra.Command {
 	logFlags(cmd.Flags(), "log here, rotated by size (default: stderr; with --daemon: mount.log in the cache directory)")
 	cmd.Flags().BoolVar(&passthrough, "passthrough", true, "let the kernel read wholly cached files straight from the cache (Linux ≥ 6.9, root)")
 	cmd.Flags().BoolVar(&debug, "debug", false, "log every FUSE request")
-	cmd.Flags().BoolVar(&ioURing, "io-uring", false, "serve the kernel's requests over io_uring, each CPU's on that CPU (Linux ≥ 6.14, root, fuse module parameter enable_uring=Y); /dev/fuse where unavailable")
+	cmd.Flags().BoolVar(&ioURing, "io-uring", true, "serve the kernel's requests over io_uring, each CPU's on that CPU, where the kernel offers it (Linux ≥ 6.14, root, fuse module parameter enable_uring=Y); otherwise, or false, over /dev/fuse")
 	cmd.Flags().BoolVar(&nonEmpty, "nonempty", false, "mount over a directory that holds files (they are hidden until unmounted)")
 	cmd.Flags().BoolVar(&encrypt, "cache-encrypt", false, "keep the cache files encrypted with a key held only in this process's memory (a stolen disk shows nothing of them); the cache starts empty, passthrough and delegations are off (docs/security.md)")
 	cmd.Flags().BoolVar(&singleUser, "single-user", false, "act for every local user with this mount's token, leaving them apart to the files' mode bits (default for root: each user acts with the token they handed it with hoard login, others anonymously)")
