@@ -36,14 +36,14 @@ var (
 
 // treeTimes is one file system's times at one file count.
 type treeTimes struct {
-	cp, flat, pm, pmNoDeleg, stored, cold, warm, tar, rm time.Duration
+	cp, flat, pm, pmNoDeleg, stored, cold, warm, stat, tar, rm time.Duration
 }
 
 // String is t's times in seconds, as a round ends: a long run that
 // stops later keeps them.
 func (t *treeTimes) String() string {
-	return fmt.Sprintf("cp %s, stored %s, flat %s, postmark %s, cold %s, warm %s, tar %s, rm %s",
-		secs(t.cp), secs(t.stored), secs(t.flat), secs(t.pm), secs(t.cold), secs(t.warm), secs(t.tar), secs(t.rm))
+	return fmt.Sprintf("cp %s, stored %s, flat %s, postmark %s, cold %s, warm %s, stat %s, tar %s, rm %s",
+		secs(t.cp), secs(t.stored), secs(t.flat), secs(t.pm), secs(t.cold), secs(t.warm), secs(t.stat), secs(t.tar), secs(t.rm))
 }
 
 // bigTimes is one file system's figures for the large file.
@@ -202,7 +202,7 @@ func makeTrees(src string, n int) (int64, error) {
 	return size, nil
 }
 
-// run runs workloads 1-8 with n files in tg; src holds their sources,
+// run runs workloads 1-9 with n files in tg; src holds their sources,
 // size bytes in src/tree.
 func (t *treeTimes) run(ctx context.Context, tg *treeTarget, src string, n int, size int64) error {
 	tree := filepath.Join(tg.root, "tree")
@@ -231,6 +231,12 @@ func (t *treeTimes) run(ctx context.Context, tg *treeTarget, src string, n int, 
 		return err
 	}
 	if t.warm, err = bestOf(3, func() error { return findCat(ctx, tree) }); err != nil {
+		return err
+	}
+	if t.stat, err = bestOf(3, func() error {
+		_, err := runCmd(ctx, "find", tree, "-printf", `%s %T@\n`)
+		return err
+	}); err != nil {
 		return err
 	}
 	t.tar, err = bestOf(3, func() error {
@@ -292,7 +298,7 @@ func countFiles(dir string, n int) error {
 	return err
 }
 
-// run runs workloads 9-11 with a file of size bytes in tg.
+// run runs workloads 10-12 with a file of size bytes in tg.
 func (b *bigTimes) run(ctx context.Context, tg *treeTarget, size int64) error {
 	f := filepath.Join(tg.root, "big")
 	dd := func(args ...string) error {
@@ -537,8 +543,9 @@ var treeRows = []struct {
 	{"4. Debian's postmark, N files of 512 B-16 KiB, 4N transactions (read and create bias 5), whole run", "Debian's postmark, 4N transactions", func(t *treeTimes) time.Duration { return t.pm }, true},
 	{"5. cold find -type f | xargs cat of 1's tree (hoard: a new mount, empty cache; page cache dropped)", "cold find | xargs cat", func(t *treeTimes) time.Duration { return t.cold }, false},
 	{"6. warm find -type f | xargs cat, best of 3", "warm find | xargs cat", func(t *treeTimes) time.Duration { return t.warm }, false},
-	{"7. warm tar cf - . | wc -c, best of 3", "warm tar cf - . | wc -c", func(t *treeTimes) time.Duration { return t.tar }, false},
-	{"8. rm -r of 1's tree", "rm -r", func(t *treeTimes) time.Duration { return t.rm }, false},
+	{"7. warm find -printf '%s %T@' (a stat of every file), best of 3", "warm stat of every file", func(t *treeTimes) time.Duration { return t.stat }, false},
+	{"8. warm tar cf - . | wc -c, best of 3", "warm tar cf - . | wc -c", func(t *treeTimes) time.Duration { return t.tar }, false},
+	{"9. rm -r of 1's tree", "rm -r", func(t *treeTimes) time.Duration { return t.rm }, false},
 }
 
 func printTree(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*bigTimes, big int64) {
@@ -587,7 +594,7 @@ func printTree(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*big
 	if big == 0 {
 		return
 	}
-	fmt.Printf("\n### 9-11. A file of %s\n\n", human(big))
+	fmt.Printf("\n### 10-12. A file of %s\n\n", human(big))
 	fmt.Println("Rates; × local: hoard's rate over local's (higher is better). Cold: page cache dropped (hoard: a new mount, empty cache).")
 	fmt.Println()
 	fmt.Println("| measurement | local | bindfs | hoard | hoard × local |")
