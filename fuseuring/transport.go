@@ -117,12 +117,16 @@ func Start(dev int, kernel *fuse.InitIn, fs fuse.RawFileSystem, opts *fuse.Mount
 	if kernel.Flags64()&fuse.CAP_OVER_IO_URING == 0 || opts.ExtraCapabilities&fuse.CAP_OVER_IO_URING == 0 {
 		return nil, errors.New("FUSE over io_uring was not agreed at INIT")
 	}
-	cpus, err := possibleCPUs()
+	possible, err := readCPUs("possible")
+	var online []int
+	if err == nil {
+		online, err = readCPUs("online")
+	}
 	if err != nil {
 		giveUp(dev)
 		return nil, err
 	}
-	t := &Transport{dev: dev, ps: fuse.NewProtocolServer(fs, opts), queues: len(cpus)}
+	t := &Transport{dev: dev, ps: fuse.NewProtocolServer(fs, opts), queues: len(possible)}
 	// The protocol server parses requests by what INIT agreed: show it the
 	// kernel's INIT, as the connection's Server saw it.
 	initIn := *kernel
@@ -134,15 +138,17 @@ func Start(dev int, kernel *fuse.InitIn, fs fuse.RawFileSystem, opts *fuse.Mount
 	maxWrite := max(opts.MaxWrite, 128<<10)
 	page := os.Getpagesize()
 	t.payload = max(minReadBytes, (maxWrite+page-1)/page*page)
-	perCPU := max(cfg.PerCPU, 1)
-	t.errs = make(chan error, len(cpus)*perCPU)
-	for _, cpu := range cpus {
-		for range perCPU {
+	threads := queueThreads(possible, online, cfg.PerCPU)
+	n := 0
+	t.errs = make(chan error, len(possible)*max(cfg.PerCPU, 1))
+	for _, cpu := range possible {
+		for range threads[cpu] {
 			t.wg.Add(1)
 			go t.serve(cpu)
+			n++
 		}
 	}
-	for range len(cpus) * perCPU {
+	for range n {
 		if err := <-t.errs; err != nil {
 			// Entries already registered stay until the connection ends.
 			giveUp(dev)
@@ -332,10 +338,32 @@ func (t *Transport) answer(e *entry) uint64 {
 
 const opWrite = 16 // FUSE_WRITE
 
-// possibleCPUs lists the kernel's possible CPUs: it makes one queue for
-// each, and serves none until all have entries.
-func possibleCPUs() ([]int, error) {
-	b, err := os.ReadFile("/sys/devices/system/cpu/possible")
+// maxThreads bounds the threads (and their buffers, up to 1 MiB each)
+// that serve a connection's online CPUs on a machine of many.
+const maxThreads = 256
+
+// queueThreads is how many threads serve each CPU's queue. The kernel
+// makes a queue for every possible CPU and serves none until all have an
+// entry, but only online CPUs make requests: an offline one gets a single
+// thread, idle with its buffer untouched, an online one perCPU, fewer
+// when the online ones would pass maxThreads, and never none.
+func queueThreads(possible, online []int, perCPU int) map[int]int {
+	each := max(1, min(perCPU, maxThreads/max(len(online), 1)))
+	n := map[int]int{}
+	for _, c := range possible {
+		n[c] = 1
+	}
+	for _, c := range online {
+		if _, ok := n[c]; ok {
+			n[c] = each
+		}
+	}
+	return n
+}
+
+// readCPUs lists the kernel's possible or online CPUs.
+func readCPUs(which string) ([]int, error) {
+	b, err := os.ReadFile("/sys/devices/system/cpu/" + which)
 	if err != nil {
 		return nil, err
 	}

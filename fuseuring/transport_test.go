@@ -196,3 +196,37 @@ func TestRingRequestInterrupted(t *testing.T) {
 		}
 	}
 }
+
+func TestQueueThreads(t *testing.T) {
+	seq := func(n int) []int {
+		s := make([]int, n)
+		for i := range s {
+			s[i] = i
+		}
+		return s
+	}
+	total := func(m map[int]int) (n int) {
+		for _, v := range m {
+			n += v
+		}
+		return n
+	}
+	// This machine's shape: every possible CPU online.
+	if got := queueThreads(seq(2), seq(2), 8); got[0] != 8 || got[1] != 8 {
+		t.Fatalf("2 CPUs: %v", got)
+	}
+	// A VM that may hot-plug 240 CPUs and has 4: one thread for each
+	// absent one, the asked-for count for the others.
+	got := queueThreads(seq(240), seq(4), 8)
+	if got[0] != 8 || got[3] != 8 || got[4] != 1 || got[239] != 1 || len(got) != 240 {
+		t.Fatalf("240 possible, 4 online: %v", got)
+	}
+	// Many CPUs: the total stays near the bound, and no queue goes without.
+	got = queueThreads(seq(128), seq(128), 8)
+	if n := total(got); n > maxThreads+128 || got[127] < 1 {
+		t.Fatalf("128 CPUs: %d threads", n)
+	}
+	if n := total(queueThreads(seq(1024), seq(1024), 8)); n != 1024 {
+		t.Fatalf("1024 CPUs: %d threads, want one each", n)
+	}
+}
