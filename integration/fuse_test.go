@@ -1060,4 +1060,32 @@ func TestFuseListingKeptByKernel(t *testing.T) {
 	if n := listings(301); n == 0 {
 		t.Fatal("the listing after another mount's create was served from the kernel's old copy")
 	}
+	// A file removed while open lives on under a hidden name, which the
+	// mount itself removes at the last close: the kernel's listing must
+	// lose it, in a directory only this mount uses (its delegation's,
+	// whose version the removal does not change).
+	if err := os.Mkdir(a.path("e"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"e/f", "e/g"} {
+		if err := os.WriteFile(a.path(name), []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, err := os.Open(a.path("e/f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(a.path("e/f")); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if names := a.listNames(t, "e"); !strings.Contains(names, ".hoard-unlinked") {
+			t.Fatalf("the open removed file is not listed under a hidden name: %q", names)
+		}
+	}
+	held.Close()
+	poll.Wait(t, 5*time.Second, "the hidden name gone from the listing", func() bool {
+		return a.listNames(t, "e") == "g"
+	})
 }

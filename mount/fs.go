@@ -817,6 +817,10 @@ func (h *hnode) released(mode openMode) {
 		if err := by.Remove(dir.n, silly, false); err != nil {
 			h.m.log.Warn("removing an unlinked file at its last close", "name", silly, "err", err)
 		}
+		// The kernel did not make this change and may keep the listing
+		// and the name: drop them, from the invalidation queue (a
+		// handler must not notify).
+		h.m.queue.add([]node.FID{dir.n.FID()})
 	}
 }
 
