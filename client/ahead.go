@@ -14,10 +14,12 @@ import "github.com/hoardfs/hoard/node"
 type dirAhead struct {
 	last   int // listing position of the last file opened for reading
 	window int // files fetched ahead of it; 0 until an open keeps order
-	// seen is the listing position up to which entries were looked at
-	// for fetching: an open in order looks only past it, so a pass over
-	// a listing looks at each entry once, however wide the window.
-	seen int
+	// seen is the listing position up to which entries were looked at,
+	// and ahead the positions of the files among them past last: an open
+	// in order looks only past seen, so a pass over a listing looks at
+	// each entry once, however wide the window.
+	seen  int
+	ahead []int
 }
 
 // maxAhead bounds the window, in files.
@@ -60,15 +62,18 @@ func (c *Client) readAheadIn(dir *Node, base string, u User) {
 }
 
 // step notes an open for reading of the entry at listing position at, and
-// returns the files to fetch ahead of it: up to window of them, among the
-// 4×window entries after it that no earlier step looked at. file says
+// returns the files to fetch ahead of it: of the first window files among
+// the 4×window entries after it, those no earlier step returned. file says
 // whether a name is a file, and its FID.
 func (a *dirAhead) step(at int, order []string, file func(string) (node.FID, bool)) []node.FID {
 	if at > a.last && at <= a.last+max(a.window, 1)+1 {
 		// In order, or a step past an entry that is not a file.
 		a.window = min(max(2*a.window, 4), maxAhead)
+		for len(a.ahead) > 0 && a.ahead[0] <= at {
+			a.ahead = a.ahead[1:]
+		}
 	} else {
-		a.window, a.seen = 0, 0
+		a.window, a.seen, a.ahead = 0, 0, nil
 	}
 	a.last = at
 	if a.window == 0 {
@@ -76,9 +81,10 @@ func (a *dirAhead) step(at int, order []string, file func(string) (node.FID, boo
 	}
 	var next []node.FID
 	i := max(at+1, a.seen)
-	for end := min(at+1+4*a.window, len(order)); i < end && len(next) < a.window; i++ {
+	for end := min(at+1+4*a.window, len(order)); i < end && len(a.ahead) < a.window; i++ {
 		if f, ok := file(order[i]); ok {
 			next = append(next, f)
+			a.ahead = append(a.ahead, i)
 		}
 	}
 	a.seen = i

@@ -8,9 +8,10 @@ import (
 )
 
 // TestAheadLooksOncePerPass: opening a listing's files in order looks at
-// each entry a bounded number of times, not the window's width each open
-// (a warm tree of cached files paid 64 lookups an open for nothing), and
-// still fetches every file after the first opens ahead of its own open.
+// each entry once, not the window's width each open (a warm tree of
+// cached files paid 64 lookups an open for nothing), still fetches every
+// file after the first opens ahead of its own open, and never more than
+// the window's files ahead of the reader.
 func TestAheadLooksOncePerPass(t *testing.T) {
 	const n = 1000
 	order := make([]string, n)
@@ -35,6 +36,15 @@ func TestAheadLooksOncePerPass(t *testing.T) {
 				t.Fatalf("open %d fetches %d again", at, f.Vnode)
 			}
 			ahead[f.Vnode] = at
+		}
+		past := 0
+		for f := range ahead {
+			if f > uint64(at) {
+				past++
+			}
+		}
+		if past > a.window || past > maxAhead {
+			t.Fatalf("open %d: %d files fetched past it, window %d", at, past, a.window)
 		}
 	}
 	if looked > n {
