@@ -270,7 +270,10 @@ func Dial(opts Options) (*Client, error) {
 		c.flusher.Run(c.ctx, t.C)
 	}()
 	if err = c.recoverDirty(); err == nil && !opts.LazyRoot {
-		_, err = c.rootDir()
+		var away *site.DialError
+		if _, err = c.rootDir(); errors.As(err, &away) {
+			err = fmt.Errorf("%w: it holds the root volume, which a client needs unless the volume has read-only copies (hoard vol addsite root SERVER, then hoard vol release root)", err)
+		}
 	}
 	if err != nil {
 		c.Close()
@@ -584,13 +587,56 @@ func (ns namespace) Resolve(name string) (node.FID, error) {
 	return n.fid, nil
 }
 
+func (ns namespace) Writable(name string) (node.FID, string, error) {
+	n, err := ns.c.resolve(name, true)
+	if err != nil {
+		return node.FID{}, "", err
+	}
+	w, rw, err := ns.c.writable(n)
+	if err != nil {
+		return node.FID{}, "", err
+	}
+	return w.fid, rw, nil
+}
+
 func (ns namespace) MountPoint(name, volume string) error {
 	c := ns.c
 	dir, base, err := c.resolveParent(name)
 	if err == nil {
+		dir, _, err = c.writable(dir)
+	}
+	if err == nil {
 		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeMountPoint, Mode: 0o755, Who: c.creator(), Target: volume, Excl: true}, c.self)
 	}
 	return site.ErrOf("mount", name, err)
+}
+
+// writable is n where the administration can change it: n itself, or,
+// for a file of a volume's read-only copy (which keeps the volume's
+// vnodes under an id of its own), the same file of the read-write
+// volume, which rw names: its next release publishes the change.
+func (c *Client) writable(n *Node) (w *Node, rw string, err error) {
+	if !c.sites.ReadOnly(n.fid.Volume) {
+		return n, "", nil
+	}
+	tok := c.self.token
+	l, err := c.sites.LocateID(n.fid.Volume, tok)
+	if err != nil {
+		return nil, "", err
+	}
+	rw = strings.TrimSuffix(l.Name, node.ReadOnlySuffix)
+	if l, err = c.sites.Locate(rw, tok); err != nil {
+		return nil, "", err
+	}
+	at, err := c.sites.For(l)
+	if err != nil {
+		return nil, "", err
+	}
+	w = c.node(node.FID{Volume: l.Id, Vnode: n.fid.Vnode, Unique: n.fid.Unique}, at)
+	if _, err = c.fresh(w, c.self); err != nil {
+		return nil, "", err
+	}
+	return w, rw, nil
 }
 
 // CacheControl is what a client's cache holds of a path, and what a user

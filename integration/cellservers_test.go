@@ -276,6 +276,12 @@ func TestCellAdminRootServerDown(t *testing.T) {
 			}
 		}
 	}
+	// A mount needs the root volume: it says whose, and how to do
+	// without it.
+	out, code := run(t, "mount", "--server", srvs[1].addr, "--cache", t.TempDir(), t.TempDir())
+	if code == 0 || !strings.Contains(out, "hoard vol addsite root") {
+		t.Errorf("hoard mount with the root volume's server down: exit %d:\n%s", code, out)
+	}
 }
 
 // Bad input to the cell's commands: one line, exit 1 or 2, nothing made.

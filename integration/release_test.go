@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
@@ -305,4 +307,75 @@ func examined(t *testing.T, c *client.Client, name, want string, ok func(cadmin.
 		t.Fatalf("volume %s not %s: %+v %v", name, want, info.Location, err)
 	}
 	return info
+}
+
+// The cell's root volume replicated, as AFS replicates root.afs: mounts
+// read its read-only copy, so they start and list the cell with the root
+// volume's server dead; a mount point made through any path is made in
+// the read-write root and reaches readers at the next release.
+func TestCellReadOnlyRoot(t *testing.T) {
+	_, srvs := cellOf3(t)
+	admin := dial(t, srvs[1].addr, "mem", 64<<20)
+	waitAlive(t, admin, 3)
+	if _, err := admin.Admin().CreateVolumeOn("home", "s2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Admin().MountVolume("/home", "home"); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"s2", "s3"} {
+		if err := admin.Admin().AddSite(node.RootVolume, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := admin.Admin().Release(node.RootVolume); err != nil {
+		t.Fatal(err)
+	}
+
+	// After the release a new client's root is the copy; a mount point
+	// made through it lands in the read-write root, and the CLI says how
+	// to publish it.
+	if _, err := admin.Admin().CreateVolumeOn("proj", "s3"); err != nil {
+		t.Fatal(err)
+	}
+	out, code := run(t, "vol", "mount", "proj", "/proj", "--server", srvs[1].addr)
+	if code != 0 || !strings.Contains(out, "hoard vol release root") {
+		t.Fatalf("vol mount in the replicated root: exit %d:\n%s", code, out)
+	}
+	examined(t, admin, node.RootVolume, "released", func(v cadmin.VolumeInfo) bool { return v.Released > 0 })
+	r := dial(t, srvs[1].addr, "mem", 16<<20)
+	if _, err := r.Stat("/proj"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("/proj before the root's release: %v, want not found", err)
+	}
+	// An ACL set through the copy is set in the read-write root.
+	if rw, err := r.Admin().CopyOf("/"); err != nil || rw != node.RootVolume {
+		t.Fatalf("CopyOf(/) = %q, %v; want the root volume", rw, err)
+	}
+	rl, _ := access.ParseRights("rl")
+	if _, err := r.Admin().SetACL("/", "system:anyuser", rl); err != nil {
+		t.Fatalf("set the root's ACL through its copy: %v", err)
+	}
+	if _, err := admin.Admin().Release(node.RootVolume); err != nil {
+		t.Fatal(err)
+	}
+
+	srvs[0].kill9() // s1, the read-write root's
+	m := startMount(t, srvs[1], t.TempDir())
+	names, err := os.ReadDir(m.path(""))
+	if err != nil {
+		t.Fatalf("list the mount's root with s1 dead: %v", err)
+	}
+	var got []string
+	for _, e := range names {
+		got = append(got, e.Name())
+	}
+	if !slices.Contains(got, "home") || !slices.Contains(got, "proj") {
+		t.Fatalf("the mount's root with s1 dead lists %q, want home and proj", got)
+	}
+	if err := os.WriteFile(m.path("home/a"), []byte("a"), 0o644); err != nil {
+		t.Fatalf("write in home (on s2) with s1 dead: %v", err)
+	}
+	if err := os.WriteFile(m.path("x"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("create in the read-only root: %v, want EROFS", err)
+	}
 }

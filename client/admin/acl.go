@@ -64,9 +64,10 @@ func (adm Admin) GetACL(name string) (ACL, error) {
 }
 
 // SetACL gives who the rights r in directory name (none: removes who's
-// entry), and returns the list as it is now.
+// entry), and returns the list as it is now. In a read-only copy, the
+// read-write volume's is changed (CopyOf).
 func (adm Admin) SetACL(name, who string, r access.Rights) (ACL, error) {
-	fid, err := adm.tree.Resolve(name)
+	fid, _, err := adm.tree.Writable(name)
 	if err != nil {
 		return ACL{}, site.ErrTold("set acl", name, err)
 	}

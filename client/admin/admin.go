@@ -25,7 +25,12 @@ type Admin struct {
 type Namespace interface {
 	// Resolve is the FID of path name (an ACL is a directory's).
 	Resolve(name string) (node.FID, error)
-	// MountPoint makes name a mount point for volume.
+	// Writable is the FID of path name where it can be changed: in a
+	// volume's read-only copy, the same file of the read-write volume,
+	// whose name it returns ("" otherwise).
+	Writable(name string) (node.FID, string, error)
+	// MountPoint makes name a mount point for volume, in the read-write
+	// volume if name's directory is in a copy (Writable).
 	MountPoint(name, volume string) error
 }
 
@@ -36,8 +41,20 @@ func New(sites *site.Sites, self string, tree Namespace) Admin {
 }
 
 // MountVolume makes name a mount point for volume: the volume's root
-// appears there, and the tree spans volumes as in AFS.
+// appears there, and the tree spans volumes as in AFS. In a volume's
+// read-only copy (a replicated root, as AFS's root.afs) it is made in
+// the read-write volume, and reaches readers at its next release:
+// CopyOf says so.
 func (adm Admin) MountVolume(name, volume string) error { return adm.tree.MountPoint(name, volume) }
+
+// CopyOf names the volume whose read-only copy holds path name, or ""
+// when name is not in a copy: what the administration changes there
+// (MountVolume, SetACL) is changed in that volume, and readers of the
+// copy see it after its next release.
+func (adm Admin) CopyOf(name string) (string, error) {
+	_, rw, err := adm.tree.Writable(name)
+	return rw, err
+}
 
 // ACLOf reads the ACL governing f, at the server holding its volume.
 func (adm Admin) ACLOf(f node.FID) (ACL, error) {

@@ -220,7 +220,7 @@ func (s *Sites) dial(key string, to *pb.Site, patience time.Duration) (*Site, er
 		s.mu.Unlock()
 		at, err := s.cell.Dial(key, to.Addr, patience)
 		if err != nil {
-			return nil, fmt.Errorf("server %s of the cell: %w", to.Name, err)
+			return nil, &DialError{Server: to.Name, Err: err}
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -236,6 +236,16 @@ func (s *Sites) dial(key string, to *pb.Site, patience time.Duration) (*Site, er
 	}
 	return v.(*Site), nil
 }
+
+// A DialError is a session with another server of the cell that could
+// not be begun.
+type DialError struct {
+	Server string // its name in the cell
+	Err    error
+}
+
+func (e *DialError) Error() string { return fmt.Sprintf("server %s of the cell: %v", e.Server, e.Err) }
+func (e *DialError) Unwrap() error { return e.Err }
 
 // Moved follows a volume to the server holding it now, as l (another
 // server's refusal) says: its files go to that server's site (Cell's

@@ -76,6 +76,7 @@ func aclCmd() *cobra.Command {
 			return err
 		}
 		printACL(a)
+		sayUnreleased(c, args[0])
 		return nil
 	})
 	set.Example = "  hoard acl set /projects/web alice write\n  hoard acl set /projects/web system:anyuser none\n  hoard acl set /projects/web alice:friends rl\n  hoard acl set /projects/web '#1042' none   # a deleted principal's entry"

@@ -5,6 +5,7 @@ import (
 	"github.com/hoardfs/hoard/client/admin"
 	"math"
 	"os"
+	"path"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -114,10 +115,23 @@ func volCmd() *cobra.Command {
 			return nil
 		}),
 		withAdmin("mount VOLUME PATH", "attach a volume at PATH (an AFS-style mount point)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
-			return c.Admin().MountVolume(args[1], args[0])
+			if err := c.Admin().MountVolume(args[1], args[0]); err != nil {
+				return err
+			}
+			sayUnreleased(c, path.Dir(args[1]))
+			return nil
 		}),
 	)
 	return cmd
+}
+
+// sayUnreleased tells of a change made at name in a read-only copy's
+// read-write volume (a replicated root): readers see it only after the
+// next release.
+func sayUnreleased(c *client.Client, name string) {
+	if rw, err := c.Admin().CopyOf(name); err == nil && rw != "" {
+		fmt.Printf("%s is in volume %s's read-only copy: changed in %s, which readers see after: hoard vol release %s\n", name, rw, rw, rw)
+	}
 }
 
 func volSetCmd() *cobra.Command {
