@@ -1,16 +1,24 @@
 package vldb
 
 import (
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/logutil"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/storage/wal"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // MemberConfig describes an etcd member run inside a hoard process: the
@@ -36,6 +44,8 @@ type MemberConfig struct {
 type Member struct {
 	e    *embed.Etcd
 	once sync.Once
+	// closing is set by Close, for the log (quietClose).
+	closing *atomic.Bool
 	// Endpoint is the URL its clients reach it at.
 	Endpoint string
 }
@@ -76,8 +86,16 @@ func StartMember(c MemberConfig) (*Member, error) {
 		// with nobody to elect, a short one only starts it sooner.
 		cfg.TickMs, cfg.ElectionMs = 10, 100
 	}
-	cfg.LogOutputs = []string{filepath.Join(c.Dir, "etcd.log")}
-	cfg.LogLevel = "warn"
+	closing := new(atomic.Bool)
+	zc := logutil.DefaultZapLoggerConfig
+	zc.Level = zap.NewAtomicLevelAt(zap.WarnLevel)
+	zc.OutputPaths = []string{filepath.Join(c.Dir, "etcd.log")}
+	zc.ErrorOutputPaths = zc.OutputPaths
+	lg, err := zc.Build(zap.WrapCore(func(core zapcore.Core) zapcore.Core { return quietClose{core, closing} }))
+	if err != nil {
+		return nil, fmt.Errorf("etcd member %s: its log: %v", c.Name, err)
+	}
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	// The database of a cell is small; keep its history an hour.
 	cfg.AutoCompactionMode, cfg.AutoCompactionRetention = embed.CompactorModePeriodic, "1h"
 	if c.CertFile != "" {
@@ -102,11 +120,67 @@ func StartMember(c MemberConfig) (*Member, error) {
 		e.Close()
 		return nil, fmt.Errorf("etcd member %s: no cluster leader within a minute (are the other members up?)", c.Name)
 	}
-	return &Member{e: e, Endpoint: scheme + "://" + e.Clients[0].Addr().String()}, nil
+	return &Member{e: e, closing: closing, Endpoint: scheme + "://" + e.Clients[0].Addr().String()}, nil
 }
 
 // Err reports an error that stopped the member.
 func (m *Member) Err() <-chan error { return m.e.Err() }
 
 // Close stops the member; again, nothing (embed's Close panics).
-func (m *Member) Close() { m.once.Do(m.e.Close) }
+func (m *Member) Close() {
+	m.once.Do(func() {
+		m.closing.Store(true)
+		m.e.Close()
+	})
+}
+
+// quietClose is a member's log, less two errors, each with a stack
+// trace, that an operator would take for faults: what etcd logs of its
+// own listeners once Close has closed them, at every normal stop; and a
+// new member's storage-version check that ran before it had a term.
+type quietClose struct {
+	zapcore.Core
+	closing *atomic.Bool
+}
+
+func (q quietClose) With(fs []zapcore.Field) zapcore.Core {
+	return quietClose{q.Core.With(fs), q.closing}
+}
+
+func (q quietClose) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if q.Enabled(e.Level) {
+		return ce.AddCore(e, q)
+	}
+	return ce
+}
+
+func (q quietClose) Write(e zapcore.Entry, fs []zapcore.Field) error {
+	for _, f := range fs {
+		if f.Type != zapcore.ErrorType {
+			continue
+		}
+		err, _ := f.Interface.(error)
+		switch {
+		case err == nil:
+		case q.closing.Load() && closedListener(err):
+			return nil
+		case e.Message == "failed to update storage version" && strings.HasSuffix(err.Error(), "missing term information"):
+			// A new member's first check, before its first term is
+			// kept; logged as a warning just before, and tried again.
+			return nil
+		}
+	}
+	return q.Core.Write(e, fs)
+}
+
+// closedListener reports err as a server's or a listener's end by Close
+// (net's, net/http's, and in the words of the connection multiplexer
+// etcd serves through, cmux: "mux: server closed", "mux: listener
+// closed").
+func closedListener(err error) bool {
+	if errors.Is(err, net.ErrClosed) || errors.Is(err, http.ErrServerClosed) {
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "use of closed network connection") || strings.HasPrefix(msg, "mux: ") && strings.HasSuffix(msg, " closed")
+}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -285,5 +288,31 @@ func TestPrincipalsAcrossServers(t *testing.T) {
 	defer d.Close()
 	if p, ok := late.Lookup("alice"); !ok || p.UID != 2001 {
 		t.Fatalf("a new copy: alice %+v %v", p, ok)
+	}
+}
+
+// A member stopped in the normal way logs no error as it stops: etcd's
+// own listeners closing is not one (it logged each with a stack trace).
+func TestMemberClosesQuietly(t *testing.T) {
+	dir := t.TempDir()
+	m, err := StartMember(MemberConfig{Dir: dir, ClientAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open(t, m).Close()
+	logFile := filepath.Join(dir, "etcd.log")
+	before, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	after, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(after[len(before):]), "\n") {
+		if strings.Contains(line, `"level":"error"`) || strings.Contains(line, "stacktrace") {
+			t.Errorf("etcd logged at a normal stop: %.300s", line)
+		}
 	}
 }
