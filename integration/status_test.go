@@ -19,7 +19,9 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
+	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
+	"github.com/hoardfs/hoard/status"
 )
 
 // needChromium finds a Chromium to drive, or skips (under
@@ -186,9 +188,28 @@ func tableHas(id, text string) string {
 	return fmt.Sprintf(`(document.querySelector('#table-%s tbody')?.textContent || '').includes(%q) ? 1 : 0`, id, text)
 }
 
+// waitHistory waits until the history the process at addr keeps holds
+// what ok wants.
+func waitHistory(t *testing.T, addr, what string, ok func([]status.Status) bool) {
+	t.Helper()
+	var h []status.Status
+	if !poll.Until(15*time.Second, func() bool {
+		resp, err := http.Get("http://" + addr + "/history.json")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		h = nil
+		return json.NewDecoder(resp.Body).Decode(&h) == nil && ok(h)
+	}) {
+		t.Fatalf("the history at %s never held %s: %d samples", addr, what, len(h))
+	}
+}
+
 // A mount's, a server's and a proxy's status pages, in a browser that reaches
 // nothing but them, draw their charts and show the traffic the test
-// makes, live.
+// makes, live; a page opened after traffic charts it from the history
+// the process kept.
 func TestStatusPage(t *testing.T) {
 	needFuse(t)
 	bin := needChromium(t)
@@ -207,9 +228,20 @@ func TestStatusPage(t *testing.T) {
 			t.Fatalf("read %s: %d bytes, %v", name, len(b), err)
 		}
 	}
+	// The history starts with the mount: a sample before the traffic.
+	waitHistory(t, maddr, "a sample", func(h []status.Status) bool { return len(h) > 0 })
 	first := testkit.Pattern(3<<20, 1)
 	put("/m", first)
 	read("m", len(first))
+	waitHistory(t, maddr, "two samples after the read", func(h []status.Status) bool {
+		n := 0
+		for _, s := range h {
+			if s.Client != nil && s.Client.CacheBytes >= int64(len(first)) {
+				n++
+			}
+		}
+		return n >= 2
+	})
 
 	// --http and --metrics at one address: one listener serves both.
 	if v, ok := sum(scrape(t, maddr), "hoard_cache_fetched_bytes_total"); !ok || v < float64(len(first)) {
@@ -223,7 +255,15 @@ func TestStatusPage(t *testing.T) {
 
 	p := openBrowser(t, bin)
 	mountPage, serverPage := "http://"+maddr+"/", "http://"+saddr+"/"
+	opened := time.Now()
 	p.open(t, mountPage)
+	// The charts start before the page opened, with the read: its bytes
+	// cached, and fetched at a rate (between the samples around it).
+	p.wait(t, "the traffic before the page opened, charted", fmt.Sprintf(`(() => {
+		const tp = document.getElementById('chart-throughput'), cache = document.getElementById('chart-cache');
+		return Number(document.body.dataset.history) >= 3 && tp && Number(tp.dataset.first) * 1000 < %d &&
+			Number(tp.dataset.peak) >= %d && Number(cache.dataset.peak) >= %d ? 1 : 0;
+	})()`, opened.UnixMilli(), len(first)/10, len(first)))
 	fetched := p.wait(t, "the bytes the mount fetched", cardAtLeast("fetched-bytes", float64(len(first))))
 	p.wait(t, "the bytes the mount caches", cardAtLeast("cache-bytes", float64(len(first))))
 	p.wait(t, "the cached file by its path", tableHas("largest", m.path("m")))

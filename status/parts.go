@@ -26,6 +26,17 @@ func MountPart(stats func() client.Stats, largest func(n int) []cache.Usage, pat
 	// named are the paths of the files listed last time.
 	named := map[node.FID]string{}
 	return func(st *Status) {
+		s := stats()
+		c := &Client{CacheBytes: s.BytesCached, CacheLimit: s.Limit, CacheFiles: s.Files,
+			Hits: s.Hits, Misses: s.Misses, FetchedBytes: s.BytesFetched, Evictions: s.Evictions,
+			DirtyBytes: s.DirtyBytes, FlushedBytes: s.Flushed, RPCs: s.RPCs, Promises: s.Promises,
+			ReadDelegations: s.ReadDelegations, WriteDelegations: s.WriteDelegations,
+			Breaks: s.Breaks, Resets: s.Resets, Recalls: s.Recalls}
+		st.Client = c
+		if st.Brief {
+			return // the largest files visit the whole cache
+		}
+		c.Largest, c.Broken = []File{}, []Break{}
 		mu.Lock()
 		defer mu.Unlock()
 		now := map[node.FID]string{}
@@ -43,13 +54,6 @@ func MountPart(stats func() client.Stats, largest func(n int) []cache.Usage, pat
 			}
 			return p
 		}
-		s := stats()
-		c := &Client{CacheBytes: s.BytesCached, CacheLimit: s.Limit, CacheFiles: s.Files,
-			Hits: s.Hits, Misses: s.Misses, FetchedBytes: s.BytesFetched, Evictions: s.Evictions,
-			DirtyBytes: s.DirtyBytes, FlushedBytes: s.Flushed, RPCs: s.RPCs, Promises: s.Promises,
-			ReadDelegations: s.ReadDelegations, WriteDelegations: s.WriteDelegations,
-			Breaks: s.Breaks, Resets: s.Resets, Recalls: s.Recalls,
-			Largest: []File{}, Broken: []Break{}}
 		// Breaks first: their paths were taken as they came, and may name
 		// a file the kernel has since forgotten.
 		broken := breaks.recent()
@@ -60,7 +64,6 @@ func MountPart(stats func() client.Stats, largest func(n int) []cache.Usage, pat
 			c.Largest = append(c.Largest, File{Path: name(u.FID, ""), FID: u.FID.String(), Bytes: u.Bytes, Dirty: u.Dirty})
 		}
 		named = now
-		st.Client = c
 	}
 }
 
@@ -85,6 +88,9 @@ func ServerPart(load func() server.Load, handled func() int64) Part {
 // lease (Holding), and disk its data directory's size and free space.
 func CellPart(name string, holding func() bool, disk func() (size, free uint64)) Part {
 	return func(st *Status) {
+		if st.Brief {
+			return
+		}
 		if st.Server == nil {
 			st.Server = &Server{}
 		}
@@ -97,6 +103,9 @@ func CellPart(name string, holding func() bool, disk func() (size, free uint64))
 // store's Volumes.
 func VolumesPart(list func() ([]node.Volume, error)) Part {
 	return func(st *Status) {
+		if st.Brief {
+			return
+		}
 		vs, err := list()
 		if err != nil {
 			return
@@ -126,7 +135,8 @@ func ProxyPart(originAddr string, store func() proxystore.Stats, origin func() c
 
 // HandledRPCs counts the requests a server handled, by the standard
 // grpc_server_handled_total metric in g (package metrics' GRPC). It
-// gathers all of g: for a page's poll, not a hot path.
+// gathers all of g: for a page's poll and the history's sample every two
+// seconds, not a hot path.
 func HandledRPCs(g prometheus.Gatherer) func() int64 {
 	return func() int64 {
 		mfs, _ := g.Gather()

@@ -6,11 +6,13 @@
 //
 // The JSON is one sample of the process's state now; counters are
 // totals since the process started (the page turns successive samples
-// into rates), gauges are values now.
+// into rates), gauges are values now. /history.json is the samples of
+// the last minutes (Page.Record), which a page charts when it opens.
 package status
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"embed"
 	"encoding/base64"
@@ -35,6 +37,10 @@ type Status struct {
 	// the seconds since the page was set up (the process's start).
 	Time   int64   `json:"time"`
 	Uptime float64 `json:"uptime"`
+	// Brief: a sample for the history, which keeps what the page charts;
+	// parts leave out the rest (lists of files, volumes, moves), which
+	// cost more to gather.
+	Brief  bool    `json:"-"`
 	Client *Client `json:"client,omitempty"`
 	Server *Server `json:"server,omitempty"`
 	Proxy  *Proxy  `json:"proxy,omitempty"`
@@ -155,9 +161,10 @@ type Proxy struct {
 type Part func(*Status)
 
 // Page serves a process's status page and its samples. Set it up with
-// SetKind, SetName and Add before it is served.
+// SetKind, SetName and Add before it is served or Record starts.
 type Page struct {
 	start time.Time
+	now   func() time.Time
 	kind  string
 	name  string
 	parts []Part
@@ -167,13 +174,30 @@ type Page struct {
 	mu   sync.Mutex
 	last []byte
 	at   time.Time
+
+	// hmu guards the history: the last samples Record took, hist[hnext-1]
+	// the latest, hn of them.
+	hmu   sync.Mutex
+	hist  [historyKeep]Status
+	hnext int
+	hn    int
 }
 
 // reuse is how long a sample answers polls.
 const reuse = 250 * time.Millisecond
 
+// The history: a sample every two seconds for the last ten minutes (what
+// the page charts), taken whether or not anyone looks, so that a page
+// opened during trouble shows what led to it. The samples are brief
+// (Status.Brief), of a bounded size: nobody looking costs one small
+// sample every two seconds, and a few hundred kilobytes.
+const (
+	historyEvery = 2 * time.Second
+	historyKeep  = 300
+)
+
 // New is an empty page; its uptime counts from now.
-func New() *Page { return &Page{start: time.Now()} }
+func New() *Page { return &Page{start: time.Now(), now: time.Now} }
 
 // SetKind sets what the process is: mount, server or proxy.
 func (p *Page) SetKind(kind string) { p.kind = kind }
@@ -185,13 +209,52 @@ func (p *Page) SetName(name string) { p.name = name }
 func (p *Page) Add(parts ...Part) { p.parts = append(p.parts, parts...) }
 
 // Sample takes a sample now.
-func (p *Page) Sample() Status {
-	now := time.Now()
-	st := Status{Kind: p.kind, Name: p.name, PID: os.Getpid(), Time: now.UnixMilli(), Uptime: now.Sub(p.start).Seconds()}
+func (p *Page) Sample() Status { return p.sample(false) }
+
+func (p *Page) sample(brief bool) Status {
+	now := p.now()
+	st := Status{Kind: p.kind, Name: p.name, PID: os.Getpid(), Time: now.UnixMilli(), Uptime: now.Sub(p.start).Seconds(), Brief: brief}
 	for _, part := range p.parts {
 		part(&st)
 	}
 	return st
+}
+
+// Record keeps the history, until ctx is done.
+func (p *Page) Record(ctx context.Context) {
+	p.keep()
+	t := time.NewTicker(historyEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			p.keep()
+		}
+	}
+}
+
+// keep adds a brief sample to the history, dropping the oldest past
+// historyKeep.
+func (p *Page) keep() {
+	st := p.sample(true)
+	p.hmu.Lock()
+	defer p.hmu.Unlock()
+	p.hist[p.hnext] = st
+	p.hnext = (p.hnext + 1) % historyKeep
+	p.hn = min(p.hn+1, historyKeep)
+}
+
+// history is the samples kept, oldest first.
+func (p *Page) history() []Status {
+	p.hmu.Lock()
+	defer p.hmu.Unlock()
+	out := make([]Status, 0, p.hn)
+	for i := p.hn; i > 0; i-- {
+		out = append(out, p.hist[(p.hnext-i+historyKeep)%historyKeep])
+	}
+	return out
 }
 
 func (p *Page) sampleJSON() []byte {
@@ -263,7 +326,7 @@ const UPlotVersion = "1.6.32"
 // does reaches the network beyond the process.
 const csp = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-// ServeHTTP serves the page, its files, and /status.json.
+// ServeHTTP serves the page, its files, /status.json and /history.json.
 func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
@@ -276,6 +339,16 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.Set("Content-Type", "application/json")
 		h.Set("Cache-Control", "no-store")
 		w.Write(p.sampleJSON())
+		return
+	}
+	if r.URL.Path == "/history.json" {
+		b, err := json.Marshal(p.history())
+		if err != nil {
+			panic(err) // plain structs: cannot fail
+		}
+		h.Set("Content-Type", "application/json")
+		h.Set("Cache-Control", "no-store")
+		w.Write(b)
 		return
 	}
 	a := assets[r.URL.Path]

@@ -7,7 +7,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/hoardfs/hoard/cache"
+	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -120,5 +123,51 @@ func TestSample(t *testing.T) {
 	}
 	if st.Kind != "mount" || st.Name != "/mnt" || st.Time == 0 || st.Server == nil || st.Server.Sessions != 3 || len(st.Server.Volumes) != 1 || st.Server.Volumes[0].Name != "root" {
 		t.Errorf("status.json: %+v", st)
+	}
+}
+
+// The history keeps the last historyKeep samples, oldest first, each
+// brief: the parts skip what the page does not chart (the largest files
+// visit the whole cache). /history.json serves them.
+func TestHistory(t *testing.T) {
+	p := New()
+	p.SetKind("mount")
+	clock := time.Unix(1_700_000_000, 0)
+	p.now = func() time.Time { return clock }
+	var fetched int64
+	largest := 0
+	p.Add(MountPart(func() client.Stats { return client.Stats{Stats: cache.Stats{BytesFetched: fetched}} },
+		func(int) []cache.Usage { largest++; return nil }, func(node.FID) (string, bool) { return "", false }, nil))
+	if got := get(t, p, "/history.json"); got.StatusCode != http.StatusOK {
+		t.Fatalf("empty history: %s", got.Status)
+	}
+	for i := range historyKeep + 5 {
+		fetched = int64(i) << 20
+		p.keep()
+		clock = clock.Add(historyEvery)
+	}
+	if largest != 0 {
+		t.Errorf("the history's samples listed the largest files %d times", largest)
+	}
+	resp := get(t, p, "/history.json")
+	if resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("Cache-Control") != "no-store" {
+		t.Errorf("history.json: %q, %q", resp.Header.Get("Content-Type"), resp.Header.Get("Cache-Control"))
+	}
+	var h []Status
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != historyKeep {
+		t.Fatalf("history of %d samples, want the last %d", len(h), historyKeep)
+	}
+	start := time.Unix(1_700_000_000, 0).Add(5 * historyEvery).UnixMilli()
+	for i, st := range h {
+		if st.Time != start+int64(i)*historyEvery.Milliseconds() || st.Client == nil || st.Client.FetchedBytes != int64(i+5)<<20 || st.Kind != "mount" {
+			t.Fatalf("sample %d of the history: %+v %+v", i, st, st.Client)
+		}
+	}
+	// A poll's sample is whole.
+	if st := p.Sample(); st.Client.Largest == nil || largest != 1 {
+		t.Errorf("a poll's sample: largest %v, listed %d times", st.Client.Largest, largest)
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"github.com/hoardfs/hoard/vnode"
 	"net"
@@ -160,13 +161,15 @@ func absDir(dir string) string {
 	return dir
 }
 
-// start serves the metrics registered so far and the page, and says
-// where.
+// start serves the metrics registered so far and the page, keeps its
+// history, and says where.
 func (e *endpoint) start(name string) (stop func()) {
 	if e == nil {
 		return func() {}
 	}
 	e.page.SetKind(name)
+	ctx, cancel := context.WithCancel(context.Background())
+	go e.page.Record(ctx)
 	var page http.Handler = e.page
 	if e.private {
 		page = metrics.OwnerOnly(page, uint32(os.Getuid()))
@@ -186,6 +189,7 @@ func (e *endpoint) start(name string) (stop func()) {
 	at = append(at, fmt.Sprintf("status page at http://%s/", pageAt))
 	fmt.Fprintf(os.Stderr, "hoard %s: %s\n", name, strings.Join(at, ", "))
 	return func() {
+		cancel()
 		for _, s := range stops {
 			s()
 		}

@@ -1,4 +1,5 @@
-// The status page: polls status.json and draws what the process does.
+// The status page: charts the process's history (history.json, the last
+// minutes), then polls status.json and draws what the process does.
 // Counters come as totals; rates are taken between successive samples.
 'use strict';
 
@@ -214,7 +215,7 @@
       chartBox.append(box);
       const data = [[]].concat(spec.series.map(() => []));
       const u = new uPlot(chartOpts(spec, plot), data, plot);
-      charts[spec.id] = { spec: spec, u: u, data: data, plot: plot };
+      charts[spec.id] = { spec: spec, u: u, data: data, plot: plot, box: box };
     }
     const tableBox = document.getElementById('tables');
     for (const spec of view.tables) {
@@ -281,21 +282,19 @@
     };
   }
 
-  function update(s) {
-    if (!view) {
-      document.getElementById('kind').textContent = 'hoard ' + s.kind;
-      document.getElementById('name').textContent = s.name;
-      document.title = 'hoard ' + s.kind + ' ' + s.name;
-      build(s.kind);
-    }
-    document.getElementById('meta').textContent = 'pid ' + s.pid + ', up ' + duration(s.uptime);
-    for (const id in cards) {
-      const c = cards[id];
-      const v = c.spec.value(s, prev);
-      c.value.textContent = c.spec.fmt(v);
-      c.value.dataset.value = v == null ? '' : String(v);
-      if (c.spec.sub) c.sub.textContent = c.spec.sub(s, prev);
-    }
+  // begin builds the page for s's kind, the first time.
+  function begin(s) {
+    if (view) return;
+    document.getElementById('kind').textContent = 'hoard ' + s.kind;
+    document.getElementById('name').textContent = s.name;
+    document.title = 'hoard ' + s.kind + ' ' + s.name;
+    build(s.kind);
+  }
+
+  // plot adds sample s to the charts, its rates taken since the last
+  // charted, unless it is no later than that one.
+  function plot(s) {
+    if (prev && s.time <= prev.time) return;
     for (const id in charts) {
       const c = charts[id];
       c.data[0].push(s.time / 1000);
@@ -304,8 +303,35 @@
         c.data[i + 1].push(v == null || isNaN(v) ? null : v);
       });
       if (c.data[0].length > KEEP) for (const a of c.data) a.splice(0, a.length - KEEP);
-      c.u.setData(c.data);
     }
+    prev = s;
+  }
+
+  // redraw draws the charts, and marks on each the time it starts at and
+  // the largest value it shows.
+  function redraw() {
+    for (const id in charts) {
+      const c = charts[id];
+      c.u.setData(c.data);
+      let peak = 0;
+      for (const a of c.data.slice(1)) for (const v of a) if (v > peak) peak = v;
+      c.box.dataset.first = String(c.data[0][0] ?? '');
+      c.box.dataset.peak = String(peak);
+    }
+  }
+
+  function update(s) {
+    begin(s);
+    document.getElementById('meta').textContent = 'pid ' + s.pid + ', up ' + duration(s.uptime);
+    for (const id in cards) {
+      const c = cards[id];
+      const v = c.spec.value(s, prev);
+      c.value.textContent = c.spec.fmt(v);
+      c.value.dataset.value = v == null ? '' : String(v);
+      if (c.spec.sub) c.sub.textContent = c.spec.sub(s, prev);
+    }
+    plot(s);
+    redraw();
     for (const id in tables) {
       const t = tables[id];
       const rows = t.spec.rows(s);
@@ -325,8 +351,25 @@
       t.body.replaceWith(body);
       t.body = body;
     }
-    prev = s;
     document.body.dataset.samples = String((Number(document.body.dataset.samples) || 0) + 1);
+  }
+
+  // history charts the samples the process kept before the page opened
+  // (brief: what the charts need), so that they start full.
+  async function history() {
+    try {
+      const r = await fetch('history.json', { cache: 'no-store' });
+      if (!r.ok) return;
+      const h = await r.json();
+      for (const s of h) {
+        begin(s);
+        plot(s);
+      }
+      if (h.length) redraw();
+      document.body.dataset.history = String(h.length);
+    } catch (e) {
+      // The charts start empty; poll says what is wrong.
+    }
   }
 
   const live = document.getElementById('live');
@@ -345,5 +388,5 @@
     }
     setTimeout(poll, POLL_MS);
   }
-  poll();
+  history().then(poll);
 })();
