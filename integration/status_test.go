@@ -19,6 +19,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
+	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/status"
@@ -188,6 +189,24 @@ func tableHas(id, text string) string {
 	return fmt.Sprintf(`(document.querySelector('#table-%s tbody')?.textContent || '').includes(%q) ? 1 : 0`, id, text)
 }
 
+// rowOf is an expression: the cells of table id's row whose first cell
+// is name, joined by " | " ("" until there is one).
+func rowOf(id, name string) string {
+	return fmt.Sprintf(`[...document.querySelectorAll('#table-%s tbody tr')].map(tr => [...tr.cells].map(td => td.textContent)).filter(r => r[0] === %q).map(r => r.join(' | '))[0] || ''`, id, name)
+}
+
+// waitRow waits until table id has a row for name that contains each of
+// want, and returns it.
+func (p *page) waitRow(t *testing.T, what, id, name string, want ...string) string {
+	t.Helper()
+	var conds []string
+	for _, w := range want {
+		conds = append(conds, fmt.Sprintf("r.includes(%q)", w))
+	}
+	p.wait(t, what, fmt.Sprintf(`((r) => %s ? 1 : 0)(%s)`, strings.Join(conds, " && "), rowOf(id, name)))
+	return p.eval(t, rowOf(id, name))
+}
+
 // waitHistory waits until the history the process at addr keeps holds
 // what ok wants.
 func waitHistory(t *testing.T, addr, what string, ok func([]status.Status) bool) {
@@ -340,4 +359,109 @@ func TestStatusBesideMetrics(t *testing.T) {
 			t.Errorf("status.json at %s: %+v, %v", addr, st, err)
 		}
 	}
+}
+
+// A server's page in a cell of two: the volumes it holds, read-write or
+// a read-only copy of a release, with their read-only sites, and the
+// moves and releases under way there, phase by phase as the steps are
+// taken (each held until the next: --move-hold is long), passes at the
+// source and at the target included.
+func TestStatusPageCell(t *testing.T) {
+	bin := needChromium(t)
+	etcd := startEtcd(t, 1)
+	var srvs []*serverProc
+	var pages []string
+	for i := range 2 {
+		addr := freeAddr(t)
+		srvs = append(srvs, startServer(t, t.TempDir(), "--etcd", etcd[0].client, "--name", fmt.Sprintf("s%d", i+1),
+			"--move-hold", "5m", "--http", addr))
+		pages = append(pages, "http://"+addr+"/")
+	}
+	admin := dial(t, srvs[0].addr, "mem", 16<<20)
+	waitAlive(t, admin, 2)
+	for _, v := range []string{"sw", "mv"} {
+		if _, err := admin.Admin().CreateVolumeOn(v, "s1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, mp := range [][2]string{{"/sw-rw", "%sw"}, {"/mv", "mv"}} {
+		if err := admin.Admin().MountVolume(mp[0], mp[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := dial(t, srvs[0].addr, "mem", 128<<20)
+	testkit.WriteFile(t, w, "/sw-rw/f", testkit.Pattern(1<<20, 1))
+	// More than gRPC's flow control lets a dump send unread.
+	testkit.WriteFile(t, w, "/mv/f", testkit.Pattern(48<<20, 2))
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Admin().AddSite("sw", "s2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Admin().Release("sw"); err != nil {
+		t.Fatal(err)
+	}
+
+	p := openBrowser(t, bin)
+	p.open(t, pages[1])
+	p.waitRow(t, "s2's read-only copy of release 1, and its site", "volumes", "sw.readonly", "read-only copy | 1 | s2 |")
+	p.open(t, pages[0])
+	p.waitRow(t, "s1's read-write volume, released once to s2", "volumes", "sw", "read-write | 1 made | s2 |")
+	p.waitRow(t, "s1's volume with no sites", "volumes", "mv", "read-write |  | none |")
+	p.waitRow(t, "s1's root", "volumes", "root", "read-write |  | none |")
+	p.wait(t, "no move under way", tableHas("moves", "none"))
+
+	// A move of mv to s2, step by step, and a release of sw.
+	rpc := pb.NewFileServerClient(cellGRPC(t, srvs[0].addr))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	move := func(step pb.MoveVolumeRequest_Step) {
+		t.Helper()
+		if _, err := rpc.MoveVolume(ctx, &pb.MoveVolumeRequest{Name: "mv", To: "s2", Step: step}); err != nil {
+			t.Fatalf("move step %v: %v", step, err)
+		}
+	}
+	move(pb.MoveVolumeRequest_BEGIN)
+	p.waitRow(t, "the move begun", "moves", "mv", "move | begun |  | to s2")
+	// A pass: a dump from s1 the test does not read on, and a restore at
+	// s2 it sends no more than the dump's first piece to.
+	pctx, endPasses := context.WithCancel(ctx)
+	dump, err := rpc.DumpVolume(pctx, &pb.DumpVolumeRequest{Name: "mv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	piece, err := dump.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.waitRow(t, "the move copying", "moves", "mv", "move | copying | ", " s ago | to s2")
+	restore, err := pb.NewFileServerClient(cellGRPC(t, srvs[1].addr)).RestoreVolume(pctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := restore.Send(&pb.DumpPiece{Volume: piece.Volume, Name: piece.Name}); err != nil {
+		t.Fatal(err)
+	}
+	p.open(t, pages[1])
+	p.waitRow(t, "the move received at s2", "moves", "mv", "move | receiving | ", " s ago | from s1")
+	endPasses()
+	p.wait(t, "nothing under way at s2 once its pass ends", tableHas("moves", "none"))
+	p.open(t, pages[0])
+	p.waitRow(t, "the move between passes", "moves", "mv", "move | begun |  | to s2")
+	move(pb.MoveVolumeRequest_QUIESCE)
+	p.waitRow(t, "the move quiet", "moves", "mv", "move | quiet | ", " s ago | to s2")
+	move(pb.MoveVolumeRequest_FREEZE)
+	p.waitRow(t, "the move frozen", "moves", "mv", "move | frozen | ", " s ago | to s2")
+	if _, err := rpc.ReleaseVolume(ctx, &pb.ReleaseVolumeRequest{Name: "sw", Step: pb.ReleaseVolumeRequest_QUIESCE}); err != nil {
+		t.Fatal(err)
+	}
+	p.waitRow(t, "the release quiet", "moves", "sw", "release | quiet | ", " s ago | to s2")
+	p.screenshot("-cell")
+	move(pb.MoveVolumeRequest_ABORT)
+	if _, err := rpc.ReleaseVolume(ctx, &pb.ReleaseVolumeRequest{Name: "sw", Step: pb.ReleaseVolumeRequest_ABORT}); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(t, "nothing under way once both are undone", tableHas("moves", "none"))
+	p.check(t, strings.TrimSuffix(pages[0], "/"), strings.TrimSuffix(pages[1], "/"))
 }

@@ -21,8 +21,8 @@ package server
 //     taken by requests holding none of the server's.
 //  3. moves.mu and its cond: the holds on volumes (volhold.State, pure:
 //     frozen, quiet, departing, receiving, and the changes under way on
-//     each). Never held with Server.mu: a move takes one, lets it go,
-//     then the other.
+//     each) and the passes under way. Never held with Server.mu: a move
+//     takes one, lets it go, then the other.
 //  4. stages.mu, then a stage's mu (never the other way): the stages kept
 //     across requests, and one stage's writes.
 //  5. users.mu: the identities of verified tokens. A leaf.

@@ -48,11 +48,36 @@ type moves struct {
 	mu   sync.Mutex
 	cond *sync.Cond
 	hold *volhold.State
+	// passes are the dumps and restores under way (Underway lists them).
+	passes map[*pass]struct{}
+}
+
+// pass is a dump sent from here or a restore received here, of the
+// read-write volume vol's data.
+type pass struct {
+	vol   uint64
+	send  bool
+	since time.Time
 }
 
 func (m *moves) init() {
 	m.cond = sync.NewCond(&m.mu)
 	m.hold = volhold.New()
+	m.passes = map[*pass]struct{}{}
+}
+
+// passing records a pass of vol under way, until done.
+func (s *Server) passing(vol uint64, send bool) (done func()) {
+	p := &pass{vol: vol, send: send, since: time.Now()}
+	m := &s.moves
+	m.mu.Lock()
+	m.passes[p] = struct{}{}
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		delete(m.passes, p)
+		m.mu.Unlock()
+	}
 }
 
 // errDeparting refuses a request about a volume whose move is being
@@ -325,6 +350,7 @@ func (s *Server) DumpVolume(req *pb.DumpVolumeRequest, stream pb.FileServer_Dump
 	if err != nil {
 		return s.fail("DumpVolume", err)
 	}
+	defer s.passing(v.ID, true)()
 	name, kvs, files, err := vm.DumpMeta(v.ID)
 	if err != nil {
 		return s.fail("DumpVolume", err)
@@ -440,6 +466,11 @@ func (s *Server) RestoreVolume(stream pb.FileServer_RestoreVolumeServer) error {
 				return ok && v.Name == name && v.RW != c.Name && v.Moving == c.Name
 			}) {
 				return status.Errorf(codes.FailedPrecondition, "volume %s (id %d) is not moving here", name, id)
+			}
+			if release {
+				defer s.passing(copyOf.ID, false)()
+			} else {
+				defer s.passing(id, false)()
 			}
 			rv = vm.Receive(id, release)
 		}

@@ -1,6 +1,7 @@
 package status
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/proxystore"
 	"github.com/hoardfs/hoard/server"
+	"github.com/hoardfs/hoard/vldb"
 )
 
 // Largest is how many of the files holding the most cache space a mount's
@@ -67,20 +69,26 @@ func MountPart(stats func() client.Stats, largest func(n int) []cache.Usage, pat
 	}
 }
 
+// serverOf is st's server section, made if it has none: a server's
+// parts fill it in any order.
+func serverOf(st *Status) *Server {
+	if st.Server == nil {
+		st.Server = &Server{}
+	}
+	return st.Server
+}
+
 // ServerPart is a server's or a proxy's part: load is its Load, handled
 // gathers the requests it handled (HandledRPCs).
 func ServerPart(load func() server.Load, handled func() int64) Part {
 	return func(st *Status) {
 		l := load()
-		s := &Server{Sessions: l.Sessions, Promises: l.Promises, Delegations: l.Delegations,
-			Breaks: l.Broken, Recalls: l.Recalled, Revokes: l.Revoked, Resets: l.Resets}
+		s := serverOf(st)
+		s.Sessions, s.Promises, s.Delegations = l.Sessions, l.Promises, l.Delegations
+		s.Breaks, s.Recalls, s.Revokes, s.Resets = l.Broken, l.Recalled, l.Revoked, l.Resets
 		if handled != nil {
 			s.RPCs = handled()
 		}
-		if st.Server != nil {
-			s.Volumes, s.Cell = st.Server.Volumes, st.Server.Cell
-		}
-		st.Server = s
 	}
 }
 
@@ -91,17 +99,21 @@ func CellPart(name string, holding func() bool, disk func() (size, free uint64))
 		if st.Brief {
 			return
 		}
-		if st.Server == nil {
-			st.Server = &Server{}
-		}
 		size, free := disk()
-		st.Server.Cell = &Cell{Name: name, Lease: holding(), DiskSize: size, DiskFree: free}
+		serverOf(st).Cell = &Cell{Name: name, Lease: holding(), DiskSize: size, DiskFree: free}
 	}
 }
 
-// VolumesPart is a server's volumes, before or after ServerPart: list is its
-// store's Volumes.
-func VolumesPart(list func() ([]node.Volume, error)) Part {
+// Locations is a cell's location database (a vldb.DB).
+type Locations interface {
+	Volume(id uint64) (vldb.Volume, bool)
+	ByROID(id uint64) (vldb.Volume, bool)
+}
+
+// VolumesPart is a server's volumes: list is its store's Volumes; db
+// (nil outside a cell) says where each is read-write and read-only, as
+// the server self.
+func VolumesPart(list func() ([]node.Volume, error), db Locations, self string) Part {
 	return func(st *Status) {
 		if st.Brief {
 			return
@@ -110,14 +122,47 @@ func VolumesPart(list func() ([]node.Volume, error)) Part {
 		if err != nil {
 			return
 		}
-		if st.Server == nil {
-			st.Server = &Server{}
-		}
 		out := make([]Volume, len(vs))
 		for i, v := range vs {
 			out[i] = Volume{ID: v.ID, Name: v.Name, Used: v.Used, Quota: v.Quota, Files: v.Files}
+			if db == nil {
+				continue
+			}
+			loc, ok := db.Volume(v.ID)
+			if rw, isCopy := db.ByROID(v.ID); isCopy {
+				loc, ok = rw, true
+				out[i].ReadOnly = true
+				// A site holds the release the database records, a
+				// pending one none yet (until the release's commit,
+				// just after its last pass).
+				if slices.Contains(rw.RO, self) {
+					out[i].Release = rw.Released
+				}
+			}
+			if ok {
+				out[i].RW, out[i].Sites, out[i].Pending, out[i].Released = loc.RW, loc.RO, loc.Pending, loc.Released
+			}
 		}
-		st.Server.Volumes = out
+		serverOf(st).Volumes = out
+	}
+}
+
+// MovesPart is a server's moves and releases under way: underway is its
+// Underway.
+func MovesPart(underway func() []server.Underway) Part {
+	return func(st *Status) {
+		if st.Brief {
+			return
+		}
+		out := []Move{}
+		for _, u := range underway() {
+			m := Move{Volume: u.Name, ID: u.Volume, Kind: u.Kind, Phase: u.Phase, Peers: u.Peers}
+			if !u.Since.IsZero() {
+				m.Since = u.Since.UnixMilli()
+			}
+			out = append(out, m)
+		}
+		serverOf(st).Moves = out
 	}
 }
 

@@ -115,6 +115,8 @@ type Server struct {
 	Volumes []Volume `json:"volumes,omitempty"`
 	// Cell is the server's standing in its cell (a server's in one).
 	Cell *Cell `json:"cell,omitempty"`
+	// Moves are the moves and releases under way at the server.
+	Moves []Move `json:"moves,omitempty"`
 }
 
 // Cell is a server's standing in its cell: whether it holds its lease in
@@ -134,6 +136,32 @@ type Volume struct {
 	Used  uint64 `json:"used"`
 	Quota uint64 `json:"quota"`
 	Files uint64 `json:"files"`
+	// ReadOnly: a read-only copy (NAME.readonly), holding release
+	// Release of the read-write volume (0: none published here yet).
+	ReadOnly bool   `json:"read_only,omitempty"`
+	Release  uint64 `json:"release,omitempty"`
+	// As the location database says (a server's in a cell): RW is the
+	// server holding the read-write volume, Sites those holding its
+	// read-only copies (of release Released), Pending those the next
+	// release adds.
+	RW       string   `json:"rw,omitempty"`
+	Sites    []string `json:"sites,omitempty"`
+	Pending  []string `json:"pending,omitempty"`
+	Released uint64   `json:"released,omitempty"`
+}
+
+// Move is a move or a release of a volume under way at a server
+// (server.Underway).
+type Move struct {
+	Volume string `json:"volume"`
+	ID     uint64 `json:"id"`
+	Kind   string `json:"kind"`
+	Phase  string `json:"phase"`
+	// Since is when the phase began, in Unix milliseconds (0: not known).
+	Since int64 `json:"since,omitempty"`
+	// Peers are the servers at the other end: the target or the sites,
+	// or, receiving, the source.
+	Peers []string `json:"peers"`
 }
 
 // Proxy is a proxy's store and its traffic with its origin.

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/server"
+	"github.com/hoardfs/hoard/vldb"
 )
 
 func get(t *testing.T, h http.Handler, path string, header ...string) *http.Response {
@@ -112,7 +115,7 @@ func TestSample(t *testing.T) {
 	}
 	p.Add(func(st *Status) { st.Server = &Server{Sessions: 3} }, VolumesPart(func() ([]node.Volume, error) {
 		return []node.Volume{{ID: 1, Name: "root"}}, nil
-	}))
+	}, nil, ""))
 	resp := get(t, p, "/status.json")
 	if resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("Cache-Control") != "no-store" {
 		t.Errorf("status.json: %q, %q", resp.Header.Get("Content-Type"), resp.Header.Get("Cache-Control"))
@@ -169,5 +172,59 @@ func TestHistory(t *testing.T) {
 	// A poll's sample is whole.
 	if st := p.Sample(); st.Client.Largest == nil || largest != 1 {
 		t.Errorf("a poll's sample: largest %v, listed %d times", st.Client.Largest, largest)
+	}
+}
+
+// locations is a location database of a few volumes.
+type locations map[uint64]vldb.Volume
+
+func (l locations) Volume(id uint64) (vldb.Volume, bool) { v, ok := l[id]; return v, ok }
+
+func (l locations) ByROID(id uint64) (vldb.Volume, bool) {
+	for _, v := range l {
+		if v.ROID == id {
+			return v, true
+		}
+	}
+	return vldb.Volume{}, false
+}
+
+// A server's volumes say which are read-only copies, of which release,
+// and where the cell has each; its moves and releases under way are
+// listed as the server has them.
+func TestVolumesAndMoves(t *testing.T) {
+	db := locations{
+		1: {ID: 1, Name: "root", RW: "s2"},
+		2: {ID: 2, Name: "sw", RW: "s1", RO: []string{"s2", "s3"}, Pending: []string{"s4"}, Released: 3, ROID: 5},
+		3: {ID: 3, Name: "docs", RW: "s1", RO: []string{"s3"}, Pending: []string{"s2"}, Released: 1, ROID: 6},
+	}
+	since := time.UnixMilli(1_700_000_000_000)
+	p := New()
+	p.Add(VolumesPart(func() ([]node.Volume, error) {
+		return []node.Volume{{ID: 1, Name: "root"}, {ID: 5, Name: "sw.readonly"}, {ID: 6, Name: "docs.readonly"}, {ID: 9, Name: "lost"}}, nil
+	}, db, "s2"), MovesPart(func() []server.Underway {
+		return []server.Underway{{Volume: 1, Name: "root", Kind: "move", Phase: "frozen", Since: since, Peers: []string{"s3"}},
+			{Volume: 3, Name: "docs", Kind: "release", Phase: "receiving", Peers: []string{"s1"}}}
+	}))
+	var st Status
+	if err := json.NewDecoder(get(t, p, "/status.json").Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	want := []Volume{
+		{ID: 1, Name: "root", RW: "s2"},
+		{ID: 5, Name: "sw.readonly", ReadOnly: true, Release: 3, RW: "s1", Sites: []string{"s2", "s3"}, Pending: []string{"s4"}, Released: 3},
+		{ID: 6, Name: "docs.readonly", ReadOnly: true, RW: "s1", Sites: []string{"s3"}, Pending: []string{"s2"}, Released: 1},
+		{ID: 9, Name: "lost"},
+	}
+	if st.Server == nil || !slices.EqualFunc(st.Server.Volumes, want, func(a, b Volume) bool {
+		return a.ID == b.ID && a.Name == b.Name && a.ReadOnly == b.ReadOnly && a.Release == b.Release && a.RW == b.RW &&
+			slices.Equal(a.Sites, b.Sites) && slices.Equal(a.Pending, b.Pending) && a.Released == b.Released
+	}) {
+		t.Fatalf("volumes: %+v", st.Server)
+	}
+	moves := st.Server.Moves
+	if len(moves) != 2 || moves[0].Volume != "root" || moves[0].Since != since.UnixMilli() || moves[0].Phase != "frozen" || moves[0].Peers[0] != "s3" ||
+		moves[1].Kind != "release" || moves[1].Since != 0 || moves[1].Peers[0] != "s1" {
+		t.Fatalf("moves: %+v", moves)
 	}
 }

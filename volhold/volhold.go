@@ -11,7 +11,11 @@
 // the timer that lets a quiet lapse (server/move.go).
 package volhold
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"time"
+)
 
 // State is a server's holds on its volumes.
 type State struct {
@@ -119,3 +123,43 @@ func (s *State) Receive(copy uint64) bool {
 
 // Received ends copy's release.
 func (s *State) Received(copy uint64) { delete(s.receiving, copy) }
+
+// Hold is what is held on one volume, for a status page.
+type Hold struct {
+	Volume uint64
+	// Frozen and Quiet are until when the volume refuses changes and is
+	// granted nothing (zero: not, or lapsed).
+	Frozen, Quiet time.Time
+	Departing     bool
+}
+
+// Holds lists the volumes held at now, by id: frozen or quiet (not
+// lapsed), or departing.
+func (s *State) Holds(now time.Time) []Hold {
+	by := map[uint64]*Hold{}
+	get := func(v uint64) *Hold {
+		if by[v] == nil {
+			by[v] = &Hold{Volume: v}
+		}
+		return by[v]
+	}
+	for v, until := range s.frozen {
+		if now.Before(until) {
+			get(v).Frozen = until
+		}
+	}
+	for v, until := range s.quiet {
+		if now.Before(until) {
+			get(v).Quiet = until
+		}
+	}
+	for v := range s.departing {
+		get(v).Departing = true
+	}
+	out := make([]Hold, 0, len(by))
+	for _, h := range by {
+		out = append(out, *h)
+	}
+	slices.SortFunc(out, func(a, b Hold) int { return cmp.Compare(a.Volume, b.Volume) })
+	return out
+}

@@ -1,6 +1,7 @@
 package volhold
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -83,4 +84,27 @@ func TestDepartAndReceive(t *testing.T) {
 		{do: func(s *State) { s.Received(7) }, check: func(s *State) bool { return s.Receive(7) },
 			why: "a copy whose release ended refuses the next"},
 	})
+}
+
+// Holds lists what a status page shows: each volume's holds now, lapsed
+// ones left out, by id.
+func TestHolds(t *testing.T) {
+	s := New()
+	s.Enter(at(0), 1) // a change under way holds nothing
+	s.Freeze(3, at(30))
+	s.Quiet(3, at(30))
+	s.Quiet(2, at(10))
+	s.Depart(3, true)
+	got := s.Holds(at(5))
+	want := []Hold{{Volume: 2, Quiet: at(10)}, {Volume: 3, Frozen: at(30), Quiet: at(30), Departing: true}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("holds at 5 s: %+v, want %+v", got, want)
+	}
+	s.Depart(3, false)
+	if got := s.Holds(at(20)); !slices.Equal(got, []Hold{{Volume: 3, Frozen: at(30), Quiet: at(30)}}) {
+		t.Fatalf("holds at 20 s, volume 2's quiet lapsed: %+v", got)
+	}
+	if got := s.Holds(at(40)); len(got) != 0 {
+		t.Fatalf("holds once all lapsed: %+v", got)
+	}
 }

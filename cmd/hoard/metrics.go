@@ -104,18 +104,24 @@ func (e *endpoint) showServer(srv *server.Server, addr string) {
 	}
 }
 
-// showVolumes shows a server's volumes, as list lists them.
-func (e *endpoint) showVolumes(list func() ([]node.Volume, error)) {
-	e.show("", status.VolumesPart(list))
+// showVolumes shows a server's volumes, as list lists them, and where
+// its cell c (nil: none) has them.
+func (e *endpoint) showVolumes(list func() ([]node.Volume, error), c *server.Cell) {
+	if c == nil {
+		e.show("", status.VolumesPart(list, nil, ""))
+		return
+	}
+	e.show("", status.VolumesPart(list, c.DB, c.Name))
 }
 
-// showCell shows a server's standing in its cell c (nil: in none) and
-// store's disk.
-func (e *endpoint) showCell(c *server.Cell, store *vnode.Store) {
+// showCell shows a server's standing in its cell c (nil: in none),
+// store's disk, and the moves and releases srv has under way.
+func (e *endpoint) showCell(c *server.Cell, store *vnode.Store, srv *server.Server) {
 	if e == nil || c == nil {
 		return
 	}
-	e.show("", status.CellPart(c.Name, c.DB.Holding, func() (uint64, uint64) { return diskSpace(store) }))
+	e.show("", status.CellPart(c.Name, c.DB.Holding, func() (uint64, uint64) { return diskSpace(store) }),
+		status.MovesPart(srv.Underway))
 }
 
 // showProxy shows p's store and its traffic with its origin.

@@ -125,8 +125,8 @@ func serverCmd() *cobra.Command {
 			srv := server.New(server.Local(store), cfg)
 			defer srv.Shutdown()
 			dataNote := serveData(srv, dataLis, dataAdvertise)
-			me.showVolumes(store.Volumes)
-			me.showCell(sc, store)
+			me.showVolumes(store.Volumes, sc)
+			me.showCell(sc, store, srv)
 			return serve("server", srv, lis, creds, fmt.Sprintf("serving %s on %s (epoch %d, %s, %s); %s", store.Dir(), lis.Addr(), store.Epoch(), dataNote, secNote, cellNote), me)
 		},
 	}

@@ -58,6 +58,17 @@
   // now says a byte rate, once there is one.
   function now(r) { return r == null ? '' : 'now ' + perSec(bytes)(r); }
 
+  // release is the release a read-only copy holds, or how many of a
+  // read-write volume there were; sites, where its copies are.
+  function release(v) {
+    if (v.read_only) return v.release ? String(v.release) : 'none yet';
+    return v.released ? v.released + ' made' : '';
+  }
+  function sites(v) {
+    const out = (v.sites || []).concat((v.pending || []).map((p) => p + ' (pending)'));
+    return out.join(', ') || (v.rw ? 'none' : '');
+  }
+
   // The views: what each kind of process shows. A card is a number now
   // (value: raw, fmt: as shown, sub: a line under it); a chart is series
   // over time (v(prev, cur) per sample); a table lists rows of a sample.
@@ -151,9 +162,14 @@
       charts: serverCharts,
       tables: [
         { id: 'volumes', title: 'Volumes', empty: 'none',
-          cols: [{ label: 'name', cls: 'path' }, { label: 'id', cls: 'num' }, { label: 'used', cls: 'num' },
-            { label: 'quota', cls: 'num' }, { label: 'files', cls: 'num' }],
-          rows: (s) => (S(s).volumes || []).map((v) => [v.name, String(v.id), bytes(v.used), v.quota ? bytes(v.quota) : 'none', count(v.files)]) },
+          cols: [{ label: 'name', cls: 'path' }, { label: 'kind' }, { label: 'release', cls: 'num' }, { label: 'read-only sites' },
+            { label: 'id', cls: 'num' }, { label: 'used', cls: 'num' }, { label: 'quota', cls: 'num' }, { label: 'files', cls: 'num' }],
+          rows: (s) => (S(s).volumes || []).map((v) => [v.name, v.read_only ? 'read-only copy' : 'read-write',
+            release(v), sites(v), String(v.id), bytes(v.used), v.quota ? bytes(v.quota) : 'none', count(v.files)]) },
+        { id: 'moves', title: 'Moves and releases in progress', empty: 'none',
+          cols: [{ label: 'volume', cls: 'path' }, { label: 'kind' }, { label: 'phase' }, { label: 'phase began', cls: 'num' }, { label: 'with' }],
+          rows: (s) => (S(s).moves || []).map((m) => [m.volume, m.kind, m.phase, m.since ? ago(s, m.since) : '',
+            (m.phase === 'receiving' ? 'from ' : 'to ') + m.peers.join(', ')]) },
       ],
     },
     proxy: {
