@@ -138,7 +138,8 @@ func (p *page) screenshot(suffix string) {
 	if shot == "" {
 		return
 	}
-	if png, err := chromedp.Run(p.ctx, chromedp.FullScreenshot(100)); err == nil {
+	// The body, not the window: none of the blank below the page.
+	if png, err := chromedp.Run(p.ctx, chromedp.Screenshot("body")); err == nil {
 		os.WriteFile(strings.TrimSuffix(shot, ".png")+suffix+".png", png, 0o644)
 	}
 }
@@ -396,8 +397,10 @@ func TestStatusPageCell(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.Admin().AddSite("sw", "s2"); err != nil {
-		t.Fatal(err)
+	for _, site := range []string{"s1", "s2"} {
+		if err := admin.Admin().AddSite("sw", site); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := admin.Admin().Release("sw"); err != nil {
 		t.Fatal(err)
@@ -405,9 +408,10 @@ func TestStatusPageCell(t *testing.T) {
 
 	p := openBrowser(t, bin)
 	p.open(t, pages[1])
-	p.waitRow(t, "s2's read-only copy of release 1, and its site", "volumes", "sw.readonly", "read-only copy | 1 | s2 |")
+	p.waitRow(t, "s2's read-only copy of release 1, and its sites", "volumes", "sw.readonly", "read-only copy | 1 | ", "s1", "s2")
 	p.open(t, pages[0])
-	p.waitRow(t, "s1's read-write volume, released once to s2", "volumes", "sw", "read-write | 1 made | s2 |")
+	p.waitRow(t, "s1's read-write volume, released once to s1 and s2", "volumes", "sw", "read-write | 1 made | ", "s1", "s2")
+	p.waitRow(t, "s1's read-only copy beside it", "volumes", "sw.readonly", "read-only copy | 1 | ")
 	p.waitRow(t, "s1's volume with no sites", "volumes", "mv", "read-write |  | none |")
 	p.waitRow(t, "s1's root", "volumes", "root", "read-write |  | none |")
 	p.wait(t, "no move under way", tableHas("moves", "none"))
@@ -456,7 +460,7 @@ func TestStatusPageCell(t *testing.T) {
 	if _, err := rpc.ReleaseVolume(ctx, &pb.ReleaseVolumeRequest{Name: "sw", Step: pb.ReleaseVolumeRequest_QUIESCE}); err != nil {
 		t.Fatal(err)
 	}
-	p.waitRow(t, "the release quiet", "moves", "sw", "release | quiet | ", " s ago | to s2")
+	p.waitRow(t, "the release quiet", "moves", "sw", "release | quiet | ", " s ago | to ", "s1", "s2")
 	p.screenshot("-cell")
 	move(pb.MoveVolumeRequest_ABORT)
 	if _, err := rpc.ReleaseVolume(ctx, &pb.ReleaseVolumeRequest{Name: "sw", Step: pb.ReleaseVolumeRequest_ABORT}); err != nil {
