@@ -9,6 +9,9 @@ import (
 // Usage is the cache space one file holds.
 type Usage struct {
 	FID node.FID
+	// Path is the file's path as its entry keeps it (the "path" field,
+	// SetPolicy), if it does.
+	Path string
 	// Bytes is the space its chunks take (each rounded up to 4 KiB, as
 	// the limit counts them); Dirty the bytes of it not yet stored.
 	Bytes, Dirty int64
@@ -55,7 +58,7 @@ func (e *Entry) usage() Usage {
 	if e.gone {
 		return Usage{}
 	}
-	u := Usage{FID: e.fid, Dirty: e.dirtyLen}
+	u := Usage{FID: e.fid, Path: e.policy["path"], Dirty: e.dirtyLen}
 	for _, ch := range e.chunks {
 		u.Bytes += charge(ch.n)
 	}

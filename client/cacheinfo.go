@@ -95,9 +95,9 @@ var ErrCacheFull = errors.New("the cache is full: nothing more can be evicted fo
 // calls progress with the bytes of each batch of chunks as they land. It
 // stops, with ctx's error, between batches once ctx is done; what it
 // fetched stays cached.
-func (k *Nodes) Warm(ctx context.Context, n *Node, progress func(int64)) error {
+func (k *Nodes) Warm(ctx context.Context, n *Node, name string, progress func(int64)) error {
 	for attempt := 0; ; attempt++ {
-		err := k.warm(ctx, n, progress)
+		err := k.warm(ctx, n, name, progress)
 		if errors.Is(err, cache.ErrStale) && attempt < 3 {
 			continue // the file changed under the fetch: again, at the new version
 		}
@@ -105,7 +105,7 @@ func (k *Nodes) Warm(ctx context.Context, n *Node, progress func(int64)) error {
 	}
 }
 
-func (k *Nodes) warm(ctx context.Context, n *Node, progress func(int64)) error {
+func (k *Nodes) warm(ctx context.Context, n *Node, name string, progress func(int64)) error {
 	st, err := n.c.fresh(n, k.u)
 	if err != nil {
 		return err
@@ -113,6 +113,7 @@ func (k *Nodes) warm(ctx context.Context, n *Node, progress func(int64)) error {
 	if st.Type != node.TypeFile || n.entry == nil {
 		return fmt.Errorf("warm %v: %w", n.fid, syscall.EISDIR)
 	}
+	n.named(name, false)
 	cs := n.c.cache.ChunkSize()
 	size := int64(st.Size)
 	missing := n.entry.Missing(0, size)
@@ -139,6 +140,20 @@ func (k *Nodes) warm(ctx context.Context, n *Node, progress func(int64)) error {
 		return cache.ErrStale
 	}
 	return nil
+}
+
+// named remembers name, n's path in the cell, with its cache entry where
+// none is yet (replace: the one before, for a writer): lost/ reports the
+// writes a crash strands by it, and a status page names a cached file by
+// it when no kernel holds an inode of it (a warmup's, an earlier
+// mount's). Once per file: a warm open costs a read lock, no write.
+func (n *Node) named(name string, replace bool) {
+	if n.entry == nil || name == "" {
+		return
+	}
+	if p := n.entry.Policy("path"); p != name && (replace || p == "") {
+		n.entry.SetPolicy("path", name)
+	}
 }
 
 // Evict drops what the cache holds of file n but its local writes, which
@@ -174,7 +189,7 @@ func (ctl CacheControl) WarmAt(ctx context.Context, p string, progress func(int6
 	if err != nil {
 		return err
 	}
-	return c.Nodes().Warm(ctx, n, progress)
+	return c.Nodes().Warm(ctx, n, p, progress)
 }
 
 // EvictAt is Evict of the file at p.

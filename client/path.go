@@ -345,13 +345,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 			return nil, site.ErrOf("open", name, err)
 		}
 	}
-	if f.writable() {
-		// Remembered with the cache entry, so that writes a crash strands
-		// can be reported with the path they belonged to.
-		if n.entry.Policy("path") != name {
-			n.entry.SetPolicy("path", name)
-		}
-	}
+	n.named(name, f.writable())
 	f.decision = c.decide(n, parent, base, true)
 	if f.decision.Bypass {
 		if i := slices.Index(policy.Rules[:], f.decision.Rule); i >= 0 {

@@ -469,3 +469,42 @@ func TestStatusPageCell(t *testing.T) {
 	p.wait(t, "nothing under way once both are undone", tableHas("moves", "none"))
 	p.check(t, strings.TrimSuffix(pages[0], "/"), strings.TrimSuffix(pages[1], "/"))
 }
+
+// A cache warmed before its mount started (hoard cache warmup --server
+// on the cache directory) holds files no kernel has an inode of: the
+// mount's page names them by their paths, not by their FIDs.
+func TestStatusNamesWarmedFiles(t *testing.T) {
+	needFuse(t)
+	srv := startServer(t, t.TempDir())
+	c := dial(t, srv.addr, "mem", 64<<20)
+	if err := c.Mkdir("/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WriteFile(t, c, "/d/big", testkit.Pattern(3<<20, 5))
+	testkit.WriteFile(t, c, "/d/small", testkit.Pattern(1<<20, 6))
+	c.Close()
+	cacheDir := t.TempDir()
+	if out, code := run(t, "cache", "warmup", "--server", srv.addr, "--cache", cacheDir, "-r", "/d"); code != 0 {
+		t.Fatalf("warmup of the cache directory: exit %d\n%s", code, out)
+	}
+	addr := freeAddr(t)
+	m := startMount(t, srv, cacheDir, "--http", addr)
+	var st struct {
+		Client struct {
+			Largest []struct{ Path, FID string }
+		}
+	}
+	resp, err := http.Get("http://" + addr + "/status.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := st.Client.Largest
+	if len(got) != 2 || got[0].Path != m.path("d/big") || got[1].Path != m.path("d/small") {
+		t.Fatalf("the page's largest files: %+v, want %s and %s", got, m.path("d/big"), m.path("d/small"))
+	}
+}

@@ -86,7 +86,7 @@ func (h *hnode) setCtl(ctx context.Context, attr string) (bool, syscall.Errno) {
 	k := h.m.as(ctx)
 	switch attr {
 	case WarmXattr:
-		err := k.Warm(ctx, h.n, func(int64) {})
+		err := k.Warm(ctx, h.n, "/"+h.Path(h.Root()), func(int64) {})
 		switch {
 		case errors.Is(err, client.ErrCacheFull):
 			return true, syscall.ENOSPC
