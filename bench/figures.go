@@ -55,6 +55,9 @@ func treeFigures(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*b
 	}
 	c := &chart.Chart{Title: "Trees of small files: local disk, bindfs and hoard as the file count doubles (seconds, lower is better)", Columns: 4}
 	for _, w := range treeRows {
+		if w.pm && !*treePM {
+			continue // not run
+		}
 		p := chart.Panel{Title: w.short, XLabel: "files", YLabel: "seconds", LogX: true, LogY: true}
 		for _, fsys := range []string{"local", "bindfs", "hoard", "hoard-uring"} {
 			if res[fsys] != nil {
