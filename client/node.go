@@ -48,6 +48,11 @@ type Node struct {
 	// (Status.Rights), learnt with st under the promise held and dropped
 	// with it (user.go); a file made here has its maker's, unknown (0).
 	rights map[userKey]uint8
+	// xattrs are its extended attributes as the server said them under
+	// the promise held, kept and dropped as rights are (xattr.go);
+	// xattrChanges counts this client's changes to them.
+	xattrs       *xattrs
+	xattrChanges uint64
 
 	fileData
 	writeBack
@@ -155,7 +160,7 @@ func (c *Client) learn(t site.Ticket, st node.Status, ttl time.Duration, u User)
 		n.dents = nil
 	}
 	if known && (st.DataVersion != n.st.DataVersion || !st.Ctime.Equal(n.st.Ctime)) {
-		n.rights = nil
+		n.rights, n.xattrs = nil, nil
 	}
 	if st.Type == node.TypeFile {
 		if n.entry == nil {

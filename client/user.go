@@ -111,10 +111,11 @@ func (n *Node) setRightsLocked(u User, r uint8) {
 	n.rights[u.key] = r
 }
 
-// dropRights forgets every user's rights on n: its promise went.
+// dropRights forgets every user's rights on n, and its extended
+// attributes: its promise went.
 func (n *Node) dropRights() {
 	n.mu.Lock()
-	n.rights = nil
+	n.rights, n.xattrs = nil, nil
 	n.mu.Unlock()
 }
 
