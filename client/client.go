@@ -560,8 +560,9 @@ func (c *Client) forgetRights() {
 }
 
 // invalidate clears the valid flag of fids, and the users' rights and
-// the extended attributes learnt under their promises. Cached data and listings stay: the next use
-// revalidates them by DataVersion and keeps them if unchanged.
+// the extended attributes learnt under their promises. Cached data and
+// listings stay: the next use revalidates them by DataVersion and keeps
+// them if unchanged.
 func (c *Client) invalidate(fids []node.FID) {
 	c.nodesMu.Lock()
 	defer c.nodesMu.Unlock()

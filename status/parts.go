@@ -20,12 +20,13 @@ import (
 const Largest = 10
 
 // MountPart is a mount's part: stats is its client's Stats, largest its
-// LargestCached, pathOf names a FID where the mount shows it, breaks
-// records its invalidations (nil: none listed). A file the kernel forgot
-// keeps the path it was last listed under. The largest files the kernel
-// holds no inode of (a warmup's, an earlier mount's) are named by paths,
-// asked once a sample for all of them.
-func MountPart(stats func() client.Stats, largest func(n int) []cache.Usage, pathOf func(node.FID) (string, bool), paths func([]cache.Usage) map[node.FID]string, breaks *Breaks) Part {
+// LargestCached, pathOf names a FID where the mount shows it, under a
+// path in the cell (one a cache entry keeps, cache.Usage.Path) where the
+// mount shows that, breaks records its invalidations (nil: none listed).
+// A file the kernel has no inode of keeps the path it was last listed
+// under, else is named by the path its entry keeps (a warmup's, an
+// earlier mount's).
+func MountPart(stats func() client.Stats, largest func(n int) []cache.Usage, pathOf func(node.FID) (string, bool), under func(string) string, breaks *Breaks) Part {
 	var mu sync.Mutex
 	// named are the paths of the files listed last time.
 	named := map[node.FID]string{}
@@ -64,19 +65,12 @@ func MountPart(stats func() client.Stats, largest func(n int) []cache.Usage, pat
 		for _, b := range broken {
 			c.Broken = append(c.Broken, Break{Time: b.at.UnixMilli(), Path: name(b.fid, b.path), FID: b.fid.String()})
 		}
-		top := largest(Largest)
-		var ask []cache.Usage
-		for _, u := range top {
-			if _, ok := pathOf(u.FID); !ok && named[u.FID] == "" {
-				ask = append(ask, u)
+		for _, u := range largest(Largest) {
+			kept := named[u.FID] // the kernel's last name, newer than the entry's
+			if kept == "" && u.Path != "" {
+				kept = under(u.Path)
 			}
-		}
-		var found map[node.FID]string
-		if len(ask) > 0 {
-			found = paths(ask)
-		}
-		for _, u := range top {
-			c.Largest = append(c.Largest, File{Path: name(u.FID, found[u.FID]), FID: u.FID.String(), Bytes: u.Bytes, Dirty: u.Dirty})
+			c.Largest = append(c.Largest, File{Path: name(u.FID, kept), FID: u.FID.String(), Bytes: u.Bytes, Dirty: u.Dirty})
 		}
 		named = now
 	}

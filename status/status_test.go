@@ -229,43 +229,30 @@ func TestVolumesAndMoves(t *testing.T) {
 	}
 }
 
-// The largest files are named by the kernel's paths, else by the
-// client's entries, asked once a sample for all the kernel lacks, else
-// by the name they had last time.
+// The largest files are named by the kernel's paths, else by the path
+// their cache entry keeps, else by the name they had last time.
 func TestLargestNamed(t *testing.T) {
 	f := func(v uint64) node.FID { return node.FID{Volume: 1, Vnode: v, Unique: 1} }
-	inKernel, warmed, unknown := f(1), f(2), f(3)
-	var asked [][]node.FID
-	warmedName := "/mnt/w"
+	inKernel, kept, unknown := f(1), f(2), f(3)
+	keptPath := "/w"
+	inKernelNow := true
 	part := MountPart(func() client.Stats { return client.Stats{} },
-		func(int) []cache.Usage { return []cache.Usage{{FID: inKernel}, {FID: warmed}, {FID: unknown}} },
-		func(fid node.FID) (string, bool) { return "/mnt/k", fid == inKernel },
-		func(us []cache.Usage) map[node.FID]string {
-			var fids []node.FID
-			for _, u := range us {
-				fids = append(fids, u.FID)
-			}
-			asked = append(asked, fids)
-			if warmedName == "" {
-				return nil
-			}
-			return map[node.FID]string{warmed: warmedName}
-		}, nil)
+		func(int) []cache.Usage {
+			return []cache.Usage{{FID: inKernel, Path: "/old"}, {FID: kept, Path: keptPath}, {FID: unknown}}
+		},
+		func(fid node.FID) (string, bool) { return "/mnt/k", fid == inKernel && inKernelNow },
+		func(p string) string { return "/mnt" + p }, nil)
 	var st Status
 	part(&st)
 	got := st.Client.Largest
 	if len(got) != 3 || got[0].Path != "/mnt/k" || got[1].Path != "/mnt/w" || got[2].Path != "" {
 		t.Fatalf("largest: %+v", got)
 	}
-	if len(asked) != 1 || !slices.Equal(asked[0], []node.FID{warmed, unknown}) {
-		t.Fatalf("the client was asked %v, want once for the two the kernel lacks", asked)
-	}
-	// Named once, a file keeps its name when the client forgets it; only
-	// the unnamed one is asked of again.
-	warmedName = ""
+	// The kernel forgets the first: its last name outlives the entry's.
+	inKernelNow = false
 	st = Status{}
 	part(&st)
-	if got := st.Client.Largest; got[1].Path != "/mnt/w" || len(asked) != 2 || !slices.Equal(asked[1], []node.FID{unknown}) {
-		t.Fatalf("second sample: %+v, asked %v", got, asked)
+	if got := st.Client.Largest; got[0].Path != "/mnt/k" || got[1].Path != "/mnt/w" {
+		t.Fatalf("second sample: %+v", got)
 	}
 }

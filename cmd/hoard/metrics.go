@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
-	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/metrics"
 	"github.com/hoardfs/hoard/mount"
@@ -136,7 +135,7 @@ func (e *endpoint) showProxy(p *proxy.Proxy) {
 func (e *endpoint) showMount(c *client.Client, m *mount.Mount, dir string) {
 	if e != nil {
 		e.private = true
-		e.show(absDir(dir), status.MountPart(c.Stats, c.Cache().LargestCached, pathsIn(m, dir), knownIn(c, dir), &e.invalidated))
+		e.show(absDir(dir), status.MountPart(c.Stats, c.Cache().LargestCached, pathsIn(m, dir), underDir(dir), &e.invalidated))
 	}
 }
 
@@ -161,28 +160,10 @@ func pathsIn(m *mount.Mount, dir string) func(node.FID) (string, bool) {
 	}
 }
 
-// knownIn names cached files that the kernel holds no inode of, under
-// client c's mount at dir: by the path their cache entry keeps, else by
-// the client's own directory entries (a file read ahead, never opened).
-func knownIn(c *client.Client, dir string) func([]cache.Usage) map[node.FID]string {
+// underDir is where a mount at dir shows path p of the cell.
+func underDir(dir string) func(p string) string {
 	dir = absDir(dir)
-	return func(us []cache.Usage) map[node.FID]string {
-		out := map[node.FID]string{}
-		var ask []node.FID
-		for _, u := range us {
-			if u.Path != "" {
-				out[u.FID] = filepath.Join(dir, u.Path)
-			} else {
-				ask = append(ask, u.FID)
-			}
-		}
-		if len(ask) > 0 {
-			for f, p := range c.Cache().Paths(ask) {
-				out[f] = filepath.Join(dir, p)
-			}
-		}
-		return out
-	}
+	return func(p string) string { return filepath.Join(dir, p) }
 }
 
 func absDir(dir string) string {
