@@ -112,9 +112,10 @@ func (p *FIDs) Remove(dir *Node, name string, dirOnly bool, op string) (d, st no
 
 // Rename renames sdir/sname to ddir/dname at the server, returning the
 // statuses of both directories, of the moved vnode, and of the one the
-// rename replaced, if any.
-func (p *FIDs) Rename(sdir *Node, sname string, ddir *Node, dname string, op string) (src, dst, moved node.Status, replaced *node.Status, err error) {
-	reply, err := p.c.renameAt(sdir, sname, ddir, dname, op, p.c.self)
+// rename replaced, if any (kept as ddir/keep if keep is set, as
+// Nodes.RenameKeeping keeps it).
+func (p *FIDs) Rename(sdir *Node, sname string, ddir *Node, dname, keep, op string) (src, dst, moved node.Status, replaced *node.Status, err error) {
+	reply, err := p.c.renameAt(sdir, sname, ddir, dname, keep, op, p.c.self)
 	if err != nil {
 		return src, dst, moved, nil, err
 	}

@@ -224,12 +224,19 @@ func (c *Client) removeAtHere(at *site.Site, dir *Node, name string, dirOnly boo
 // and returns the FID of the file it moved: the one sname named at the
 // server, which may not be the one the caller thought.
 func (k *Nodes) Rename(sdir *Node, sname string, ddir *Node, dname string) (node.FID, error) {
-	if sdir == ddir {
+	return k.RenameKeeping(sdir, sname, ddir, dname, "")
+}
+
+// RenameKeeping is Rename, but a file the rename replaces is kept in ddir
+// under the name keep, in the same change at the server: the mount hides
+// a file it has open so, and a rename that fails leaves it where it was.
+func (k *Nodes) RenameKeeping(sdir *Node, sname string, ddir *Node, dname, keep string) (node.FID, error) {
+	if sdir == ddir && keep == "" {
 		if fid, ok := sdir.c.renameHere(sdir, sname, dname, k.u); ok {
 			return fid, nil
 		}
 	}
-	reply, err := sdir.c.renameAt(sdir, sname, ddir, dname, "", k.u)
+	reply, err := sdir.c.renameAt(sdir, sname, ddir, dname, keep, "", k.u)
 	if err != nil {
 		return node.FID{}, err
 	}

@@ -544,18 +544,18 @@ func (c *Client) rename(oldname, newname string) error {
 }
 
 // renameAt renames as u and returns the server's reply; op names the
-// request for its retries ("": a new name).
-func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase string, op string, u User) (*pb.RenameReply, error) {
+// request for its retries ("": a new name), keep is RenameKeeping's.
+func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase, keep, op string, u User) (*pb.RenameReply, error) {
 	var reply *pb.RenameReply
 	err := sdir.onServer(false, func(at *site.Site) (err error) {
-		reply, err = c.renameAtHere(at, sdir, sbase, ddir, dbase, op, u)
+		reply, err = c.renameAtHere(at, sdir, sbase, ddir, dbase, keep, op, u)
 		return err
 	})
 	return reply, err
 }
 
 // renameAtHere is renameAt at site at, which holds sdir.
-func (c *Client) renameAtHere(at *site.Site, sdir *Node, sbase string, ddir *Node, dbase string, op string, u User) (*pb.RenameReply, error) {
+func (c *Client) renameAtHere(at *site.Site, sdir *Node, sbase string, ddir *Node, dbase, keep, op string, u User) (*pb.RenameReply, error) {
 	if sdir.at() != ddir.at() {
 		return nil, syscall.EXDEV // another server's volume
 	}
@@ -578,7 +578,7 @@ func (c *Client) renameAtHere(at *site.Site, sdir *Node, sbase string, ddir *Nod
 	defer t.End()
 	var reply *pb.RenameReply
 	err := at.As(u.token).CallOnce(op, func(ctx context.Context) (err error) {
-		reply, err = at.RPC.Rename(ctx, &pb.RenameRequest{SrcDir: pb.FromFID(sdir.fid), SrcName: sbase, DstDir: pb.FromFID(ddir.fid), DstName: dbase})
+		reply, err = at.RPC.Rename(ctx, &pb.RenameRequest{SrcDir: pb.FromFID(sdir.fid), SrcName: sbase, DstDir: pb.FromFID(ddir.fid), DstName: dbase, KeepReplacedAs: keep})
 		return err
 	})
 	if err != nil {
@@ -592,16 +592,22 @@ func (c *Client) renameAtHere(at *site.Site, sdir *Node, sbase string, ddir *Nod
 		return nil, err
 	}
 	typ := reply.Status.Type.ToType()
+	into := func(d *Node) {
+		if r := reply.Replaced; keep != "" && r != nil && r.Nlink > 0 {
+			d.addDentLocked(keep, r.GetFid().ToFID(), r.Type.ToType())
+		}
+		d.addDentLocked(dbase, moved.fid, typ)
+	}
 	if sdir == ddir {
 		return reply, c.changedDir(t, sdir, reply.DstDir, u, func(d *Node) {
 			d.delDentLocked(sbase)
-			d.addDentLocked(dbase, moved.fid, typ)
+			into(d)
 		})
 	}
 	if err := c.changedDir(t, sdir, reply.SrcDir, u, func(d *Node) { d.delDentLocked(sbase) }); err != nil {
 		return nil, err
 	}
-	return reply, c.changedDir(t, ddir, reply.DstDir, u, func(d *Node) { d.addDentLocked(dbase, moved.fid, typ) })
+	return reply, c.changedDir(t, ddir, reply.DstDir, u, into)
 }
 
 // setattr changes status fields of an already resolved node, as u.

@@ -3826,13 +3826,18 @@ func (x *RemoveReply) GetStatus() *Status {
 }
 
 type RenameRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SrcDir        *FID                   `protobuf:"bytes,1,opt,name=src_dir,json=srcDir,proto3" json:"src_dir,omitempty"`
-	SrcName       string                 `protobuf:"bytes,2,opt,name=src_name,json=srcName,proto3" json:"src_name,omitempty"`
-	DstDir        *FID                   `protobuf:"bytes,3,opt,name=dst_dir,json=dstDir,proto3" json:"dst_dir,omitempty"`
-	DstName       string                 `protobuf:"bytes,4,opt,name=dst_name,json=dstName,proto3" json:"dst_name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	SrcDir  *FID                   `protobuf:"bytes,1,opt,name=src_dir,json=srcDir,proto3" json:"src_dir,omitempty"`
+	SrcName string                 `protobuf:"bytes,2,opt,name=src_name,json=srcName,proto3" json:"src_name,omitempty"`
+	DstDir  *FID                   `protobuf:"bytes,3,opt,name=dst_dir,json=dstDir,proto3" json:"dst_dir,omitempty"`
+	DstName string                 `protobuf:"bytes,4,opt,name=dst_name,json=dstName,proto3" json:"dst_name,omitempty"`
+	// If set and the rename replaces a file, the file is not unlinked but
+	// kept in dst_dir under this name, in the same change: a client hides a
+	// file it has open this way (silly rename), and a rename that fails
+	// then leaves the file where it was.
+	KeepReplacedAs string `protobuf:"bytes,5,opt,name=keep_replaced_as,json=keepReplacedAs,proto3" json:"keep_replaced_as,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RenameRequest) Reset() {
@@ -3889,6 +3894,13 @@ func (x *RenameRequest) GetDstDir() *FID {
 func (x *RenameRequest) GetDstName() string {
 	if x != nil {
 		return x.DstName
+	}
+	return ""
+}
+
+func (x *RenameRequest) GetKeepReplacedAs() string {
+	if x != nil {
+		return x.KeepReplacedAs
 	}
 	return ""
 }
@@ -6841,12 +6853,13 @@ const file_hoard_proto_rawDesc = "" +
 	"\bdir_only\x18\x03 \x01(\bR\adirOnly\"[\n" +
 	"\vRemoveReply\x12\"\n" +
 	"\x03dir\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x03dir\x12(\n" +
-	"\x06status\x18\x02 \x01(\v2\x10.hoard.v1.StatusR\x06status\"\x95\x01\n" +
+	"\x06status\x18\x02 \x01(\v2\x10.hoard.v1.StatusR\x06status\"\xbf\x01\n" +
 	"\rRenameRequest\x12&\n" +
 	"\asrc_dir\x18\x01 \x01(\v2\r.hoard.v1.FIDR\x06srcDir\x12\x19\n" +
 	"\bsrc_name\x18\x02 \x01(\tR\asrcName\x12&\n" +
 	"\adst_dir\x18\x03 \x01(\v2\r.hoard.v1.FIDR\x06dstDir\x12\x19\n" +
-	"\bdst_name\x18\x04 \x01(\tR\adstName\"\xbb\x01\n" +
+	"\bdst_name\x18\x04 \x01(\tR\adstName\x12(\n" +
+	"\x10keep_replaced_as\x18\x05 \x01(\tR\x0ekeepReplacedAs\"\xbb\x01\n" +
 	"\vRenameReply\x12)\n" +
 	"\asrc_dir\x18\x01 \x01(\v2\x10.hoard.v1.StatusR\x06srcDir\x12)\n" +
 	"\adst_dir\x18\x02 \x01(\v2\x10.hoard.v1.StatusR\x06dstDir\x12(\n" +

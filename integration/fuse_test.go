@@ -1009,6 +1009,51 @@ func TestFuseRenameOverOpenFile(t *testing.T) {
 	}
 }
 
+// A rename over a file this mount has open that fails leaves the file
+// under its name: hiding it and the rename are one change at the server.
+// The mount used to hide it first, so a rename that then failed (here,
+// from another volume; in the consistency checker, of a source another
+// client had just renamed away) took the file's name with it.
+func TestFuseFailedRenameOverOpenFile(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	lib := dial(t, srv.addr, "mem", 16<<20)
+	if _, err := lib.Admin().CreateVolume("proj"); err != nil {
+		t.Fatal(err)
+	}
+	if err := lib.Admin().MountVolume("/proj", "proj"); err != nil {
+		t.Fatal(err)
+	}
+	m := startMount(t, srv, t.TempDir())
+	for name, data := range map[string]string{"victim": "old contents", "proj/other": "other volume"} {
+		if err := os.WriteFile(m.path(name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.OpenFile(m.path("victim"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := os.Rename(m.path("proj/other"), m.path("victim")); !errors.Is(err, syscall.EXDEV) {
+		t.Fatalf("rename from another volume: %v, want EXDEV", err)
+	}
+	if got, err := os.ReadFile(m.path("victim")); err != nil || string(got) != "old contents" {
+		t.Fatalf("the open file after the failed rename: %q %v", got, err)
+	}
+	if st, err := lib.Stat("/victim"); err != nil || st.Size != uint64(len("old contents")) {
+		t.Fatalf("the open file at the server after the failed rename: %+v %v", st, err)
+	}
+	names, err := os.ReadDir(m.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range names {
+		if strings.HasPrefix(e.Name(), ".hoard-unlinked-") {
+			t.Fatalf("%s made by the failed rename", e.Name())
+		}
+	}
+}
+
 // TestFuseListingKeptByKernel: a directory listed again under its promise
 // is listed from the kernel's copy, with no request to the mount; another
 // mount's change to it is listed at once all the same.

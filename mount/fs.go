@@ -512,14 +512,25 @@ func (h *hnode) Unlink(ctx context.Context, name string) syscall.Errno {
 // hide renames name, the open file ch, to a hidden name in h, for the
 // user of k, which removes it at its last close (silly rename).
 func (h *hnode) hide(k *client.Nodes, name string, ch *hnode) syscall.Errno {
-	silly := fmt.Sprintf(".hoard-unlinked-%x-%x", ino(ch.n.FID()), time.Now().UnixNano())
+	silly := sillyName(ch)
 	if _, err := k.Rename(h.n, name, h.n, silly); err != nil {
 		return errno(err)
 	}
-	ch.mu.Lock()
-	ch.sillyDir, ch.sillyName, ch.sillyBy = h, silly, k
-	ch.mu.Unlock()
+	ch.hiddenIn(h, silly, k)
 	return 0
+}
+
+// sillyName is a new hidden name for the open file h.
+func sillyName(h *hnode) string {
+	return fmt.Sprintf(".hoard-unlinked-%x-%x", ino(h.n.FID()), time.Now().UnixNano())
+}
+
+// hiddenIn records that h is now named silly in dir, removed by k at its
+// last close.
+func (h *hnode) hiddenIn(dir *hnode, silly string, k *client.Nodes) {
+	h.mu.Lock()
+	h.sillyDir, h.sillyName, h.sillyBy = dir, silly, k
+	h.mu.Unlock()
 }
 
 func (h *hnode) isOpen() bool {
@@ -555,18 +566,23 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 		return syscall.EINVAL // RENAME_EXCHANGE and friends are not supported
 	}
 	// A file this mount has open, which the rename would replace, is
-	// hidden first, as Unlink hides it (NFS clients do the same): its
-	// opens go on reading and writing it until the last is closed.
+	// hidden, as Unlink hides it: its opens go on reading and writing it
+	// until the last is closed. NFS clients hide it with a rename of its
+	// own first, and lose it if the rename then fails; here the server
+	// hides it in the rename's own change.
+	var hidden *hnode
+	silly := ""
 	if c := np.GetChild(newName); c != nil && flags == 0 && c != h.GetChild(name) {
 		if ch, ok := c.Operations().(*hnode); ok && ch.isOpen() && !ch.hiddenAs(np, newName) {
-			if e := np.hide(h.m.as(ctx), newName, ch); e != 0 {
-				return e
-			}
+			hidden, silly = ch, sillyName(ch)
 		}
 	}
-	moved, err := h.m.as(ctx).Rename(h.n, name, np.n, newName)
+	moved, err := h.m.as(ctx).RenameKeeping(h.n, name, np.n, newName, silly)
 	if err != nil {
 		return errno(err)
+	}
+	if hidden != nil {
+		hidden.hiddenIn(np, silly, h.m.as(ctx))
 	}
 	// Once this returns, the kernel moves the old name's entry, with its
 	// timeout, to newName. A break of either directory during the rename

@@ -484,8 +484,8 @@ func (p *Proxy) Remove(dir node.FID, name string, dirOnly bool, op node.Op) (d, 
 	return p.fids.Remove(p.fids.Node(dir), name, dirOnly, string(op))
 }
 
-func (p *Proxy) Rename(src node.FID, sname string, dst node.FID, dname string, op node.Op) (node.RenameResult, error) {
-	s, d, moved, replaced, err := p.fids.Rename(p.fids.Node(src), sname, p.fids.Node(dst), dname, string(op))
+func (p *Proxy) Rename(src node.FID, sname string, dst node.FID, dname, keep string, op node.Op) (node.RenameResult, error) {
+	s, d, moved, replaced, err := p.fids.Rename(p.fids.Node(src), sname, p.fids.Node(dst), dname, keep, string(op))
 	return node.RenameResult{SrcDir: s, DstDir: d, Moved: moved, Replaced: replaced}, err
 }
 

@@ -35,7 +35,7 @@ type Backend interface {
 	Create(dir node.FID, name string, t node.Type, a node.Attr, target string, excl bool, op node.Op) (st, d node.Status, created bool, err error)
 	Link(dir node.FID, name string, target node.FID, op node.Op) (st, d node.Status, err error)
 	Remove(dir node.FID, name string, dirOnly bool, op node.Op) (d, st node.Status, err error)
-	Rename(src node.FID, sname string, dst node.FID, dname string, op node.Op) (node.RenameResult, error)
+	Rename(src node.FID, sname string, dst node.FID, dname, keep string, op node.Op) (node.RenameResult, error)
 	SetAttr(f node.FID, c node.Change) (node.Status, error)
 	// Reserve and CreateReserved serve directory delegations
 	// (dirdeleg.go); a backend without them fails both with EOPNOTSUPP,

@@ -22,10 +22,10 @@ type heldRename struct {
 	entered, release chan struct{}
 }
 
-func (h heldRename) Rename(src node.FID, sname string, dst node.FID, dname string, op node.Op) (node.RenameResult, error) {
+func (h heldRename) Rename(src node.FID, sname string, dst node.FID, dname, keep string, op node.Op) (node.RenameResult, error) {
 	close(h.entered)
 	<-h.release
-	return h.Backend.Rename(src, sname, dst, dname, op)
+	return h.Backend.Rename(src, sname, dst, dname, keep, op)
 }
 
 // No delegation is granted on a file while a rename that replaces it is

@@ -305,7 +305,7 @@ func (s *Server) Rename(ctx context.Context, req *pb.RenameRequest) (*pb.RenameR
 		if err := o.hold(ctx, append(s.named(src, req.SrcName), s.named(dst, req.DstName)...)); err != nil {
 			return nil, err
 		}
-		if res, err = s.store.Rename(src, req.SrcName, dst, req.DstName, o.once); err != nil {
+		if res, err = s.store.Rename(src, req.SrcName, dst, req.DstName, req.KeepReplacedAs, o.once); err != nil {
 			return nil, s.fail("Rename", err)
 		}
 		changed := []node.FID{src, dst, res.Moved.FID}

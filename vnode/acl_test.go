@@ -157,11 +157,11 @@ func TestACLDirOfFiles(t *testing.T) {
 		name := typ.String()
 		f := mustCreate(t, s, a, name, typ).FID
 		wantACLDir(t, s, f, a)
-		if _, err := s.Rename(a, name, a, name+"2", ""); err != nil {
+		if _, err := s.Rename(a, name, a, name+"2", "", ""); err != nil {
 			t.Fatal(err)
 		}
 		wantACLDir(t, s, f, a)
-		if _, err := s.Rename(a, name+"2", b, name, ""); err != nil {
+		if _, err := s.Rename(a, name+"2", b, name, "", ""); err != nil {
 			t.Fatal(err)
 		}
 		wantACLDir(t, s, f, b)
@@ -228,10 +228,10 @@ func TestACLDirOldRecord(t *testing.T) {
 		t.Fatalf("governing acl: %v %v", a, err)
 	}
 	// Renamed into a directory, it is that one's.
-	if _, err := s.Rename(d, "f", r, "f", ""); err != nil {
+	if _, err := s.Rename(d, "f", r, "f", "", ""); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Rename(r, "f", d, "f", ""); err != nil {
+	if _, err := s.Rename(r, "f", d, "f", "", ""); err != nil {
 		t.Fatal(err)
 	}
 	wantACLDir(t, s, f, d)
@@ -266,7 +266,7 @@ func TestACLRemoved(t *testing.T) {
 	if n := count(); n != 1 {
 		t.Fatalf("%d ACLs stored after rmdir, want 1", n)
 	}
-	if _, err := s.Rename(r, "x", r, "d", ""); err != nil {
+	if _, err := s.Rename(r, "x", r, "d", "", ""); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(); n != 0 {
@@ -287,17 +287,17 @@ func TestACLMovedDirectory(t *testing.T) {
 	pub := mustCreate(t, s, r, "pub", node.TypeDir).FID
 	sub := mustCreate(t, s, pub, "sub", node.TypeDir).FID
 	inner := mustCreate(t, s, sub, "inner", node.TypeDir).FID
-	if _, err := s.Rename(pub, "sub", priv, "sub", ""); err != nil {
+	if _, err := s.Rename(pub, "sub", priv, "sub", "", ""); err != nil {
 		t.Fatal(err)
 	}
 	wantACL(t, s, sub, access.DefaultACL())
 	wantACL(t, s, inner, access.DefaultACL())
-	if _, err := s.Rename(priv, "sub", pub, "sub", ""); err != nil {
+	if _, err := s.Rename(priv, "sub", pub, "sub", "", ""); err != nil {
 		t.Fatal(err)
 	}
 	wantACL(t, s, sub, access.DefaultACL())
 	// A rename within a directory changes nothing.
-	if _, err := s.Rename(pub, "sub", pub, "sub2", ""); err != nil {
+	if _, err := s.Rename(pub, "sub", pub, "sub2", "", ""); err != nil {
 		t.Fatal(err)
 	}
 	wantACL(t, s, sub, access.DefaultACL())

@@ -437,14 +437,40 @@ func (v *vtx) unlinkEntry(dir uint64, dr *record, name string, e entry, r *recor
 	return v.unlinkVnode(e.Vnode, r)
 }
 
+// keepReplaced moves name, entry e of file record r, to keep in directory
+// dir (record dr), for a rename that replaces it: the file keeps its link.
+func (v *vtx) keepReplaced(dir uint64, dr *record, name, keep string, e entry, r *record) error {
+	if _, taken, err := v.lookup(dir, keep); err != nil {
+		return err
+	} else if taken {
+		return fmt.Errorf("%s: %w", keep, syscall.EEXIST)
+	}
+	if err := v.delEntry(dir, name, e); err != nil {
+		return err
+	}
+	r.Ctime = v.now
+	if err := v.put(e.Vnode, r); err != nil {
+		return err
+	}
+	return v.addEntry(dir, dr, keep, e.Vnode, e.Type)
+}
+
 // Rename moves src/sname to dst/dname atomically, replacing an existing
-// target as POSIX rename(2) does.
-func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, op node.Op) (res node.RenameResult, err error) {
+// target as POSIX rename(2) does. If keep is set, a file the rename
+// replaces is not unlinked but moved to dst/keep in the same change: a
+// client hides a file it has open so, and a rename that fails leaves the
+// file where it was.
+func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname, keep string, op node.Op) (res node.RenameResult, err error) {
 	if err := node.CheckName(sname); err != nil {
 		return res, err
 	}
 	if err := node.CheckName(dname); err != nil {
 		return res, err
+	}
+	if keep != "" {
+		if err := node.CheckName(keep); err != nil {
+			return res, err
+		}
 	}
 	if src.Volume != dst.Volume {
 		return res, fmt.Errorf("rename %s: across volumes: %w", sname, syscall.EXDEV)
@@ -505,7 +531,12 @@ func (s *Store) Rename(src node.FID, sname string, dst node.FID, dname string, o
 			if err != nil {
 				return err
 			}
-			if err := v.unlinkEntry(dst.Vnode, &dd, dname, de, &rr, isDir); err != nil {
+			if keep != "" && !isDir && rr.Type != node.TypeDir {
+				err = v.keepReplaced(dst.Vnode, &dd, dname, keep, de, &rr)
+			} else {
+				err = v.unlinkEntry(dst.Vnode, &dd, dname, de, &rr, isDir)
+			}
+			if err != nil {
 				return err
 			}
 			rst := v.statusOf(&rr, de.Vnode)

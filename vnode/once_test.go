@@ -20,7 +20,7 @@ func TestOpRepeated(t *testing.T) {
 	if err != nil || !created {
 		t.Fatal(err, created)
 	}
-	res, err := s.Rename(r, "a", r, "b", "op-rename")
+	res, err := s.Rename(r, "a", r, "b", "", "op-rename")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,20 +34,20 @@ func TestOpRepeated(t *testing.T) {
 	if _, _, err := s.Lookup(r, "a"); err == nil {
 		t.Fatal("the repeated create made the file again")
 	}
-	res2, err := s.Rename(r, "a", r, "b", "op-rename")
+	res2, err := s.Rename(r, "a", r, "b", "", "op-rename")
 	if err != nil || res2.Moved.FID != res.Moved.FID || res2.Replaced != nil {
 		t.Fatalf("repeated rename: %v %+v", err, res2)
 	}
 	// Without an op, the same rename is an error: a is gone.
-	_, err = s.Rename(r, "a", r, "b", "")
+	_, err = s.Rename(r, "a", r, "b", "", "")
 	wantErrno(t, err, syscall.ENOENT)
 
 	mustCreate(t, s, r, "c", node.TypeFile)
-	res, err = s.Rename(r, "b", r, "c", "op-over")
+	res, err = s.Rename(r, "b", r, "c", "", "op-over")
 	if err != nil || res.Replaced == nil {
 		t.Fatal(err, res.Replaced)
 	}
-	res2, err = s.Rename(r, "b", r, "c", "op-over")
+	res2, err = s.Rename(r, "b", r, "c", "", "op-over")
 	if err != nil || res2.Replaced == nil || res2.Replaced.FID != res.Replaced.FID || res2.Replaced.Nlink != 0 || res2.Replaced.Type != node.TypeFile {
 		t.Fatalf("repeated rename over a file: %v %+v", err, res2.Replaced)
 	}
@@ -77,10 +77,10 @@ func TestOpRepeated(t *testing.T) {
 func TestOpFailedNotRecorded(t *testing.T) {
 	s := open(t, t.TempDir())
 	r := root(t, s)
-	_, err := s.Rename(r, "x", r, "y", "op")
+	_, err := s.Rename(r, "x", r, "y", "", "op")
 	wantErrno(t, err, syscall.ENOENT)
 	x := mustCreate(t, s, r, "x", node.TypeFile)
-	res, err := s.Rename(r, "x", r, "y", "op")
+	res, err := s.Rename(r, "x", r, "y", "", "op")
 	if err != nil || res.Moved.FID != x.FID {
 		t.Fatalf("rename after a failed attempt: %v %+v", err, res)
 	}

@@ -117,7 +117,7 @@ func TestQuotaUsageCounted(t *testing.T) {
 	c := mustCreate(t, s, r, "c", node.TypeFile).FID
 	write(t, s, c, 0, bytes.Repeat([]byte("c"), inlineMax+1))
 	counts(t, s, vol, 3+disk(t, s, c), 5)
-	if _, err := s.Rename(r, "b", r, "c", ""); err != nil { // c is freed
+	if _, err := s.Rename(r, "b", r, "c", "", ""); err != nil { // c is freed
 		t.Fatal(err)
 	}
 	counts(t, s, vol, 3, 4)

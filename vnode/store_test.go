@@ -153,7 +153,7 @@ func TestVolumes(t *testing.T) {
 	if _, _, err := s.Link(r, "x", f.FID, ""); !errors.Is(err, syscall.EXDEV) {
 		t.Fatalf("cross-volume link: %v", err)
 	}
-	if _, err := s.Rename(v.Root, "x", r, "x", ""); !errors.Is(err, syscall.EXDEV) {
+	if _, err := s.Rename(v.Root, "x", r, "x", "", ""); !errors.Is(err, syscall.EXDEV) {
 		t.Fatalf("cross-volume rename: %v", err)
 	}
 }
@@ -173,7 +173,7 @@ func TestBadNames(t *testing.T) {
 		wantErrno(t, err, want)
 		_, _, err = s.Lookup(r, name)
 		wantErrno(t, err, want)
-		_, err = s.Rename(r, "x", r, name, "")
+		_, err = s.Rename(r, "x", r, name, "", "")
 		wantErrno(t, err, want)
 	}
 	mustCreate(t, s, r, strings.Repeat("n", 255), node.TypeFile)
@@ -294,7 +294,7 @@ func TestRename(t *testing.T) {
 	write(t, s, g.FID, 0, []byte("old"))
 
 	// File across directories, replacing an existing file.
-	res, err := s.Rename(a.FID, "f", b.FID, "g", "")
+	res, err := s.Rename(a.FID, "f", b.FID, "g", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,13 +313,13 @@ func TestRename(t *testing.T) {
 
 	// Directory moves: nlink bookkeeping and the subtree rule.
 	c := mustCreate(t, s, a.FID, "c", node.TypeDir)
-	if _, err := s.Rename(r, "a", c.FID, "x", ""); !errors.Is(err, syscall.EINVAL) {
+	if _, err := s.Rename(r, "a", c.FID, "x", "", ""); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("move into own subtree: %v", err)
 	}
-	if _, err := s.Rename(r, "a", a.FID, "x", ""); !errors.Is(err, syscall.EINVAL) {
+	if _, err := s.Rename(r, "a", a.FID, "x", "", ""); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("move into itself: %v", err)
 	}
-	res, err = s.Rename(a.FID, "c", b.FID, "c", "")
+	res, err = s.Rename(a.FID, "c", b.FID, "c", "", "")
 	if err != nil || res.SrcDir.Nlink != 2 || res.DstDir.Nlink != 3 {
 		t.Fatalf("dir move: %+v %v", res, err)
 	}
@@ -327,20 +327,20 @@ func TestRename(t *testing.T) {
 	mustCreate(t, s, r, "full", node.TypeDir)
 	full, _, _ := s.Lookup(r, "full")
 	mustCreate(t, s, full.FID, "x", node.TypeFile)
-	if _, err := s.Rename(r, "a", r, "full", ""); !errors.Is(err, syscall.ENOTEMPTY) {
+	if _, err := s.Rename(r, "a", r, "full", "", ""); !errors.Is(err, syscall.ENOTEMPTY) {
 		t.Fatalf("over non-empty dir: %v", err)
 	}
 	mustCreate(t, s, r, "plain", node.TypeFile)
-	if _, err := s.Rename(r, "a", r, "plain", ""); !errors.Is(err, syscall.ENOTDIR) {
+	if _, err := s.Rename(r, "a", r, "plain", "", ""); !errors.Is(err, syscall.ENOTDIR) {
 		t.Fatalf("dir over file: %v", err)
 	}
-	if _, err := s.Rename(r, "plain", r, "a", ""); !errors.Is(err, syscall.EISDIR) {
+	if _, err := s.Rename(r, "plain", r, "a", "", ""); !errors.Is(err, syscall.EISDIR) {
 		t.Fatalf("file over dir: %v", err)
 	}
 	// Dir over empty dir.
 	mustCreate(t, s, r, "empty", node.TypeDir)
 	rs0, _ := s.GetStatus(r)
-	if _, err := s.Rename(r, "a", r, "empty", ""); err != nil {
+	if _, err := s.Rename(r, "a", r, "empty", "", ""); err != nil {
 		t.Fatal(err)
 	}
 	rs1, _ := s.GetStatus(r)
@@ -349,19 +349,64 @@ func TestRename(t *testing.T) {
 	}
 	// Same-directory rename and rename onto a hard link of itself.
 	before, _ := s.GetStatus(r)
-	if res, err := s.Rename(r, "plain", r, "plain2", ""); err != nil || res.DstDir.DataVersion != before.DataVersion+1 {
+	if res, err := s.Rename(r, "plain", r, "plain2", "", ""); err != nil || res.DstDir.DataVersion != before.DataVersion+1 {
 		t.Fatalf("same-dir rename must bump the version once: %d -> %d, %v", before.DataVersion, res.DstDir.DataVersion, err)
 	}
 	p, _, _ := s.Lookup(r, "plain2")
 	s.Link(r, "alias", p.FID, "")
-	if _, err := s.Rename(r, "plain2", r, "alias", ""); err != nil {
+	if _, err := s.Rename(r, "plain2", r, "alias", "", ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := s.Lookup(r, "plain2"); err != nil {
 		t.Fatalf("rename onto own hard link must do nothing: %v", err)
 	}
-	if _, err := s.Rename(r, "missing", r, "x", ""); !errors.Is(err, syscall.ENOENT) {
+	if _, err := s.Rename(r, "missing", r, "x", "", ""); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("missing source: %v", err)
+	}
+}
+
+// A rename given a name to keep the file it replaces under moves that
+// file there in the same change; one that fails changes nothing.
+func TestRenameKeepsReplaced(t *testing.T) {
+	s := open(t, t.TempDir())
+	r := root(t, s)
+	f := mustCreate(t, s, r, "f", node.TypeFile)
+	g := mustCreate(t, s, r, "g", node.TypeFile)
+	write(t, s, g.FID, 0, []byte("kept"))
+	if _, err := s.Rename(r, "missing", r, "g", ".hidden", ""); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("missing source: %v", err)
+	}
+	if got, _, err := s.Lookup(r, "g"); err != nil || got.FID != g.FID {
+		t.Fatalf("g after a failed rename: %v %v", got.FID, err)
+	}
+	if _, _, err := s.Lookup(r, ".hidden"); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("the kept name after a failed rename: %v", err)
+	}
+	mustCreate(t, s, r, ".taken", node.TypeFile)
+	if _, err := s.Rename(r, "f", r, "g", ".taken", ""); !errors.Is(err, syscall.EEXIST) {
+		t.Fatalf("keeping under a taken name: %v", err)
+	}
+	res, err := s.Rename(r, "f", r, "g", ".hidden", "op")
+	if err != nil || res.Replaced == nil || res.Replaced.FID != g.FID || res.Replaced.Nlink != 1 || res.Moved.FID != f.FID {
+		t.Fatalf("rename keeping g: %+v %v", res, err)
+	}
+	if got, _, err := s.Lookup(r, ".hidden"); err != nil || got.FID != g.FID {
+		t.Fatalf("the kept file: %v %v", got.FID, err)
+	}
+	if got, _, err := s.Lookup(r, "g"); err != nil || got.FID != f.FID {
+		t.Fatalf("g after the rename: %v %v", got.FID, err)
+	}
+	if again, err := s.Rename(r, "f", r, "g", ".hidden", "op"); err != nil || again.Replaced == nil || again.Replaced.FID != g.FID {
+		t.Fatalf("the rename repeated: %+v %v", again, err)
+	}
+	// A directory is replaced as ever: it is never kept.
+	mustCreate(t, s, r, "d", node.TypeDir)
+	e := mustCreate(t, s, r, "e", node.TypeDir)
+	if res, err := s.Rename(r, "d", r, "e", ".dir", ""); err != nil || res.Replaced == nil || res.Replaced.FID != e.FID || res.Replaced.Nlink != 0 {
+		t.Fatalf("a directory over a directory: %+v %v", res, err)
+	}
+	if _, _, err := s.Lookup(r, ".dir"); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("a replaced directory was kept: %v", err)
 	}
 }
 
