@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"syscall"
@@ -179,16 +178,6 @@ func (s *Server) whoIs(token string, state *tls.ConnectionState) (access.Identit
 		}
 	}
 	return access.Anonymous(), nil
-}
-
-// connWho is whoIs for a request on a data-channel connection.
-func (s *Server) connWho(token string, conn net.Conn) (access.Identity, error) {
-	var state *tls.ConnectionState
-	if tc, ok := conn.(*tls.Conn); ok {
-		cs := tc.ConnectionState()
-		state = &cs
-	}
-	return s.whoIs(token, state)
 }
 
 // badToken refuses a request whose token does not check out. Not

@@ -189,8 +189,8 @@ func (s *Server) Load() Load {
 	defer s.mu.Unlock()
 	l := s.sent
 	l.Sessions, l.Promises, l.Delegations = len(s.conns), s.cb.Promises(), s.cb.Delegations()
-	l.DataConns, l.DataAccepted = s.data.open.Load(), s.data.accepted.Load()
-	l.DataSent, l.DataReceived = s.data.sent.Load(), s.data.received.Load()
+	l.DataConns, l.DataAccepted = s.data.Open.Load(), s.data.Accepted.Load()
+	l.DataSent, l.DataReceived = s.data.Sent.Load(), s.data.Received.Load()
 	l.Waited = s.waited.Snapshot()
 	return l
 }

@@ -23,6 +23,6 @@ package server
 //     frozen, quiet, departing, receiving, and the changes under way on
 //     each) and the passes under way. Never held with Server.mu: a move
 //     takes one, lets it go, then the other.
-//  4. stages.mu, then a stage's mu (never the other way): the stages kept
-//     across requests, and one stage's writes.
+//  4. stage.Table's mu, then a stage.Stage's mu (never the other way):
+//     the stages kept across requests, and one stage's writes.
 //  5. users.mu: the identities of verified tokens. A leaf.

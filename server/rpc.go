@@ -11,6 +11,7 @@ import (
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/server/stage"
 	"github.com/hoardfs/hoard/vnode"
 )
 
@@ -505,7 +506,8 @@ func (s *Server) Fetch(req *pb.FetchRequest, stream pb.FileServer_FetchServer) e
 }
 
 // Store receives a staged change and commits it at the end of the stream;
-// a store of a stage (stage.go) adds to the stage instead, or publishes it.
+// a store of a stage (package stage) adds to the stage instead, or
+// publishes it.
 func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 	ctx := stream.Context()
 	hdr, err := stream.Recv()
@@ -523,7 +525,7 @@ func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 	if err != nil {
 		return s.fail("Store", err)
 	}
-	defer x.release()
+	defer x.Release()
 	f := x.f
 	for m := hdr; ; {
 		if len(m.Data) > 0 {
@@ -533,8 +535,8 @@ func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 			if m.Offset > 1<<62 {
 				return s.fail("Store", fmt.Errorf("store %v: offset %d: %w", f, m.Offset, syscall.EFBIG))
 			}
-			if err := x.write(m.Data, int64(m.Offset)); err != nil {
-				x.fail(err)
+			if err := x.Write(m.Data, int64(m.Offset)); err != nil {
+				x.Fail(err)
 				return s.fail("Store", err)
 			}
 		}
@@ -548,7 +550,7 @@ func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 			return err
 		}
 	}
-	st, err := x.finish(ctx, o, hdr)
+	st, err := x.Finish(ctx)
 	if err != nil {
 		return s.fail("Store", err)
 	}
@@ -556,14 +558,16 @@ func (s *Server) Store(stream pb.FileServer_StoreServer) error {
 }
 
 // storing is one store request's way into the update it stages: its own,
-// or its stage's, which outlives the request.
+// or its stage's, which outlives the request. It is the data channel's
+// datachan.Store.
 type storing struct {
-	s *Server
-	f node.FID
-	u Update // the request's own; nil for a stage's
+	o   *op
+	hdr *pb.StoreRequest
+	f   node.FID
+	u   Update // the request's own; nil for a stage's
 	// leave ends the store's count as a change of its volume (enter).
 	leave func()
-	st    *stage
+	st    *stage.Stage[Update]
 	// replay: a publication sent again whose stage is gone because it was
 	// made (its reply lost): answered with made, nothing staged.
 	replay bool
@@ -602,21 +606,22 @@ func (s *Server) beginStore(o *op, hdr *pb.StoreRequest) (*storing, error) {
 // stageOrUpdate starts staging a store: in its stage, or in an update of
 // its own.
 func (s *Server) stageOrUpdate(o *op, f node.FID, hdr *pb.StoreRequest) (*storing, error) {
+	begin := func() (Update, error) { return s.store.BeginUpdate(f, hdr.BaseVersion, hdr.DelegState != 0) }
 	if hdr.Stage != "" {
-		st, err := s.stageFor(o, f, hdr)
+		st, err := s.stages.For(o.id, o.who, f, hdr, begin)
 		if err == nil {
-			st.add(hdr)
-			return &storing{s: s, f: f, st: st}, nil
+			st.Add(hdr)
+			return &storing{o: o, hdr: hdr, f: f, st: st}, nil
 		}
 		if !hdr.Publish {
 			return nil, err
 		}
 		if made, ok := s.madeBefore(f, hdr); ok {
-			return &storing{s: s, f: f, replay: true, made: made}, nil
+			return &storing{o: o, hdr: hdr, f: f, replay: true, made: made}, nil
 		}
 		return nil, err
 	}
-	u, err := s.store.BeginUpdate(f, hdr.BaseVersion, hdr.DelegState != 0)
+	u, err := begin()
 	if err != nil {
 		return nil, err
 	}
@@ -626,7 +631,7 @@ func (s *Server) stageOrUpdate(o *op, f node.FID, hdr *pb.StoreRequest) (*storin
 	if hdr.HasSize {
 		u.SetSize(hdr.Size)
 	}
-	return &storing{s: s, f: f, u: u}, nil
+	return &storing{o: o, hdr: hdr, f: f, u: u}, nil
 }
 
 // madeBefore reports whether the store hdr names was made already, and
@@ -650,44 +655,47 @@ func (s *Server) madeBefore(f node.FID, hdr *pb.StoreRequest) (node.Status, bool
 	return st, made && err == nil
 }
 
-func (x *storing) write(p []byte, off int64) error {
+// Status is st for the reply, as op.status.
+func (x *storing) Status(st node.Status) *pb.Status { return x.o.status(st) }
+
+func (x *storing) Write(p []byte, off int64) error {
 	switch {
 	case x.replay:
 		return nil
 	case x.st != nil:
-		return x.st.writeAt(p, off)
+		return x.st.WriteAt(p, off)
 	}
 	return x.u.WriteAt(p, off)
 }
 
-// fail drops a stage whose store failed on the server's side: the writes
+// Fail drops a stage whose store failed on the server's side: the writes
 // it lost would be missing from the publication.
-func (x *storing) fail(err error) {
+func (x *storing) Fail(err error) {
 	if x.st != nil {
-		x.s.failStage(x.st, err)
+		x.o.s.stages.Fail(x.st, err)
 	}
 }
 
-// release ends the request's own update (a no-op once committed), and
+// Release ends the request's own update (a no-op once committed), and
 // its count as a change of the volume.
-func (x *storing) release() {
+func (x *storing) Release() {
 	if x.u != nil {
 		x.u.Abort()
 	}
 	x.leave()
 }
 
-// finish commits the store, publishes its stage, or (a store of a stage
+// Finish commits the store, publishes its stage, or (a store of a stage
 // that does not publish) only answers with the file's status as it is.
-func (x *storing) finish(ctx context.Context, o *op, hdr *pb.StoreRequest) (node.Status, error) {
-	s := x.s
+func (x *storing) Finish(ctx context.Context) (node.Status, error) {
+	s, o, hdr := x.o.s, x.o, x.hdr
 	switch {
 	case x.replay:
 		return x.made, nil
 	case x.st != nil && !hdr.Publish:
 		return s.store.GetStatus(x.f)
 	case x.st != nil:
-		u, err := s.takeStage(x.st)
+		u, err := s.stages.Take(x.st)
 		if err != nil {
 			return node.Status{}, err
 		}

@@ -32,6 +32,8 @@ import (
 	"github.com/hoardfs/hoard/latency"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/principal"
+	"github.com/hoardfs/hoard/server/datachan"
+	"github.com/hoardfs/hoard/server/stage"
 	"github.com/hoardfs/hoard/vnode"
 )
 
@@ -136,7 +138,7 @@ type Server struct {
 	conns map[callback.ClientID]*conn
 	sent  Load // the counts of messages sent (under mu)
 	// data counts the bulk-data channel's connections and bytes.
-	data struct{ open, accepted, sent, received atomic.Int64 }
+	data datachan.Counts
 	// waited records how long requests waited for other clients to
 	// acknowledge breaks and return recalled delegations.
 	waited latency.Recorder
@@ -150,8 +152,8 @@ type Server struct {
 	reservedAll int
 	// reservedBy counts them by user, as reservedAll does.
 	reservedBy map[string]int
-	// stages are the staged stores kept across requests (stage.go).
-	stages    stages
+	// stages are the staged stores kept across requests.
+	stages    *stage.Table[Update]
 	waiters   map[callback.Round]chan struct{}
 	wake      chan struct{}
 	stop      chan struct{}
@@ -213,6 +215,7 @@ func New(store Backend, cfg Config) *Server {
 	if cfg.Users != nil {
 		s.users = newUsers(cfg.Users)
 	}
+	s.stages = stage.New[Update](s.users != nil, s.log)
 	if cfg.Principals != nil {
 		// Called under the location database's lock (its watch applies
 		// the change): forgetting the tokens' identities takes a leaf
@@ -248,7 +251,7 @@ func (s *Server) Shutdown() {
 		c.cancel()
 	}
 	s.mu.Unlock()
-	s.dropStages(0)
+	s.stages.Drop(0)
 }
 
 // timer feeds the callback state machine the passage of time: expiries and
@@ -436,7 +439,7 @@ func (s *Server) ended(id callback.ClientID, c *conn, from string) {
 	}
 	s.mu.Unlock()
 	if ours {
-		s.dropStages(id)
+		s.stages.Drop(id)
 	}
 	s.log.Debug("client disconnected", "client", id)
 }

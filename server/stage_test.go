@@ -17,6 +17,7 @@ import (
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/server/stage"
 	"github.com/hoardfs/hoard/vnode"
 )
 
@@ -113,7 +114,7 @@ func TestStagePublishedAtOnce(t *testing.T) {
 	if got := content(t, s, f); !bytes.Equal(got, want) || st.DataVersion != before.DataVersion+1 {
 		t.Fatalf("published: %d bytes at version %d, want %d at %d", len(got), st.DataVersion, len(want), before.DataVersion+1)
 	}
-	if n := s.StagesOpen(); n != 0 {
+	if n := s.stages.Len(); n != 0 {
 		t.Fatalf("%d stages open after the publication", n)
 	}
 	// The same publication again (its reply lost): answered, not made again.
@@ -132,7 +133,7 @@ func TestStagePublishedAtOnce(t *testing.T) {
 	}
 }
 
-// A session keeps at most maxStagesPerSession stages; one more is
+// A session keeps at most stage.MaxPerSession stages; one more is
 // refused with RESOURCE_EXHAUSTED (EAGAIN), until one is published.
 func TestStageBounds(t *testing.T) {
 	s, as, a, b, f, _ := stageServer(t, []byte("old"))
@@ -140,14 +141,14 @@ func TestStageBounds(t *testing.T) {
 		_, err := storeAs(t, s, as(id), &pb.StoreRequest{Fid: pb.FromFID(f), Stage: name, Data: []byte("x")})
 		return err
 	}
-	for i := 0; i < maxStagesPerSession; i++ {
+	for i := 0; i < stage.MaxPerSession; i++ {
 		if err := begin(a, fmt.Sprint("s", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	err := begin(a, "one-more")
 	if status.Code(err) != codes.ResourceExhausted || pb.Errno(err) != syscall.EAGAIN {
-		t.Fatalf("stage %d of a session: %v, want RESOURCE_EXHAUSTED", maxStagesPerSession+1, err)
+		t.Fatalf("stage %d of a session: %v, want RESOURCE_EXHAUSTED", stage.MaxPerSession+1, err)
 	}
 	if err := begin(a, "s3"); err != nil {
 		t.Fatalf("a store of a stage already begun: %v", err)
@@ -162,10 +163,10 @@ func TestStageBounds(t *testing.T) {
 		t.Fatalf("after a publication: %v", err)
 	}
 	// The server's bound, over many sessions.
-	ids := sessions(s, maxStagesPerServer/maxStagesPerSession+1)
+	ids := sessions(s, stage.MaxPerServer/stage.MaxPerSession+1)
 	refused := 0
 	for _, id := range ids {
-		for i := 0; i < maxStagesPerSession; i++ {
+		for i := 0; i < stage.MaxPerSession; i++ {
 			if err := begin(id, fmt.Sprint("s", i)); status.Code(err) == codes.ResourceExhausted {
 				refused++
 			} else if err != nil {
@@ -173,8 +174,8 @@ func TestStageBounds(t *testing.T) {
 			}
 		}
 	}
-	if open := s.StagesOpen(); open != maxStagesPerServer || refused == 0 {
-		t.Fatalf("%d stages open, %d refused; want at most %d", open, refused, maxStagesPerServer)
+	if open := s.stages.Len(); open != stage.MaxPerServer || refused == 0 {
+		t.Fatalf("%d stages open, %d refused; want at most %d", open, refused, stage.MaxPerServer)
 	}
 }
 
@@ -191,12 +192,12 @@ func TestStageDroppedAtSessionEnd(t *testing.T) {
 		ents, _ := os.ReadDir(filepath.Join(dir, "staging"))
 		return len(ents)
 	}
-	if staging() == 0 || s.StagesOpen() != 1 {
-		t.Fatalf("%d staging files, %d stages, want the stage's", staging(), s.StagesOpen())
+	if staging() == 0 || s.stages.Len() != 1 {
+		t.Fatalf("%d staging files, %d stages, want the stage's", staging(), s.stages.Len())
 	}
 	s.ended(a, s.conns[a], "")
-	if n := staging(); n > 0 || s.StagesOpen() > 0 {
-		t.Fatalf("session ended: %d staging files, %d stages left", n, s.StagesOpen())
+	if n := staging(); n > 0 || s.stages.Len() > 0 {
+		t.Fatalf("session ended: %d staging files, %d stages left", n, s.stages.Len())
 	}
 	if got := content(t, s, f); !bytes.Equal(got, old) {
 		t.Fatalf("the file is %q, want the old one", got)
@@ -208,7 +209,7 @@ func TestStageDroppedAtSessionEnd(t *testing.T) {
 // every stage of the server, and another's bypassed write failed).
 func TestStagesBoundedPerUser(t *testing.T) {
 	s, f := newFuzzServer(t)
-	ids := sessions(s, maxStagesPerUser/maxStagesPerSession+1)
+	ids := sessions(s, stage.MaxPerUser/stage.MaxPerSession+1)
 	as := func(id callback.ClientID, user string) context.Context { return asIn(s, id, user) }
 	begin := func(id callback.ClientID, user, name string) error {
 		_, err := storeAs(t, s, as(id, user), &pb.StoreRequest{Fid: pb.FromFID(f), Stage: name, Data: []byte("x")})
@@ -216,15 +217,15 @@ func TestStagesBoundedPerUser(t *testing.T) {
 	}
 	held := 0
 	for _, id := range ids[:len(ids)-1] {
-		for i := range maxStagesPerSession {
+		for i := range stage.MaxPerSession {
 			if err := begin(id, "alice", fmt.Sprint("s", i)); err != nil {
 				t.Fatal(err)
 			}
 			held++
 		}
 	}
-	if held != maxStagesPerUser {
-		t.Fatalf("alice holds %d stages, want %d", held, maxStagesPerUser)
+	if held != stage.MaxPerUser {
+		t.Fatalf("alice holds %d stages, want %d", held, stage.MaxPerUser)
 	}
 	err := begin(ids[len(ids)-1], "alice", "one-more")
 	if status.Code(err) != codes.ResourceExhausted || pb.Errno(err) != syscall.EAGAIN {

@@ -1,4 +1,4 @@
-package server
+package datachan
 
 import (
 	"errors"
@@ -12,11 +12,11 @@ import (
 	"github.com/hoardfs/hoard/vnode"
 )
 
-// pinFiles is a Backend whose file bytes sit in local files it can pin
-// (vnode.Store.PinData): the data channel sends a version's bytes by
-// sendfile after the file's lock is released, so a client that reads
-// its socket slowly holds up no commit, to that file or any other.
-type pinFiles interface {
+// Files is a backend whose file bytes sit in local files it can pin
+// (vnode.Store.PinData): fetches are sent by sendfile after the file's
+// lock is released, so a client that reads its socket slowly holds up
+// no commit, to that file or any other.
+type Files interface {
 	PinData(f node.FID, off, n int64) (*vnode.Pinned, error)
 }
 
@@ -35,19 +35,19 @@ const pinTries = 3
 // (vnode.Pinned): before the reply began, the fetch is served again from
 // the new version, after, the connection is dropped. werr means the
 // connection broke; err is the fetch's.
-func (s *Server) sendPinned(conn net.Conn, o *op, files pinFiles, req datapath.Request) (dv uint64, werr, err error) {
+func (c *channel) sendPinned(conn net.Conn, f Fetch, req datapath.Request) (dv uint64, werr, err error) {
 	for try := 0; ; try++ {
 		if try == pinTries {
 			if req.Length <= maxReadFetch {
-				return s.sendRead(conn, o, req) // read under the lock
+				return c.sendRead(conn, f, req) // read under the lock
 			}
 			return 0, errSpoiled, nil
 		}
-		p, err := files.PinData(req.FID, int64(req.Offset), int64(req.Length))
+		p, err := c.cfg.Files.PinData(req.FID, int64(req.Offset), int64(req.Length))
 		if err != nil {
 			return 0, nil, err
 		}
-		dv, werr, err, again := s.sendPin(conn, o, p, req)
+		dv, werr, err, again := c.sendPin(conn, f, p, req)
 		p.Release()
 		if !again {
 			return dv, werr, err
@@ -57,9 +57,9 @@ func (s *Server) sendPinned(conn net.Conn, o *op, files pinFiles, req datapath.R
 
 // sendPin sends p's bytes for req; again when p was spoiled before the
 // reply began.
-func (s *Server) sendPin(conn net.Conn, o *op, p *vnode.Pinned, req datapath.Request) (dv uint64, werr, err error, again bool) {
+func (c *channel) sendPin(conn net.Conn, f Fetch, p *vnode.Pinned, req datapath.Request) (dv uint64, werr, err error, again bool) {
 	st := p.Status
-	status, err := proto.Marshal(o.status(st))
+	status, err := proto.Marshal(f.Status(st))
 	if err != nil {
 		return 0, nil, err, false
 	}
@@ -69,7 +69,7 @@ func (s *Server) sendPin(conn net.Conn, o *op, p *vnode.Pinned, req datapath.Req
 	}
 	defer func() {
 		if werr == nil && err == nil && !again {
-			s.data.sent.Add(int64(n))
+			c.cfg.Counts.Sent.Add(int64(n))
 		}
 	}()
 	if p.File == nil && p.Mem != nil {

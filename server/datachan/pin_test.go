@@ -1,4 +1,4 @@
-package server
+package datachan
 
 import (
 	"bufio"
@@ -63,6 +63,50 @@ func arrived(t *testing.T, c *net.TCPConn) {
 	}
 }
 
+// storeFetch is a fetch of a file of a vnode store, as a file server
+// would begin it, without a promise.
+type storeFetch struct {
+	st *vnode.Store
+	f  node.FID
+}
+
+func (s storeFetch) Status(st node.Status) *pb.Status { return pb.FromStatus(st, 0) }
+
+func (s storeFetch) ReadAt(p []byte, off int64) (int, node.Status, error) {
+	return s.st.ReadAt(s.f, p, off)
+}
+
+// pinning is a channel sending from the files of a fresh vnode store,
+// that store, and its root directory.
+func pinning(t *testing.T) (*channel, *vnode.Store, node.FID) {
+	st, err := vnode.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	v, err := st.VolumeByName(node.RootVolume)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &channel{cfg: Config{Files: st, Counts: &Counts{}}}, st, v.Root
+}
+
+// sending sends the reply to a fetch of f on sc, and says how the send
+// ended.
+func sending(ch *channel, sc net.Conn, f storeFetch, n int) <-chan error {
+	sent := make(chan error, 1)
+	go func() {
+		sc.SetWriteDeadline(time.Now().Add(time.Minute))
+		req := datapath.Request{Op: datapath.OpFetch, FID: f.f, Offset: 0, Length: uint64(n)}
+		_, werr, err := ch.sendPinned(sc, f, req)
+		if err == nil {
+			err = werr
+		}
+		sent <- err
+	}()
+	return sent
+}
+
 func storeFile(t *testing.T, st *vnode.Store, dir node.FID, name string, data []byte) node.FID {
 	t.Helper()
 	s, _, _, err := st.Create(dir, name, node.TypeFile, node.Attr{Mode: 0o644}, "", true, "")
@@ -92,18 +136,15 @@ func commit(t *testing.T, st *vnode.Store, f node.FID, data []byte) node.Status 
 // itself. Its client, reading at last, gets the whole version it was
 // answered with, though the file was replaced meanwhile.
 func TestFetchSendHoldsNoLock(t *testing.T) {
-	st, vol := testStore(t)
-	srv := New(Local(st), Config{})
-	defer srv.Shutdown()
-
+	ch, st, root := pinning(t)
 	old := bytes.Repeat([]byte("old bytes "), 800_000) // 8 MB: far past the socket buffers
-	slow := storeFile(t, st, vol.Root, "slow", old)
+	slow := storeFile(t, st, root, "slow", old)
 	var other node.FID
 	for i := 0; other.IsZero(); i++ {
 		if i > 5000 {
 			t.Fatal("no file in the slow file's shard")
 		}
-		s, _, _, err := st.Create(vol.Root, fmt.Sprintf("f%d", i), node.TypeFile, node.Attr{Mode: 0o644}, "", true, "")
+		s, _, _, err := st.Create(root, fmt.Sprintf("f%d", i), node.TypeFile, node.Attr{Mode: 0o644}, "", true, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,17 +154,7 @@ func TestFetchSendHoldsNoLock(t *testing.T) {
 	}
 
 	sc, cc := tcpPair(t)
-	req := datapath.Request{Op: datapath.OpFetch, FID: slow, Offset: 0, Length: uint64(len(old))}
-	sent := make(chan error, 1)
-	go func() {
-		sc.SetWriteDeadline(time.Now().Add(time.Minute))
-		files, _ := srv.store.(pinFiles)
-		_, werr, err := srv.sendPinned(sc, &op{s: srv}, files, req)
-		if err == nil {
-			err = werr
-		}
-		sent <- err
-	}()
+	sent := sending(ch, sc, storeFetch{st, slow}, len(old))
 	// Under way, the send cannot end: its 8 MB are far past the buffers.
 	arrived(t, cc)
 	select {
@@ -188,23 +219,12 @@ func TestFetchSendHoldsNoLock(t *testing.T) {
 // sent never reaches its client whole: the connection is cut, and the
 // client fetches again.
 func TestFetchSpoiledInPlaceIsCut(t *testing.T) {
-	st, vol := testStore(t)
-	srv := New(Local(st), Config{})
-	defer srv.Shutdown()
+	ch, st, root := pinning(t)
 	data := bytes.Repeat([]byte("0123456789"), 800_000)
-	f := storeFile(t, st, vol.Root, "f", data)
+	f := storeFile(t, st, root, "f", data)
 
 	sc, cc := tcpPair(t)
-	req := datapath.Request{Op: datapath.OpFetch, FID: f, Offset: 0, Length: uint64(len(data))}
-	sent := make(chan error, 1)
-	go func() {
-		sc.SetWriteDeadline(time.Now().Add(time.Minute))
-		_, werr, err := srv.sendPinned(sc, &op{s: srv}, srv.store.(pinFiles), req)
-		if err == nil {
-			err = werr
-		}
-		sent <- err
-	}()
+	sent := sending(ch, sc, storeFetch{st, f}, len(data))
 	arrived(t, cc)
 	// A small write at the end, which the send has not reached: copied
 	// into the data file in place.
