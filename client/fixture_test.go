@@ -26,6 +26,7 @@ import (
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/principal"
 	"github.com/hoardfs/hoard/server"
+	"github.com/hoardfs/hoard/server/session"
 	"github.com/hoardfs/hoard/vnode"
 )
 
@@ -172,7 +173,7 @@ func (s *testServer) start() {
 		s.principals = principal.New() // the cell's: it outlives a restart
 	}
 	cfg.Principals = s.principals
-	if cfg.Key, err = server.LoadKey(filepath.Join(store.Dir(), "session.key")); err != nil {
+	if cfg.Key, err = session.LoadKey(filepath.Join(store.Dir(), "session.key")); err != nil {
 		store.Close()
 		s.t.Fatal(err)
 	}

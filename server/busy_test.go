@@ -12,6 +12,7 @@ import (
 	"github.com/hoardfs/hoard/callback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
+	"github.com/hoardfs/hoard/server/session"
 )
 
 // heldRename is a store whose renames wait, before they are applied,
@@ -78,7 +79,7 @@ func twoClients(t *testing.T, backend Backend, epoch uint64) (s *Server, as func
 	}
 	s.mu.Unlock()
 	as = func(id callback.ClientID) context.Context {
-		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(pb.ClientMetadata, s.token(epoch, id, id)))
+		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(pb.ClientMetadata, s.key.Make(session.Token{Epoch: epoch, ID: id, Line: id})))
 	}
 	return s, as, a, b
 }

@@ -18,6 +18,7 @@ import (
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/principal"
+	"github.com/hoardfs/hoard/server/session"
 	"github.com/hoardfs/hoard/vnode"
 )
 
@@ -122,7 +123,7 @@ func sessions(s *Server, n int) []callback.ClientID {
 
 // asIn is ctx for a request of user's in session id.
 func asIn(s *Server, id callback.ClientID, user string) context.Context {
-	return metadata.NewIncomingContext(context.Background(), metadata.Pairs(pb.ClientMetadata, s.token(s.store.Epoch(), id, id), pb.UserMetadata, "Bearer "+user))
+	return metadata.NewIncomingContext(context.Background(), metadata.Pairs(pb.ClientMetadata, s.key.Make(session.Token{Epoch: s.store.Epoch(), ID: id, Line: id}), pb.UserMetadata, "Bearer "+user))
 }
 
 // as is ctx for a request of user's (none: anonymous).

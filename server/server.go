@@ -33,6 +33,7 @@ import (
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/principal"
 	"github.com/hoardfs/hoard/server/datachan"
+	"github.com/hoardfs/hoard/server/session"
 	"github.com/hoardfs/hoard/server/stage"
 	"github.com/hoardfs/hoard/vnode"
 )
@@ -80,7 +81,7 @@ type Config struct {
 	// request once it begins one, and its first once it opens;
 	// DataIdleTimeout how long it may wait between requests.
 	DataRequestTimeout, DataIdleTimeout time.Duration
-	// Key makes session tokens (session.go): LoadKey's, kept across
+	// Key makes session tokens (package session): LoadKey's, kept across
 	// restarts; if nil, a new one for this process alone, and clients of
 	// an earlier life cannot prove their reclaims.
 	Key []byte
@@ -131,7 +132,7 @@ type Server struct {
 	local Backend
 	cfg   Config
 	log   *slog.Logger
-	key   []byte
+	key   session.Key
 
 	mu    sync.Mutex
 	cb    *callback.Server
@@ -233,7 +234,7 @@ func New(store Backend, cfg Config) *Server {
 		s.store = guarded{store, s}
 	}
 	if s.key == nil {
-		s.key = make([]byte, keySize)
+		s.key = make(session.Key, session.KeySize)
 		rand.Read(s.key)
 	}
 	s.stopped.Add(1)
@@ -487,7 +488,7 @@ func (s *Server) Connect(stream pb.FileServer_ConnectServer) error {
 	s.owners[c.owner]++
 	id := s.cb.Connect(hello.Name, line, time.Now())
 	s.conns[id] = c
-	token := s.token(s.store.Epoch(), id, s.cb.Line(id))
+	token := s.key.Make(session.Token{Epoch: s.store.Epoch(), ID: id, Line: s.cb.Line(id)})
 	statesFrom := s.cb.NextState()
 	s.mu.Unlock()
 	s.log.Debug("client connected", "client", id, "name", hello.Name)

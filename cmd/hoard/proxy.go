@@ -24,6 +24,7 @@ import (
 	"github.com/hoardfs/hoard/proxy"
 	"github.com/hoardfs/hoard/proxystore"
 	"github.com/hoardfs/hoard/server"
+	"github.com/hoardfs/hoard/server/session"
 )
 
 func proxyCmd() *cobra.Command {
@@ -98,7 +99,7 @@ func proxyCmd() *cobra.Command {
 				return usagef("proxy of %s in %s: %v", origin, dir, err)
 			}
 			defer p.Close()
-			if cfg.Key, err = server.LoadKey(filepath.Join(dir, "session.key")); err != nil {
+			if cfg.Key, err = session.LoadKey(filepath.Join(dir, "session.key")); err != nil {
 				return err
 			}
 			cfg.Logger = slog.Default()

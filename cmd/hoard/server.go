@@ -24,6 +24,7 @@ import (
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/principal"
 	"github.com/hoardfs/hoard/server"
+	"github.com/hoardfs/hoard/server/session"
 	"github.com/hoardfs/hoard/vnode"
 )
 
@@ -86,7 +87,7 @@ func serverCmd() *cobra.Command {
 			if dataLis != nil {
 				defer dataLis.Close()
 			}
-			if cfg.Key, err = server.LoadKey(filepath.Join(store.Dir(), "session.key")); err != nil {
+			if cfg.Key, err = session.LoadKey(filepath.Join(store.Dir(), "session.key")); err != nil {
 				return err
 			}
 			reg := principal.New()
