@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/proxystore"
 )
 
@@ -131,7 +131,7 @@ func buildBench(bin, scratch string) error {
 
 // writeTree writes tree's files under /build at the origin.
 func writeTree(o *origin, tree map[string][]byte) error {
-	return o.write(func(w *client.Client) error {
+	return o.write(func(w *pathfs.FS) error {
 		made := map[string]bool{}
 		var mkdir func(string) error
 		mkdir = func(d string) error {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/vldb"
 )
 
@@ -28,7 +29,7 @@ func cellBench(bin, scratch string) error {
 		return err
 	}
 	defer stop()
-	c, err := client.Dial(client.Options{Server: addr, CacheSize: 64 << 20})
+	c, err := pathfs.Dial(client.Options{Server: addr, CacheSize: 64 << 20})
 	if err != nil {
 		return err
 	}
@@ -100,7 +101,7 @@ func cellBench(bin, scratch string) error {
 			return err
 		}
 		var cached []time.Duration
-		rpcs := c.Stats().RPCs
+		rpcs := c.Client().Stats().RPCs
 		for range 2000 {
 			t0 := time.Now()
 			if _, err := c.Stat(mp); err != nil {
@@ -108,7 +109,7 @@ func cellBench(bin, scratch string) error {
 			}
 			cached = append(cached, time.Since(t0))
 		}
-		perCached := float64(c.Stats().RPCs-rpcs) / 2000
+		perCached := float64(c.Client().Stats().RPCs-rpcs) / 2000
 		dbSize := dirSize(filepath.Join(scratch, "cell", "etcd", "member", "snap", "db"))
 		fmt.Printf("| %d | %d | %.1f | %.1f | %.0f | %.0f | %.0f | %.0f | %.1f | %.2f |\n", n, len(servers), float64(dbSize)/1e6, imported.Seconds(),
 			ms(load), float64(rss(pid))/1e6, us(pct(locs, 50)), us(pct(locs, 99)), us(pct(cached, 50)), perCached)
@@ -184,7 +185,7 @@ func moveBench(bin, scratch string) error {
 		return err
 	}
 	defer stopB()
-	c, err := client.Dial(client.Options{Server: a, CacheSize: 64 << 20})
+	c, err := pathfs.Dial(client.Options{Server: a, CacheSize: 64 << 20})
 	if err != nil {
 		return err
 	}
@@ -228,7 +229,7 @@ func moveBench(bin, scratch string) error {
 	stop := make(chan struct{})
 	done := make(chan [2]int)
 	go func() {
-		w, err := client.Dial(client.Options{Server: a, CacheSize: 64 << 20, NoDelegations: true})
+		w, err := pathfs.Dial(client.Options{Server: a, CacheSize: 64 << 20, NoDelegations: true})
 		if err != nil {
 			done <- [2]int{0, -1}
 			return

@@ -20,6 +20,7 @@ import (
 
 	"github.com/hoardfs/hoard/bench/chart"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/client/policy"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/proxystore"
@@ -198,7 +199,7 @@ func hadesList(loads []hadesLoad) string {
 
 // hadesWrite writes every workload's files at the origin.
 func hadesWrite(o *origin, loads []hadesLoad, c content) error {
-	return o.write(func(w *client.Client) error {
+	return o.write(func(w *pathfs.FS) error {
 		if err := w.Mkdir("/hades", 0o755); err != nil {
 			return err
 		}
@@ -213,7 +214,7 @@ func hadesWrite(o *origin, loads []hadesLoad, c content) error {
 				if err := w.Mkdir(d, 0o755); err != nil {
 					return err
 				}
-				if err := w.Cache().SetPolicy(d, policy.Bypass, false); err != nil {
+				if err := w.SetPolicy(d, policy.Bypass, false); err != nil {
 					return err
 				}
 				for j := range l.files {
@@ -342,7 +343,7 @@ func hadesRead(addr string, l hadesLoad, c content, par int) (time.Duration, err
 
 // readChecked reads the file at path through buf and checks it holds the
 // size bytes c says.
-func readChecked(cl *client.Client, path string, size int64, c content, buf []byte) error {
+func readChecked(cl *pathfs.FS, path string, size int64, c content, buf []byte) error {
 	f, err := cl.Open(path, os.O_RDONLY, 0)
 	if err != nil {
 		return err

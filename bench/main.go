@@ -29,6 +29,7 @@ import (
 
 	"github.com/hoardfs/hoard/bench/chart"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 )
 
 var (
@@ -177,7 +178,7 @@ func libBench(_, addr string, serverPID int, scratch string) error {
 	if err := writeLocal(local, data, *sizeFlag); err != nil {
 		return err
 	}
-	w, err := client.Dial(client.Options{Server: addr, CacheSize: 64 << 20})
+	w, err := pathfs.Dial(client.Options{Server: addr, CacheSize: 64 << 20})
 	if err != nil {
 		return err
 	}
@@ -205,10 +206,10 @@ func libBench(_, addr string, serverPID int, scratch string) error {
 	}
 	// Best of three, alternating, each with a fresh client and cache.
 	var cold, coldMem, serverCPU, clientCPU time.Duration
-	var c *client.Client
+	var c *pathfs.FS
 	for i := 0; i < 3; i++ {
 		// alwaysCache: these measure the cache's own path, not auto's choice.
-		m, err := client.Dial(client.Options{Server: addr, CacheSize: *sizeFlag + 256<<20, AutoMin: alwaysCache, DataStreams: *streams})
+		m, err := pathfs.Dial(client.Options{Server: addr, CacheSize: *sizeFlag + 256<<20, AutoMin: alwaysCache, DataStreams: *streams})
 		if err != nil {
 			return err
 		}
@@ -223,7 +224,7 @@ func libBench(_, addr string, serverPID int, scratch string) error {
 			c.Close()
 		}
 		cacheDir := filepath.Join(scratch, fmt.Sprintf("cache%d", i))
-		if c, err = client.Dial(client.Options{Server: addr, CacheDir: cacheDir, CacheSize: *sizeFlag + 256<<20, AutoMin: alwaysCache, DataStreams: *streams}); err != nil {
+		if c, err = pathfs.Dial(client.Options{Server: addr, CacheDir: cacheDir, CacheSize: *sizeFlag + 256<<20, AutoMin: alwaysCache, DataStreams: *streams}); err != nil {
 			return err
 		}
 		syscall.Sync()
@@ -263,7 +264,7 @@ func libBench(_, addr string, serverPID int, scratch string) error {
 		}
 		bestLocal, bestWarm = minDur(bestLocal, l), minDur(bestWarm, h)
 	}
-	st := c.Stats()
+	st := c.Client().Stats()
 	fmt.Printf("| warm re-read (MB/s) | %.0f | %.0f local file | %.2f× |\n", mbps(*sizeFlag, bestWarm), mbps(*sizeFlag, bestLocal), bestLocal.Seconds()/bestWarm.Seconds())
 	// A bypassed write (its runs kept aside at the server as one stage,
 	// published at fsync) against a local write, both made durable: best
@@ -294,7 +295,7 @@ func libBench(_, addr string, serverPID int, scratch string) error {
 	return smallFiles(w, addr, scratch)
 }
 
-func smallFiles(w *client.Client, addr, scratch string) error {
+func smallFiles(w *pathfs.FS, addr, scratch string) error {
 	n, size := *filesFlag, *smallFlag
 	fmt.Printf("\n## %d small files of %s, cached (per-operation latency)\n\n", n, human(int64(size)))
 	localDir := filepath.Join(scratch, "small")
@@ -322,7 +323,7 @@ func smallFiles(w *client.Client, addr, scratch string) error {
 			return err
 		}
 	}
-	c, err := client.Dial(client.Options{Server: addr, CacheDir: filepath.Join(scratch, "cache-small"), CacheSize: 1 << 30})
+	c, err := pathfs.Dial(client.Options{Server: addr, CacheDir: filepath.Join(scratch, "cache-small"), CacheSize: 1 << 30})
 	if err != nil {
 		return err
 	}
@@ -338,8 +339,8 @@ func smallFiles(w *client.Client, addr, scratch string) error {
 		f.Close()
 		os.ReadFile(filepath.Join(localDir, name))
 	}
-	fetched := c.Stats().BytesFetched
-	rpcs := c.Stats().RPCs
+	fetched := c.Client().Stats().BytesFetched
+	rpcs := c.Client().Stats().RPCs
 	type op struct {
 		name   string
 		hoard  func(string) error
@@ -399,7 +400,7 @@ func smallFiles(w *client.Client, addr, scratch string) error {
 		us := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(len(names)) }
 		fmt.Printf("| %s | %.2f | %.2f | %.2f× |\n", o.name, us(bh), us(bl), bh.Seconds()/bl.Seconds())
 	}
-	st := c.Stats()
+	st := c.Client().Stats()
 	fmt.Printf("\n(cached phase: %d bytes fetched, %d RPCs across all operations above)\n", st.BytesFetched-fetched, st.RPCs-rpcs)
 	return nil
 }
@@ -487,7 +488,7 @@ func writeLocal(path string, data []byte, size int64) error {
 	return fillAndClose(f, data, size)
 }
 
-func writeRemote(c *client.Client, path string, data []byte, size int64) error {
+func writeRemote(c *pathfs.FS, path string, data []byte, size int64) error {
 	f, err := c.Create(path)
 	if err != nil {
 		return err
@@ -545,7 +546,7 @@ func readLocal(path string, size int64) (time.Duration, error) {
 	return readAll(f, size)
 }
 
-func readRemote(c *client.Client, path string, size int64) (time.Duration, error) {
+func readRemote(c *pathfs.FS, path string, size int64) (time.Duration, error) {
 	f, err := c.Open(path, os.O_RDONLY, 0)
 	if err != nil {
 		return 0, err

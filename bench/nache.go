@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/proxystore"
 )
@@ -123,12 +124,12 @@ func scratchChurn(addr string) (time.Duration, int64, error) {
 	}
 	var local int64
 	for _, c := range cs {
-		local += c.Stats().LocalOpens
+		local += c.Client().Stats().LocalOpens
 	}
 	return d, local, nil
 }
 
-func readBack(c *client.Client, name string, n int) ([]byte, error) {
+func readBack(c *pathfs.FS, name string, n int) ([]byte, error) {
 	f, err := c.Open(name, 0, 0)
 	if err != nil {
 		return nil, err

@@ -22,6 +22,7 @@ import (
 	"github.com/hoardfs/hoard/bench/chart"
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 )
 
 var (
@@ -318,14 +319,14 @@ func postmarkPorts(addr, scratch, mntDeleg, mntNoDeleg string) error {
 	w := pmWorkload{*pmFiles, *pmTx, 5, 5}
 	names := []string{"local", "library", "library, no deleg.", "mount", "mount, no deleg.", "library, no dir deleg."}
 	targets := []pmTarget{osDir(filepath.Join(scratch, "pm-port"))}
-	clients := make([]*client.Client, len(names)) // the library's, by target
+	clients := make([]*pathfs.FS, len(names)) // the library's, by target
 	libs := []client.Options{{}, {NoDelegations: true}, {NoDirDelegations: true}}
 	for i, o := range libs {
 		if i == 2 {
 			targets = append(targets, osDir(filepath.Join(mntDeleg, "port")), osDir(filepath.Join(mntNoDeleg, "port")))
 		}
 		o.Server, o.CacheDir, o.CacheSize = addr, filepath.Join(scratch, fmt.Sprintf("pm-lib-cache%d", i)), *pmCache
-		c, err := client.Dial(o)
+		c, err := pathfs.Dial(o)
 		if err != nil {
 			return err
 		}
@@ -348,7 +349,7 @@ func postmarkPorts(addr, scratch, mntDeleg, mntNoDeleg string) error {
 		var before client.Stats
 		c := clients[i]
 		if c != nil {
-			before = c.Stats()
+			before = c.Client().Stats()
 		}
 		syscall.Sync()
 		r, err := postmarkLoop(t, w)
@@ -356,7 +357,7 @@ func postmarkPorts(addr, scratch, mntDeleg, mntNoDeleg string) error {
 			return fmt.Errorf("postmark's loop, %s: %w", names[i], err)
 		}
 		if c != nil {
-			s := c.Stats()
+			s := c.Client().Stats()
 			notes = append(notes, fmt.Sprintf("%s: %d RPCs, %d opens served locally, %d stores, %d files made locally, %d of them never sent", names[i],
 				s.RPCs-before.RPCs, s.LocalOpens-before.LocalOpens, s.Stores-before.Stores, s.MadeHere-before.MadeHere, s.MadeDropped-before.MadeDropped))
 		}
@@ -424,7 +425,7 @@ func (d osDir) open(name string, flag int) (io.ReadWriteCloser, error) {
 func (d osDir) remove(name string) error { return os.Remove(filepath.Join(string(d), name)) }
 
 type libDir struct {
-	c   *client.Client
+	c   *pathfs.FS
 	dir string
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/proxystore"
 )
 
@@ -152,8 +153,8 @@ func (o *origin) close() {
 // (file data goes over the unshaped control connection, as the data
 // channel is shaped), and closes it: writes the client still held are
 // stored then, and their failure is fn's.
-func (o *origin) write(fn func(w *client.Client) error) error {
-	w, err := client.Dial(client.Options{Server: o.addr, CacheSize: 64 << 20, BypassThreshold: 1, NoDataChannel: true})
+func (o *origin) write(fn func(w *pathfs.FS) error) error {
+	w, err := pathfs.Dial(client.Options{Server: o.addr, CacheSize: 64 << 20, BypassThreshold: 1, NoDataChannel: true})
 	if err != nil {
 		return err
 	}
@@ -182,7 +183,7 @@ func proxyTree(o *origin) ([]string, []byte, error) {
 		data[i] = byte(i*13 + i>>8)
 	}
 	names := make([]string, *pxFiles)
-	err := o.write(func(w *client.Client) error {
+	err := o.write(func(w *pathfs.FS) error {
 		if err := w.Mkdir("/tree", 0o755); err != nil {
 			return err
 		}
@@ -248,10 +249,10 @@ func readTrees(addr string, n int, names []string, want []byte) (time.Duration, 
 
 // dialAll dials n clients, client i with opts(i); on an error the ones
 // dialed are closed.
-func dialAll(n int, opts func(i int) client.Options) ([]*client.Client, error) {
-	cs := make([]*client.Client, 0, n)
+func dialAll(n int, opts func(i int) client.Options) ([]*pathfs.FS, error) {
+	cs := make([]*pathfs.FS, 0, n)
 	for i := range n {
-		c, err := client.Dial(opts(i))
+		c, err := pathfs.Dial(opts(i))
 		if err != nil {
 			closeAll(cs)
 			return nil, err
@@ -261,7 +262,7 @@ func dialAll(n int, opts func(i int) client.Options) ([]*client.Client, error) {
 	return cs, nil
 }
 
-func closeAll(cs []*client.Client) {
+func closeAll(cs []*pathfs.FS) {
 	for _, c := range cs {
 		c.Close()
 	}

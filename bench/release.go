@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 )
 
 // releaseFile is the size of each file of the released volume: past the
@@ -34,7 +35,7 @@ func releaseBench(bin, scratch string) error {
 		defer stop()
 		pids = append(pids, pid)
 	}
-	c, err := client.Dial(client.Options{Server: a, CacheSize: 64 << 20})
+	c, err := pathfs.Dial(client.Options{Server: a, CacheSize: 64 << 20})
 	if err != nil {
 		return err
 	}
@@ -55,7 +56,7 @@ func releaseBench(bin, scratch string) error {
 		if err := c.Admin().MountVolume("/%"+name, "%"+name); err != nil {
 			return err
 		}
-		w, err := client.Dial(client.Options{Server: a, CacheSize: 64 << 20})
+		w, err := pathfs.Dial(client.Options{Server: a, CacheSize: 64 << 20})
 		if err != nil {
 			return err
 		}
@@ -74,7 +75,7 @@ func releaseBench(bin, scratch string) error {
 		if err != nil {
 			return err
 		}
-		w, err = client.Dial(client.Options{Server: a, CacheSize: 64 << 20})
+		w, err = pathfs.Dial(client.Options{Server: a, CacheSize: 64 << 20})
 		if err != nil {
 			return err
 		}
@@ -104,7 +105,7 @@ func releaseBench(bin, scratch string) error {
 	if err := c.Admin().MountVolume("/fo", "fo"); err != nil {
 		return err
 	}
-	w, err := client.Dial(client.Options{Server: a, CacheSize: 64 << 20})
+	w, err := pathfs.Dial(client.Options{Server: a, CacheSize: 64 << 20})
 	if err != nil {
 		return err
 	}
@@ -120,7 +121,7 @@ func releaseBench(bin, scratch string) error {
 	if _, err := c.Admin().Release("fo"); err != nil {
 		return err
 	}
-	r, err := client.Dial(client.Options{Server: a, CacheSize: 64 << 20})
+	r, err := pathfs.Dial(client.Options{Server: a, CacheSize: 64 << 20})
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/datapath"
 )
 
@@ -56,7 +57,7 @@ func secureBench(bin, scratch string) error {
 	if err != nil {
 		return err
 	}
-	ac, err := client.Dial(client.Options{Server: secAddr, TLS: cell.UserTLS(ca), Token: strings.TrimSpace(string(admin)), CacheSize: 16 << 20})
+	ac, err := pathfs.Dial(client.Options{Server: secAddr, TLS: cell.UserTLS(ca), Token: strings.TrimSpace(string(admin)), CacheSize: 16 << 20})
 	if err != nil {
 		return err
 	}
@@ -97,7 +98,7 @@ func secureBench(bin, scratch string) error {
 		r := &res[i]
 		o := s.opts
 		o.CacheSize = 64 << 20
-		w, err := client.Dial(o)
+		w, err := pathfs.Dial(o)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
@@ -107,7 +108,7 @@ func secureBench(bin, scratch string) error {
 		w.Close()
 		// Cold, bypassing the cache: every byte crosses the data channel.
 		o.BypassThreshold = 1
-		c, err := client.Dial(o)
+		c, err := pathfs.Dial(o)
 		if err != nil {
 			return err
 		}

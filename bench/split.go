@@ -17,6 +17,7 @@ import (
 
 	"github.com/hoardfs/hoard/bench/chart"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 )
 
 // splitBench reproduces Selective Caching's Tables 3 and 4 through the FUSE mount:
@@ -174,8 +175,8 @@ func splitBench(bin, addr, scratch string) error {
 
 // writer is a client for filling dir, a new directory, with test files:
 // everything it touches bypasses its small memory cache.
-func writer(addr, dir string) (*client.Client, error) {
-	w, err := client.Dial(client.Options{Server: addr, CacheSize: 64 << 20, BypassThreshold: 1})
+func writer(addr, dir string) (*pathfs.FS, error) {
+	w, err := pathfs.Dial(client.Options{Server: addr, CacheSize: 64 << 20, BypassThreshold: 1})
 	if err != nil {
 		return nil, err
 	}
@@ -261,7 +262,7 @@ func statBench(addr string) error {
 	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for i, split := range []bool{false, true} {
 		// A memory cache and bypass: the fetch touches no disk.
-		c, err := client.Dial(client.Options{Server: addr, CacheSize: 64 << 20, BypassThreshold: 1, NoDataChannel: !split})
+		c, err := pathfs.Dial(client.Options{Server: addr, CacheSize: 64 << 20, BypassThreshold: 1, NoDataChannel: !split})
 		if err != nil {
 			return err
 		}
@@ -385,7 +386,7 @@ func mixedBench(addr, scratch string) error {
 	for i, p := range policies {
 		o := p.o
 		o.Server, o.CacheDir, o.CacheSize = addr, filepath.Join(scratch, fmt.Sprintf("mixed-cache-%d", i)), cacheSize
-		c, err := client.Dial(o)
+		c, err := pathfs.Dial(o)
 		if err != nil {
 			return err
 		}
@@ -393,7 +394,7 @@ func mixedBench(addr, scratch string) error {
 		start := time.Now()
 		rng := rand.New(rand.NewSource(1))
 		for r := 0; r < rounds; r++ {
-			before := c.Stats()
+			before := c.Client().Stats()
 			for k := 0; k < smallFiles; k++ {
 				if _, err := readRemote(c, fmt.Sprintf("/mixed/s%03d", k), smallSize); err != nil {
 					return err
@@ -414,7 +415,7 @@ func mixedBench(addr, scratch string) error {
 				f.Close()
 			}
 			if r > 0 {
-				after := c.Stats()
+				after := c.Client().Stats()
 				hotHits += after.Hits - before.Hits
 				hotReads += after.Hits - before.Hits + after.Misses - before.Misses
 			}
@@ -423,7 +424,7 @@ func mixedBench(addr, scratch string) error {
 			}
 		}
 		elapsed := time.Since(start)
-		s := c.Stats()
+		s := c.Client().Stats()
 		c.Close()
 		fmt.Printf("| %s | %.3f | %.3f | %s | %s | %.2f |\n", p.name, float64(hotHits)/float64(max(hotReads, 1)),
 			float64(s.Hits)/float64(max(s.Hits+s.Misses, 1)), mib(s.BytesWritten), mib(s.BytesFetched), elapsed.Seconds())

@@ -165,42 +165,9 @@ func (k *Nodes) Evict(n *Node) error {
 	return n.entry.Invalidate()
 }
 
-// CacheInfoAt, WarmAt and EvictAt are CacheInfo, Warm and Evict of the
-// file at path p in the cell, as the client's own user: `hoard cache`
-// on a cache directory that no mount holds.
-func (ctl CacheControl) CacheInfoAt(p string) (FileCache, error) {
-	c := ctl.c
-	n, err := c.resolve(p, true)
-	if err != nil {
-		return FileCache{}, err
-	}
-	// The parent and name let name rules apply; the root has neither.
-	parent, base, err := c.resolveParent(p)
-	if err != nil {
-		parent, base = nil, ""
-	}
-	return c.Nodes().CacheInfo(n, parent, base)
-}
-
-// WarmAt is Warm of the file at p.
-func (ctl CacheControl) WarmAt(ctx context.Context, p string, progress func(int64)) error {
-	c := ctl.c
-	n, err := c.resolve(p, true)
-	if err != nil {
-		return err
-	}
-	return c.Nodes().Warm(ctx, n, p, progress)
-}
-
-// EvictAt is Evict of the file at p.
-func (ctl CacheControl) EvictAt(p string) error {
-	c := ctl.c
-	n, err := c.resolve(p, true)
-	if err != nil {
-		return err
-	}
-	return c.Nodes().Evict(n)
-}
+// LargestCached lists the n files holding the most space in the cache,
+// most first (cache.Cache.Largest): for a status page, not a hot path.
+func (k *Nodes) LargestCached(n int) []cache.Usage { return k.c.cache.Largest(n) }
 
 // DirtyFile is a file with writes not yet stored at its server.
 type DirtyFile struct {

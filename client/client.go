@@ -1,7 +1,7 @@
-// Package client is hoard's cache manager as a Go library: a POSIX-like
-// file API (the cacheDAFS thesis's API, in Go) over a persistent chunk cache
-// kept coherent by callback promises. The FUSE mount is a thin adapter on
-// top of it.
+// Package client is hoard's cache manager as a Go library: a persistent
+// chunk cache kept coherent by callback promises, and views of it for
+// the layers above: Nodes for the FUSE mount, FIDs for the proxy.
+// Package pathfs is the file API by path over it.
 //
 // Consistency: close-to-open. What one client wrote is seen by every client
 // that opens the file after the writer's Close or Sync returned, and a cached
@@ -155,8 +155,8 @@ func (o *Options) defaults() {
 // for concurrent use.
 type Client struct {
 	opts Options
-	// self is the client's own user (Options.Token): the path API and
-	// FIDs act as it, and Nodes until told otherwise (Nodes.As).
+	// self is the client's own user (Options.Token): FIDs act as it,
+	// and Nodes until told otherwise (Nodes.As).
 	self  User
 	log   *slog.Logger
 	cache *cache.Cache
@@ -188,8 +188,8 @@ type Client struct {
 	// expiredLogged holds the tokens whose expiry was logged (checkToken).
 	expiredLogged sync.Map
 	// root is the root volume's root directory, once resolved
-	// (rootDir); rootMu orders its resolution. Nodes.Root and Release
-	// read it unlocked: a mount resolves it at Dial.
+	// (rootDir); rootMu orders its resolution. Release reads it
+	// unlocked: a mount resolves it at Dial.
 	rootMu sync.Mutex
 	root   *Node
 
@@ -575,74 +575,4 @@ func (c *Client) invalidate(fids []node.FID) {
 }
 
 // Admin is c's view of the cell's administration.
-func (c *Client) Admin() admin.Admin { return admin.New(c.sites, c.opts.Token, namespace{c}) }
-
-// namespace is c's tree as the administration needs it (admin.Namespace).
-type namespace struct{ c *Client }
-
-func (ns namespace) Resolve(name string) (node.FID, error) {
-	n, err := ns.c.resolve(name, true)
-	if err != nil {
-		return node.FID{}, err
-	}
-	return n.fid, nil
-}
-
-func (ns namespace) Writable(name string) (node.FID, string, error) {
-	n, err := ns.c.resolve(name, true)
-	if err != nil {
-		return node.FID{}, "", err
-	}
-	w, rw, err := ns.c.writable(n)
-	if err != nil {
-		return node.FID{}, "", err
-	}
-	return w.fid, rw, nil
-}
-
-func (ns namespace) MountPoint(name, volume string) error {
-	c := ns.c
-	dir, base, err := c.resolveParent(name)
-	if err == nil {
-		dir, _, err = c.writable(dir)
-	}
-	if err == nil {
-		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeMountPoint, Mode: 0o755, Who: c.creator(), Target: volume, Excl: true}, c.self)
-	}
-	return site.ErrOf("mount", name, err)
-}
-
-// writable is n where the administration can change it: n itself, or,
-// for a file of a volume's read-only copy (which keeps the volume's
-// vnodes under an id of its own), the same file of the read-write
-// volume, which rw names: its next release publishes the change.
-func (c *Client) writable(n *Node) (w *Node, rw string, err error) {
-	if !c.sites.ReadOnly(n.fid.Volume) {
-		return n, "", nil
-	}
-	tok := c.self.token
-	l, err := c.sites.LocateID(n.fid.Volume, tok)
-	if err != nil {
-		return nil, "", err
-	}
-	rw = strings.TrimSuffix(l.Name, node.ReadOnlySuffix)
-	if l, err = c.sites.Locate(rw, tok); err != nil {
-		return nil, "", err
-	}
-	at, err := c.sites.For(l)
-	if err != nil {
-		return nil, "", err
-	}
-	w = c.node(node.FID{Volume: l.Id, Vnode: n.fid.Vnode, Unique: n.fid.Unique}, at)
-	if _, err = c.fresh(w, c.self); err != nil {
-		return nil, "", err
-	}
-	return w, rw, nil
-}
-
-// CacheControl is what a client's cache holds of a path, and what a user
-// may ask of it: warm, evict, the caching policy, the largest files.
-type CacheControl struct{ c *Client }
-
-// Cache is c's view of its cache's control.
-func (c *Client) Cache() CacheControl { return CacheControl{c} }
+func (c *Client) Admin() admin.Admin { return admin.New(c.sites, c.opts.Token) }

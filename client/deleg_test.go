@@ -12,6 +12,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/server"
@@ -37,9 +38,9 @@ func TestCallbackBreak(t *testing.T) {
 			v1 := testkit.Pattern(300<<10, 1)
 			testkit.WriteFile(t, b, "/f", v1)
 			wantFile(t, a, "/f", v1)
-			before := a.Stats()
+			before := a.Client().Stats()
 			wantFile(t, a, "/f", v1)
-			after := a.Stats()
+			after := a.Client().Stats()
 			if after.BytesFetched != before.BytesFetched || after.Revalidations != before.Revalidations {
 				t.Fatalf("a re-read under a promise fetched %d bytes, revalidated %d times",
 					after.BytesFetched-before.BytesFetched, after.Revalidations-before.Revalidations)
@@ -50,15 +51,15 @@ func TestCallbackBreak(t *testing.T) {
 			v2 := testkit.Pattern(200<<10, 2)
 			testkit.WriteFile(t, b, "/f", v2)
 			wantFile(t, a, "/f", v2)
-			st := a.Stats()
+			st := a.Client().Stats()
 			if st.Breaks+st.Recalls == 0 || invalidated.Load()+st.Recalls == 0 {
 				t.Fatalf("the reader saw the new data without a break or recall: %+v", st)
 			}
 			if st.Dropped == 0 {
 				t.Fatal("the old version's chunks were not dropped")
 			}
-			if !deleg && (st.LocalOpens != 0 || b.Stats().WriteDelegations != 0) {
-				t.Fatalf("NoDelegations: %d local opens, %d write delegations", st.LocalOpens, b.Stats().WriteDelegations)
+			if !deleg && (st.LocalOpens != 0 || b.Client().Stats().WriteDelegations != 0) {
+				t.Fatalf("NoDelegations: %d local opens, %d write delegations", st.LocalOpens, b.Client().Stats().WriteDelegations)
 			}
 			// An attribute change is seen too.
 			must(t, b.Chmod("/f", 0o604))
@@ -93,24 +94,24 @@ func TestWriteBackAndRecall(t *testing.T) {
 	must(t, err)
 	v1 := testkit.Pattern(1<<20+5, 1)
 	testkit.WriteFile(t, a, "/shared/f", v1)
-	if st := a.Stats(); st.WriteDelegations < 1 || st.DirtyBytes != int64(len(v1)) || st.Stores != 0 {
+	if st := a.Client().Stats(); st.WriteDelegations < 1 || st.DirtyBytes != int64(len(v1)) || st.Stores != 0 {
 		t.Fatalf("after a close under a write delegation: %d write delegations, %d dirty bytes, %d stores", st.WriteDelegations, st.DirtyBytes, st.Stores)
 	}
-	before := a.Stats()
+	before := a.Client().Stats()
 	f, err := a.Open("/shared/f", os.O_WRONLY, 0)
 	must(t, err)
 	_, err = f.WriteAt([]byte("XYZ"), 10)
 	must(t, err)
 	must(t, f.Flush()) // under the delegation: stays in the cache
 	must(t, f.Close())
-	after := a.Stats()
+	after := a.Client().Stats()
 	if after.RPCs != before.RPCs || after.LocalOpens != before.LocalOpens+1 || after.LocalCloses != before.LocalCloses+1 {
 		t.Fatalf("open, write, close under the delegation: %d RPCs, %d local opens, %d local closes",
 			after.RPCs-before.RPCs, after.LocalOpens-before.LocalOpens, after.LocalCloses-before.LocalCloses)
 	}
-	before = a.Stats()
+	before = a.Client().Stats()
 	must(t, a.Truncate("/shared/f", 512<<10))
-	if after := a.Stats(); after.RPCs != before.RPCs {
+	if after := a.Client().Stats(); after.RPCs != before.RPCs {
 		t.Fatalf("truncate under the delegation: %d RPCs", after.RPCs-before.RPCs)
 	}
 	if st, err := a.Stat("/shared/f"); err != nil || st.Size != 512<<10 {
@@ -119,7 +120,7 @@ func TestWriteBackAndRecall(t *testing.T) {
 	want := slices.Clone(v1[:512<<10])
 	copy(want[10:], "XYZ")
 	wantFile(t, b, "/shared/f", want)
-	st := a.Stats()
+	st := a.Client().Stats()
 	if st.Recalls < 1 || st.DirtyBytes != 0 || st.Stores == 0 {
 		t.Fatalf("after the recall: %d recalls, %d dirty bytes, %d stores", st.Recalls, st.DirtyBytes, st.Stores)
 	}
@@ -143,9 +144,9 @@ func TestSyncAndCloseStore(t *testing.T) {
 	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
 	b := s.dial(t, memCache())
 	f := testkit.Create(t, a, "/s", testkit.Pattern(100<<10, 3))
-	stores := a.Stats().Stores
+	stores := a.Client().Stats().Stores
 	must(t, f.Sync())
-	if st := a.Stats(); st.Stores != stores+1 || st.DirtyBytes != 0 {
+	if st := a.Client().Stats(); st.Stores != stores+1 || st.DirtyBytes != 0 {
 		t.Fatalf("sync: %d stores, %d dirty bytes", st.Stores-stores, st.DirtyBytes)
 	}
 	if st, err := b.Stat("/s"); err != nil || st.Size != 100<<10 {
@@ -155,7 +156,7 @@ func TestSyncAndCloseStore(t *testing.T) {
 	must(t, err)
 	must(t, f.Close())
 	testkit.WriteFile(t, a, "/t", []byte("kept until close"))
-	if a.Stats().DirtyBytes == 0 {
+	if a.Client().Stats().DirtyBytes == 0 {
 		t.Fatal("nothing dirty under the write delegation")
 	}
 	must(t, a.Close())
@@ -174,7 +175,7 @@ func TestNoDelegations(t *testing.T) {
 		testkit.WriteFile(t, a, "/n", testkit.Pattern(10<<10, byte(i)))
 		wantFile(t, b, "/n", testkit.Pattern(10<<10, byte(i)))
 	}
-	st := a.Stats()
+	st := a.Client().Stats()
 	if st.Stores != 5 || st.LocalOpens != 0 || st.WriteDelegations != 0 || st.DirtyBytes != 0 {
 		t.Fatalf("with NoDelegations: %+v", st)
 	}
@@ -192,7 +193,7 @@ func TestServerWithoutLeases(t *testing.T) {
 	must(t, a.Mkdir("/d", 0o755))
 	testkit.WriteFile(t, a, "/d/f", []byte("one"))
 	wantFile(t, b, "/d/f", []byte("one"))
-	if st := a.Stats(); st.WriteDelegations+st.ReadDelegations != 0 || st.MadeHere != 0 || st.LocalOpens != 0 {
+	if st := a.Client().Stats(); st.WriteDelegations+st.ReadDelegations != 0 || st.MadeHere != 0 || st.LocalOpens != 0 {
 		t.Fatalf("delegations from a server without leases: %+v", st)
 	}
 }
@@ -201,7 +202,7 @@ func TestServerWithoutLeases(t *testing.T) {
 // writer's bytes (delegations recalled from one to the next).
 func TestDelegationRoundRobin(t *testing.T) {
 	s := startServer(t)
-	var cs []*client.Client
+	var cs []*pathfs.FS
 	for i := range 3 {
 		opts := []clientOpt{with(func(o *client.Options) { o.FlushAge = time.Hour })}
 		if i%2 == 1 {
@@ -219,7 +220,7 @@ func TestDelegationRoundRobin(t *testing.T) {
 	}
 	var recalls int64
 	for _, c := range cs {
-		recalls += c.Stats().Recalls
+		recalls += c.Client().Stats().Recalls
 	}
 	if recalls == 0 {
 		t.Fatal("no recalls between the writers")
@@ -287,17 +288,17 @@ func testResetLoses(t *testing.T, made bool) {
 	must(t, a.Mkdir("/own", 0o755))
 	lostData := testkit.Pattern(40<<10, 9)
 	f := testkit.Create(t, a, "/own/w", lostData)
-	if st := a.Stats(); st.DirtyBytes == 0 || made != (st.MadeHere > 0) {
+	if st := a.Client().Stats(); st.DirtyBytes == 0 || made != (st.MadeHere > 0) {
 		t.Fatalf("before the reset: %d dirty bytes, %d files made here", st.DirtyBytes, st.MadeHere)
 	}
 	hang.Store(true)
 	testkit.WriteFile(t, b, "/p", []byte("changed")) // waits a break timeout for a
-	waitFor(t, 10*time.Second, func() bool { return a.Stats().Resets > 0 }, func() string { return "no reset after an unacknowledged break" })
+	waitFor(t, 10*time.Second, func() bool { return a.Client().Stats().Resets > 0 }, func() string { return "no reset after an unacknowledged break" })
 	hang.Store(false)
 	unhang()
 	if !made {
 		// Stored at once with the delegation it was made under: refused.
-		waitFor(t, 10*time.Second, func() bool { return a.Stats().DirtyBytes == 0 }, func() string {
+		waitFor(t, 10*time.Second, func() bool { return a.Client().Stats().DirtyBytes == 0 }, func() string {
 			return "the refused writes stayed dirty"
 		})
 	}

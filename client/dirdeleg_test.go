@@ -10,6 +10,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/server"
 )
@@ -24,13 +25,13 @@ func TestDirDelegationMany(t *testing.T) {
 	must(t, a.Mkdir("/d", 0o755))
 	const n = 100
 	var want []string
-	before := a.Stats()
+	before := a.Client().Stats()
 	for i := range n {
 		name := fmt.Sprintf("f%03d", i)
 		testkit.WriteFile(t, a, "/d/"+name, []byte(name))
 		want = append(want, name)
 	}
-	st := a.Stats()
+	st := a.Client().Stats()
 	if made := st.MadeHere - before.MadeHere; made != n {
 		t.Fatalf("%d of %d files made here", made, n)
 	}
@@ -43,7 +44,7 @@ func TestDirDelegationMany(t *testing.T) {
 	if got := testkit.Names(t, b, "/d"); !slices.Equal(got, want) {
 		t.Fatalf("another client lists %d names, want %d", len(got), n)
 	}
-	if st := a.Stats(); st.Settled != n {
+	if st := a.Client().Stats(); st.Settled != n {
 		t.Fatalf("%d files settled, want %d", st.Settled, n)
 	}
 	for _, i := range []int{0, 42, n - 1} {
@@ -51,9 +52,9 @@ func TestDirDelegationMany(t *testing.T) {
 		wantFile(t, b, "/d/"+name, []byte(name))
 	}
 	// b has the directory cached now: a's next create asks the server.
-	made := a.Stats().MadeHere
+	made := a.Client().Stats().MadeHere
 	testkit.WriteFile(t, a, "/d/late", []byte("late"))
-	if a.Stats().MadeHere != made {
+	if a.Client().Stats().MadeHere != made {
 		t.Fatal("a file was made here in a directory another client has cached")
 	}
 	wantFile(t, b, "/d/late", []byte("late"))
@@ -66,13 +67,13 @@ func TestDirDelegationChurn(t *testing.T) {
 	dir := t.TempDir()
 	a := s.dial(t, inDir(dir))
 	must(t, a.Mkdir("/d", 0o755))
-	before := a.Stats()
+	before := a.Client().Stats()
 	for i := range 20 {
 		name := fmt.Sprintf("/d/f%02d", i)
 		testkit.WriteFile(t, a, name, testkit.Pattern(64<<10, byte(i)))
 		must(t, a.Remove(name))
 	}
-	st := a.Stats()
+	st := a.Client().Stats()
 	if st.MadeHere-before.MadeHere != 20 || st.MadeDropped-before.MadeDropped != 20 || st.Settled != 0 || st.Stores != 0 {
 		t.Fatalf("made %d, dropped %d, settled %d, stored %d: want 20 made and dropped, nothing sent",
 			st.MadeHere-before.MadeHere, st.MadeDropped-before.MadeDropped, st.Settled, st.Stores)
@@ -85,7 +86,7 @@ func TestDirDelegationChurn(t *testing.T) {
 	open := testkit.Create(t, a, "/d/open", []byte("written before the remove"))
 	must(t, a.Remove("/d/open"))
 	must(t, open.Close())
-	if st := a.Stats(); st.DirtyBytes != 0 || st.BytesCached != 0 || st.MadeDropped-before.MadeDropped != 21 {
+	if st := a.Client().Stats(); st.DirtyBytes != 0 || st.BytesCached != 0 || st.MadeDropped-before.MadeDropped != 21 {
 		t.Fatalf("after the close of a file removed while open: %+v", st)
 	}
 	must(t, a.Close())
@@ -110,7 +111,7 @@ func TestDirDelegationRemoveLater(t *testing.T) {
 		must(t, f.Sync()) // created and stored at the server
 		must(t, f.Close())
 	}
-	before := a.Stats()
+	before := a.Client().Stats()
 	if before.Settled != 6 {
 		t.Fatalf("%d files created at the server by their fsyncs, want 6", before.Settled)
 	}
@@ -120,7 +121,7 @@ func TestDirDelegationRemoveLater(t *testing.T) {
 	testkit.WriteFile(t, a, "/d/f0", []byte("again")) // a name removed here, made again
 	_, err := a.Stat("/d/f1")
 	wantErrno(t, "stat of a file removed here", err, syscall.ENOENT)
-	st := a.Stats()
+	st := a.Client().Stats()
 	if removed, rpcs := st.RemovedHere-before.RemovedHere, st.RPCs-before.RPCs; removed != 4 || rpcs != 0 {
 		t.Fatalf("%d files removed here with %d RPCs, want 4 with none", removed, rpcs)
 	}
@@ -151,12 +152,12 @@ func TestDirDelegationPOSIX(t *testing.T) {
 			t.Fatalf("%s: the directory's mtime %v -> %v, ctime %v -> %v; want both later", what, before.Mtime, after.Mtime, before.Ctime, after.Ctime)
 		}
 	}
-	made := a.Stats().MadeHere
+	made := a.Client().Stats().MadeHere
 	changed("a create", func() { testkit.WriteFile(t, a, "/p/x", []byte("x")) })
 	changed("a create", func() { testkit.WriteFile(t, a, "/p/y", []byte("y")) })
 	changed("a rename", func() { must(t, a.Rename("/p/y", "/p/z")) })
 	changed("a remove", func() { must(t, a.Remove("/p/z")) })
-	if st := a.Stats(); st.MadeHere-made != 2 || st.Settled != 0 {
+	if st := a.Client().Stats(); st.MadeHere-made != 2 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d: the test wants both files made here, unsent", st.MadeHere-made, st.Settled)
 	}
 	if got := testkit.Names(t, a, "/p"); fmt.Sprint(got) != "[x]" {
@@ -209,7 +210,7 @@ func TestDirDelegationExisting(t *testing.T) {
 	must(t, f.Close())
 	_, err = a.Open("/d/sub", 0x1|0x40, 0o644) // O_WRONLY|O_CREATE
 	wantErrno(t, "O_CREATE of a directory", err, syscall.EISDIR)
-	if st := a.Stats(); st.MadeHere == 0 {
+	if st := a.Client().Stats(); st.MadeHere == 0 {
 		t.Fatal("nothing made here")
 	}
 }
@@ -238,7 +239,7 @@ func TestDirDelegationPolicies(t *testing.T) {
 			for i := range 5 {
 				testkit.WriteFile(t, a, fmt.Sprintf("/d/f%d", i), []byte{byte(i)})
 			}
-			if made := a.Stats().MadeHere > 0; made != tc.wantMade {
+			if made := a.Client().Stats().MadeHere > 0; made != tc.wantMade {
 				t.Fatalf("files made here: %v, want %v", made, tc.wantMade)
 			}
 			if got := testkit.Names(t, b, "/d"); len(got) != 5 {
@@ -267,7 +268,7 @@ func TestDirDelegationTwoMakers(t *testing.T) {
 		testkit.WriteFile(t, c, "/d/"+name, []byte(name))
 		want = append(want, name)
 	}
-	for _, c := range []*client.Client{a, b} {
+	for _, c := range []*pathfs.FS{a, b} {
 		if got := testkit.Names(t, c, "/d"); !slices.Equal(got, want) {
 			t.Fatalf("lists %v, want %v", got, want)
 		}
@@ -292,14 +293,14 @@ func TestDirDelegationLargeSettle(t *testing.T) {
 		must(t, err)
 		must(t, f.Close())
 	}
-	if made := a.Stats().MadeHere; made != n {
+	if made := a.Client().Stats().MadeHere; made != n {
 		t.Fatalf("%d made here, want %d", made, n)
 	}
 	b := s.dial(t, memCache())
 	if got := testkit.Names(t, b, "/big"); len(got) != n {
 		t.Fatalf("another client lists %d files, want %d", len(got), n)
 	}
-	if st := a.Stats(); st.Settled != n {
+	if st := a.Client().Stats(); st.Settled != n {
 		t.Fatalf("%d settled, want %d", st.Settled, n)
 	}
 	if !bytes.Equal(testkit.ReadFile(t, b, "/big/1099"), nil) {

@@ -2,7 +2,7 @@ package client_test
 
 // The test fixture: a real hoard server (a vnode store, the gRPC service
 // and the bulk-data channel) running inside the test process on loopback
-// sockets, and clients dialled to it through the public path API only.
+// sockets, and clients dialled to it through the path API (package pathfs).
 
 import (
 	"bytes"
@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
@@ -270,9 +271,9 @@ func (s *testServer) options(t testing.TB, opts ...clientOpt) client.Options {
 }
 
 // dial connects a client, closed when the test ends (unless closed first).
-func (s *testServer) dial(t testing.TB, opts ...clientOpt) *client.Client {
+func (s *testServer) dial(t testing.TB, opts ...clientOpt) *pathfs.FS {
 	t.Helper()
-	c, err := client.Dial(s.options(t, opts...))
+	c, err := pathfs.Dial(s.options(t, opts...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +284,7 @@ func (s *testServer) dial(t testing.TB, opts ...clientOpt) *client.Client {
 // seed writes data to name through a new client with a memory cache, for
 // the test's other clients to find at the server, and returns that
 // client.
-func (s *testServer) seed(t testing.TB, name string, data []byte) *client.Client {
+func (s *testServer) seed(t testing.TB, name string, data []byte) *pathfs.FS {
 	t.Helper()
 	w := s.dial(t, memCache())
 	testkit.WriteFile(t, w, name, data)
@@ -292,7 +293,7 @@ func (s *testServer) seed(t testing.TB, name string, data []byte) *client.Client
 
 // openFile opens name through c with flag, failing the test on error. The
 // file is closed when the test ends (unless closed first).
-func openFile(t testing.TB, c *client.Client, name string, flag int) *client.File {
+func openFile(t testing.TB, c *pathfs.FS, name string, flag int) *client.File {
 	t.Helper()
 	f, err := c.Open(name, flag, 0)
 	if err != nil {
@@ -303,7 +304,7 @@ func openFile(t testing.TB, c *client.Client, name string, flag int) *client.Fil
 }
 
 // wantFile fails unless name reads as want through c.
-func wantFile(t testing.TB, c *client.Client, name string, want []byte) {
+func wantFile(t testing.TB, c *pathfs.FS, name string, want []byte) {
 	t.Helper()
 	got := testkit.ReadFile(t, c, name)
 	if !bytes.Equal(got, want) {
@@ -356,4 +357,12 @@ func errnoOf(err error) syscall.Errno {
 		return e
 	}
 	return 0
+}
+
+// root is k's root directory, failing the test on error.
+func root(t testing.TB, k *client.Nodes) *client.Node {
+	t.Helper()
+	n, err := k.Root()
+	must(t, err)
+	return n
 }

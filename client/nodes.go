@@ -6,6 +6,7 @@ import (
 	"github.com/hoardfs/hoard/client/site"
 	"golang.org/x/sys/unix"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -42,8 +43,9 @@ func (k *Nodes) As(u User) *Nodes { return &Nodes{k.c, u} }
 // User is the user k acts for.
 func (k *Nodes) User() User { return k.u }
 
-// Root is the root directory of the root volume.
-func (k *Nodes) Root() *Node { return k.c.root }
+// Root is the root directory of the root volume, resolved at Dial or,
+// with LazyRoot, at the first call.
+func (k *Nodes) Root() (*Node, error) { return k.c.rootDir() }
 
 // Getattr returns n's status, from the cache while a promise is held.
 func (k *Nodes) Getattr(n *Node) (node.Status, error) {
@@ -91,6 +93,13 @@ func (k *Nodes) ReadDir(dir *Node) ([]DirEntry, error) {
 		}
 	}
 	return out, nil
+}
+
+// List lists dir as it is: mount points as such, and without the status
+// of every entry that ReadDir learns.
+func (k *Nodes) List(dir *Node) ([]DirEntry, error) {
+	ents, _, err := dir.c.readDir(dir, k.u)
+	return ents, err
 }
 
 // Open opens an already resolved file, named base in directory parent
@@ -515,6 +524,9 @@ func (k *Nodes) SyncDir(dir *Node) error {
 	return site.ErrOf("fsync", "/", err)
 }
 
+// FSStat is the space of a volume or of the server's file system.
+type FSStat = node.FSStat
+
 // StatFS reports the space of n's volume: its quota if it has one, or
 // the space of the server holding it.
 func (k *Nodes) StatFS(n *Node) (FSStat, error) {
@@ -523,4 +535,33 @@ func (k *Nodes) StatFS(n *Node) (FSStat, error) {
 		return FSStat{}, site.ErrOf("statfs", "/", err)
 	}
 	return fs, nil
+}
+
+// Writable is n where the administration can change it: n itself, or,
+// for a file of a volume's read-only copy (which keeps the volume's
+// vnodes under an id of its own), the same file of the read-write
+// volume, which rw names: its next release publishes the change.
+func (k *Nodes) Writable(n *Node) (w *Node, rw string, err error) {
+	c := k.c
+	if !c.sites.ReadOnly(n.fid.Volume) {
+		return n, "", nil
+	}
+	tok := k.u.token
+	l, err := c.sites.LocateID(n.fid.Volume, tok)
+	if err != nil {
+		return nil, "", err
+	}
+	rw = strings.TrimSuffix(l.Name, node.ReadOnlySuffix)
+	if l, err = c.sites.Locate(rw, tok); err != nil {
+		return nil, "", err
+	}
+	at, err := c.sites.For(l)
+	if err != nil {
+		return nil, "", err
+	}
+	w = c.node(node.FID{Volume: l.Id, Vnode: n.fid.Vnode, Unique: n.fid.Unique}, at)
+	if _, err = c.fresh(w, k.u); err != nil {
+		return nil, "", err
+	}
+	return w, rw, nil
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 )
@@ -433,7 +434,7 @@ func TestLargeFileAndReadAhead(t *testing.T) {
 		got = append(got, p[:n]...)
 	}
 	read := int64(len(got))
-	waitFor(t, 10*time.Second, func() bool { return r.Stats().BytesFetched > read+256<<10 }, func() string {
+	waitFor(t, 10*time.Second, func() bool { return r.Client().Stats().BytesFetched > read+256<<10 }, func() string {
 		return "no read-ahead after a sequential read"
 	})
 	rest, err := io.ReadAll(f)
@@ -452,7 +453,7 @@ func TestLargeFileAndReadAhead(t *testing.T) {
 		}
 	}
 	// Three whole chunks and the short last one.
-	if got, want := c.Stats().BytesFetched, int64(3*256<<10+len(data)-3<<20); got != want {
+	if got, want := c.Client().Stats().BytesFetched, int64(3*256<<10+len(data)-3<<20); got != want {
 		t.Fatalf("random reads fetched %d bytes, want the %d of the 4 chunks read", got, want)
 	}
 }
@@ -551,12 +552,12 @@ func TestConcurrentAccess(t *testing.T) {
 	for range 8 {
 		must(t, <-errs)
 	}
-	if got := r.Stats().BytesFetched; got > int64(len(data)) {
+	if got := r.Client().Stats().BytesFetched; got > int64(len(data)) {
 		t.Fatalf("fetched %d bytes of a %d-byte file", got, len(data))
 	}
 
 	must(t, w.Mkdir("/cd", 0o755))
-	clients := []*client.Client{w, r}
+	clients := []*pathfs.FS{w, r}
 	for g := range 4 {
 		go func() {
 			c := clients[g%2]
@@ -609,19 +610,19 @@ func TestDirectoryReadAhead(t *testing.T) {
 		_, err := r.Stat("/tree/" + e.Name)
 		must(t, err)
 	}
-	if got := r.Stats().BytesFetched; got != 0 {
+	if got := r.Client().Stats().BytesFetched; got != 0 {
 		t.Fatalf("fetched %d bytes before reading", got)
 	}
 	for i, e := range ents[:3] {
 		wantFile(t, r, "/tree/"+e.Name, testkit.Pattern(size, byte(i)))
 	}
-	waitFor(t, 5*time.Second, func() bool { return r.Stats().BytesFetched > 3*size }, func() string {
-		return fmt.Sprintf("fetched %d bytes reading 3 files of %d in order: no read-ahead", r.Stats().BytesFetched, size)
+	waitFor(t, 5*time.Second, func() bool { return r.Client().Stats().BytesFetched > 3*size }, func() string {
+		return fmt.Sprintf("fetched %d bytes reading 3 files of %d in order: no read-ahead", r.Client().Stats().BytesFetched, size)
 	})
 	for i, e := range ents[3:] {
 		wantFile(t, r, "/tree/"+e.Name, testkit.Pattern(size, byte(3+i)))
 	}
-	if got := r.Stats().BytesFetched; got != n*size {
+	if got := r.Client().Stats().BytesFetched; got != n*size {
 		t.Fatalf("fetched %d bytes for %d files of %d: read-ahead fetched twice", got, n, size)
 	}
 }

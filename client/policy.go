@@ -2,8 +2,6 @@ package client
 
 import (
 	"fmt"
-	"github.com/hoardfs/hoard/client/site"
-	"path"
 	"time"
 
 	"github.com/hoardfs/hoard/client/policy"
@@ -52,19 +50,8 @@ func (c *Client) volumeName(id uint64) string {
 	return ""
 }
 
-// PolicyOf reports the policy that an open of name would use now, and
-// why. For a directory it reports the override its files inherit.
-func (ctl CacheControl) PolicyOf(name string) (policy.Decision, error) {
-	c := ctl.c
-	n, err := c.resolve(name, true)
-	if err != nil {
-		return policy.Decision{}, site.ErrOf("policy", name, err)
-	}
-	parent, base := c.parentOf(name)
-	return c.policyAt(n, parent, base, c.self)
-}
-
-// policyAt is PolicyOf for a resolved node opened as base in parent, for u.
+// policyAt is the policy an open of n as base in parent would use now
+// for u, and why; a directory's is the override its files inherit.
 func (c *Client) policyAt(n *Node, parent *Node, base string, u User) (policy.Decision, error) {
 	st, err := c.fresh(n, u)
 	if err != nil {
@@ -79,22 +66,10 @@ func (c *Client) policyAt(n *Node, parent *Node, base string, u User) (policy.De
 	return c.decide(n, parent, base, false), nil
 }
 
-// SetPolicy sets the override of name (cache, bypass, or auto to remove
-// it); with recursive, of everything under a directory too. A file that
-// turns to bypass first stores its local writes, then drops its chunks.
-func (ctl CacheControl) SetPolicy(name, mode string, recursive bool) error {
-	c := ctl.c
-	if mode != policy.Cache && mode != policy.Bypass && mode != policy.Auto {
-		return fmt.Errorf("policy %q: want cache, bypass or auto", mode)
-	}
-	n, err := c.resolve(name, true)
-	if err != nil {
-		return site.ErrOf("policy", name, err)
-	}
-	return site.ErrOf("policy", name, c.setPolicyAt(n, mode, recursive, c.self))
-}
-
-// setPolicyAt is SetPolicy for a resolved node, by u.
+// setPolicyAt sets n's override (cache, bypass, or auto to remove it)
+// for u; with recursive, of everything under a directory too. A file
+// that turns to bypass first stores its local writes, then drops its
+// chunks.
 func (c *Client) setPolicyAt(n *Node, mode string, recursive bool, u User) error {
 	st, err := c.fresh(n, u)
 	if err != nil {
@@ -139,13 +114,4 @@ func (c *Client) setPolicyAt(n *Node, mode string, recursive bool, u User) error
 		}
 	}
 	return nil
-}
-
-// parentOf resolves the directory name is in, best effort.
-func (c *Client) parentOf(name string) (*Node, string) {
-	dir, base, err := c.resolveParent(name)
-	if err != nil {
-		return nil, path.Base(name)
-	}
-	return dir, base
 }

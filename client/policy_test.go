@@ -10,15 +10,16 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/client/policy"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
 // wantPolicy fails unless name's policy bypasses (or not), for a reason
 // that contains why.
-func wantPolicy(t testing.TB, c *client.Client, name string, bypass bool, why string) {
+func wantPolicy(t testing.TB, c *pathfs.FS, name string, bypass bool, why string) {
 	t.Helper()
-	d, err := c.Cache().PolicyOf(name)
+	d, err := c.Policy(name)
 	if err != nil {
 		t.Fatalf("policy of %s: %v", name, err)
 	}
@@ -46,7 +47,7 @@ func TestPolicyRules(t *testing.T) {
 	wantPolicy(t, c, "/", false, "no override on the directory")
 
 	// A bypassed read fetches the bytes but writes nothing into the cache.
-	written := c.Stats().BytesWritten
+	written := c.Client().Stats().BytesWritten
 	f, err := c.Open("/big", os.O_RDONLY, 0)
 	must(t, err)
 	if !f.Bypassed() || !f.Policy().Bypass {
@@ -58,20 +59,20 @@ func TestPolicyRules(t *testing.T) {
 	if !bytes.Equal(got, big) {
 		t.Fatal("a bypassed read returned other bytes")
 	}
-	if st := c.Stats(); st.BytesWritten != written {
+	if st := c.Client().Stats(); st.BytesWritten != written {
 		t.Fatalf("a bypassed read wrote %d bytes into the cache", st.BytesWritten-written)
 	}
 
 	// Overrides on a file, and on a directory, recursively.
-	must(t, c.Cache().SetPolicy("/big", policy.Cache, false))
+	must(t, c.SetPolicy("/big", policy.Cache, false))
 	wantPolicy(t, c, "/big", false, "override on the file")
 	wantFile(t, c, "/big", big)
-	if st := c.Stats(); st.BytesWritten < written+int64(len(big)) {
+	if st := c.Client().Stats(); st.BytesWritten < written+int64(len(big)) {
 		t.Fatal("a file with a cache override was not cached")
 	}
-	must(t, c.Cache().SetPolicy("/big", policy.Auto, false))
+	must(t, c.SetPolicy("/big", policy.Auto, false))
 	wantPolicy(t, c, "/big", true, "≥ threshold")
-	must(t, c.Cache().SetPolicy("/small", policy.Bypass, false))
+	must(t, c.SetPolicy("/small", policy.Bypass, false))
 	wantPolicy(t, c, "/small", true, "override on the file")
 	wantFile(t, c, "/small", small)
 
@@ -80,23 +81,23 @@ func TestPolicyRules(t *testing.T) {
 	testkit.WriteFile(t, w, "/d/a", small)
 	testkit.WriteFile(t, w, "/d/sub/b", small)
 	must(t, w.Symlink("a", "/d/link"))
-	must(t, c.Cache().SetPolicy("/d", policy.Bypass, true))
+	must(t, c.SetPolicy("/d", policy.Bypass, true))
 	wantPolicy(t, c, "/d", true, "override on the directory")
 	wantPolicy(t, c, "/d/a", true, "override on the file")
 	wantPolicy(t, c, "/d/sub/b", true, "override on the file")
-	must(t, c.Cache().SetPolicy("/d", policy.Auto, true))
+	must(t, c.SetPolicy("/d", policy.Auto, true))
 	wantPolicy(t, c, "/d/a", false, "< threshold")
-	must(t, c.Cache().SetPolicy("/d", policy.Cache, false))
+	must(t, c.SetPolicy("/d", policy.Cache, false))
 	wantPolicy(t, c, "/d", false, "override on the directory")
 	testkit.WriteFile(t, w, "/d/big", big)
 	wantPolicy(t, c, "/d/big", false, "override on its directory")
 
-	if err := c.Cache().SetPolicy("/d", "sometimes", false); err == nil {
+	if err := c.SetPolicy("/d", "sometimes", false); err == nil {
 		t.Fatal("a policy that is none was set")
 	}
-	_, err = c.Cache().PolicyOf("/none")
+	_, err = c.Policy("/none")
 	wantErrno(t, "policy of a missing file", err, syscall.ENOENT)
-	wantErrno(t, "set policy of a missing file", c.Cache().SetPolicy("/none", policy.Cache, false), syscall.ENOENT)
+	wantErrno(t, "set policy of a missing file", c.SetPolicy("/none", policy.Cache, false), syscall.ENOENT)
 
 	// A volume named __something bypasses.
 	_, err = w.Admin().CreateVolume("__scratch")
@@ -187,12 +188,12 @@ func TestPolicySwitchKeepsWrites(t *testing.T) {
 	must(t, c.Mkdir("/d", 0o755))
 	testkit.WriteFile(t, c, "/d/f", []byte("written here"))
 	testkit.WriteFile(t, c, "/d/g", []byte("also here"))
-	if c.Stats().DirtyBytes == 0 {
+	if c.Client().Stats().DirtyBytes == 0 {
 		t.Fatal("nothing dirty")
 	}
-	must(t, c.Cache().SetPolicy("/d/f", policy.Bypass, false))
+	must(t, c.SetPolicy("/d/f", policy.Bypass, false))
 	wantFile(t, r, "/d/f", []byte("written here"))
-	must(t, c.Cache().SetPolicy("/d", policy.Bypass, false))
+	must(t, c.SetPolicy("/d", policy.Bypass, false))
 	f, err := c.Open("/d/g", os.O_RDWR, 0)
 	must(t, err)
 	if !f.Bypassed() {
@@ -221,7 +222,7 @@ func TestPolicyAuto(t *testing.T) {
 	if !f.Bypassed() || !f.Policy().Probation {
 		t.Fatalf("first use: bypassed %v, policy %v", f.Bypassed(), f.Policy())
 	}
-	written := c.Stats().BytesWritten
+	written := c.Client().Stats().BytesWritten
 	var got []byte
 	p := make([]byte, 200<<10)
 	for {
@@ -235,7 +236,7 @@ func TestPolicyAuto(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatal("a sequential bypassed read returned other bytes")
 	}
-	if !f.Bypassed() || c.Stats().BytesWritten != written {
+	if !f.Bypassed() || c.Client().Stats().BytesWritten != written {
 		t.Fatal("a sequential read on probation was cached")
 	}
 	must(t, f.Close())

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/server"
@@ -40,13 +41,13 @@ func TestServerRestartReclaim(t *testing.T) {
 	testkit.WriteFile(t, a, "/r", v1)
 	testkit.WriteFile(t, c, "/g", []byte("g1"))
 	wantFile(t, c, "/g", []byte("g1"))
-	if a.Stats().DirtyBytes == 0 {
+	if a.Client().Stats().DirtyBytes == 0 {
 		t.Fatal("nothing dirty before the restart")
 	}
 	s.restart()
 	b := s.dial(t, memCache())
 	wantFile(t, b, "/r", v1)
-	if a.Stats().Reclaimed < 1 {
+	if a.Client().Stats().Reclaimed < 1 {
 		t.Fatal("no delegation was reclaimed")
 	}
 	testkit.WriteFile(t, b, "/g", []byte("g2"))
@@ -69,7 +70,7 @@ func TestServerRestartSettles(t *testing.T) {
 	testkit.WriteFile(t, a, "/d/closed", []byte("closed only"))
 	f := testkit.Create(t, a, "/d/synced", []byte("synced"))
 	must(t, f.Sync())
-	if st := a.Stats(); st.MadeHere != 2 || st.Settled != 2 {
+	if st := a.Client().Stats(); st.MadeHere != 2 || st.Settled != 2 {
 		t.Fatalf("made %d, settled %d: fsync must create the file and its directory's earlier ones", st.MadeHere, st.Settled)
 	}
 	must(t, f.Close())
@@ -115,7 +116,7 @@ func TestServerRestartWithoutKey(t *testing.T) {
 		t.Fatalf("sync after the reclaim was refused: %v, want EIO", err)
 	}
 	must(t, f.Close())
-	if a.Stats().Reclaimed != 0 {
+	if a.Client().Stats().Reclaimed != 0 {
 		t.Fatal("a reclaim succeeded without the session key")
 	}
 	b := s.dial(t, memCache())
@@ -192,7 +193,7 @@ func TestDataPaths(t *testing.T) {
 // channel) and its writes left to the flusher for an hour; and another
 // client (b) that reaches the server directly.
 type holderCase struct {
-	a, b *client.Client
+	a, b *pathfs.FS
 	link *testkit.Relay
 	dir  string
 }
@@ -223,7 +224,7 @@ func TestLeaseLapses(t *testing.T) {
 	const lease = time.Second
 	hc := cutOffHolder(t, lease, with(func(o *client.Options) { o.NoDirDelegations = true }))
 	f := testkit.Create(t, hc.a, "/lapse", testkit.Pattern(20<<10, 6))
-	if hc.a.Stats().WriteDelegations == 0 {
+	if hc.a.Client().Stats().WriteDelegations == 0 {
 		t.Fatal("no write delegation")
 	}
 	hc.link.Pause(true)
@@ -256,7 +257,7 @@ func TestDirDelegationLost(t *testing.T) {
 	hc := cutOffHolder(t, time.Second)
 	must(t, hc.a.Mkdir("/d", 0o755))
 	f := testkit.Create(t, hc.a, "/d/x", testkit.Pattern(5000, 1))
-	if st := hc.a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
+	if st := hc.a.Client().Stats(); st.MadeHere != 1 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d", st.MadeHere, st.Settled)
 	}
 	hc.link.Pause(true)
@@ -288,7 +289,7 @@ func TestDirDelegationLost(t *testing.T) {
 func TestRestartManyClients(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
 	s := startServer(t, withConfig(restartConfig))
-	var cs []*client.Client
+	var cs []*pathfs.FS
 	for i := range 4 {
 		cs = append(cs, s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour })))
 		testkit.WriteFile(t, cs[i], fmt.Sprintf("/m%d", i), testkit.Pattern(10<<10, byte(i)))
@@ -309,7 +310,7 @@ func TestSettleAcrossRestart(t *testing.T) {
 	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
 	must(t, a.Mkdir("/d", 0o755))
 	testkit.WriteFile(t, a, "/d/x", []byte("made here"))
-	if st := a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
+	if st := a.Client().Stats(); st.MadeHere != 1 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d", st.MadeHere, st.Settled)
 	}
 	s.stop()
@@ -322,7 +323,7 @@ func TestSettleAcrossRestart(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the mkdir never finished")
 	}
-	if st := a.Stats(); st.Settled != 1 {
+	if st := a.Client().Stats(); st.Settled != 1 {
 		t.Fatalf("%d files settled, want 1", st.Settled)
 	}
 	b := s.dial(t, memCache())

@@ -11,6 +11,7 @@ import (
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/server"
@@ -50,7 +51,7 @@ func wantEACCES(t *testing.T, what string, err error) {
 func token(tok string) clientOpt { return func(o *client.Options) { o.Token = tok } }
 
 // private makes dir, for who alone.
-func private(t *testing.T, admin *client.Client, dir, who string) {
+func private(t *testing.T, admin *pathfs.FS, dir, who string) {
 	t.Helper()
 	must(t, admin.Mkdir(dir, 0o777))
 	_, err := admin.Admin().SetACL(dir, who, access.All)
@@ -81,8 +82,8 @@ func TestUsersShareTheCacheNotTheRights(t *testing.T) {
 	testkit.WriteFile(t, s.dial(t, memCache(), token(bobTok)), "/bob/secret", secret)
 	// A client of the admin's token, serving bob and alice.
 	c := s.dial(t, token(adminTok))
-	bob, alice := c.Nodes().As(client.NewUser(bobTok)), c.Nodes().As(client.NewUser(aliceTok))
-	dir, _, err := bob.Lookup(bob.Root(), "bob")
+	bob, alice := c.Client().Nodes().As(client.NewUser(bobTok)), c.Client().Nodes().As(client.NewUser(aliceTok))
+	dir, _, err := bob.Lookup(root(t, bob), "bob")
 	must(t, err)
 	n, _, err := bob.Lookup(dir, "secret")
 	must(t, err)
@@ -93,14 +94,14 @@ func TestUsersShareTheCacheNotTheRights(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Bob is served from the cache now: no request.
-	rpcs := c.Stats().RPCs
+	rpcs := c.Client().Stats().RPCs
 	if got, err := readNode(bob, dir, n, "secret"); err != nil || string(got) != string(secret) {
 		t.Fatalf("bob reads %q, %v again", got, err)
 	}
 	if _, err := bob.ReadDir(dir); err != nil {
 		t.Fatal(err)
 	}
-	if got := c.Stats().RPCs - rpcs; got != 0 {
+	if got := c.Client().Stats().RPCs - rpcs; got != 0 {
 		t.Fatalf("bob's cached read and listing took %d requests", got)
 	}
 	// Alice is asked about, as herself, and refused all of it.
@@ -116,20 +117,20 @@ func TestUsersShareTheCacheNotTheRights(t *testing.T) {
 	wantEACCES(t, "alice's truncation", err)
 	wantEACCES(t, "alice's remove", alice.Remove(dir, "secret", false))
 	// Her refusals dropped nothing of bob's: still no request for him.
-	rpcs = c.Stats().RPCs
+	rpcs = c.Client().Stats().RPCs
 	if got, err := readNode(bob, dir, n, "secret"); err != nil || string(got) != string(secret) {
 		t.Fatalf("bob reads %q, %v after alice", got, err)
 	}
-	if got := c.Stats().RPCs - rpcs; got != 0 {
+	if got := c.Client().Stats().RPCs - rpcs; got != 0 {
 		t.Fatalf("bob's cached read took %d requests after alice's refusals", got)
 	}
 	// A new token of bob's is asked about again (rights are the token's).
-	bob2 := c.Nodes().As(client.NewUser(issue("bob", 1002, false)))
-	rpcs = c.Stats().RPCs
+	bob2 := c.Client().Nodes().As(client.NewUser(issue("bob", 1002, false)))
+	rpcs = c.Client().Stats().RPCs
 	if got, err := readNode(bob2, dir, n, "secret"); err != nil || string(got) != string(secret) {
 		t.Fatalf("bob's new token reads %q, %v", got, err)
 	}
-	if c.Stats().RPCs == rpcs {
+	if c.Client().Stats().RPCs == rpcs {
 		t.Fatal("a new token was served from the cache without asking the server")
 	}
 	wantFile(t, admin, "/bob/secret", secret)
@@ -153,7 +154,7 @@ func TestUsersWriteBackAsTheWriter(t *testing.T) {
 	_, err = admin.Admin().SetACL("/shared", "bob", access.All)
 	must(t, err)
 	c := s.dial(t)
-	alice, bob := c.Nodes().As(client.NewUser(aliceTok)), c.Nodes().As(client.NewUser(bobTok))
+	alice, bob := c.Client().Nodes().As(client.NewUser(aliceTok)), c.Client().Nodes().As(client.NewUser(bobTok))
 	files := []struct {
 		name string
 		k    *client.Nodes
@@ -161,10 +162,10 @@ func TestUsersWriteBackAsTheWriter(t *testing.T) {
 	}{{"a1", alice, 1001}, {"b1", bob, 1002}, {"a2", alice, 1001}}
 	// Bob first learns his rights there: a user not known to have them
 	// makes files at the server instead.
-	_, _, err = bob.Lookup(bob.Root(), "shared")
+	_, _, err = bob.Lookup(root(t, bob), "shared")
 	must(t, err)
 	for _, f := range files {
-		dir, _, err := f.k.Lookup(f.k.Root(), "shared")
+		dir, _, err := f.k.Lookup(root(t, f.k), "shared")
 		must(t, err)
 		_, h, err := f.k.CreateOpen(client.Make{Dir: dir, Name: f.name, Mode: 0o644, Who: client.Creator{UID: f.uid, GID: f.uid}}, "/shared/"+f.name, os.O_RDWR|os.O_CREATE)
 		must(t, err)
@@ -172,7 +173,7 @@ func TestUsersWriteBackAsTheWriter(t *testing.T) {
 		must(t, err)
 		must(t, h.Close())
 	}
-	if st := c.Stats(); st.DirtyBytes == 0 || st.MadeHere != int64(len(files)) {
+	if st := c.Client().Stats(); st.DirtyBytes == 0 || st.MadeHere != int64(len(files)) {
 		t.Fatalf("not kept back: %d bytes dirty, %d of %d files made here", st.DirtyBytes, st.MadeHere, len(files))
 	}
 	must(t, c.Close()) // stores it all, or says what it lost

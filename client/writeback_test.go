@@ -27,15 +27,15 @@ func TestFlushAge(t *testing.T) {
 	data := testkit.Pattern(300<<10, 4)
 	testkit.WriteFile(t, a, "/aged", data)
 	waitFor(t, 10*time.Second, func() bool {
-		st := a.Stats()
+		st := a.Client().Stats()
 		return st.DirtyBytes == 0 && st.Flushed >= int64(len(data))
-	}, func() string { return fmt.Sprintf("the flusher did not store aged writes: %+v", a.Stats()) })
+	}, func() string { return fmt.Sprintf("the flusher did not store aged writes: %+v", a.Client().Stats()) })
 	// Already stored: the recall another client's open makes stores
 	// nothing more.
-	stores := a.Stats().Stores
+	stores := a.Client().Stats().Stores
 	b := s.dial(t, memCache())
 	wantFile(t, b, "/aged", data)
-	if st := a.Stats(); st.Stores != stores {
+	if st := a.Client().Stats(); st.Stores != stores {
 		t.Fatalf("the recall stored again (%d stores) what the flusher had stored", st.Stores-stores)
 	}
 }
@@ -54,10 +54,10 @@ func TestFlusherThreshold(t *testing.T) {
 		testkit.WriteFile(t, a, fmt.Sprintf("/t%d", i), testkit.Pattern(1<<20, byte(i)))
 	}
 	waitFor(t, 15*time.Second, func() bool {
-		st := a.Stats()
+		st := a.Client().Stats()
 		return st.Flushed > 0 && st.DirtyBytes <= 27<<18
-	}, func() string { return fmt.Sprintf("the flusher did not store down: %+v", a.Stats()) })
-	if st := a.Stats(); st.DirtyBytes == 0 {
+	}, func() string { return fmt.Sprintf("the flusher did not store down: %+v", a.Client().Stats()) })
+	if st := a.Client().Stats(); st.DirtyBytes == 0 {
 		t.Fatal("the flusher stored everything, not down to lodirty")
 	}
 	b := s.dial(t, memCache())
@@ -85,7 +85,7 @@ func TestDirtyCacheFull(t *testing.T) {
 		}
 	}
 	must(t, f.Close())
-	if st := a.Stats(); st.Stores == 0 {
+	if st := a.Client().Stats(); st.Stores == 0 {
 		t.Fatal("nothing stored while writing 6 MiB into a 2 MiB cache")
 	}
 	b := s.dial(t, memCache())
@@ -107,7 +107,7 @@ func TestDirtyCacheFull(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatal("read back through the small cache: wrong data")
 	}
-	if a.Stats().Evictions == 0 {
+	if a.Client().Stats().Evictions == 0 {
 		t.Fatal("no evictions reading 6 MiB through a 2 MiB cache")
 	}
 }
@@ -121,17 +121,17 @@ func TestCacheSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
 	a := s.dial(t, inDir(dir))
 	wantFile(t, a, "/kept", data)
-	fetched := a.Stats().BytesFetched
+	fetched := a.Client().Stats().BytesFetched
 	if fetched < int64(len(data)) {
 		t.Fatalf("fetched %d bytes reading %d", fetched, len(data))
 	}
 	must(t, a.Close())
 	a2 := s.dial(t, inDir(dir))
-	if st := a2.Stats(); st.BytesFetched != fetched {
+	if st := a2.Client().Stats(); st.BytesFetched != fetched {
 		t.Fatalf("the cache's counters were not kept: %d fetched, was %d", st.BytesFetched, fetched)
 	}
 	wantFile(t, a2, "/kept", data)
-	if st := a2.Stats(); st.BytesFetched != fetched {
+	if st := a2.Client().Stats(); st.BytesFetched != fetched {
 		t.Fatalf("re-reading a cached file after a restart fetched %d bytes", st.BytesFetched-fetched)
 	}
 	// A change made meanwhile is noticed: the old chunks are dropped.
@@ -216,7 +216,7 @@ func TestCrashedClientsWritesKept(t *testing.T) {
 	}))
 	data := testkit.Pattern(50<<10, 8)
 	testkit.WriteFile(t, a, "/crash", data)
-	if a.Stats().DirtyBytes == 0 {
+	if a.Client().Stats().DirtyBytes == 0 {
 		t.Fatal("nothing dirty")
 	}
 	// The index is committed every 100 ms: copy until a copy has it.
@@ -330,7 +330,7 @@ func TestReadWithCacheFullOfDirtyData(t *testing.T) {
 	}))
 	dirty := testkit.Pattern(2<<20, 1)
 	f := testkit.Create(t, a, "/dirty", dirty)
-	if st := a.Stats(); st.DirtyBytes != int64(len(dirty)) {
+	if st := a.Client().Stats(); st.DirtyBytes != int64(len(dirty)) {
 		t.Fatalf("%d dirty bytes, want the whole cache", st.DirtyBytes)
 	}
 	g := openFile(t, a, "/other", os.O_RDONLY)
@@ -339,7 +339,7 @@ func TestReadWithCacheFullOfDirtyData(t *testing.T) {
 	if n != len(other) || err != io.EOF || !bytes.Equal(p[:n], other) {
 		t.Fatalf("read with the cache full: %d bytes, %v", n, err)
 	}
-	if a.Stats().Bypassed == 0 {
+	if a.Client().Stats().Bypassed == 0 {
 		t.Fatal("no chunk was served around the full cache")
 	}
 	must(t, g.Close())
@@ -362,7 +362,7 @@ func TestPartialChunkChanges(t *testing.T) {
 	want := slices.Clone(data[:800_000])
 	copy(want[600_000:], "middle")
 	wantFile(t, w, "/pc", want)
-	if a.Stats().BytesFetched == 0 {
+	if a.Client().Stats().BytesFetched == 0 {
 		t.Fatal("nothing fetched for partial-chunk changes")
 	}
 }

@@ -20,12 +20,12 @@ func TestXattrsKeptUnderPromise(t *testing.T) {
 	must(t, w.Close()) // stores it and gives back its delegation
 	a := s.dial(t)
 	b := s.dial(t, memCache())
-	ka, kb := a.Nodes(), b.Nodes()
-	na, _, err := ka.Lookup(ka.Root(), "f")
+	ka, kb := a.Client().Nodes(), b.Client().Nodes()
+	na, _, err := ka.Lookup(root(t, ka), "f")
 	must(t, err)
 	_, err = ka.SetXattr(na, "user.x", []byte("1"), 0)
 	must(t, err)
-	nb, _, err := kb.Lookup(kb.Root(), "f")
+	nb, _, err := kb.Lookup(root(t, kb), "f")
 	must(t, err)
 
 	want := func(what, name, value string) {
@@ -45,21 +45,21 @@ func TestXattrsKeptUnderPromise(t *testing.T) {
 			t.Fatalf("%s: list = %q, %v; want %q", what, got, err, names)
 		}
 	}
-	asked := b.Stats().RPCs
+	asked := b.Client().Stats().RPCs
 	want("first get", "user.x", "1")
 	want("first get of an absent name", "user.none", "")
 	wantList("first list", "user.x")
-	if n := b.Stats().RPCs - asked; n != 3 {
+	if n := b.Client().Stats().RPCs - asked; n != 3 {
 		t.Fatalf("the first get, absent get and list sent %d requests, want 3", n)
 	}
-	asked = b.Stats().RPCs
+	asked = b.Client().Stats().RPCs
 	for range 3 {
 		want("kept get", "user.x", "1")
 		wantList("kept list", "user.x")
 		want("kept get of an absent name", "user.none", "")
 		want("a name the kept list lacks", "user.other", "")
 	}
-	if n := b.Stats().RPCs - asked; n != 0 {
+	if n := b.Client().Stats().RPCs - asked; n != 0 {
 		t.Fatalf("answers kept under the promise sent %d requests, want 0", n)
 	}
 

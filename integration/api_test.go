@@ -203,8 +203,8 @@ func TestReadAhead(t *testing.T) {
 		}
 	}
 	read := int64(8 * len(p))
-	if !poll.Until(5*time.Second, func() bool { return b.Stats().BytesFetched > read+256<<10 }) {
-		t.Fatalf("fetched %d bytes after reading %d sequentially: no read-ahead", b.Stats().BytesFetched, read)
+	if !poll.Until(5*time.Second, func() bool { return b.Client().Stats().BytesFetched > read+256<<10 }) {
+		t.Fatalf("fetched %d bytes after reading %d sequentially: no read-ahead", b.Client().Stats().BytesFetched, read)
 	}
 	// Random access does not trigger it.
 	c := dial(t, srv.addr, "mem", 64<<20)
@@ -217,7 +217,7 @@ func TestReadAhead(t *testing.T) {
 	// client counts no read-ahead started, so only a bounded wait can
 	// tell that none comes.
 	poll.Holds(t, 200*time.Millisecond, "random reads fetch exactly the 4 chunks read",
-		func() bool { return c.Stats().BytesFetched == 4*256<<10 })
+		func() bool { return c.Client().Stats().BytesFetched == 4*256<<10 })
 }
 
 // SIGTERM stops the server cleanly, with exit status 0.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
@@ -111,7 +112,7 @@ func waitWrote(t *testing.T, lines <-chan string, n int) {
 
 // wholly checks that the file is the old version or the new, and says
 // which.
-func wholly(t *testing.T, c *client.Client, old, new []byte) string {
+func wholly(t *testing.T, c *pathfs.FS, old, new []byte) string {
 	t.Helper()
 	got := testkit.ReadFile(t, c, crashFile)
 	switch {
@@ -141,7 +142,7 @@ func stagingEmpty(t *testing.T, data string) {
 
 // crashSetup starts a server (its data directory data), a client of it,
 // and a random source for where the crashes strike.
-func crashSetup(t *testing.T) (data string, srv *serverProc, c *client.Client, rng *rand.Rand) {
+func crashSetup(t *testing.T) (data string, srv *serverProc, c *pathfs.FS, rng *rand.Rand) {
 	data = t.TempDir()
 	srv = startServer(t, data)
 	return data, srv, dial(t, srv.addr, t.TempDir(), 256<<20), rand.New(rand.NewSource(time.Now().UnixNano()))

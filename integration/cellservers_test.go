@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
@@ -107,7 +108,7 @@ func cellOf3(t *testing.T, extra ...string) ([]*etcdProc, []*serverProc) {
 }
 
 // waitAlive waits until the cell lists want servers, all alive.
-func waitAlive(t *testing.T, c *client.Client, want int) {
+func waitAlive(t *testing.T, c *pathfs.FS, want int) {
 	t.Helper()
 	var ss []cadmin.Server
 	var err error
@@ -563,7 +564,7 @@ func TestCellMoveServerDies(t *testing.T) {
 // moveAndKill runs hoard vol move of volume big to to (dialled to addr),
 // calls kill once admin sees the move recorded, and returns the mover's
 // outcome.
-func moveAndKill(t *testing.T, admin *client.Client, addr, to string, kill func(mover *exec.Cmd)) error {
+func moveAndKill(t *testing.T, admin *pathfs.FS, addr, to string, kill func(mover *exec.Cmd)) error {
 	t.Helper()
 	mover := exec.Command(hoardBin, "vol", "move", "big", "--to", to, "--server", addr, "--cache", "")
 	var out bytes.Buffer

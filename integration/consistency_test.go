@@ -22,6 +22,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 )
 
 // The consistency checker: clients run random file sessions on a
@@ -561,7 +562,7 @@ type consFile interface {
 }
 
 type libFS struct {
-	c   *client.Client
+	c   *pathfs.FS
 	dir string
 	via *serverProc // the server or proxy c talks to
 }
@@ -819,7 +820,7 @@ func consRun(t *testing.T, srv *serverProc, clients []consFS, d time.Duration, r
 	var made, settled int64
 	for _, fs := range clients {
 		if l, ok := fs.(libFS); ok {
-			st := l.c.Stats()
+			st := l.c.Client().Stats()
 			made, settled = made+st.MadeHere, settled+st.Settled
 		}
 	}
@@ -930,12 +931,12 @@ func consText(sorted []porcupine.Operation, mark int) string {
 
 // dialCons connects a library client with a cache of its own and a name
 // of its own, as a client on another machine would be.
-func dialCons(t *testing.T, srv *serverProc, name string, noDeleg bool) *client.Client {
+func dialCons(t *testing.T, srv *serverProc, name string, noDeleg bool) *pathfs.FS {
 	return dialConsWith(t, srv, name, client.Options{NoDelegations: noDeleg})
 }
 
 // dialConsWith is dialCons with more options.
-func dialConsWith(t *testing.T, srv *serverProc, name string, o client.Options) *client.Client {
+func dialConsWith(t *testing.T, srv *serverProc, name string, o client.Options) *pathfs.FS {
 	t.Helper()
 	// The client's log, at debug, is kept as records in a ring, and
 	// shown if the test fails: a history the checker cannot explain then

@@ -36,11 +36,11 @@ func TestCloseToOpenAndBreaks(t *testing.T) {
 		t.Fatal("C read wrong bytes")
 	}
 
-	before := b.Stats()
+	before := b.Client().Stats()
 	if got := testkit.ReadFile(t, b, "/shared"); !bytes.Equal(got, v1) {
 		t.Fatal("B re-read wrong bytes")
 	}
-	after := b.Stats()
+	after := b.Client().Stats()
 	if d := after.BytesFetched - before.BytesFetched; d != 0 {
 		t.Fatalf("a cached re-read fetched %d bytes", d)
 	}
@@ -49,13 +49,13 @@ func TestCloseToOpenAndBreaks(t *testing.T) {
 	}
 
 	v2 := testkit.Pattern(1<<20+77, 3)
-	breaks := b.Stats().Breaks
+	breaks := b.Client().Stats().Breaks
 	testkit.WriteFile(t, a, "/shared", v2)
 	// The break reached B before A's Close returned.
-	if b.Stats().Breaks <= breaks {
+	if b.Client().Stats().Breaks <= breaks {
 		t.Fatal("B received no break before A's close returned")
 	}
-	before = b.Stats()
+	before = b.Client().Stats()
 	if got := testkit.ReadFile(t, b, "/shared"); !bytes.Equal(got, v2) {
 		t.Fatal("B read stale bytes after A's close")
 	}
@@ -63,7 +63,7 @@ func TestCloseToOpenAndBreaks(t *testing.T) {
 		t.Fatal("C read stale bytes after A's close")
 	}
 	testkit.ReadFile(t, b, "/quiet")
-	after = b.Stats()
+	after = b.Client().Stats()
 	if d := after.BytesFetched - before.BytesFetched; d != int64(len(v2)) {
 		t.Fatalf("B fetched %d bytes after the change, want exactly the changed file's %d", d, len(v2))
 	}
@@ -175,11 +175,11 @@ func TestServerCrashKeepsAcknowledgedData(t *testing.T) {
 	srv.restart()
 
 	// Revalidation keeps B's unchanged data: reading it fetches nothing.
-	before := b.Stats().BytesFetched
+	before := b.Client().Stats().BytesFetched
 	if got := testkit.ReadFile(t, b, "/dir/f05"); !bytes.Equal(got, unchanged) {
 		t.Fatal("f05 changed")
 	}
-	if d := b.Stats().BytesFetched - before; d != 0 {
+	if d := b.Client().Stats().BytesFetched - before; d != 0 {
 		t.Fatalf("revalidation after the restart refetched %d bytes of an unchanged file", d)
 	}
 	for name, want := range files {
@@ -224,12 +224,12 @@ func TestEpochRevalidation(t *testing.T) {
 	// A writes through its new session; B, holding no valid promise, must
 	// notice by DataVersion.
 	testkit.WriteFile(t, a, "/changes", newer)
-	before := b.Stats()
+	before := b.Client().Stats()
 	if got := testkit.ReadFile(t, b, "/changes"); !bytes.Equal(got, newer) {
 		t.Fatal("B served stale data after the server restart")
 	}
 	testkit.ReadFile(t, b, "/same")
-	after := b.Stats()
+	after := b.Client().Stats()
 	if d := after.BytesFetched - before.BytesFetched; d != int64(len(newer)) {
 		t.Fatalf("fetched %d bytes, want only the changed file's %d", d, len(newer))
 	}
@@ -256,13 +256,13 @@ func TestClientRestartReusesCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	b2 := dial(t, srv.addr, dir, 64<<20)
-	before := b2.Stats().BytesFetched
+	before := b2.Client().Stats().BytesFetched
 	for i := range want {
 		if got := testkit.ReadFile(t, b2, fmt.Sprintf("/f%d", i)); !bytes.Equal(got, want[i]) {
 			t.Fatalf("f%d differs", i)
 		}
 	}
-	if d := b2.Stats().BytesFetched - before; d != 0 {
+	if d := b2.Client().Stats().BytesFetched - before; d != 0 {
 		t.Fatalf("restarted client fetched %d bytes of unchanged files", d)
 	}
 }
@@ -285,12 +285,12 @@ func TestEvictionUnderSmallCache(t *testing.T) {
 			if got := testkit.ReadFile(t, b, fmt.Sprintf("/big%d", i)); !bytes.Equal(got, want[i]) {
 				t.Fatalf("big%d differs", i)
 			}
-			if st := b.Stats(); st.BytesCached > limit {
+			if st := b.Client().Stats(); st.BytesCached > limit {
 				t.Fatalf("cache holds %d bytes, limit %d", st.BytesCached, limit)
 			}
 		}
 	}
-	st := b.Stats()
+	st := b.Client().Stats()
 	if st.Evictions == 0 {
 		t.Fatal("no evictions under a cache smaller than the data")
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
@@ -31,7 +32,7 @@ func TestDirDelegation(t *testing.T) {
 	if err := a.Mkdir("/d", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	before := a.Stats()
+	before := a.Client().Stats()
 	var want []string
 	for i := range 20 {
 		name := fmt.Sprintf("/d/f%02d", i)
@@ -53,7 +54,7 @@ func TestDirDelegation(t *testing.T) {
 	if _, err := a.Open("/d/f02", syscall.O_RDWR|syscall.O_CREAT|syscall.O_EXCL, 0o644); !errors.Is(err, fs.ErrExist) {
 		t.Fatalf("exclusive create of a name made here: %v", err)
 	}
-	st := a.Stats()
+	st := a.Client().Stats()
 	if made, dropped, settled := st.MadeHere-before.MadeHere, st.MadeDropped-before.MadeDropped, st.Settled-before.Settled; made != 20 || dropped != 10 || settled != 0 {
 		t.Fatalf("made %d, dropped %d, settled %d: want 20 made here, 10 removed before the server knew them, none sent", made, dropped, settled)
 	}
@@ -70,12 +71,12 @@ func TestDirDelegation(t *testing.T) {
 			t.Fatalf("%s: another client read %d bytes, not what was written", name, len(data))
 		}
 	}
-	if st := a.Stats(); st.Settled-before.Settled != 10 {
+	if st := a.Client().Stats(); st.Settled-before.Settled != 10 {
 		t.Fatalf("%d files created at the server, want the 10 left", st.Settled-before.Settled)
 	}
 	// Recalled: the next create asks the server, which b sees at once.
 	testkit.WriteFile(t, a, "/d/late", []byte("late"))
-	if st := a.Stats(); st.MadeHere-before.MadeHere != 20 {
+	if st := a.Client().Stats(); st.MadeHere-before.MadeHere != 20 {
 		t.Fatalf("a made a file in a directory just recalled from it")
 	}
 	if got := string(testkit.ReadFile(t, b, "/d/late")); got != "late" {
@@ -89,9 +90,9 @@ func TestDirDelegation(t *testing.T) {
 	if _, err := b.ReadDir("/e"); err != nil {
 		t.Fatal(err)
 	}
-	made := a.Stats().MadeHere
+	made := a.Client().Stats().MadeHere
 	testkit.WriteFile(t, a, "/e/x", []byte("x"))
-	if a.Stats().MadeHere != made {
+	if a.Client().Stats().MadeHere != made {
 		t.Fatal("a made a file in a directory another client has cached")
 	}
 }
@@ -115,7 +116,7 @@ func TestDirDelegationRestart(t *testing.T) {
 	if err := f.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	if st := a.Stats(); st.MadeHere != 2 || st.Settled != 2 {
+	if st := a.Client().Stats(); st.MadeHere != 2 || st.Settled != 2 {
 		t.Fatalf("made %d, settled %d: fsync must create the file and its directory's earlier ones", st.MadeHere, st.Settled)
 	}
 	f.Close()
@@ -138,7 +139,7 @@ func TestDirDelegationLost(t *testing.T) {
 	hc := cutOffHolder(t, lease)
 	a, b, link, cacheDir, f := hc.a, hc.b, hc.link, hc.cacheDir, hc.f
 	defer f.Close()
-	if st := a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
+	if st := a.Client().Stats(); st.MadeHere != 1 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d", st.MadeHere, st.Settled)
 	}
 	link.Pause(true)
@@ -198,7 +199,7 @@ func TestDirDelegationPOSIX(t *testing.T) {
 			t.Fatalf("%s: the directory's mtime %v -> %v, ctime %v -> %v; want both later", what, before.Mtime, after.Mtime, before.Ctime, after.Ctime)
 		}
 	}
-	made := a.Stats().MadeHere
+	made := a.Client().Stats().MadeHere
 	changed("a create", func() { testkit.WriteFile(t, a, "/p/x", []byte("x")) })
 	changed("a create", func() { testkit.WriteFile(t, a, "/p/y", []byte("y")) })
 	changed("a rename", func() {
@@ -211,7 +212,7 @@ func TestDirDelegationPOSIX(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	if st := a.Stats(); st.MadeHere-made != 2 || st.Settled != 0 {
+	if st := a.Client().Stats(); st.MadeHere-made != 2 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d: the test wants both files made here, unsent", st.MadeHere-made, st.Settled)
 	}
 	if err := a.Remove("/p"); !errors.Is(err, syscall.ENOTEMPTY) {
@@ -234,7 +235,7 @@ func TestDirDelegationPOSIX(t *testing.T) {
 func TestDirDelegationSettleAcrossRestart(t *testing.T) {
 	srv, a := madeHere(t)
 	srv.kill9()
-	stores := a.Stats().Stores
+	stores := a.Client().Stats().Stores
 	calling := make(chan struct{})
 	made := make(chan error, 1)
 	go func() {
@@ -251,7 +252,7 @@ func TestDirDelegationSettleAcrossRestart(t *testing.T) {
 	}
 	// Nothing covers the made file's writes after the restart: they are
 	// stored at once, not left to the flusher.
-	if st := a.Stats(); st.Settled != 1 || st.DirtyBytes != 0 || st.Stores != stores+1 {
+	if st := a.Client().Stats(); st.Settled != 1 || st.DirtyBytes != 0 || st.Stores != stores+1 {
 		t.Fatalf("%d files settled (want 1), then %d dirty bytes and %d stores (want 0 and 1)", st.Settled, st.DirtyBytes, st.Stores-stores)
 	}
 	b := dial(t, srv.addr, "mem", 64<<20)
@@ -280,7 +281,7 @@ func TestDirDelegationChurnLeavesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i == 0 {
-			base = a.Stats().Files // the directory's, with its delegation
+			base = a.Client().Stats().Files // the directory's, with its delegation
 		}
 	}
 	open, err := a.Create("/d/open")
@@ -291,13 +292,13 @@ func TestDirDelegationChurnLeavesNothing(t *testing.T) {
 	if err := a.Remove("/d/open"); err != nil {
 		t.Fatal(err)
 	}
-	if st := a.Stats(); st.Files != base+1 {
+	if st := a.Client().Stats(); st.Files != base+1 {
 		t.Fatalf("the cache holds %d files more with one removed while open, want that one", st.Files-base)
 	}
 	if err := open.Close(); err != nil {
 		t.Fatal(err)
 	}
-	st := a.Stats()
+	st := a.Client().Stats()
 	if st.MadeHere != 31 || st.MadeDropped != 31 || st.Settled != 0 {
 		t.Fatalf("made %d, dropped %d, settled %d: want 31 files made and removed here, none sent", st.MadeHere, st.MadeDropped, st.Settled)
 	}
@@ -325,14 +326,14 @@ func TestDirDelegationMadeFileCached(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, dir := a.FIDs().Node(st.FID), a.FIDs().Node(dst.FID)
-	dirLeft := a.FIDs().PromiseLeft(dir)
-	if left := a.FIDs().PromiseLeft(n); !n.Valid() || left < time.Minute || left > dirLeft {
+	n, dir := a.Client().FIDs().Node(st.FID), a.Client().FIDs().Node(dst.FID)
+	dirLeft := a.Client().FIDs().PromiseLeft(dir)
+	if left := a.Client().FIDs().PromiseLeft(n); !n.Valid() || left < time.Minute || left > dirLeft {
 		t.Fatalf("a file made here: valid %v, cachable for %v; want valid, for its directory's %v", n.Valid(), left, dirLeft)
 	}
 	b := dial(t, srv.addr, "mem", 64<<20)
 	testkit.WriteFile(t, b, "/d/x", []byte("changed by b"))
-	if n.Valid() || a.FIDs().PromiseLeft(n) > 0 {
+	if n.Valid() || a.Client().FIDs().PromiseLeft(n) > 0 {
 		t.Fatal("the maker still caches a file another client changed since")
 	}
 	if got := string(testkit.ReadFile(t, a, "/d/x")); got != "changed by b" {
@@ -342,7 +343,7 @@ func TestDirDelegationMadeFileCached(t *testing.T) {
 
 // madeHere starts a server, and a client with a disk cache that makes
 // /d/x ("made here") in its new directory /d without telling the server.
-func madeHere(t *testing.T) (*serverProc, *client.Client) {
+func madeHere(t *testing.T) (*serverProc, *pathfs.FS) {
 	t.Helper()
 	tmp := t.TempDir()
 	srv := startServer(t, filepath.Join(tmp, "srv"))
@@ -351,7 +352,7 @@ func madeHere(t *testing.T) (*serverProc, *client.Client) {
 		t.Fatal(err)
 	}
 	testkit.WriteFile(t, a, "/d/x", []byte("made here"))
-	if st := a.Stats(); st.MadeHere != 1 || st.Settled != 0 {
+	if st := a.Client().Stats(); st.MadeHere != 1 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d: the test wants the file made here, unsent", st.MadeHere, st.Settled)
 	}
 	return srv, a
@@ -385,7 +386,7 @@ func TestDirDelegationRemoveLater(t *testing.T) {
 		fids[name] = f.FID()
 		f.Close()
 	}
-	before := a.Stats()
+	before := a.Client().Stats()
 	if before.Settled != 6 {
 		t.Fatalf("%d files created at the server by their fsyncs, want 6", before.Settled)
 	}
@@ -398,11 +399,11 @@ func TestDirDelegationRemoveLater(t *testing.T) {
 	if _, err := a.Stat("/d/f1"); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("stat of a file removed here: %v", err)
 	}
-	st := a.Stats()
+	st := a.Client().Stats()
 	if removed, rpcs := st.RemovedHere-before.RemovedHere, st.RPCs-before.RPCs; removed != 4 || rpcs != 0 {
 		t.Fatalf("%d files removed here with %d RPCs, want 4 with none", removed, rpcs)
 	}
-	if _, err := b.FIDs().Status(b.FIDs().Node(fids["/d/f1"])); !errors.Is(err, syscall.ESTALE) && !errors.Is(err, syscall.ENOENT) {
+	if _, err := b.Client().FIDs().Status(b.Client().FIDs().Node(fids["/d/f1"])); !errors.Is(err, syscall.ESTALE) && !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("another client asking for a file removed here by FID: %v, want it gone", err)
 	}
 	// That settle also made f0 again and removed the others.
@@ -415,7 +416,7 @@ func TestDirDelegationRemoveLater(t *testing.T) {
 	if data := testkit.ReadFile(t, b, "/d/f4"); !bytes.Equal(data, testkit.Pattern(3000, 4)) {
 		t.Fatal("f4 lost its data")
 	}
-	if st := a.Stats(); st.Settled-before.Settled != 1 || st.Files > before.Files-3 {
+	if st := a.Client().Stats(); st.Settled-before.Settled != 1 || st.Files > before.Files-3 {
 		t.Fatalf("%d created at the server, %d files cached (from %d): want 1, and the removed ones gone from the cache",
 			st.Settled-before.Settled, st.Files, before.Files)
 	}
@@ -436,7 +437,7 @@ func TestDirDelegationRemoveLaterLost(t *testing.T) {
 	if err := a.Remove("/d/x"); err != nil {
 		t.Fatal(err)
 	}
-	if st := a.Stats(); st.RemovedHere != 1 {
+	if st := a.Client().Stats(); st.RemovedHere != 1 {
 		t.Fatalf("%d files removed here, want 1", st.RemovedHere)
 	}
 	link.Pause(true)
@@ -464,7 +465,7 @@ func TestDirDelegationRemoveLaterLost(t *testing.T) {
 // (link) the test can cut, with /d/x made and 5,000 bytes written to it
 // under a directory delegation (f, open), and another client (b).
 type holderCase struct {
-	a, b     *client.Client
+	a, b     *pathfs.FS
 	link     *testkit.Relay
 	cacheDir string
 	f        *client.File

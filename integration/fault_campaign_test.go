@@ -26,6 +26,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/internal/poll"
@@ -67,12 +68,12 @@ type campaign struct {
 	cacheDisk  string // a tmpfs holding the first mount's cache
 	dataAddr   string // the server's real data channel
 	ctl, data  *testkit.Relay
-	probe      *client.Client
+	probe      *pathfs.FS
 	mounts     []*mountProc
 	mountTo    []*serverProc
 	workers    []*fcWorker
 	driver     *fcWorker // the driver's own files (cache-full)
-	cons       []*client.Client
+	cons       []*pathfs.FS
 	consVia    []*serverProc
 	caches     []string // cache directories whose lost/ is counted
 	lostSeen   map[string]bool
@@ -214,11 +215,11 @@ func (c *campaign) tmpfs(size string) string {
 	return dir
 }
 
-func (c *campaign) dial(name, addr string, o client.Options) *client.Client {
+func (c *campaign) dial(name, addr string, o client.Options) *pathfs.FS {
 	return c.dialCache(name, addr, c.t.TempDir(), o)
 }
 
-func (c *campaign) dialCache(name, addr, cache string, o client.Options) *client.Client {
+func (c *campaign) dialCache(name, addr, cache string, o client.Options) *pathfs.FS {
 	c.t.Helper()
 	o.Server, o.CacheDir, o.CacheSize, o.Name = addr, cache, 64<<20, name
 	o.DialTimeout, o.RPCTimeout, o.Logger = 5*time.Second, 10*time.Second, slog.New(slog.DiscardHandler)
@@ -723,7 +724,7 @@ func (f *fcFile) settle(data []byte) {
 
 // readRetry reads name, retrying what is neither data nor ENOENT for a
 // while (a lease of a killed client may hold the file up).
-func (c *campaign) readRetry(v *client.Client, name string) ([]byte, error) {
+func (c *campaign) readRetry(v *pathfs.FS, name string) ([]byte, error) {
 	var b []byte
 	var err error
 	if !poll.Until(60*time.Second, func() bool {

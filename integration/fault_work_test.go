@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
@@ -154,7 +154,7 @@ func fcSession(h fcHandle, pieces [][]byte, sync bool) (bool, error) {
 }
 
 type fcLib struct {
-	c   *client.Client
+	c   *pathfs.FS
 	dir string
 }
 

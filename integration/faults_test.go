@@ -176,10 +176,10 @@ func TestServerAwayDuringClose(t *testing.T) {
 	f, _ := a.Create("/blip")
 	f.Write([]byte("survives a restart"))
 	srv.kill9()
-	stores := a.Stats().Stores
+	stores := a.Client().Stats().Stores
 	closed := make(chan error, 1)
 	go func() { closed <- f.Close() }()
-	poll.Wait(t, 10*time.Second, "the close's store on its way", func() bool { return a.Stats().Stores > stores })
+	poll.Wait(t, 10*time.Second, "the close's store on its way", func() bool { return a.Client().Stats().Stores > stores })
 	srv.restart()
 	if err := <-closed; err != nil {
 		t.Fatalf("close across a short outage: %v", err)
@@ -194,10 +194,10 @@ func TestServerAwayDuringClose(t *testing.T) {
 	g.Write([]byte("precious bytes"))
 	srv.kill9()
 	start := time.Now()
-	stores = a.Stats().Stores
+	stores = a.Client().Stats().Stores
 	flushed := make(chan error, 1)
 	go func() { flushed <- g.Flush() }()
-	poll.Wait(t, 10*time.Second, "the flush's store on its way", func() bool { return a.Stats().Stores > stores })
+	poll.Wait(t, 10*time.Second, "the flush's store on its way", func() bool { return a.Client().Stats().Stores > stores })
 	err = g.Close()
 	if !errors.Is(err, syscall.EIO) {
 		t.Fatalf("close with the server gone: %v, want EIO", err)

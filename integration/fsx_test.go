@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/fsx"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
@@ -160,7 +161,7 @@ func TestFsxModel(t *testing.T) {
 }
 
 // checkServerHolds compares the server's copy of /fsx with the model.
-func checkServerHolds(t *testing.T, lib *client.Client, res fsx.Result) {
+func checkServerHolds(t *testing.T, lib *pathfs.FS, res fsx.Result) {
 	t.Helper()
 	got := testkit.ReadFile(t, lib, "/fsx")
 	if !bytes.Equal(got, res.Final) {

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/cache"
-	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/mount"
@@ -846,7 +846,7 @@ func TestFuseStaleNameAfterLookupElsewhere(t *testing.T) {
 // directory, not held. It returns once
 // the rename reached the server, with a library client and the rename's
 // outcome to come.
-func heldRename(t *testing.T, breakTimeout string, files map[string]string) (srv *serverProc, lib *client.Client, a *mountProc, renamed <-chan error) {
+func heldRename(t *testing.T, breakTimeout string, files map[string]string) (srv *serverProc, lib *pathfs.FS, a *mountProc, renamed <-chan error) {
 	t.Helper()
 	srv = startServer(t, t.TempDir(), "--break-timeout", breakTimeout)
 	lib = dialCons(t, srv, t.Name()+"-lib", true)
@@ -878,7 +878,7 @@ func heldRename(t *testing.T, breakTimeout string, files map[string]string) (srv
 }
 
 // reached waits until c finds name at the server.
-func reached(t *testing.T, c *client.Client, name string) {
+func reached(t *testing.T, c *pathfs.FS, name string) {
 	t.Helper()
 	var err error
 	if !poll.Until(5*time.Second, func() bool { _, err = c.Stat(name); return err == nil }) {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -138,9 +139,9 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 
 func (bearer) RequireTransportSecurity() bool { return true }
 
-// cellDial is client.Dial in the tests' cell: over TLS with its CA, with
+// cellDial is pathfs.Dial in the tests' cell: over TLS with its CA, with
 // the token in HOARD_TOKEN (the admin's, unless a test set another).
-func cellDial(o client.Options) (*client.Client, error) {
+func cellDial(o client.Options) (*pathfs.FS, error) {
 	if o.TLS == nil {
 		ca, err := cell.LoadCA(os.Getenv("HOARD_CA"))
 		if err != nil {
@@ -151,7 +152,7 @@ func cellDial(o client.Options) (*client.Client, error) {
 	if o.Token == "" {
 		o.Token = os.Getenv("HOARD_TOKEN")
 	}
-	return client.Dial(o)
+	return pathfs.Dial(o)
 }
 
 // logBuf collects a process's log lines while the test reads them.
@@ -355,7 +356,7 @@ func (s *serverProc) restart() {
 
 // dial connects a library client, with a disk cache in its own directory
 // unless cacheDir is "mem".
-func dial(t testing.TB, addr, cacheDir string, size int64) *client.Client {
+func dial(t testing.TB, addr, cacheDir string, size int64) *pathfs.FS {
 	t.Helper()
 	if cacheDir == "mem" {
 		cacheDir = ""

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
@@ -45,7 +46,7 @@ func helperMain() int {
 	return 0
 }
 
-func helperWriter(c *client.Client, name string, size int) int {
+func helperWriter(c *pathfs.FS, name string, size int) int {
 	f, err := c.Create(name)
 	if err != nil {
 		fmt.Println("create:", err)

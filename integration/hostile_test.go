@@ -21,6 +21,7 @@ import (
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/client/pathfs"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
@@ -97,7 +98,7 @@ func TestServerRefusesSizesPastItsDisk(t *testing.T) {
 // it nothing it keeps.
 func TestServerBoundsSessions(t *testing.T) {
 	srv := startServer(t, t.TempDir(), "--max-sessions-per-peer", "3")
-	var cs []*client.Client
+	var cs []*pathfs.FS
 	for range 3 {
 		c, err := cellDial(client.Options{Server: srv.addr, CacheSize: 16 << 20})
 		if err != nil {
@@ -111,7 +112,7 @@ func TestServerBoundsSessions(t *testing.T) {
 	}
 	testkit.WriteFile(t, cs[1], "/x", []byte("still served"))
 	cs[0].Close()
-	var in *client.Client
+	var in *pathfs.FS
 	var err error
 	if !poll.Until(10*time.Second, func() bool {
 		in, err = cellDial(client.Options{Server: srv.addr, CacheSize: 16 << 20})

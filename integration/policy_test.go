@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/client/policy"
 	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
 
-func dialOpts(t *testing.T, o client.Options) *client.Client {
+func dialOpts(t *testing.T, o client.Options) *pathfs.FS {
 	t.Helper()
 	o.DialTimeout, o.RPCTimeout = 5*time.Second, 10*time.Second
 	c, err := cellDial(o)
@@ -27,7 +28,7 @@ func dialOpts(t *testing.T, o client.Options) *client.Client {
 }
 
 // readSeq reads a file front to back in 64 KiB reads.
-func readSeq(t *testing.T, c *client.Client, name string) []byte {
+func readSeq(t *testing.T, c *pathfs.FS, name string) []byte {
 	t.Helper()
 	f, err := c.Open(name, os.O_RDONLY, 0)
 	if err != nil {
@@ -74,15 +75,15 @@ func TestPolicyRules(t *testing.T) {
 		{"/stream/++keep", false, "name starts with ++"},
 	}
 	for _, tc := range cases {
-		d, err := c.Cache().PolicyOf(tc.name)
+		d, err := c.Policy(tc.name)
 		if err != nil || d.Bypass != tc.bypass || !strings.Contains(d.Why, tc.why) {
 			t.Errorf("%s: %v %v, want bypass=%v because %q", tc.name, d, err, tc.bypass, tc.why)
 		}
-		before := c.Stats().BytesCached
+		before := c.Client().Stats().BytesCached
 		if got := readSeq(t, c, tc.name); !bytes.Equal(got, small) {
 			t.Fatalf("%s read back wrong", tc.name)
 		}
-		grew := c.Stats().BytesCached > before
+		grew := c.Client().Stats().BytesCached > before
 		if grew == tc.bypass {
 			t.Errorf("%s: bypass=%v but the cache grew=%v", tc.name, tc.bypass, grew)
 		}
@@ -92,26 +93,26 @@ func TestPolicyRules(t *testing.T) {
 	// a directory's override is inherited by its files.
 	dir := t.TempDir()
 	o := dialOpts(t, client.Options{Server: srv.addr, CacheDir: dir, CacheSize: 64 << 20})
-	if err := o.Cache().SetPolicy("/__skip", policy.Cache, false); err != nil {
+	if err := o.SetPolicy("/__skip", policy.Cache, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := o.Cache().SetPolicy("/stream", policy.Cache, false); err != nil {
+	if err := o.SetPolicy("/stream", policy.Cache, false); err != nil {
 		t.Fatal(err)
 	}
 	o.Close()
 	o2 := dialOpts(t, client.Options{Server: srv.addr, CacheDir: dir, CacheSize: 64 << 20})
 	for _, name := range []string{"/__skip", "/stream/data"} {
-		if d, _ := o2.Cache().PolicyOf(name); d.Bypass || !strings.Contains(d.Why, "override") {
+		if d, _ := o2.Policy(name); d.Bypass || !strings.Contains(d.Why, "override") {
 			t.Errorf("%s after a restart: %v", name, d)
 		}
 	}
-	if err := o2.Cache().SetPolicy("/stream", "sometimes", false); err == nil {
+	if err := o2.SetPolicy("/stream", "sometimes", false); err == nil {
 		t.Error("a bad policy was accepted")
 	}
 
 	// The size threshold.
 	th := dialOpts(t, client.Options{Server: srv.addr, CacheDir: t.TempDir(), CacheSize: 64 << 20, BypassThreshold: 512 << 10})
-	if d, _ := th.Cache().PolicyOf("/plain"); !d.Bypass || !strings.Contains(d.Why, "threshold") {
+	if d, _ := th.Policy("/plain"); !d.Bypass || !strings.Contains(d.Why, "threshold") {
 		t.Errorf("threshold: %v", d)
 	}
 }
@@ -134,7 +135,7 @@ func TestPolicyAuto(t *testing.T) {
 			t.Fatal("read wrong")
 		}
 	}
-	if st := roomy.Stats(); st.BytesCached != int64(len(big)) || st.BytesFetched != int64(len(big)) {
+	if st := roomy.Client().Stats(); st.BytesCached != int64(len(big)) || st.BytesFetched != int64(len(big)) {
 		t.Fatalf("two reads of a file with room to spare: %d bytes cached, %d fetched; want it cached once", st.BytesCached, st.BytesFetched)
 	}
 
@@ -146,18 +147,18 @@ func TestPolicyAuto(t *testing.T) {
 	if got := readSeq(t, c, "/big"); !bytes.Equal(got, big) {
 		t.Fatal("first read wrong")
 	}
-	if cached := c.Stats().BytesCached; cached != int64(len(filler)) {
+	if cached := c.Client().Stats().BytesCached; cached != int64(len(filler)) {
 		t.Fatalf("a first sequential read that would evict cached %d bytes", cached-int64(len(filler)))
 	}
-	fetched := c.Stats().BytesFetched
+	fetched := c.Client().Stats().BytesFetched
 	if got := readSeq(t, c, "/big"); !bytes.Equal(got, big) {
 		t.Fatal("second read wrong")
 	}
-	if c.Stats().BytesCached < int64(len(big)) {
-		t.Fatalf("a second use was not admitted: %d bytes cached", c.Stats().BytesCached)
+	if c.Client().Stats().BytesCached < int64(len(big)) {
+		t.Fatalf("a second use was not admitted: %d bytes cached", c.Client().Stats().BytesCached)
 	}
-	if got := readSeq(t, c, "/big"); !bytes.Equal(got, big) || c.Stats().BytesFetched-fetched != int64(len(big)) {
-		t.Fatalf("third read fetched again: %d bytes since the first", c.Stats().BytesFetched-fetched)
+	if got := readSeq(t, c, "/big"); !bytes.Equal(got, big) || c.Client().Stats().BytesFetched-fetched != int64(len(big)) {
+		t.Fatalf("third read fetched again: %d bytes since the first", c.Client().Stats().BytesFetched-fetched)
 	}
 
 	// A random read admits on the first use.
@@ -212,7 +213,7 @@ func TestBypassWrites(t *testing.T) {
 	if got := testkit.ReadFile(t, b, "/__log"); !bytes.Equal(got, want) {
 		t.Fatal("another client reads different bytes")
 	}
-	if cached := a.Stats().BytesCached; cached != 0 {
+	if cached := a.Client().Stats().BytesCached; cached != 0 {
 		t.Fatalf("bypassed writes put %d bytes in the cache", cached)
 	}
 	// Truncate and append through a bypassed handle.
@@ -232,7 +233,7 @@ func TestPolicySwitchKeepsWrites(t *testing.T) {
 	b := dial(t, srv.addr, "mem", 64<<20)
 	f, _ := a.Create("/f")
 	f.Write([]byte("written before the switch"))
-	if err := a.Cache().SetPolicy("/f", policy.Bypass, false); err != nil {
+	if err := a.SetPolicy("/f", policy.Bypass, false); err != nil {
 		t.Fatal(err)
 	}
 	if got := testkit.ReadFile(t, b, "/f"); string(got) != "written before the switch" {
@@ -327,7 +328,7 @@ func TestBypassReadAcrossTruncate(t *testing.T) {
 	}
 	// The read-ahead window reaches the end of the file: wait until it
 	// has all landed, beyond 2 MiB too.
-	poll.Wait(t, 10*time.Second, "the read-ahead of the whole file", func() bool { return r.Stats().BytesFetched >= int64(len(old)) })
+	poll.Wait(t, 10*time.Second, "the read-ahead of the whole file", func() bool { return r.Client().Stats().BytesFetched >= int64(len(old)) })
 	fresh := testkit.Pattern(2<<20, 2)
 	g, err := w.Open("/__big", os.O_RDWR, 0)
 	if err != nil {
@@ -416,7 +417,7 @@ func TestBypassConcurrentReaders(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if r.Stats().BytesWritten != 0 {
-		t.Fatalf("bypassed reads wrote %d bytes to the cache", r.Stats().BytesWritten)
+	if r.Client().Stats().BytesWritten != 0 {
+		t.Fatalf("bypassed reads wrote %d bytes to the cache", r.Client().Stats().BytesWritten)
 	}
 }

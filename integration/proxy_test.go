@@ -19,6 +19,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/client/pathfs"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
@@ -41,7 +42,7 @@ func proxyStats(t *testing.T, addr string) *pb.ProxyStatsReply {
 
 // proxied starts an origin and a proxy of it in a new temporary
 // directory, and dials a client of the origin with a memory cache.
-func proxied(t *testing.T) (tmp string, origin, px *serverProc, direct *client.Client) {
+func proxied(t *testing.T) (tmp string, origin, px *serverProc, direct *pathfs.FS) {
 	t.Helper()
 	tmp = t.TempDir()
 	origin = startServer(t, filepath.Join(tmp, "origin"))
@@ -139,7 +140,7 @@ func TestProxyChainedBreaks(t *testing.T) {
 	b := dial(t, px.addr, filepath.Join(tmp, "b"), 64<<20)
 
 	testkit.WriteFile(t, direct, "/f", []byte("one"))
-	for _, c := range []*client.Client{a, b, direct} {
+	for _, c := range []*pathfs.FS{a, b, direct} {
 		if got := string(testkit.ReadFile(t, c, "/f")); got != "one" {
 			t.Fatalf("read %q, want one", got)
 		}
@@ -147,13 +148,13 @@ func TestProxyChainedBreaks(t *testing.T) {
 	// Every client now holds a promise on /f: each change below must
 	// break them before its close returns.
 	steps := []struct {
-		who  *client.Client
+		who  *pathfs.FS
 		name string
 		data string
 	}{{direct, "origin client", "two"}, {a, "proxy client a", "three, longer"}, {b, "proxy client b", "4"}}
 	for _, step := range steps {
 		testkit.WriteFile(t, step.who, "/f", []byte(step.data))
-		for _, c := range []*client.Client{a, b, direct} {
+		for _, c := range []*pathfs.FS{a, b, direct} {
 			if got := string(testkit.ReadFile(t, c, "/f")); got != step.data {
 				t.Fatalf("after a write by the %s, a client read %q, want %q", step.name, got, step.data)
 			}
@@ -171,7 +172,7 @@ func TestProxyChainedBreaks(t *testing.T) {
 	if err := a.Rename("/g", "/d/g"); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []*client.Client{a, b, direct} {
+	for _, c := range []*pathfs.FS{a, b, direct} {
 		ents, err := c.ReadDir("/d")
 		if err != nil || len(ents) != 1 || ents[0].Name != "g" {
 			t.Fatalf("listing of /d: %v %v, want g", ents, err)
@@ -248,7 +249,7 @@ func TestProxyDelegations(t *testing.T) {
 	tmp := t.TempDir()
 	origin := startServer(t, filepath.Join(tmp, "origin"))
 	px := startProxy(t, origin, filepath.Join(tmp, "proxy"))
-	writeBack := func(addr, name string) *client.Client {
+	writeBack := func(addr, name string) *pathfs.FS {
 		c, err := cellDial(client.Options{Server: addr, CacheDir: filepath.Join(tmp, name), CacheSize: 64 << 20,
 			FlushAge: time.Hour, RPCTimeout: 10 * time.Second, Name: name})
 		if err != nil {
@@ -260,7 +261,7 @@ func TestProxyDelegations(t *testing.T) {
 	a, b, direct := writeBack(px.addr, "a"), writeBack(px.addr, "b"), writeBack(origin.addr, "direct")
 
 	testkit.WriteFile(t, a, "/f", []byte("from a"))
-	if st := a.Stats(); st.WriteDelegations != 1 || st.DirtyBytes == 0 {
+	if st := a.Client().Stats(); st.WriteDelegations != 1 || st.DirtyBytes == 0 {
 		t.Fatalf("a holds %d write delegations and %d dirty bytes: want the file's, its writes not stored yet", st.WriteDelegations, st.DirtyBytes)
 	}
 	if ps := proxyStats(t, px.addr); ps.OriginWriteDelegations != 1 || ps.Delegations != 1 {
@@ -270,15 +271,15 @@ func TestProxyDelegations(t *testing.T) {
 	if got := string(testkit.ReadFile(t, b, "/f")); got != "from a" {
 		t.Fatalf("b read %q through the proxy, want a's unstored %q", got, "from a")
 	}
-	if a.Stats().Recalls != 1 {
-		t.Fatalf("a got %d recalls, want 1", a.Stats().Recalls)
+	if a.Client().Stats().Recalls != 1 {
+		t.Fatalf("a got %d recalls, want 1", a.Client().Stats().Recalls)
 	}
 	if ps := proxyStats(t, px.addr); ps.OriginRecalls != 0 || ps.OriginWriteDelegations != 1 {
 		t.Fatalf("a conflict between two proxy clients reached the origin: %d recalls of the proxy, %d write delegations held", ps.OriginRecalls, ps.OriginWriteDelegations)
 	}
 	// b writes under a delegation of its own; the origin's client reads.
 	testkit.WriteFile(t, b, "/f", []byte("from b, longer"))
-	if st := b.Stats(); st.WriteDelegations != 1 || st.DirtyBytes == 0 {
+	if st := b.Client().Stats(); st.WriteDelegations != 1 || st.DirtyBytes == 0 {
 		t.Fatalf("b holds %d write delegations and %d dirty bytes", st.WriteDelegations, st.DirtyBytes)
 	}
 	if got := string(testkit.ReadFile(t, direct, "/f")); got != "from b, longer" {
@@ -287,17 +288,17 @@ func TestProxyDelegations(t *testing.T) {
 	if ps := proxyStats(t, px.addr); ps.OriginRecalls != 1 || ps.OriginWriteDelegations != 0 {
 		t.Fatalf("after a read at the origin: %d recalls of the proxy, %d write delegations held; want 1, 0", ps.OriginRecalls, ps.OriginWriteDelegations)
 	}
-	if st := b.Stats(); st.Recalls != 1 || st.DirtyBytes != 0 {
+	if st := b.Client().Stats(); st.Recalls != 1 || st.DirtyBytes != 0 {
 		t.Fatalf("b: %d recalls, %d dirty bytes left; want 1, 0", st.Recalls, st.DirtyBytes)
 	}
 	// A short-lived file: made, written, closed and removed under a's
 	// delegation, it is never stored.
-	stores := a.Stats().Stores
+	stores := a.Client().Stats().Stores
 	testkit.WriteFile(t, a, "/tmp", randomBytes(1, 1<<20))
 	if err := a.Remove("/tmp"); err != nil {
 		t.Fatal(err)
 	}
-	if n := a.Stats().Stores - stores; n != 0 {
+	if n := a.Client().Stats().Stores - stores; n != 0 {
 		t.Fatalf("a sent %d stores of a file it made and removed under its delegation, want none", n)
 	}
 	if _, err := direct.Stat("/tmp"); !errors.Is(err, fs.ErrNotExist) {
@@ -321,11 +322,11 @@ func TestProxyReadDelegationLater(t *testing.T) {
 	}
 	a := dial(t, px.addr, filepath.Join(tmp, "a"), 64<<20)
 	for range 2 {
-		before := a.Stats()
+		before := a.Client().Stats()
 		if got := string(testkit.ReadFile(t, a, "/r")); got != "first" {
 			t.Fatalf("read %q through the proxy", got)
 		}
-		if st := a.Stats(); st.LocalOpens != before.LocalOpens+1 || st.ReadDelegations != 0 {
+		if st := a.Client().Stats(); st.LocalOpens != before.LocalOpens+1 || st.ReadDelegations != 0 {
 			t.Fatalf("a read open under a promise: %d local opens, %d read delegations; want 1 and none",
 				st.LocalOpens-before.LocalOpens, st.ReadDelegations)
 		}
@@ -400,7 +401,7 @@ func TestProxyLostLease(t *testing.T) {
 	if _, err := f.Write(testkit.Pattern(1<<20, 3)); err != nil {
 		t.Fatal(err)
 	}
-	if st := a.Stats(); st.WriteDelegations != 1 || st.DirtyBytes != 1<<20 {
+	if st := a.Client().Stats(); st.WriteDelegations != 1 || st.DirtyBytes != 1<<20 {
 		t.Fatalf("a holds %d write delegations, %d dirty bytes", st.WriteDelegations, st.DirtyBytes)
 	}
 	link.Pause(true)
@@ -674,15 +675,15 @@ func TestProxyUnknownFID(t *testing.T) {
 		{"a vnode never made", node.FID{Volume: st.FID.Volume, Vnode: 1 << 40, Unique: 1}},
 		{"a volume the origin does not have", node.FID{Volume: 4242, Vnode: 1, Unique: 1}},
 	} {
-		n := c.FIDs().Node(tc.fid)
-		if _, err := c.FIDs().Status(n); !errors.Is(err, syscall.ESTALE) && !errors.Is(err, syscall.ENOENT) {
+		n := c.Client().FIDs().Node(tc.fid)
+		if _, err := c.Client().FIDs().Status(n); !errors.Is(err, syscall.ESTALE) && !errors.Is(err, syscall.ENOENT) {
 			t.Fatalf("status of %s (%v) through the proxy: %v, want ESTALE or ENOENT", tc.what, tc.fid, err)
 		}
-		if _, _, err := c.FIDs().FetchChunk(n, 0); err == nil {
+		if _, _, err := c.Client().FIDs().FetchChunk(n, 0); err == nil {
 			t.Fatalf("fetch of %s (%v) through the proxy succeeded", tc.what, tc.fid)
 		}
 	}
-	if _, err := c.FIDs().Volume("", 4242); pb.Errno(err) != syscall.ENOENT {
+	if _, err := c.Client().FIDs().Volume("", 4242); pb.Errno(err) != syscall.ENOENT {
 		t.Fatalf("volume 4242 through the proxy: %v, want ENOENT", err)
 	}
 	if got := string(testkit.ReadFile(t, c, "/f")); got != "here" {
@@ -696,7 +697,7 @@ func TestProxyUnknownFID(t *testing.T) {
 	if err := direct.Remove("/f"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := c.FIDs().FetchChunk(c.FIDs().Node(st.FID), 0); err == nil {
+	if _, _, err := c.Client().FIDs().FetchChunk(c.Client().FIDs().Node(st.FID), 0); err == nil {
 		t.Fatal("a fetch of a removed file through the proxy succeeded")
 	}
 	if s := proxyStats(t, px.addr); s.Files != 0 || s.BytesUsed != 0 {
@@ -806,7 +807,7 @@ func TestProxyRestartKeepsWriteBack(t *testing.T) {
 		name := fmt.Sprintf("/f%d", i)
 		testkit.WriteFile(t, a, name, []byte("unstored "+name))
 	}
-	if st := a.Stats(); st.WriteDelegations != 3 || st.DirtyBytes == 0 {
+	if st := a.Client().Stats(); st.WriteDelegations != 3 || st.DirtyBytes == 0 {
 		t.Fatalf("a holds %d write delegations and %d dirty bytes: want its writes unstored", st.WriteDelegations, st.DirtyBytes)
 	}
 	px.kill9()

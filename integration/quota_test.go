@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
@@ -21,7 +21,7 @@ import (
 // A volume's quota, set with hoard vol set: a writer on a mount is told
 // cappedVolume starts a server with a volume "capped" mounted at /capped,
 // and returns it with an admin's library client.
-func cappedVolume(t *testing.T) (*serverProc, *client.Client) {
+func cappedVolume(t *testing.T) (*serverProc, *pathfs.FS) {
 	t.Helper()
 	srv := startServer(t, t.TempDir())
 	c := dial(t, srv.addr, "mem", 16<<20)

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/access"
-	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/node"
@@ -299,7 +299,7 @@ func TestCellReadOnlyFailover(t *testing.T) {
 // examined waits until volume name, as the server c is dialled to has
 // it, is as ok wants (each server's copy of the location database
 // follows etcd by a watch), for at most 5 s.
-func examined(t *testing.T, c *client.Client, name, want string, ok func(cadmin.VolumeInfo) bool) cadmin.VolumeInfo {
+func examined(t *testing.T, c *pathfs.FS, name, want string, ok func(cadmin.VolumeInfo) bool) cadmin.VolumeInfo {
 	t.Helper()
 	var info cadmin.VolumeInfo
 	var err error

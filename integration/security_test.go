@@ -32,6 +32,7 @@ import (
 	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/datapath"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/internal/poll"
@@ -57,7 +58,7 @@ func issue(t *testing.T, user string, uid int, extra ...string) string {
 
 // dialAs connects a library client that acts for the user of token,
 // with no delegations: every change reaches the server before it returns.
-func dialAs(t *testing.T, addr, token string) *client.Client {
+func dialAs(t *testing.T, addr, token string) *pathfs.FS {
 	t.Helper()
 	c, err := cellDial(client.Options{Server: addr, Token: token, CacheSize: 16 << 20, DialTimeout: 5 * time.Second, RPCTimeout: 10 * time.Second,
 		NoDelegations: true, NoDirDelegations: true})
@@ -73,7 +74,7 @@ func dialAs(t *testing.T, addr, token string) *client.Client {
 // user.
 type secureWorld struct {
 	srv                      *serverProc
-	admin, alice, bob        *client.Client
+	admin, alice, bob        *pathfs.FS
 	aliceTok, bobTok         string
 	root, bobDir, secret     node.FID
 	aliceDir, pubDir, pubDoc node.FID
@@ -102,14 +103,14 @@ func newSecureWorld(t *testing.T) *secureWorld {
 	return w
 }
 
-func mustACL(t *testing.T, c *client.Client, dir, who string, r access.Rights) {
+func mustACL(t *testing.T, c *pathfs.FS, dir, who string, r access.Rights) {
 	t.Helper()
 	if _, err := c.Admin().SetACL(dir, who, r); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func writeAs(t *testing.T, c *client.Client, name, data string) {
+func writeAs(t *testing.T, c *pathfs.FS, name, data string) {
 	t.Helper()
 	f, err := c.Create(name)
 	if err != nil {
@@ -123,7 +124,7 @@ func writeAs(t *testing.T, c *client.Client, name, data string) {
 	}
 }
 
-func fidOf(t *testing.T, c *client.Client, name string) node.FID {
+func fidOf(t *testing.T, c *pathfs.FS, name string) node.FID {
 	t.Helper()
 	st, err := c.Lstat(name)
 	if err != nil {
@@ -562,7 +563,7 @@ func TestSecurityAliceCannotTouchBobs(t *testing.T) {
 
 func readErr[T any](_ T, err error) error { return err }
 
-func writeErr(c *client.Client, name string) error {
+func writeErr(c *pathfs.FS, name string) error {
 	f, err := c.Open(name, os.O_WRONLY|os.O_CREATE, 0o644)
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/poll"
 )
 
@@ -69,7 +70,7 @@ func TestTokenExpiryKeepsAcknowledgedWrites(t *testing.T) {
 	}
 }
 
-func readAs(c *client.Client, name string) (string, error) {
+func readAs(c *pathfs.FS, name string) (string, error) {
 	f, err := c.Open(name, os.O_RDONLY, 0)
 	if err != nil {
 		return "", err

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 )
@@ -29,21 +30,21 @@ func TestListingLearnsStatuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := dial(t, srv.addr, t.TempDir(), 64<<20)
-	d, _, err := c.Nodes().Lookup(c.Nodes().Root(), "d")
+	d, _, err := c.Client().Nodes().Lookup(nodeRoot(t, c.Client().Nodes()), "d")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ents, err := c.Nodes().ReadDir(d)
+	ents, err := c.Client().Nodes().ReadDir(d)
 	if err != nil || len(ents) != n {
 		t.Fatalf("listed %d entries (%v), want %d", len(ents), err, n)
 	}
-	before := c.Stats().RPCs
+	before := c.Client().Stats().RPCs
 	for _, e := range ents {
-		if _, st, err := c.Nodes().Lookup(d, e.Name); err != nil || st.FID != e.FID || st.Size != 1 {
+		if _, st, err := c.Client().Nodes().Lookup(d, e.Name); err != nil || st.FID != e.FID || st.Size != 1 {
 			t.Fatalf("lookup %s: %+v %v", e.Name, st, err)
 		}
 	}
-	if rpcs := c.Stats().RPCs - before; rpcs != 0 {
+	if rpcs := c.Client().Stats().RPCs - before; rpcs != 0 {
 		t.Fatalf("looking up %d listed entries took %d round trips, want none", n, rpcs)
 	}
 }
@@ -65,13 +66,13 @@ func TestReadAheadAcrossFiles(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	read := func(c *client.Client, d *client.Node, name string) {
+	read := func(c *pathfs.FS, d *client.Node, name string) {
 		t.Helper()
-		n, _, err := c.Nodes().Lookup(d, name)
+		n, _, err := c.Client().Nodes().Lookup(d, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, err := c.Nodes().Open(n, d, name, "/d/"+name, os.O_RDONLY)
+		f, err := c.Client().Nodes().Open(n, d, name, "/d/"+name, os.O_RDONLY)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,13 +84,13 @@ func TestReadAheadAcrossFiles(t *testing.T) {
 			t.Fatalf("read %s: %d bytes (%v)", name, len(got), err)
 		}
 	}
-	listed := func() (*client.Client, *client.Node, []client.DirEntry) {
+	listed := func() (*pathfs.FS, *client.Node, []client.DirEntry) {
 		c := dial(t, srv.addr, t.TempDir(), 64<<20)
-		d, _, err := c.Nodes().Lookup(c.Nodes().Root(), "d")
+		d, _, err := c.Client().Nodes().Lookup(nodeRoot(t, c.Client().Nodes()), "d")
 		if err != nil {
 			t.Fatal(err)
 		}
-		ents, err := c.Nodes().ReadDir(d)
+		ents, err := c.Client().Nodes().ReadDir(d)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,14 +110,14 @@ func TestReadAheadAcrossFiles(t *testing.T) {
 		read(c, d, e.Name)
 	}
 	// The third open in order fetches the next eight files ahead.
-	if !poll.Until(5*time.Second, func() bool { return c.Stats().BytesFetched >= size(ents[:11]...) }) {
-		t.Fatalf("three opens in listing order fetched %d bytes, want the next eight files too (%d)", c.Stats().BytesFetched, size(ents[:11]...))
+	if !poll.Until(5*time.Second, func() bool { return c.Client().Stats().BytesFetched >= size(ents[:11]...) }) {
+		t.Fatalf("three opens in listing order fetched %d bytes, want the next eight files too (%d)", c.Client().Stats().BytesFetched, size(ents[:11]...))
 	}
-	misses := c.Stats().Misses
+	misses := c.Client().Stats().Misses
 	for _, e := range ents[3:11] {
 		read(c, d, e.Name)
 	}
-	if m := c.Stats().Misses - misses; m != 0 {
+	if m := c.Client().Stats().Misses - misses; m != 0 {
 		t.Fatalf("files fetched ahead missed the cache %d times", m)
 	}
 
@@ -132,5 +133,15 @@ func TestReadAheadAcrossFiles(t *testing.T) {
 	// later; the client counts no read-ahead started, so only a bounded
 	// wait can tell that none comes.
 	poll.Holds(t, 200*time.Millisecond, fmt.Sprintf("opens out of order fetch just the %d bytes they read", want),
-		func() bool { return c.Stats().BytesFetched == want })
+		func() bool { return c.Client().Stats().BytesFetched == want })
+}
+
+// nodeRoot is k's root directory, failing the test on error.
+func nodeRoot(t testing.TB, k *client.Nodes) *client.Node {
+	t.Helper()
+	n, err := k.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -31,10 +31,10 @@ func TestWriteBackAndRecall(t *testing.T) {
 	b := dial(t, srv.addr, "mem", 64<<20)
 	v1 := testkit.Pattern(3<<20+5, 1)
 	testkit.WriteFile(t, a, "/f", v1)
-	if st := a.Stats(); st.WriteDelegations != 1 || st.DirtyBytes != int64(len(v1)) || st.Stores != 0 {
+	if st := a.Client().Stats(); st.WriteDelegations != 1 || st.DirtyBytes != int64(len(v1)) || st.Stores != 0 {
 		t.Fatalf("after a close under a write delegation: %d write delegations, %d dirty bytes, %d stores", st.WriteDelegations, st.DirtyBytes, st.Stores)
 	}
-	before := a.Stats()
+	before := a.Client().Stats()
 	f, err := a.Open("/f", os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -43,18 +43,18 @@ func TestWriteBackAndRecall(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	after := a.Stats()
+	after := a.Client().Stats()
 	if after.RPCs != before.RPCs || after.LocalOpens != before.LocalOpens+1 || after.LocalCloses != before.LocalCloses+1 {
 		t.Fatalf("open, write, close under the delegation: %d RPCs, %d local opens, %d local closes",
 			after.RPCs-before.RPCs, after.LocalOpens-before.LocalOpens, after.LocalCloses-before.LocalCloses)
 	}
 	// A truncation by name (how the kernel sends open(O_TRUNC)) stays
 	// local too.
-	before = a.Stats()
+	before = a.Client().Stats()
 	if err := a.Truncate("/f", 2<<20); err != nil {
 		t.Fatal(err)
 	}
-	if after := a.Stats(); after.RPCs != before.RPCs {
+	if after := a.Client().Stats(); after.RPCs != before.RPCs {
 		t.Fatalf("truncate under the delegation: %d RPCs", after.RPCs-before.RPCs)
 	}
 	want := append([]byte(nil), v1[:2<<20]...)
@@ -62,7 +62,7 @@ func TestWriteBackAndRecall(t *testing.T) {
 	if got := testkit.ReadFile(t, b, "/f"); !bytes.Equal(got, want) {
 		t.Fatal("the reader did not see the writer's closed data")
 	}
-	if st := a.Stats(); st.Recalls < 1 || st.DirtyBytes != 0 || st.WriteDelegations != 0 {
+	if st := a.Client().Stats(); st.Recalls < 1 || st.DirtyBytes != 0 || st.WriteDelegations != 0 {
 		t.Fatalf("after the recall: %d recalls, %d dirty bytes, %d write delegations", st.Recalls, st.DirtyBytes, st.WriteDelegations)
 	}
 	testkit.WriteFile(t, a, "/f", []byte("v2"))
@@ -81,7 +81,7 @@ func TestShortLivedFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		before := c.Stats().Stores
+		before := c.Client().Stats().Stores
 		for i := 0; i < 20; i++ {
 			name := fmt.Sprintf("/tmp-%v-%d", deleg, i)
 			testkit.WriteFile(t, c, name, testkit.Pattern(100<<10, byte(i)))
@@ -89,12 +89,12 @@ func TestShortLivedFiles(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		stores := c.Stats().Stores - before
-		if deleg && (stores != 0 || c.Stats().DirtyBytes != 0) {
-			t.Fatalf("with delegations: %d stores, %d dirty bytes left for 20 short-lived files", stores, c.Stats().DirtyBytes)
+		stores := c.Client().Stats().Stores - before
+		if deleg && (stores != 0 || c.Client().Stats().DirtyBytes != 0) {
+			t.Fatalf("with delegations: %d stores, %d dirty bytes left for 20 short-lived files", stores, c.Client().Stats().DirtyBytes)
 		}
-		if !deleg && (stores != 20 || c.Stats().LocalOpens != 0) {
-			t.Fatalf("with --no-delegations: %d stores (want 20), %d local opens", stores, c.Stats().LocalOpens)
+		if !deleg && (stores != 20 || c.Client().Stats().LocalOpens != 0) {
+			t.Fatalf("with --no-delegations: %d stores (want 20), %d local opens", stores, c.Client().Stats().LocalOpens)
 		}
 	}
 }
@@ -121,7 +121,7 @@ func TestFlusher(t *testing.T) {
 	const start = 27 << 18
 	var st client.Stats
 	poll.Until(10*time.Second, func() bool {
-		st = a.Stats()
+		st = a.Client().Stats()
 		return st.DirtyBytes <= start && st.DirtyBytes+st.Flushed == 10<<20 && st.Stores<<20 == st.Flushed
 	})
 	if st.DirtyBytes > start || st.DirtyBytes == 0 || st.Flushed == 0 || st.DirtyBytes+st.Flushed != 10<<20 || st.Stores<<20 != st.Flushed {
@@ -131,7 +131,7 @@ func TestFlusher(t *testing.T) {
 	// pass that stores nothing leaves no trace (the client counts no
 	// passes), so only time tells that one came: a second and a half.
 	poll.Holds(t, 1500*time.Millisecond, fmt.Sprintf("the flusher stays below the start threshold at %d dirty bytes", st.DirtyBytes),
-		func() bool { return a.Stats().DirtyBytes == st.DirtyBytes })
+		func() bool { return a.Client().Stats().DirtyBytes == st.DirtyBytes })
 
 	b, err := cellDial(client.Options{Server: srv.addr, CacheDir: t.TempDir(), FlushAge: time.Second})
 	if err != nil {
@@ -139,11 +139,11 @@ func TestFlusher(t *testing.T) {
 	}
 	defer b.Close()
 	testkit.WriteFile(t, b, "/aged", testkit.Pattern(1<<20, 1))
-	if b.Stats().DirtyBytes == 0 {
+	if b.Client().Stats().DirtyBytes == 0 {
 		t.Fatal("close stored the data under a write delegation")
 	}
-	poll.Until(5*time.Second, func() bool { return b.Stats().Flushed == 1<<20 })
-	if st := b.Stats(); st.DirtyBytes != 0 || st.Flushed != 1<<20 {
+	poll.Until(5*time.Second, func() bool { return b.Client().Stats().Flushed == 1<<20 })
+	if st := b.Client().Stats(); st.DirtyBytes != 0 || st.Flushed != 1<<20 {
 		t.Fatalf("1 s age bound: %d dirty bytes, %d flushed after 5 s", st.DirtyBytes, st.Flushed)
 	}
 }
@@ -294,7 +294,7 @@ func TestServerRestartWithDelegations(t *testing.T) {
 	if got := testkit.ReadFile(t, b, "/r"); !bytes.Equal(got, v1) {
 		t.Fatalf("after the restart the reader saw %d bytes, not the holder's %d", len(got), len(v1))
 	}
-	if a.Stats().Reclaimed < 1 {
+	if a.Client().Stats().Reclaimed < 1 {
 		t.Fatal("no delegation was reclaimed")
 	}
 	testkit.WriteFile(t, b, "/g", []byte("g2"))
@@ -322,7 +322,7 @@ func TestReclaimDuringOwnRenameOver(t *testing.T) {
 			t.Fatalf("the rename returned (%v) before the delegation on the file it replaces was reclaimed", err)
 		default:
 		}
-		return a.Stats().Reclaimed > 0
+		return a.Client().Stats().Reclaimed > 0
 	})
 	if err := <-renamed; err != nil {
 		t.Fatal(err)
@@ -351,10 +351,10 @@ func TestRecallDuringFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	rl.Pause(true)
-	before := a.Stats()
+	before := a.Client().Stats()
 	synced := make(chan error, 1)
 	go func() { synced <- f.Sync() }()
-	poll.Wait(t, 10*time.Second, "the holder's store on its way", func() bool { return a.Stats().Stores > before.Stores })
+	poll.Wait(t, 10*time.Second, "the holder's store on its way", func() bool { return a.Client().Stats().Stores > before.Stores })
 	read := make(chan error, 1)
 	var got []byte
 	go func() {
@@ -362,7 +362,7 @@ func TestRecallDuringFlush(t *testing.T) {
 		got, err = testkit.TryRead(b, "/m")
 		read <- err
 	}()
-	poll.Wait(t, 10*time.Second, "the recall at the holder", func() bool { return a.Stats().Recalls > before.Recalls })
+	poll.Wait(t, 10*time.Second, "the recall at the holder", func() bool { return a.Client().Stats().Recalls > before.Recalls })
 	select {
 	case err := <-synced:
 		t.Fatalf("the store ended (%v) while the relay held it: the test proves nothing", err)
@@ -449,7 +449,7 @@ func TestServerAwayWithWriteBack(t *testing.T) {
 		t.Fatalf("fsync with the server gone: %v, want EIO", err)
 	}
 	f.Close()
-	if a.Stats().DirtyBytes == 0 {
+	if a.Client().Stats().DirtyBytes == 0 {
 		t.Fatal("the undelivered data left the cache")
 	}
 	srv.restart()
@@ -534,10 +534,10 @@ func TestRemoveWhileStoring(t *testing.T) {
 		t.Fatal(err)
 	}
 	rl.Pause(true)
-	stores := c.Stats().Stores
+	stores := c.Client().Stats().Stores
 	synced := make(chan error, 1)
 	go func() { synced <- f.Sync() }()
-	poll.Wait(t, 10*time.Second, "the store on its way", func() bool { return c.Stats().Stores > stores })
+	poll.Wait(t, 10*time.Second, "the store on its way", func() bool { return c.Client().Stats().Stores > stores })
 	removed := make(chan error, 1)
 	go func() { removed <- c.Remove("/f") }()
 	select {

@@ -368,8 +368,12 @@ func (m *Mount) Serve(c *client.Client, dir string, debug bool) error {
 	m.c, m.dir = c.Nodes(), dir
 	m.single = m.single || !asRoot
 	m.users = newUsers(m.c, uint32(os.Getuid()), m.single)
-	root := &hnode{m: m, n: m.c.Root()}
-	rootSt, err := m.c.Getattr(m.c.Root())
+	rn, err := m.c.Root()
+	if err != nil {
+		return err
+	}
+	root := &hnode{m: m, n: rn}
+	rootSt, err := m.c.Getattr(rn)
 	if err != nil {
 		return err
 	}

@@ -53,28 +53,6 @@ func toACL(r *pb.ACLReply) ACL {
 	return a
 }
 
-// GetACL reads the ACL governing name.
-func (adm Admin) GetACL(name string) (ACL, error) {
-	fid, err := adm.tree.Resolve(name)
-	if err != nil {
-		return ACL{}, site.ErrTold("get acl", name, err)
-	}
-	a, err := adm.ACLOf(fid)
-	return a, site.ErrTold("get acl", name, err)
-}
-
-// SetACL gives who the rights r in directory name (none: removes who's
-// entry), and returns the list as it is now. In a read-only copy, the
-// read-write volume's is changed (CopyOf).
-func (adm Admin) SetACL(name, who string, r access.Rights) (ACL, error) {
-	fid, _, err := adm.tree.Writable(name)
-	if err != nil {
-		return ACL{}, site.ErrTold("set acl", name, err)
-	}
-	a, err := adm.SetACLOf(fid, who, r)
-	return a, site.ErrTold("set acl", name, err)
-}
-
 // GroupChange is what ChangeGroup does.
 type GroupChange = pb.ChangeGroupRequest_Change
 

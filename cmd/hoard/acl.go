@@ -13,14 +13,14 @@ import (
 
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cell"
-	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 )
 
 // The access-control commands: whoami, acl, group, token revoke. Each
 // asks the server, which decides.
 
 func whoamiCmd() *cobra.Command {
-	cmd := withAdmin("whoami", "say whom the server takes you to be", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
+	cmd := withAdmin("whoami", "say whom the server takes you to be", cobra.NoArgs, nil, func(c *pathfs.FS, args []string) error {
 		id, err := c.Admin().WhoAmI()
 		if err != nil {
 			return err
@@ -48,7 +48,7 @@ func describeID(id access.Identity) string {
 
 func aclCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "acl", Short: "read and change directories' access control lists (AFS rights rlidwka)"}
-	get := withAdmin("get PATH", "show the ACL governing a file or directory", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
+	get := withAdmin("get PATH", "show the ACL governing a file or directory", cobra.ExactArgs(1), nil, func(c *pathfs.FS, args []string) error {
 		a, err := c.Admin().GetACL(args[0])
 		if err != nil {
 			return err
@@ -69,7 +69,7 @@ func aclCmd() *cobra.Command {
 		}
 		return nil
 	}
-	set := withAdmin("set PATH WHO RIGHTS", "give a user or group rights in a directory (RIGHTS: letters of rlidwka, or read, write, all, none)", cobra.MatchAll(cobra.ExactArgs(3), checkEntry), nil, func(c *client.Client, args []string) error {
+	set := withAdmin("set PATH WHO RIGHTS", "give a user or group rights in a directory (RIGHTS: letters of rlidwka, or read, write, all, none)", cobra.MatchAll(cobra.ExactArgs(3), checkEntry), nil, func(c *pathfs.FS, args []string) error {
 		r, _ := access.ParseRights(args[2])
 		a, err := c.Admin().SetACL(args[0], args[1], r)
 		if err != nil {
@@ -102,7 +102,7 @@ group's owner or an admin adds and removes its members, who must be users
 of the cell's registry. ACL entries name a group by its number, so a group
 deleted and made again does not get the old one's rights back.`}
 	change := func(use, short, example string, n int, kind admin.GroupChange) *cobra.Command {
-		cmd := withAdmin(use, short, cobra.ExactArgs(n), nil, func(c *client.Client, args []string) error {
+		cmd := withAdmin(use, short, cobra.ExactArgs(n), nil, func(c *pathfs.FS, args []string) error {
 			member := ""
 			if n > 1 {
 				member = args[1]
@@ -116,7 +116,7 @@ deleted and made again does not get the old one's rights back.`}
 	del := change("delete GROUP", "delete a group", "  hoard group delete alice:friends", 1, admin.GroupDelete)
 	add := change("add GROUP USER", "add a user to a group", "  hoard group add alice:friends bob", 2, admin.GroupAdd)
 	rm := change("remove GROUP USER", "remove a user from a group", "  hoard group remove alice:friends bob", 2, admin.GroupRemove)
-	list := withAdmin("list", "list the groups and their members", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
+	list := withAdmin("list", "list the groups and their members", cobra.NoArgs, nil, func(c *pathfs.FS, args []string) error {
 		gs, _, err := c.Admin().Groups()
 		if err != nil {
 			return err
@@ -144,9 +144,9 @@ ACL first) with hoard user create.`,
 	var uid uint32
 	create := withAdmin("create NAME --uid N", "register a user with their uid (admins)", cobra.ExactArgs(1),
 		func(f *pflag.FlagSet) { f.Uint32Var(&uid, "uid", 0, "the user's uid (not 0 or 65534)") },
-		func(c *client.Client, args []string) error { return c.Admin().CreateUser(args[0], uid) })
+		func(c *pathfs.FS, args []string) error { return c.Admin().CreateUser(args[0], uid) })
 	create.Example = "  hoard user create alice --uid 1001"
-	list := withAdmin("list", "list the cell's users and their uids (admins)", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
+	list := withAdmin("list", "list the cell's users and their uids (admins)", cobra.NoArgs, nil, func(c *pathfs.FS, args []string) error {
 		_, us, err := c.Admin().Groups()
 		if err != nil {
 			return err
@@ -171,7 +171,7 @@ func tokenRevokeCmd() *cobra.Command {
 		func(f *pflag.FlagSet) {
 			f.StringVar(&id, "id", "", "the token's id (as hoard token issue printed it), instead of the token")
 		},
-		func(c *client.Client, args []string) error {
+		func(c *pathfs.FS, args []string) error {
 			var expires time.Time
 			switch {
 			case len(args) == 1 && id != "":

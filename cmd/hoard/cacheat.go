@@ -12,6 +12,7 @@ import (
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/chunkindex"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/client/policy"
 	"github.com/hoardfs/hoard/mount"
 	"github.com/hoardfs/hoard/node"
@@ -68,7 +69,7 @@ func ctlDone(p string, err error) error {
 	return nil
 }
 
-type cellCache struct{ c *client.Client }
+type cellCache struct{ c *pathfs.FS }
 
 // withCacheAt runs fn with where the command's files are: the mount
 // holding them, or with --server the cell, through a client on the cache
@@ -146,20 +147,20 @@ func (cc cellCache) files(paths []string, recursive bool) (files []string, faile
 }
 
 func (cc cellCache) info(p string) (client.FileCache, error) {
-	fc, err := cc.c.Cache().CacheInfoAt(p)
+	fc, err := cc.c.CacheInfo(p)
 	return fc, cellErr(p, err)
 }
 
 func (cc cellCache) warm(ctx context.Context, p string) error {
-	return cellErr(p, cc.c.Cache().WarmAt(ctx, p, func(int64) {}))
+	return cellErr(p, cc.c.Warm(ctx, p, func(int64) {}))
 }
 
 func (cc cellCache) evict(_ context.Context, p string) error {
-	return cellErr(p, cc.c.Cache().EvictAt(p))
+	return cellErr(p, cc.c.Evict(p))
 }
 
 func (cc cellCache) cacheIt(_ context.Context, p string) error {
-	return cellErr(p, cc.c.Cache().SetPolicy(p, policy.Cache, false))
+	return cellErr(p, cc.c.SetPolicy(p, policy.Cache, false))
 }
 
 func (cellCache) waits() bool { return true }

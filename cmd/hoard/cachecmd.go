@@ -27,6 +27,7 @@ import (
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/mount"
 )
 
@@ -195,7 +196,7 @@ func lostRestoreCmd(dir *string) *cobra.Command {
 		func(f *pflag.FlagSet) {
 			f.StringVar(&to, "to", "", "the file to store them onto (default: the path they belonged to)")
 		},
-		func(c *client.Client, args []string) error {
+		func(c *pathfs.FS, args []string) error {
 			r, err := lost.Get(*dir, args[0])
 			if err != nil {
 				return err
@@ -233,7 +234,7 @@ func lostRestoreCmd(dir *string) *cobra.Command {
 
 // restoreLost applies r to the file dest, synced, and returns the bytes
 // written.
-func restoreLost(c *client.Client, r lost.Record, dest string) (int64, error) {
+func restoreLost(c *pathfs.FS, r lost.Record, dest string) (int64, error) {
 	data, err := os.Open(r.Data)
 	if err != nil {
 		return 0, err

@@ -18,7 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/hoardfs/hoard/cell"
-	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/principal"
 	"github.com/hoardfs/hoard/server"
 	"github.com/hoardfs/hoard/vldb"
@@ -130,7 +130,7 @@ func (c cellFlags) join(store *vnode.Store, id *cell.Identity, cellDir string, l
 }
 
 func serverListCmd() *cobra.Command {
-	return withAdmin("list", "list the cell's file servers: liveness, volumes, space", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
+	return withAdmin("list", "list the cell's file servers: liveness, volumes, space", cobra.NoArgs, nil, func(c *pathfs.FS, args []string) error {
 		ss, err := c.Admin().Servers()
 		if err != nil {
 			return err

@@ -26,6 +26,7 @@ import (
 
 	"github.com/hoardfs/hoard/chunkindex"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/dirs"
 	"github.com/hoardfs/hoard/node"
 )
@@ -107,18 +108,18 @@ func (cf *clientFlags) options() (client.Options, error) {
 		DataStreams: cf.streams, NoDataChannel: cf.streams == 0, NoDelegations: cf.noDeleg, NoDirDelegations: cf.noDirDeleg, DialTimeout: cf.timeout, RPCTimeout: max(cf.timeout, 30*time.Second)}, nil
 }
 
-func (cf *clientFlags) dial() (*client.Client, error) {
+func (cf *clientFlags) dial() (*pathfs.FS, error) {
 	o, err := cf.options()
 	if err != nil {
 		return nil, err
 	}
-	c, err := client.Dial(o)
+	c, err := pathfs.Dial(o)
 	if err != nil && !cf.cacheGiven && o.CacheDir != "" && errors.Is(err, chunkindex.ErrInUse) {
 		// The default cache belongs to a running mount: a short command
 		// does fine with a memory cache.
 		fmt.Fprintf(os.Stderr, "hoard: %s is in use (a mount?); using a memory cache\n", o.CacheDir)
 		o.CacheDir = ""
-		return client.Dial(o)
+		return pathfs.Dial(o)
 	}
 	return c, err
 }
@@ -190,14 +191,14 @@ func nonEmpty(cmd *cobra.Command, args []string) error {
 }
 
 // withClient builds a command that dials, runs fn, and closes.
-func withClient(use, short string, args cobra.PositionalArgs, setup func(*pflag.FlagSet), fn func(c *client.Client, args []string) error) *cobra.Command {
+func withClient(use, short string, args cobra.PositionalArgs, setup func(*pflag.FlagSet), fn func(c *pathfs.FS, args []string) error) *cobra.Command {
 	return clientCmd(use, short, args, setup, fn, false)
 }
 
 // clientCmd is withClient, or withAdmin when admin is set: its client
 // resolves the root volume only if fn uses a path, so that the cell's
 // administration works with the root volume's server down.
-func clientCmd(use, short string, args cobra.PositionalArgs, setup func(*pflag.FlagSet), fn func(c *client.Client, args []string) error, admin bool) *cobra.Command {
+func clientCmd(use, short string, args cobra.PositionalArgs, setup func(*pflag.FlagSet), fn func(c *pathfs.FS, args []string) error, admin bool) *cobra.Command {
 	var cf clientFlags
 	cf.lazyRoot = admin
 	cmd := &cobra.Command{Use: use, Short: short, Args: cobra.MatchAll(args, nonEmpty),
@@ -225,7 +226,7 @@ func clientCmd(use, short string, args cobra.PositionalArgs, setup func(*pflag.F
 // servers, ACLs, groups): it uses a memory cache, so it never contends
 // with a mount for the default one, and its help leaves out the cache's
 // flags, which would change nothing.
-func withAdmin(use, short string, args cobra.PositionalArgs, setup func(*pflag.FlagSet), fn func(c *client.Client, args []string) error) *cobra.Command {
+func withAdmin(use, short string, args cobra.PositionalArgs, setup func(*pflag.FlagSet), fn func(c *pathfs.FS, args []string) error) *cobra.Command {
 	cmd := clientCmd(use, short, args, setup, fn, true)
 	f := cmd.Flags()
 	f.Lookup("cache").Value.Set("")
@@ -241,7 +242,7 @@ func fileCmds() []*cobra.Command {
 	return []*cobra.Command{
 		withClient("put LOCAL REMOTE", "copy a local file into hoard", cobra.ExactArgs(2), nil, put),
 		withClient("get REMOTE LOCAL", "copy a file out of hoard", cobra.ExactArgs(2), nil, get),
-		withClient("cat REMOTE...", "print files", cobra.MinimumNArgs(1), nil, func(c *client.Client, args []string) error {
+		withClient("cat REMOTE...", "print files", cobra.MinimumNArgs(1), nil, func(c *pathfs.FS, args []string) error {
 			for _, a := range args {
 				if err := copyOut(c, a, os.Stdout); err != nil {
 					return err
@@ -251,8 +252,8 @@ func fileCmds() []*cobra.Command {
 		}),
 		withClient("ls [-l] [REMOTE]", "list a directory", cobra.MaximumNArgs(1),
 			func(f *pflag.FlagSet) { f.BoolVarP(&long, "long", "l", false, "long listing") },
-			func(c *client.Client, args []string) error { return ls(c, args, long) }),
-		withClient("stat REMOTE...", "show status, FID and DataVersion", cobra.MinimumNArgs(1), nil, func(c *client.Client, args []string) error {
+			func(c *pathfs.FS, args []string) error { return ls(c, args, long) }),
+		withClient("stat REMOTE...", "show status, FID and DataVersion", cobra.MinimumNArgs(1), nil, func(c *pathfs.FS, args []string) error {
 			for _, a := range args {
 				st, err := c.Lstat(a)
 				if err != nil {
@@ -266,7 +267,7 @@ func fileCmds() []*cobra.Command {
 			func(f *pflag.FlagSet) {
 				f.BoolVarP(&recursive, "recursive", "r", false, "remove directories and their contents")
 			},
-			func(c *client.Client, args []string) error {
+			func(c *pathfs.FS, args []string) error {
 				// First only check, so that a refusal anywhere leaves
 				// everything in place.
 				for _, dry := range []bool{true, false} {
@@ -282,7 +283,7 @@ func fileCmds() []*cobra.Command {
 			func(f *pflag.FlagSet) {
 				f.BoolVarP(&parents, "parents", "p", false, "make parents as needed, no error if existing")
 			},
-			func(c *client.Client, args []string) error {
+			func(c *pathfs.FS, args []string) error {
 				for _, a := range args {
 					if err := mkdir(c, a, parents); err != nil {
 						return err
@@ -298,7 +299,7 @@ func fileCmds() []*cobra.Command {
 // stores it synced, and renames it over the target: an interrupted put
 // (Ctrl-C, an error) leaves the old file or nothing, and what it had
 // written is dropped, not kept as lost writes.
-func put(c *client.Client, args []string) error {
+func put(c *pathfs.FS, args []string) error {
 	local, remote := args[0], args[1]
 	in, err := os.Open(local)
 	if err != nil {
@@ -466,7 +467,7 @@ func copyIn(ctx context.Context, out *client.File, in *os.File, fi os.FileInfo, 
 // writerOnly hides ReaderFrom-style fast paths so io.CopyBuffer uses buf.
 type writerOnly struct{ io.Writer }
 
-func get(c *client.Client, args []string) error {
+func get(c *pathfs.FS, args []string) error {
 	remote, local := args[0], args[1]
 	// The remote file is opened first: a get that cannot read it (missing,
 	// a directory) must not have made or truncated the local one.
@@ -493,7 +494,7 @@ func get(c *client.Client, args []string) error {
 	return out.Close()
 }
 
-func copyOut(c *client.Client, remote string, w io.Writer) error {
+func copyOut(c *pathfs.FS, remote string, w io.Writer) error {
 	f, err := c.Open(remote, os.O_RDONLY, 0)
 	if err != nil {
 		return err
@@ -509,7 +510,7 @@ func copyFile(w io.Writer, f *client.File) error {
 
 type readerOnly struct{ io.Reader }
 
-func ls(c *client.Client, args []string, long bool) error {
+func ls(c *pathfs.FS, args []string, long bool) error {
 	dir := "/"
 	if len(args) == 1 {
 		dir = args[0]
@@ -583,7 +584,7 @@ func printStatus(name string, st node.Status) {
 
 // rm removes name, and with recursive all under it, children first; dry
 // only checks that it may, walking the same way.
-func rm(c *client.Client, name string, recursive, dry bool) error {
+func rm(c *pathfs.FS, name string, recursive, dry bool) error {
 	st, err := c.Lstat(name)
 	if err != nil {
 		return err
@@ -608,7 +609,7 @@ func rm(c *client.Client, name string, recursive, dry bool) error {
 	return c.Remove(name)
 }
 
-func mv(c *client.Client, args []string) error {
+func mv(c *pathfs.FS, args []string) error {
 	src, dst := args[0], args[1]
 	st, err := c.Lstat(src)
 	if err != nil {
@@ -643,7 +644,7 @@ func volumeTop(op, name string, st node.Status) error {
 	return nil
 }
 
-func mkdir(c *client.Client, name string, parents bool) error {
+func mkdir(c *pathfs.FS, name string, parents bool) error {
 	if !parents {
 		return c.Mkdir(name, 0o755)
 	}

@@ -135,7 +135,7 @@ func (e *endpoint) showProxy(p *proxy.Proxy) {
 func (e *endpoint) showMount(c *client.Client, m *mount.Mount, dir string) {
 	if e != nil {
 		e.private = true
-		e.show(absDir(dir), status.MountPart(c.Stats, c.Cache().LargestCached, pathsIn(m, dir), underDir(dir), &e.invalidated))
+		e.show(absDir(dir), status.MountPart(c.Stats, c.Nodes().LargestCached, pathsIn(m, dir), underDir(dir), &e.invalidated))
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hoardfs/hoard/cache"
-	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/client/policy"
 	"github.com/hoardfs/hoard/mount"
 )
@@ -29,7 +29,7 @@ func volCmd() *cobra.Command {
 			func(f *pflag.FlagSet) {
 				f.StringVar(&on, "on", "", "the server to place it on (hoard server list names them)")
 			},
-			func(c *client.Client, args []string) error {
+			func(c *pathfs.FS, args []string) error {
 				v, err := c.Admin().CreateVolumeOn(args[0], on)
 				if err != nil {
 					return err
@@ -37,7 +37,7 @@ func volCmd() *cobra.Command {
 				fmt.Printf("volume %s created, id %d; attach it with: hoard vol mount %s PATH\n", v.Name, v.ID, v.Name)
 				return nil
 			}),
-		withAdmin("list", "list the cell's volumes: where each lives, its quota and use", cobra.NoArgs, nil, func(c *client.Client, args []string) error {
+		withAdmin("list", "list the cell's volumes: where each lives, its quota and use", cobra.NoArgs, nil, func(c *pathfs.FS, args []string) error {
 			vs, err := c.Admin().VolumeInfos()
 			if err != nil {
 				return err
@@ -64,7 +64,7 @@ func volCmd() *cobra.Command {
 			}
 			return nil
 		}),
-		withAdmin("examine NAME", "show where a volume lives, its sites, quota, use and files", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
+		withAdmin("examine NAME", "show where a volume lives, its sites, quota, use and files", cobra.ExactArgs(1), nil, func(c *pathfs.FS, args []string) error {
 			v, err := c.Admin().Examine(args[0])
 			if err != nil {
 				return err
@@ -82,7 +82,7 @@ func volCmd() *cobra.Command {
 			fmt.Printf("  quota %s, used %s, %d files\n", quotaString(v.Quota), humanSize(v.Used), v.Files)
 			return nil
 		}),
-		withAdmin("remove NAME", "delete a volume and everything in it (admins)", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
+		withAdmin("remove NAME", "delete a volume and everything in it (admins)", cobra.ExactArgs(1), nil, func(c *pathfs.FS, args []string) error {
 			if err := c.Admin().RemoveVolume(args[0]); err != nil {
 				return err
 			}
@@ -91,21 +91,21 @@ func volCmd() *cobra.Command {
 		}),
 		volSetCmd(),
 		volMoveCmd(),
-		withAdmin("addsite NAME SERVER", "make SERVER a read-only site of a volume; the next release reaches it (admins)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
+		withAdmin("addsite NAME SERVER", "make SERVER a read-only site of a volume; the next release reaches it (admins)", cobra.ExactArgs(2), nil, func(c *pathfs.FS, args []string) error {
 			if err := c.Admin().AddSite(args[0], args[1]); err != nil {
 				return err
 			}
 			fmt.Printf("%s is a read-only site of volume %s; publish to it with: hoard vol release %s\n", args[1], args[0], args[0])
 			return nil
 		}),
-		withAdmin("remsite NAME SERVER", "make SERVER no longer a read-only site of a volume, and drop its copy (admins)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
+		withAdmin("remsite NAME SERVER", "make SERVER no longer a read-only site of a volume, and drop its copy (admins)", cobra.ExactArgs(2), nil, func(c *pathfs.FS, args []string) error {
 			if err := c.Admin().RemoveSite(args[0], args[1]); err != nil {
 				return err
 			}
 			fmt.Printf("%s is no longer a read-only site of volume %s\n", args[1], args[0])
 			return nil
 		}),
-		withAdmin("release NAME", "publish a volume as it is now to its read-only sites (admins)", cobra.ExactArgs(1), nil, func(c *client.Client, args []string) error {
+		withAdmin("release NAME", "publish a volume as it is now to its read-only sites (admins)", cobra.ExactArgs(1), nil, func(c *pathfs.FS, args []string) error {
 			r, err := c.Admin().Release(args[0])
 			if err != nil {
 				return err
@@ -114,7 +114,7 @@ func volCmd() *cobra.Command {
 				humanSize(uint64(r.Bytes)), r.Freeze.Round(time.Millisecond), r.Took.Round(time.Millisecond))
 			return nil
 		}),
-		withAdmin("mount VOLUME PATH", "attach a volume at PATH (an AFS-style mount point)", cobra.ExactArgs(2), nil, func(c *client.Client, args []string) error {
+		withAdmin("mount VOLUME PATH", "attach a volume at PATH (an AFS-style mount point)", cobra.ExactArgs(2), nil, func(c *pathfs.FS, args []string) error {
 			if err := c.Admin().MountVolume(args[1], args[0]); err != nil {
 				return err
 			}
@@ -128,7 +128,7 @@ func volCmd() *cobra.Command {
 // sayUnreleased tells of a change made at name in a read-only copy's
 // read-write volume (a replicated root): readers see it only after the
 // next release.
-func sayUnreleased(c *client.Client, name string) {
+func sayUnreleased(c *pathfs.FS, name string) {
 	if rw, err := c.Admin().CopyOf(name); err == nil && rw != "" {
 		fmt.Printf("%s is in volume %s's read-only copy: changed in %s, which readers see after: hoard vol release %s\n", name, rw, rw, rw)
 	}
@@ -153,7 +153,7 @@ func volSetCmd() *cobra.Command {
 		func(f *pflag.FlagSet) {
 			sizeVar(f, &size, "quota", "", "quota, e.g. 500M, 10G; 0 removes it", "", "0")
 		},
-		func(c *client.Client, args []string) error {
+		func(c *pathfs.FS, args []string) error {
 			v, err := c.Admin().SetQuota(args[0], quota)
 			if err != nil {
 				return err
@@ -264,9 +264,9 @@ func policyCmd() *cobra.Command {
 			}
 			defer c.Close()
 			if len(args) == 2 {
-				return c.Cache().SetPolicy(target, args[1], recursive)
+				return c.SetPolicy(target, args[1], recursive)
 			}
-			d, err := c.Cache().PolicyOf(target)
+			d, err := c.Policy(target)
 			if err != nil {
 				return err
 			}
@@ -300,7 +300,7 @@ func volMoveCmd() *cobra.Command {
 		func(f *pflag.FlagSet) {
 			f.StringVar(&to, "to", "", "the server to move it to (hoard server list names them)")
 		},
-		func(c *client.Client, args []string) error {
+		func(c *pathfs.FS, args []string) error {
 			if to == "" {
 				return usagef("hoard vol move: needs --to SERVER")
 			}

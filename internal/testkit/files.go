@@ -1,6 +1,6 @@
 // Package testkit holds what the client package's tests and the
 // integration tests share: test data, whole-file helpers on a
-// *client.Client, and a TCP relay that can hold, cut or corrupt a
+// pathfs.FS, and a TCP relay that can hold, cut or corrupt a
 // connection.
 package testkit
 
@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/pathfs"
 )
 
 // Pattern is n pseudo-random bytes, different for each seed and the same
@@ -27,7 +28,7 @@ func Pattern(n int, seed byte) []byte {
 
 // Create creates (or truncates) name through c and writes data to it,
 // failing the test on any error, and returns the file still open.
-func Create(t testing.TB, c *client.Client, name string, data []byte) *client.File {
+func Create(t testing.TB, c *pathfs.FS, name string, data []byte) *client.File {
 	t.Helper()
 	f, err := c.Create(name)
 	if err != nil {
@@ -41,7 +42,7 @@ func Create(t testing.TB, c *client.Client, name string, data []byte) *client.Fi
 
 // WriteFile creates (or truncates) name through c, writes data to it and
 // closes it, failing the test on any error.
-func WriteFile(t testing.TB, c *client.Client, name string, data []byte) {
+func WriteFile(t testing.TB, c *pathfs.FS, name string, data []byte) {
 	t.Helper()
 	if err := Create(t, c, name, data).Close(); err != nil {
 		t.Fatal(err)
@@ -49,7 +50,7 @@ func WriteFile(t testing.TB, c *client.Client, name string, data []byte) {
 }
 
 // TryRead reads the whole of name through c.
-func TryRead(c *client.Client, name string) ([]byte, error) {
+func TryRead(c *pathfs.FS, name string) ([]byte, error) {
 	f, err := c.Open(name, os.O_RDONLY, 0)
 	if err != nil {
 		return nil, err
@@ -59,7 +60,7 @@ func TryRead(c *client.Client, name string) ([]byte, error) {
 }
 
 // ReadFile reads the whole of name through c, failing the test on error.
-func ReadFile(t testing.TB, c *client.Client, name string) []byte {
+func ReadFile(t testing.TB, c *pathfs.FS, name string) []byte {
 	t.Helper()
 	b, err := TryRead(c, name)
 	if err != nil {
@@ -69,7 +70,7 @@ func ReadFile(t testing.TB, c *client.Client, name string) []byte {
 }
 
 // Names lists dir through c, sorted, failing the test on error.
-func Names(t testing.TB, c *client.Client, dir string) []string {
+func Names(t testing.TB, c *pathfs.FS, dir string) []string {
 	t.Helper()
 	ents, err := c.ReadDir(dir)
 	if err != nil {

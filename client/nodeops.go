@@ -2,21 +2,19 @@ package client
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"github.com/hoardfs/hoard/client/site"
 	"os"
-	"path"
 	"slices"
-	"strings"
 	"syscall"
-	"time"
 
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/client/policy"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
+
+// What the views (Nodes, FIDs) share of making, opening, renaming and
+// changing nodes already resolved.
 
 // DirEntry is one name in a directory listing.
 type DirEntry struct {
@@ -25,130 +23,8 @@ type DirEntry struct {
 	FID  node.FID
 }
 
-// maxLinks bounds symlink hops in one path resolution, as Linux's 40.
-const maxLinks = 40
-
-// splitPath cleans an absolute or root-relative path into names. ".."
-// cannot climb above the root: the path is cleaned lexically first.
-func splitPath(p string) ([]string, error) {
-	if strings.IndexByte(p, 0) >= 0 {
-		return nil, fmt.Errorf("path contains NUL: %w", syscall.EINVAL)
-	}
-	p = path.Clean("/" + p)
-	if p == "/" {
-		return nil, nil
-	}
-	comps := strings.Split(p[1:], "/")
-	for _, c := range comps {
-		if err := node.CheckName(c); err != nil {
-			return nil, err
-		}
-	}
-	return comps, nil
-}
-
-// resolve walks p from the root, as the client's own user. Mount points
-// and relative symlinks are followed in the middle of a path, and at its
-// end when follow is set.
-func (c *Client) resolve(p string, follow bool) (*Node, error) {
-	comps, err := splitPath(p)
-	if err != nil {
-		return nil, err
-	}
-	links := 0
-	root, err := c.rootDir()
-	if err != nil {
-		return nil, err
-	}
-walk:
-	cur := root
-	for i, name := range comps {
-		if cur, err = c.enterDir(cur, c.self); err != nil {
-			return nil, err
-		}
-		child, err := c.lookup(cur, name, c.self)
-		if err != nil {
-			return nil, err
-		}
-		last := i == len(comps)-1
-		st := child.status()
-		switch {
-		case st.Type == node.TypeSymlink && (!last || follow):
-			if links++; links > maxLinks {
-				return nil, syscall.ELOOP
-			}
-			if path.IsAbs(st.Target) {
-				return nil, fmt.Errorf("symlink %s points to %s, outside hoard: %w", "/"+path.Join(comps[:i+1]...), st.Target, syscall.ENOENT)
-			}
-			rest := path.Join(append([]string{path.Join(comps[:i]...), st.Target}, comps[i+1:]...)...)
-			if comps, err = splitPath(rest); err != nil {
-				return nil, err
-			}
-			goto walk
-		case st.Type == node.TypeMountPoint && (!last || follow):
-			if child, err = c.volumeRoot(st.Target, c.self); err != nil {
-				return nil, err
-			}
-		}
-		cur = child
-	}
-	return cur, nil
-}
-
-// enterDir makes sure n is a directory for u to look names up in.
-func (c *Client) enterDir(n *Node, u User) (*Node, error) {
-	st, err := c.fresh(n, u)
-	if err != nil {
-		return nil, err
-	}
-	switch st.Type {
-	case node.TypeDir:
-		return n, nil
-	case node.TypeMountPoint:
-		return c.volumeRoot(st.Target, u)
-	}
-	return nil, syscall.ENOTDIR
-}
-
-// resolveParent resolves all but the last name of p.
-func (c *Client) resolveParent(p string) (*Node, string, error) {
-	comps, err := splitPath(p)
-	if err != nil {
-		return nil, "", err
-	}
-	if len(comps) == 0 {
-		return nil, "", fmt.Errorf("the root has no parent: %w", syscall.EINVAL)
-	}
-	dir, err := c.resolve("/"+path.Join(comps[:len(comps)-1]...), true)
-	if err != nil {
-		return nil, "", err
-	}
-	if dir, err = c.enterDir(dir, c.self); err != nil {
-		return nil, "", err
-	}
-	return dir, comps[len(comps)-1], nil
-}
-
-func unixMode(m os.FileMode) uint32 {
-	mode := uint32(m.Perm())
-	if m&os.ModeSetuid != 0 {
-		mode |= 0o4000
-	}
-	if m&os.ModeSetgid != 0 {
-		mode |= 0o2000
-	}
-	if m&os.ModeSticky != 0 {
-		mode |= 0o1000
-	}
-	return mode
-}
-
-// Creator is who new files belong to; by default the calling process.
+// Creator is who new files belong to (pathfs: the calling process).
 type Creator struct{ UID, GID uint32 }
-
-func (c *Client) creator() Creator {
-	return Creator{uint32(os.Getuid()), uint32(os.Getgid())}
-}
 
 // Make is a file to make: Name in Dir, of Type, owned by Who.
 type Make struct {
@@ -235,18 +111,6 @@ func (c *Client) createAtHere(at *site.Site, m Make, u User) (*Node, *pb.CreateR
 	return child, reply, err
 }
 
-// Open opens a file as os.OpenFile does: O_CREATE, O_EXCL, O_TRUNC and
-// O_APPEND are honoured. A file is fetched lazily, chunk by chunk, as it
-// is read. A directory is not a file: opening one fails with EISDIR.
-func (c *Client) Open(name string, flag int, perm os.FileMode) (*File, error) {
-	n, how, err := c.openNode(name, flag, perm)
-	if err != nil {
-		return nil, site.ErrOf("open", name, err)
-	}
-	parent, base := c.parentOf(name)
-	return c.openFile(n, parent, base, name, flag, how, c.self)
-}
-
 // openedBy says how the Node an open opens was come by.
 type openedBy int
 
@@ -255,25 +119,6 @@ const (
 	createMade                  // a create this moment made it: empty
 	createFound                 // a create this moment found it: status current
 )
-
-// openNode resolves name, or creates it with O_CREATE.
-func (c *Client) openNode(name string, flag int, perm os.FileMode) (*Node, openedBy, error) {
-	if flag&os.O_CREATE == 0 {
-		n, err := c.resolve(name, true)
-		return n, resolved, err
-	}
-	dir, base, err := c.resolveParent(name)
-	if err != nil {
-		return nil, resolved, err
-	}
-	n, created, err := c.create(Make{Dir: dir, Name: base, Type: node.TypeFile, Mode: unixMode(perm), Who: c.creator(), Excl: flag&os.O_EXCL != 0}, c.self)
-	if Errno(err) == syscall.EEXIST && flag&os.O_EXCL == 0 {
-		// Exists as something else: a symlink to follow, or a directory.
-		n, err = c.resolve(name, true)
-		return n, resolved, err
-	}
-	return n, createdHow(created), err
-}
 
 // permitted refuses an open of an existing file that the opener's rights
 // in st (fresh's, the server's word for that user) do not allow, even
@@ -398,106 +243,6 @@ func (c *Client) leaveCache(n *Node, u User) error {
 	return n.storeLocked(true, u)
 }
 
-// Create creates or truncates a file for reading and writing.
-func (c *Client) Create(name string) (*File, error) {
-	return c.Open(name, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o666)
-}
-
-// Stat returns the status of name, following symlinks and mount points.
-func (c *Client) Stat(name string) (node.Status, error) { return c.stat("stat", name, true) }
-
-// Lstat is Stat without following a final symlink or mount point.
-func (c *Client) Lstat(name string) (node.Status, error) { return c.stat("lstat", name, false) }
-
-func (c *Client) stat(op, name string, follow bool) (node.Status, error) {
-	n, err := c.resolve(name, follow)
-	if err != nil {
-		return node.Status{}, site.ErrOf(op, name, err)
-	}
-	st, err := c.fresh(n, c.self)
-	return st, site.ErrOf(op, name, err)
-}
-
-// ReadDir lists a directory in the server's stable order.
-func (c *Client) ReadDir(name string) ([]DirEntry, error) {
-	n, err := c.resolve(name, true)
-	if err == nil {
-		n, err = c.enterDir(n, c.self)
-	}
-	if err != nil {
-		return nil, site.ErrOf("readdir", name, err)
-	}
-	ents, _, err := c.readDir(n, c.self)
-	return ents, site.ErrOf("readdir", name, err)
-}
-
-// Mkdir makes a directory.
-func (c *Client) Mkdir(name string, perm os.FileMode) error {
-	dir, base, err := c.resolveParent(name)
-	if err == nil {
-		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeDir, Mode: unixMode(perm), Who: c.creator(), Excl: true}, c.self)
-	}
-	return site.ErrOf("mkdir", name, err)
-}
-
-// Symlink makes link a symbolic link to target.
-func (c *Client) Symlink(target, link string) error {
-	dir, base, err := c.resolveParent(link)
-	if err == nil {
-		_, _, err = c.create(Make{Dir: dir, Name: base, Type: node.TypeSymlink, Mode: 0o777, Who: c.creator(), Target: target, Excl: true}, c.self)
-	}
-	return site.ErrOf("symlink", link, err)
-}
-
-// Readlink returns a symlink's target.
-func (c *Client) Readlink(name string) (string, error) {
-	n, err := c.resolve(name, false)
-	if err != nil {
-		return "", site.ErrOf("readlink", name, err)
-	}
-	st, err := c.fresh(n, c.self)
-	if err == nil && st.Type != node.TypeSymlink {
-		err = syscall.EINVAL
-	}
-	return st.Target, site.ErrOf("readlink", name, err)
-}
-
-// Link makes newname a hard link to oldname.
-func (c *Client) Link(oldname, newname string) error {
-	err := c.link(oldname, newname)
-	return site.ErrOf("link", newname, err)
-}
-
-func (c *Client) link(oldname, newname string) error {
-	target, err := c.resolve(oldname, false)
-	if err != nil {
-		return err
-	}
-	dir, base, err := c.resolveParent(newname)
-	if err != nil {
-		return err
-	}
-	_, err = c.Nodes().Link(dir, base, target)
-	return err
-}
-
-// Remove removes a file, symlink, mount point or empty directory.
-func (c *Client) Remove(name string) error {
-	return site.ErrOf("remove", name, c.remove(name))
-}
-
-func (c *Client) remove(name string) error {
-	dir, base, err := c.resolveParent(name)
-	if err != nil {
-		return err
-	}
-	err = c.Nodes().Remove(dir, base, false)
-	if pb.Errno(err) == syscall.EISDIR || errors.Is(err, syscall.EISDIR) {
-		err = c.Nodes().Remove(dir, base, true)
-	}
-	return err
-}
-
 // removed updates a vnode that lost a name by u's request: forgotten when
 // it is gone, given the status the server replied with otherwise (a
 // delegation would go on serving the one from before).
@@ -522,25 +267,6 @@ func (c *Client) removed(t site.Ticket, ps *pb.Status, u User) {
 	}
 	c.node(st.FID, t.At).valid.Store(false)
 	c.learn(t, st, 0, u)
-}
-
-// Rename renames oldname to newname, replacing newname if it exists (and
-// is not a non-empty directory), atomically.
-func (c *Client) Rename(oldname, newname string) error {
-	return site.ErrOf("rename", oldname, c.rename(oldname, newname))
-}
-
-func (c *Client) rename(oldname, newname string) error {
-	sdir, sbase, err := c.resolveParent(oldname)
-	if err != nil {
-		return err
-	}
-	ddir, dbase, err := c.resolveParent(newname)
-	if err != nil {
-		return err
-	}
-	_, err = c.Nodes().Rename(sdir, sbase, ddir, dbase)
-	return err
 }
 
 // renameAt renames as u and returns the server's reply; op names the
@@ -642,72 +368,4 @@ func (c *Client) setattrHere(at *site.Site, n *Node, req *pb.SetAttrRequest, u U
 	}
 	_, err = c.learnPB(t, reply.Status, u)
 	return err
-}
-
-func (c *Client) setattrPath(op, name string, req *pb.SetAttrRequest) error {
-	n, err := c.resolve(name, true)
-	if err == nil {
-		err = c.setattr(n, req, c.self)
-	}
-	return site.ErrOf(op, name, err)
-}
-
-// Chmod changes the permission bits.
-func (c *Client) Chmod(name string, mode os.FileMode) error {
-	return c.setattrPath("chmod", name, &pb.SetAttrRequest{Mask: node.SetMode, Mode: unixMode(mode)})
-}
-
-// Chown changes the owner and group; -1 leaves one as it is.
-func (c *Client) Chown(name string, uid, gid int) error {
-	req := &pb.SetAttrRequest{}
-	if uid >= 0 {
-		req.Mask |= node.SetUID
-		req.Uid = uint32(uid)
-	}
-	if gid >= 0 {
-		req.Mask |= node.SetGID
-		req.Gid = uint32(gid)
-	}
-	if req.Mask == 0 {
-		return nil
-	}
-	return c.setattrPath("chown", name, req)
-}
-
-// Chtimes changes the access and modification times.
-func (c *Client) Chtimes(name string, atime, mtime time.Time) error {
-	return c.setattrPath("chtimes", name, &pb.SetAttrRequest{Mask: node.SetAtime | node.SetMtime, AtimeNs: atime.UnixNano(), MtimeNs: mtime.UnixNano()})
-}
-
-// Truncate changes a file's size: in the cache under a write delegation,
-// otherwise at the server at once (after storing any local writes to it).
-func (c *Client) Truncate(name string, size int64) error {
-	if size < 0 {
-		return site.ErrOf("truncate", name, syscall.EINVAL)
-	}
-	n, err := c.resolve(name, true)
-	if err == nil {
-		sz := uint64(size)
-		var here bool
-		if here, err = c.Nodes().TruncateHere(n, sz); err == nil && !here {
-			_, err = c.Nodes().SetAttr(n, Attr{Size: &sz})
-		}
-	}
-	return site.ErrOf("truncate", name, err)
-}
-
-// FSStat is the space of the server's file system.
-type FSStat = node.FSStat
-
-// StatFS reports the server's space.
-func (c *Client) StatFS() (FSStat, error) {
-	root, err := c.rootDir()
-	if err != nil {
-		return FSStat{}, site.ErrOf("statfs", "/", err)
-	}
-	fs, err := root.at().StatFS(root.fid.Volume, c.self.token)
-	if err != nil {
-		return FSStat{}, site.ErrOf("statfs", "/", err)
-	}
-	return fs, nil
 }
