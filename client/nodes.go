@@ -233,23 +233,28 @@ func (c *Client) removeAtHere(at *site.Site, dir *Node, name string, dirOnly boo
 // and returns the FID of the file it moved: the one sname named at the
 // server, which may not be the one the caller thought.
 func (k *Nodes) Rename(sdir *Node, sname string, ddir *Node, dname string) (node.FID, error) {
-	return k.RenameKeeping(sdir, sname, ddir, dname, "")
+	moved, _, err := k.RenameKeeping(sdir, sname, ddir, dname, "")
+	return moved, err
 }
 
 // RenameKeeping is Rename, but a file the rename replaces is kept in ddir
-// under the name keep, in the same change at the server: the mount hides
-// a file it has open so, and a rename that fails leaves it where it was.
-func (k *Nodes) RenameKeeping(sdir *Node, sname string, ddir *Node, dname, keep string) (node.FID, error) {
+// under the name keep, in the same change at the server, and its FID
+// returned (zero if none was replaced): the mount hides a file it has
+// open so, and a rename that fails leaves it where it was.
+func (k *Nodes) RenameKeeping(sdir *Node, sname string, ddir *Node, dname, keep string) (moved, kept node.FID, err error) {
 	if sdir == ddir && keep == "" {
 		if fid, ok := sdir.c.renameHere(sdir, sname, dname, k.u); ok {
-			return fid, nil
+			return fid, kept, nil
 		}
 	}
 	reply, err := sdir.c.renameAt(sdir, sname, ddir, dname, keep, "", k.u)
 	if err != nil {
-		return node.FID{}, err
+		return moved, kept, err
 	}
-	return reply.Status.GetFid().ToFID(), nil
+	if r := reply.Replaced; keep != "" && r != nil && r.Nlink > 0 {
+		kept = r.GetFid().ToFID()
+	}
+	return reply.Status.GetFid().ToFID(), kept, nil
 }
 
 // Attr says which attributes SetAttr changes.

@@ -577,12 +577,20 @@ func (h *hnode) Rename(ctx context.Context, name string, newParent fs.InodeEmbed
 			hidden, silly = ch, sillyName(ch)
 		}
 	}
-	moved, err := h.m.as(ctx).RenameKeeping(h.n, name, np.n, newName, silly)
+	k := h.m.as(ctx)
+	moved, kept, err := k.RenameKeeping(h.n, name, np.n, newName, silly)
 	if err != nil {
 		return errno(err)
 	}
-	if hidden != nil {
-		hidden.hiddenIn(np, silly, h.m.as(ctx))
+	switch {
+	case hidden != nil && kept == hidden.n.FID():
+		hidden.hiddenIn(np, silly, k)
+	case !kept.IsZero():
+		// Another client had put another file under newName: nothing
+		// here has it open, and the rename replaced it.
+		if err := k.Remove(np.n, silly, false); err != nil {
+			h.m.log.Warn("removing a file a rename replaced", "name", silly, "err", err)
+		}
 	}
 	// Once this returns, the kernel moves the old name's entry, with its
 	// timeout, to newName. A break of either directory during the rename
