@@ -14,6 +14,7 @@ import (
 	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/testkit"
+	"github.com/hoardfs/hoard/internal/testkit/servertest"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/server"
 )
@@ -28,18 +29,18 @@ func TestCallbackBreak(t *testing.T) {
 			name = "no-delegations"
 		}
 		t.Run(name, func(t *testing.T) {
-			s := startServer(t)
+			s := servertest.Start(t)
 			var invalidated atomic.Int64
-			a := s.dial(t, with(func(o *client.Options) {
+			a := s.Dial(t, func(o *client.Options) {
 				o.NoDelegations = !deleg
 				o.OnInvalidate = func(fids []node.FID) { invalidated.Add(int64(len(fids))) }
-			}))
-			b := s.dial(t, memCache(), with(func(o *client.Options) { o.NoDelegations = !deleg }))
+			})
+			b := s.Dial(t, servertest.MemCache(), func(o *client.Options) { o.NoDelegations = !deleg })
 			v1 := testkit.Pattern(300<<10, 1)
 			testkit.WriteFile(t, b, "/f", v1)
-			wantFile(t, a, "/f", v1)
+			testkit.WantFile(t, a, "/f", v1)
 			before := a.Client().Stats()
-			wantFile(t, a, "/f", v1)
+			testkit.WantFile(t, a, "/f", v1)
 			after := a.Client().Stats()
 			if after.BytesFetched != before.BytesFetched || after.Revalidations != before.Revalidations {
 				t.Fatalf("a re-read under a promise fetched %d bytes, revalidated %d times",
@@ -50,7 +51,7 @@ func TestCallbackBreak(t *testing.T) {
 			}
 			v2 := testkit.Pattern(200<<10, 2)
 			testkit.WriteFile(t, b, "/f", v2)
-			wantFile(t, a, "/f", v2)
+			testkit.WantFile(t, a, "/f", v2)
 			st := a.Client().Stats()
 			if st.Breaks+st.Recalls == 0 || invalidated.Load()+st.Recalls == 0 {
 				t.Fatalf("the reader saw the new data without a break or recall: %+v", st)
@@ -62,13 +63,13 @@ func TestCallbackBreak(t *testing.T) {
 				t.Fatalf("NoDelegations: %d local opens, %d write delegations", st.LocalOpens, b.Client().Stats().WriteDelegations)
 			}
 			// An attribute change is seen too.
-			must(t, b.Chmod("/f", 0o604))
+			testkit.Must(t, b.Chmod("/f", 0o604))
 			waitFor(t, 5*time.Second, func() bool {
 				st, err := a.Stat("/f")
 				return err == nil && st.Mode&0o777 == 0o604
 			}, func() string { return "the reader never saw the new mode" })
 			// A removal is seen too.
-			must(t, b.Remove("/f"))
+			testkit.Must(t, b.Remove("/f"))
 			waitFor(t, 5*time.Second, func() bool {
 				_, err := a.Stat("/f")
 				return errnoOf(err) == syscall.ENOENT
@@ -81,17 +82,17 @@ func TestCallbackBreak(t *testing.T) {
 // writes stay in the cache; another client's open recalls the
 // delegation and reads every byte; truncation by name stays local too.
 func TestWriteBackAndRecall(t *testing.T) {
-	s := startServer(t)
+	s := servertest.Start(t)
 	var recalled sync.Map
-	a := s.dial(t, with(func(o *client.Options) {
+	a := s.Dial(t, func(o *client.Options) {
 		o.FlushAge = time.Hour
 		o.OnRecall = func(fid node.FID) { recalled.Store(fid, true) }
-	}))
-	b := s.dial(t, memCache())
-	must(t, b.Mkdir("/shared", 0o755))
+	})
+	b := s.Dial(t, servertest.MemCache())
+	testkit.Must(t, b.Mkdir("/shared", 0o755))
 	// b has the directory cached: a's create goes to the server.
 	_, err := b.ReadDir("/shared")
-	must(t, err)
+	testkit.Must(t, err)
 	v1 := testkit.Pattern(1<<20+5, 1)
 	testkit.WriteFile(t, a, "/shared/f", v1)
 	if st := a.Client().Stats(); st.WriteDelegations < 1 || st.DirtyBytes != int64(len(v1)) || st.Stores != 0 {
@@ -99,18 +100,18 @@ func TestWriteBackAndRecall(t *testing.T) {
 	}
 	before := a.Client().Stats()
 	f, err := a.Open("/shared/f", os.O_WRONLY, 0)
-	must(t, err)
+	testkit.Must(t, err)
 	_, err = f.WriteAt([]byte("XYZ"), 10)
-	must(t, err)
-	must(t, f.Flush()) // under the delegation: stays in the cache
-	must(t, f.Close())
+	testkit.Must(t, err)
+	testkit.Must(t, f.Flush()) // under the delegation: stays in the cache
+	testkit.Must(t, f.Close())
 	after := a.Client().Stats()
 	if after.RPCs != before.RPCs || after.LocalOpens != before.LocalOpens+1 || after.LocalCloses != before.LocalCloses+1 {
 		t.Fatalf("open, write, close under the delegation: %d RPCs, %d local opens, %d local closes",
 			after.RPCs-before.RPCs, after.LocalOpens-before.LocalOpens, after.LocalCloses-before.LocalCloses)
 	}
 	before = a.Client().Stats()
-	must(t, a.Truncate("/shared/f", 512<<10))
+	testkit.Must(t, a.Truncate("/shared/f", 512<<10))
 	if after := a.Client().Stats(); after.RPCs != before.RPCs {
 		t.Fatalf("truncate under the delegation: %d RPCs", after.RPCs-before.RPCs)
 	}
@@ -119,7 +120,7 @@ func TestWriteBackAndRecall(t *testing.T) {
 	}
 	want := slices.Clone(v1[:512<<10])
 	copy(want[10:], "XYZ")
-	wantFile(t, b, "/shared/f", want)
+	testkit.WantFile(t, b, "/shared/f", want)
 	st := a.Client().Stats()
 	if st.Recalls < 1 || st.DirtyBytes != 0 || st.Stores == 0 {
 		t.Fatalf("after the recall: %d recalls, %d dirty bytes, %d stores", st.Recalls, st.DirtyBytes, st.Stores)
@@ -131,21 +132,21 @@ func TestWriteBackAndRecall(t *testing.T) {
 	}
 	// The writer's next change is seen by the reader's next open.
 	testkit.WriteFile(t, a, "/shared/f", []byte("v2"))
-	wantFile(t, b, "/shared/f", []byte("v2"))
+	testkit.WantFile(t, b, "/shared/f", []byte("v2"))
 	// And the reader's change by the writer.
 	testkit.WriteFile(t, b, "/shared/f", []byte("v3"))
-	wantFile(t, a, "/shared/f", []byte("v3"))
+	testkit.WantFile(t, a, "/shared/f", []byte("v3"))
 }
 
 // Sync stores at once and makes the data visible; Close without a
 // delegation stores too; a client's Close stores what it still holds.
 func TestSyncAndCloseStore(t *testing.T) {
-	s := startServer(t)
-	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
-	b := s.dial(t, memCache())
+	s := servertest.Start(t)
+	a := s.Dial(t, func(o *client.Options) { o.FlushAge = time.Hour })
+	b := s.Dial(t, servertest.MemCache())
 	f := testkit.Create(t, a, "/s", testkit.Pattern(100<<10, 3))
 	stores := a.Client().Stats().Stores
-	must(t, f.Sync())
+	testkit.Must(t, f.Sync())
 	if st := a.Client().Stats(); st.Stores != stores+1 || st.DirtyBytes != 0 {
 		t.Fatalf("sync: %d stores, %d dirty bytes", st.Stores-stores, st.DirtyBytes)
 	}
@@ -153,46 +154,46 @@ func TestSyncAndCloseStore(t *testing.T) {
 		t.Fatalf("another client's stat after sync: %+v %v", st, err)
 	}
 	_, err := f.Write([]byte("tail"))
-	must(t, err)
-	must(t, f.Close())
+	testkit.Must(t, err)
+	testkit.Must(t, f.Close())
 	testkit.WriteFile(t, a, "/t", []byte("kept until close"))
 	if a.Client().Stats().DirtyBytes == 0 {
 		t.Fatal("nothing dirty under the write delegation")
 	}
-	must(t, a.Close())
+	testkit.Must(t, a.Close())
 	want := append(testkit.Pattern(100<<10, 3), "tail"...)
-	wantFile(t, b, "/s", want)
-	wantFile(t, b, "/t", []byte("kept until close"))
+	testkit.WantFile(t, b, "/s", want)
+	testkit.WantFile(t, b, "/t", []byte("kept until close"))
 }
 
 // Without delegations every close stores and no open is local; the data
 // of each close is seen by the next open elsewhere.
 func TestNoDelegations(t *testing.T) {
-	s := startServer(t)
-	a := s.dial(t, with(func(o *client.Options) { o.NoDelegations = true }))
-	b := s.dial(t, memCache(), with(func(o *client.Options) { o.NoDelegations = true }))
+	s := servertest.Start(t)
+	a := s.Dial(t, func(o *client.Options) { o.NoDelegations = true })
+	b := s.Dial(t, servertest.MemCache(), func(o *client.Options) { o.NoDelegations = true })
 	for i := range 5 {
 		testkit.WriteFile(t, a, "/n", testkit.Pattern(10<<10, byte(i)))
-		wantFile(t, b, "/n", testkit.Pattern(10<<10, byte(i)))
+		testkit.WantFile(t, b, "/n", testkit.Pattern(10<<10, byte(i)))
 	}
 	st := a.Client().Stats()
 	if st.Stores != 5 || st.LocalOpens != 0 || st.WriteDelegations != 0 || st.DirtyBytes != 0 {
 		t.Fatalf("with NoDelegations: %+v", st)
 	}
 	// A truncation by name goes to the server at once.
-	must(t, a.Truncate("/n", 3))
-	wantFile(t, b, "/n", testkit.Pattern(10<<10, 4)[:3])
+	testkit.Must(t, a.Truncate("/n", 3))
+	testkit.WantFile(t, b, "/n", testkit.Pattern(10<<10, 4)[:3])
 }
 
 // A server that grants no delegations (lease 0): the client asks for
 // none, and everything still works.
 func TestServerWithoutLeases(t *testing.T) {
-	s := startServer(t, withConfig(func(c *server.Config) { c.Lease = 0 }))
-	a := s.dial(t)
-	b := s.dial(t, memCache())
-	must(t, a.Mkdir("/d", 0o755))
+	s := servertest.Start(t, servertest.WithConfig(func(c *server.Config) { c.Lease = 0 }))
+	a := s.Dial(t)
+	b := s.Dial(t, servertest.MemCache())
+	testkit.Must(t, a.Mkdir("/d", 0o755))
 	testkit.WriteFile(t, a, "/d/f", []byte("one"))
-	wantFile(t, b, "/d/f", []byte("one"))
+	testkit.WantFile(t, b, "/d/f", []byte("one"))
 	if st := a.Client().Stats(); st.WriteDelegations+st.ReadDelegations != 0 || st.MadeHere != 0 || st.LocalOpens != 0 {
 		t.Fatalf("delegations from a server without leases: %+v", st)
 	}
@@ -201,21 +202,21 @@ func TestServerWithoutLeases(t *testing.T) {
 // Many clients write and read one file in turn: each reads the last
 // writer's bytes (delegations recalled from one to the next).
 func TestDelegationRoundRobin(t *testing.T) {
-	s := startServer(t)
+	s := servertest.Start(t)
 	var cs []*pathfs.FS
 	for i := range 3 {
-		opts := []clientOpt{with(func(o *client.Options) { o.FlushAge = time.Hour })}
+		opts := []servertest.ClientOpt{func(o *client.Options) { o.FlushAge = time.Hour }}
 		if i%2 == 1 {
-			opts = append(opts, memCache())
+			opts = append(opts, servertest.MemCache())
 		}
-		cs = append(cs, s.dial(t, opts...))
+		cs = append(cs, s.Dial(t, opts...))
 	}
 	for round := range 6 {
 		w := cs[round%len(cs)]
 		data := testkit.Pattern(70<<10+round, byte(round))
 		testkit.WriteFile(t, w, "/rr", data)
 		for _, r := range cs {
-			wantFile(t, r, "/rr", data)
+			testkit.WantFile(t, r, "/rr", data)
 		}
 	}
 	var recalls int64
@@ -230,24 +231,24 @@ func TestDelegationRoundRobin(t *testing.T) {
 // Two opens of one file in one client share its cached writes; the
 // second open is local.
 func TestTwoOpensOneClient(t *testing.T) {
-	s := startServer(t)
-	a := s.dial(t)
+	s := servertest.Start(t)
+	a := s.Dial(t)
 	f, err := a.Create("/two")
-	must(t, err)
+	testkit.Must(t, err)
 	g, err := a.Open("/two", os.O_RDWR, 0)
-	must(t, err)
+	testkit.Must(t, err)
 	_, err = f.WriteAt([]byte("from f"), 0)
-	must(t, err)
+	testkit.Must(t, err)
 	p := make([]byte, 6)
 	if n, err := g.ReadAt(p, 0); n != 6 || string(p) != "from f" {
 		t.Fatalf("the second open read %q %v", p[:n], err)
 	}
 	_, err = g.WriteAt([]byte("G"), 5)
-	must(t, err)
-	must(t, g.Close())
-	must(t, f.Close())
-	b := s.dial(t, memCache())
-	wantFile(t, b, "/two", []byte("from G"))
+	testkit.Must(t, err)
+	testkit.Must(t, g.Close())
+	testkit.Must(t, f.Close())
+	b := s.Dial(t, servertest.MemCache())
+	testkit.WantFile(t, b, "/two", []byte("from G"))
 }
 
 // A client that does not acknowledge a break in time (its OnInvalidate
@@ -266,13 +267,13 @@ func TestResetLosesDelegatedWrites(t *testing.T) {
 }
 
 func testResetLoses(t *testing.T, made bool) {
-	s := startServer(t, withConfig(func(c *server.Config) { c.BreakTimeout = 300 * time.Millisecond }))
+	s := servertest.Start(t, servertest.WithConfig(func(c *server.Config) { c.BreakTimeout = 300 * time.Millisecond }))
 	var hang atomic.Bool
 	release := make(chan struct{})
 	var once sync.Once
 	unhang := func() { once.Do(func() { close(release) }) }
 	dir := t.TempDir()
-	a := s.dial(t, inDir(dir), with(func(o *client.Options) {
+	a := s.Dial(t, servertest.InDir(dir), func(o *client.Options) {
 		o.FlushAge = time.Hour
 		o.NoDirDelegations = !made
 		o.OnInvalidate = func([]node.FID) {
@@ -280,12 +281,12 @@ func testResetLoses(t *testing.T, made bool) {
 				<-release
 			}
 		}
-	}))
+	})
 	t.Cleanup(unhang)
-	b := s.dial(t, memCache())
+	b := s.Dial(t, servertest.MemCache())
 	testkit.WriteFile(t, b, "/p", []byte("promised"))
-	wantFile(t, a, "/p", []byte("promised"))
-	must(t, a.Mkdir("/own", 0o755))
+	testkit.WantFile(t, a, "/p", []byte("promised"))
+	testkit.Must(t, a.Mkdir("/own", 0o755))
 	lostData := testkit.Pattern(40<<10, 9)
 	f := testkit.Create(t, a, "/own/w", lostData)
 	if st := a.Client().Stats(); st.DirtyBytes == 0 || made != (st.MadeHere > 0) {
@@ -308,7 +309,7 @@ func testResetLoses(t *testing.T, made bool) {
 	if err := f.Sync(); err != nil {
 		t.Fatalf("a second sync: %v (the loss is reported once)", err)
 	}
-	must(t, f.Close())
+	testkit.Must(t, f.Close())
 	kept, err := lost.List(dir)
 	if err != nil || len(kept) != 1 || kept[0].Path != "/own/w" || kept[0].Size != int64(len(lostData)) {
 		t.Fatalf("kept: %+v %v", kept, err)
@@ -321,9 +322,9 @@ func testResetLoses(t *testing.T, made bool) {
 		t.Fatalf("lost record: %+v", kept[0])
 	}
 	// The client goes on: the reader's change is seen, new writes work.
-	wantFile(t, a, "/p", []byte("changed"))
+	testkit.WantFile(t, a, "/p", []byte("changed"))
 	testkit.WriteFile(t, a, "/own/w2", []byte("after"))
-	wantFile(t, b, "/own/w2", []byte("after"))
+	testkit.WantFile(t, b, "/own/w2", []byte("after"))
 	if lost.Dir(dir) == lost.Dir("") {
 		t.Fatal("a disk cache's lost directory is the memory cache's")
 	}

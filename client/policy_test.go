@@ -13,6 +13,7 @@ import (
 	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/client/policy"
 	"github.com/hoardfs/hoard/internal/testkit"
+	"github.com/hoardfs/hoard/internal/testkit/servertest"
 )
 
 // wantPolicy fails unless name's policy bypasses (or not), for a reason
@@ -32,9 +33,9 @@ func wantPolicy(t testing.TB, c *pathfs.FS, name string, bypass bool, why string
 // the file, then on its directory, the name, the volume, the size
 // threshold.
 func TestPolicyRules(t *testing.T) {
-	s := startServer(t)
-	c := s.dial(t, with(func(o *client.Options) { o.BypassThreshold = 1 << 20 }))
-	w := s.dial(t, memCache())
+	s := servertest.Start(t)
+	c := s.Dial(t, func(o *client.Options) { o.BypassThreshold = 1 << 20 })
+	w := s.Dial(t, servertest.MemCache())
 	small, big := testkit.Pattern(100, 1), testkit.Pattern(2<<20, 2)
 	testkit.WriteFile(t, w, "/small", small)
 	testkit.WriteFile(t, w, "/big", big)
@@ -49,13 +50,13 @@ func TestPolicyRules(t *testing.T) {
 	// A bypassed read fetches the bytes but writes nothing into the cache.
 	written := c.Client().Stats().BytesWritten
 	f, err := c.Open("/big", os.O_RDONLY, 0)
-	must(t, err)
+	testkit.Must(t, err)
 	if !f.Bypassed() || !f.Policy().Bypass {
 		t.Fatalf("a file over the threshold: bypassed %v, policy %v", f.Bypassed(), f.Policy())
 	}
 	got, err := io.ReadAll(f)
-	must(t, err)
-	must(t, f.Close())
+	testkit.Must(t, err)
+	testkit.Must(t, f.Close())
 	if !bytes.Equal(got, big) {
 		t.Fatal("a bypassed read returned other bytes")
 	}
@@ -64,30 +65,30 @@ func TestPolicyRules(t *testing.T) {
 	}
 
 	// Overrides on a file, and on a directory, recursively.
-	must(t, c.SetPolicy("/big", policy.Cache, false))
+	testkit.Must(t, c.SetPolicy("/big", policy.Cache, false))
 	wantPolicy(t, c, "/big", false, "override on the file")
-	wantFile(t, c, "/big", big)
+	testkit.WantFile(t, c, "/big", big)
 	if st := c.Client().Stats(); st.BytesWritten < written+int64(len(big)) {
 		t.Fatal("a file with a cache override was not cached")
 	}
-	must(t, c.SetPolicy("/big", policy.Auto, false))
+	testkit.Must(t, c.SetPolicy("/big", policy.Auto, false))
 	wantPolicy(t, c, "/big", true, "≥ threshold")
-	must(t, c.SetPolicy("/small", policy.Bypass, false))
+	testkit.Must(t, c.SetPolicy("/small", policy.Bypass, false))
 	wantPolicy(t, c, "/small", true, "override on the file")
-	wantFile(t, c, "/small", small)
+	testkit.WantFile(t, c, "/small", small)
 
-	must(t, w.Mkdir("/d", 0o755))
-	must(t, w.Mkdir("/d/sub", 0o755))
+	testkit.Must(t, w.Mkdir("/d", 0o755))
+	testkit.Must(t, w.Mkdir("/d/sub", 0o755))
 	testkit.WriteFile(t, w, "/d/a", small)
 	testkit.WriteFile(t, w, "/d/sub/b", small)
-	must(t, w.Symlink("a", "/d/link"))
-	must(t, c.SetPolicy("/d", policy.Bypass, true))
+	testkit.Must(t, w.Symlink("a", "/d/link"))
+	testkit.Must(t, c.SetPolicy("/d", policy.Bypass, true))
 	wantPolicy(t, c, "/d", true, "override on the directory")
 	wantPolicy(t, c, "/d/a", true, "override on the file")
 	wantPolicy(t, c, "/d/sub/b", true, "override on the file")
-	must(t, c.SetPolicy("/d", policy.Auto, true))
+	testkit.Must(t, c.SetPolicy("/d", policy.Auto, true))
 	wantPolicy(t, c, "/d/a", false, "< threshold")
-	must(t, c.SetPolicy("/d", policy.Cache, false))
+	testkit.Must(t, c.SetPolicy("/d", policy.Cache, false))
 	wantPolicy(t, c, "/d", false, "override on the directory")
 	testkit.WriteFile(t, w, "/d/big", big)
 	wantPolicy(t, c, "/d/big", false, "override on its directory")
@@ -96,29 +97,29 @@ func TestPolicyRules(t *testing.T) {
 		t.Fatal("a policy that is none was set")
 	}
 	_, err = c.Policy("/none")
-	wantErrno(t, "policy of a missing file", err, syscall.ENOENT)
-	wantErrno(t, "set policy of a missing file", c.SetPolicy("/none", policy.Cache, false), syscall.ENOENT)
+	testkit.WantErrno(t, "policy of a missing file", err, syscall.ENOENT)
+	testkit.WantErrno(t, "set policy of a missing file", c.SetPolicy("/none", policy.Cache, false), syscall.ENOENT)
 
 	// A volume named __something bypasses.
 	_, err = w.Admin().CreateVolume("__scratch")
-	must(t, err)
-	must(t, w.Admin().MountVolume("/scratch", "__scratch"))
+	testkit.Must(t, err)
+	testkit.Must(t, w.Admin().MountVolume("/scratch", "__scratch"))
 	testkit.WriteFile(t, w, "/scratch/f", small)
 	wantPolicy(t, c, "/scratch/f", true, "volume __scratch")
-	wantFile(t, c, "/scratch/f", small)
+	testkit.WantFile(t, c, "/scratch/f", small)
 }
 
 // Bypassed writes are staged at the server and published at once by
 // Sync or Close: another client sees the old contents until then. A
 // read of the same file elsewhere in the writer publishes them first.
 func TestBypassWrites(t *testing.T) {
-	s := startServer(t)
-	c := s.dial(t)
-	r := s.dial(t, memCache())
+	s := servertest.Start(t)
+	c := s.Dial(t)
+	r := s.Dial(t, servertest.MemCache())
 	old := []byte("old contents")
 	testkit.WriteFile(t, r, "/__w", old)
 	f, err := c.Open("/__w", os.O_RDWR|os.O_TRUNC, 0)
-	must(t, err)
+	testkit.Must(t, err)
 	if !f.Bypassed() {
 		t.Fatal("a __ file is not bypassed")
 	}
@@ -135,90 +136,90 @@ func TestBypassWrites(t *testing.T) {
 	if pos, err := f.Seek(0, io.SeekEnd); err != nil || pos != int64(len(data)) {
 		t.Fatalf("seek to the end of unpublished writes: %d %v", pos, err)
 	}
-	wantFile(t, r, "/__w", old)
-	must(t, f.Sync())
-	wantFile(t, r, "/__w", data)
+	testkit.WantFile(t, r, "/__w", old)
+	testkit.Must(t, f.Sync())
+	testkit.WantFile(t, r, "/__w", data)
 
 	// Another open here reads this one's unpublished writes.
 	_, err = f.WriteAt([]byte("HEAD"), 0)
-	must(t, err)
+	testkit.Must(t, err)
 	g, err := c.Open("/__w", os.O_RDONLY, 0)
-	must(t, err)
+	testkit.Must(t, err)
 	p := make([]byte, 4)
 	if _, err := g.ReadAt(p, 0); err != nil || string(p) != "HEAD" {
 		t.Fatalf("another open read %q %v", p, err)
 	}
-	must(t, g.Close())
+	testkit.Must(t, g.Close())
 
 	// A truncation after writes publishes them, and is published itself.
-	must(t, f.Truncate(5))
+	testkit.Must(t, f.Truncate(5))
 	if st, _ := f.Stat(); st.Size != 5 {
 		t.Fatalf("size after a bypassed truncate: %d", st.Size)
 	}
 	_, err = f.WriteAt([]byte("++"), 7)
-	must(t, err)
-	must(t, f.Close())
+	testkit.Must(t, err)
+	testkit.Must(t, f.Close())
 	want := append(append([]byte("HEAD"), data[4]), 0, 0, '+', '+')
-	wantFile(t, r, "/__w", want)
+	testkit.WantFile(t, r, "/__w", want)
 
 	// O_APPEND on a bypassed file.
 	h, err := c.Open("/__w", os.O_WRONLY|os.O_APPEND, 0)
-	must(t, err)
+	testkit.Must(t, err)
 	_, err = h.Write([]byte("!"))
-	must(t, err)
-	must(t, h.Flush())
-	must(t, h.Close())
-	wantFile(t, r, "/__w", append(want, '!'))
+	testkit.Must(t, err)
+	testkit.Must(t, h.Flush())
+	testkit.Must(t, h.Close())
+	testkit.WantFile(t, r, "/__w", append(want, '!'))
 
 	// A new bypassed file.
 	testkit.WriteFile(t, c, "/__new", []byte("fresh"))
-	wantFile(t, r, "/__new", []byte("fresh"))
+	testkit.WantFile(t, r, "/__new", []byte("fresh"))
 	if err := c.Truncate("/__new", 2); err != nil {
 		t.Fatal(err)
 	}
-	wantFile(t, r, "/__new", []byte("fr"))
+	testkit.WantFile(t, r, "/__new", []byte("fr"))
 }
 
 // A file that turns to bypass first stores its local writes; an open that
 // bypasses a file with local writes stores them first too.
 func TestPolicySwitchKeepsWrites(t *testing.T) {
-	s := startServer(t)
-	c := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
-	r := s.dial(t, memCache())
-	must(t, c.Mkdir("/d", 0o755))
+	s := servertest.Start(t)
+	c := s.Dial(t, func(o *client.Options) { o.FlushAge = time.Hour })
+	r := s.Dial(t, servertest.MemCache())
+	testkit.Must(t, c.Mkdir("/d", 0o755))
 	testkit.WriteFile(t, c, "/d/f", []byte("written here"))
 	testkit.WriteFile(t, c, "/d/g", []byte("also here"))
 	if c.Client().Stats().DirtyBytes == 0 {
 		t.Fatal("nothing dirty")
 	}
-	must(t, c.SetPolicy("/d/f", policy.Bypass, false))
-	wantFile(t, r, "/d/f", []byte("written here"))
-	must(t, c.SetPolicy("/d", policy.Bypass, false))
+	testkit.Must(t, c.SetPolicy("/d/f", policy.Bypass, false))
+	testkit.WantFile(t, r, "/d/f", []byte("written here"))
+	testkit.Must(t, c.SetPolicy("/d", policy.Bypass, false))
 	f, err := c.Open("/d/g", os.O_RDWR, 0)
-	must(t, err)
+	testkit.Must(t, err)
 	if !f.Bypassed() {
 		t.Fatal("a file in a bypassed directory is cached")
 	}
-	must(t, f.Close())
-	wantFile(t, r, "/d/g", []byte("also here"))
+	testkit.Must(t, f.Close())
+	testkit.WantFile(t, r, "/d/g", []byte("also here"))
 }
 
 // Auto: a large file seen for the first time is read around the cache
 // while it is read sequentially; a random read admits it; a second use
 // within the window caches it.
 func TestPolicyAuto(t *testing.T) {
-	s := startServer(t)
-	w := s.dial(t, memCache())
+	s := servertest.Start(t)
+	w := s.Dial(t, servertest.MemCache())
 	data := testkit.Pattern(6<<20, 9)
 	testkit.WriteFile(t, w, "/large", data)
 	testkit.WriteFile(t, w, "/large2", data)
-	c := s.dial(t, with(func(o *client.Options) {
+	c := s.Dial(t, func(o *client.Options) {
 		o.CacheSize = 4 << 20
 		o.AutoMin = 1 << 20
-	}))
+	})
 	wantPolicy(t, c, "/large", true, "first use")
 	f, err := c.Open("/large", os.O_RDONLY, 0)
-	must(t, err)
+	testkit.Must(t, err)
 	if !f.Bypassed() || !f.Policy().Probation {
 		t.Fatalf("first use: bypassed %v, policy %v", f.Bypassed(), f.Policy())
 	}
@@ -231,7 +232,7 @@ func TestPolicyAuto(t *testing.T) {
 		if err == io.EOF {
 			break
 		}
-		must(t, err)
+		testkit.Must(t, err)
 	}
 	if !bytes.Equal(got, data) {
 		t.Fatal("a sequential bypassed read returned other bytes")
@@ -239,12 +240,12 @@ func TestPolicyAuto(t *testing.T) {
 	if !f.Bypassed() || c.Client().Stats().BytesWritten != written {
 		t.Fatal("a sequential read on probation was cached")
 	}
-	must(t, f.Close())
+	testkit.Must(t, f.Close())
 	wantPolicy(t, c, "/large", false, "used again")
 
 	// A random read ends the probation: the file is cached from then on.
 	g, err := c.Open("/large2", os.O_RDONLY, 0)
-	must(t, err)
+	testkit.Must(t, err)
 	if !g.Bypassed() {
 		t.Fatal("the second large file is not on probation")
 	}
@@ -258,15 +259,15 @@ func TestPolicyAuto(t *testing.T) {
 	if _, err := g.ReadAt(q, 1<<20); err != nil || !bytes.Equal(q, data[1<<20:1<<20+1000]) {
 		t.Fatalf("second random read: %v", err)
 	}
-	must(t, g.Close())
+	testkit.Must(t, g.Close())
 
 	// A large file that fits in the free space is cached at once.
-	big := s.dial(t, with(func(o *client.Options) { o.AutoMin = 1 << 20 }))
+	big := s.Dial(t, func(o *client.Options) { o.AutoMin = 1 << 20 })
 	wantPolicy(t, big, "/large", false, "fits without evicting")
-	mem := s.dial(t, memCache(), with(func(o *client.Options) { o.AutoMin = 1 << 20 }))
+	mem := s.Dial(t, servertest.MemCache(), func(o *client.Options) { o.AutoMin = 1 << 20 })
 	wantPolicy(t, mem, "/large", false, "fits without evicting")
 	// Under AutoMin a file is small, whatever the cache.
-	wantPolicy(t, s.dial(t, memCache()), "/large", false, "small file")
+	wantPolicy(t, s.Dial(t, servertest.MemCache()), "/large", false, "small file")
 }
 
 // Bypassed writes staged at the server are lost with the session they
@@ -274,13 +275,13 @@ func TestPolicyAuto(t *testing.T) {
 // its contents from before them, for everyone.
 func TestBypassStageLostOnRestart(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
-	s := startServer(t, withConfig(restartConfig))
-	c := s.dial(t)
-	r := s.dial(t, memCache())
+	s := servertest.Start(t, servertest.WithConfig(restartConfig))
+	c := s.Dial(t)
+	r := s.Dial(t, servertest.MemCache())
 	old := []byte("before the stage")
 	testkit.WriteFile(t, r, "/__s", old)
 	f, err := c.Open("/__s", os.O_RDWR, 0)
-	must(t, err)
+	testkit.Must(t, err)
 	// More than one write-behind run (4 MiB): the first goes out staged.
 	data := testkit.Pattern(5<<20, 3)
 	for off := 0; off < len(data); off += 1 << 20 {
@@ -288,12 +289,12 @@ func TestBypassStageLostOnRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s.restart()
+	s.Restart()
 	if err := f.Close(); errnoOf(err) != syscall.EIO {
 		t.Fatalf("close of a bypassed file whose stage was lost: %v, want EIO", err)
 	}
-	wantFile(t, r, "/__s", old)
+	testkit.WantFile(t, r, "/__s", old)
 	// The next open writes again.
 	testkit.WriteFile(t, c, "/__s", []byte("new"))
-	wantFile(t, r, "/__s", []byte("new"))
+	testkit.WantFile(t, r, "/__s", []byte("new"))
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/testkit"
+	"github.com/hoardfs/hoard/internal/testkit/servertest"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/server"
 )
@@ -28,61 +29,61 @@ func restartConfig(c *server.Config) { c.Grace = 1500 * time.Millisecond }
 // not trusted: a change after it is seen.
 func TestServerRestartReclaim(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
-	s := startServer(t, withConfig(restartConfig))
+	s := servertest.Start(t, servertest.WithConfig(restartConfig))
 	var invalidated atomic.Int64
-	a := s.dial(t, with(func(o *client.Options) {
+	a := s.Dial(t, func(o *client.Options) {
 		o.FlushAge = time.Hour
 		o.NoDirDelegations = true
-	}))
-	c := s.dial(t, memCache(), with(func(o *client.Options) {
+	})
+	c := s.Dial(t, servertest.MemCache(), func(o *client.Options) {
 		o.OnInvalidate = func(fids []node.FID) { invalidated.Add(int64(len(fids))) }
-	}))
+	})
 	v1 := testkit.Pattern(1<<20, 4)
 	testkit.WriteFile(t, a, "/r", v1)
 	testkit.WriteFile(t, c, "/g", []byte("g1"))
-	wantFile(t, c, "/g", []byte("g1"))
+	testkit.WantFile(t, c, "/g", []byte("g1"))
 	if a.Client().Stats().DirtyBytes == 0 {
 		t.Fatal("nothing dirty before the restart")
 	}
-	s.restart()
-	b := s.dial(t, memCache())
-	wantFile(t, b, "/r", v1)
+	s.Restart()
+	b := s.Dial(t, servertest.MemCache())
+	testkit.WantFile(t, b, "/r", v1)
 	if a.Client().Stats().Reclaimed < 1 {
 		t.Fatal("no delegation was reclaimed")
 	}
 	testkit.WriteFile(t, b, "/g", []byte("g2"))
-	wantFile(t, c, "/g", []byte("g2"))
+	testkit.WantFile(t, c, "/g", []byte("g2"))
 	if invalidated.Load() == 0 {
 		t.Fatal("OnInvalidate heard nothing of the restart")
 	}
 	// The holder goes on writing after the restart.
 	testkit.WriteFile(t, a, "/r", []byte("after"))
-	wantFile(t, b, "/r", []byte("after"))
+	testkit.WantFile(t, b, "/r", []byte("after"))
 }
 
 // Files made under a directory delegation, synced or only closed, are
 // created at the server after a restart, in the grace period.
 func TestServerRestartSettles(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
-	s := startServer(t, withConfig(restartConfig))
-	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
-	must(t, a.Mkdir("/d", 0o755))
+	s := servertest.Start(t, servertest.WithConfig(restartConfig))
+	a := s.Dial(t, func(o *client.Options) { o.FlushAge = time.Hour })
+	testkit.Must(t, a.Mkdir("/d", 0o755))
 	testkit.WriteFile(t, a, "/d/closed", []byte("closed only"))
 	f := testkit.Create(t, a, "/d/synced", []byte("synced"))
-	must(t, f.Sync())
+	testkit.Must(t, f.Sync())
 	if st := a.Client().Stats(); st.MadeHere != 2 || st.Settled != 2 {
 		t.Fatalf("made %d, settled %d: fsync must create the file and its directory's earlier ones", st.MadeHere, st.Settled)
 	}
-	must(t, f.Close())
+	testkit.Must(t, f.Close())
 	testkit.WriteFile(t, a, "/d/after", []byte("made after the fsync"))
-	s.restart()
-	b := s.dial(t, memCache())
+	s.Restart()
+	b := s.Dial(t, servertest.MemCache())
 	for name, want := range map[string]string{"closed": "closed only", "synced": "synced", "after": "made after the fsync"} {
-		wantFile(t, b, "/d/"+name, []byte(want))
+		testkit.WantFile(t, b, "/d/"+name, []byte(want))
 	}
 	// Files made after the restart are made with new reservations.
 	testkit.WriteFile(t, a, "/d/later", []byte("later"))
-	wantFile(t, b, "/d/later", []byte("later"))
+	testkit.WantFile(t, b, "/d/later", []byte("later"))
 }
 
 // A server that forgot its session key cannot tell the client's new
@@ -90,17 +91,17 @@ func TestServerRestartSettles(t *testing.T) {
 // under the old delegation are kept in lost/.
 func TestServerRestartWithoutKey(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
-	s := startServer(t, withConfig(restartConfig))
+	s := servertest.Start(t, servertest.WithConfig(restartConfig))
 	dir := t.TempDir()
-	a := s.dial(t, inDir(dir), with(func(o *client.Options) {
+	a := s.Dial(t, servertest.InDir(dir), func(o *client.Options) {
 		o.FlushAge = time.Hour
 		o.NoDirDelegations = true
-	}))
+	})
 	data := testkit.Pattern(30<<10, 2)
 	f := testkit.Create(t, a, "/k", data)
-	s.stop()
-	must(t, os.Remove(filepath.Join(s.dir, "session.key")))
-	s.start()
+	s.Stop()
+	testkit.Must(t, os.Remove(filepath.Join(s.Dir(), "session.key")))
+	s.Start()
 	var kept []lost.Record
 	waitFor(t, 10*time.Second, func() bool {
 		kept, _ = lost.List(dir)
@@ -115,11 +116,11 @@ func TestServerRestartWithoutKey(t *testing.T) {
 	if err := f.Sync(); errnoOf(err) != syscall.EIO {
 		t.Fatalf("sync after the reclaim was refused: %v, want EIO", err)
 	}
-	must(t, f.Close())
+	testkit.Must(t, f.Close())
 	if a.Client().Stats().Reclaimed != 0 {
 		t.Fatal("a reclaim succeeded without the session key")
 	}
-	b := s.dial(t, memCache())
+	b := s.Dial(t, servertest.MemCache())
 	if got := testkit.ReadFile(t, b, "/k"); len(got) != 0 {
 		t.Fatalf("another client reads %d bytes that were never stored", len(got))
 	}
@@ -129,11 +130,11 @@ func TestServerRestartWithoutKey(t *testing.T) {
 // within the RPC timeout, and then succeeds.
 func TestRequestWaitsForServer(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
-	s := startServer(t, withConfig(restartConfig))
-	a := s.dial(t)
-	b := s.dial(t, memCache())
+	s := servertest.Start(t, servertest.WithConfig(restartConfig))
+	a := s.Dial(t)
+	b := s.Dial(t, servertest.MemCache())
 	testkit.WriteFile(t, b, "/w", []byte("waited for"))
-	s.stop()
+	s.Stop()
 	done := make(chan error, 1)
 	var got []byte
 	go func() {
@@ -141,10 +142,10 @@ func TestRequestWaitsForServer(t *testing.T) {
 		got, err = testkit.TryRead(a, "/w")
 		done <- err
 	}()
-	s.start()
+	s.Start()
 	select {
 	case err := <-done:
-		must(t, err)
+		testkit.Must(t, err)
 	case <-time.After(20 * time.Second):
 		t.Fatal("the request never finished")
 	}
@@ -153,7 +154,7 @@ func TestRequestWaitsForServer(t *testing.T) {
 	}
 	// Both clients are back: a change by one reaches the other.
 	testkit.WriteFile(t, a, "/w", []byte("after"))
-	wantFile(t, b, "/w", []byte("after"))
+	testkit.WantFile(t, b, "/w", []byte("after"))
 }
 
 // File contents travel over the data channel, over gRPC when the server
@@ -163,26 +164,26 @@ func TestDataPaths(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
 	cases := []struct {
 		name      string
-		serverOpt []serverOpt
+		serverOpt []servertest.Option
 		noData    bool
 	}{
 		{"data-channel", nil, false},
-		{"server-without", []serverOpt{withoutDataChannel()}, false},
+		{"server-without", []servertest.Option{servertest.WithoutDataChannel()}, false},
 		{"client-without", nil, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := startServer(t, append(tc.serverOpt, withConfig(restartConfig))...)
-			opt := with(func(o *client.Options) { o.NoDataChannel = tc.noData; o.DataStreams = 2 })
-			a := s.dial(t, opt, with(func(o *client.Options) { o.NoDelegations = true }))
-			b := s.dial(t, opt, memCache())
+			s := servertest.Start(t, append(tc.serverOpt, servertest.WithConfig(restartConfig))...)
+			opt := func(o *client.Options) { o.NoDataChannel = tc.noData; o.DataStreams = 2 }
+			a := s.Dial(t, opt, func(o *client.Options) { o.NoDelegations = true })
+			b := s.Dial(t, opt, servertest.MemCache())
 			data := testkit.Pattern(2<<20+100, 3)
 			testkit.WriteFile(t, a, "/dp", data)
-			wantFile(t, b, "/dp", data)
-			s.restart()
+			testkit.WantFile(t, b, "/dp", data)
+			s.Restart()
 			data2 := testkit.Pattern(1<<20, 4)
 			testkit.WriteFile(t, a, "/dp", data2)
-			wantFile(t, b, "/dp", data2)
+			testkit.WantFile(t, b, "/dp", data2)
 		})
 	}
 }
@@ -200,19 +201,19 @@ type holderCase struct {
 
 // cutOffHolder starts a server whose leases last lease, and its holder
 // case; opts change the holder's options.
-func cutOffHolder(t *testing.T, lease time.Duration, opts ...clientOpt) holderCase {
+func cutOffHolder(t *testing.T, lease time.Duration, opts ...servertest.ClientOpt) holderCase {
 	t.Helper()
-	s := startServer(t, withConfig(func(c *server.Config) {
+	s := servertest.Start(t, servertest.WithConfig(func(c *server.Config) {
 		c.Lease = lease
 		c.BreakTimeout = 500 * time.Millisecond
 	}))
-	hc := holderCase{link: testkit.StartRelay(t, s.addr), dir: t.TempDir()}
-	hc.a = s.dial(t, append([]clientOpt{inDir(hc.dir), with(func(o *client.Options) {
+	hc := holderCase{link: testkit.StartRelay(t, s.Addr()), dir: t.TempDir()}
+	hc.a = s.Dial(t, append([]servertest.ClientOpt{servertest.InDir(hc.dir), func(o *client.Options) {
 		o.Server = hc.link.Addr()
 		o.NoDataChannel = true
 		o.FlushAge = time.Hour
-	})}, opts...)...)
-	hc.b = s.dial(t, memCache())
+	}}, opts...)...)
+	hc.b = s.Dial(t, servertest.MemCache())
 	return hc
 }
 
@@ -222,7 +223,7 @@ func cutOffHolder(t *testing.T, lease time.Duration, opts ...clientOpt) holderCa
 func TestLeaseLapses(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
 	const lease = time.Second
-	hc := cutOffHolder(t, lease, with(func(o *client.Options) { o.NoDirDelegations = true }))
+	hc := cutOffHolder(t, lease, func(o *client.Options) { o.NoDirDelegations = true })
 	f := testkit.Create(t, hc.a, "/lapse", testkit.Pattern(20<<10, 6))
 	if hc.a.Client().Stats().WriteDelegations == 0 {
 		t.Fatal("no write delegation")
@@ -239,14 +240,14 @@ func TestLeaseLapses(t *testing.T) {
 	if err := f.Sync(); errnoOf(err) != syscall.EIO {
 		t.Fatalf("sync after the delegation was revoked: %v, want EIO", err)
 	}
-	must(t, f.Close())
+	testkit.Must(t, f.Close())
 	kept, err := lost.List(hc.dir)
 	if err != nil || len(kept) != 1 || kept[0].Path != "/lapse" {
 		t.Fatalf("kept: %+v %v", kept, err)
 	}
 	// The holder works again.
 	testkit.WriteFile(t, hc.a, "/lapse", []byte("again"))
-	wantFile(t, hc.b, "/lapse", []byte("again"))
+	testkit.WantFile(t, hc.b, "/lapse", []byte("again"))
 }
 
 // Files made under a directory delegation that the server revoked while
@@ -255,7 +256,7 @@ func TestLeaseLapses(t *testing.T) {
 func TestDirDelegationLost(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
 	hc := cutOffHolder(t, time.Second)
-	must(t, hc.a.Mkdir("/d", 0o755))
+	testkit.Must(t, hc.a.Mkdir("/d", 0o755))
 	f := testkit.Create(t, hc.a, "/d/x", testkit.Pattern(5000, 1))
 	if st := hc.a.Client().Stats(); st.MadeHere != 1 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d", st.MadeHere, st.Settled)
@@ -266,7 +267,7 @@ func TestDirDelegationLost(t *testing.T) {
 	if err := f.Sync(); errnoOf(err) != syscall.EIO {
 		t.Fatalf("fsync of a file made under a lost directory delegation: %v, want EIO", err)
 	}
-	must(t, f.Close())
+	testkit.Must(t, f.Close())
 	kept, err := lost.List(hc.dir)
 	if err != nil || len(kept) != 1 || kept[0].Path != "/d/x" || kept[0].Size != 5000 {
 		t.Fatalf("kept: %+v %v", kept, err)
@@ -288,16 +289,16 @@ func TestDirDelegationLost(t *testing.T) {
 // last writer's data is what every one reads.
 func TestRestartManyClients(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
-	s := startServer(t, withConfig(restartConfig))
+	s := servertest.Start(t, servertest.WithConfig(restartConfig))
 	var cs []*pathfs.FS
 	for i := range 4 {
-		cs = append(cs, s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour })))
+		cs = append(cs, s.Dial(t, func(o *client.Options) { o.FlushAge = time.Hour }))
 		testkit.WriteFile(t, cs[i], fmt.Sprintf("/m%d", i), testkit.Pattern(10<<10, byte(i)))
 	}
-	s.restart()
+	s.Restart()
 	for i := range cs {
 		for j := range cs {
-			wantFile(t, cs[j], fmt.Sprintf("/m%d", i), testkit.Pattern(10<<10, byte(i)))
+			testkit.WantFile(t, cs[j], fmt.Sprintf("/m%d", i), testkit.Pattern(10<<10, byte(i)))
 		}
 	}
 }
@@ -306,28 +307,28 @@ func TestRestartManyClients(t *testing.T) {
 // in a new session: the files made here are there for another client.
 func TestSettleAcrossRestart(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
-	s := startServer(t, withConfig(restartConfig))
-	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
-	must(t, a.Mkdir("/d", 0o755))
+	s := servertest.Start(t, servertest.WithConfig(restartConfig))
+	a := s.Dial(t, func(o *client.Options) { o.FlushAge = time.Hour })
+	testkit.Must(t, a.Mkdir("/d", 0o755))
 	testkit.WriteFile(t, a, "/d/x", []byte("made here"))
 	if st := a.Client().Stats(); st.MadeHere != 1 || st.Settled != 0 {
 		t.Fatalf("made %d, settled %d", st.MadeHere, st.Settled)
 	}
-	s.stop()
+	s.Stop()
 	made := make(chan error, 1)
 	go func() { made <- a.Mkdir("/d/sub", 0o755) }() // settles /d first
-	s.start()
+	s.Start()
 	select {
 	case err := <-made:
-		must(t, err)
+		testkit.Must(t, err)
 	case <-time.After(20 * time.Second):
 		t.Fatal("the mkdir never finished")
 	}
 	if st := a.Client().Stats(); st.Settled != 1 {
 		t.Fatalf("%d files settled, want 1", st.Settled)
 	}
-	b := s.dial(t, memCache())
-	wantFile(t, b, "/d/x", []byte("made here"))
+	b := s.Dial(t, servertest.MemCache())
+	testkit.WantFile(t, b, "/d/x", []byte("made here"))
 	if got := testkit.Names(t, b, "/d"); fmt.Sprint(got) != "[sub x]" {
 		t.Fatalf("another client lists %v", got)
 	}

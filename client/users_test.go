@@ -13,6 +13,7 @@ import (
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/internal/testkit"
+	"github.com/hoardfs/hoard/internal/testkit/servertest"
 	"github.com/hoardfs/hoard/node"
 	"github.com/hoardfs/hoard/server"
 )
@@ -26,16 +27,16 @@ import (
 func usersCell(t *testing.T) (*cell.Verifier, func(user string, uid uint32, admin bool) string) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "cell")
-	must(t, cell.Init(dir, cell.InitOptions{Name: "test"}))
+	testkit.Must(t, cell.Init(dir, cell.InitOptions{Name: "test"}))
 	id, err := cell.Load(dir)
-	must(t, err)
+	testkit.Must(t, err)
 	v, err := cell.NewVerifier(id.CA, nil)
-	must(t, err)
+	testkit.Must(t, err)
 	iss, err := cell.LoadIssuer(dir)
-	must(t, err)
+	testkit.Must(t, err)
 	return v, func(user string, uid uint32, admin bool) string {
 		tok, _, err := iss.Issue(cell.Claims{User: user, UID: uid, Admin: admin}, time.Hour)
-		must(t, err)
+		testkit.Must(t, err)
 		return tok
 	}
 }
@@ -48,16 +49,16 @@ func wantEACCES(t *testing.T, what string, err error) {
 	}
 }
 
-func token(tok string) clientOpt { return func(o *client.Options) { o.Token = tok } }
+func token(tok string) servertest.ClientOpt { return func(o *client.Options) { o.Token = tok } }
 
 // private makes dir, for who alone.
 func private(t *testing.T, admin *pathfs.FS, dir, who string) {
 	t.Helper()
-	must(t, admin.Mkdir(dir, 0o777))
+	testkit.Must(t, admin.Mkdir(dir, 0o777))
 	_, err := admin.Admin().SetACL(dir, who, access.All)
-	must(t, err)
+	testkit.Must(t, err)
 	_, err = admin.Admin().SetACL(dir, access.AuthUser, 0)
-	must(t, err)
+	testkit.Must(t, err)
 }
 
 // readNode reads file n in dir through k, or fails as k's open does.
@@ -73,20 +74,20 @@ func readNode(k *client.Nodes, dir, n *client.Node, name string) ([]byte, error)
 func TestUsersShareTheCacheNotTheRights(t *testing.T) {
 	v, issue := usersCell(t)
 	adminTok, aliceTok, bobTok := issue("admin", 0, true), issue("alice", 1001, false), issue("bob", 1002, false)
-	s := startServer(t, secure(v))
-	admin := s.dial(t, memCache(), token(adminTok))
-	must(t, admin.Admin().CreateUser("alice", 1001))
-	must(t, admin.Admin().CreateUser("bob", 1002))
+	s := servertest.Start(t, servertest.Secure(v))
+	admin := s.Dial(t, servertest.MemCache(), token(adminTok))
+	testkit.Must(t, admin.Admin().CreateUser("alice", 1001))
+	testkit.Must(t, admin.Admin().CreateUser("bob", 1002))
 	private(t, admin, "/bob", "bob")
 	secret := []byte("bob's secret")
-	testkit.WriteFile(t, s.dial(t, memCache(), token(bobTok)), "/bob/secret", secret)
+	testkit.WriteFile(t, s.Dial(t, servertest.MemCache(), token(bobTok)), "/bob/secret", secret)
 	// A client of the admin's token, serving bob and alice.
-	c := s.dial(t, token(adminTok))
+	c := s.Dial(t, token(adminTok))
 	bob, alice := c.Client().Nodes().As(client.NewUser(bobTok)), c.Client().Nodes().As(client.NewUser(aliceTok))
 	dir, _, err := bob.Lookup(root(t, bob), "bob")
-	must(t, err)
+	testkit.Must(t, err)
 	n, _, err := bob.Lookup(dir, "secret")
-	must(t, err)
+	testkit.Must(t, err)
 	if got, err := readNode(bob, dir, n, "secret"); err != nil || string(got) != string(secret) {
 		t.Fatalf("bob reads %q, %v", got, err)
 	}
@@ -133,7 +134,7 @@ func TestUsersShareTheCacheNotTheRights(t *testing.T) {
 	if c.Client().Stats().RPCs == rpcs {
 		t.Fatal("a new token was served from the cache without asking the server")
 	}
-	wantFile(t, admin, "/bob/secret", secret)
+	testkit.WantFile(t, admin, "/bob/secret", secret)
 }
 
 // Writes kept back under a delegation, and files made under a
@@ -144,16 +145,16 @@ func TestUsersShareTheCacheNotTheRights(t *testing.T) {
 func TestUsersWriteBackAsTheWriter(t *testing.T) {
 	v, issue := usersCell(t)
 	adminTok, aliceTok, bobTok := issue("admin", 0, true), issue("alice", 1001, false), issue("bob", 1002, false)
-	s := startServer(t, secure(v), withConfig(func(c *server.Config) { c.DirDelegations = server.DirAny }))
-	admin := s.dial(t, memCache(), token(adminTok))
-	must(t, admin.Admin().CreateUser("alice", 1001))
-	must(t, admin.Admin().CreateUser("bob", 1002))
+	s := servertest.Start(t, servertest.Secure(v), servertest.WithConfig(func(c *server.Config) { c.DirDelegations = server.DirAny }))
+	admin := s.Dial(t, servertest.MemCache(), token(adminTok))
+	testkit.Must(t, admin.Admin().CreateUser("alice", 1001))
+	testkit.Must(t, admin.Admin().CreateUser("bob", 1002))
 	_, err := admin.Admin().SetACL("/", access.AnyUser, access.Lookup) // for the anonymous client to start
-	must(t, err)
+	testkit.Must(t, err)
 	private(t, admin, "/shared", "alice")
 	_, err = admin.Admin().SetACL("/shared", "bob", access.All)
-	must(t, err)
-	c := s.dial(t)
+	testkit.Must(t, err)
+	c := s.Dial(t)
 	alice, bob := c.Client().Nodes().As(client.NewUser(aliceTok)), c.Client().Nodes().As(client.NewUser(bobTok))
 	files := []struct {
 		name string
@@ -163,22 +164,22 @@ func TestUsersWriteBackAsTheWriter(t *testing.T) {
 	// Bob first learns his rights there: a user not known to have them
 	// makes files at the server instead.
 	_, _, err = bob.Lookup(root(t, bob), "shared")
-	must(t, err)
+	testkit.Must(t, err)
 	for _, f := range files {
 		dir, _, err := f.k.Lookup(root(t, f.k), "shared")
-		must(t, err)
+		testkit.Must(t, err)
 		_, h, err := f.k.CreateOpen(client.Make{Dir: dir, Name: f.name, Mode: 0o644, Who: client.Creator{UID: f.uid, GID: f.uid}}, "/shared/"+f.name, os.O_RDWR|os.O_CREATE)
-		must(t, err)
+		testkit.Must(t, err)
 		_, err = h.Write([]byte(f.name))
-		must(t, err)
-		must(t, h.Close())
+		testkit.Must(t, err)
+		testkit.Must(t, h.Close())
 	}
 	if st := c.Client().Stats(); st.DirtyBytes == 0 || st.MadeHere != int64(len(files)) {
 		t.Fatalf("not kept back: %d bytes dirty, %d of %d files made here", st.DirtyBytes, st.MadeHere, len(files))
 	}
-	must(t, c.Close()) // stores it all, or says what it lost
+	testkit.Must(t, c.Close()) // stores it all, or says what it lost
 	for _, f := range files {
-		wantFile(t, admin, "/shared/"+f.name, []byte(f.name))
+		testkit.WantFile(t, admin, "/shared/"+f.name, []byte(f.name))
 		if st, err := admin.Stat("/shared/" + f.name); err != nil || st.UID != f.uid || st.Type != node.TypeFile {
 			t.Fatalf("/shared/%s: %+v, %v: want it uid %d's", f.name, st, err, f.uid)
 		}

@@ -16,14 +16,15 @@ import (
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
 	"github.com/hoardfs/hoard/internal/testkit"
+	"github.com/hoardfs/hoard/internal/testkit/servertest"
 )
 
 // Writes under a write delegation are stored by the flusher once they
 // are older than FlushAge, with nobody asking for them.
 func TestFlushAge(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
-	s := startServer(t)
-	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = 200 * time.Millisecond }))
+	s := servertest.Start(t)
+	a := s.Dial(t, func(o *client.Options) { o.FlushAge = 200 * time.Millisecond })
 	data := testkit.Pattern(300<<10, 4)
 	testkit.WriteFile(t, a, "/aged", data)
 	waitFor(t, 10*time.Second, func() bool {
@@ -33,8 +34,8 @@ func TestFlushAge(t *testing.T) {
 	// Already stored: the recall another client's open makes stores
 	// nothing more.
 	stores := a.Client().Stats().Stores
-	b := s.dial(t, memCache())
-	wantFile(t, b, "/aged", data)
+	b := s.Dial(t, servertest.MemCache())
+	testkit.WantFile(t, b, "/aged", data)
 	if st := a.Client().Stats(); st.Stores != stores {
 		t.Fatalf("the recall stored again (%d stores) what the flusher had stored", st.Stores-stores)
 	}
@@ -43,13 +44,13 @@ func TestFlushAge(t *testing.T) {
 // Above the midpoint of its thresholds the flusher stores until the dirty
 // bytes are under lodirty, whatever their age.
 func TestFlusherThreshold(t *testing.T) {
-	s := startServer(t)
+	s := servertest.Start(t)
 	// 16 MiB with 256 KiB chunks: hidirty 4 MiB + 20 chunks = 9 MiB,
 	// lodirty 4.5 MiB, flushing starts above 6.75 MiB.
-	a := s.dial(t, with(func(o *client.Options) {
+	a := s.Dial(t, func(o *client.Options) {
 		o.CacheSize = 16 << 20
 		o.FlushAge = time.Hour
-	}))
+	})
 	for i := range 10 {
 		testkit.WriteFile(t, a, fmt.Sprintf("/t%d", i), testkit.Pattern(1<<20, byte(i)))
 	}
@@ -60,9 +61,9 @@ func TestFlusherThreshold(t *testing.T) {
 	if st := a.Client().Stats(); st.DirtyBytes == 0 {
 		t.Fatal("the flusher stored everything, not down to lodirty")
 	}
-	b := s.dial(t, memCache())
+	b := s.Dial(t, servertest.MemCache())
 	for i := range 10 {
-		wantFile(t, b, fmt.Sprintf("/t%d", i), testkit.Pattern(1<<20, byte(i)))
+		testkit.WantFile(t, b, fmt.Sprintf("/t%d", i), testkit.Pattern(1<<20, byte(i)))
 	}
 }
 
@@ -70,26 +71,26 @@ func TestFlusherThreshold(t *testing.T) {
 // be evicted, so a writer stores its own writes to make room, and every
 // byte arrives.
 func TestDirtyCacheFull(t *testing.T) {
-	s := startServer(t)
-	a := s.dial(t, with(func(o *client.Options) {
+	s := servertest.Start(t)
+	a := s.Dial(t, func(o *client.Options) {
 		o.CacheSize = 2 << 20
 		o.FlushAge = time.Hour
-	}))
+	})
 	data := testkit.Pattern(6<<20, 5)
 	f, err := a.Create("/huge")
-	must(t, err)
+	testkit.Must(t, err)
 	for off := 0; off < len(data); off += 100 << 10 {
 		end := min(off+100<<10, len(data))
 		if _, err := f.WriteAt(data[off:end], int64(off)); err != nil {
 			t.Fatalf("write at %d: %v", off, err)
 		}
 	}
-	must(t, f.Close())
+	testkit.Must(t, f.Close())
 	if st := a.Client().Stats(); st.Stores == 0 {
 		t.Fatal("nothing stored while writing 6 MiB into a 2 MiB cache")
 	}
-	b := s.dial(t, memCache())
-	wantFile(t, b, "/huge", data)
+	b := s.Dial(t, servertest.MemCache())
+	testkit.WantFile(t, b, "/huge", data)
 	// And a read of it through the small cache, in reads of 128 KiB as a
 	// kernel makes them, evicts.
 	g := openFile(t, a, "/huge", os.O_RDONLY)
@@ -101,9 +102,9 @@ func TestDirtyCacheFull(t *testing.T) {
 		if err == io.EOF {
 			break
 		}
-		must(t, err)
+		testkit.Must(t, err)
 	}
-	must(t, g.Close())
+	testkit.Must(t, g.Close())
 	if !bytes.Equal(got, data) {
 		t.Fatal("read back through the small cache: wrong data")
 	}
@@ -115,32 +116,32 @@ func TestDirtyCacheFull(t *testing.T) {
 // The cache outlives its client: another client on the same cache
 // directory reads what the first one cached without fetching it.
 func TestCacheSurvivesRestart(t *testing.T) {
-	s := startServer(t)
+	s := servertest.Start(t)
 	data := testkit.Pattern(600<<10, 6)
-	w := s.seed(t, "/kept", data)
+	w := s.Seed(t, "/kept", data)
 	dir := t.TempDir()
-	a := s.dial(t, inDir(dir))
-	wantFile(t, a, "/kept", data)
+	a := s.Dial(t, servertest.InDir(dir))
+	testkit.WantFile(t, a, "/kept", data)
 	fetched := a.Client().Stats().BytesFetched
 	if fetched < int64(len(data)) {
 		t.Fatalf("fetched %d bytes reading %d", fetched, len(data))
 	}
-	must(t, a.Close())
-	a2 := s.dial(t, inDir(dir))
+	testkit.Must(t, a.Close())
+	a2 := s.Dial(t, servertest.InDir(dir))
 	if st := a2.Client().Stats(); st.BytesFetched != fetched {
 		t.Fatalf("the cache's counters were not kept: %d fetched, was %d", st.BytesFetched, fetched)
 	}
-	wantFile(t, a2, "/kept", data)
+	testkit.WantFile(t, a2, "/kept", data)
 	if st := a2.Client().Stats(); st.BytesFetched != fetched {
 		t.Fatalf("re-reading a cached file after a restart fetched %d bytes", st.BytesFetched-fetched)
 	}
 	// A change made meanwhile is noticed: the old chunks are dropped.
-	must(t, a2.Close())
+	testkit.Must(t, a2.Close())
 	testkit.WriteFile(t, w, "/kept", []byte("new"))
-	a3 := s.dial(t, inDir(dir))
-	wantFile(t, a3, "/kept", []byte("new"))
+	a3 := s.Dial(t, servertest.InDir(dir))
+	testkit.WantFile(t, a3, "/kept", []byte("new"))
 	// The cache is in use: a second client on it is refused.
-	if _, err := client.Dial(s.options(t, inDir(dir))); err == nil {
+	if _, err := client.Dial(s.Options(t, servertest.InDir(dir))); err == nil {
 		t.Fatal("two clients opened one cache directory")
 	}
 }
@@ -148,23 +149,23 @@ func TestCacheSurvivesRestart(t *testing.T) {
 // KeepSession keeps the session token in the cache directory, for the
 // next process on it.
 func TestKeepSession(t *testing.T) {
-	s := startServer(t)
+	s := servertest.Start(t)
 	dir := t.TempDir()
-	a := s.dial(t, inDir(dir), with(func(o *client.Options) { o.KeepSession = true }))
+	a := s.Dial(t, servertest.InDir(dir), func(o *client.Options) { o.KeepSession = true })
 	testkit.WriteFile(t, a, "/ks", []byte("one"))
-	must(t, a.Close())
+	testkit.Must(t, a.Close())
 	tok, err := os.ReadFile(filepath.Join(dir, "session"))
 	if err != nil || len(tok) == 0 {
 		t.Fatalf("session token: %q %v", tok, err)
 	}
-	a2 := s.dial(t, inDir(dir), with(func(o *client.Options) { o.KeepSession = true }))
-	wantFile(t, a2, "/ks", []byte("one"))
+	a2 := s.Dial(t, servertest.InDir(dir), func(o *client.Options) { o.KeepSession = true })
+	testkit.WantFile(t, a2, "/ks", []byte("one"))
 	testkit.WriteFile(t, a2, "/ks", []byte("two"))
-	b := s.dial(t, memCache())
-	wantFile(t, b, "/ks", []byte("two"))
+	b := s.Dial(t, servertest.MemCache())
+	testkit.WantFile(t, b, "/ks", []byte("two"))
 	// Without KeepSession no token is written.
 	dir2 := t.TempDir()
-	c := s.dial(t, inDir(dir2))
+	c := s.Dial(t, servertest.InDir(dir2))
 	testkit.WriteFile(t, c, "/ks2", []byte("x"))
 	if _, err := os.Stat(filepath.Join(dir2, "session")); err == nil {
 		t.Fatal("a session token was kept without KeepSession")
@@ -208,12 +209,12 @@ func copyDir(t testing.TB, from, to string) {
 // its cache directory taken while it ran) is not stored blindly by the
 // next client on it: the writes are kept in lost/, named by their path.
 func TestCrashedClientsWritesKept(t *testing.T) {
-	s := startServer(t)
+	s := servertest.Start(t)
 	dir := t.TempDir()
-	a := s.dial(t, inDir(dir), with(func(o *client.Options) {
+	a := s.Dial(t, servertest.InDir(dir), func(o *client.Options) {
 		o.FlushAge = time.Hour
 		o.NoDirDelegations = true
-	}))
+	})
 	data := testkit.Pattern(50<<10, 8)
 	testkit.WriteFile(t, a, "/crash", data)
 	if a.Client().Stats().DirtyBytes == 0 {
@@ -224,7 +225,7 @@ func TestCrashedClientsWritesKept(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool {
 		cp := filepath.Join(t.TempDir(), "cache")
 		copyDir(t, dir, cp)
-		c, err := client.Dial(s.options(t, inDir(cp)))
+		c, err := client.Dial(s.Options(t, servertest.InDir(cp)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -240,8 +241,8 @@ func TestCrashedClientsWritesKept(t *testing.T) {
 		t.Fatalf("kept data: %d bytes, %v", len(got), err)
 	}
 	// The running client still has them, and stores them.
-	b := s.dial(t, memCache())
-	wantFile(t, b, "/crash", data)
+	b := s.Dial(t, servertest.MemCache())
+	testkit.WantFile(t, b, "/crash", data)
 }
 
 // A client whose server is gone keeps serving what it has cached under
@@ -249,19 +250,19 @@ func TestCrashedClientsWritesKept(t *testing.T) {
 // timeout; Close keeps the unstored writes in lost/ and says so.
 func TestServerGone(t *testing.T) {
 	t.Parallel() // waits, mostly: a grace period, a lease
-	s := startServer(t)
+	s := servertest.Start(t)
 	dir := t.TempDir()
-	a := s.dial(t, inDir(dir), with(func(o *client.Options) {
+	a := s.Dial(t, servertest.InDir(dir), func(o *client.Options) {
 		o.FlushAge = time.Hour
 		o.RPCTimeout = 500 * time.Millisecond
-	}))
-	b := s.dial(t, memCache())
+	})
+	b := s.Dial(t, servertest.MemCache())
 	testkit.WriteFile(t, b, "/cached", []byte("cached before"))
-	wantFile(t, a, "/cached", []byte("cached before"))
-	must(t, a.Mkdir("/d", 0o755))
+	testkit.WantFile(t, a, "/cached", []byte("cached before"))
+	testkit.Must(t, a.Mkdir("/d", 0o755))
 	f := testkit.Create(t, a, "/d/unstored", []byte("never reaches the server"))
-	s.stop()
-	wantFile(t, a, "/cached", []byte("cached before"))
+	s.Stop()
+	testkit.WantFile(t, a, "/cached", []byte("cached before"))
 	start := time.Now()
 	_, err := a.Stat("/elsewhere")
 	if errnoOf(err) != syscall.EIO || err.Error() == "" {
@@ -270,7 +271,7 @@ func TestServerGone(t *testing.T) {
 	if took := time.Since(start); took > 5*time.Second {
 		t.Fatalf("a request to a gone server took %v", took)
 	}
-	must(t, f.Close()) // under the delegation: stays in the cache
+	testkit.Must(t, f.Close()) // under the delegation: stays in the cache
 	start = time.Now()
 	err = a.Close()
 	if err == nil || !strings.Contains(err.Error(), "lost") {
@@ -305,29 +306,29 @@ func TestLostDirs(t *testing.T) {
 // io.ReadAll of a file larger than the cache makes such reads (its buffer
 // grows past the cache size).
 func TestReadLargerThanCache(t *testing.T) {
-	s := startServer(t)
+	s := servertest.Start(t)
 	data := testkit.Pattern(6<<20, 5)
-	s.seed(t, "/huge", data)
-	a := s.dial(t, with(func(o *client.Options) { o.CacheSize = 2 << 20 }))
+	s.Seed(t, "/huge", data)
+	a := s.Dial(t, func(o *client.Options) { o.CacheSize = 2 << 20 })
 	f := openFile(t, a, "/huge", os.O_RDONLY)
 	p := make([]byte, 3<<20)
 	if n, err := f.ReadAt(p, 0); n != len(p) || err != nil || !bytes.Equal(p, data[:len(p)]) {
 		t.Fatalf("a 3 MiB read through a 2 MiB cache: %d bytes, %v", n, err)
 	}
-	wantFile(t, a, "/huge", data)
+	testkit.WantFile(t, a, "/huge", data)
 }
 
 // With the cache full of unstored writes, a read of another file is
 // served from memory: the chunks it fetches cannot be cached.
 func TestReadWithCacheFullOfDirtyData(t *testing.T) {
-	s := startServer(t)
+	s := servertest.Start(t)
 	other := testkit.Pattern(700<<10, 2)
-	w := s.seed(t, "/other", other)
-	a := s.dial(t, with(func(o *client.Options) {
+	w := s.Seed(t, "/other", other)
+	a := s.Dial(t, func(o *client.Options) {
 		o.CacheSize = 2 << 20
 		o.FlushAge = time.Hour
 		o.NoDirDelegations = true
-	}))
+	})
 	dirty := testkit.Pattern(2<<20, 1)
 	f := testkit.Create(t, a, "/dirty", dirty)
 	if st := a.Client().Stats(); st.DirtyBytes != int64(len(dirty)) {
@@ -342,26 +343,26 @@ func TestReadWithCacheFullOfDirtyData(t *testing.T) {
 	if a.Client().Stats().Bypassed == 0 {
 		t.Fatal("no chunk was served around the full cache")
 	}
-	must(t, g.Close())
-	must(t, f.Close())
-	wantFile(t, w, "/dirty", dirty)
+	testkit.Must(t, g.Close())
+	testkit.Must(t, f.Close())
+	testkit.WantFile(t, w, "/dirty", dirty)
 }
 
 // A write or truncation inside a chunk that is not cached fetches it
 // first: the rest of the chunk keeps the server's bytes.
 func TestPartialChunkChanges(t *testing.T) {
-	s := startServer(t)
+	s := servertest.Start(t)
 	data := testkit.Pattern(1<<20, 8)
-	w := s.seed(t, "/pc", data)
-	a := s.dial(t, with(func(o *client.Options) { o.NoDirDelegations = true }))
+	w := s.Seed(t, "/pc", data)
+	a := s.Dial(t, func(o *client.Options) { o.NoDirDelegations = true })
 	f := openFile(t, a, "/pc", os.O_RDWR)
 	_, err := f.WriteAt([]byte("middle"), 600_000)
-	must(t, err)
-	must(t, f.Truncate(800_000))
-	must(t, f.Close())
+	testkit.Must(t, err)
+	testkit.Must(t, f.Truncate(800_000))
+	testkit.Must(t, f.Close())
 	want := slices.Clone(data[:800_000])
 	copy(want[600_000:], "middle")
-	wantFile(t, w, "/pc", want)
+	testkit.WantFile(t, w, "/pc", want)
 	if a.Client().Stats().BytesFetched == 0 {
 		t.Fatal("nothing fetched for partial-chunk changes")
 	}
@@ -371,23 +372,23 @@ func TestPartialChunkChanges(t *testing.T) {
 // server refuses (past the volume's quota) is reported by the Sync that
 // stores it, with the server's errno, and the writes go to lost/.
 func TestRefusedStoreKeptInLost(t *testing.T) {
-	s := startServer(t)
+	s := servertest.Start(t)
 	dir := t.TempDir()
-	a := s.dial(t, inDir(dir), with(func(o *client.Options) { o.FlushAge = time.Hour }))
-	b := s.dial(t, memCache())
+	a := s.Dial(t, servertest.InDir(dir), func(o *client.Options) { o.FlushAge = time.Hour })
+	b := s.Dial(t, servertest.MemCache())
 	_, err := a.Admin().CreateVolume("capped")
-	must(t, err)
-	must(t, a.Admin().MountVolume("/q", "capped"))
+	testkit.Must(t, err)
+	testkit.Must(t, a.Admin().MountVolume("/q", "capped"))
 	_, err = a.Admin().SetQuota("capped", 1000)
-	must(t, err)
+	testkit.Must(t, err)
 	f := testkit.Create(t, a, "/q/big", []byte("abc"))
-	must(t, f.Truncate(1<<20))
+	testkit.Must(t, f.Truncate(1<<20))
 	// (The message does not say where the data went, as an EIO's does:
 	// errOf keeps only the errno.)
 	if err := f.Sync(); errnoOf(err) != syscall.EDQUOT {
 		t.Fatalf("sync of a truncation past the volume's quota: %v, want EDQUOT", err)
 	}
-	must(t, f.Close())
+	testkit.Must(t, f.Close())
 	if st, err := b.Stat("/q/big"); err != nil || st.Size != 0 {
 		t.Fatalf("another client's stat: %+v %v", st, err)
 	}
@@ -402,9 +403,9 @@ func TestRefusedStoreKeptInLost(t *testing.T) {
 // Taken locally, the truncation's store would be refused at the recall,
 // and the file's earlier unstored writes with it, with nobody told.
 func TestTruncateByNameTooLarge(t *testing.T) {
-	s := startServer(t)
-	a := s.dial(t, with(func(o *client.Options) { o.FlushAge = time.Hour }))
-	b := s.dial(t, memCache())
+	s := servertest.Start(t)
+	a := s.Dial(t, func(o *client.Options) { o.FlushAge = time.Hour })
+	b := s.Dial(t, servertest.MemCache())
 	testkit.WriteFile(t, a, "/big", []byte("abc"))
 	if err := a.Truncate("/big", 1<<62); errnoOf(err) != syscall.EFBIG {
 		t.Fatalf("truncate past the largest file: %v, want EFBIG", err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/internal/testkit"
+	"github.com/hoardfs/hoard/internal/testkit/servertest"
 )
 
 // Extended attributes are kept under the promise: asked of the server
@@ -14,19 +15,19 @@ import (
 // change reaches this one before that change returns, and this one's own
 // change is seen at once.
 func TestXattrsKeptUnderPromise(t *testing.T) {
-	s := startServer(t)
-	w := s.dial(t)
+	s := servertest.Start(t)
+	w := s.Dial(t)
 	testkit.WriteFile(t, w, "/f", []byte("f"))
-	must(t, w.Close()) // stores it and gives back its delegation
-	a := s.dial(t)
-	b := s.dial(t, memCache())
+	testkit.Must(t, w.Close()) // stores it and gives back its delegation
+	a := s.Dial(t)
+	b := s.Dial(t, servertest.MemCache())
 	ka, kb := a.Client().Nodes(), b.Client().Nodes()
 	na, _, err := ka.Lookup(root(t, ka), "f")
-	must(t, err)
+	testkit.Must(t, err)
 	_, err = ka.SetXattr(na, "user.x", []byte("1"), 0)
-	must(t, err)
+	testkit.Must(t, err)
 	nb, _, err := kb.Lookup(root(t, kb), "f")
-	must(t, err)
+	testkit.Must(t, err)
 
 	want := func(what, name, value string) {
 		t.Helper()
@@ -64,14 +65,14 @@ func TestXattrsKeptUnderPromise(t *testing.T) {
 	}
 
 	_, err = ka.SetXattr(na, "user.x", []byte("2"), 0)
-	must(t, err)
+	testkit.Must(t, err)
 	want("after another client's set", "user.x", "2")
 	_, err = ka.RemoveXattr(na, "user.x")
-	must(t, err)
+	testkit.Must(t, err)
 	want("after another client's remove", "user.x", "")
 	wantList("after another client's remove")
 	_, err = kb.SetXattr(nb, "user.y", []byte("y"), 0)
-	must(t, err)
+	testkit.Must(t, err)
 	wantList("after its own set", "user.y")
 	want("after its own set", "user.y", "y")
 }

@@ -1,10 +1,12 @@
-// Package testkit holds what the client package's tests and the
-// integration tests share: test data, whole-file helpers on a
+// Package testkit holds what the tests of client, client/pathfs and the
+// integration tests share: test data, checks, whole-file helpers on a
 // pathfs.FS, and a TCP relay that can hold, cut or corrupt a
-// connection.
+// connection. Package servertest adds a server in the test's process.
 package testkit
 
 import (
+	"bytes"
+	"fmt"
 	"io"
 	"os"
 	"slices"
@@ -67,6 +69,23 @@ func ReadFile(t testing.TB, c *pathfs.FS, name string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// WantFile fails unless name reads as want through c.
+func WantFile(t testing.TB, c *pathfs.FS, name string, want []byte) {
+	t.Helper()
+	got := ReadFile(t, c, name)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s: read %d bytes %s, want %d bytes %s", name, len(got), short(got), len(want), short(want))
+	}
+}
+
+// short quotes b, or its start when it is long.
+func short(b []byte) string {
+	if len(b) > 32 {
+		return fmt.Sprintf("%q...", b[:32])
+	}
+	return fmt.Sprintf("%q", b)
 }
 
 // Names lists dir through c, sorted, failing the test on error.

@@ -1,20 +1,17 @@
-package client_test
-
-// The test fixture: a real hoard server (a vnode store, the gRPC service
-// and the bulk-data channel) running inside the test process on loopback
-// sockets, and clients dialled to it through the path API (package pathfs).
+// Package servertest runs a real hoard server (a vnode store, the gRPC
+// service and the bulk-data channel) inside a test's process on loopback
+// sockets, and dials clients to it through the path API. It is a package
+// of its own so that the tests of client and of client/pathfs share one
+// fixture; only tests import it.
+package servertest
 
 import (
-	"bytes"
-	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,7 +20,6 @@ import (
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/pathfs"
 	pb "github.com/hoardfs/hoard/hoardpb"
-	"github.com/hoardfs/hoard/internal/poll"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/principal"
 	"github.com/hoardfs/hoard/server"
@@ -31,26 +27,33 @@ import (
 	"github.com/hoardfs/hoard/vnode"
 )
 
-// testLogger discards logs unless HOARD_TEST_LOG is set (then: debug to
+// Logger discards logs unless HOARD_TEST_LOG is set (then: debug to
 // stderr).
-func testLogger() *slog.Logger {
+func Logger() *slog.Logger {
 	if os.Getenv("HOARD_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-// testServer is a hoard server in this process. It can be stopped and
+// Main runs a package's tests (a TestMain's work) with the default
+// logger as Logger: the client's cache logs through it.
+func Main(m *testing.M) {
+	slog.SetDefault(Logger())
+	os.Exit(m.Run())
+}
+
+// Server is a hoard server in this process. It can be stopped and
 // started again on the same data directory and the same addresses, as a
 // restarted server process would be.
-type testServer struct {
+type Server struct {
 	t        testing.TB
 	dir      string
 	addr     string // the control (gRPC) address, fixed across restarts
 	dataAddr string // the data channel's, fixed across restarts; "" without one
 	cfg      server.Config
 	noData   bool
-	// tokens, when set, has the server check users' tokens (secure).
+	// tokens, when set, has the server check users' tokens (Secure).
 	tokens server.Tokens
 	// principals is the cell's registry of users and groups.
 	principals *principal.Registry
@@ -60,51 +63,56 @@ type testServer struct {
 	store   *vnode.Store
 	srv     *server.Server
 	g       *grpc.Server
-	lis     net.Listener
 	dataLis *trackedListener // nil without a data channel
 	done    chan struct{}    // closed when g.Serve returned
 }
 
-// serverOpt changes a test server's configuration.
-type serverOpt func(*testServer)
+// Option changes a test server's configuration.
+type Option func(*Server)
 
-// withConfig lets a test change the server's Config.
-func withConfig(f func(*server.Config)) serverOpt {
-	return func(s *testServer) { f(&s.cfg) }
+// WithConfig lets a test change the server's Config.
+func WithConfig(f func(*server.Config)) Option {
+	return func(s *Server) { f(&s.cfg) }
 }
 
-// secure has the server check the users' tokens with tokens, and their
+// Secure has the server check the users' tokens with tokens, and their
 // rights (over plain TCP: the tokens are what the tests are about).
-func secure(tokens server.Tokens) serverOpt { return func(s *testServer) { s.tokens = tokens } }
+func Secure(tokens server.Tokens) Option { return func(s *Server) { s.tokens = tokens } }
 
-// withoutDataChannel runs the server without a bulk-data channel: file
+// WithoutDataChannel runs the server without a bulk-data channel: file
 // contents go over gRPC.
-func withoutDataChannel() serverOpt { return func(s *testServer) { s.noData = true } }
+func WithoutDataChannel() Option { return func(s *Server) { s.noData = true } }
 
-// testConfig is the server configuration tests use unless they say
+// config is the server configuration tests use unless they say
 // otherwise: short timeouts, a short grace period.
-func testConfig() server.Config {
+func config() server.Config {
 	cfg := server.DefaultConfig()
 	cfg.Grace = 300 * time.Millisecond
 	cfg.BreakTimeout = time.Second
 	cfg.Ping = time.Second
 	cfg.Lease = 10 * time.Second
-	cfg.Logger = testLogger()
+	cfg.Logger = Logger()
 	return cfg
 }
 
-// startServer starts a server on a fresh data directory and free loopback
+// Start starts a server on a fresh data directory and free loopback
 // ports; it is stopped when the test ends.
-func startServer(t testing.TB, opts ...serverOpt) *testServer {
+func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
-	s := &testServer{t: t, dir: t.TempDir(), cfg: testConfig()}
+	s := &Server{t: t, dir: t.TempDir(), cfg: config()}
 	for _, o := range opts {
 		o(s)
 	}
-	s.start()
-	t.Cleanup(s.stop)
+	s.Start()
+	t.Cleanup(s.Stop)
 	return s
 }
+
+// Addr is the server's control (gRPC) address, the same across restarts.
+func (s *Server) Addr() string { return s.addr }
+
+// Dir is the server's data directory.
+func (s *Server) Dir() string { return s.dir }
 
 // listen listens on addr, retrying for a while: a restarted server takes
 // its old port back, which the kernel may hold for a moment.
@@ -163,7 +171,9 @@ func (l *trackedListener) closeAll() {
 	}
 }
 
-func (s *testServer) start() {
+// Start starts the server again after Stop, on the same data and
+// addresses: a new epoch, with a grace period for reclaims.
+func (s *Server) Start() {
 	s.t.Helper()
 	store, err := vnode.Open(s.dir)
 	if err != nil {
@@ -210,13 +220,13 @@ func (s *testServer) start() {
 		g.Serve(srv.Bound(lis))
 	}()
 	s.mu.Lock()
-	s.store, s.srv, s.g, s.lis, s.dataLis, s.done, s.running = store, srv, g, lis, dataLis, done, true
+	s.store, s.srv, s.g, s.dataLis, s.done, s.running = store, srv, g, dataLis, done, true
 	s.mu.Unlock()
 }
 
-// stop stops the server as a crash would, as far as clients can tell:
+// Stop stops the server as a crash would, as far as clients can tell:
 // every connection drops at once. What it acknowledged is in the store.
-func (s *testServer) stop() {
+func (s *Server) Stop() {
 	s.mu.Lock()
 	if !s.running {
 		s.mu.Unlock()
@@ -234,27 +244,26 @@ func (s *testServer) stop() {
 	store.Close()
 }
 
-// restart stops the server and starts it again on the same data and
-// addresses: a new epoch, with a grace period for reclaims.
-func (s *testServer) restart() {
+// Restart stops the server and starts it again (Stop, Start).
+func (s *Server) Restart() {
 	s.t.Helper()
-	s.stop()
-	s.start()
+	s.Stop()
+	s.Start()
 }
 
-// clientOpt changes a test client's options.
-type clientOpt func(*client.Options)
+// ClientOpt changes a test client's options; any func(*client.Options)
+// is one.
+type ClientOpt func(*client.Options)
 
-// memCache keeps the client's cache in memory.
-func memCache() clientOpt { return func(o *client.Options) { o.CacheDir = "" } }
+// MemCache keeps the client's cache in memory.
+func MemCache() ClientOpt { return func(o *client.Options) { o.CacheDir = "" } }
 
-// inDir puts the client's cache in dir (to reuse a cache across clients).
-func inDir(dir string) clientOpt { return func(o *client.Options) { o.CacheDir = dir } }
+// InDir puts the client's cache in dir (to reuse a cache across clients).
+func InDir(dir string) ClientOpt { return func(o *client.Options) { o.CacheDir = dir } }
 
-func with(f func(*client.Options)) clientOpt { return f }
-
-// options are the options dial uses, before opts.
-func (s *testServer) options(t testing.TB, opts ...clientOpt) client.Options {
+// Options are the options Dial uses, before opts: a cache of its own in
+// a temporary directory, short timeouts, the test's name.
+func (s *Server) Options(t testing.TB, opts ...ClientOpt) client.Options {
 	o := client.Options{
 		Server:      s.addr,
 		CacheDir:    t.TempDir(),
@@ -262,7 +271,7 @@ func (s *testServer) options(t testing.TB, opts ...clientOpt) client.Options {
 		DialTimeout: 5 * time.Second,
 		RPCTimeout:  10 * time.Second,
 		Name:        t.Name(),
-		Logger:      testLogger(),
+		Logger:      Logger(),
 	}
 	for _, f := range opts {
 		f(&o)
@@ -270,10 +279,10 @@ func (s *testServer) options(t testing.TB, opts ...clientOpt) client.Options {
 	return o
 }
 
-// dial connects a client, closed when the test ends (unless closed first).
-func (s *testServer) dial(t testing.TB, opts ...clientOpt) *pathfs.FS {
+// Dial connects a client, closed when the test ends (unless closed first).
+func (s *Server) Dial(t testing.TB, opts ...ClientOpt) *pathfs.FS {
 	t.Helper()
-	c, err := pathfs.Dial(s.options(t, opts...))
+	c, err := pathfs.Dial(s.Options(t, opts...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,88 +290,12 @@ func (s *testServer) dial(t testing.TB, opts ...clientOpt) *pathfs.FS {
 	return c
 }
 
-// seed writes data to name through a new client with a memory cache, for
+// Seed writes data to name through a new client with a memory cache, for
 // the test's other clients to find at the server, and returns that
 // client.
-func (s *testServer) seed(t testing.TB, name string, data []byte) *pathfs.FS {
+func (s *Server) Seed(t testing.TB, name string, data []byte) *pathfs.FS {
 	t.Helper()
-	w := s.dial(t, memCache())
+	w := s.Dial(t, MemCache())
 	testkit.WriteFile(t, w, name, data)
 	return w
-}
-
-// openFile opens name through c with flag, failing the test on error. The
-// file is closed when the test ends (unless closed first).
-func openFile(t testing.TB, c *pathfs.FS, name string, flag int) *client.File {
-	t.Helper()
-	f, err := c.Open(name, flag, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	return f
-}
-
-// wantFile fails unless name reads as want through c.
-func wantFile(t testing.TB, c *pathfs.FS, name string, want []byte) {
-	t.Helper()
-	got := testkit.ReadFile(t, c, name)
-	if !bytes.Equal(got, want) {
-		t.Fatalf("%s: read %d bytes %s, want %d bytes %s", name, len(got), short(got), len(want), short(want))
-	}
-}
-
-func short(b []byte) string {
-	if len(b) > 32 {
-		return fmt.Sprintf("%q...", b[:32])
-	}
-	return fmt.Sprintf("%q", b)
-}
-
-// waitFor waits until cond holds (poll.Until), failing the test with
-// what() once within has passed: what says the state it ended in.
-func waitFor(t testing.TB, within time.Duration, cond func() bool, what func() string) {
-	t.Helper()
-	if !poll.Until(within, cond) {
-		t.Fatalf("after %v: %s", within, what())
-	}
-}
-
-// wantErrno fails unless err carries errno.
-func wantErrno(t testing.TB, what string, err error, errno syscall.Errno) {
-	t.Helper()
-	if !errors.Is(err, errno) {
-		t.Fatalf("%s: %v, want %v", what, err, errno)
-	}
-}
-
-func must(t testing.TB, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-func TestMain(m *testing.M) {
-	// The cache logs through the default logger.
-	slog.SetDefault(testLogger())
-	os.Exit(m.Run())
-}
-
-// errnoOf is the errno err carries (0 if none): what errors.Is compares
-// with.
-func errnoOf(err error) syscall.Errno {
-	var e syscall.Errno
-	if errors.As(err, &e) {
-		return e
-	}
-	return 0
-}
-
-// root is k's root directory, failing the test on error.
-func root(t testing.TB, k *client.Nodes) *client.Node {
-	t.Helper()
-	n, err := k.Root()
-	must(t, err)
-	return n
 }
