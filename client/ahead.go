@@ -1,6 +1,18 @@
 package client
 
-import "github.com/hoardfs/hoard/node"
+import (
+	"github.com/hoardfs/hoard/client/listing"
+	"github.com/hoardfs/hoard/node"
+)
+
+// dirListing is a directory node's entries and read-ahead (Node).
+type dirListing struct {
+	// dents are the entries learnt at st.DataVersion; complete when they
+	// are the whole directory (a readdir), so a miss is a negative answer.
+	dents *listing.Listing
+	// ahead is the read-ahead over the directory's files (dirAhead).
+	ahead dirAhead
+}
 
 // Read-ahead across a directory's files. A program that reads a tree
 // (find | xargs cat, tar, cp -r, grep -r) opens a directory's files in the
@@ -34,14 +46,14 @@ func (c *Client) readAheadIn(dir *Node, base string, u User) {
 		return
 	}
 	dir.mu.Lock()
-	d, ok := dir.dents.get(base)
-	if !ok || !dir.dents.isComplete() {
+	d, ok := dir.dents.Get(base)
+	if !ok || !dir.dents.IsComplete() {
 		dir.mu.Unlock()
 		return
 	}
-	next := dir.ahead.step(d.at, dir.dents.order, func(name string) (node.FID, bool) {
-		e, ok := dir.dents.get(name)
-		return e.fid, ok && e.typ == node.TypeFile
+	next := dir.ahead.step(d.At, dir.dents.Order(), func(name string) (node.FID, bool) {
+		e, ok := dir.dents.Get(name)
+		return e.FID, ok && e.Type == node.TypeFile
 	})
 	dir.mu.Unlock()
 	cs := c.cache.ChunkSize()

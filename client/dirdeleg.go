@@ -12,6 +12,7 @@ import (
 
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/callback"
+	"github.com/hoardfs/hoard/client/listing"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
@@ -33,7 +34,7 @@ type dirDeleg struct {
 	// madeBase. recalledAt: the last recall of this client's delegation
 	// on it.
 	nsmu       sync.RWMutex
-	madeFiles  madeList
+	madeFiles  listing.Made[*Node, User]
 	madeState  uint64
 	madeBase   uint64
 	recalledAt time.Time
@@ -108,7 +109,7 @@ func (c *Client) listed(dir *Node) bool {
 	}
 	dir.mu.Lock()
 	defer dir.mu.Unlock()
-	return dir.dents.isComplete()
+	return dir.dents.IsComplete()
 }
 
 // makeHere makes regular file name in dir for u without asking the
@@ -130,8 +131,8 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	// and a file made after it would come under a returned delegation.
 	cur, held := delegationAt(at, dir)
 	dir.mu.Lock()
-	d, exists := dir.dents.get(name)
-	stale := !held || cur.Recalled || cur.State != h.State || !dir.dents.isComplete() || dir.madeState != 0 && dir.madeState != h.State
+	d, exists := dir.dents.Get(name)
+	stale := !held || cur.Recalled || cur.State != h.State || !dir.dents.IsComplete() || dir.madeState != 0 && dir.madeState != h.State
 	dir.mu.Unlock()
 	if stale || exists {
 		dir.nsmu.Unlock()
@@ -141,7 +142,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 			// The delegation went, the listing was dropped, or files
 			// made under an earlier delegation wait: the server first.
 			return nil, false, false, nil
-		case excl || d.typ != node.TypeFile:
+		case excl || d.Type != node.TypeFile:
 			return nil, false, true, fmt.Errorf("%s: %w", name, syscall.EEXIST)
 		}
 		n, err := c.lookup(dir, name, u)
@@ -169,7 +170,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	dir.mu.Lock()
 	dir.changedHere(now)
 	dir.addDentLocked(name, fid, node.TypeFile)
-	dir.madeFiles.push(name, n, false, u)
+	dir.madeFiles.Push(name, n, false, u)
 	if dir.madeState == 0 {
 		dir.madeState, dir.madeBase = h.State, dir.st.DataVersion
 	}
@@ -191,13 +192,13 @@ func (dir *Node) changedHere(now time.Time) {
 // is removed there at the settle (removeLater), as u.
 func (c *Client) removeHere(dir *Node, name string, u User) (done bool) {
 	dir.mu.Lock()
-	d, ok := dir.dents.get(name)
+	d, ok := dir.dents.Get(name)
 	dir.mu.Unlock()
-	if !ok || d.typ != node.TypeFile || !c.mayHere(dir, u, access.Delete) {
+	if !ok || d.Type != node.TypeFile || !c.mayHere(dir, u, access.Delete) {
 		return false
 	}
 	c.nodesMu.Lock()
-	n := c.nodes[d.fid]
+	n := c.nodes[d.FID]
 	c.nodesMu.Unlock()
 	switch {
 	case n == nil:
@@ -215,8 +216,8 @@ func (c *Client) removeHere(dir *Node, name string, u User) (done bool) {
 	dir.mu.Lock()
 	dir.changedHere(time.Now())
 	dir.delDentLocked(name)
-	dir.madeFiles.remove(n.fid)
-	if dir.madeFiles.len() == 0 {
+	dir.madeFiles.Remove(n.fid)
+	if dir.madeFiles.Len() == 0 {
 		dir.madeState, dir.madeBase = 0, 0
 	}
 	dir.mu.Unlock()
@@ -259,14 +260,14 @@ func (c *Client) removeLater(dir *Node, name string, n *Node, u User) bool {
 	n.mu.Unlock()
 	now := time.Now()
 	dir.mu.Lock()
-	d, ok := dir.dents.get(name)
-	if !alone || !ok || d.fid != n.fid || !dir.dents.isComplete() || dir.madeState != 0 && dir.madeState != h.State {
+	d, ok := dir.dents.Get(name)
+	if !alone || !ok || d.FID != n.fid || !dir.dents.IsComplete() || dir.madeState != 0 && dir.madeState != h.State {
 		dir.mu.Unlock()
 		return false
 	}
 	dir.changedHere(now)
 	dir.delDentLocked(name)
-	dir.madeFiles.push(name, n, true, u)
+	dir.madeFiles.Push(name, n, true, u)
 	if dir.madeState == 0 {
 		dir.madeState, dir.madeBase = h.State, dir.st.DataVersion
 	}
@@ -298,15 +299,15 @@ func (c *Client) renameHere(dir *Node, from, to string, u User) (node.FID, bool)
 	defer dir.nsmu.Unlock()
 	now := time.Now()
 	dir.mu.Lock()
-	d, ok := dir.dents.get(from)
+	d, ok := dir.dents.Get(from)
 	var moved *Node
-	if _, taken := dir.dents.get(to); ok && !taken && dir.dents.isComplete() {
-		if m := dir.madeFiles.find(d.fid); m != nil && m.name == from {
+	if _, taken := dir.dents.Get(to); ok && !taken && dir.dents.IsComplete() {
+		if m := dir.madeFiles.Find(d.FID); m != nil && m.Name == from {
 			dir.changedHere(now)
-			m.name = to
+			m.Name = to
 			dir.delDentLocked(from)
-			dir.addDentLocked(to, d.fid, d.typ)
-			moved = m.n
+			dir.addDentLocked(to, d.FID, d.Type)
+			moved = m.Node
 		}
 	}
 	dir.mu.Unlock()
@@ -325,15 +326,15 @@ func (c *Client) renameHere(dir *Node, from, to string, u User) (node.FID, bool)
 // name is, every directory with files made in it is settled.
 func (c *Client) settleNamed(dir *Node, name string) error {
 	dir.mu.Lock()
-	d, ok := dir.dents.get(name)
-	complete := dir.dents.isComplete()
+	d, ok := dir.dents.Get(name)
+	complete := dir.dents.IsComplete()
 	dir.mu.Unlock()
-	if ok && d.typ != node.TypeDir || !ok && complete {
+	if ok && d.Type != node.TypeDir || !ok && complete {
 		return nil
 	}
 	var errs []error
 	for _, n := range c.madeDirs(dir.at()) {
-		if !ok || n.fid == d.fid {
+		if !ok || n.fid == d.FID {
 			errs = append(errs, c.settle(n))
 		}
 	}
@@ -351,7 +352,7 @@ func (c *Client) madeDirs(s *site.Site) []*Node {
 			continue
 		}
 		n.mu.Lock()
-		if n.madeFiles.len() > 0 {
+		if n.madeFiles.Len() > 0 {
 			dirs = append(dirs, n)
 		}
 		n.mu.Unlock()
@@ -385,7 +386,7 @@ func (c *Client) settleFor(n *Node) error {
 // they then hold write delegations of their own, and dir's listing stays.
 func (c *Client) settle(dir *Node) error {
 	dir.mu.Lock()
-	none := dir.madeFiles.len() == 0
+	none := dir.madeFiles.Len() == 0
 	dir.mu.Unlock()
 	if none {
 		return nil
@@ -472,7 +473,7 @@ func (c *Client) hold(dirs ...*Node) (release func(), err error) {
 		for _, d := range dirs {
 			d.nsmu.RLock()
 			d.mu.Lock()
-			pending = pending || d.madeFiles.len() > 0
+			pending = pending || d.madeFiles.Len() > 0
 			d.mu.Unlock()
 		}
 		if !pending {
@@ -501,7 +502,7 @@ func fidBefore(a, b node.FID) bool {
 // without their write delegation.
 func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 	dir.mu.Lock()
-	made := dir.madeFiles.first(maxSettle)
+	made := dir.madeFiles.First(maxSettle)
 	state, base := dir.madeState, dir.madeBase
 	dents := dir.dents
 	dir.mu.Unlock()
@@ -509,24 +510,24 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 		return false, nil, nil
 	}
 	req := &pb.CreateReservedRequest{Dir: pb.FromFID(dir.fid), State: state, BaseVersion: base}
-	var created, removed []madeFile
+	var created, removed []listing.MadeFile[*Node, User]
 	for _, m := range made {
-		if m.removed {
+		if m.Removed {
 			removed = append(removed, m)
-			req.Removed = append(req.Removed, &pb.RemovedFile{Name: m.name, Fid: pb.FromFID(m.n.fid)})
+			req.Removed = append(req.Removed, &pb.RemovedFile{Name: m.Name, Fid: pb.FromFID(m.Node.fid)})
 			continue
 		}
-		m.n.mu.Lock()
-		st := m.n.st
-		m.n.mu.Unlock()
+		m.Node.mu.Lock()
+		st := m.Node.st
+		m.Node.mu.Unlock()
 		created = append(created, m)
-		req.Files = append(req.Files, &pb.ReservedFile{Name: m.name, Fid: pb.FromFID(m.n.fid), Mode: st.Mode, Uid: st.UID, Gid: st.GID, MtimeNs: st.Mtime.UnixNano()})
+		req.Files = append(req.Files, &pb.ReservedFile{Name: m.Name, Fid: pb.FromFID(m.Node.fid), Mode: st.Mode, Uid: st.UID, Gid: st.GID, MtimeNs: st.Mtime.UnixNano()})
 	}
 	at := dir.at()
 	t := at.Begin()
 	defer t.End()
 	var reply *pb.CreateReservedReply
-	u := made[0].u
+	u := made[0].User
 	err = at.As(u.token).CallOnce("", func(ctx context.Context) (err error) {
 		reply, err = at.RPC.CreateReserved(ctx, req)
 		return err
@@ -541,8 +542,8 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 		return false, nil, err
 	}
 	for _, m := range removed {
-		m.n.removedIn.Store(nil)
-		c.forget(m.n)
+		m.Node.removedIn.Store(nil)
+		c.forget(m.Node)
 	}
 	for i, m := range created {
 		if _, err := c.learnPB(t, reply.Files[i], u); err != nil {
@@ -550,18 +551,18 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 		}
 		covered := false
 		if s := reply.States[i]; s != 0 {
-			if _, ok := c.delegated(t, m.n, pb.DelegKind_DELEG_WRITE, s); ok {
+			if _, ok := c.delegated(t, m.Node, pb.DelegKind_DELEG_WRITE, s); ok {
 				covered = true
-				m.n.mu.Lock()
-				if m.n.dirtyState == 0 {
-					m.n.dirtyState = s
+				m.Node.mu.Lock()
+				if m.Node.dirtyState == 0 {
+					m.Node.dirtyState = s
 				}
-				m.n.mu.Unlock()
+				m.Node.mu.Unlock()
 			}
 		}
-		m.n.madeIn.Store(nil)
+		m.Node.madeIn.Store(nil)
 		if !covered {
-			bare = append(bare, m.n)
+			bare = append(bare, m.Node)
 		}
 	}
 	if _, err := c.learnPB(t, reply.Dir, u); err != nil {
@@ -572,9 +573,9 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 		// Nobody else came between: the listing we kept is the server's.
 		dir.dents = dents
 	}
-	dir.madeFiles.dropFirst(len(made))
+	dir.madeFiles.DropFirst(len(made))
 	dir.madeBase = reply.Dir.DataVersion
-	more = dir.madeFiles.len() > 0
+	more = dir.madeFiles.Len() > 0
 	if !more {
 		dir.madeState, dir.madeBase = 0, 0
 	}
@@ -600,35 +601,35 @@ func refusedCreate(err error) bool {
 // are kept in lost/ (storeBack) and its next fsync or close reports it.
 // Files removed here stay at the server, and the listing, which lacks
 // them, goes.
-func (c *Client) loseMade(dir *Node, made []madeFile, cause error) {
+func (c *Client) loseMade(dir *Node, made []listing.MadeFile[*Node, User], cause error) {
 	c.log.Error("files made or removed under a directory delegation were refused", "dir", dir.fid, "files", len(made), "err", cause)
 	dir.mu.Lock()
 	for _, m := range made {
-		if m.removed {
+		if m.Removed {
 			dir.dents = nil
 		} else {
-			dir.delDentLocked(m.name)
+			dir.delDentLocked(m.Name)
 		}
 	}
-	dir.madeFiles.dropFirst(len(made))
-	if dir.madeFiles.len() == 0 {
+	dir.madeFiles.DropFirst(len(made))
+	if dir.madeFiles.Len() == 0 {
 		dir.madeState, dir.madeBase = 0, 0
 	}
 	dir.mu.Unlock()
 	var lost []*Node
 	for _, m := range made {
-		if m.removed {
-			m.n.removedIn.Store(nil)
-			c.forget(m.n)
+		if m.Removed {
+			m.Node.removedIn.Store(nil)
+			c.forget(m.Node)
 			continue
 		}
-		m.n.mu.Lock()
-		m.n.madeLost = fmt.Errorf("%w: created under a directory delegation the server refused: %v", syscall.EKEYEXPIRED, cause)
-		m.n.mu.Unlock()
-		m.n.madeIn.Store(nil)
-		c.flusher.Add(dirtyNode{m.n}) // to be kept in lost/
+		m.Node.mu.Lock()
+		m.Node.madeLost = fmt.Errorf("%w: created under a directory delegation the server refused: %v", syscall.EKEYEXPIRED, cause)
+		m.Node.mu.Unlock()
+		m.Node.madeIn.Store(nil)
+		c.flusher.Add(dirtyNode{m.Node}) // to be kept in lost/
 		c.flusher.Wake()
-		lost = append(lost, m.n)
+		lost = append(lost, m.Node)
 	}
 	c.spawn(func() { c.uncovered(lost) }) // nsmu is held; the files are gone anyway
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cache"
+	"github.com/hoardfs/hoard/client/listing"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
@@ -25,7 +26,7 @@ import (
 //   - fileData (file.go): a file's cached data and its writers;
 //   - writeBack (flush.go): writes not yet stored, and their losses;
 //   - fileDeleg (deleg.go): opens and delegations held on a file;
-//   - dirListing (listing.go): a directory's entries and read-ahead;
+//   - dirListing (ahead.go; package listing): a directory's entries and read-ahead;
 //   - dirDeleg (dirdeleg.go): files made and removed under a directory's
 //     delegation.
 //
@@ -373,15 +374,15 @@ func (c *Client) changedDir(t site.Ticket, dir *Node, ps *pb.Status, u User, pat
 
 func (dir *Node) delDentLocked(name string) {
 	if dir.dents != nil {
-		dir.dents.del(name)
+		dir.dents.Del(name)
 	}
 }
 
 func (dir *Node) addDentLocked(name string, fid node.FID, typ node.Type) {
 	if dir.dents == nil {
-		dir.dents = &listing{names: map[string]dirent{}}
+		dir.dents = &listing.Listing{}
 	}
-	dir.dents.add(name, fid, typ)
+	dir.dents.Add(name, fid, typ)
 }
 
 // replaceNamed readies a remove of name in dir, or a rename over it, for
@@ -395,13 +396,13 @@ func (dir *Node) addDentLocked(name string, fid node.FID, typ node.Type) {
 // nsmu, as a store that settles takes them.)
 func (c *Client) replaceNamed(dir *Node, name string) (done func()) {
 	dir.mu.Lock()
-	d, ok := dir.dents.get(name)
+	d, ok := dir.dents.Get(name)
 	dir.mu.Unlock()
-	if !ok || d.typ != node.TypeFile {
+	if !ok || d.Type != node.TypeFile {
 		return func() {}
 	}
 	c.nodesMu.Lock()
-	n := c.nodes[d.fid]
+	n := c.nodes[d.FID]
 	c.nodesMu.Unlock()
 	if n == nil || n.made() != nil {
 		// A file made here is stored only after its settle, which the
@@ -447,13 +448,13 @@ func (c *Client) lookupAtHere(at *site.Site, dir *Node, name string, u User) (*N
 	}
 	for asked := false; c.current(dir); asked = true {
 		dir.mu.Lock()
-		d, ok := dir.dents.get(name)
-		complete := dir.dents.isComplete()
+		d, ok := dir.dents.Get(name)
+		complete := dir.dents.IsComplete()
 		dir.mu.Unlock()
 		var n *Node
 		if ok {
 			c.nodesMu.Lock()
-			n = c.nodes[d.fid]
+			n = c.nodes[d.FID]
 			c.nodesMu.Unlock()
 			if n == nil || !c.current(n) {
 				break
@@ -537,8 +538,11 @@ func (c *Client) readDirHere(at *site.Site, dir *Node, u User) ([]DirEntry, uint
 				return nil, 0, syscall.EACCES
 			}
 			dir.mu.Lock()
-			if dir.dents.isComplete() {
-				out := dir.dents.entries()
+			if dir.dents.IsComplete() {
+				out := make([]DirEntry, 0, dir.dents.Len())
+				for name, e := range dir.dents.All() {
+					out = append(out, DirEntry{Name: name, Type: e.Type, FID: e.FID})
+				}
 				dv := dir.st.DataVersion
 				dir.mu.Unlock()
 				return out, dv, nil
@@ -557,7 +561,11 @@ func (c *Client) readDirHere(at *site.Site, dir *Node, u User) ([]DirEntry, uint
 		} else {
 			dir.mu.Lock()
 			if dir.st.DataVersion == dv {
-				dir.dents = completeListing(out)
+				dents := listing.Complete(len(out))
+				for _, e := range out {
+					dents.Add(e.Name, e.FID, e.Type)
+				}
+				dir.dents = dents
 			}
 			dir.mu.Unlock()
 		}
