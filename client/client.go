@@ -17,18 +17,12 @@ import (
 	"github.com/hoardfs/hoard/client/admin"
 	"github.com/hoardfs/hoard/client/site"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client/conn"
@@ -277,7 +271,7 @@ func Dial(opts Options) (*Client, error) {
 	}
 	if err != nil {
 		c.Close()
-		return nil, dialErr(opts, err)
+		return nil, site.DialFailed(opts.Server, opts.Token == "", opts.TLS != nil, err)
 	}
 	return c, nil
 }
@@ -331,67 +325,9 @@ func (c *Client) start(addr, sessionFile string, patience time.Duration) (*site.
 	}
 	if err != nil {
 		s.Conn.Close()
-		return nil, dialErr(Options{Server: addr, Token: opts.Token, TLS: opts.TLS}, err)
+		return nil, site.DialFailed(addr, opts.Token == "", opts.TLS != nil, err)
 	}
 	return s, nil
-}
-
-// dialErr says why a server could not be used, in a line.
-func dialErr(opts Options, err error) error {
-	switch status.Code(err) {
-	case codes.ResourceExhausted, codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied:
-		return fmt.Errorf("server %s refused this client: %s", opts.Server, status.Convert(err).Message())
-	}
-	if errors.Is(err, syscall.EACCES) {
-		who := "its token's user"
-		if opts.Token == "" {
-			who = "anonymous (no token: log in with hoard login)"
-		}
-		return fmt.Errorf("server %s: the root volume is not open to %s: %w", opts.Server, who, err)
-	}
-	if strings.HasPrefix(err.Error(), "server ") {
-		return err // said already
-	}
-	return &plainError{fmt.Sprintf("server %s unreachable: %s", opts.Server, transportCause(opts.Server, opts.TLS != nil, err)), err}
-}
-
-// plainError says err in a person's words; errors.Is and As see err.
-type plainError struct {
-	msg string
-	err error
-}
-
-func (e *plainError) Error() string { return e.msg }
-func (e *plainError) Unwrap() error { return e.err }
-
-// transportCause is what a failed connection to addr comes down to, in the
-// words of the system or of TLS ("connection refused"), without gRPC's
-// layers ("rpc error: code = Unavailable desc = connection error: desc =
-// \"transport: Error while dialing: dial tcp ...").
-func transportCause(addr string, tls bool, err error) string {
-	msg := status.Convert(err).Message()
-	msg = strings.ReplaceAll(msg, `\"`, `"`)
-	host, _, _ := net.SplitHostPort(addr)
-	switch {
-	case strings.Contains(msg, "connect: "):
-		msg = msg[strings.LastIndex(msg, "connect: ")+len("connect: "):]
-	case strings.Contains(msg, "produced zero addresses"), strings.Contains(msg, "no such host"):
-		msg = "cannot resolve " + host
-	case strings.Contains(msg, "authentication handshake failed: "):
-		msg = "TLS handshake failed: " + msg[strings.LastIndex(msg, "handshake failed: ")+len("handshake failed: "):]
-	case (strings.Contains(msg, "server preface") || strings.Contains(msg, "broken pipe")) && tls:
-		msg = "it answered, but not as a hoard server (another service's port, such as an etcd member's?)"
-	case strings.Contains(msg, "server preface"), strings.Contains(msg, "broken pipe"):
-		// A TLS server hangs up on a plaintext client.
-		msg = "it answered, but not as a hoard server without TLS (one with TLS, reached with --insecure? another service's port?)"
-	case strings.Contains(msg, "i/o timeout"):
-		msg = "no answer (timed out)"
-	default:
-		for _, p := range []string{"connection error: desc = ", "transport: Error while dialing: ", "transport: "} {
-			msg = strings.TrimPrefix(strings.Trim(msg, `"`), p)
-		}
-	}
-	return strings.Trim(msg, `"`)
 }
 
 // Close stores what the flusher still holds, gives delegations back, stops

@@ -2,10 +2,13 @@ package site
 
 import (
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"strings"
 	"syscall"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/hoardfs/hoard/hoardpb"
@@ -62,3 +65,75 @@ func (e *rpcError) Unwrap() error { return e.errno }
 
 // Explained is errno with err, the transport's explanation, beside it.
 func Explained(errno syscall.Errno, err error) error { return &rpcError{errno, err} }
+
+// A DialError is a session with another server of the cell that could
+// not be begun.
+type DialError struct {
+	Server string // its name in the cell
+	Err    error
+}
+
+func (e *DialError) Error() string { return fmt.Sprintf("server %s of the cell: %v", e.Server, e.Err) }
+func (e *DialError) Unwrap() error { return e.Err }
+
+// DialFailed says in a line why server could not be used: it refused
+// the client, its root volume is closed to the client's user (anonymous:
+// the client has no token), or it is unreachable, and why, in the words
+// of the system or of TLS (tls: the client dialed with TLS) rather than
+// gRPC's. errors.Is and As still see err.
+func DialFailed(server string, anonymous, tls bool, err error) error {
+	switch status.Code(err) {
+	case codes.ResourceExhausted, codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied:
+		return fmt.Errorf("server %s refused this client: %s", server, status.Convert(err).Message())
+	}
+	if errors.Is(err, syscall.EACCES) {
+		who := "its token's user"
+		if anonymous {
+			who = "anonymous (no token: log in with hoard login)"
+		}
+		return fmt.Errorf("server %s: the root volume is not open to %s: %w", server, who, err)
+	}
+	if strings.HasPrefix(err.Error(), "server ") {
+		return err // said already
+	}
+	return &plainError{fmt.Sprintf("server %s unreachable: %s", server, transportCause(server, tls, err)), err}
+}
+
+// plainError says err in a person's words; errors.Is and As see err.
+type plainError struct {
+	msg string
+	err error
+}
+
+func (e *plainError) Error() string { return e.msg }
+func (e *plainError) Unwrap() error { return e.err }
+
+// transportCause is what a failed connection to addr comes down to, in the
+// words of the system or of TLS ("connection refused"), without gRPC's
+// layers ("rpc error: code = Unavailable desc = connection error: desc =
+// \"transport: Error while dialing: dial tcp ...").
+func transportCause(addr string, tls bool, err error) string {
+	msg := status.Convert(err).Message()
+	msg = strings.ReplaceAll(msg, `\"`, `"`)
+	host, _, _ := net.SplitHostPort(addr)
+	switch {
+	case strings.Contains(msg, "connect: "):
+		msg = msg[strings.LastIndex(msg, "connect: ")+len("connect: "):]
+	case strings.Contains(msg, "produced zero addresses"), strings.Contains(msg, "no such host"):
+		msg = "cannot resolve " + host
+	case strings.Contains(msg, "authentication handshake failed: "):
+		msg = "TLS handshake failed: " + msg[strings.LastIndex(msg, "handshake failed: ")+len("handshake failed: "):]
+	case (strings.Contains(msg, "server preface") || strings.Contains(msg, "broken pipe")) && tls:
+		msg = "it answered, but not as a hoard server (another service's port, such as an etcd member's?)"
+	case strings.Contains(msg, "server preface"), strings.Contains(msg, "broken pipe"):
+		// A TLS server hangs up on a plaintext client.
+		msg = "it answered, but not as a hoard server without TLS (one with TLS, reached with --insecure? another service's port?)"
+	case strings.Contains(msg, "i/o timeout"):
+		msg = "no answer (timed out)"
+	default:
+		for _, p := range []string{"connection error: desc = ", "transport: Error while dialing: ", "transport: "} {
+			msg = strings.TrimPrefix(strings.Trim(msg, `"`), p)
+		}
+	}
+	return strings.Trim(msg, `"`)
+}

@@ -237,16 +237,6 @@ func (s *Sites) dial(key string, to *pb.Site, patience time.Duration) (*Site, er
 	return v.(*Site), nil
 }
 
-// A DialError is a session with another server of the cell that could
-// not be begun.
-type DialError struct {
-	Server string // its name in the cell
-	Err    error
-}
-
-func (e *DialError) Error() string { return fmt.Sprintf("server %s of the cell: %v", e.Server, e.Err) }
-func (e *DialError) Unwrap() error { return e.Err }
-
 // Moved follows a volume to the server holding it now, as l (another
 // server's refusal) says: its files go to that server's site (Cell's
 // HandOver), without their promises (the old server broke them before
