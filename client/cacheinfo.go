@@ -180,7 +180,7 @@ type DirtyFile struct {
 // any other user only for the writes they made, as the rest of a shared
 // mount keeps users apart.
 func (k *Nodes) mine(n *Node) bool {
-	return k.u.key == k.c.self.key || n.c.writerOf(n).key == k.u.key
+	return k.u.Key() == k.c.self.Key() || n.c.writerOf(n).Key() == k.u.Key()
 }
 
 // DirtyFiles lists the files with writes not yet stored that are k's
@@ -221,7 +221,7 @@ func (k *Nodes) FlushAll() []Refusal {
 			files = append(files, was{d.n, d.n.lossCount(), d.n.entry.DirtyBytes()})
 		}
 	}
-	if k.u.key == k.c.self.key {
+	if k.u.Key() == k.c.self.Key() {
 		k.c.flusher.Drain(dirtyNode{})
 	} else {
 		for _, f := range files {

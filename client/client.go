@@ -27,6 +27,7 @@ import (
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client/conn"
 	"github.com/hoardfs/hoard/client/policy"
+	"github.com/hoardfs/hoard/client/user"
 	"github.com/hoardfs/hoard/client/writeback"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/latency"
@@ -236,7 +237,7 @@ func Dial(opts Options) (*Client, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
 		opts:      opts,
-		self:      NewUser(opts.Token),
+		self:      user.New(opts.Token),
 		log:       opts.Logger,
 		cache:     ch,
 		nodes:     map[node.FID]*Node{},

@@ -84,7 +84,7 @@ func (c *Client) openDelegHere(at *site.Site, n *Node, write bool, u User) error
 	t := at.Begin()
 	defer t.End()
 	var reply *pb.OpenReply
-	err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+	err := at.As(u.Token()).Call(func(ctx context.Context) (err error) {
 		reply, err = at.RPC.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write})
 		return err
 	})
@@ -134,7 +134,7 @@ func (c *Client) delegate(n *Node, write bool, u User) (callback.Held, bool) {
 	t := at.Begin()
 	defer t.End()
 	var reply *pb.OpenReply
-	err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+	err := at.As(u.Token()).Call(func(ctx context.Context) (err error) {
 		reply, err = at.RPC.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: write, DelegationOnly: true})
 		return err
 	})
@@ -231,14 +231,14 @@ func (c *Client) closeDeleg(n *Node, write bool, u User) error {
 		c.counters.localCloses.Add(1)
 		return nil
 	}
-	return at.CloseOne(n.fid, write, u.token)
+	return at.CloseOne(n.fid, write, u.Token())
 }
 
 // closeRecorded tells the server of r read and w write opens of fid that
 // it recorded and that are closed.
 func (c *Client) closeRecorded(at *site.Site, fid node.FID, r, w int) {
 	for i := range r + w {
-		if err := at.CloseOne(fid, i >= r, c.self.token); err != nil {
+		if err := at.CloseOne(fid, i >= r, c.self.Token()); err != nil {
 			c.log.Warn("close not recorded", "fid", fid, "err", err)
 			return
 		}
@@ -492,7 +492,7 @@ func (c *Client) reclaim(at *site.Site, n *Node, state uint64) {
 	t := at.Begin()
 	defer t.End()
 	var reply *pb.OpenReply
-	err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+	err := at.As(u.Token()).Call(func(ctx context.Context) (err error) {
 		reply, err = at.RPC.Open(ctx, &pb.OpenRequest{Fid: pb.FromFID(n.fid), Write: true, Reclaim: state, BaseVersion: est.DataVersion})
 		return err
 	})
@@ -511,7 +511,7 @@ func (c *Client) reclaim(at *site.Site, n *Node, state uint64) {
 	}
 	n.mu.Unlock()
 	if reply.Recorded {
-		at.CloseOne(n.fid, true, u.token)
+		at.CloseOne(n.fid, true, u.Token())
 	}
 	c.learnPB(t, reply.Status, u)
 	if !covered {

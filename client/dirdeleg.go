@@ -13,6 +13,7 @@ import (
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/callback"
 	"github.com/hoardfs/hoard/client/listing"
+	"github.com/hoardfs/hoard/client/user"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
@@ -122,7 +123,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 		return nil, false, false, nil
 	}
 	at := dir.at()
-	fid, life, err := at.Reserved(dir.fid, u.token)
+	fid, life, err := at.Reserved(dir.fid, u.Token())
 	if err != nil {
 		return nil, false, false, nil // made at the server instead
 	}
@@ -157,7 +158,7 @@ func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl
 	// Its maker's, whom a status the client made says nothing to
 	// (permitted): the server decides, at the settle and the stores.
 	// Anyone else asks the server, which a settle comes before.
-	n.rights = map[userKey]uint8{u.key: 0}
+	n.rights = map[user.Key]uint8{u.Key(): 0}
 	n.entry = c.cache.Entry(fid)
 	_, err = n.entry.Learn(n.st)
 	n.dirtySince = now // the flusher's age bound covers the create
@@ -528,7 +529,7 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 	defer t.End()
 	var reply *pb.CreateReservedReply
 	u := made[0].User
-	err = at.As(u.token).CallOnce("", func(ctx context.Context) (err error) {
+	err = at.As(u.Token()).CallOnce("", func(ctx context.Context) (err error) {
 		reply, err = at.RPC.CreateReserved(ctx, req)
 		return err
 	})

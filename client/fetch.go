@@ -117,7 +117,7 @@ func (n *Node) fetchChunkAt(at *site.Site, idx int64, u User) (buf []byte, dv ui
 	pieces := 0
 	t := at.Begin()
 	defer t.End()
-	err = at.As(u.token).CallData(func(ctx context.Context) error {
+	err = at.As(u.Token()).CallData(func(ctx context.Context) error {
 		buf, pieces = nil, 0
 		st, ttl, err := at.Conn.Data().Fetch(ctx, n.fid, idx*cs, cs, int(cs), func(off int64, pdv uint64, data []byte) error {
 			if pieces > 0 && pdv != dv {

@@ -31,7 +31,7 @@ func (c *Client) FIDs() *FIDs { return &FIDs{c} }
 // cell holding its volume. A volume that cannot be located yet gets a
 // Node at the first server, which answers for it with an error.
 func (p *FIDs) Node(fid node.FID) *Node {
-	s, err := p.c.sites.OfID(fid.Volume, p.c.self.token)
+	s, err := p.c.sites.OfID(fid.Volume, p.c.self.Token())
 	if err != nil {
 		s = p.c.sites.First()
 	}
@@ -180,9 +180,9 @@ func (p *FIDs) Volume(name string, id uint64) (admin.Volume, error) {
 	var s *site.Site
 	var err error
 	if name != "" {
-		s, err = c.sites.Of(name, c.self.token)
+		s, err = c.sites.Of(name, c.self.Token())
 	} else {
-		s, err = c.sites.OfID(id, c.self.token)
+		s, err = c.sites.OfID(id, c.self.Token())
 	}
 	if err != nil {
 		return admin.Volume{}, err
@@ -204,11 +204,11 @@ func (p *FIDs) Volume(name string, id uint64) (admin.Volume, error) {
 // StatFS reports the space of a volume (its quota), or of the server
 // holding it.
 func (p *FIDs) StatFS(volume uint64) (node.FSStat, error) {
-	s, err := p.c.sites.OfID(volume, p.c.self.token)
+	s, err := p.c.sites.OfID(volume, p.c.self.Token())
 	if err != nil {
 		return node.FSStat{}, err
 	}
-	return s.StatFS(volume, p.c.self.token)
+	return s.StatFS(volume, p.c.self.Token())
 }
 
 // PromiseLeft is how long n's callback promise still holds: how long the

@@ -625,7 +625,7 @@ func (c *Client) storeData(at *site.Site, args datapath.StoreArgs, u User, store
 		// before a lost reply is not made again over later stores.
 		args.Op = string(node.NewOp())
 	}
-	err := at.As(u.token).CallData(func(ctx context.Context) (err error) {
+	err := at.As(u.Token()).CallData(func(ctx context.Context) (err error) {
 		st, ttl, err = at.Conn.Data().Store(ctx, args)
 		return err
 	})
@@ -698,7 +698,7 @@ func (f *File) flush(op string) error {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
 	err := f.rescan()
-	if err == nil && f.n.c.writeBack(n) && f.u.storableFor(f.n.c.opts.FlushAge) && f.n.c.roomFor(n, f.u) {
+	if err == nil && f.n.c.writeBack(n) && f.u.StorableFor(time.Now(), f.n.c.opts.FlushAge) && f.n.c.roomFor(n, f.u) {
 		if n.localChanges() {
 			f.n.c.dirtied(n) // writes through passthrough did not say so
 		}

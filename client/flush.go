@@ -37,10 +37,10 @@ func (d dirtyNode) Dirty() (int64, time.Time, bool) {
 	n := d.n
 	n.mu.Lock()
 	since, writing := n.dirtySince, n.opens.w > 0
-	if n.wrote && !n.writer.expires.IsZero() && !since.IsZero() {
-		// Stored by tokenMargin before the writer's token expires, which
-		// the age bound alone would not: the server refuses it after.
-		since = minTime(since, n.writer.expires.Add(-tokenMargin-n.c.opts.FlushAge))
+	if by := n.writer.StoreBy(); n.wrote && !by.IsZero() && !since.IsZero() {
+		// Stored before the writer's token expires, which the age bound
+		// alone would not: the server refuses it after.
+		since = minTime(since, by.Add(-n.c.opts.FlushAge))
 	}
 	n.mu.Unlock()
 	return n.entry.DirtyBytes(), since, writing

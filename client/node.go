@@ -13,6 +13,7 @@ import (
 	"github.com/hoardfs/hoard/access"
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client/listing"
+	"github.com/hoardfs/hoard/client/user"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
@@ -48,7 +49,7 @@ type Node struct {
 	// rights are users' rights on the node as the server said them
 	// (Status.Rights), learnt with st under the promise held and dropped
 	// with it (user.go); a file made here has its maker's, unknown (0).
-	rights map[userKey]uint8
+	rights map[user.Key]uint8
 	// xattrs are its extended attributes as the server said them under
 	// the promise held, kept and dropped as rights are (xattr.go);
 	// xattrChanges counts this client's changes to them.
@@ -234,7 +235,7 @@ func (c *Client) freshHere(at *site.Site, n *Node, u User) (node.Status, error) 
 	t := at.Begin()
 	defer t.End()
 	var reply *pb.GetStatusReply
-	err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+	err := at.As(u.Token()).Call(func(ctx context.Context) (err error) {
 		reply, err = at.RPC.GetStatus(ctx, &pb.GetStatusRequest{Fids: []*pb.FID{pb.FromFID(n.fid)}})
 		return err
 	})
@@ -285,7 +286,7 @@ func (c *Client) statusAll(at *site.Site, ents []DirEntry, u User) error {
 		todo = todo[len(batch):]
 		t := at.Begin()
 		var reply *pb.GetStatusReply
-		err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+		err := at.As(u.Token()).Call(func(ctx context.Context) (err error) {
 			reply, err = at.RPC.GetStatus(ctx, &pb.GetStatusRequest{Fids: batch})
 			return err
 		})
@@ -488,7 +489,7 @@ func (c *Client) lookupAtHere(at *site.Site, dir *Node, name string, u User) (*N
 	t := at.Begin()
 	defer t.End()
 	var reply *pb.LookupReply
-	err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+	err := at.As(u.Token()).Call(func(ctx context.Context) (err error) {
 		reply, err = at.RPC.Lookup(ctx, &pb.LookupRequest{Dir: pb.FromFID(dir.fid), Name: name})
 		return err
 	})
@@ -583,7 +584,7 @@ func (c *Client) fetchDir(at *site.Site, dir *Node, u User) (out []DirEntry, dv 
 	consistent = true
 	for first := true; ; first = false {
 		var reply *pb.ReadDirReply
-		err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+		err := at.As(u.Token()).Call(func(ctx context.Context) (err error) {
 			reply, err = at.RPC.ReadDir(ctx, &pb.ReadDirRequest{Dir: pb.FromFID(dir.fid), Cookie: cookie, MaxEntries: 4096})
 			return err
 		})
@@ -618,7 +619,7 @@ func (c *Client) volumeRoot(target string, u User) (*Node, error) {
 	name, rw, ro := node.MountTarget(target)
 	if !rw && !ro {
 		// The read-only copy once there is one (released).
-		l, err := c.sites.Locate(name, u.token)
+		l, err := c.sites.Locate(name, u.Token())
 		if err != nil {
 			return nil, err
 		}
@@ -628,7 +629,7 @@ func (c *Client) volumeRoot(target string, u User) (*Node, error) {
 		name += node.ReadOnlySuffix
 	}
 	for again := false; ; again = true {
-		at, err := c.sites.Of(name, u.token)
+		at, err := c.sites.Of(name, u.Token())
 		if err != nil {
 			return nil, err
 		}
@@ -645,7 +646,7 @@ func (c *Client) rootOf(at *site.Site, name string, u User) (*Node, error) {
 	v := c.vols[name]
 	c.volMu.Unlock()
 	if v == nil {
-		err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+		err := at.As(u.Token()).Call(func(ctx context.Context) (err error) {
 			v, err = at.RPC.GetVolume(ctx, &pb.GetVolumeRequest{Name: name})
 			return err
 		})

@@ -89,7 +89,7 @@ func (c *Client) createAtHere(at *site.Site, m Make, u User) (*Node, *pb.CreateR
 	tk := at.Begin()
 	defer tk.End()
 	var reply *pb.CreateReply
-	err := at.As(u.token).CallOnce(m.Op, func(ctx context.Context) (err error) {
+	err := at.As(u.Token()).CallOnce(m.Op, func(ctx context.Context) (err error) {
 		reply, err = at.RPC.Create(ctx, &pb.CreateRequest{Dir: pb.FromFID(dir.fid), Name: name, Type: pb.FromType(t),
 			Mode: m.Mode, Uid: m.Who.UID, Gid: m.Who.GID, Target: m.Target, Rdev: m.Rdev, Exclusive: m.Excl, Open: t == node.TypeFile && at.Delegating()})
 		return err
@@ -303,7 +303,7 @@ func (c *Client) renameAtHere(at *site.Site, sdir *Node, sbase string, ddir *Nod
 	t := at.Begin()
 	defer t.End()
 	var reply *pb.RenameReply
-	err := at.As(u.token).CallOnce(op, func(ctx context.Context) (err error) {
+	err := at.As(u.Token()).CallOnce(op, func(ctx context.Context) (err error) {
 		reply, err = at.RPC.Rename(ctx, &pb.RenameRequest{SrcDir: pb.FromFID(sdir.fid), SrcName: sbase, DstDir: pb.FromFID(ddir.fid), DstName: dbase, KeepReplacedAs: keep})
 		return err
 	})
@@ -359,7 +359,7 @@ func (c *Client) setattrHere(at *site.Site, n *Node, req *pb.SetAttrRequest, u U
 	t := at.Begin()
 	defer t.End()
 	var reply *pb.SetAttrReply
-	err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+	err := at.As(u.Token()).Call(func(ctx context.Context) (err error) {
 		reply, err = at.RPC.SetAttr(ctx, req)
 		return err
 	})

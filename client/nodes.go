@@ -166,7 +166,7 @@ func (c *Client) linkAtHere(at *site.Site, dir *Node, name string, target *Node,
 	t := at.Begin()
 	defer t.End()
 	var reply *pb.LinkReply
-	err := at.As(u.token).CallOnce(op, func(ctx context.Context) (err error) {
+	err := at.As(u.Token()).CallOnce(op, func(ctx context.Context) (err error) {
 		reply, err = at.RPC.Link(ctx, &pb.LinkRequest{Dir: pb.FromFID(dir.fid), Name: name, Target: pb.FromFID(target.fid)})
 		return err
 	})
@@ -218,7 +218,7 @@ func (c *Client) removeAtHere(at *site.Site, dir *Node, name string, dirOnly boo
 	t := at.Begin()
 	defer t.End()
 	var reply *pb.RemoveReply
-	err := at.As(u.token).CallOnce(op, func(ctx context.Context) (err error) {
+	err := at.As(u.Token()).CallOnce(op, func(ctx context.Context) (err error) {
 		reply, err = at.RPC.Remove(ctx, &pb.RemoveRequest{Dir: pb.FromFID(dir.fid), Name: name, DirOnly: dirOnly})
 		return err
 	})
@@ -535,7 +535,7 @@ type FSStat = node.FSStat
 // StatFS reports the space of n's volume: its quota if it has one, or
 // the space of the server holding it.
 func (k *Nodes) StatFS(n *Node) (FSStat, error) {
-	fs, err := n.at().StatFS(n.fid.Volume, k.u.token)
+	fs, err := n.at().StatFS(n.fid.Volume, k.u.Token())
 	if err != nil {
 		return FSStat{}, site.ErrOf("statfs", "/", err)
 	}
@@ -551,7 +551,7 @@ func (k *Nodes) Writable(n *Node) (w *Node, rw string, err error) {
 	if !c.sites.ReadOnly(n.fid.Volume) {
 		return n, "", nil
 	}
-	tok := k.u.token
+	tok := k.u.Token()
 	l, err := c.sites.LocateID(n.fid.Volume, tok)
 	if err != nil {
 		return nil, "", err

@@ -44,7 +44,7 @@ func (c *Client) roomFor(n *Node, u User) bool {
 		return true
 	}
 	c.roomMu.Unlock()
-	fs, err := n.at().StatFS(vol, u.token)
+	fs, err := n.at().StatFS(vol, u.Token())
 	if err != nil {
 		return true // the server is away: the write-back holds the writes
 	}

@@ -63,7 +63,7 @@ func (c *Client) relocated(n *Node, at *site.Site, err error, stale bool) bool {
 	if stale && (errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESTALE) || pb.Errno(err) == syscall.ENOENT || pb.Errno(err) == syscall.ESTALE) {
 		// The data channel says no more than that: the first server's
 		// copy of the location database is asked.
-		switch l, err := s.Ask(&pb.LocateRequest{Id: n.fid.Volume}, c.self.token); {
+		switch l, err := s.Ask(&pb.LocateRequest{Id: n.fid.Volume}, c.self.Token()); {
 		case err != nil:
 		case l.Here:
 			s.MovedTo(l.Id, s.First())

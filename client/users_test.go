@@ -12,6 +12,7 @@ import (
 	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/pathfs"
+	"github.com/hoardfs/hoard/client/user"
 	"github.com/hoardfs/hoard/internal/testkit"
 	"github.com/hoardfs/hoard/internal/testkit/servertest"
 	"github.com/hoardfs/hoard/node"
@@ -83,7 +84,7 @@ func TestUsersShareTheCacheNotTheRights(t *testing.T) {
 	testkit.WriteFile(t, s.Dial(t, servertest.MemCache(), token(bobTok)), "/bob/secret", secret)
 	// A client of the admin's token, serving bob and alice.
 	c := s.Dial(t, token(adminTok))
-	bob, alice := c.Client().Nodes().As(client.NewUser(bobTok)), c.Client().Nodes().As(client.NewUser(aliceTok))
+	bob, alice := c.Client().Nodes().As(user.New(bobTok)), c.Client().Nodes().As(user.New(aliceTok))
 	dir, _, err := bob.Lookup(root(t, bob), "bob")
 	testkit.Must(t, err)
 	n, _, err := bob.Lookup(dir, "secret")
@@ -126,7 +127,7 @@ func TestUsersShareTheCacheNotTheRights(t *testing.T) {
 		t.Fatalf("bob's cached read took %d requests after alice's refusals", got)
 	}
 	// A new token of bob's is asked about again (rights are the token's).
-	bob2 := c.Client().Nodes().As(client.NewUser(issue("bob", 1002, false)))
+	bob2 := c.Client().Nodes().As(user.New(issue("bob", 1002, false)))
 	rpcs = c.Client().Stats().RPCs
 	if got, err := readNode(bob2, dir, n, "secret"); err != nil || string(got) != string(secret) {
 		t.Fatalf("bob's new token reads %q, %v", got, err)
@@ -155,7 +156,7 @@ func TestUsersWriteBackAsTheWriter(t *testing.T) {
 	_, err = admin.Admin().SetACL("/shared", "bob", access.All)
 	testkit.Must(t, err)
 	c := s.Dial(t)
-	alice, bob := c.Client().Nodes().As(client.NewUser(aliceTok)), c.Client().Nodes().As(client.NewUser(bobTok))
+	alice, bob := c.Client().Nodes().As(user.New(aliceTok)), c.Client().Nodes().As(user.New(bobTok))
 	files := []struct {
 		name string
 		k    *client.Nodes

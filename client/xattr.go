@@ -54,7 +54,7 @@ func (c *Client) xattr(n *Node, req *pb.XattrRequest, u User) (*pb.XattrReply, e
 		n.mu.Unlock()
 		t := at.Begin()
 		defer t.End()
-		err := at.As(u.token).Call(func(ctx context.Context) (err error) {
+		err := at.As(u.Token()).Call(func(ctx context.Context) (err error) {
 			reply, err = at.RPC.Xattr(ctx, req)
 			return err
 		})

@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/user"
 )
 
 // The `hoard cache` commands talk to a mount through extended attributes
@@ -104,16 +105,16 @@ func (h *hnode) setCtl(ctx context.Context, attr string) (bool, syscall.Errno) {
 }
 
 // setRefused keeps what u's last flush found refused, for u's DirtyXattr.
-func (m *Mount) setRefused(u client.User, r []client.Refusal) {
+func (m *Mount) setRefused(u user.User, r []client.Refusal) {
 	m.refusedMu.Lock()
 	defer m.refusedMu.Unlock()
 	if m.refused == nil {
-		m.refused = map[client.User][]client.Refusal{}
+		m.refused = map[user.User][]client.Refusal{}
 	}
 	m.refused[u] = r[:min(len(r), maxDirtyListed)]
 }
 
-func (m *Mount) lastRefused(u client.User) []client.Refusal {
+func (m *Mount) lastRefused(u user.User) []client.Refusal {
 	m.refusedMu.Lock()
 	defer m.refusedMu.Unlock()
 	return m.refused[u]

@@ -21,6 +21,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/user"
 	"github.com/hoardfs/hoard/fuseuring"
 	"github.com/hoardfs/hoard/node"
 )
@@ -82,7 +83,7 @@ type Mount struct {
 	// refused: what each user's last `hoard cache flush` found the
 	// server refusing. A leaf lock.
 	refusedMu sync.Mutex
-	refused   map[client.User][]client.Refusal
+	refused   map[user.User][]client.Refusal
 }
 
 // InvalidateWait bounds how long a break waits for the kernel to drop its
@@ -483,7 +484,7 @@ func (m *Mount) SingleUser() bool { return m.single }
 
 // Login has the local user uid act as u from now on (hoard login). On a
 // single-user mount only the uid that started it may, for everyone.
-func (m *Mount) Login(uid uint32, u client.User) error { return m.users.set(uid, u) }
+func (m *Mount) Login(uid uint32, u user.User) error { return m.users.set(uid, u) }
 
 // Logout makes the local user uid anonymous from now on (hoard logout).
 func (m *Mount) Logout(uid uint32) error { return m.users.drop(uid) }

@@ -8,6 +8,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/user"
 )
 
 // users is whom a mount acts for, per local user: a multi-user mount
@@ -28,7 +29,7 @@ type users struct {
 // newUsers is the users of a mount whose own user's view is own, started
 // by uid owner.
 func newUsers(own *client.Nodes, owner uint32, single bool) *users {
-	return &users{owner: owner, single: single, anon: own.As(client.User{}), byUID: map[uint32]*client.Nodes{owner: own}}
+	return &users{owner: owner, single: single, anon: own.As(user.User{}), byUID: map[uint32]*client.Nodes{owner: own}}
 }
 
 // of is the view of the client to serve the kernel request of ctx with:
@@ -59,7 +60,7 @@ func (r *users) forUID(uid uint32) *client.Nodes {
 
 // set makes u the user uid acts as from now on. What the cache learnt of
 // uid's earlier user's rights is not used for u: rights are kept by token.
-func (r *users) set(uid uint32, u client.User) error {
+func (r *users) set(uid uint32, u user.User) error {
 	if err := r.mayChange(uid); err != nil {
 		return err
 	}

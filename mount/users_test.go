@@ -7,6 +7,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/user"
 )
 
 func callerCtx(uid uint32) context.Context {
@@ -16,7 +17,7 @@ func callerCtx(uid uint32) context.Context {
 // Each local user acts with their own token, the one who started the
 // mount with the mount's, anyone else anonymously.
 func TestUsersMulti(t *testing.T) {
-	own, alice, bob := client.NewUser("mount's"), client.NewUser("alice's"), client.NewUser("bob's")
+	own, alice, bob := user.New("mount's"), user.New("alice's"), user.New("bob's")
 	r := newUsers(new(client.Nodes).As(own), 0, false)
 	if err := r.set(1001, alice); err != nil {
 		t.Fatal(err)
@@ -24,7 +25,7 @@ func TestUsersMulti(t *testing.T) {
 	if err := r.set(1002, bob); err != nil {
 		t.Fatal(err)
 	}
-	for uid, want := range map[uint32]client.User{0: own, 1001: alice, 1002: bob, 1003: {}} {
+	for uid, want := range map[uint32]user.User{0: own, 1001: alice, 1002: bob, 1003: {}} {
 		if got := r.of(callerCtx(uid)).User(); got != want {
 			t.Errorf("uid %d acts as %v, want %v", uid, got, want)
 		}
@@ -43,7 +44,7 @@ func TestUsersMulti(t *testing.T) {
 // A single-user mount acts for everyone with its own token, which only
 // the one who started it changes.
 func TestUsersSingle(t *testing.T) {
-	own, alice := client.NewUser("mount's"), client.NewUser("alice's")
+	own, alice := user.New("mount's"), user.New("alice's")
 	r := newUsers(new(client.Nodes).As(own), 1000, true)
 	if err := r.set(1001, alice); err == nil {
 		t.Fatal("another uid set the token of a single-user mount")

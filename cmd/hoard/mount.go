@@ -27,6 +27,7 @@ import (
 	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/lost"
+	"github.com/hoardfs/hoard/client/user"
 	"github.com/hoardfs/hoard/dirs"
 	"github.com/hoardfs/hoard/mount"
 	"github.com/hoardfs/hoard/mount/loginsock"
@@ -432,7 +433,7 @@ func (l logins) Login(uid uint32, token string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := l.m.Login(uid, client.NewUser(token)); err != nil {
+	if err := l.m.Login(uid, user.New(token)); err != nil {
 		return "", err
 	}
 	slog.Info("logged in", "uid", uid, "user", c.User, "until", c.Expires.Format(time.RFC3339))

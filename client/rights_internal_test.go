@@ -2,32 +2,16 @@ package client
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/hoardfs/hoard/access"
+	"github.com/hoardfs/hoard/client/user"
 	"github.com/hoardfs/hoard/node"
 )
 
-func TestUserIsItsToken(t *testing.T) {
-	if NewUser("") != (User{}) || !NewUser("").Anonymous() {
-		t.Fatal("no token is not the anonymous user")
-	}
-	a, b := NewUser("secret-token-a"), NewUser("secret-token-b")
-	if a != NewUser("secret-token-a") || a == b || a.Anonymous() {
-		t.Fatal("users are not their tokens")
-	}
-	// Printed or logged, a user does not give its token away.
-	for _, s := range []string{fmt.Sprint(a), fmt.Sprintf("%+v %#v %s", a, a, a), fmt.Sprintf("%v", struct{ U User }{a})} {
-		if strings.Contains(s, "secret-token") {
-			t.Errorf("a user printed with its token: %s", s)
-		}
-	}
-}
-
 func TestNodeRights(t *testing.T) {
 	n := &Node{st: node.Status{Type: node.TypeFile}}
-	a, b := NewUser("a"), NewUser("b")
+	a, b := user.New("a"), user.New("b")
 	n.mu.Lock()
 	n.setRightsLocked(a, uint8(access.Read|access.Lookup)) // not the server's word: ignored
 	n.setRightsLocked(b, uint8(access.Read)|node.RightsKnown)
@@ -41,14 +25,14 @@ func TestNodeRights(t *testing.T) {
 	// Bounded: past maxRightsUsers the map starts again.
 	n.mu.Lock()
 	for i := range maxRightsUsers {
-		n.setRightsLocked(NewUser(fmt.Sprint("u", i)), node.RightsKnown)
+		n.setRightsLocked(user.New(fmt.Sprint("u", i)), node.RightsKnown)
 	}
 	n.mu.Unlock()
 	if _, ok := n.statusAs(b); ok || len(n.rights) > maxRightsUsers {
 		t.Fatalf("%d users' rights kept, b's among them", len(n.rights))
 	}
 	n.dropRights()
-	if _, ok := n.statusAs(NewUser("u63")); ok {
+	if _, ok := n.statusAs(user.New("u63")); ok {
 		t.Fatal("rights kept after they were dropped")
 	}
 }

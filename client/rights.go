@@ -1,13 +1,12 @@
 package client
 
 import (
-	"crypto/sha256"
 	"fmt"
 	"syscall"
 	"time"
 
 	"github.com/hoardfs/hoard/access"
-	"github.com/hoardfs/hoard/cell"
+	"github.com/hoardfs/hoard/client/user"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -25,74 +24,24 @@ import (
 // user only under a promise and with that user's rights known; otherwise
 // the server is asked, as that user.
 
-// User is whom a request acts for: an opaque credential made from a token
-// of the cell. The zero User is anonymous: it gets what the ACLs grant
-// system:anyuser. Users are comparable: equal tokens make equal Users.
-type User struct {
-	token string
-	key   userKey
-	// name and expires are what the token says (unverified: the server
-	// checks it), for refusing new writes once it expired and for logs;
-	// expires is zero if the token says nothing readable.
-	name    string
-	expires time.Time
-}
-
-// userKey names a user in the nodes' rights: the token's SHA-256 (the
-// zero key is anonymous). A new token is a new key, so nothing learnt
-// under another token of the same person is used for it.
-type userKey [32]byte
-
-// NewUser is the user of token ("": anonymous).
-func NewUser(token string) User {
-	if token == "" {
-		return User{}
-	}
-	u := User{token: token, key: sha256.Sum256([]byte(token))}
-	if cl, err := cell.Inspect(token); err == nil {
-		u.name, u.expires = cl.User, cl.Expires
-	}
-	return u
-}
-
-// tokenMargin is how long before a token expires the writes made with it
-// are stored: the server refuses a store made with an expired token, and
-// writes a close acknowledged must still reach it.
-const tokenMargin = 15 * time.Second
-
-// expiredAt reports whether u's token has expired at now.
-func (u User) expiredAt(now time.Time) bool {
-	return !u.expires.IsZero() && !now.Before(u.expires)
-}
+// User is whom a request acts for (package user). An alias, so that the
+// client's many signatures and its callers keep the short name.
+type User = user.User
 
 // checkToken refuses a request of u's once u's token has expired
 // (EKEYEXPIRED), saying so in the log once per token: the server would
 // refuse it, and a write accepted into the cache could not be stored.
 func (c *Client) checkToken(u User) error {
-	if !u.expiredAt(time.Now()) {
+	if !u.ExpiredAt(time.Now()) {
 		return nil
 	}
-	if _, logged := c.expiredLogged.LoadOrStore(u.key, true); !logged {
+	expires := u.Expires().Format(time.RFC3339)
+	if _, logged := c.expiredLogged.LoadOrStore(u.Key(), true); !logged {
 		c.log.Warn("token expired: refusing its new requests until a new one is given (hoard login)",
-			"user", u.name, "expired", u.expires.Format(time.RFC3339))
+			"user", u.Name(), "expired", expires)
 	}
-	return fmt.Errorf("token of %s expired at %s: %w", u.name, u.expires.Format(time.RFC3339), syscall.EKEYEXPIRED)
+	return fmt.Errorf("token of %s expired at %s: %w", u.Name(), expires, syscall.EKEYEXPIRED)
 }
-
-// Anonymous reports whether u has no token.
-func (u User) Anonymous() bool { return u.token == "" }
-
-// String names u without its token (printed or logged, a User must not
-// give it away): a short prefix of its key.
-func (u User) String() string {
-	if u.Anonymous() {
-		return "anonymous"
-	}
-	return fmt.Sprintf("user %x", u.key[:6])
-}
-
-// GoString is String, for %#v.
-func (u User) GoString() string { return u.String() }
 
 // maxRightsUsers bounds the users whose rights a node keeps: a node
 // rarely has more than a few users, and past the bound the map starts
@@ -106,9 +55,9 @@ func (n *Node) setRightsLocked(u User, r uint8) {
 		return
 	}
 	if n.rights == nil || len(n.rights) >= maxRightsUsers {
-		n.rights = make(map[userKey]uint8, 1)
+		n.rights = make(map[user.Key]uint8, 1)
 	}
-	n.rights[u.key] = r
+	n.rights[u.Key()] = r
 }
 
 // dropRights forgets every user's rights on n, and its extended
@@ -125,12 +74,12 @@ func (n *Node) dropRights() {
 // An expired token's rights are not known: the server, asked, refuses
 // it, so that an expired token gets nothing from the cache either.
 func (n *Node) statusAs(u User) (node.Status, bool) {
-	if u.expiredAt(time.Now()) {
+	if u.ExpiredAt(time.Now()) {
 		return node.Status{}, false
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	r, ok := n.rights[u.key]
+	r, ok := n.rights[u.Key()]
 	if !ok {
 		return node.Status{}, false
 	}
@@ -166,11 +115,4 @@ func (c *Client) writerOf(n *Node) User {
 		return n.writer
 	}
 	return c.self
-}
-
-// storableFor reports whether writes u makes now can wait age for the
-// flusher: u's token outlives that by tokenMargin. Otherwise a close
-// stores them at once, while the token still holds.
-func (u User) storableFor(age time.Duration) bool {
-	return u.expires.IsZero() || time.Now().Add(age+tokenMargin).Before(u.expires)
 }
