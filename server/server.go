@@ -216,7 +216,7 @@ func New(store Backend, cfg Config) *Server {
 	if cfg.Users != nil {
 		s.users = newUsers(cfg.Users)
 	}
-	s.stages = stage.New[Update](s.users != nil, s.log)
+	s.stages = stage.New[Update](s.users != nil, time.Now, s.log)
 	if cfg.Principals != nil {
 		// Called under the location database's lock (its watch applies
 		// the change): forgetting the tokens' identities takes a leaf

@@ -71,6 +71,7 @@ type Table[U Update] struct {
 	// perUser bounds each user's stages (on an insecure server,
 	// everyone is one user).
 	perUser   bool
+	now       func() time.Time // when a stage is used, and idle
 	log       *slog.Logger
 	mu        sync.Mutex
 	m         map[key]*Stage[U]
@@ -78,9 +79,10 @@ type Table[U Update] struct {
 	byUser    map[string]int
 }
 
-// New is an empty table; perUser bounds each user's stages.
-func New[U Update](perUser bool, log *slog.Logger) *Table[U] {
-	return &Table[U]{perUser: perUser, log: log, m: map[key]*Stage[U]{}, bySession: map[callback.ClientID]int{}, byUser: map[string]int{}}
+// New is an empty table; perUser bounds each user's stages; now is the
+// clock idle stages are dropped by.
+func New[U Update](perUser bool, now func() time.Time, log *slog.Logger) *Table[U] {
+	return &Table[U]{perUser: perUser, now: now, log: log, m: map[key]*Stage[U]{}, bySession: map[callback.ClientID]int{}, byUser: map[string]int{}}
 }
 
 // errLost: the stage a store continues or publishes is not here (its
@@ -117,7 +119,7 @@ func (t *Table[U]) For(id callback.ClientID, who access.Identity, f node.FID, hd
 		if st.failed != nil {
 			return nil, st.failed
 		}
-		st.used = time.Now()
+		st.used = t.now()
 		return st, nil
 	}
 	t.mu.Unlock()
@@ -137,7 +139,8 @@ func (t *Table[U]) For(id callback.ClientID, who access.Identity, f node.FID, hd
 		}
 		return st, nil
 	}
-	t.dropIdleLocked(time.Now())
+	now := t.now()
+	t.dropIdleLocked(now)
 	if n := t.bySession[id]; n >= MaxPerSession {
 		u.Abort()
 		return nil, errTooMany(fmt.Sprintf("store %v: %d stages unpublished in this session, the most it may have", f, n))
@@ -150,7 +153,7 @@ func (t *Table[U]) For(id callback.ClientID, who access.Identity, f node.FID, hd
 		u.Abort()
 		return nil, errTooMany(fmt.Sprintf("store %v: %d stages unpublished on this server, the most it keeps", f, len(t.m)))
 	}
-	st := &Stage[U]{key: k, user: who.User, u: u, used: time.Now()}
+	st := &Stage[U]{key: k, user: who.User, u: u, used: now}
 	t.m[k] = st
 	t.bySession[id]++
 	t.byUser[st.user]++
@@ -196,17 +199,22 @@ func (st *Stage[U]) close() {
 }
 
 // Take removes the stage for its publication: from now on the update is
-// the caller's. It fails if the stage was dropped meanwhile.
+// the caller's. It fails if the stage was dropped or failed meanwhile; a
+// failed one stays, as Fail keeps it.
 func (t *Table[U]) Take(st *Stage[U]) (U, error) {
+	var none U
 	t.mu.Lock()
-	if t.m[st.key] == st {
+	failed := st.failed
+	if t.m[st.key] == st && failed == nil {
 		t.removeLocked(st)
 	}
 	t.mu.Unlock()
+	if failed != nil {
+		return none, failed
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
-		var none U
 		return none, errLost(st.key.fid, st.key.name)
 	}
 	st.closed = true
