@@ -2,6 +2,7 @@ package client
 
 import (
 	"github.com/hoardfs/hoard/client/listing"
+	"github.com/hoardfs/hoard/client/user"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -41,7 +42,7 @@ const maxAhead = 64
 // u, and fetches ahead the small files after it, as u, if the opens keep
 // to the listing's order. (What u may not read the server refuses; what it
 // fetched is served to others only as their own rights allow.)
-func (c *Client) readAheadIn(dir *Node, base string, u User) {
+func (c *Client) readAheadIn(dir *Node, base string, u user.User) {
 	if !c.listed(dir) {
 		return
 	}

@@ -152,7 +152,7 @@ type Client struct {
 	opts Options
 	// self is the client's own user (Options.Token): FIDs act as it,
 	// and Nodes until told otherwise (Nodes.As).
-	self  User
+	self  user.User
 	log   *slog.Logger
 	cache *cache.Cache
 	// sites are the cell's servers this client reaches: the one it was

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/hoardfs/hoard/client/site"
+	"github.com/hoardfs/hoard/client/user"
 	"sync"
 	"syscall"
 	"time"
@@ -67,12 +68,12 @@ func (c *Client) current(n *Node) bool {
 // reader sees every close before its open, as close-to-open wants. Asking
 // the server would cost every open of a cached file a round trip. (The
 // opener's rights were checked first: permitted.) The server is asked as u.
-func (c *Client) openDeleg(n *Node, write bool, u User) error {
+func (c *Client) openDeleg(n *Node, write bool, u user.User) error {
 	return n.onServer(false, func(at *site.Site) error { return c.openDelegHere(at, n, write, u) })
 }
 
 // openDelegHere is openDeleg at site at.
-func (c *Client) openDelegHere(at *site.Site, n *Node, write bool, u User) error {
+func (c *Client) openDelegHere(at *site.Site, n *Node, write bool, u user.User) error {
 	if !at.Delegating() {
 		return nil
 	}
@@ -110,7 +111,7 @@ func (c *Client) held(n *Node) (callback.Held, bool) {
 
 // delegate gets this client a delegation on file n without opening it
 // (FIDs.Delegate), asking as u, whose rights the server checks.
-func (c *Client) delegate(n *Node, write bool, u User) (callback.Held, bool) {
+func (c *Client) delegate(n *Node, write bool, u user.User) (callback.Held, bool) {
 	at := n.at()
 	if !at.Delegating() {
 		return callback.Held{}, false
@@ -206,7 +207,7 @@ func (n *Node) addOpen(write, recorded bool) {
 
 // closeDeleg records the close of an open of n by u, telling the server
 // when it recorded one.
-func (c *Client) closeDeleg(n *Node, write bool, u User) error {
+func (c *Client) closeDeleg(n *Node, write bool, u user.User) error {
 	at := n.at()
 	if !at.Delegating() {
 		return nil
@@ -284,7 +285,7 @@ func (c *Client) dirtied(n *Node) {
 func (c *Client) stored(n *Node) {
 	n.mu.Lock()
 	n.dirtyState, n.dirtySince = 0, time.Time{}
-	n.writer, n.wrote = User{}, false
+	n.writer, n.wrote = user.User{}, false
 	n.mu.Unlock()
 	c.flusher.Remove(dirtyNode{n})
 }
@@ -406,7 +407,7 @@ func (c *Client) giveBack(at *site.Site, fid node.FID, state uint64) {
 // unreachable) leave the data dirty, to be stored later. A file removed
 // here under its directory's delegation has nothing to store: its remove
 // goes to the server instead (settle), before anybody else gets at it.
-func (c *Client) storeBack(n *Node, background bool, u User) error {
+func (c *Client) storeBack(n *Node, background bool, u user.User) error {
 	if dir := n.removedIn.Load(); dir != nil {
 		if err := c.settle(dir); err != nil && !refusedCreate(err) {
 			return err

@@ -35,7 +35,7 @@ type dirDeleg struct {
 	// madeBase. recalledAt: the last recall of this client's delegation
 	// on it.
 	nsmu       sync.RWMutex
-	madeFiles  listing.Made[*Node, User]
+	madeFiles  listing.Made[*Node, user.User]
 	madeState  uint64
 	madeBase   uint64
 	recalledAt time.Time
@@ -60,7 +60,7 @@ func (n *Node) made() *Node { return n.madeIn.Load() }
 
 // dirDelegation is the write delegation held on dir for making files in
 // it, getting one as u if it can be had; the listing is then complete.
-func (c *Client) dirDelegation(dir *Node, u User) (callback.Held, bool) {
+func (c *Client) dirDelegation(dir *Node, u user.User) (callback.Held, bool) {
 	at := dir.at()
 	if c.opts.NoDirDelegations || !at.Delegating() || !at.Conn.Ready() {
 		// Not with the server away: a create then fails, saying so,
@@ -96,7 +96,7 @@ func (c *Client) dirDelegation(dir *Node, u User) (callback.Held, bool) {
 // client's, whoever asked for it, so each user's own rights are checked
 // as the server would check them. Not known: the change goes to the
 // server, which decides (and says u's rights in its reply).
-func (c *Client) mayHere(dir *Node, u User, need access.Rights) bool {
+func (c *Client) mayHere(dir *Node, u user.User, need access.Rights) bool {
 	st, ok := c.cachedAs(dir, u)
 	return ok && st.Rights&node.RightsKnown != 0 && access.Rights(st.Rights)&need == need
 }
@@ -117,7 +117,7 @@ func (c *Client) listed(dir *Node) bool {
 // server, if a delegation on dir and u's rights there allow (ok). An
 // existing file is returned instead unless excl, as by a create at the
 // server. The settle creates it as u.
-func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl bool, u User) (n *Node, created, ok bool, err error) {
+func (c *Client) makeHere(dir *Node, name string, mode uint32, who Creator, excl bool, u user.User) (n *Node, created, ok bool, err error) {
 	h, held := c.dirDelegation(dir, u)
 	if !held || !c.mayHere(dir, u, access.Insert) {
 		return nil, false, false, nil
@@ -191,7 +191,7 @@ func (dir *Node) changedHere(now time.Time) {
 // under a delegation on dir (done), if u may remove names there. A file
 // made here and not yet created there never will be; one created there
 // is removed there at the settle (removeLater), as u.
-func (c *Client) removeHere(dir *Node, name string, u User) (done bool) {
+func (c *Client) removeHere(dir *Node, name string, u user.User) (done bool) {
 	dir.mu.Lock()
 	d, ok := dir.dents.Get(name)
 	dir.mu.Unlock()
@@ -243,7 +243,7 @@ func (c *Client) removeHere(dir *Node, name string, u User) (done bool) {
 // finds it after the remove returned. Its cached data, unstored writes
 // included, goes at once; the flusher's age bound settles the remove as
 // it stores writes.
-func (c *Client) removeLater(dir *Node, name string, n *Node, u User) bool {
+func (c *Client) removeLater(dir *Node, name string, n *Node, u user.User) bool {
 	at := dir.at()
 	if h, ok := delegationAt(at, dir); !ok || h.Kind != callback.DelegWrite || h.Recalled || !c.writeHere(n) {
 		return false
@@ -292,7 +292,7 @@ func (c *Client) removeLater(dir *Node, name string, n *Node, u User) bool {
 // be known to have the rights a rename there needs; it returns the file's
 // FID: the settle creates it under the new name. (A mount's silly rename
 // of a file still open when it is removed is one.)
-func (c *Client) renameHere(dir *Node, from, to string, u User) (node.FID, bool) {
+func (c *Client) renameHere(dir *Node, from, to string, u user.User) (node.FID, bool) {
 	if err := node.CheckName(to); err != nil || from == to || !c.mayHere(dir, u, access.Insert|access.Delete) {
 		return node.FID{}, false
 	}
@@ -511,7 +511,7 @@ func (c *Client) settleSome(dir *Node) (more bool, bare []*Node, err error) {
 		return false, nil, nil
 	}
 	req := &pb.CreateReservedRequest{Dir: pb.FromFID(dir.fid), State: state, BaseVersion: base}
-	var created, removed []listing.MadeFile[*Node, User]
+	var created, removed []listing.MadeFile[*Node, user.User]
 	for _, m := range made {
 		if m.Removed {
 			removed = append(removed, m)
@@ -602,7 +602,7 @@ func refusedCreate(err error) bool {
 // are kept in lost/ (storeBack) and its next fsync or close reports it.
 // Files removed here stay at the server, and the listing, which lacks
 // them, goes.
-func (c *Client) loseMade(dir *Node, made []listing.MadeFile[*Node, User], cause error) {
+func (c *Client) loseMade(dir *Node, made []listing.MadeFile[*Node, user.User], cause error) {
 	c.log.Error("files made or removed under a directory delegation were refused", "dir", dir.fid, "files", len(made), "err", cause)
 	dir.mu.Lock()
 	for _, m := range made {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/hoardfs/hoard/client/site"
+	"github.com/hoardfs/hoard/client/user"
 	"strconv"
 	"syscall"
 	"time"
@@ -20,7 +21,7 @@ import (
 // bytes its own rights let it read). With wait it returns once all are
 // in, along with any chunks that had to be kept in memory; without, it
 // returns at once (read-ahead).
-func (n *Node) fetch(idxs []int64, wait bool, u User) (map[int64][]byte, error) {
+func (n *Node) fetch(idxs []int64, wait bool, u user.User) (map[int64][]byte, error) {
 	type pending struct {
 		idx int64
 		ch  <-chan singleflight.Result
@@ -65,7 +66,7 @@ func (n *Node) fetch(idxs []int64, wait bool, u User) (map[int64][]byte, error) 
 // fetchOne fetches chunk idx into the cache, as u. It returns the chunk's
 // bytes only when they could not be cached (no evictable space): the
 // waiting readers are served from them instead.
-func (n *Node) fetchOne(idx int64, u User) ([]byte, error) {
+func (n *Node) fetchOne(idx int64, u user.User) ([]byte, error) {
 	c := n.c
 	n.fetching.Add(1)
 	defer n.fetching.Add(-1)
@@ -92,7 +93,7 @@ func (n *Node) fetchOne(idx int64, u User) ([]byte, error) {
 // promise that come with it; the data is of version dv, whole. A chunk
 // of a volume that moved, or of a read-only copy whose site stopped
 // answering, is fetched again where the volume is now.
-func (n *Node) fetchChunk(idx int64, u User) (buf []byte, dv uint64, err error) {
+func (n *Node) fetchChunk(idx int64, u user.User) (buf []byte, dv uint64, err error) {
 	err = n.onServer(false, func(at *site.Site) (err error) {
 		buf, dv, err = n.fetchChunkAt(at, idx, u)
 		return err
@@ -101,7 +102,7 @@ func (n *Node) fetchChunk(idx int64, u User) (buf []byte, dv uint64, err error) 
 }
 
 // fetchChunkAt is fetchChunk at site at.
-func (n *Node) fetchChunkAt(at *site.Site, idx int64, u User) (buf []byte, dv uint64, err error) {
+func (n *Node) fetchChunkAt(at *site.Site, idx int64, u user.User) (buf []byte, dv uint64, err error) {
 	c := n.c
 	if err := c.settleFor(n); err != nil {
 		return nil, 0, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/hoardfs/hoard/client/site"
+	"github.com/hoardfs/hoard/client/user"
 	"io"
 	"os"
 	"sync"
@@ -55,7 +56,7 @@ type fileData struct {
 type File struct {
 	// n is the file; its Client (n.at) is the one of its server.
 	n      *Node
-	u      User
+	u      user.User
 	name   string
 	flags  int
 	closed atomic.Bool
@@ -157,7 +158,7 @@ func (f *File) readSlow(p []byte, off int64) (int, error) {
 // read revalidates n, fetches what is missing and reads, for u, and
 // returns the status of the version the bytes belong to: a read that a
 // new version overtook (its chunks replaced the ones read) is read again.
-func (n *Node) read(p []byte, off int64, u User) (int, node.Status, error) {
+func (n *Node) read(p []byte, off int64, u user.User) (int, node.Status, error) {
 	for attempt := 0; ; attempt++ {
 		st, err := n.c.fresh(n, u)
 		if err != nil {
@@ -185,7 +186,7 @@ func (n *Node) read(p []byte, off int64, u User) (int, node.Status, error) {
 }
 
 // readFetching reads p at off, fetching the chunks that are missing as u.
-func (n *Node) readFetching(p []byte, off int64, u User) (int, error) {
+func (n *Node) readFetching(p []byte, off int64, u user.User) (int, error) {
 	missing := n.entry.Missing(off, int64(len(p)))
 	if len(missing) == 0 {
 		k, err := n.entry.ReadAt(p, off)
@@ -210,7 +211,7 @@ func (n *Node) readFetching(p []byte, off int64, u User) (int, error) {
 // readPast serves a read at status st from chunks fetched into memory as
 // u, none cached; chunks whose bytes are this client's (unstored writes,
 // zeros past a local truncation) are read from the cache, which pins them.
-func (n *Node) readPast(p []byte, off int64, st node.Status, u User) (int, error) {
+func (n *Node) readPast(p []byte, off int64, st node.Status, u user.User) (int, error) {
 	cs := n.c.cache.ChunkSize()
 	size := int64(st.Size)
 	if est, ok := n.entry.Status(); ok {
@@ -383,7 +384,7 @@ func (f *File) write(p []byte, off int64, appending bool) (int, error) {
 // fetched just before. It first stores this file's writes and the
 // flusher's (stored chunks are evictable), as u. Only when nothing could
 // be stored is the caller told ENOSPC, never EIO.
-func (n *Node) withRoom(u User, change func() error) error {
+func (n *Node) withRoom(u user.User, change func() error) error {
 	err := change()
 	for attempt := 0; (errors.Is(err, cache.ErrNoSpace) || errors.Is(err, cache.ErrMiss)) && attempt < 3; attempt++ {
 		serr := n.c.storeBack(n, false, u)
@@ -402,7 +403,7 @@ func (n *Node) withRoom(u User, change func() error) error {
 // that a cached chunk is always whole: what the write does not cover must
 // hold the server's bytes. Chunks wholly past the server's data need
 // nothing.
-func (n *Node) prepareWrite(off, length int64, u User) error {
+func (n *Node) prepareWrite(off, length int64, u user.User) error {
 	cs := n.c.cache.ChunkSize()
 	n.mu.Lock()
 	remote := int64(n.st.Size)
@@ -437,7 +438,7 @@ func (n *Node) prepareWrite(off, length int64, u User) error {
 // without the chunks: a fetch that a new version overtook (ErrStale: it
 // joined a read-ahead begun before a store) is made again at the current
 // version.
-func (n *Node) fetchNow(idxs []int64, u User) (map[int64][]byte, error) {
+func (n *Node) fetchNow(idxs []int64, u user.User) (map[int64][]byte, error) {
 	for attempt := 0; ; attempt++ {
 		mem, err := n.fetch(idxs, true, u)
 		if !errors.Is(err, cache.ErrStale) || attempt == 3 {
@@ -489,7 +490,7 @@ func (f *File) Truncate(size int64) error {
 }
 
 // truncateLocked truncates n in the cache, for u (wmu held).
-func (n *Node) truncateLocked(size uint64, u User) error {
+func (n *Node) truncateLocked(size uint64, u user.User) error {
 	if err := n.sizeAllowed(size); err != nil {
 		return err
 	}
@@ -554,7 +555,7 @@ func (f *File) Sync() error {
 
 // storeLocked sends the dirty ranges and any truncation to the server as
 // one atomic commit, as u. Called with wmu held.
-func (n *Node) storeLocked(sync bool, u User) error {
+func (n *Node) storeLocked(sync bool, u user.User) error {
 	if err := n.c.settleFor(n); err != nil {
 		return err
 	}
@@ -613,7 +614,7 @@ func (n *Node) storeLocked(sync bool, u User) error {
 
 // storeData runs one store as u, lets stored update local state from the
 // new status, then records the status and the promise that came with it.
-func (c *Client) storeData(at *site.Site, args datapath.StoreArgs, u User, stored func(st node.Status) error) error {
+func (c *Client) storeData(at *site.Site, args datapath.StoreArgs, u user.User, stored func(st node.Status) error) error {
 	t := at.Begin()
 	defer t.End()
 	var st node.Status

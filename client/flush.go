@@ -2,6 +2,7 @@ package client
 
 import (
 	"errors"
+	"github.com/hoardfs/hoard/client/user"
 	"time"
 
 	"github.com/hoardfs/hoard/client/writeback"
@@ -16,7 +17,7 @@ type writeBack struct {
 	dirtySince time.Time
 	// writer made the last unstored write (wrote: one was made since the
 	// client started): a store in the background is made as that user.
-	writer User
+	writer user.User
 	wrote  bool
 	// lostErr: the flusher or a recall could not deliver this file's
 	// writes and kept them in lost/; the next Sync or Close reports it.

@@ -108,7 +108,7 @@ func localBlocks(server uint64, size uint64, e *cache.Entry) uint64 {
 }
 
 // touch records a local change's time, and who made it (wmu held).
-func (n *Node) touch(u User) {
+func (n *Node) touch(u user.User) {
 	n.mu.Lock()
 	n.modified = time.Now()
 	n.writer, n.wrote = u, true
@@ -142,7 +142,7 @@ func (c *Client) node(fid node.FID, at *site.Site) *Node {
 // kept only if no break voided the reply meanwhile, checked with the
 // promise under one hold of mu, so that a break's invalidate, which
 // drops them, comes either after or before both.
-func (c *Client) learn(t site.Ticket, st node.Status, ttl time.Duration, u User) (*Node, error) {
+func (c *Client) learn(t site.Ticket, st node.Status, ttl time.Duration, u user.User) (*Node, error) {
 	n := c.node(st.FID, t.At)
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -199,7 +199,7 @@ func (n *Node) syncEntry(st node.Status) error {
 }
 
 // learnPB is learn for a status in wire form.
-func (c *Client) learnPB(t site.Ticket, ps *pb.Status, u User) (*Node, error) {
+func (c *Client) learnPB(t site.Ticket, ps *pb.Status, u user.User) (*Node, error) {
 	st, ttl, err := ps.ToStatus()
 	if err != nil {
 		return nil, err
@@ -212,7 +212,7 @@ func (c *Client) learnPB(t site.Ticket, ps *pb.Status, u User) (*Node, error) {
 // user is served what the cache holds, the server says what that user
 // may do with it. A refusal (EACCES) is u's alone: the node and what
 // other users learnt of it stay.
-func (c *Client) fresh(n *Node, u User) (node.Status, error) {
+func (c *Client) fresh(n *Node, u user.User) (node.Status, error) {
 	var st node.Status
 	err := n.onServer(false, func(at *site.Site) (err error) {
 		st, err = c.freshHere(at, n, u)
@@ -222,7 +222,7 @@ func (c *Client) fresh(n *Node, u User) (node.Status, error) {
 }
 
 // freshHere is fresh at site at, which holds n.
-func (c *Client) freshHere(at *site.Site, n *Node, u User) (node.Status, error) {
+func (c *Client) freshHere(at *site.Site, n *Node, u user.User) (node.Status, error) {
 	if err := c.checkToken(u); err != nil {
 		return node.Status{}, err
 	}
@@ -271,7 +271,7 @@ const bulkStatus = 1024
 // otherwise. Entries gone meanwhile, or not u's to see, are skipped: a
 // lookup finds out. Those current but with u's rights unknown are asked
 // too: the kernel's next open or stat of one would ask alone.
-func (c *Client) statusAll(at *site.Site, ents []DirEntry, u User) error {
+func (c *Client) statusAll(at *site.Site, ents []DirEntry, u user.User) error {
 	var todo []*pb.FID
 	for _, e := range ents {
 		c.nodesMu.Lock()
@@ -356,7 +356,7 @@ func (dir *Node) addDent(dv uint64, name string, child *Node, typ node.Type) {
 // changedDir applies our own change, made as u, to a cached listing: when
 // the reply's version is exactly one past the cached one nobody else came
 // between, so the listing can be patched instead of dropped.
-func (c *Client) changedDir(t site.Ticket, dir *Node, ps *pb.Status, u User, patch func(dir *Node)) error {
+func (c *Client) changedDir(t site.Ticket, dir *Node, ps *pb.Status, u user.User, patch func(dir *Node)) error {
 	dir.mu.Lock()
 	before := dir.st.DataVersion
 	dents := dir.dents
@@ -424,7 +424,7 @@ func (c *Client) replaceNamed(dir *Node, name string) (done func()) {
 
 // lookup finds name in dir for u, from the cache when dir's promise is
 // valid.
-func (c *Client) lookup(dir *Node, name string, u User) (*Node, error) {
+func (c *Client) lookup(dir *Node, name string, u user.User) (*Node, error) {
 	n, _, err := c.lookupAt(dir, name, u)
 	return n, err
 }
@@ -432,7 +432,7 @@ func (c *Client) lookup(dir *Node, name string, u User) (*Node, error) {
 // lookupAt is lookup that also returns the status of dir the answer
 // belongs to. An answer from the cache needs u's right to look in dir
 // (l), as the server's would: known, or asked for first.
-func (c *Client) lookupAt(dir *Node, name string, u User) (*Node, node.Status, error) {
+func (c *Client) lookupAt(dir *Node, name string, u user.User) (*Node, node.Status, error) {
 	var n *Node
 	var st node.Status
 	err := dir.onServer(false, func(at *site.Site) (err error) {
@@ -443,7 +443,7 @@ func (c *Client) lookupAt(dir *Node, name string, u User) (*Node, node.Status, e
 }
 
 // lookupAtHere is lookupAt at site at, which holds dir.
-func (c *Client) lookupAtHere(at *site.Site, dir *Node, name string, u User) (*Node, node.Status, error) {
+func (c *Client) lookupAtHere(at *site.Site, dir *Node, name string, u user.User) (*Node, node.Status, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, node.Status{}, err
 	}
@@ -517,7 +517,7 @@ func (c *Client) lookupAtHere(at *site.Site, dir *Node, name string, u User) (*N
 // otherwise it is fetched again.
 // It also returns the DataVersion the listing belongs to, 0 if the
 // directory kept changing while it was fetched.
-func (c *Client) readDir(dir *Node, u User) ([]DirEntry, uint64, error) {
+func (c *Client) readDir(dir *Node, u user.User) ([]DirEntry, uint64, error) {
 	var ents []DirEntry
 	var dv uint64
 	err := dir.onServer(false, func(at *site.Site) (err error) {
@@ -528,7 +528,7 @@ func (c *Client) readDir(dir *Node, u User) ([]DirEntry, uint64, error) {
 }
 
 // readDirHere is readDir at site at, which holds dir.
-func (c *Client) readDirHere(at *site.Site, dir *Node, u User) ([]DirEntry, uint64, error) {
+func (c *Client) readDirHere(at *site.Site, dir *Node, u user.User) ([]DirEntry, uint64, error) {
 	for attempt := 0; ; attempt++ {
 		if c.listed(dir) {
 			st, err := c.fresh(dir, u)
@@ -574,7 +574,7 @@ func (c *Client) readDirHere(at *site.Site, dir *Node, u User) ([]DirEntry, uint
 	}
 }
 
-func (c *Client) fetchDir(at *site.Site, dir *Node, u User) (out []DirEntry, dv uint64, consistent bool, err error) {
+func (c *Client) fetchDir(at *site.Site, dir *Node, u user.User) (out []DirEntry, dv uint64, consistent bool, err error) {
 	if err := c.settle(dir); err != nil {
 		return nil, 0, false, err
 	}
@@ -615,7 +615,7 @@ func (c *Client) fetchDir(at *site.Site, dir *Node, u User) (out []DirEntry, dv 
 // volumeRoot returns the root directory of the volume a mount point's
 // target names (node.MountTarget), for u. A volume not where its kept
 // location says (removed, or made again elsewhere) is located again, once.
-func (c *Client) volumeRoot(target string, u User) (*Node, error) {
+func (c *Client) volumeRoot(target string, u user.User) (*Node, error) {
 	name, rw, ro := node.MountTarget(target)
 	if !rw && !ro {
 		// The read-only copy once there is one (released).
@@ -641,7 +641,7 @@ func (c *Client) volumeRoot(target string, u User) (*Node, error) {
 }
 
 // rootOf is volumeRoot at the server holding the volume.
-func (c *Client) rootOf(at *site.Site, name string, u User) (*Node, error) {
+func (c *Client) rootOf(at *site.Site, name string, u user.User) (*Node, error) {
 	c.volMu.Lock()
 	v := c.vols[name]
 	c.volMu.Unlock()

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"github.com/hoardfs/hoard/client/site"
+	"github.com/hoardfs/hoard/client/user"
 	"os"
 	"slices"
 	"syscall"
@@ -48,7 +49,7 @@ type Make struct {
 // create makes m as u. With m.Excl unset an existing regular file is
 // returned instead (created=false). A new file comes with a write
 // delegation when the client takes them (it is about to be opened).
-func (c *Client) create(m Make, u User) (*Node, bool, error) {
+func (c *Client) create(m Make, u user.User) (*Node, bool, error) {
 	if m.Type == node.TypeFile && m.Op == "" {
 		if err := node.CheckName(m.Name); err != nil {
 			return nil, false, err
@@ -65,7 +66,7 @@ func (c *Client) create(m Make, u User) (*Node, bool, error) {
 }
 
 // createAt is create at the server, returning its reply.
-func (c *Client) createAt(m Make, u User) (*Node, *pb.CreateReply, error) {
+func (c *Client) createAt(m Make, u user.User) (*Node, *pb.CreateReply, error) {
 	var n *Node
 	var reply *pb.CreateReply
 	err := m.Dir.onServer(false, func(at *site.Site) (err error) {
@@ -76,7 +77,7 @@ func (c *Client) createAt(m Make, u User) (*Node, *pb.CreateReply, error) {
 }
 
 // createAtHere is createAt at site at, which holds m.Dir.
-func (c *Client) createAtHere(at *site.Site, m Make, u User) (*Node, *pb.CreateReply, error) {
+func (c *Client) createAtHere(at *site.Site, m Make, u user.User) (*Node, *pb.CreateReply, error) {
 	dir, name, t := m.Dir, m.Name, m.Type
 	if err := node.CheckName(name); err != nil {
 		return nil, nil, err
@@ -150,7 +151,7 @@ func createdHow(created bool) openedBy {
 // a reason to create the file a second time. What is written to a file
 // that is gone is kept in lost/, as always. A file the create found is
 // opened as an open of it would be: as u's rights allow.
-func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, how openedBy, u User) (*File, error) {
+func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, how openedBy, u user.User) (*File, error) {
 	if flag&(os.O_WRONLY|os.O_RDWR|os.O_TRUNC) != 0 && c.sites.ReadOnly(n.fid.Volume) {
 		return nil, site.ErrOf("open", name, syscall.EROFS)
 	}
@@ -231,7 +232,7 @@ func (c *Client) openFile(n *Node, parent *Node, base, name string, flag int, ho
 // leaveCache readies a cached file for bypass by u: a file made here is
 // created at the server and local writes are stored first, so nothing is
 // lost or read stale by the bypassing open.
-func (c *Client) leaveCache(n *Node, u User) error {
+func (c *Client) leaveCache(n *Node, u user.User) error {
 	if err := c.settleFor(n); err != nil {
 		return err // bypassing reads and writes go to the server
 	}
@@ -246,7 +247,7 @@ func (c *Client) leaveCache(n *Node, u User) error {
 // removed updates a vnode that lost a name by u's request: forgotten when
 // it is gone, given the status the server replied with otherwise (a
 // delegation would go on serving the one from before).
-func (c *Client) removed(t site.Ticket, ps *pb.Status, u User) {
+func (c *Client) removed(t site.Ticket, ps *pb.Status, u user.User) {
 	st, _, err := ps.ToStatus()
 	if err != nil {
 		return
@@ -271,7 +272,7 @@ func (c *Client) removed(t site.Ticket, ps *pb.Status, u User) {
 
 // renameAt renames as u and returns the server's reply; op names the
 // request for its retries ("": a new name), keep is RenameKeeping's.
-func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase, keep, op string, u User) (*pb.RenameReply, error) {
+func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase, keep, op string, u user.User) (*pb.RenameReply, error) {
 	var reply *pb.RenameReply
 	err := sdir.onServer(false, func(at *site.Site) (err error) {
 		reply, err = c.renameAtHere(at, sdir, sbase, ddir, dbase, keep, op, u)
@@ -281,7 +282,7 @@ func (c *Client) renameAt(sdir *Node, sbase string, ddir *Node, dbase, keep, op 
 }
 
 // renameAtHere is renameAt at site at, which holds sdir.
-func (c *Client) renameAtHere(at *site.Site, sdir *Node, sbase string, ddir *Node, dbase, keep, op string, u User) (*pb.RenameReply, error) {
+func (c *Client) renameAtHere(at *site.Site, sdir *Node, sbase string, ddir *Node, dbase, keep, op string, u user.User) (*pb.RenameReply, error) {
 	if sdir.at() != ddir.at() {
 		return nil, syscall.EXDEV // another server's volume
 	}
@@ -337,12 +338,12 @@ func (c *Client) renameAtHere(at *site.Site, sdir *Node, sbase string, ddir *Nod
 }
 
 // setattr changes status fields of an already resolved node, as u.
-func (c *Client) setattr(n *Node, req *pb.SetAttrRequest, u User) error {
+func (c *Client) setattr(n *Node, req *pb.SetAttrRequest, u user.User) error {
 	return n.onServer(false, func(at *site.Site) error { return c.setattrHere(at, n, req, u) })
 }
 
 // setattrHere is setattr at site at, which holds n.
-func (c *Client) setattrHere(at *site.Site, n *Node, req *pb.SetAttrRequest, u User) error {
+func (c *Client) setattrHere(at *site.Site, n *Node, req *pb.SetAttrRequest, u user.User) error {
 	if err := c.settleFor(n); err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/hoardfs/hoard/client/site"
+	"github.com/hoardfs/hoard/client/user"
 	"golang.org/x/sys/unix"
 	"os"
 	"strings"
@@ -30,7 +31,7 @@ import (
 // and leaves the methods as they were for callers that have one user.
 type Nodes struct {
 	c *Client
-	u User
+	u user.User
 }
 
 // Nodes is c's node-level API, acting as c's own user (Options.Token).
@@ -38,10 +39,10 @@ func (c *Client) Nodes() *Nodes { return &Nodes{c, c.self} }
 
 // As is k's API acting for u instead. Open files remember the user that
 // opened them (File).
-func (k *Nodes) As(u User) *Nodes { return &Nodes{k.c, u} }
+func (k *Nodes) As(u user.User) *Nodes { return &Nodes{k.c, u} }
 
 // User is the user k acts for.
-func (k *Nodes) User() User { return k.u }
+func (k *Nodes) User() user.User { return k.u }
 
 // Root is the root directory of the root volume, resolved at Dial or,
 // with LazyRoot, at the first call.
@@ -137,7 +138,7 @@ func (k *Nodes) Link(dir *Node, name string, target *Node) (*Node, error) {
 }
 
 // linkAt is Link as u returning the server's reply; op names the request.
-func (c *Client) linkAt(dir *Node, name string, target *Node, op string, u User) (*Node, *pb.LinkReply, error) {
+func (c *Client) linkAt(dir *Node, name string, target *Node, op string, u user.User) (*Node, *pb.LinkReply, error) {
 	var n *Node
 	var reply *pb.LinkReply
 	err := dir.onServer(false, func(at *site.Site) (err error) {
@@ -148,7 +149,7 @@ func (c *Client) linkAt(dir *Node, name string, target *Node, op string, u User)
 }
 
 // linkAtHere is linkAt at site at, which holds dir.
-func (c *Client) linkAtHere(at *site.Site, dir *Node, name string, target *Node, op string, u User) (*Node, *pb.LinkReply, error) {
+func (c *Client) linkAtHere(at *site.Site, dir *Node, name string, target *Node, op string, u user.User) (*Node, *pb.LinkReply, error) {
 	if target.at() != at {
 		return nil, nil, syscall.EXDEV // another server's volume
 	}
@@ -192,7 +193,7 @@ func (k *Nodes) Remove(dir *Node, name string, dirOnly bool) error {
 
 // removeAt is Remove as u returning the server's reply; op names the
 // request.
-func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string, u User) (*pb.RemoveReply, error) {
+func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string, u user.User) (*pb.RemoveReply, error) {
 	var reply *pb.RemoveReply
 	err := dir.onServer(false, func(at *site.Site) (err error) {
 		reply, err = c.removeAtHere(at, dir, name, dirOnly, op, u)
@@ -202,7 +203,7 @@ func (c *Client) removeAt(dir *Node, name string, dirOnly bool, op string, u Use
 }
 
 // removeAtHere is removeAt at site at, which holds dir.
-func (c *Client) removeAtHere(at *site.Site, dir *Node, name string, dirOnly bool, op string, u User) (*pb.RemoveReply, error) {
+func (c *Client) removeAtHere(at *site.Site, dir *Node, name string, dirOnly bool, op string, u user.User) (*pb.RemoveReply, error) {
 	if err := node.CheckName(name); err != nil {
 		return nil, err
 	}

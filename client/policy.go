@@ -2,6 +2,7 @@ package client
 
 import (
 	"fmt"
+	"github.com/hoardfs/hoard/client/user"
 	"time"
 
 	"github.com/hoardfs/hoard/client/policy"
@@ -52,7 +53,7 @@ func (c *Client) volumeName(id uint64) string {
 
 // policyAt is the policy an open of n as base in parent would use now
 // for u, and why; a directory's is the override its files inherit.
-func (c *Client) policyAt(n *Node, parent *Node, base string, u User) (policy.Decision, error) {
+func (c *Client) policyAt(n *Node, parent *Node, base string, u user.User) (policy.Decision, error) {
 	st, err := c.fresh(n, u)
 	if err != nil {
 		return policy.Decision{}, err
@@ -70,7 +71,7 @@ func (c *Client) policyAt(n *Node, parent *Node, base string, u User) (policy.De
 // for u; with recursive, of everything under a directory too. A file
 // that turns to bypass first stores its local writes, then drops its
 // chunks.
-func (c *Client) setPolicyAt(n *Node, mode string, recursive bool, u User) error {
+func (c *Client) setPolicyAt(n *Node, mode string, recursive bool, u user.User) error {
 	st, err := c.fresh(n, u)
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"github.com/hoardfs/hoard/client/user"
 	"time"
 )
 
@@ -23,7 +24,7 @@ const roomFresh = 2 * time.Second
 // than be found by the flusher after the close said all was well.
 // Another client filling the volume within roomFresh can still make a
 // later store fail: the write-back window.
-func (c *Client) roomFor(n *Node, u User) bool {
+func (c *Client) roomFor(n *Node, u user.User) bool {
 	est, ok := n.entry.Status()
 	n.mu.Lock()
 	server := n.st.Size

@@ -24,14 +24,10 @@ import (
 // user only under a promise and with that user's rights known; otherwise
 // the server is asked, as that user.
 
-// User is whom a request acts for (package user). An alias, so that the
-// client's many signatures and its callers keep the short name.
-type User = user.User
-
 // checkToken refuses a request of u's once u's token has expired
 // (EKEYEXPIRED), saying so in the log once per token: the server would
 // refuse it, and a write accepted into the cache could not be stored.
-func (c *Client) checkToken(u User) error {
+func (c *Client) checkToken(u user.User) error {
 	if !u.ExpiredAt(time.Now()) {
 		return nil
 	}
@@ -50,7 +46,7 @@ const maxRightsUsers = 64
 
 // setRightsLocked records u's rights r on n, if the server said them
 // (mu held).
-func (n *Node) setRightsLocked(u User, r uint8) {
+func (n *Node) setRightsLocked(u user.User, r uint8) {
 	if r&node.RightsKnown == 0 {
 		return
 	}
@@ -73,7 +69,7 @@ func (n *Node) dropRights() {
 //
 // An expired token's rights are not known: the server, asked, refuses
 // it, so that an expired token gets nothing from the cache either.
-func (n *Node) statusAs(u User) (node.Status, bool) {
+func (n *Node) statusAs(u user.User) (node.Status, bool) {
 	if u.ExpiredAt(time.Now()) {
 		return node.Status{}, false
 	}
@@ -91,7 +87,7 @@ func (n *Node) statusAs(u User) (node.Status, bool) {
 // cachedAs is n's status for u when it may be served from the cache: a
 // promise or delegation is held and u's rights are known (not for a nil
 // n: a node not known).
-func (c *Client) cachedAs(n *Node, u User) (node.Status, bool) {
+func (c *Client) cachedAs(n *Node, u user.User) (node.Status, bool) {
 	if n == nil || !c.current(n) {
 		return node.Status{}, false
 	}
@@ -108,7 +104,7 @@ func allows(st node.Status, need access.Rights) bool {
 // writerOf is whom n's unstored writes are stored as: the user who made
 // the last of them, or the client's own for writes it found in the cache
 // at its start.
-func (c *Client) writerOf(n *Node) User {
+func (c *Client) writerOf(n *Node) user.User {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.wrote {

@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"github.com/hoardfs/hoard/client/user"
 	"slices"
 	"syscall"
 
@@ -39,7 +40,7 @@ const maxKeptXattr = 4 << 10
 // xattr makes one Xattr request for n at its server, as u, and learns the
 // status a change returns; a GET's or LIST's answer is kept under the
 // promise held (keepXattr).
-func (c *Client) xattr(n *Node, req *pb.XattrRequest, u User) (*pb.XattrReply, error) {
+func (c *Client) xattr(n *Node, req *pb.XattrRequest, u user.User) (*pb.XattrReply, error) {
 	var reply *pb.XattrReply
 	err := n.onServer(false, func(at *site.Site) error {
 		if err := c.checkToken(u); err != nil {
@@ -110,7 +111,7 @@ func (c *Client) keepXattr(t site.Ticket, n *Node, changes uint64, with func(*xa
 
 // keptXattrs calls with n's kept attributes when u may be answered from
 // them: a promise held, and u's rights known to allow reading them.
-func (c *Client) keptXattrs(n *Node, u User, with func(*xattrs) bool) bool {
+func (c *Client) keptXattrs(n *Node, u user.User, with func(*xattrs) bool) bool {
 	st, ok := c.cachedAs(n, u)
 	need := access.Read
 	if st.Type == node.TypeDir {
