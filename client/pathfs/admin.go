@@ -32,7 +32,7 @@ func (adm Admin) MountVolume(name, volume string) error {
 	if err == nil {
 		_, err = fs.k.Create(client.Make{Dir: dir, Name: base, Type: node.TypeMountPoint, Mode: 0o755, Who: creator(), Target: volume, Excl: true})
 	}
-	return site.ErrOf("mount", name, err)
+	return errOf("mount", name, err)
 }
 
 // writable is path name where it can be changed (client.Nodes.Writable).

@@ -6,7 +6,6 @@ import (
 
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/policy"
-	"github.com/hoardfs/hoard/client/site"
 )
 
 // CacheInfo is client.Nodes.CacheInfo of the file at path p: what
@@ -47,7 +46,7 @@ func (fs *FS) Evict(p string) error {
 func (fs *FS) Policy(name string) (policy.Decision, error) {
 	n, err := fs.resolve(name, true)
 	if err != nil {
-		return policy.Decision{}, site.ErrOf("policy", name, err)
+		return policy.Decision{}, errOf("policy", name, err)
 	}
 	parent, base := fs.parentOf(name)
 	return fs.k.Policy(n, parent, base)
@@ -62,7 +61,7 @@ func (fs *FS) SetPolicy(name, mode string, recursive bool) error {
 	}
 	n, err := fs.resolve(name, true)
 	if err != nil {
-		return site.ErrOf("policy", name, err)
+		return errOf("policy", name, err)
 	}
-	return site.ErrOf("policy", name, fs.k.SetPolicy(n, mode, recursive))
+	return errOf("policy", name, fs.k.SetPolicy(n, mode, recursive))
 }

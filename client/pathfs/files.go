@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/client"
-	"github.com/hoardfs/hoard/client/site"
 	pb "github.com/hoardfs/hoard/hoardpb"
 	"github.com/hoardfs/hoard/node"
 )
@@ -19,13 +18,13 @@ func (fs *FS) Open(name string, flag int, perm os.FileMode) (*client.File, error
 	if flag&os.O_CREATE != 0 {
 		f, err := fs.create(name, flag, perm)
 		if client.Errno(err) != syscall.EEXIST || flag&os.O_EXCL != 0 {
-			return f, site.ErrOf("open", name, err)
+			return f, errOf("open", name, err)
 		}
 		// Exists as something else: a symlink to follow, or a directory.
 	}
 	n, err := fs.resolve(name, true)
 	if err != nil {
-		return nil, site.ErrOf("open", name, err)
+		return nil, errOf("open", name, err)
 	}
 	parent, base := fs.parentOf(name)
 	return fs.k.Open(n, parent, base, name, flag)
@@ -56,10 +55,10 @@ func (fs *FS) Lstat(name string) (node.Status, error) { return fs.stat("lstat", 
 func (fs *FS) stat(op, name string, follow bool) (node.Status, error) {
 	n, err := fs.resolve(name, follow)
 	if err != nil {
-		return node.Status{}, site.ErrOf(op, name, err)
+		return node.Status{}, errOf(op, name, err)
 	}
 	st, err := fs.ids.Status(n)
-	return st, site.ErrOf(op, name, err)
+	return st, errOf(op, name, err)
 }
 
 // ReadDir lists a directory in the server's stable order; mount points
@@ -70,20 +69,20 @@ func (fs *FS) ReadDir(name string) ([]client.DirEntry, error) {
 		err = fs.checkDir(n)
 	}
 	if err != nil {
-		return nil, site.ErrOf("readdir", name, err)
+		return nil, errOf("readdir", name, err)
 	}
 	ents, err := fs.k.List(n)
-	return ents, site.ErrOf("readdir", name, err)
+	return ents, errOf("readdir", name, err)
 }
 
 // Mkdir makes a directory.
 func (fs *FS) Mkdir(name string, perm os.FileMode) error {
-	return site.ErrOf("mkdir", name, fs.makeNew(name, client.Make{Type: node.TypeDir, Mode: unixMode(perm)}))
+	return errOf("mkdir", name, fs.makeNew(name, client.Make{Type: node.TypeDir, Mode: unixMode(perm)}))
 }
 
 // Symlink makes link a symbolic link to target.
 func (fs *FS) Symlink(target, link string) error {
-	return site.ErrOf("symlink", link, fs.makeNew(link, client.Make{Type: node.TypeSymlink, Mode: 0o777, Target: target}))
+	return errOf("symlink", link, fs.makeNew(link, client.Make{Type: node.TypeSymlink, Mode: 0o777, Target: target}))
 }
 
 // makeNew makes m, named name, in name's directory: it must not exist.
@@ -101,18 +100,18 @@ func (fs *FS) makeNew(name string, m client.Make) error {
 func (fs *FS) Readlink(name string) (string, error) {
 	n, err := fs.resolve(name, false)
 	if err != nil {
-		return "", site.ErrOf("readlink", name, err)
+		return "", errOf("readlink", name, err)
 	}
 	st, err := fs.ids.Status(n)
 	if err == nil && st.Type != node.TypeSymlink {
 		err = syscall.EINVAL
 	}
-	return st.Target, site.ErrOf("readlink", name, err)
+	return st.Target, errOf("readlink", name, err)
 }
 
 // Link makes newname a hard link to oldname.
 func (fs *FS) Link(oldname, newname string) error {
-	return site.ErrOf("link", newname, fs.link(oldname, newname))
+	return errOf("link", newname, fs.link(oldname, newname))
 }
 
 func (fs *FS) link(oldname, newname string) error {
@@ -130,7 +129,7 @@ func (fs *FS) link(oldname, newname string) error {
 
 // Remove removes a file, symlink, mount point or empty directory.
 func (fs *FS) Remove(name string) error {
-	return site.ErrOf("remove", name, fs.remove(name))
+	return errOf("remove", name, fs.remove(name))
 }
 
 func (fs *FS) remove(name string) error {
@@ -148,7 +147,7 @@ func (fs *FS) remove(name string) error {
 // Rename renames oldname to newname, replacing newname if it exists (and
 // is not a non-empty directory), atomically.
 func (fs *FS) Rename(oldname, newname string) error {
-	return site.ErrOf("rename", oldname, fs.rename(oldname, newname))
+	return errOf("rename", oldname, fs.rename(oldname, newname))
 }
 
 func (fs *FS) rename(oldname, newname string) error {
@@ -170,7 +169,7 @@ func (fs *FS) setAttr(op, name string, a client.Attr) error {
 	if err == nil {
 		_, err = fs.k.SetAttr(n, a)
 	}
-	return site.ErrOf(op, name, err)
+	return errOf(op, name, err)
 }
 
 // Chmod changes the permission bits.
@@ -205,7 +204,7 @@ func (fs *FS) Chtimes(name string, atime, mtime time.Time) error {
 // otherwise at the server at once (after storing any local writes to it).
 func (fs *FS) Truncate(name string, size int64) error {
 	if size < 0 {
-		return site.ErrOf("truncate", name, syscall.EINVAL)
+		return errOf("truncate", name, syscall.EINVAL)
 	}
 	n, err := fs.resolve(name, true)
 	if err == nil {
@@ -215,7 +214,7 @@ func (fs *FS) Truncate(name string, size int64) error {
 			_, err = fs.k.SetAttr(n, client.Attr{Size: &sz})
 		}
 	}
-	return site.ErrOf("truncate", name, err)
+	return errOf("truncate", name, err)
 }
 
 // StatFS reports the root volume's space: its quota if it has one, or
@@ -223,7 +222,7 @@ func (fs *FS) Truncate(name string, size int64) error {
 func (fs *FS) StatFS() (client.FSStat, error) {
 	root, err := fs.k.Root()
 	if err != nil {
-		return client.FSStat{}, site.ErrOf("statfs", "/", err)
+		return client.FSStat{}, errOf("statfs", "/", err)
 	}
 	return fs.k.StatFS(root)
 }

@@ -6,6 +6,7 @@
 package pathfs
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -13,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/site"
 	"github.com/hoardfs/hoard/node"
 )
 
@@ -51,7 +53,7 @@ const maxLinks = 40
 // cannot climb above the root: the path is cleaned lexically first.
 func splitPath(p string) ([]string, error) {
 	if strings.IndexByte(p, 0) >= 0 {
-		return nil, fmt.Errorf("path contains NUL: %w", syscall.EINVAL)
+		return nil, &explained{"path contains NUL", syscall.EINVAL}
 	}
 	p = path.Clean("/" + p)
 	if p == "/" {
@@ -99,7 +101,7 @@ walk:
 				return nil, syscall.ELOOP
 			}
 			if path.IsAbs(st.Target) {
-				return nil, fmt.Errorf("symlink %s points to %s, outside hoard: %w", "/"+path.Join(comps[:i+1]...), st.Target, syscall.ENOENT)
+				return nil, &explained{fmt.Sprintf("symlink %s points to %s, outside hoard", "/"+path.Join(comps[:i+1]...), st.Target), syscall.ENOENT}
 			}
 			rest := path.Join(append([]string{path.Join(comps[:i]...), st.Target}, comps[i+1:]...)...)
 			if comps, err = splitPath(rest); err != nil {
@@ -129,7 +131,7 @@ func (fs *FS) resolveParent(p string) (*client.Node, string, error) {
 		return nil, "", err
 	}
 	if len(comps) == 0 {
-		return nil, "", fmt.Errorf("the root has no parent: %w", syscall.EINVAL)
+		return nil, "", &explained{"the root has no parent", syscall.EINVAL}
 	}
 	dir, err := fs.resolve("/"+path.Join(comps[:len(comps)-1]...), true)
 	if err != nil {
@@ -168,4 +170,23 @@ func unixMode(m os.FileMode) uint32 {
 // process.
 func creator() client.Creator {
 	return client.Creator{UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}
+}
+
+// explained is an error of the path layer's own, whose text says why;
+// errOf keeps it, where a server's reply is cut to its errno.
+type explained struct {
+	why   string
+	errno syscall.Errno
+}
+
+func (e *explained) Error() string { return e.why + ": " + e.errno.Error() }
+func (e *explained) Unwrap() error { return e.errno }
+
+// errOf is err as an *os.PathError of op on name (site.ErrOf), saying
+// why where the path layer itself refused.
+func errOf(op, name string, err error) error {
+	if x := (*explained)(nil); errors.As(err, &x) {
+		return &os.PathError{Op: op, Path: name, Err: x}
+	}
+	return site.ErrOf(op, name, err)
 }

@@ -129,6 +129,9 @@ func TestAbsoluteSymlink(t *testing.T) {
 		if !errors.Is(err, syscall.ENOENT) || !errors.As(err, &pe) || pe.Op != "stat" || pe.Path != name {
 			t.Fatalf("stat of %s: %v, want ENOENT for stat %s", name, err, name)
 		}
+		if want := "stat " + name + ": symlink /d/abs points to /etc, outside hoard: no such file or directory"; err.Error() != want {
+			t.Fatalf("stat of %s: %q, want %q", name, err, want)
+		}
 		_, err = fs.CacheInfo(name)
 		testkit.WantErrno(t, "cache info of "+name, err, syscall.ENOENT)
 		if want := "symlink /d/abs points to /etc, outside hoard"; !strings.Contains(fmt.Sprint(err), want) {
@@ -250,4 +253,7 @@ func TestRootHasNoParent(t *testing.T) {
 		t.Fatalf("the root lists %v, want %v", got, want)
 	}
 	testkit.WantFile(t, fs, "/f", []byte("kept"))
+	if err, want := fs.Mkdir("/", 0o755), "mkdir /: the root has no parent: invalid argument"; err == nil || err.Error() != want {
+		t.Fatalf("mkdir of the root: %v, want %q", err, want)
+	}
 }
