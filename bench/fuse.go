@@ -8,24 +8,25 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/hoardfs/hoard/bench/chart"
+	"github.com/hoardfs/hoard/bench/harness"
 )
 
 // fuseBench measures the FUSE mount against the local file system on the
 // same disk, with passthrough on and off (the passthrough table in docs/benchmarks.md).
-func fuseBench(bin, addr, scratch string) error {
-	n, size := *filesFlag, *smallFlag
-	big := *sizeFlag
+func fuseBench(e *harness.Env) error {
+	bin, addr, scratch := e.Bin, e.Addr, e.Scratch
+	n, size := e.Files, e.Small
+	big := e.Size
 	local := filepath.Join(scratch, "fuse-local")
 	os.MkdirAll(filepath.Join(local, "tree"), 0o755)
 	data := make([]byte, 4<<20)
 	for i := range data {
 		data[i] = byte(i*13 + i>>11)
 	}
-	if err := writeLocal(filepath.Join(local, "big"), data, big); err != nil {
+	if err := harness.WriteLocal(filepath.Join(local, "big"), data, big); err != nil {
 		return err
 	}
 	small := make([]byte, size)
@@ -37,7 +38,7 @@ func fuseBench(bin, addr, scratch string) error {
 			return err
 		}
 	}
-	fmt.Printf("\n## FUSE mount vs local file system (%s file, %d files of %s)\n\n", human(big), n, human(int64(size)))
+	fmt.Printf("\n## FUSE mount vs local file system (%s file, %d files of %s)\n\n", harness.Human(big), n, harness.Human(int64(size)))
 	fmt.Println("| measurement | local | hoard, passthrough | ratio | hoard, page cache | ratio |")
 	fmt.Println("|---|---|---|---|---|---|")
 
@@ -58,18 +59,18 @@ func fuseBench(bin, addr, scratch string) error {
 	measure := func(root string) ([]time.Duration, error) {
 		var out []time.Duration
 		bigPath := filepath.Join(root, "big")
-		readFile(bigPath)
-		seq, err := bestOf(3, func() error { _, err := readFile(bigPath); return err })
+		harness.ReadFile(bigPath)
+		seq, err := harness.BestOf(3, func() error { _, err := harness.ReadFile(bigPath); return err })
 		if err != nil {
 			return nil, err
 		}
-		rnd, err := bestOf(3, func() error { return randomReads(bigPath, big, 20000) })
+		rnd, err := harness.BestOf(3, func() error { return randomReads(bigPath, big, 20000) })
 		if err != nil {
 			return nil, err
 		}
-		orc, err := bestOf(3, func() error {
+		orc, err := harness.BestOf(3, func() error {
 			for _, name := range names {
-				if _, err := readFile(filepath.Join(root, name)); err != nil {
+				if _, err := harness.ReadFile(filepath.Join(root, name)); err != nil {
 					return err
 				}
 			}
@@ -78,7 +79,7 @@ func fuseBench(bin, addr, scratch string) error {
 		if err != nil {
 			return nil, err
 		}
-		st, err := bestOf(3, func() error {
+		st, err := harness.BestOf(3, func() error {
 			for _, name := range names {
 				if _, err := os.Stat(filepath.Join(root, name)); err != nil {
 					return err
@@ -89,7 +90,7 @@ func fuseBench(bin, addr, scratch string) error {
 		if err != nil {
 			return nil, err
 		}
-		warm, err := bestOf(3, func() error { return findCat(context.Background(), filepath.Join(root, "tree")) })
+		warm, err := harness.BestOf(3, func() error { return harness.FindCat(context.Background(), filepath.Join(root, "tree")) })
 		if err != nil {
 			return nil, err
 		}
@@ -99,8 +100,8 @@ func fuseBench(bin, addr, scratch string) error {
 	if err != nil {
 		return err
 	}
-	dropCaches()
-	lcold, err := timed(func() error { return findCat(context.Background(), filepath.Join(local, "tree")) })
+	harness.DropCaches()
+	lcold, err := harness.Timed(func() error { return harness.FindCat(context.Background(), filepath.Join(local, "tree")) })
 	if err != nil {
 		return err
 	}
@@ -130,8 +131,8 @@ func fuseBench(bin, addr, scratch string) error {
 				return fmt.Errorf("mount: %v: %s", err, out)
 			}
 		}
-		dropCaches()
-		cold, err := timed(func() error { return findCat(context.Background(), filepath.Join(mnt, "tree")) })
+		harness.DropCaches()
+		cold, err := harness.Timed(func() error { return harness.FindCat(context.Background(), filepath.Join(mnt, "tree")) })
 		if err != nil {
 			stop()
 			return err
@@ -171,47 +172,7 @@ func fuseBench(bin, addr, scratch string) error {
 		}
 		p.Series = append(p.Series, s)
 	}
-	return figure("mount", &chart.Chart{Title: fmt.Sprintf("The mount against the local disk: a %s file, %d files of %s, cached", human(big), n, human(int64(size))), Panels: []chart.Panel{p}})
-}
-
-func timed(fn func() error) (time.Duration, error) {
-	start := time.Now()
-	err := fn()
-	return time.Since(start), err
-}
-
-func bestOf(n int, fn func() error) (time.Duration, error) {
-	var best time.Duration
-	for i := 0; i < n; i++ {
-		d, err := timed(fn)
-		if err != nil {
-			return 0, err
-		}
-		best = minDur(best, d)
-	}
-	return best, nil
-}
-
-var readBuf = make([]byte, 1<<20)
-
-// readFile reads a whole file with 1 MiB reads into one reused buffer.
-func readFile(path string) (int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	var total int64
-	for {
-		n, err := f.Read(readBuf)
-		total += int64(n)
-		if err == io.EOF {
-			return total, nil
-		}
-		if err != nil {
-			return total, err
-		}
-	}
+	return e.Figure("mount", &chart.Chart{Title: fmt.Sprintf("The mount against the local disk: a %s file, %d files of %s, cached", harness.Human(big), n, harness.Human(int64(size))), Panels: []chart.Panel{p}})
 }
 
 func randomReads(path string, size int64, count int) error {
@@ -228,16 +189,4 @@ func randomReads(path string, size int64, count int) error {
 		}
 	}
 	return nil
-}
-
-// findCat is `find DIR -type f | xargs cat > /dev/null`, until ctx ends.
-func findCat(ctx context.Context, dir string) error {
-	_, err := runCmd(ctx, "bash", "-o", "pipefail", "-c", `find "$1" -type f -print0 | xargs -0 cat > /dev/null`, "bash", dir)
-	return err
-}
-
-// dropCaches empties the page cache (root only) so a cold run is cold.
-func dropCaches() {
-	syscall.Sync()
-	os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0o644)
 }

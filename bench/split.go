@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/bench/chart"
+	"github.com/hoardfs/hoard/bench/harness"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/pathfs"
 )
@@ -25,10 +25,11 @@ import (
 // each run, the server's page cache warm), caching vs bypass, over the
 // control connection vs the split data channel, next to a raw loopback
 // TCP copy of the same bytes.
-func splitBench(bin, addr, scratch string) error {
+func splitBench(e *harness.Env) error {
+	bin, addr, scratch := e.Bin, e.Addr, e.Scratch
 	var sizes []int64
 	for _, s := range []int64{1 << 20, 10 << 20, 100 << 20, 1 << 30} {
-		if s <= *sizeFlag {
+		if s <= e.Size {
 			sizes = append(sizes, s)
 		}
 	}
@@ -41,21 +42,21 @@ func splitBench(bin, addr, scratch string) error {
 		return err
 	}
 	defer w.Close()
-	name := func(s int64) string { return "f" + human(s) }
+	name := func(s int64) string { return "f" + harness.Human(s) }
 	raw := map[int64]time.Duration{}
 	for _, s := range sizes {
 		local := filepath.Join(scratch, "t34-"+name(s))
-		if err := writeLocal(local, data, s); err != nil {
+		if err := harness.WriteLocal(local, data, s); err != nil {
 			return err
 		}
-		if err := writeRemote(w, "/t34/"+name(s), data, s); err != nil {
+		if err := harness.WriteRemote(w, "/t34/"+name(s), data, s); err != nil {
 			return err
 		}
 		// Warm the server's page cache, and measure the physical limit.
-		if _, err := readRemote(w, "/t34/"+name(s), s); err != nil {
+		if _, err := e.ReadRemote(w, "/t34/"+name(s), s); err != nil {
 			return err
 		}
-		if raw[s], err = bestOf(3, func() error { _, err := rawTCP(local, s, ""); return err }); err != nil {
+		if raw[s], err = harness.BestOf(3, func() error { _, err := e.RawTCP(local, s, ""); return err }); err != nil {
 			return err
 		}
 		os.Remove(local)
@@ -113,7 +114,7 @@ func splitBench(bin, addr, scratch string) error {
 					return r, err
 				}()
 				if err != nil {
-					return fmt.Errorf("%s, %s: %w", cf.name, human(s), err)
+					return fmt.Errorf("%s, %s: %w", cf.name, harness.Human(s), err)
 				}
 				if r.elapsed < best.elapsed {
 					best = r
@@ -132,8 +133,8 @@ func splitBench(bin, addr, scratch string) error {
 	for _, s := range sizes {
 		for _, cf := range configs {
 			r := results[cf.name][s]
-			fmt.Printf("| %s | %.0f | %s | %.3f | %.2f | %.2f | %.0f | %.2f× |\n", human(s), mbps(s, raw[s]), cf.name,
-				r.elapsed.Seconds(), r.user.Seconds(), r.sys.Seconds(), mbps(s, r.elapsed), raw[s].Seconds()/r.elapsed.Seconds())
+			fmt.Printf("| %s | %.0f | %s | %.3f | %.2f | %.2f | %.0f | %.2f× |\n", harness.Human(s), harness.MBps(s, raw[s]), cf.name,
+				r.elapsed.Seconds(), r.user.Seconds(), r.sys.Seconds(), harness.MBps(s, r.elapsed), raw[s].Seconds()/r.elapsed.Seconds())
 		}
 	}
 	impr := func(a, b time.Duration) string {
@@ -149,7 +150,7 @@ func splitBench(bin, addr, scratch string) error {
 		fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 		for _, s := range sizes {
 			a, b := results[base][s], results[other][s]
-			fmt.Printf("| %s | %.3f | %.3f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s |\n", human(s),
+			fmt.Printf("| %s | %.3f | %.3f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s |\n", harness.Human(s),
 				a.elapsed.Seconds(), b.elapsed.Seconds(), impr(a.elapsed, b.elapsed),
 				a.user.Seconds(), b.user.Seconds(), impr(a.user, b.user),
 				a.sys.Seconds(), b.sys.Seconds(), impr(a.sys, b.sys))
@@ -160,17 +161,17 @@ func splitBench(bin, addr, scratch string) error {
 	table("Table 4 (combined: caching without split vs bypass + split):", "caching", "bypass + split")
 	p := chart.Panel{XLabel: "file size", YLabel: "MB/s", Series: []chart.Series{{Name: "raw TCP"}}}
 	for _, s := range sizes {
-		p.Categories = append(p.Categories, human(s))
-		p.Series[0].Y = append(p.Series[0].Y, mbps(s, raw[s]))
+		p.Categories = append(p.Categories, harness.Human(s))
+		p.Series[0].Y = append(p.Series[0].Y, harness.MBps(s, raw[s]))
 	}
 	for _, cf := range configs {
 		cs := chart.Series{Name: cf.name}
 		for _, s := range sizes {
-			cs.Y = append(cs.Y, mbps(s, results[cf.name][s].elapsed))
+			cs.Y = append(cs.Y, harness.MBps(s, results[cf.name][s].elapsed))
 		}
 		p.Series = append(p.Series, cs)
 	}
-	return figure("split", &chart.Chart{Title: "Bypass against caching: a cold read through the mount, with and without the split data path", Panels: []chart.Panel{p}})
+	return e.Figure("split", &chart.Chart{Title: "Bypass against caching: a cold read through the mount, with and without the split data path", Panels: []chart.Panel{p}})
 }
 
 // writer is a client for filling dir, a new directory, with test files:
@@ -235,8 +236,8 @@ func procTimes(pid int) (user, sys time.Duration, err error) {
 // latency of stats (each one a lookup RPC: fresh names) sent every 2 ms
 // while the same client streams a large file, over the control connection
 // and over the split data channel, against the same client idle.
-func statBench(addr string) error {
-	size := *statSize
+func statBench(e *harness.Env) error {
+	addr, size := e.Addr, *statSize
 	const names = 5000
 	w, err := writer(addr, "/stat")
 	if err != nil {
@@ -251,13 +252,13 @@ func statBench(addr string) error {
 		f.Close()
 	}
 	data := make([]byte, 4<<20)
-	if err := writeRemote(w, "/stat/big", data, size); err != nil {
+	if err := harness.WriteRemote(w, "/stat/big", data, size); err != nil {
 		return err
 	}
-	if _, err := readRemote(w, "/stat/big", size); err != nil { // the server's page cache
+	if _, err := e.ReadRemote(w, "/stat/big", size); err != nil { // the server's page cache
 		return err
 	}
-	fmt.Printf("\n## stat latency during a %s fetch by the same client\n\n", human(size))
+	fmt.Printf("\n## stat latency during a %s fetch by the same client\n\n", harness.Human(size))
 	fmt.Println("| data path | idle p50 µs | idle p99 µs | busy p50 µs | busy p99 µs | p99 busy/idle | stats during the fetch | fetch MB/s |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for i, split := range []bool{false, true} {
@@ -292,7 +293,7 @@ func statBench(addr string) error {
 		var wg sync.WaitGroup
 		wg.Add(1)
 		go func() { defer wg.Done(); busy = probe(1000, names-1000, stop) }()
-		d, err := readRemote(c, "/stat/big", size)
+		d, err := e.ReadRemote(c, "/stat/big", size)
 		close(stop)
 		wg.Wait()
 		c.Close()
@@ -303,26 +304,13 @@ func statBench(addr string) error {
 		if split {
 			label = "split data channel"
 		}
-		ip50, ip99 := pct(idle, 50), pct(idle, 99)
-		bp50, bp99 := pct(busy, 50), pct(busy, 99)
-		fmt.Printf("| %s | %.0f | %.0f | %.0f | %.0f | %.2f× | %d | %.0f |\n", label, us(ip50), us(ip99), us(bp50), us(bp99),
-			bp99.Seconds()/ip99.Seconds(), len(busy), mbps(size, d))
+		ip50, ip99 := harness.Pct(idle, 50), harness.Pct(idle, 99)
+		bp50, bp99 := harness.Pct(busy, 50), harness.Pct(busy, 99)
+		fmt.Printf("| %s | %.0f | %.0f | %.0f | %.0f | %.2f× | %d | %.0f |\n", label, harness.Micros(ip50), harness.Micros(ip99), harness.Micros(bp50), harness.Micros(bp99),
+			bp99.Seconds()/ip99.Seconds(), len(busy), harness.MBps(size, d))
 	}
 	return nil
 }
-
-func pct(d []time.Duration, p int) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[min(len(s)-1, len(s)*p/100)]
-}
-
-func mib(n int64) string { return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20)) }
-
-func us(d time.Duration) float64 { return float64(d) / 1e3 }
 
 // mixedBench runs one mixed workload under three admission policies, each
 // with an empty disk cache: a hot working set (small files read whole,
@@ -331,7 +319,8 @@ func us(d time.Duration) float64 { return float64(d) / 1e3 }
 // set cached and write the streamed files nowhere; always-cache lets each
 // stream evict the hot set; a size threshold bypasses the streams but also
 // the mid-sized hot files.
-func mixedBench(addr, scratch string) error {
+func mixedBench(e *harness.Env) error {
+	addr, scratch := e.Addr, e.Scratch
 	const (
 		smallFiles  = 200
 		smallSize   = 256 << 10
@@ -354,25 +343,25 @@ func mixedBench(addr, scratch string) error {
 		data[i] = byte(i*5 + i>>12)
 	}
 	for i := 0; i < smallFiles; i++ {
-		if err := writeRemote(w, fmt.Sprintf("/mixed/s%03d", i), data, smallSize); err != nil {
+		if err := harness.WriteRemote(w, fmt.Sprintf("/mixed/s%03d", i), data, smallSize); err != nil {
 			return err
 		}
 	}
 	for i := 0; i < midFiles; i++ {
-		if err := writeRemote(w, fmt.Sprintf("/mixed/m%d", i), data, midSize); err != nil {
+		if err := harness.WriteRemote(w, fmt.Sprintf("/mixed/m%d", i), data, midSize); err != nil {
 			return err
 		}
 	}
 	for i := 0; i < rounds; i++ {
-		if err := writeRemote(w, fmt.Sprintf("/mixed/l%d", i), data, largeSize); err != nil {
+		if err := harness.WriteRemote(w, fmt.Sprintf("/mixed/l%d", i), data, largeSize); err != nil {
 			return err
 		}
 	}
 	fmt.Printf("\n## Admission policies on a mixed workload\n\n")
 	fmt.Printf("%d rounds, %s disk cache. Each round: %d files of %s read whole and %d random %s reads in each of %d files of %s (the hot set, %s),\n",
-		rounds, human(cacheSize), smallFiles, human(smallSize), midReads, human(randomBlock), midFiles, human(midSize),
-		human(smallFiles*smallSize+midFiles*midSize))
-	fmt.Printf("then a new %s file streamed once. Hit ratio counts reads served from the cache.\n\n", human(largeSize))
+		rounds, harness.Human(cacheSize), smallFiles, harness.Human(smallSize), midReads, harness.Human(randomBlock), midFiles, harness.Human(midSize),
+		harness.Human(smallFiles*smallSize+midFiles*midSize))
+	fmt.Printf("then a new %s file streamed once. Hit ratio counts reads served from the cache.\n\n", harness.Human(largeSize))
 	fmt.Println("| policy | hot-set hit ratio, rounds 2+ | overall hit ratio | bytes written to the cache | bytes fetched | elapsed s |")
 	fmt.Println("|---|---|---|---|---|---|")
 	policies := []struct {
@@ -380,7 +369,7 @@ func mixedBench(addr, scratch string) error {
 		o    client.Options
 	}{
 		{"always cache", client.Options{AutoMin: alwaysCache}},
-		{fmt.Sprintf("size threshold %s", human(threshold)), client.Options{BypassThreshold: threshold}},
+		{fmt.Sprintf("size threshold %s", harness.Human(threshold)), client.Options{BypassThreshold: threshold}},
 		{"auto (default)", client.Options{}},
 	}
 	for i, p := range policies {
@@ -396,7 +385,7 @@ func mixedBench(addr, scratch string) error {
 		for r := 0; r < rounds; r++ {
 			before := c.Client().Stats()
 			for k := 0; k < smallFiles; k++ {
-				if _, err := readRemote(c, fmt.Sprintf("/mixed/s%03d", k), smallSize); err != nil {
+				if _, err := e.ReadRemote(c, fmt.Sprintf("/mixed/s%03d", k), smallSize); err != nil {
 					return err
 				}
 			}
@@ -419,7 +408,7 @@ func mixedBench(addr, scratch string) error {
 				hotHits += after.Hits - before.Hits
 				hotReads += after.Hits - before.Hits + after.Misses - before.Misses
 			}
-			if _, err := readRemote(c, fmt.Sprintf("/mixed/l%d", r), largeSize); err != nil {
+			if _, err := e.ReadRemote(c, fmt.Sprintf("/mixed/l%d", r), largeSize); err != nil {
 				return err
 			}
 		}
@@ -427,7 +416,7 @@ func mixedBench(addr, scratch string) error {
 		s := c.Client().Stats()
 		c.Close()
 		fmt.Printf("| %s | %.3f | %.3f | %s | %s | %.2f |\n", p.name, float64(hotHits)/float64(max(hotReads, 1)),
-			float64(s.Hits)/float64(max(s.Hits+s.Misses, 1)), mib(s.BytesWritten), mib(s.BytesFetched), elapsed.Seconds())
+			float64(s.Hits)/float64(max(s.Hits+s.Misses, 1)), harness.MiB(s.BytesWritten), harness.MiB(s.BytesFetched), elapsed.Seconds())
 	}
 	return nil
 }

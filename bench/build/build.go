@@ -1,4 +1,6 @@
-package main
+// Package build is bench's build part: a generated C tree compiled from
+// hoard mounts, straight from a distant origin and through a proxy.
+package build
 
 import (
 	"bytes"
@@ -15,30 +17,43 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hoardfs/hoard/bench/harness"
+	"github.com/hoardfs/hoard/bench/proxy"
 	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/proxystore"
 )
 
-var (
-	buildFiles = flag.Int("build-files", 300, "build: C files in the generated source tree")
-	buildJobs  = flag.Int("build-jobs", 2, "build: gcc processes at a time per client")
-	buildInc   = flag.String("build-include", "-iquote", "build: how gcc is told of include/: -iquote (searched for \"...\" includes) or -I (for <...> too: every system header is then first a failed lookup on the mount)")
-)
+// Config is the build part's flags.
+type Config struct {
+	Files, Jobs int    // -build-files, -build-jobs
+	Include     string // -build-include
+}
+
+// Flags defines the -build-* flags on fs and returns what they set.
+func Flags(fs *flag.FlagSet) *Config {
+	c := &Config{}
+	fs.IntVar(&c.Files, "build-files", 300, "build: C files in the generated source tree")
+	fs.IntVar(&c.Jobs, "build-jobs", 2, "build: gcc processes at a time per client")
+	fs.StringVar(&c.Include, "build-include", "-iquote", "build: how gcc is told of include/: -iquote (searched for \"...\" includes) or -I (for <...> too: every system header is then first a failed lookup on the mount)")
+	return c
+}
 
 // buildRTT is how far the origin is from the build's clients.
 const buildRTT = 50 * time.Millisecond
 
-// buildBench compiles a generated C tree from FUSE mounts, 1 and 4
-// clients each with a mount of its own, the origin buildRTT away: straight
-// from the origin, and through a proxy on the clients' side. Every object
-// is checked against the same tree compiled from the local disk.
-func buildBench(bin, scratch string) error {
-	if *buildInc != "-iquote" && *buildInc != "-I" {
-		return fmt.Errorf("-build-include %q: want -iquote or -I", *buildInc)
+// Run compiles a generated C tree from FUSE mounts, 1 and 4 clients each
+// with a mount of its own, the origin buildRTT away: straight from the
+// origin, and through a proxy on the clients' side (serving a data
+// channel if pxData, -px-data). Every object is checked against the same
+// tree compiled from the local disk.
+func Run(e *harness.Env, c *Config, pxData bool) error {
+	if c.Include != "-iquote" && c.Include != "-I" {
+		return fmt.Errorf("-build-include %q: want -iquote or -I", c.Include)
 	}
+	bin := e.Bin
 	began := time.Now()
-	dir := filepath.Join(scratch, "build")
-	tree := cTree(*buildFiles)
+	dir := filepath.Join(e.Scratch, "build")
+	tree := cTree(c.Files)
 	var srcs []string
 	var size int64
 	for name, b := range tree {
@@ -57,20 +72,20 @@ func buildBench(bin, scratch string) error {
 			return err
 		}
 	}
-	o, err := startOrigin(bin, dir, buildRTT, nil)
+	o, err := proxy.StartOrigin(bin, dir, buildRTT, nil)
 	if err != nil {
 		return err
 	}
-	defer o.close()
+	defer o.Close()
 	if err := writeTree(o, tree); err != nil {
 		return err
 	}
 
-	fmt.Printf("\n## Build: gcc -c -O0 %s include of %d C files (and %d headers, %.1f MB) from hoard mounts, the origin %v away\n\n", *buildInc, len(srcs), len(tree)-len(srcs), float64(size)/1e6, buildRTT)
-	fmt.Printf("Each client is a mount of its own with an empty cache, running %d gcc at a time (-build-jobs; the machine has 2 cores), objects to the local disk. The proxy is on the clients' side of the RTT; its 4-client runs start warm (the store the 1-client run filled) and cold (a new proxy).\n\n", *buildJobs)
+	fmt.Printf("\n## Build: gcc -c -O0 %s include of %d C files (and %d headers, %.1f MB) from hoard mounts, the origin %v away\n\n", c.Include, len(srcs), len(tree)-len(srcs), float64(size)/1e6, buildRTT)
+	fmt.Printf("Each client is a mount of its own with an empty cache, running %d gcc at a time (-build-jobs; the machine has 2 cores), objects to the local disk. The proxy is on the clients' side of the RTT; its 4-client runs start warm (the store the 1-client run filled) and cold (a new proxy).\n\n", c.Jobs)
 	fmt.Println("| setup | clients | wall time | vs direct | origin sent |")
 	fmt.Println("|---|---|---|---|---|")
-	ref, err := compileAll([]string{local}, srcs, filepath.Join(dir, "obj"), nil)
+	ref, err := c.compileAll([]string{local}, srcs, filepath.Join(dir, "obj"), nil)
 	if err != nil {
 		return fmt.Errorf("local build: %w", err)
 	}
@@ -85,16 +100,16 @@ func buildBench(bin, scratch string) error {
 		fmt.Printf("| %s | %d | %.1f s | %s | %.1f MB |\n", setup, clients, d.Seconds(), ratio, float64(sent)/1e6)
 	}
 	mounted := func(setup, addr string, clients int) error {
-		before := o.sent()
-		d, err := buildOnMounts(bin, addr, filepath.Join(dir, "run"), clients, srcs, ref.objs)
+		before := o.Sent()
+		d, err := c.onMounts(bin, addr, filepath.Join(dir, "run"), clients, srcs, ref.objs)
 		if err != nil {
 			return fmt.Errorf("%s, %d clients: %w", setup, clients, err)
 		}
-		row(setup, clients, d, o.sent()-before)
+		row(setup, clients, d, o.Sent()-before)
 		return nil
 	}
 	for _, n := range []int{1, 4} {
-		if err := mounted("direct", o.shaped(), n); err != nil {
+		if err := mounted("direct", o.Shaped(), n); err != nil {
 			return err
 		}
 	}
@@ -103,7 +118,7 @@ func buildBench(bin, scratch string) error {
 		clients int
 	}{{{"proxy, cold", 1}, {"proxy, warm", 4}}, {{"proxy, cold", 4}}} {
 		pdir := filepath.Join(dir, "proxy")
-		px, _, stop, err := startProxy(bin, o, pdir, size, proxystore.Pooled)
+		px, _, stop, err := proxy.Start(bin, o, pdir, size, proxystore.Pooled, pxData)
 		if err != nil {
 			return err
 		}
@@ -118,7 +133,7 @@ func buildBench(bin, scratch string) error {
 			return err
 		}
 	}
-	local4, err := compileAll([]string{local, local, local, local}, srcs, filepath.Join(dir, "obj"), ref.objs)
+	local4, err := c.compileAll([]string{local, local, local, local}, srcs, filepath.Join(dir, "obj"), ref.objs)
 	if err != nil {
 		return fmt.Errorf("local build: %w", err)
 	}
@@ -130,8 +145,8 @@ func buildBench(bin, scratch string) error {
 }
 
 // writeTree writes tree's files under /build at the origin.
-func writeTree(o *origin, tree map[string][]byte) error {
-	return o.write(func(w *pathfs.FS) error {
+func writeTree(o *proxy.Origin, tree map[string][]byte) error {
+	return o.Write(func(w *pathfs.FS) error {
 		made := map[string]bool{}
 		var mkdir func(string) error
 		mkdir = func(d string) error {
@@ -149,7 +164,7 @@ func writeTree(o *origin, tree map[string][]byte) error {
 			if err := mkdir(filepath.Dir(path)); err != nil {
 				return err
 			}
-			if err := writeRemote(w, path, b, int64(len(b))); err != nil {
+			if err := harness.WriteRemote(w, path, b, int64(len(b))); err != nil {
 				return err
 			}
 		}
@@ -157,15 +172,15 @@ func writeTree(o *origin, tree map[string][]byte) error {
 	})
 }
 
-// buildOnMounts mounts addr once per client, each with an empty cache,
+// onMounts mounts addr once per client, each with an empty cache,
 // compiles the tree under /build on every mount at once, checks the
 // objects against ref, and unmounts.
-func buildOnMounts(bin, addr, dir string, clients int, srcs []string, ref map[string][]byte) (time.Duration, error) {
+func (c *Config) onMounts(bin, addr, dir string, clients int, srcs []string, ref map[string][]byte) (time.Duration, error) {
 	defer os.Remove(dir)
 	var roots []string
 	for k := range clients {
 		mnt, cache := filepath.Join(dir, fmt.Sprintf("mnt%d", k)), filepath.Join(dir, fmt.Sprintf("cache%d", k))
-		unmount, err := mountCell(bin, addr, mnt, cache)
+		unmount, err := harness.MountCell(bin, addr, mnt, cache)
 		if err != nil {
 			return 0, err
 		}
@@ -178,7 +193,7 @@ func buildOnMounts(bin, addr, dir string, clients int, srcs []string, ref map[st
 		}()
 		roots = append(roots, filepath.Join(mnt, "build"))
 	}
-	b, err := compileAll(roots, srcs, filepath.Join(dir, "obj"), ref)
+	b, err := c.compileAll(roots, srcs, filepath.Join(dir, "obj"), ref)
 	return b.took, err
 }
 
@@ -189,13 +204,13 @@ type build struct {
 	objs map[string][]byte
 }
 
-// compileAll compiles srcs under every root at once, *buildJobs gcc at a
-// time per root, with objects to out/<root's index>/, and compares every
-// object with want unless it is nil.
-func compileAll(roots, srcs []string, out string, want map[string][]byte) (build, error) {
+// compileAll compiles srcs under every root at once, -build-jobs gcc at
+// a time per root, with objects to out/<root's index>/, and compares
+// every object with want unless it is nil.
+func (c *Config) compileAll(roots, srcs []string, out string, want map[string][]byte) (build, error) {
 	defer os.RemoveAll(out)
 	var wg sync.WaitGroup
-	errs := make(chan error, len(roots)**buildJobs)
+	errs := make(chan error, len(roots)*c.Jobs)
 	start := time.Now()
 	for k, root := range roots {
 		objDir := filepath.Join(out, fmt.Sprint(k))
@@ -203,7 +218,7 @@ func compileAll(roots, srcs []string, out string, want map[string][]byte) (build
 			return build{}, err
 		}
 		var next atomic.Int64
-		for range *buildJobs {
+		for range c.Jobs {
 			wg.Go(func() {
 				for {
 					i := int(next.Add(1)) - 1
@@ -211,7 +226,7 @@ func compileAll(roots, srcs []string, out string, want map[string][]byte) (build
 						return
 					}
 					obj := filepath.Join(objDir, objName(srcs[i]))
-					cmd := exec.Command("gcc", "-c", "-O0", *buildInc, "include", "-o", obj, srcs[i])
+					cmd := exec.Command("gcc", "-c", "-O0", c.Include, "include", "-o", obj, srcs[i])
 					cmd.Dir = root
 					if msg, err := cmd.CombinedOutput(); err != nil {
 						errs <- fmt.Errorf("gcc %s in %s: %v: %s", srcs[i], root, err, msg)
@@ -224,7 +239,7 @@ func compileAll(roots, srcs []string, out string, want map[string][]byte) (build
 	wg.Wait()
 	b := build{took: time.Since(start), objs: map[string][]byte{}}
 	close(errs)
-	if err := errors.Join(collect(errs)...); err != nil {
+	if err := errors.Join(harness.Collect(errs)...); err != nil {
 		return b, err
 	}
 	for k := range roots {

@@ -1,35 +1,11 @@
-package main
+package tree
 
 import (
-	"flag"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/hoardfs/hoard/bench/chart"
+	"github.com/hoardfs/hoard/bench/harness"
 )
-
-var chartsDir = flag.String("charts", "", "save each part's headline figures in this directory, as JSON and SVG (make bench: docs/charts); with -only charts, draw the saved figures again from their JSON")
-
-// figure saves c as name in -charts, if given, under a note of the
-// machine, the date and the command that measured it.
-func figure(name string, c *chart.Chart) error {
-	if *chartsDir == "" {
-		return nil
-	}
-	var args []string
-	flag.Visit(func(f *flag.Flag) {
-		if f.Name != "charts" {
-			args = append(args, "-"+f.Name+" "+f.Value.String())
-		}
-	})
-	c.Note = fmt.Sprintf("%s; %s, bench %s", machineInfo(), time.Now().Format("2006-01-02"), strings.Join(args, " "))
-	if err := c.Save(*chartsDir, name); err != nil {
-		return fmt.Errorf("figure %s: %w", name, err)
-	}
-	fmt.Printf("\n(figure: %s/%s.svg)\n", *chartsDir, name)
-	return nil
-}
 
 // seriesOver is one line of a figure: of(x) at each x.
 func seriesOver[T int | float64](name string, xs []T, of func(T) float64) chart.Series {
@@ -41,10 +17,10 @@ func seriesOver[T int | float64](name string, xs []T, of func(T) float64) chart.
 	return s
 }
 
-// treeFigures draws the tree part: each workload's seconds on the local
+// figures draws the tree part: each workload's seconds on the local
 // disk, bindfs and hoard as the file count doubles, and the large file's
 // rates against local's.
-func treeFigures(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*bigTimes, big int64) error {
+func (c *Config) figures(e *harness.Env, ns []int, res map[string]map[int]*treeTimes, bigs map[string]*bigTimes, big int64) error {
 	at := func(fsys string, of func(*treeTimes) time.Duration) func(int) float64 {
 		return func(n int) float64 {
 			if t := res[fsys][n]; t != nil {
@@ -53,9 +29,9 @@ func treeFigures(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*b
 			return 0
 		}
 	}
-	c := &chart.Chart{Title: "Trees of small files: local disk, bindfs and hoard as the file count doubles (seconds, lower is better)", Columns: 4}
+	ch := &chart.Chart{Title: "Trees of small files: local disk, bindfs and hoard as the file count doubles (seconds, lower is better)", Columns: 4}
 	for _, w := range treeRows {
-		if w.pm && !*treePM {
+		if w.pm && !c.Postmark {
 			continue // not run
 		}
 		p := chart.Panel{Title: w.short, XLabel: "files", YLabel: "seconds", LogX: true, LogY: true}
@@ -64,12 +40,12 @@ func treeFigures(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*b
 				p.Series = append(p.Series, seriesOver(fsys, ns, at(fsys, w.of)))
 			}
 		}
-		if w.pm && *treeNoDeleg && res["hoard"] != nil {
+		if w.pm && c.NoDeleg && res["hoard"] != nil {
 			p.Series = append(p.Series, seriesOver("hoard --no-delegations", ns, at("hoard", func(t *treeTimes) time.Duration { return t.pmNoDeleg })))
 		}
-		c.Panels = append(c.Panels, p)
+		ch.Panels = append(ch.Panels, p)
 	}
-	if err := figure("tree", c); err != nil {
+	if err := e.Figure("tree", ch); err != nil {
 		return err
 	}
 	if big == 0 || bigs["local"] == nil {
@@ -77,11 +53,11 @@ func treeFigures(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*b
 	}
 	// Rates over local's: the write, the cold read, each warm read, IOPS.
 	rates := func(b *bigTimes) []float64 {
-		mb := func(d time.Duration) float64 { return mbps(big, d) }
+		mb := func(d time.Duration) float64 { return harness.MBps(big, d) }
 		return []float64{mb(b.write), mb(b.cold), mb(b.warm[0]), mb(b.warm[1]), mb(b.warm[2]), b.iops}
 	}
 	local := rates(bigs["local"])
-	p := chart.Panel{Title: "A file of " + human(big), YLabel: "rate ÷ local's (higher is better)",
+	p := chart.Panel{Title: "A file of " + harness.Human(big), YLabel: "rate ÷ local's (higher is better)",
 		Categories: []string{"dd write, fsync", "cold read", "1st re-read", "2nd", "3rd", "4 KiB random"}, Ref: 1, RefName: "local"}
 	for _, fsys := range []string{"bindfs", "hoard"} {
 		if b := bigs[fsys]; b != nil {
@@ -92,5 +68,5 @@ func treeFigures(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*b
 			p.Series = append(p.Series, s)
 		}
 	}
-	return figure("bigfile", &chart.Chart{Title: "A large file: rates through bindfs and hoard against the local disk's", Panels: []chart.Panel{p}})
+	return e.Figure("bigfile", &chart.Chart{Title: "A large file: rates through bindfs and hoard against the local disk's", Panels: []chart.Panel{p}})
 }

@@ -1,4 +1,6 @@
-package main
+// Package secure is bench's secure part: what TLS, tokens and ACLs cost
+// against --insecure.
+package secure
 
 import (
 	"context"
@@ -15,25 +17,28 @@ import (
 	"time"
 
 	"github.com/hoardfs/hoard/access"
+	"github.com/hoardfs/hoard/bench/harness"
+	"github.com/hoardfs/hoard/bench/postmark"
 	"github.com/hoardfs/hoard/cell"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/datapath"
 )
 
-// secureBench measures what security costs, in one run: a server with
-// its cell (TLS 1.3 with encryption on both channels, a user's token
-// checked against the ACLs on every request) against one run --insecure
-// (plain TCP, nobody checked), on the same data, each with its own
-// mount.
-func secureBench(bin, scratch string) error {
-	insAddr, insPID, stopIns, err := startServer(bin, filepath.Join(scratch, "insecure"))
+// Run measures what security costs, in one run: a server with its cell
+// (TLS 1.3 with encryption on both channels, a user's token checked
+// against the ACLs on every request) against one run --insecure (plain
+// TCP, nobody checked), on the same data, each with its own mount, and
+// Debian's postmark running pm on each.
+func Run(e *harness.Env, pm postmark.Workload) error {
+	bin, scratch, size := e.Bin, e.Scratch, e.Size
+	insAddr, insPID, stopIns, err := harness.StartServer(bin, filepath.Join(scratch, "insecure"))
 	if err != nil {
 		return err
 	}
 	defer stopIns()
 	secData := filepath.Join(scratch, "secure")
-	secAddr, secPID, stopSec, err := startHoard(bin, "server", "--data", secData)
+	secAddr, secPID, stopSec, err := harness.StartHoard(bin, "server", "--data", secData)
 	if err != nil {
 		return err
 	}
@@ -84,11 +89,11 @@ func secureBench(bin, scratch string) error {
 		data[i] = byte(i*13 + i>>11)
 	}
 	local := filepath.Join(scratch, "local.big")
-	if err := writeLocal(local, data, *sizeFlag); err != nil {
+	if err := harness.WriteLocal(local, data, size); err != nil {
 		return err
 	}
 	syscall.Sync()
-	tcp, err := rawTCP(local, *sizeFlag, "")
+	tcp, err := e.RawTCP(local, size, "")
 	if err != nil {
 		return err
 	}
@@ -102,7 +107,7 @@ func secureBench(bin, scratch string) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
-		if err := writeRemote(w, "/big", data, *sizeFlag); err != nil {
+		if err := harness.WriteRemote(w, "/big", data, size); err != nil {
 			return err
 		}
 		w.Close()
@@ -113,24 +118,24 @@ func secureBench(bin, scratch string) error {
 			return err
 		}
 		syscall.Sync()
-		srv0, cli0 := procCPU(s.pid), selfCPU()
-		if r.cold, err = readRemote(c, "/big", *sizeFlag); err != nil {
+		srv0, cli0 := harness.ProcCPU(s.pid), selfCPU()
+		if r.cold, err = e.ReadRemote(c, "/big", size); err != nil {
 			return err
 		}
-		r.srvCPU, r.cliCPU = procCPU(s.pid)-srv0, selfCPU()-cli0
+		r.srvCPU, r.cliCPU = harness.ProcCPU(s.pid)-srv0, selfCPU()-cli0
 		c.Close()
 
 		mnt := filepath.Join(scratch, "mnt-"+s.name)
-		unmount, err := mountCell(bin, s.addr, mnt, filepath.Join(scratch, "cache-"+s.name), append([]string{"--cache-size", fmt.Sprint(*sizeFlag + 1<<30)}, s.mount...)...)
+		unmount, err := harness.MountCell(bin, s.addr, mnt, filepath.Join(scratch, "cache-"+s.name), append([]string{"--cache-size", fmt.Sprint(size + 1<<30)}, s.mount...)...)
 		if err != nil {
 			return err
 		}
 		big := filepath.Join(mnt, "big")
-		if _, err := readFile(big); err != nil { // fills the cache
+		if _, err := harness.ReadFile(big); err != nil { // fills the cache
 			unmount()
 			return err
 		}
-		if r.warm, err = bestOf(3, func() error { _, err := readFile(big); return err }); err != nil {
+		if r.warm, err = harness.BestOf(3, func() error { _, err := harness.ReadFile(big); return err }); err != nil {
 			unmount()
 			return err
 		}
@@ -140,28 +145,28 @@ func secureBench(bin, scratch string) error {
 		}
 		pmDir := filepath.Join(mnt, "pm")
 		os.MkdirAll(pmDir, 0o755)
-		run, err := postmark(context.Background(), pmDir, pmWorkload{*pmFiles, *pmTx, 5, 5}, pmHigh)
+		run, err := postmark.Debian(context.Background(), pmDir, pm, postmark.High)
 		unmount()
 		if err != nil {
 			return err
 		}
-		r.pm = run.tps
+		r.pm = run.TPS
 	}
 	ins, sec := res[0], res[1]
-	gib := float64(*sizeFlag) / (1 << 30)
-	fmt.Printf("\n## Security on vs --insecure (%s file, %d small files, postmark %d files / %d transactions)\n\n", human(*sizeFlag), files, *pmFiles, *pmTx)
+	gib := float64(size) / (1 << 30)
+	fmt.Printf("\n## Security on vs --insecure (%s file, %d small files, postmark %d files / %d transactions)\n\n", harness.Human(size), files, pm.Files, pm.Tx)
 	fmt.Println("| measurement | --insecure | secure (TLS 1.3, token, ACLs) | secure / insecure |")
 	fmt.Println("|---|---|---|---|")
 	fmt.Printf("| cold bypassed read, library | %.0f MB/s (%.2f× raw TCP) | %.0f MB/s (%.2f× raw TCP) | %.2f× |\n",
-		mbps(*sizeFlag, ins.cold), tcp.Seconds()/ins.cold.Seconds(), mbps(*sizeFlag, sec.cold), tcp.Seconds()/sec.cold.Seconds(), ins.cold.Seconds()/sec.cold.Seconds())
+		harness.MBps(size, ins.cold), tcp.Seconds()/ins.cold.Seconds(), harness.MBps(size, sec.cold), tcp.Seconds()/sec.cold.Seconds(), ins.cold.Seconds()/sec.cold.Seconds())
 	fmt.Printf("| server CPU per GiB, cold read | %.2f s | %.2f s | %.2f× |\n", ins.srvCPU.Seconds()/gib, sec.srvCPU.Seconds()/gib, per(sec.srvCPU.Seconds(), ins.srvCPU.Seconds()))
 	fmt.Printf("| client CPU per GiB, cold read | %.2f s | %.2f s | %.2f× |\n", ins.cliCPU.Seconds()/gib, sec.cliCPU.Seconds()/gib, per(sec.cliCPU.Seconds(), ins.cliCPU.Seconds()))
-	fmt.Printf("| warm cached read, mount | %.0f MB/s | %.0f MB/s | %.3f× |\n", mbps(*sizeFlag, ins.warm), mbps(*sizeFlag, sec.warm), ins.warm.Seconds()/sec.warm.Seconds())
+	fmt.Printf("| warm cached read, mount | %.0f MB/s | %.0f MB/s | %.3f× |\n", harness.MBps(size, ins.warm), harness.MBps(size, sec.warm), ins.warm.Seconds()/sec.warm.Seconds())
 	fmt.Printf("| create + close, mount | %.0f µs | %.0f µs | %.2f× |\n", ins.create, sec.create, per(sec.create, ins.create))
 	fmt.Printf("| stat, mount, warm | %.1f µs | %.1f µs | %.2f× |\n", ins.stat, sec.stat, per(sec.stat, ins.stat))
 	fmt.Printf("| open + close, mount, warm | %.1f µs | %.1f µs | %.2f× |\n", ins.openUs, sec.openUs, per(sec.openUs, ins.openUs))
 	fmt.Printf("| postmark, mount | %.0f tx/s | %.0f tx/s | %.2f× |\n", ins.pm, sec.pm, per(sec.pm, ins.pm))
-	fmt.Printf("\nRaw loopback TCP: %.0f MB/s. Ratios of times and CPU: above 1 costs more; of rates: below 1 is slower.\n", mbps(*sizeFlag, tcp))
+	fmt.Printf("\nRaw loopback TCP: %.0f MB/s. Ratios of times and CPU: above 1 costs more; of rates: below 1 is slower.\n", harness.MBps(size, tcp))
 	fmt.Println("\nWhat a data byte costs on one core, by what protects it (an integrity-only level would need a MAC over every byte):")
 	fmt.Println()
 	fmt.Println("| per byte | MB/s, one core |")
@@ -196,7 +201,7 @@ func (p protection) rate() float64 {
 	for range 1024 {
 		p.run(buf)
 	}
-	return mbps(1<<30, time.Since(start))
+	return harness.MBps(1<<30, time.Since(start))
 }
 
 // secResult is one side's figures: times of the cold and warm reads,
@@ -220,7 +225,7 @@ func latencies(dir string, n int, r *secResult) error {
 		names[i] = filepath.Join(dir, fmt.Sprintf("f%05d", i))
 	}
 	each := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n) }
-	d, err := timeAll(names, func(p string) error {
+	d, err := harness.TimeAll(names, func(p string) error {
 		f, err := os.Create(p)
 		if err != nil {
 			return err
@@ -239,17 +244,17 @@ func latencies(dir string, n int, r *secResult) error {
 		}
 		return f.Close()
 	}
-	if _, err := timeAll(names, stat); err != nil {
+	if _, err := harness.TimeAll(names, stat); err != nil {
 		return err
 	}
-	if d, err = timeAll(names, stat); err != nil {
+	if d, err = harness.TimeAll(names, stat); err != nil {
 		return err
 	}
 	r.stat = each(d)
-	if _, err := timeAll(names, open); err != nil {
+	if _, err := harness.TimeAll(names, open); err != nil {
 		return err
 	}
-	if d, err = timeAll(names, open); err != nil {
+	if d, err = harness.TimeAll(names, open); err != nil {
 		return err
 	}
 	r.openUs = each(d)

@@ -1,4 +1,7 @@
-package main
+// Package hades is bench's hades part: Hades' figures 6.1-6.3, read
+// throughput at the clients of a proxy whose store is pooled against one
+// file per chunk.
+package hades
 
 import (
 	"bytes"
@@ -9,16 +12,15 @@ import (
 	"io"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
-
 	"github.com/hoardfs/hoard/bench/chart"
+	"github.com/hoardfs/hoard/bench/harness"
+	"github.com/hoardfs/hoard/bench/proxy"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/client/policy"
@@ -26,12 +28,23 @@ import (
 	"github.com/hoardfs/hoard/proxystore"
 )
 
-var (
-	hadesScale = flag.Float64("hades-scale", 1, "hades: scales every workload, the small-file ones by file count, the large-file ones by file size (e.g. 0.01 for a smoke run)")
-	hadesBig   = flag.Int64("hades-big", 256<<20, "hades: bytes per file of the last workload, before -hades-scale (Hades: 1 GiB)")
-	hadesBW    = flag.Float64("hades-bw", 0, "hades: the origin's bandwidth towards the proxy in MB/s (0: unlimited)")
-	hadesPar   = flag.Int("hades-par", 8, "hades: files each user reads at once in the parallel modes")
-)
+// Config is the hades part's flags.
+type Config struct {
+	Scale float64 // -hades-scale
+	Big   int64   // -hades-big
+	BW    float64 // -hades-bw
+	Par   int     // -hades-par
+}
+
+// Flags defines the -hades-* flags on fs and returns what they set.
+func Flags(fs *flag.FlagSet) *Config {
+	c := &Config{}
+	fs.Float64Var(&c.Scale, "hades-scale", 1, "hades: scales every workload, the small-file ones by file count, the large-file ones by file size (e.g. 0.01 for a smoke run)")
+	fs.Int64Var(&c.Big, "hades-big", 256<<20, "hades: bytes per file of the last workload, before -hades-scale (Hades: 1 GiB)")
+	fs.Float64Var(&c.BW, "hades-bw", 0, "hades: the origin's bandwidth towards the proxy in MB/s (0: unlimited)")
+	fs.IntVar(&c.Par, "hades-par", 8, "hades: files each user reads at once in the parallel modes")
+	return c
+}
 
 // hadesLoad is a read workload of Hades' chapter 6: users, each reading
 // files of its own.
@@ -43,9 +56,9 @@ type hadesLoad struct {
 
 func (l hadesLoad) String() string {
 	if l.users == 1 {
-		return fmt.Sprintf("%d × %s", l.files, human(l.size))
+		return fmt.Sprintf("%d × %s", l.files, harness.Human(l.size))
 	}
-	return fmt.Sprintf("%d users × %d × %s", l.users, l.files, human(l.size))
+	return fmt.Sprintf("%d users × %d × %s", l.users, l.files, harness.Human(l.size))
 }
 
 func (l hadesLoad) bytes() int64 { return int64(l.users*l.files) * l.size }
@@ -54,17 +67,17 @@ func (l hadesLoad) user(u int) string { return fmt.Sprintf("hades-user%d", u) }
 
 func (l hadesLoad) path(u, j int) string { return fmt.Sprintf("/hades/%s/u%d/f%05d", l.tag, u, j) }
 
-// hadesLoads are Hades' figures 6.1-6.3 (the last one's files -hades-big
+// loads are Hades' figures 6.1-6.3 (the last one's files -hades-big
 // bytes), scaled by -hades-scale.
-func hadesLoads() []hadesLoad {
-	s := *hadesScale
+func (cfg *Config) loads() []hadesLoad {
+	s := cfg.Scale
 	count := func(n int) int { return max(1, int(math.Round(float64(n)*s))) }
 	size := func(n int64) int64 { return max(4<<10, int64(float64(n)*s)/4096*4096) }
 	return []hadesLoad{
 		{"a", 2, count(1000), 100 << 10},
 		{"b", 2, count(500), 1 << 20},
 		{"c", 1, 5, size(100 << 20)},
-		{"d", 1, 5, size(*hadesBig)},
+		{"d", 1, 5, size(cfg.Big)},
 	}
 }
 
@@ -88,27 +101,29 @@ func (m hadesMode) runs() int {
 	return hadesWarmRuns
 }
 
-// hadesBench reproduces Hades' figures 6.1-6.3: read throughput at the
+// Run reproduces Hades' figures 6.1-6.3: read throughput at the
 // clients of a proxy whose store is laid out pooled (a file's chunks
 // together, a user's files one after the other) against one file per
 // chunk, the origin 0 and 50 ms away. Each workload and layout gets a new
 // proxy, and each mode new clients that bypass their caches, so every
-// byte read comes from the proxy.
-func hadesBench(bin, scratch string) error {
+// byte read comes from the proxy. Its proxies serve a data channel if
+// pxData (-px-data).
+func Run(e *harness.Env, cfg *Config, pxData bool) error {
+	bin := e.Bin
 	began := time.Now()
-	loads := hadesLoads()
-	var lim *link
+	loads := cfg.loads()
+	var lim *proxy.Link
 	bw := "unlimited"
-	if *hadesBW > 0 {
-		lim = &link{rate: *hadesBW * 1e6}
-		bw = fmt.Sprintf("limited to %g MB/s by the shaper", *hadesBW)
+	if cfg.BW > 0 {
+		lim = &proxy.Link{Rate: cfg.BW * 1e6}
+		bw = fmt.Sprintf("limited to %g MB/s by the shaper", cfg.BW)
 	}
-	dir := filepath.Join(scratch, "hades")
-	o, err := startOrigin(bin, dir, 0, lim)
+	dir := filepath.Join(e.Scratch, "hades")
+	o, err := proxy.StartOrigin(bin, dir, 0, lim)
 	if err != nil {
 		return err
 	}
-	defer o.close()
+	defer o.Close()
 	c := newContent()
 	if err := hadesWrite(o, loads, c); err != nil {
 		return err
@@ -116,17 +131,17 @@ func hadesBench(bin, scratch string) error {
 
 	fmt.Printf("\n## Hades: read throughput through the proxy, pooled vs per-chunk store (figures 6.1-6.3)\n\n")
 	fmt.Printf("Workloads: %s. ", hadesList(loads))
-	if *hadesBig != 1<<30 {
+	if cfg.Big != 1<<30 {
 		reads := 0
 		for _, m := range hadesModes {
 			reads += 2 * m.runs()
 		}
-		fmt.Printf("The last is Hades' 5 × 1 GiB with %s files (-hades-big), to keep this part within about 20 minutes: each workload is read %d times per origin RTT (2 layouts), the cold reads at the origin's pace. ", human(*hadesBig), reads)
+		fmt.Printf("The last is Hades' 5 × 1 GiB with %s files (-hades-big), to keep this part within about 20 minutes: each workload is read %d times per origin RTT (2 layouts), the cold reads at the origin's pace. ", harness.Human(cfg.Big), reads)
 	}
-	if *hadesScale != 1 {
-		fmt.Printf("All scaled by %g (-hades-scale). ", *hadesScale)
+	if cfg.Scale != 1 {
+		fmt.Printf("All scaled by %g (-hades-scale). ", cfg.Scale)
 	}
-	fmt.Printf("Par: %d files at once per user; Seq: one after the other per user (the users of a workload read at the same time). ", *hadesPar)
+	fmt.Printf("Par: %d files at once per user; Seq: one after the other per user (the users of a workload read at the same time). ", cfg.Par)
 	fmt.Printf("Cold: a new proxy, its store empty; Warm: the store the cold run filled, the page cache dropped before each run, best of %d. ", hadesWarmRuns)
 	fmt.Printf("Clients are new in each mode and bypass their caches. Origin bandwidth: %s.\n\n", bw)
 	fmt.Println("| origin RTT | workload | mode | pooled (MB/s) | per-chunk (MB/s) | pooled/per-chunk |")
@@ -135,12 +150,12 @@ func hadesBench(bin, scratch string) error {
 	var notes []string
 	fig := &chart.Chart{Title: "The proxy's store: pooled against per-chunk layout, read throughput at its clients (Hades figure 6.1)", Columns: len(loads)}
 	for _, rtt := range []time.Duration{0, 50 * time.Millisecond} {
-		o.setRTT(rtt)
+		o.SetRTT(rtt)
 		for _, l := range loads {
 			var rates [][]float64
 			var times [][]blockTimes
 			for _, layout := range []string{proxystore.Pooled, proxystore.PerChunk} {
-				r, bt, st, ns, err := hadesLayout(bin, o, filepath.Join(dir, "proxy-"+layout), l, c, layout)
+				r, bt, st, ns, err := cfg.layout(bin, o, filepath.Join(dir, "proxy-"+layout), l, c, layout, pxData)
 				if err != nil {
 					return fmt.Errorf("%v, %s, %s: %w", rtt, l, layout, err)
 				}
@@ -186,7 +201,7 @@ func hadesBench(bin, scratch string) error {
 		}
 	}
 	fmt.Printf("\n(this part took %s)\n", time.Since(began).Round(time.Second))
-	return figure("hades", fig)
+	return e.Figure("hades", fig)
 }
 
 func hadesList(loads []hadesLoad) string {
@@ -198,8 +213,8 @@ func hadesList(loads []hadesLoad) string {
 }
 
 // hadesWrite writes every workload's files at the origin.
-func hadesWrite(o *origin, loads []hadesLoad, c content) error {
-	return o.write(func(w *pathfs.FS) error {
+func hadesWrite(o *proxy.Origin, loads []hadesLoad, c content) error {
+	return o.Write(func(w *pathfs.FS) error {
 		if err := w.Mkdir("/hades", 0o755); err != nil {
 			return err
 		}
@@ -218,7 +233,7 @@ func hadesWrite(o *origin, loads []hadesLoad, c content) error {
 					return err
 				}
 				for j := range l.files {
-					if err := writeRemote(w, l.path(u, j), c.of(l.path(u, j)), l.size); err != nil {
+					if err := harness.WriteRemote(w, l.path(u, j), c.of(l.path(u, j)), l.size); err != nil {
 						return err
 					}
 				}
@@ -247,18 +262,18 @@ func (b blockTimes) String() string {
 	return fmt.Sprintf("%.2f / %.1f / %.1f = %.1f", b.mapping, b.read, b.fetch, b.total())
 }
 
-// hadesLayout runs the modes on a new proxy whose store has the given
+// layout runs the modes on a new proxy whose store has the given
 // layout, and returns the MB/s of each and a block's time at the proxy in
 // its best run, the proxy's counters after the last, and what was off in
 // them.
-func hadesLayout(bin string, o *origin, dir string, l hadesLoad, c content, layout string) ([]float64, []blockTimes, *pb.ProxyStatsReply, []string, error) {
+func (cfg *Config) layout(bin string, o *proxy.Origin, dir string, l hadesLoad, c content, layout string, pxData bool) ([]float64, []blockTimes, *pb.ProxyStatsReply, []string, error) {
 	defer os.RemoveAll(dir)
-	px, _, stop, err := startProxy(bin, o, dir, l.bytes(), layout)
+	px, _, stop, err := proxy.Start(bin, o, dir, l.bytes(), layout, pxData)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
 	defer stop()
-	prev, err := proxyStats(bin, px)
+	prev, err := proxy.Stats(bin, px)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
@@ -268,17 +283,17 @@ func hadesLayout(bin string, o *origin, dir string, l hadesLoad, c content, layo
 	for _, m := range hadesModes {
 		par := 1
 		if m.par {
-			par = *hadesPar
+			par = cfg.Par
 		}
 		var best time.Duration
 		var bt blockTimes
 		for range m.runs() {
-			dropCaches()
+			harness.DropCaches()
 			d, err := hadesRead(px, l, c, par)
 			if err != nil {
 				return nil, nil, nil, nil, fmt.Errorf("%s: %w", m.name, err)
 			}
-			st, err := proxyStats(bin, px)
+			st, err := proxy.Stats(bin, px)
 			if err != nil {
 				return nil, nil, nil, nil, err
 			}
@@ -298,7 +313,7 @@ func hadesLayout(bin string, o *origin, dir string, l hadesLoad, c content, layo
 			}
 			prev = st
 		}
-		rates = append(rates, mbps(l.bytes(), best))
+		rates = append(rates, harness.MBps(l.bytes(), best))
 		times = append(times, bt)
 	}
 	return rates, times, prev, notes, nil
@@ -308,13 +323,13 @@ func hadesLayout(bin string, o *origin, dir string, l hadesLoad, c content, layo
 // par at a time each, checking every byte, and returns the time all took.
 // The clients bypass their caches: every byte comes from addr.
 func hadesRead(addr string, l hadesLoad, c content, par int) (time.Duration, error) {
-	cs, err := dialAll(l.users, func(u int) client.Options {
+	cs, err := harness.DialAll(l.users, func(u int) client.Options {
 		return client.Options{Server: addr, Name: l.user(u), BypassThreshold: 1, CacheSize: 64 << 20, DialTimeout: 30 * time.Second}
 	})
 	if err != nil {
 		return 0, err
 	}
-	defer closeAll(cs)
+	defer harness.CloseAll(cs)
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, l.users*par)
@@ -338,7 +353,7 @@ func hadesRead(addr string, l hadesLoad, c content, par int) (time.Duration, err
 	}
 	wg.Wait()
 	close(errs)
-	return time.Since(start), errors.Join(collect(errs)...)
+	return time.Since(start), errors.Join(harness.Collect(errs)...)
 }
 
 // readChecked reads the file at path through buf and checks it holds the
@@ -367,23 +382,6 @@ func readChecked(cl *pathfs.FS, path string, size int64, c content, buf []byte) 
 		return fmt.Errorf("%s: read %d bytes, want %d", path, off, size)
 	}
 	return nil
-}
-
-// proxyStats is `hoard proxy stats --json` of the proxy at addr.
-func proxyStats(bin, addr string) (*pb.ProxyStatsReply, error) {
-	out, err := exec.Command(bin, "proxy", "stats", "--insecure", "--proxy", addr, "--json").Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return nil, fmt.Errorf("hoard proxy stats: %v: %s", err, bytes.TrimSpace(ee.Stderr))
-		}
-		return nil, err
-	}
-	var r pb.ProxyStatsReply
-	if err := protojson.Unmarshal(out, &r); err != nil {
-		return nil, fmt.Errorf("hoard proxy stats: %w: %s", err, out)
-	}
-	return &r, nil
 }
 
 // period is the length after which generated file data repeats; not a

@@ -1,4 +1,7 @@
-package main
+// Package tree is bench's tree part: the workloads people run first
+// (cp -r, postmark, find | xargs cat, tar, rm -r, dd, fio) on the local
+// disk, through bindfs and on a hoard mount, at doubling file counts.
+package tree
 
 import (
 	"bytes"
@@ -11,7 +14,6 @@ import (
 	"io/fs"
 	"math/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -22,22 +24,34 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hoardfs/hoard/bench/harness"
+	"github.com/hoardfs/hoard/bench/postmark"
 	"github.com/hoardfs/hoard/fuseuring"
 )
 
-var (
-	treeFiles   = flag.String("tree-files", "1000,2000,4000,8000", "tree: file counts of the file-count rounds, comma-separated (e.g. 12500,25000,50000,100000)")
-	treeBig     = flag.String("tree-big", "1G", "tree: size of the large file, whole MiB (64M, 1G); 0 skips the large-file rows")
-	treeFS      = flag.String("tree-fs", "local,bindfs,hoard,hoard-uring", "tree: file systems to run, comma-separated: local, bindfs, hoard (requests over /dev/fuse), hoard-uring (over io_uring, a mount's default where the kernel offers it)")
-	treeNoDeleg = flag.Bool("tree-nodeleg", true, "tree: also run postmark on a hoard mount with --no-delegations")
-	treePM      = flag.Bool("tree-postmark", true, "tree: run postmark (false: the other rows only, for runs at large N)")
-	treeTimeout = flag.Duration("tree-timeout", 10*time.Minute, "tree: longest a round (one file system at one file count, or with the large file) may take")
-)
+// Config is the tree part's flags.
+type Config struct {
+	Files, Big, FS    string        // -tree-files, -tree-big, -tree-fs
+	NoDeleg, Postmark bool          // -tree-nodeleg, -tree-postmark
+	Timeout           time.Duration // -tree-timeout
+	flags             *flag.FlagSet // where they were defined, to tell whether -tree-fs was given
+}
 
-// treeFSGiven reports whether -tree-fs was given, not left at its
-// default.
-func treeFSGiven() (given bool) {
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "tree-fs" })
+// Flags defines the -tree-* flags on fs and returns what they set.
+func Flags(fs *flag.FlagSet) *Config {
+	c := &Config{flags: fs}
+	fs.StringVar(&c.Files, "tree-files", "1000,2000,4000,8000", "tree: file counts of the file-count rounds, comma-separated (e.g. 12500,25000,50000,100000)")
+	fs.StringVar(&c.Big, "tree-big", "1G", "tree: size of the large file, whole MiB (64M, 1G); 0 skips the large-file rows")
+	fs.StringVar(&c.FS, "tree-fs", "local,bindfs,hoard,hoard-uring", "tree: file systems to run, comma-separated: local, bindfs, hoard (requests over /dev/fuse), hoard-uring (over io_uring, a mount's default where the kernel offers it)")
+	fs.BoolVar(&c.NoDeleg, "tree-nodeleg", true, "tree: also run postmark on a hoard mount with --no-delegations")
+	fs.BoolVar(&c.Postmark, "tree-postmark", true, "tree: run postmark (false: the other rows only, for runs at large N)")
+	fs.DurationVar(&c.Timeout, "tree-timeout", 10*time.Minute, "tree: longest a round (one file system at one file count, or with the large file) may take")
+	return c
+}
+
+// fsGiven reports whether -tree-fs was given, not left at its default.
+func (c *Config) fsGiven() (given bool) {
+	c.flags.Visit(func(f *flag.Flag) { given = given || f.Name == "tree-fs" })
 	return given
 }
 
@@ -60,30 +74,31 @@ type bigTimes struct {
 	iops        float64
 }
 
-// treeBench times the workloads people run first (cp -r, postmark, find |
+// Run times the workloads people run first (cp -r, postmark, find |
 // xargs cat, tar, rm -r, dd, fio) on the local file system, through bindfs
 // (what any FUSE file system pays) and on a hoard mount, at doubling file
 // counts so that the growth of each shows.
-func treeBench(bin, scratch string) error {
+func Run(e *harness.Env, c *Config) error {
+	bin, scratch := e.Bin, e.Scratch
 	var ns []int
-	for _, s := range strings.Split(*treeFiles, ",") {
+	for _, s := range strings.Split(c.Files, ",") {
 		n, err := strconv.Atoi(s)
 		if err != nil || n <= 0 {
-			return fmt.Errorf("-tree-files %q: want positive counts separated by commas", *treeFiles)
+			return fmt.Errorf("-tree-files %q: want positive counts separated by commas", c.Files)
 		}
 		ns = append(ns, n)
 	}
 	big, err := int64(0), error(nil)
-	if *treeBig != "0" {
-		big, err = parseSize(*treeBig)
+	if c.Big != "0" {
+		big, err = parseSize(c.Big)
 	}
 	if err != nil || big%(1<<20) != 0 {
-		return fmt.Errorf("-tree-big %q: want whole MiB, such as 64M or 1G", *treeBig)
+		return fmt.Errorf("-tree-big %q: want whole MiB, such as 64M or 1G", c.Big)
 	}
-	fss := strings.Split(*treeFS, ",")
+	fss := strings.Split(c.FS, ",")
 	for _, f := range fss {
 		if !slices.Contains([]string{"local", "bindfs", "hoard", "hoard-uring"}, f) {
-			return fmt.Errorf("-tree-fs %q: want local, bindfs, hoard and/or hoard-uring", *treeFS)
+			return fmt.Errorf("-tree-fs %q: want local, bindfs, hoard and/or hoard-uring", c.FS)
 		}
 	}
 	if slices.Contains(fss, "hoard-uring") {
@@ -92,7 +107,7 @@ func treeBench(bin, scratch string) error {
 			err = fuseuring.Check()
 		}
 		switch {
-		case err != nil && treeFSGiven():
+		case err != nil && c.fsGiven():
 			return fmt.Errorf("-tree-fs hoard-uring: %w", err)
 		case err != nil:
 			// The default's: run the rest, and say why not this.
@@ -102,10 +117,10 @@ func treeBench(bin, scratch string) error {
 			defer fuseuring.Disable()
 		}
 	}
-	fmt.Printf("\ncommand: HOARD_BIN=%s go run ./bench %s\n", os.Getenv("HOARD_BIN"), strings.Join(os.Args[1:], " "))
+	fmt.Printf("\ncommand: HOARD_BIN=%s go run ./bench %s\n", bin, strings.Join(os.Args[1:], " "))
 
 	dir := filepath.Join(scratch, "tree")
-	trips, err := roundTrips(bin, dir, fss)
+	trips, err := c.roundTrips(bin, dir, fss)
 	if err != nil {
 		return err
 	}
@@ -120,14 +135,14 @@ func treeBench(bin, scratch string) error {
 		cacheSize := 2*(size+int64(n)*(4<<10+16<<10)) + 2<<30
 		for _, f := range fss {
 			t := &treeTimes{}
-			err := inRound(fmt.Sprintf("%s, %d files", f, n), func(ctx context.Context) error {
-				return withTarget(ctx, bin, filepath.Join(dir, fmt.Sprintf("%s-%d", f, n)), f, cacheSize, func(tg *treeTarget) error { return t.run(ctx, tg, src, n, size) })
+			err := c.inRound(fmt.Sprintf("%s, %d files", f, n), func(ctx context.Context) error {
+				return withTarget(ctx, bin, filepath.Join(dir, fmt.Sprintf("%s-%d", f, n)), f, cacheSize, func(tg *treeTarget) error { return t.run(ctx, tg, src, n, size, c.Postmark) })
 			})
 			if err == nil {
 				fmt.Fprintf(os.Stderr, "tree: %s, %d files: %s\n", f, n, t)
 			}
-			if err == nil && f == "hoard" && *treeNoDeleg && *treePM {
-				err = inRound(fmt.Sprintf("hoard --no-delegations, postmark on %d files", n), func(ctx context.Context) error {
+			if err == nil && f == "hoard" && c.NoDeleg && c.Postmark {
+				err = c.inRound(fmt.Sprintf("hoard --no-delegations, postmark on %d files", n), func(ctx context.Context) error {
 					return withTarget(ctx, bin, filepath.Join(dir, fmt.Sprintf("hoard-nodeleg-%d", n)), f, cacheSize, func(tg *treeTarget) (err error) {
 						t.pmNoDeleg, err = timedPostmark(ctx, tg.root, n)
 						return err
@@ -152,7 +167,7 @@ func treeBench(bin, scratch string) error {
 			continue // the large file's requests are few: the transport does not show
 		}
 		b := &bigTimes{}
-		err := inRound(fmt.Sprintf("%s, %s file", f, human(big)), func(ctx context.Context) error {
+		err := c.inRound(fmt.Sprintf("%s, %s file", f, harness.Human(big)), func(ctx context.Context) error {
 			return withTarget(ctx, bin, filepath.Join(dir, "big-"+f), f, 2*big+2<<30, func(tg *treeTarget) error { return b.run(ctx, tg, big) })
 		})
 		if err != nil {
@@ -162,18 +177,18 @@ func treeBench(bin, scratch string) error {
 	}
 	printTree(ns, res, bigs, big)
 	printTrips(trips)
-	return treeFigures(ns, res, bigs, big)
+	return c.figures(e, ns, res, bigs, big)
 }
 
 // inRound runs a round with a context that ends after -tree-timeout,
 // which kills the round's commands.
-func inRound(what string, round func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), *treeTimeout)
+func (c *Config) inRound(what string, round func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
 	defer cancel()
 	start := time.Now()
 	err := round(ctx)
 	if err != nil && ctx.Err() != nil {
-		return fmt.Errorf("tree: %s: longer than -tree-timeout %v: %w", what, *treeTimeout, err)
+		return fmt.Errorf("tree: %s: longer than -tree-timeout %v: %w", what, c.Timeout, err)
 	}
 	if err != nil {
 		return fmt.Errorf("tree: %s: %w", what, err)
@@ -213,9 +228,9 @@ func makeTrees(src string, n int) (int64, error) {
 	return size, nil
 }
 
-// run runs workloads 1-9 with n files in tg; src holds their sources,
-// size bytes in src/tree.
-func (t *treeTimes) run(ctx context.Context, tg *treeTarget, src string, n int, size int64) error {
+// run runs workloads 1-9 with n files in tg (postmark if pm); src holds
+// their sources, size bytes in src/tree.
+func (t *treeTimes) run(ctx context.Context, tg *treeTarget, src string, n int, size int64, pm bool) error {
 	tree := filepath.Join(tg.root, "tree")
 	var err error
 	if t.cp, err = timedCopy(ctx, filepath.Join(src, "tree"), tree, n); err != nil {
@@ -227,7 +242,7 @@ func (t *treeTimes) run(ctx context.Context, tg *treeTarget, src string, n int, 
 	if t.flat, err = timedCopy(ctx, filepath.Join(src, "flat"), filepath.Join(tg.root, "flat"), n); err != nil {
 		return err
 	}
-	if *treePM {
+	if pm {
 		if t.pm, err = timedPostmark(ctx, tg.root, n); err != nil {
 			return err
 		}
@@ -235,23 +250,23 @@ func (t *treeTimes) run(ctx context.Context, tg *treeTarget, src string, n int, 
 	if err := tg.cold(); err != nil {
 		return err
 	}
-	if t.cold, err = timed(func() error { return findCat(ctx, tree) }); err != nil {
+	if t.cold, err = harness.Timed(func() error { return harness.FindCat(ctx, tree) }); err != nil {
 		return err
 	}
 	if err := countFiles(tree, n); err != nil {
 		return err
 	}
-	if t.warm, err = bestOf(3, func() error { return findCat(ctx, tree) }); err != nil {
+	if t.warm, err = harness.BestOf(3, func() error { return harness.FindCat(ctx, tree) }); err != nil {
 		return err
 	}
-	if t.stat, err = bestOf(3, func() error {
-		_, err := runCmd(ctx, "find", tree, "-printf", `%s %T@\n`)
+	if t.stat, err = harness.BestOf(3, func() error {
+		_, err := harness.RunCmd(ctx, "find", tree, "-printf", `%s %T@\n`)
 		return err
 	}); err != nil {
 		return err
 	}
-	t.tar, err = bestOf(3, func() error {
-		out, err := runCmd(ctx, "bash", "-o", "pipefail", "-c", `cd "$1" && tar cf - . | wc -c`, "bash", tree)
+	t.tar, err = harness.BestOf(3, func() error {
+		out, err := harness.RunCmd(ctx, "bash", "-o", "pipefail", "-c", `cd "$1" && tar cf - . | wc -c`, "bash", tree)
 		if got, _ := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64); err == nil && got < size {
 			err = fmt.Errorf("tar of %s: %d bytes, less than the %d in its files", tree, got, size)
 		}
@@ -260,18 +275,18 @@ func (t *treeTimes) run(ctx context.Context, tg *treeTarget, src string, n int, 
 	if err != nil {
 		return err
 	}
-	t.rm, err = timed(func() error { _, err := runCmd(ctx, "rm", "-r", tree); return err })
+	t.rm, err = harness.Timed(func() error { _, err := harness.RunCmd(ctx, "rm", "-r", tree); return err })
 	return err
 }
 
 // timedCopy times cp -r of src (in the page cache, no writeback under
 // way) to dst and checks that dst then holds n files.
 func timedCopy(ctx context.Context, src, dst string, n int) (time.Duration, error) {
-	if err := findCat(ctx, src); err != nil {
+	if err := harness.FindCat(ctx, src); err != nil {
 		return 0, err
 	}
 	syscall.Sync()
-	d, err := timed(func() error { _, err := runCmd(ctx, "cp", "-r", src, dst); return err })
+	d, err := harness.Timed(func() error { _, err := harness.RunCmd(ctx, "cp", "-r", src, dst); return err })
 	if err != nil {
 		return 0, err
 	}
@@ -286,8 +301,8 @@ func timedPostmark(ctx context.Context, root string, n int) (time.Duration, erro
 		return 0, err
 	}
 	syscall.Sync()
-	return timed(func() error {
-		if _, err := postmark(ctx, dir, pmWorkload{n, 4 * n, 5, 5}, 16<<10); err != nil {
+	return harness.Timed(func() error {
+		if _, err := postmark.Debian(ctx, dir, postmark.Workload{Files: n, Tx: 4 * n, ReadBias: 5, CreateBias: 5}, 16<<10); err != nil {
 			return fmt.Errorf("postmark in %s: %w", dir, err)
 		}
 		return nil
@@ -313,7 +328,7 @@ func countFiles(dir string, n int) error {
 func (b *bigTimes) run(ctx context.Context, tg *treeTarget, size int64) error {
 	f := filepath.Join(tg.root, "big")
 	dd := func(args ...string) error {
-		_, err := runCmd(ctx, "dd", append([]string{"bs=1M", "status=none"}, args...)...)
+		_, err := harness.RunCmd(ctx, "dd", append([]string{"bs=1M", "status=none"}, args...)...)
 		if err == nil {
 			err = checkSize(f, size)
 		}
@@ -321,22 +336,22 @@ func (b *bigTimes) run(ctx context.Context, tg *treeTarget, size int64) error {
 	}
 	syscall.Sync()
 	var err error
-	if b.write, err = timed(func() error { return dd("if=/dev/zero", "of="+f, fmt.Sprintf("count=%d", size>>20), "conv=fsync") }); err != nil {
+	if b.write, err = harness.Timed(func() error { return dd("if=/dev/zero", "of="+f, fmt.Sprintf("count=%d", size>>20), "conv=fsync") }); err != nil {
 		return err
 	}
 	if err := tg.cold(); err != nil {
 		return err
 	}
-	if b.cold, err = timed(func() error { return dd("if="+f, "of=/dev/null") }); err != nil {
+	if b.cold, err = harness.Timed(func() error { return dd("if="+f, "of=/dev/null") }); err != nil {
 		return err
 	}
 	for i := range b.warm {
-		if b.warm[i], err = timed(func() error { return dd("if="+f, "of=/dev/null") }); err != nil {
+		if b.warm[i], err = harness.Timed(func() error { return dd("if="+f, "of=/dev/null") }); err != nil {
 			return err
 		}
 	}
 	// --invalidate=0: fio would otherwise drop the file's pages first.
-	out, err := runCmd(ctx, "fio", "--name=r", "--filename="+f, "--rw=randread", "--bs=4k", "--ioengine=psync", "--iodepth=1",
+	out, err := harness.RunCmd(ctx, "fio", "--name=r", "--filename="+f, "--rw=randread", "--bs=4k", "--ioengine=psync", "--iodepth=1",
 		"--runtime=5", "--time_based", fmt.Sprintf("--size=%d", size), "--invalidate=0", "--output-format=json")
 	if err != nil {
 		return err
@@ -379,8 +394,8 @@ func withTarget(ctx context.Context, bin, dir, fsys string, cacheSize int64, fn 
 	}
 	tg := &treeTarget{
 		root:  filepath.Join(dir, "mnt"),
-		store: func() (time.Duration, error) { return timed(func() error { syscall.Sync(); return nil }) },
-		cold:  func() error { dropCaches(); return nil },
+		store: func() (time.Duration, error) { return harness.Timed(func() error { syscall.Sync(); return nil }) },
+		cold:  func() error { harness.DropCaches(); return nil },
 	}
 	// Unmounts get a minute of their own, from when they start: ctx may
 	// have ended.
@@ -399,18 +414,18 @@ func withTarget(ctx context.Context, bin, dir, fsys string, cacheSize int64, fn 
 		if err := errors.Join(os.Mkdir(back, 0o755), os.Mkdir(tg.root, 0o755)); err != nil {
 			return err
 		}
-		if _, err := runCmd(ctx, "bindfs", "--no-allow-other", back, tg.root); err != nil {
+		if _, err := harness.RunCmd(ctx, "bindfs", "--no-allow-other", back, tg.root); err != nil {
 			return err
 		}
 		err = fn(tg)
 		cctx, cancel := cleanup()
-		_, uerr := runCmd(cctx, "fusermount3", "-u", tg.root)
+		_, uerr := harness.RunCmd(cctx, "fusermount3", "-u", tg.root)
 		cancel()
 		err = cmp.Or(err, uerr)
 	case "hoard", "hoard-uring":
 		// The same mount, its requests over /dev/fuse or over io_uring.
 		flags = append(flags, fmt.Sprint("--io-uring=", fsys == "hoard-uring"))
-		addr, _, stop, serr := startServer(bin, filepath.Join(dir, "server"))
+		addr, _, stop, serr := harness.StartServer(bin, filepath.Join(dir, "server"))
 		if serr != nil {
 			return serr
 		}
@@ -420,7 +435,7 @@ func withTarget(ctx context.Context, bin, dir, fsys string, cacheSize int64, fn 
 		// Unmounted by hoardUnmount, which waits for the daemon to exit.
 		mounted := false
 		mount := func() error {
-			_, err := mountCell(bin, addr, tg.root, cache, flags...)
+			_, err := harness.MountCell(bin, addr, tg.root, cache, flags...)
 			mounted = err == nil
 			return err
 		}
@@ -429,7 +444,7 @@ func withTarget(ctx context.Context, bin, dir, fsys string, cacheSize int64, fn 
 			return hoardUnmount(ctx, bin, tg.root, cache)
 		}
 		tg.store = func() (time.Duration, error) {
-			d, err := timed(func() error { return unmount(ctx) })
+			d, err := harness.Timed(func() error { return unmount(ctx) })
 			if err != nil {
 				return 0, err
 			}
@@ -446,7 +461,7 @@ func withTarget(ctx context.Context, bin, dir, fsys string, cacheSize int64, fn 
 			if err := mount(); err != nil {
 				return err
 			}
-			dropCaches()
+			harness.DropCaches()
 			return nil
 		}
 		if err = mount(); err == nil {
@@ -475,7 +490,7 @@ func hoardUnmount(ctx context.Context, bin, mnt, cache string) error {
 		return err
 	}
 	stat := "/proc/" + strings.TrimSpace(string(pid)) + "/stat"
-	if _, err := runCmd(ctx, bin, "umount", mnt); err != nil {
+	if _, err := harness.RunCmd(ctx, bin, "umount", mnt); err != nil {
 		return err
 	}
 	for {
@@ -504,28 +519,6 @@ func hoardUnmount(ctx context.Context, bin, mnt, cache string) error {
 		return fmt.Errorf("the mount of %s logged:\n%s", mnt, strings.Join(errs, "\n"))
 	}
 	return nil
-}
-
-// killable is exec.CommandContext for commands with children (a shell's
-// pipeline): ctx's end kills its whole process group.
-func killable(ctx context.Context, name string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	return cmd
-}
-
-// runCmd runs a command until ctx ends and returns its standard output;
-// its failure is an error with what it wrote to standard error.
-func runCmd(ctx context.Context, name string, args ...string) ([]byte, error) {
-	cmd := killable(ctx, name, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return out, fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
-	}
-	return out, nil
 }
 
 // parseSize reads sizes like 4096, 64M or 1G (powers of 1024).
@@ -605,12 +598,12 @@ func printTree(ns []int, res map[string]map[int]*treeTimes, bigs map[string]*big
 	if big == 0 {
 		return
 	}
-	fmt.Printf("\n### 10-12. A file of %s\n\n", human(big))
+	fmt.Printf("\n### 10-12. A file of %s\n\n", harness.Human(big))
 	fmt.Println("Rates; × local: hoard's rate over local's (higher is better). Cold: page cache dropped (hoard: a new mount, empty cache).")
 	fmt.Println()
 	fmt.Println("| measurement | local | bindfs | hoard | hoard × local |")
 	fmt.Println("|---|---|---|---|---|")
-	mb := func(d time.Duration) float64 { return mbps(big, d) }
+	mb := func(d time.Duration) float64 { return harness.MBps(big, d) }
 	bigRow := func(name string, of func(*bigTimes) []float64) {
 		cells := []string{"–", "–", "–", "–"}
 		for k, f := range []string{"local", "bindfs", "hoard"} {
@@ -665,7 +658,7 @@ type tripTimes struct{ same, other time.Duration }
 // (ENODATA), with the daemon's threads held to CPU 0 and the caller on
 // CPU 0, then on CPU 1. A machine where waking a thread on another CPU is
 // dear (a virtual machine's inter-processor interrupts) shows it here.
-func roundTrips(bin, dir string, fss []string) (map[string]tripTimes, error) {
+func (c *Config) roundTrips(bin, dir string, fss []string) (map[string]tripTimes, error) {
 	out := map[string]tripTimes{}
 	if runtime.NumCPU() < 2 {
 		return out, nil
@@ -674,7 +667,7 @@ func roundTrips(bin, dir string, fss []string) (map[string]tripTimes, error) {
 		if f == "local" {
 			continue
 		}
-		err := inRound(f+", round trips", func(ctx context.Context) error {
+		err := c.inRound(f+", round trips", func(ctx context.Context) error {
 			return withTarget(ctx, bin, filepath.Join(dir, "trip-"+f), f, 1<<30, func(tg *treeTarget) error {
 				path := filepath.Join(tg.root, "f")
 				if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
@@ -687,10 +680,10 @@ func roundTrips(bin, dir string, fss []string) (map[string]tripTimes, error) {
 				// Over io_uring each CPU's requests are served on it: the
 				// daemon's ring threads hold themselves to their CPUs.
 				if f != "hoard-uring" {
-					if _, err := runCmd(ctx, "taskset", "-a", "-p", "-c", "0", strconv.Itoa(pid)); err != nil {
+					if _, err := harness.RunCmd(ctx, "taskset", "-a", "-p", "-c", "0", strconv.Itoa(pid)); err != nil {
 						return err
 					}
-					defer runCmd(ctx, "taskset", "-a", "-p", "-c", fmt.Sprintf("0-%d", runtime.NumCPU()-1), strconv.Itoa(pid))
+					defer harness.RunCmd(ctx, "taskset", "-a", "-p", "-c", fmt.Sprintf("0-%d", runtime.NumCPU()-1), strconv.Itoa(pid))
 				}
 				t := tripTimes{same: tripOn(0, path), other: tripOn(1, path)}
 				out[f] = t
@@ -749,7 +742,7 @@ func printTrips(trips map[string]tripTimes) {
 	fmt.Println("|---|---|---|")
 	for _, f := range []string{"bindfs", "hoard", "hoard-uring"} {
 		if t, ok := trips[f]; ok {
-			fmt.Printf("| %s | %.1f | %.1f |\n", f, us(t.same), us(t.other))
+			fmt.Printf("| %s | %.1f | %.1f |\n", f, harness.Micros(t.same), harness.Micros(t.other))
 		}
 	}
 }

@@ -1,4 +1,8 @@
-package main
+// Package postmark is bench's postmark part, after the cacheDAFS thesis
+// §4.2: Debian's postmark through mounts with delegations and without,
+// and Postmark's loop in Go. Debian reruns postmark for the parts that
+// time it too (tree, secure).
+package postmark
 
 import (
 	"bytes"
@@ -13,52 +17,62 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/hoardfs/hoard/bench/chart"
+	"github.com/hoardfs/hoard/bench/harness"
 	"github.com/hoardfs/hoard/cache"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/pathfs"
 )
 
-var (
-	pmFiles    = flag.Int("pm-files", 500, "postmark: initial files of the read/write-ratio sweep and the Go port (cacheDAFS thesis: 10,000)")
-	pmTx       = flag.Int("pm-tx", 2000, "postmark: transactions per run (cacheDAFS thesis: 30,000)")
-	pmCache    = flag.Int64("pm-cache", 1<<30, "postmark: cache size of the mounts and library clients in the read/write-ratio sweep and the Go port")
-	pmSetCache = flag.Int64("pm-set-cache", 16<<20, "postmark: cache size of the mounts in the file-set sweep, which runs 0.5-4× it")
-)
+// Config is the postmark part's flags.
+type Config struct {
+	Files, Tx       int   // -pm-files, -pm-tx
+	Cache, SetCache int64 // -pm-cache, -pm-set-cache
+}
+
+// Flags defines the -pm-* flags on fs and returns what they set.
+func Flags(fs *flag.FlagSet) *Config {
+	c := &Config{}
+	fs.IntVar(&c.Files, "pm-files", 500, "postmark: initial files of the read/write-ratio sweep and the Go port (cacheDAFS thesis: 10,000)")
+	fs.IntVar(&c.Tx, "pm-tx", 2000, "postmark: transactions per run (cacheDAFS thesis: 30,000)")
+	fs.Int64Var(&c.Cache, "pm-cache", 1<<30, "postmark: cache size of the mounts and library clients in the read/write-ratio sweep and the Go port")
+	fs.Int64Var(&c.SetCache, "pm-set-cache", 16<<20, "postmark: cache size of the mounts in the file-set sweep, which runs 0.5-4× it")
+	return c
+}
 
 const (
-	pmLow, pmHigh = 512, 32 << 10 // the cacheDAFS thesis's file sizes
-	pmAvg         = (pmLow + pmHigh) / 2
+	Low, High = 512, 32 << 10 // the cacheDAFS thesis's file sizes
+	pmAvg     = (Low + High) / 2
 	// Larger than any file, so one call reads or writes a file, as in the cacheDAFS thesis.
 	pmBlock = 64 << 10
 	pmSeed  = 42
 )
 
-// pmWorkload is one Postmark configuration. A bias is out of 10; -1
+// Workload is one Postmark configuration. A bias is out of 10; -1
 // leaves that kind of transaction out.
-type pmWorkload struct {
-	files, tx            int
-	readBias, createBias int
+type Workload struct {
+	Files, Tx            int
+	ReadBias, CreateBias int
 }
 
-// postmarkBench is the delegations benchmark, after the cacheDAFS thesis §4.2: Debian's
+// Run is the delegations benchmark, after the cacheDAFS thesis §4.2: Debian's
 // postmark through a mount with delegations, one without, and on the
 // local file system (a read/write-ratio sweep and a file-set sweep), then
 // Postmark's loop in Go through the library and the mounts, with the cost
 // of each operation (the cacheDAFS thesis Appendix B).
-func postmarkBench(bin, addr, scratch string) error {
-	places, err := pmMount(bin, addr, scratch, "ratio", *pmCache)
+func Run(e *harness.Env, c *Config) error {
+	bin, addr, scratch := e.Bin, e.Addr, e.Scratch
+	places, err := pmMount(bin, addr, scratch, "ratio", c.Cache)
 	if err != nil {
 		return err
 	}
 	defer pmUnmount(places)
-	setPlaces, err := pmMount(bin, addr, scratch, "set", *pmSetCache)
+	setPlaces, err := pmMount(bin, addr, scratch, "set", c.SetCache)
 	if err != nil {
 		return err
 	}
@@ -66,22 +80,22 @@ func postmarkBench(bin, addr, scratch string) error {
 
 	fmt.Printf("\n## Postmark through the mount: read/write ratio (the cacheDAFS thesis §4.2.1)\n\n")
 	fmt.Printf("Debian's postmark, %d files of %s-%s (%s, the mounts' caches are %s), %d transactions, create bias 5, %s blocks.\n",
-		*pmFiles, human(pmLow), human(pmHigh), mib(int64(*pmFiles)*pmAvg), human(*pmCache), *pmTx, human(pmBlock))
+		c.Files, harness.Human(Low), harness.Human(High), harness.MiB(int64(c.Files)*pmAvg), harness.Human(c.Cache), c.Tx, harness.Human(pmBlock))
 	fmt.Println("Transactions/s timed from postmark's progress output; its own report (whole seconds) is in the last column.")
 	fmt.Println()
 	fmt.Println("| read bias | deleg. tx/s | no deleg. tx/s | local tx/s | deleg./no deleg. | deleg./local | postmark's tx/s (total s): deleg. / no deleg. / local |")
 	fmt.Println("|---|---|---|---|---|---|---|")
 	// The figure: transactions/s of each place, by read bias and by file set.
-	ratio := chart.Panel{Title: fmt.Sprintf("read/write ratio: %d files, %d transactions", *pmFiles, *pmTx), XLabel: "read bias (10: reads only)", YLabel: "transactions/s", LogY: true}
-	set := chart.Panel{Title: fmt.Sprintf("file set against a %s cache, reads only", human(*pmSetCache)), XLabel: "file set ÷ cache", YLabel: "transactions/s", LogX: true, LogY: true}
+	ratio := chart.Panel{Title: fmt.Sprintf("read/write ratio: %d files, %d transactions", c.Files, c.Tx), XLabel: "read bias (10: reads only)", YLabel: "transactions/s", LogY: true}
+	set := chart.Panel{Title: fmt.Sprintf("file set against a %s cache, reads only", harness.Human(c.SetCache)), XLabel: "file set ÷ cache", YLabel: "transactions/s", LogX: true, LogY: true}
 	for _, pn := range []*chart.Panel{&ratio, &set} {
 		pn.Series = []chart.Series{{Name: "local"}, {Name: "hoard --no-delegations"}, {Name: "hoard"}}
 	}
 	// point adds runs rs (deleg., no deleg., local) at x.
-	point := func(pn *chart.Panel, x float64, rs []pmRun) {
-		for i, r := range []pmRun{rs[2], rs[1], rs[0]} {
+	point := func(pn *chart.Panel, x float64, rs []Result) {
+		for i, r := range []Result{rs[2], rs[1], rs[0]} {
 			pn.Series[i].X = append(pn.Series[i].X, x)
-			pn.Series[i].Y = append(pn.Series[i].Y, r.tps)
+			pn.Series[i].Y = append(pn.Series[i].Y, r.TPS)
 		}
 	}
 	before, err := publishedStats(places[0].cache)
@@ -89,7 +103,7 @@ func postmarkBench(bin, addr, scratch string) error {
 		return err
 	}
 	for _, bias := range []int{10, 7, 5, 3, 0} {
-		rs, err := pmRunAll(places, pmWorkload{*pmFiles, *pmTx, bias, 5})
+		rs, err := pmRunAll(places, Workload{c.Files, c.Tx, bias, 5})
 		if err != nil {
 			return err
 		}
@@ -102,10 +116,10 @@ func postmarkBench(bin, addr, scratch string) error {
 		return err
 	}
 	fmt.Printf("\n(with delegations the mount wrote %s into its cache and stored %s of it: the rest was deleted before the flusher got to it)\n",
-		mib(after[0].BytesWritten-before[0].BytesWritten), mib(after[0].Gauges["flushed_bytes"]-before[0].Gauges["flushed_bytes"]))
+		harness.MiB(after[0].BytesWritten-before[0].BytesWritten), harness.MiB(after[0].Gauges["flushed_bytes"]-before[0].Gauges["flushed_bytes"]))
 
-	fmt.Printf("\n## Postmark through the mount: file set against a %s cache (the cacheDAFS thesis §4.2.2)\n\n", human(*pmSetCache))
-	fmt.Printf("%d transactions, read bias 10, no creates or deletes among them. Reads fetched: the share of files read\n", *pmTx)
+	fmt.Printf("\n## Postmark through the mount: file set against a %s cache (the cacheDAFS thesis §4.2.2)\n\n", harness.Human(c.SetCache))
+	fmt.Printf("%d transactions, read bias 10, no creates or deletes among them. Reads fetched: the share of files read\n", c.Tx)
 	fmt.Println("that the mount had to fetch (its cache misses over postmark's reads).")
 	fmt.Println()
 	fmt.Println("| file set | files | deleg. tx/s | no deleg. tx/s | local tx/s | deleg./no deleg. | deleg./local | reads fetched: deleg. / no deleg. | postmark's tx/s (total s): deleg. / no deleg. / local |")
@@ -115,8 +129,8 @@ func postmarkBench(bin, addr, scratch string) error {
 		return err
 	}
 	for _, mult := range []float64{0.5, 1, 2, 4} {
-		n := int(mult * float64(*pmSetCache) / pmAvg)
-		rs, err := pmRunAll(setPlaces, pmWorkload{n, *pmTx, 10, -1})
+		n := int(mult * float64(c.SetCache) / pmAvg)
+		rs, err := pmRunAll(setPlaces, Workload{n, c.Tx, 10, -1})
 		if err != nil {
 			return err
 		}
@@ -131,12 +145,12 @@ func postmarkBench(bin, addr, scratch string) error {
 		prev = now
 		point(&set, mult, rs)
 		rates, own := pmCells(rs)
-		fmt.Printf("| %s (%g× the cache) | %d | %s | %.2f / %.2f | %s |\n", mib(int64(n)*pmAvg), mult, n, rates, fetched[0], fetched[1], own)
+		fmt.Printf("| %s (%g× the cache) | %d | %s | %.2f / %.2f | %s |\n", harness.MiB(int64(n)*pmAvg), mult, n, rates, fetched[0], fetched[1], own)
 	}
-	if err := figure("postmark", &chart.Chart{Title: "Delegations against none: Debian's postmark through the mount (the cacheDAFS thesis, section 4.2)", Panels: []chart.Panel{ratio, set}}); err != nil {
+	if err := e.Figure("postmark", &chart.Chart{Title: "Delegations against none: Debian's postmark through the mount (the cacheDAFS thesis, section 4.2)", Panels: []chart.Panel{ratio, set}}); err != nil {
 		return err
 	}
-	return postmarkPorts(addr, scratch, places[0].dir, places[1].dir)
+	return postmarkPorts(e, c, places[0].dir, places[1].dir)
 }
 
 // pmMount mounts the cell twice with caches of size bytes, with
@@ -147,7 +161,7 @@ func pmMount(bin, addr, scratch, tag string, size int64) ([]*pmPlace, error) {
 	for _, m := range []struct{ name, flag string }{{"deleg", "--no-delegations=false"}, {"nodeleg", "--no-delegations"}} {
 		name := tag + "-" + m.name
 		mnt, cacheDir := filepath.Join(scratch, "pm-mnt-"+name), filepath.Join(scratch, "pm-cache-"+name)
-		unmount, err := mountCell(bin, addr, mnt, cacheDir, "--cache-size", fmt.Sprint(size), m.flag)
+		unmount, err := harness.MountCell(bin, addr, mnt, cacheDir, "--cache-size", fmt.Sprint(size), m.flag)
 		if err != nil {
 			pmUnmount(places)
 			return nil, err
@@ -165,22 +179,6 @@ func pmUnmount(places []*pmPlace) {
 			p.unmount()
 		}
 	}
-}
-
-// mountCell mounts the cell's root at mnt: a daemon with a cache of its
-// own. It returns the unmount.
-func mountCell(bin, addr, mnt, cacheDir string, flags ...string) (func(), error) {
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
-		return nil, err
-	}
-	args := append([]string{"mount", "--server", addr, "--cache", cacheDir, "--daemon"}, flags...)
-	if !slices.Contains(flags, "--ca") {
-		args = append(args, "--insecure")
-	}
-	if out, err := exec.Command(bin, append(args, mnt)...).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("mount: %v: %s", err, out)
-	}
-	return func() { exec.Command(bin, "umount", mnt).Run() }, nil
 }
 
 // publishedStats reads the counters of mounts' caches once they have
@@ -207,8 +205,8 @@ type pmPlace struct {
 }
 
 // pmRunAll runs w in each place, one after the other.
-func pmRunAll(places []*pmPlace, w pmWorkload) ([]pmRun, error) {
-	var rs []pmRun
+func pmRunAll(places []*pmPlace, w Workload) ([]Result, error) {
+	var rs []Result
 	for _, p := range places {
 		p.runs++
 		dir := filepath.Join(p.dir, fmt.Sprintf("pm%d", p.runs))
@@ -216,7 +214,7 @@ func pmRunAll(places []*pmPlace, w pmWorkload) ([]pmRun, error) {
 			return nil, err
 		}
 		syscall.Sync() // no writeback of an earlier run during this one
-		r, err := postmark(context.Background(), dir, w, pmHigh)
+		r, err := Debian(context.Background(), dir, w, High)
 		if err != nil {
 			return nil, fmt.Errorf("postmark in %s: %w", dir, err)
 		}
@@ -227,8 +225,8 @@ func pmRunAll(places []*pmPlace, w pmWorkload) ([]pmRun, error) {
 
 // pmCells formats the transactions/s of runs on the deleg., no-deleg. and
 // local places with their ratios, and postmark's own figures.
-func pmCells(rs []pmRun) (rates, own string) {
-	d, n, l := rs[0].tps, rs[1].tps, rs[2].tps
+func pmCells(rs []Result) (rates, own string) {
+	d, n, l := rs[0].TPS, rs[1].TPS, rs[2].TPS
 	o := make([]string, len(rs))
 	for i, r := range rs {
 		o[i] = fmt.Sprintf("%d (%d)", r.rep.txRate, r.rep.total)
@@ -236,11 +234,11 @@ func pmCells(rs []pmRun) (rates, own string) {
 	return fmt.Sprintf("%.0f | %.0f | %.0f | %.2f× | %.2f×", d, n, l, d/n, d/l), strings.Join(o, " / ")
 }
 
-// pmRun is one run of Debian's postmark: transactions per second timed
+// Result is one run of Debian's postmark: transactions per second timed
 // from the progress it prints (its report counts whole seconds), and the
 // report.
-type pmRun struct {
-	tps float64 // transactions per second
+type Result struct {
+	TPS float64 // transactions per second
 	rep pmReport
 }
 
@@ -248,22 +246,22 @@ type pmRun struct {
 // its transactions per second), files read.
 type pmReport struct{ total, txRate, reads int }
 
-// postmark runs Debian's postmark on w in dir, files of pmLow to high
+// Debian runs Debian's postmark on w in dir, files of Low to high
 // bytes, until ctx ends.
-func postmark(ctx context.Context, dir string, w pmWorkload, high int) (pmRun, error) {
+func Debian(ctx context.Context, dir string, w Workload, high int) (Result, error) {
 	script := fmt.Sprintf("set location %s\nset number %d\nset transactions %d\nset size %d %d\nset read %d\nset write %d\n"+
 		"set bias read %d\nset bias create %d\nset buffering false\nset seed %d\nrun\nquit\n",
-		dir, w.files, w.tx, pmLow, high, pmBlock, pmBlock, w.readBias, w.createBias, pmSeed)
+		dir, w.Files, w.Tx, Low, high, pmBlock, pmBlock, w.ReadBias, w.CreateBias, pmSeed)
 	cmd := exec.CommandContext(ctx, "postmark")
 	cmd.Stdin = strings.NewReader(script)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return pmRun{}, err
+		return Result{}, err
 	}
 	if err := cmd.Start(); err != nil {
-		return pmRun{}, err
+		return Result{}, err
 	}
 	// Postmark flushes stdout as each phase starts (and at each tenth of
 	// the transactions); the report follows the last phase.
@@ -287,13 +285,13 @@ func postmark(ctx context.Context, dir string, w pmWorkload, high int) (pmRun, e
 		err = errors.New("errors, or an incomplete run")
 	}
 	if err != nil {
-		return pmRun{}, fmt.Errorf("%v: %s%s", err, stderr.Bytes(), out)
+		return Result{}, fmt.Errorf("%v: %s%s", err, stderr.Bytes(), out)
 	}
 	rep, err := parsePostmark(out)
 	if err != nil {
-		return pmRun{}, err
+		return Result{}, err
 	}
-	return pmRun{tps: float64(w.tx) / at[1].Sub(at[0]).Seconds(), rep: rep}, nil
+	return Result{TPS: float64(w.Tx) / at[1].Sub(at[0]).Seconds(), rep: rep}, nil
 }
 
 var pmReportRE = regexp.MustCompile(`(\d+) seconds total\s+\d+ seconds of transactions \((\d+) per second\)(?s:.*?)\s(\d+) read \(`)
@@ -315,8 +313,9 @@ func parsePostmark(out []byte) (pmReport, error) {
 // through the library with and without delegations, and through the two
 // mounts: the same operations in the same order on each.
 // mntDeleg and mntNoDeleg are directories on the two mounts.
-func postmarkPorts(addr, scratch, mntDeleg, mntNoDeleg string) error {
-	w := pmWorkload{*pmFiles, *pmTx, 5, 5}
+func postmarkPorts(e *harness.Env, cfg *Config, mntDeleg, mntNoDeleg string) error {
+	addr, scratch := e.Addr, e.Scratch
+	w := Workload{cfg.Files, cfg.Tx, 5, 5}
 	names := []string{"local", "library", "library, no deleg.", "mount", "mount, no deleg.", "library, no dir deleg."}
 	targets := []pmTarget{osDir(filepath.Join(scratch, "pm-port"))}
 	clients := make([]*pathfs.FS, len(names)) // the library's, by target
@@ -325,7 +324,7 @@ func postmarkPorts(addr, scratch, mntDeleg, mntNoDeleg string) error {
 		if i == 2 {
 			targets = append(targets, osDir(filepath.Join(mntDeleg, "port")), osDir(filepath.Join(mntNoDeleg, "port")))
 		}
-		o.Server, o.CacheDir, o.CacheSize = addr, filepath.Join(scratch, fmt.Sprintf("pm-lib-cache%d", i)), *pmCache
+		o.Server, o.CacheDir, o.CacheSize = addr, filepath.Join(scratch, fmt.Sprintf("pm-lib-cache%d", i)), cfg.Cache
 		c, err := pathfs.Dial(o)
 		if err != nil {
 			return err
@@ -366,7 +365,7 @@ func postmarkPorts(addr, scratch, mntDeleg, mntNoDeleg string) error {
 
 	fmt.Printf("\n## Postmark's loop in Go (bench/postmark.go): library, mounts and local file system\n\n")
 	fmt.Printf("%d files of %s-%s, %d transactions, read bias 5, create bias 5, seed %d; caches of %s.\n",
-		w.files, human(pmLow), human(pmHigh), w.tx, pmSeed, human(*pmCache))
+		w.Files, harness.Human(Low), harness.Human(High), w.Tx, pmSeed, harness.Human(cfg.Cache))
 	fmt.Println()
 	fmt.Printf("| phase | %s | library/library, no deleg. | library/local | mount/local |\n", strings.Join(names, " | "))
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
@@ -375,7 +374,7 @@ func postmarkPorts(addr, scratch, mntDeleg, mntNoDeleg string) error {
 		rate func(r *pmPort) float64
 	}{
 		{"creation alone (files/s)", func(r *pmPort) float64 { return float64(r.pool) / r.create.Seconds() }},
-		{"transactions (tx/s)", func(r *pmPort) float64 { return float64(w.tx) / r.tx.Seconds() }},
+		{"transactions (tx/s)", func(r *pmPort) float64 { return float64(w.Tx) / r.tx.Seconds() }},
 		{"deletion alone (files/s)", func(r *pmPort) float64 { return float64(r.left) / r.del.Seconds() }},
 	}
 	for _, p := range phases {
@@ -475,19 +474,19 @@ func (r *pmPort) timed(op pmOp, fn func() error) error {
 }
 
 // mean is op's mean time in µs.
-func (r *pmPort) mean(op pmOp) float64 { return us(r.spent[op]) / float64(max(r.n[op], 1)) }
+func (r *pmPort) mean(op pmOp) float64 { return harness.Micros(r.spent[op]) / float64(max(r.n[op], 1)) }
 
 // pmData is what the port writes: no file system here compresses.
-var pmData = bytes.Repeat([]byte("postmark"), pmHigh/8)
+var pmData = bytes.Repeat([]byte("postmark"), High/8)
 
-// postmarkLoop is Postmark 1.5's run on t: create w.files files of random
-// sizes; then w.tx transactions, each a read of a whole file or an append
+// postmarkLoop is Postmark 1.5's run on t: create w.Files files of random
+// sizes; then w.Tx transactions, each a read of a whole file or an append
 // (up to the largest size) chosen by the read bias, then a create or a
 // delete chosen by the create bias; then delete the files left. Files are
 // picked at random and written or read in one call, as by postmark with
 // blocks larger than a file.
-func postmarkLoop(t pmTarget, w pmWorkload) (*pmPort, error) {
-	r := &pmPort{pool: w.files}
+func postmarkLoop(t pmTarget, w Workload) (*pmPort, error) {
+	r := &pmPort{pool: w.Files}
 	rng := rand.New(rand.NewSource(pmSeed))
 	type file struct {
 		name string
@@ -495,7 +494,7 @@ func postmarkLoop(t pmTarget, w pmWorkload) (*pmPort, error) {
 	}
 	var live []file
 	created := 0
-	buf := make([]byte, pmHigh)
+	buf := make([]byte, High)
 	openAs := func(op pmOp, name string, flag int) (h io.ReadWriteCloser, err error) {
 		err = r.timed(op, func() error { h, err = t.open(name, flag); return err })
 		return h, err
@@ -506,7 +505,7 @@ func postmarkLoop(t pmTarget, w pmWorkload) (*pmPort, error) {
 	}
 	create := func() error {
 		created++
-		f := file{strconv.Itoa(created), pmLow + rng.Intn(pmHigh-pmLow)}
+		f := file{strconv.Itoa(created), Low + rng.Intn(High-Low)}
 		h, err := openAs(opCreate, f.name, os.O_RDWR|os.O_CREATE)
 		if err != nil {
 			return err
@@ -523,14 +522,14 @@ func postmarkLoop(t pmTarget, w pmWorkload) (*pmPort, error) {
 		return cmp.Or(rerr, r.timed(opCloseRead, h.Close))
 	}
 	appendTo := func(f *file) error {
-		if f.size >= pmHigh {
+		if f.size >= High {
 			return nil
 		}
 		h, err := openAs(opOpen, f.name, os.O_RDWR|os.O_APPEND)
 		if err != nil {
 			return err
 		}
-		n := 1 + rng.Intn(pmHigh-f.size)
+		n := 1 + rng.Intn(High-f.size)
 		f.size += n
 		return write(h, opAppend, n)
 	}
@@ -542,27 +541,27 @@ func postmarkLoop(t pmTarget, w pmWorkload) (*pmPort, error) {
 	}
 
 	start := time.Now()
-	for range w.files {
+	for range w.Files {
 		if err := create(); err != nil {
 			return nil, err
 		}
 	}
 	r.create = time.Since(start)
 	start = time.Now()
-	for range w.tx {
+	for range w.Tx {
 		if len(live) == 0 {
 			return nil, errors.New("out of files: more files or fewer transactions")
 		}
 		var err error
-		if w.readBias >= 0 {
-			if f := &live[rng.Intn(len(live))]; rng.Intn(10) < w.readBias {
+		if w.ReadBias >= 0 {
+			if f := &live[rng.Intn(len(live))]; rng.Intn(10) < w.ReadBias {
 				err = read(*f)
 			} else {
 				err = appendTo(f)
 			}
 		}
-		if err == nil && w.createBias >= 0 {
-			if rng.Intn(10) < w.createBias {
+		if err == nil && w.CreateBias >= 0 {
+			if rng.Intn(10) < w.CreateBias {
 				err = create()
 			} else {
 				err = remove(rng.Intn(len(live)))

@@ -1,4 +1,4 @@
-package main
+package cell
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hoardfs/hoard/bench/harness"
 	"github.com/hoardfs/hoard/client"
 	"github.com/hoardfs/hoard/client/pathfs"
 )
@@ -17,10 +18,11 @@ import (
 // inline size, so each is a data file of its own.
 const releaseFile = 96 << 10
 
-// releaseBench releases volumes of growing file counts to two read-only
+// Release releases volumes of growing file counts to two read-only
 // sites, then again with 1% of the files rewritten; then kills the site
 // a reader of a 256 MiB file reads from, and times the failover.
-func releaseBench(bin, scratch string) error {
+func Release(e *harness.Env) error {
+	bin, scratch := e.Bin, e.Scratch
 	a, _, etcd, stopA, err := startCellServer(bin, filepath.Join(scratch, "rel-a"))
 	if err != nil {
 		return err
@@ -28,7 +30,7 @@ func releaseBench(bin, scratch string) error {
 	defer stopA()
 	var pids []int
 	for _, name := range []string{"b", "c"} {
-		_, pid, stop, err := startHoard(bin, "server", "--insecure", "--data", filepath.Join(scratch, "rel-"+name), "--etcd", etcd, "--name", name)
+		_, pid, stop, err := harness.StartHoard(bin, "server", "--insecure", "--data", filepath.Join(scratch, "rel-"+name), "--etcd", etcd, "--name", name)
 		if err != nil {
 			return err
 		}
@@ -45,10 +47,10 @@ func releaseBench(bin, scratch string) error {
 		data[i] = byte(i*7 + i>>9)
 	}
 	fmt.Printf("\n## Releasing a volume to read-only sites\n\n")
-	fmt.Printf("Three servers of one cell on loopback (`--insecure`): the volume at one, read-only sites at the two others. Files of %s each (data files, past the inline size). The second release follows a rewrite of 1%% of the files with new bytes. Metadata is sent whole at each of a release's three passes, to each site.\n\n", human(releaseFile))
+	fmt.Printf("Three servers of one cell on loopback (`--insecure`): the volume at one, read-only sites at the two others. Files of %s each (data files, past the inline size). The second release follows a rewrite of 1%% of the files with new bytes. Metadata is sent whole at each of a release's three passes, to each site.\n\n", harness.Human(releaseFile))
 	fmt.Println("| files | volume | first release (s) | second: changed | second: data sent | second: metadata sent | second: took (s) | second: changes held back (ms) |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
-	for _, n := range []int{*filesFlag / 4, *filesFlag / 2, *filesFlag} {
+	for _, n := range []int{e.Files / 4, e.Files / 2, e.Files} {
 		name := fmt.Sprintf("rel%d", n)
 		if _, err := c.Admin().CreateVolumeOn(name, a); err != nil {
 			return err
@@ -61,7 +63,7 @@ func releaseBench(bin, scratch string) error {
 			return err
 		}
 		for i := range n {
-			if err := writeRemote(w, fmt.Sprintf("/%%%s/%05d", name, i), data[i%64:], releaseFile); err != nil {
+			if err := harness.WriteRemote(w, fmt.Sprintf("/%%%s/%05d", name, i), data[i%64:], releaseFile); err != nil {
 				return err
 			}
 		}
@@ -81,7 +83,7 @@ func releaseBench(bin, scratch string) error {
 		}
 		changed := 0
 		for i := 0; i < n; i += 100 {
-			if err := writeRemote(w, fmt.Sprintf("/%%%s/%05d", name, i), data[i%64+1:], releaseFile); err != nil {
+			if err := harness.WriteRemote(w, fmt.Sprintf("/%%%s/%05d", name, i), data[i%64+1:], releaseFile); err != nil {
 				return err
 			}
 			changed++
@@ -109,7 +111,7 @@ func releaseBench(bin, scratch string) error {
 	if err != nil {
 		return err
 	}
-	if err := writeRemote(w, "/fo/big", data, foSize); err != nil {
+	if err := harness.WriteRemote(w, "/fo/big", data, foSize); err != nil {
 		return err
 	}
 	w.Close()
@@ -154,6 +156,6 @@ func releaseBench(bin, scratch string) error {
 		}
 	}
 	fmt.Printf("\nFailover: a library client reading a %s file of the copy from site b, which is killed (SIGKILL) a quarter of the way: the longest 1 MiB read after the kill took %.0f ms (the longest before it: %.0f ms); the reader got every byte. A site is given up after 1 s without an answer.\n",
-		human(foSize), ms(longest), ms(normal))
+		harness.Human(foSize), ms(longest), ms(normal))
 	return nil
 }

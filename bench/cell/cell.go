@@ -1,10 +1,12 @@
-package main
+// Package cell is bench's parts that run a cell of several servers: the
+// location database (cell), moving a volume (move) and releasing one to
+// read-only sites (release).
+package cell
 
 import (
 	"bufio"
 	"context"
 	"fmt"
-	"github.com/hoardfs/hoard/client/admin"
 	"io"
 	"os"
 	"os/exec"
@@ -13,18 +15,21 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hoardfs/hoard/bench/harness"
 	"github.com/hoardfs/hoard/client"
+	"github.com/hoardfs/hoard/client/admin"
 	"github.com/hoardfs/hoard/client/pathfs"
 	"github.com/hoardfs/hoard/vldb"
 )
 
-// cellBench measures the location database: lookups cold (a Locate RPC)
+// Run measures the location database: lookups cold (a Locate RPC)
 // and cached (none), and, at doubling cell sizes up to 100,000 volumes
 // and 1,000 servers, etcd's database size, the time a server takes to
 // load its copy, a lookup's latency against that copy and the server's
 // memory.
-func cellBench(bin, scratch string) error {
-	addr, pid, etcd, stop, err := startCellServer(bin, filepath.Join(scratch, "cell"))
+func Run(e *harness.Env) error {
+	scratch := e.Scratch
+	addr, pid, etcd, stop, err := startCellServer(e.Bin, filepath.Join(scratch, "cell"))
 	if err != nil {
 		return err
 	}
@@ -112,11 +117,12 @@ func cellBench(bin, scratch string) error {
 		perCached := float64(c.Client().Stats().RPCs-rpcs) / 2000
 		dbSize := dirSize(filepath.Join(scratch, "cell", "etcd", "member", "snap", "db"))
 		fmt.Printf("| %d | %d | %.1f | %.1f | %.0f | %.0f | %.0f | %.0f | %.1f | %.2f |\n", n, len(servers), float64(dbSize)/1e6, imported.Seconds(),
-			ms(load), float64(rss(pid))/1e6, us(pct(locs, 50)), us(pct(locs, 99)), us(pct(cached, 50)), perCached)
+			ms(load), float64(rss(pid))/1e6, harness.Micros(harness.Pct(locs, 50)), harness.Micros(harness.Pct(locs, 99)), harness.Micros(harness.Pct(cached, 50)), perCached)
 	}
 	return nil
 }
 
+// ms is d in ms.
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func dirSize(path string) int64 {
@@ -146,7 +152,7 @@ func rss(pid int) int64 {
 // member and returns its address, pid, the member's client URL and how
 // to stop it.
 func startCellServer(bin, data string) (addr string, pid int, etcd string, stop func(), err error) {
-	if addr, err = freePort(); err != nil {
+	if addr, err = harness.FreePort(); err != nil {
 		return "", 0, "", nil, err
 	}
 	cmd := exec.Command(bin, "server", "--insecure", "--data", data, "--listen", addr)
@@ -171,16 +177,17 @@ func startCellServer(bin, data string) (addr string, pid int, etcd string, stop 
 	return addr, cmd.Process.Pid, etcd, func() { cmd.Process.Kill(); cmd.Wait() }, nil
 }
 
-// moveBench moves a volume of one large file and many small ones between
+// Move moves a volume of one large file and many small ones between
 // two servers of a cell, with a writer at work, and back: the time, the
 // freeze, and the rate against raw loopback TCP of the same bytes.
-func moveBench(bin, scratch string) error {
+func Move(e *harness.Env) error {
+	bin, scratch := e.Bin, e.Scratch
 	a, _, etcd, stopA, err := startCellServer(bin, filepath.Join(scratch, "move-a"))
 	if err != nil {
 		return err
 	}
 	defer stopA()
-	_, _, stopB, err := startHoard(bin, "server", "--insecure", "--data", filepath.Join(scratch, "move-b"), "--etcd", etcd, "--name", "b")
+	_, _, stopB, err := harness.StartHoard(bin, "server", "--insecure", "--data", filepath.Join(scratch, "move-b"), "--etcd", etcd, "--name", "b")
 	if err != nil {
 		return err
 	}
@@ -200,28 +207,28 @@ func moveBench(bin, scratch string) error {
 	for i := range data {
 		data[i] = byte(i*7 + i>>9)
 	}
-	if err := writeRemote(c, "/mv/big", data, *sizeFlag); err != nil {
+	if err := harness.WriteRemote(c, "/mv/big", data, e.Size); err != nil {
 		return err
 	}
 	if err := c.Mkdir("/mv/small", 0o755); err != nil {
 		return err
 	}
-	small := data[:*smallFlag]
-	for i := range *filesFlag {
-		if err := writeRemote(c, fmt.Sprintf("/mv/small/%05d", i), small, int64(len(small))); err != nil {
+	small := data[:e.Small]
+	for i := range e.Files {
+		if err := harness.WriteRemote(c, fmt.Sprintf("/mv/small/%05d", i), small, int64(len(small))); err != nil {
 			return err
 		}
 	}
 	local := filepath.Join(scratch, "move.local")
-	if err := writeLocal(local, data, *sizeFlag); err != nil {
+	if err := harness.WriteLocal(local, data, e.Size); err != nil {
 		return err
 	}
-	tcp, err := rawTCP(local, *sizeFlag, "")
+	tcp, err := e.RawTCP(local, e.Size, "")
 	if err != nil {
 		return err
 	}
 	// A move ends with the bytes on the target's disk, synced.
-	tcpDisk, err := rawTCP(local, *sizeFlag, filepath.Join(scratch, "move.tcp"))
+	tcpDisk, err := e.RawTCP(local, e.Size, filepath.Join(scratch, "move.tcp"))
 	if err != nil {
 		return err
 	}
@@ -243,7 +250,7 @@ func moveBench(bin, scratch string) error {
 				return
 			default:
 			}
-			if writeRemote(w, fmt.Sprintf("/mv/small/%05d", n[0]%*filesFlag), small, int64(len(small))) == nil {
+			if harness.WriteRemote(w, fmt.Sprintf("/mv/small/%05d", n[0]%e.Files), small, int64(len(small))) == nil {
 				n[0]++
 			} else {
 				n[1]++
@@ -259,8 +266,8 @@ func moveBench(bin, scratch string) error {
 	close(stop)
 	writes := <-done
 	// Back, 1% of the small files rewritten first.
-	for i := 0; i < *filesFlag/100; i++ {
-		if err := writeRemote(c, fmt.Sprintf("/mv/small/%05d", i*100), small, int64(len(small))); err != nil {
+	for i := 0; i < e.Files/100; i++ {
+		if err := harness.WriteRemote(c, fmt.Sprintf("/mv/small/%05d", i*100), small, int64(len(small))); err != nil {
 			return err
 		}
 	}
@@ -270,16 +277,16 @@ func moveBench(bin, scratch string) error {
 	}
 	fmt.Printf("\n## Moving a volume\n\n")
 	fmt.Printf("Two servers of one cell on loopback (`--insecure`); a volume of one %s file and %d files of %s. A writer rewrote small files through the first move: %d writes, %d failed.\n\n",
-		human(*sizeFlag), *filesFlag, human(int64(*smallFlag)), writes[0], writes[1])
+		harness.Human(e.Size), e.Files, harness.Human(int64(e.Small)), writes[0], writes[1])
 	fmt.Println("| move | bytes copied | passes | took (s) | changes held back (ms) | MB/s | × raw TCP into memory | × raw TCP into a file |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, r := range []struct {
 		name string
 		rep  admin.MoveReport
 	}{{"there, with a writer", there}, {"back, 1% rewritten", back}} {
-		rate := mbps(r.rep.Bytes, r.rep.Took)
-		fmt.Printf("| %s | %s | %d | %.2f | %.0f | %.0f | %.2f× (%.0f MB/s) | %.2f× (%.0f MB/s) |\n", r.name, human(r.rep.Bytes), r.rep.Passes, r.rep.Took.Seconds(),
-			ms(r.rep.Freeze), rate, rate/mbps(*sizeFlag, tcp), mbps(*sizeFlag, tcp), rate/mbps(*sizeFlag, tcpDisk), mbps(*sizeFlag, tcpDisk))
+		rate := harness.MBps(r.rep.Bytes, r.rep.Took)
+		fmt.Printf("| %s | %s | %d | %.2f | %.0f | %.0f | %.2f× (%.0f MB/s) | %.2f× (%.0f MB/s) |\n", r.name, harness.Human(r.rep.Bytes), r.rep.Passes, r.rep.Took.Seconds(),
+			ms(r.rep.Freeze), rate, rate/harness.MBps(e.Size, tcp), harness.MBps(e.Size, tcp), rate/harness.MBps(e.Size, tcpDisk), harness.MBps(e.Size, tcpDisk))
 	}
 	return nil
 }

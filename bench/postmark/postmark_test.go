@@ -1,4 +1,4 @@
-package main
+package postmark
 
 import (
 	"os"
@@ -41,7 +41,7 @@ func TestParsePostmark(t *testing.T) {
 
 func TestPostmarkLoop(t *testing.T) {
 	dir := t.TempDir()
-	w := pmWorkload{files: 50, tx: 300, readBias: 5, createBias: 5}
+	w := Workload{Files: 50, Tx: 300, ReadBias: 5, CreateBias: 5}
 	r, err := postmarkLoop(osDir(dir), w)
 	if err != nil {
 		t.Fatal(err)
@@ -52,8 +52,8 @@ func TestPostmarkLoop(t *testing.T) {
 	if r.n[opCreate] != r.n[opDelete] || r.n[opCreate] != r.n[opCloseWrite]-r.n[opAppend] {
 		t.Fatalf("unbalanced operations: %v", r.n)
 	}
-	if got := r.n[opRead] + r.n[opAppend]; got == 0 || got > w.tx {
-		t.Fatalf("%d reads and appends in %d transactions", got, w.tx)
+	if got := r.n[opRead] + r.n[opAppend]; got == 0 || got > w.Tx {
+		t.Fatalf("%d reads and appends in %d transactions", got, w.Tx)
 	}
 	again, err := postmarkLoop(osDir(dir), w)
 	if err != nil {
