@@ -363,7 +363,7 @@ func postmarkPorts(e *harness.Env, cfg *Config, mntDeleg, mntNoDeleg string) err
 		rs = append(rs, r)
 	}
 
-	fmt.Printf("\n## Postmark's loop in Go (bench/postmark.go): library, mounts and local file system\n\n")
+	fmt.Printf("\n## Postmark's loop in Go (bench/postmark): library, mounts and local file system\n\n")
 	fmt.Printf("%d files of %s-%s, %d transactions, read bias 5, create bias 5, seed %d; caches of %s.\n",
 		w.Files, harness.Human(Low), harness.Human(High), w.Tx, pmSeed, harness.Human(cfg.Cache))
 	fmt.Println()
