@@ -23,10 +23,12 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -47,6 +49,7 @@ const (
 	headerSize   = inOutSize + opInSize + 32
 	entOff       = inOutSize + opInSize
 	minReadBytes = 8192 // FUSE_MIN_READ_BUFFER
+	opInterrupt  = 36   // FUSE_INTERRUPT
 
 	enableParam = "/sys/module/fuse/parameters/enable_uring"
 )
@@ -174,14 +177,40 @@ func (t *Transport) serveDev(dev int) {
 		default: // ENODEV: unmounted
 			return
 		}
-		if m, _ := t.ps.HandleRequest([][]byte{in[:n]}, [][]byte{out}); m > 0 {
-			// An INTERRUPT of a request not yet in flight is answered
-			// EAGAIN; the kernel does not find a ring request by it, and
-			// refuses the answer.
+		m, _ := t.ps.HandleRequest([][]byte{in[:n]}, [][]byte{out})
+		switch {
+		case m == 0:
+		case n >= 8 && binary.LittleEndian.Uint32(in[4:8]) == opInterrupt:
+			// The request it names is not in flight here yet: the kernel
+			// marks a request sent when it completes a ring entry, and
+			// interrupts it at most once, maybe before the ring's thread
+			// has handed the request to the protocol server. The EAGAIN
+			// answer that would have the kernel send the INTERRUPT again
+			// is refused for a ring request (the kernel looks for it on
+			// /dev/fuse), so it is delivered again here.
+			go t.interruptLater(slices.Clone(in[:n]))
+		default:
 			unix.Write(dev, out[:m])
 		}
 	}
 }
+
+// interruptLater delivers an INTERRUPT again until the request it names
+// is found in flight and cancelled, or for interruptPatience: a request
+// that was answered meanwhile is never found.
+func (t *Transport) interruptLater(req []byte) {
+	out := make([]byte, outHeaderSize+64)
+	for deadline := time.Now().Add(interruptPatience); time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		if m, _ := t.ps.HandleRequest([][]byte{req}, [][]byte{out}); m == 0 {
+			return
+		}
+	}
+}
+
+// interruptPatience bounds how long an INTERRUPT waits for its request:
+// the ring's thread hands a request on within microseconds of taking it.
+const interruptPatience = 100 * time.Millisecond
 
 // Served is how many requests the rings have answered.
 func (t *Transport) Served() int64 { return t.served.Load() }
