@@ -112,6 +112,14 @@ func (e *plainError) Unwrap() error { return e.err }
 // words of the system or of TLS ("connection refused"), without gRPC's
 // layers ("rpc error: code = Unavailable desc = connection error: desc =
 // \"transport: Error while dialing: dial tcp ...").
+// hungUp reports whether a transport error says the peer took the
+// connection and then would not speak HTTP/2 on it: no preface, or a
+// write that found it closed (broken pipe) or reset, as an etcd member's
+// TLS port does to a hoard client, which way depending on timing.
+func hungUp(msg string) bool {
+	return strings.Contains(msg, "server preface") || strings.Contains(msg, "broken pipe") || strings.Contains(msg, "connection reset by peer")
+}
+
 func transportCause(addr string, tls bool, err error) string {
 	msg := status.Convert(err).Message()
 	msg = strings.ReplaceAll(msg, `\"`, `"`)
@@ -123,9 +131,9 @@ func transportCause(addr string, tls bool, err error) string {
 		msg = "cannot resolve " + host
 	case strings.Contains(msg, "authentication handshake failed: "):
 		msg = "TLS handshake failed: " + msg[strings.LastIndex(msg, "handshake failed: ")+len("handshake failed: "):]
-	case (strings.Contains(msg, "server preface") || strings.Contains(msg, "broken pipe")) && tls:
+	case hungUp(msg) && tls:
 		msg = "it answered, but not as a hoard server (another service's port, such as an etcd member's?)"
-	case strings.Contains(msg, "server preface"), strings.Contains(msg, "broken pipe"):
+	case hungUp(msg):
 		// A TLS server hangs up on a plaintext client.
 		msg = "it answered, but not as a hoard server without TLS (one with TLS, reached with --insecure? another service's port?)"
 	case strings.Contains(msg, "i/o timeout"):
