@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // Mount mounts fs at dir (as root: it mounts directly) on a connection
@@ -38,6 +39,7 @@ func Mount(dir string, fs fuse.RawFileSystem, opts *fuse.MountOptions, cfg Confi
 	t, err := Start(fd, server.KernelSettings(), fs, &o, cfg)
 	if err != nil {
 		go server.Serve()
+		noPoll(dir)
 		return server, nil, err
 	}
 	t.wg.Add(1)
@@ -48,7 +50,25 @@ func Mount(dir string, fs fuse.RawFileSystem, opts *fuse.MountOptions, cfg Confi
 		// and closes the descriptor it owns.
 		server.Serve()
 	}()
+	noPoll(dir)
 	return server, t, nil
+}
+
+// noPoll has the kernel learn that the file system does not poll, as
+// go-fuse's Server does at WaitMount for a mount point it knows (not for
+// the /dev/fd path it is given here): a poll of go-fuse's own hidden file
+// is answered ENOSYS by its protocol server, and the kernel asks no more.
+// Otherwise the Go runtime's epoll registration of a file that the
+// daemon's own process opens on the mount sends a POLL request, from a
+// thread the garbage collector waits for, which the daemon's stopped
+// threads cannot answer.
+func noPoll(dir string) {
+	fd, err := syscall.Open(dir+"/.go-fuse-epoll-hack", syscall.O_RDONLY, 0)
+	if err != nil {
+		return // nobody here can open it, nor any file of the mount
+	}
+	unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}, 0)
+	syscall.Close(fd)
 }
 
 // mountFD opens /dev/fuse and mounts it at dir with opts, as fusermount

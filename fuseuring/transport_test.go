@@ -137,6 +137,30 @@ func TestRingServesFileOps(t *testing.T) {
 	}
 }
 
+// TestRingNoPoll: the kernel knows from the mount on that the file system
+// does not poll, so a poll (or the Go runtime's epoll registration of a
+// file it opens) of a file on the mount sends no request. One that did,
+// from the daemon's own process during a garbage collection, waited for
+// an answer the stopped daemon could not give: a deadlock.
+func TestRingNoPoll(t *testing.T) {
+	mnt, under, tr := ringMount(t, nil)
+	if err := os.WriteFile(filepath.Join(under, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(filepath.Join(mnt, "f"), unix.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	before := tr.Served()
+	if _, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := tr.Served() - before; n != 0 {
+		t.Fatalf("a poll of a file on the mount sent %d requests, want none", n)
+	}
+}
+
 // waitingNode answers a getxattr of "user.wait" only when the kernel
 // interrupts it, or after 3 s; entered is closed when it has the request.
 type waitingNode struct {
