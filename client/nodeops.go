@@ -320,7 +320,7 @@ func (c *Client) renameAtHere(at *site.Site, sdir *Node, sbase string, ddir *Nod
 	}
 	typ := reply.Status.Type.ToType()
 	into := func(d *Node) {
-		if r := reply.Replaced; keep != "" && r != nil && r.Nlink > 0 {
+		if r := keptBy(reply, keep); r != nil {
 			d.addDentLocked(keep, r.GetFid().ToFID(), r.Type.ToType())
 		}
 		d.addDentLocked(dbase, moved.fid, typ)
@@ -335,6 +335,15 @@ func (c *Client) renameAtHere(at *site.Site, sdir *Node, sbase string, ddir *Nod
 		return nil, err
 	}
 	return reply, c.changedDir(t, ddir, reply.DstDir, u, into)
+}
+
+// keptBy is the file a rename asked to keep as keep (RenameKeeping) and
+// the server kept, still linked, or nil.
+func keptBy(reply *pb.RenameReply, keep string) *pb.Status {
+	if r := reply.Replaced; keep != "" && r != nil && r.Nlink > 0 {
+		return r
+	}
+	return nil
 }
 
 // setattr changes status fields of an already resolved node, as u.

@@ -252,7 +252,7 @@ func (k *Nodes) RenameKeeping(sdir *Node, sname string, ddir *Node, dname, keep 
 	if err != nil {
 		return moved, kept, err
 	}
-	if r := reply.Replaced; keep != "" && r != nil && r.Nlink > 0 {
+	if r := keptBy(reply, keep); r != nil {
 		kept = r.GetFid().ToFID()
 	}
 	return reply.Status.GetFid().ToFID(), kept, nil
